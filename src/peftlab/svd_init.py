@@ -1,0 +1,85 @@
+"""SVD-initialised LoRA: MiLoRA's init (not in peft) and conversion of PiSSA/MiLoRA to plain LoRA.
+
+PiSSA (peft) and MiLoRA both move r singular components of W into the adapter and leave the residual
+W_res = W - scaling*B0*A0 in the frozen base, so the model's output is unchanged at step 0. Their trained
+adapters only make sense on W_res; to ship them for the *original* base model, the update is rewritten as
+a rank-2r plain LoRA: Delta_W = s*(B*A - B0*A0) = s*[B | -B0] [A ; A0] (peft's ``subtract_mutated_init``).
+peft's conversion drops ``modules_to_save`` (the task head); :func:`save_converted` puts it back.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+INITIAL = "peftlab_initial"
+
+
+def _lora_layers(model: nn.Module, adapter: str = "default"):
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer) and adapter in module.lora_A:
+            yield module
+
+
+@torch.no_grad()
+def milora_init(model: nn.Module, adapter: str = "default") -> None:
+    """MiLoRA (Wang et al. 2024): A, B from the r *smallest* singular components of W, subtracted from W.
+
+    Mirrors peft's PiSSA init with the other end of the spectrum:
+    A = diag(sqrt(S_r / s)) Vh_r,  B = U_r diag(sqrt(S_r / s)),  W_res = W - s*B*A.
+    The SVD is exact (full, fp32): O(d^3) per matrix, paid once at init.
+    """
+    for layer in _lora_layers(model, adapter):
+        base = layer.get_base_layer()
+        weight = base.weight
+        transposed = getattr(layer, "fan_in_fan_out", False)  # Conv1D stores (in, out)
+        w = weight.detach().float()
+        w = w.T if transposed else w
+        r, scaling = layer.r[adapter], layer.scaling[adapter]
+        U, S, Vh = torch.linalg.svd(w, full_matrices=False)
+        Ur, Sr, Vhr = U[:, -r:], S[-r:] / scaling, Vh[-r:, :]
+        lora_A = torch.diag(torch.sqrt(Sr)) @ Vhr
+        lora_B = Ur @ torch.diag(torch.sqrt(Sr))
+        layer.lora_A[adapter].weight.data = lora_A.to(weight.dtype)
+        layer.lora_B[adapter].weight.data = lora_B.to(weight.dtype)
+        residual = w - scaling * lora_B @ lora_A
+        base.weight.data = (residual.T if transposed else residual).to(weight.dtype)
+
+
+def remember_initial_adapter(model: nn.Module) -> None:
+    """Keep A0, B0 (in memory, tiny) for the conversion to plain LoRA at save time."""
+    from peft import get_peft_model_state_dict
+
+    model.peftlab_initial_state = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def save_converted(model: nn.Module, out_dir: str | Path) -> None:
+    """Save the trained PiSSA/MiLoRA adapter as a rank-2r LoRA on the original base weights, head included."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file, save_file
+
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        initial_dir = Path(tmp) / INITIAL
+        config = model.peft_config["default"]
+        init_mode = config.init_lora_weights
+        config.init_lora_weights = True  # peft requires the initial adapter to load as plain LoRA
+        try:
+            initial_dir.mkdir()
+            config.save_pretrained(initial_dir)
+            save_file(model.peftlab_initial_state, str(initial_dir / "adapter_model.safetensors"))
+            model.save_pretrained(out_dir, path_initial_model_for_weight_conversion=str(initial_dir))
+        finally:
+            config.init_lora_weights = init_mode
+    weights_file = out_dir / "adapter_model.safetensors"
+    converted = load_file(str(weights_file))
+    # peft's conversion keeps only lora_A/lora_B: add the trained head (modules_to_save) back.
+    for key, value in get_peft_model_state_dict(model).items():
+        if "lora_A" not in key and "lora_B" not in key:
+            converted.setdefault(key, value.detach().contiguous())
+    save_file(converted, str(weights_file), metadata={"format": "pt"})

@@ -1,0 +1,123 @@
+"""Resolve logical attention projections (q, k, v, o) to module names by inspecting a model.
+
+Families covered by the alias table: BERT/RoBERTa (``attention.self.query``, ``attention.output.dense``),
+DeBERTa-v2 (``query_proj``), MPNet (``attn.q``), DistilBERT (``q_lin``), Llama/Mistral/Qwen2/Gemma
+(``self_attn.q_proj``), OPT/BART (``q_proj``, ``out_proj``) and GPT-2 (fused ``attn.c_attn`` + ``attn.c_proj``).
+
+A fused QKV matrix (GPT-2's ``c_attn``) can only be adapted as a whole: asking for all of q, k and v maps
+to it (projection ``qkv``); a strict subset such as {q, v} on it is refused (slicing a fused matrix is not
+implemented).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torch import nn
+
+from peftlab.errors import PeftlabError
+
+PROJECTIONS = ("q", "k", "v", "o")
+
+# Patterns match the tail of a module's dotted name. Each projection is found by the first pattern
+# that matches any linear layer, so an architecture never mixes two naming schemes.
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "q": (r"attention\.self\.query", r"attention\.self\.query_proj", r"attn\.q", r"q_lin", r"q_proj", r"attention\.q"),
+    "k": (r"attention\.self\.key", r"attention\.self\.key_proj", r"attn\.k", r"k_lin", r"k_proj", r"attention\.k"),
+    "v": (r"attention\.self\.value", r"attention\.self\.value_proj", r"attn\.v", r"v_lin", r"v_proj", r"attention\.v"),
+    "o": (r"attention\.output\.dense", r"attn\.o", r"out_lin", r"o_proj", r"self_attn\.out_proj", r"attn\.c_proj"),
+}
+_FUSED = (r"attn\.c_attn", r"self_attention\.query_key_value", r"attn\.Wqkv", r"qkv_proj")
+
+
+def _is_linear(module: nn.Module) -> bool:
+    # transformers' GPT-2 uses Conv1D (a transposed linear layer); peft adapts both.
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def linear_layer_names(model: nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules() if _is_linear(module)]
+
+
+def _match(names: list[str], patterns: tuple[str, ...]) -> list[str]:
+    for pattern in patterns:
+        regex = re.compile(rf"(^|\.){pattern}$")
+        found = [n for n in names if regex.search(n)]
+        if found:
+            return found
+    return []
+
+
+@dataclass(frozen=True)
+class ResolvedTargets:
+    """Module names per projection group. ``fused`` is True when q, k and v share one matrix (group ``qkv``)."""
+
+    modules: dict[str, tuple[str, ...]]  # projection group ("q", "k", "v", "o" or "qkv") -> module names
+    fused: bool = False
+
+    @property
+    def all_modules(self) -> list[str]:
+        return [name for names in self.modules.values() for name in names]
+
+    def group_of(self, module_name: str) -> str | None:
+        """The projection group whose module is ``module_name`` or contains it (peft wraps modules)."""
+        for group, names in self.modules.items():
+            for name in names:
+                if module_name == name or module_name.endswith("." + name) or f".{name}." in f".{module_name}.":
+                    return group
+        return None
+
+
+def parse_targets(targets) -> tuple[str, ...]:
+    """``"q,v"`` or ``["q", "v"]`` -> ``("q", "v")`` in canonical order, validated."""
+    items = targets.split(",") if isinstance(targets, str) else list(targets)
+    items = [str(t).strip().lower() for t in items if str(t).strip()]
+    if not items:
+        raise PeftlabError("no attention projection selected", fix="pass --targets with some of q,k,v,o (e.g. q,v)")
+    bad = [t for t in items if t not in PROJECTIONS]
+    if bad:
+        raise PeftlabError(
+            f"unknown projection '{bad[0]}'", where="--targets", fix="use a comma list of q, k, v, o (e.g. q,v)"
+        )
+    return tuple(p for p in PROJECTIONS if p in items)
+
+
+def resolve_targets(model: nn.Module, targets) -> ResolvedTargets:
+    """Find the modules of each requested projection in ``model``; raise a PeftlabError listing the
+    model's linear layers when one cannot be found."""
+    wanted = parse_targets(targets)
+    names = linear_layer_names(model)
+    found: dict[str, tuple[str, ...]] = {}
+    fused = _match(names, _FUSED)
+    separate = {p: _match(names, _ALIASES[p]) for p in ("q", "k", "v")}
+    if fused and not any(separate.values()):
+        qkv = [p for p in wanted if p in ("q", "k", "v")]
+        if qkv and set(qkv) != {"q", "k", "v"}:
+            raise PeftlabError(
+                f"this model fuses q, k and v into one matrix ({fused[0]}), so {{{','.join(qkv)}}} cannot be "
+                "adapted alone",
+                fix="target all of q,k,v together (adapts the fused matrix as a whole) or use a model with separate projections",
+            )
+        if qkv:
+            found["qkv"] = tuple(fused)
+    for projection in wanted:
+        if "qkv" in found and projection in ("q", "k", "v"):
+            continue
+        modules = separate.get(projection) if projection != "o" else _match(names, _ALIASES["o"])
+        if not modules:
+            shown = ", ".join(sorted({re.sub(r"\.\d+\.", ".N.", n) for n in names}))
+            raise PeftlabError(
+                f"cannot find attention projection '{projection}' in {type(model).__name__}",
+                fix=f"this model's linear layers are: {shown}",
+            )
+        found[projection] = tuple(modules)
+    return ResolvedTargets(found, fused="qkv" in found)
+
+
+HEAD_NAMES = ("classifier", "score", "pre_classifier", "pooler", "qa_outputs")  # new, randomly initialised layers
+
+
+def head_module_names(model: nn.Module) -> list[str]:
+    """The task head(s) that a fine-tuning run trains in full (new, randomly initialised layers)."""
+    return [n for n, _ in model.named_children() if n in HEAD_NAMES]

@@ -1,0 +1,54 @@
+"""The task table: label spaces, input fields, metrics and files of every task peftlab can train.
+
+GLUE tasks are sequence classification (STS-B: regression); ``gsm8k``, ``alpaca`` and ``json`` are
+instruction tasks for causal LMs. To add a task, add a row here and, if its files have a new layout, a
+reader in :mod:`peftlab.data`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str  # "classification", "regression" or "instruction"
+    primary_metric: str  # the papers' table column
+    label_names: tuple[str, ...] = ()  # index = class id; raw labels in files are mapped by name
+    text_fields: tuple[str, ...] = ()  # Hub (nyu-mll/glue) column names of the one or two input texts
+    glue_dir: str = ""  # folder name in the GLUE glue_data layout
+    eval_splits: tuple[str, ...] = ("validation",)  # MNLI has matched and mismatched
+    majority_note: str = ""
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.kind == "regression" else len(self.label_names)
+
+    @property
+    def head(self) -> str:
+        return {"classification": "classification", "regression": "regression"}.get(self.kind, "causal-lm")
+
+
+_BIN = ("0", "1")
+
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in [
+        Task("cola", "classification", "matthews_correlation", _BIN, ("sentence",), "CoLA"),
+        Task("sst2", "classification", "accuracy", _BIN, ("sentence",), "SST-2"),
+        Task("mrpc", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "MRPC"),
+        Task("qqp", "classification", "accuracy", _BIN, ("question1", "question2"), "QQP"),
+        Task("stsb", "regression", "pearson", (), ("sentence1", "sentence2"), "STS-B"),
+        Task("mnli", "classification", "accuracy", ("entailment", "neutral", "contradiction"),
+             ("premise", "hypothesis"), "MNLI", ("validation_matched", "validation_mismatched")),
+        Task("qnli", "classification", "accuracy", ("entailment", "not_entailment"), ("question", "sentence"), "QNLI"),
+        Task("rte", "classification", "accuracy", ("entailment", "not_entailment"), ("sentence1", "sentence2"), "RTE"),
+        Task("wnli", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "WNLI"),
+        Task("gsm8k", "instruction", "accuracy", eval_splits=("test",)),
+        Task("alpaca", "instruction", "eval_loss"),
+        Task("json", "instruction", "eval_loss"),
+    ]
+}
+
+GLUE_TASKS = tuple(name for name, t in TASKS.items() if t.glue_dir)
