@@ -30,8 +30,12 @@ from peftlab.optim import OptimConfig
 
 @dataclass
 class TrainConfig(MethodConfig, OptimConfig):
-    """One fine-tuning run: task, model, method, optimisation and output."""
+    """Run: task, model, data, training loop and output"""
 
+    lr: float | None = None
+    """Learning rate of q and k (eta_QK); default: the method's usual rate (`peftlab methods`)."""
+    head_lr: float | None = None
+    """Learning rate of the task head; default: the method's usual head rate, else --lr."""
     task: str = "rte"
     """Task: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte wnli) or an instruction task (gsm8k, alpaca, json)."""
     model: str = "minilm-l6"
@@ -85,6 +89,13 @@ class TrainConfig(MethodConfig, OptimConfig):
 
     def __post_init__(self):
         MethodConfig.__post_init__(self)
+        from peftlab.methods import METHODS
+
+        method = METHODS[self.method]
+        if self.lr is None:
+            self.lr = method.default_lr
+        if self.head_lr is None and method.default_head_lr is not None:
+            self.head_lr = method.default_head_lr
         OptimConfig.__post_init__(self)
         for flag in ("epochs", "batch_size", "eval_batch_size", "max_length", "checkpoint_every", "log_every",
                      "max_new_tokens"):
@@ -156,20 +167,30 @@ def _type_hints(cls) -> dict[str, Any]:
 
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = ()) -> None:
-    """One kebab-case flag per field; defaults are None so that only given flags override YAML."""
+    """One kebab-case flag per field, grouped by the dataclass that declares it; defaults are None so that
+    only the flags given override YAML."""
     docs = field_docs(cls)
     hints = _type_hints(cls)
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        kind = _base_type(hints[f.name])
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f"{docs.get(f.name, '')} (default: {','.join(default) if isinstance(default, tuple) else default})"
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            parser.add_argument(flag, type=str, default=None, metavar=f.name.upper(), help=help_text, dest=f.name)
+    by_name = {f.name: f for f in fields(cls)}
+    done: set[str] = set()  # a field redeclared in a subclass (e.g. lr) gets the subclass's flag only
+    for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:
+        title = (klass.__doc__ or klass.__name__).strip().splitlines()[0]
+        group = parser.add_argument_group(title)
+        for name in klass.__dict__.get("__annotations__", {}):
+            if name in skip or name not in by_name or name in done:
+                continue
+            done.add(name)
+            f = by_name[name]
+            kind = _base_type(hints[name])
+            flag = "--" + name.replace("_", "-")
+            default = f.default if f.default is not dataclasses.MISSING else None
+            shown = ",".join(default) if isinstance(default, tuple) else default
+            help_text = docs.get(name, "") + (f" (default: {shown})" if shown is not None else "")
+            help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
+            if kind is bool:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            else:
+                group.add_argument(flag, type=str, default=None, metavar=name.upper(), help=help_text, dest=name)
 
 
 def _coerce(cls, name: str, value: Any, where: str) -> Any:

@@ -26,7 +26,7 @@ from peftlab.targets import ResolvedTargets, head_module_names, parse_targets, r
 
 @dataclass
 class MethodConfig:
-    """How to adapt the attention projections (the method part of a run's config)."""
+    """Method: which attention projections to adapt, and how"""
 
     method: str = "lora"
     """Fine-tuning method: full, lora, dora, pissa, milora, kasa, vera, fourierft."""
@@ -193,12 +193,18 @@ class Method:
     extra_loss: Callable[[nn.Module, MethodConfig], torch.Tensor] | None = None
     uses_rank: bool = True
     converts_to_lora: bool = False  # saved adapter is converted to plain LoRA on the original base weights
+    # Learning rates used when --lr / --head-lr are not given: methods differ by orders of magnitude
+    # (FourierFT's spectrum trains at ~5e-2, full fine-tuning at ~5e-5), so one global default would be
+    # wrong for most of them. Values follow each method's paper for RoBERTa-base on GLUE.
+    default_lr: float = 5e-4
+    default_head_lr: float | None = None  # None: same as lr
 
 
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
-        Method("full", "full fine-tuning of the selected projections and the head", build_full, uses_rank=False),
+        Method("full", "full fine-tuning of the selected projections and the head", build_full, uses_rank=False,
+               default_lr=5e-5, default_head_lr=5e-4),
         Method("lora", "LoRA (Hu et al.)", build_lora),
         Method("dora", "DoRA: weight-decomposed LoRA (Liu et al.)", build_dora),
         Method("pissa", "PiSSA: LoRA initialised from the r largest singular components", build_pissa,
@@ -207,8 +213,10 @@ METHODS: dict[str, Method] = {
                svd_init=True, converts_to_lora=True),
         Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,
                svd_init=True, fused_qkv=False, extra_loss=kasa.regulariser),
-        Method("vera", "VeRA: frozen shared random A/B, learned scaling vectors", build_vera),
-        Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft, uses_rank=False),
+        Method("vera", "VeRA: frozen shared random A/B, learned scaling vectors", build_vera,
+               default_lr=4e-3, default_head_lr=4e-3),
+        Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft, uses_rank=False,
+               default_lr=5e-2, default_head_lr=5e-3),
     ]
 }
 
@@ -246,7 +254,8 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
         )
     _check_rank(model, method, cfg, targets)
     heads = head_module_names(model) if train_head else []
-    model = method.build(model, cfg, targets, heads, task_type)
+    # a copy: peft's SEQ_CLS wrapper extends modules_to_save in place, which would corrupt the returned heads
+    model = method.build(model, cfg, targets, list(heads), task_type)
     model.peftlab_method = cfg  # the extra-loss hook and the savers read it back
     return model, targets, heads
 

@@ -23,6 +23,8 @@ _PEFT_PREFIX = "base_model.model."
 
 @dataclass
 class OptimConfig:
+    """Optimizer: per-projection learning rates (Yao et al.) and AdamW"""
+
     lr: float = 1e-4
     """Learning rate of q and k (eta_QK) and, unless --head-lr is given, of the head."""
     lr_ratio: float = 1.0
@@ -113,10 +115,13 @@ def describe_groups(groups: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def adamw(groups: list[dict]) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups`' groups (each keeps its ``name`` for logging)."""
+    return torch.optim.AdamW([{k: v for k, v in g.items() if k != "param_names"} for g in groups])
+
+
 def configure_optimizer(model, targets, heads, cfg: OptimConfig, *, verbose: bool = True) -> torch.optim.AdamW:
-    groups = param_groups(model, targets, heads, cfg, verbose=verbose)
-    torch_groups = [{k: v for k, v in g.items() if k != "param_names"} for g in groups]
-    return torch.optim.AdamW(torch_groups, lr=cfg.lr)
+    return adamw(param_groups(model, targets, heads, cfg, verbose=verbose))
 
 
 def lr_by_group(groups: list[dict]) -> dict[str, float]:

@@ -1,0 +1,438 @@
+"""GLUE data: reading the ``glue_data`` TSV files (or the Hub), subsets, tokenisation, collation, batching.
+
+Every split becomes a :class:`datasets.Dataset` with the columns ``text_a`` (str), ``text_b`` (str; absent
+for single-sentence tasks) and ``label`` (class id in ``Task.label_names`` order; float for STS-B).
+
+Where the data comes from, in order:
+
+1. a local GLUE ``glue_data`` layout: ``<root>/glue/<Task>/{train,dev}.tsv`` or ``<root>/<Task>/...``
+   (MNLI: ``dev_matched.tsv``/``dev_mismatched.tsv``). ``<root>`` is ``--data-dir`` if given, else the
+   first of ``$PEFTLAB_DATA_DIR``, ``./data``, ``../shared/data`` that holds the file;
+2. the Hugging Face Hub (``nyu-mll/glue``), unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set;
+3. otherwise a :class:`~peftlab.errors.PeftlabError` that lists the files it looked for.
+
+The TSVs are read with quoting disabled (sentences contain unbalanced ``"``), a leading UTF-8 BOM is
+dropped (MRPC dev has one), and every malformed row is reported as ``file:line``.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from peftlab.errors import PeftlabError, unknown
+from peftlab.tasks import TASKS, Task
+
+SPLITS = ("train", "validation", "validation_matched", "validation_mismatched")
+HUB_DATASET = "nyu-mll/glue"
+_READER_VERSION = "1"  # bump when the parsing changes, so fingerprints (and token caches) change too
+_TOKENIZE_VERSION = "1"
+
+csv.field_size_limit(1 << 24)  # a few GLUE sentences are long; the default limit is 128 KiB
+
+
+# --------------------------------------------------------------------------- finding the data
+
+
+def _candidate_roots(data_dir: str | os.PathLike | None) -> list[Path]:
+    if data_dir is not None:
+        return [Path(data_dir).expanduser()]
+    roots = []
+    env = os.environ.get("PEFTLAB_DATA_DIR")
+    if env:
+        roots.append(Path(env).expanduser())
+    roots += [Path.cwd() / "data", Path.cwd().parent / "shared" / "data"]
+    return roots
+
+
+def _explicit_dir_check(data_dir: str | os.PathLike | None) -> None:
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        raise PeftlabError(
+            f"data folder '{data_dir}' does not exist",
+            fix="pass --data-dir a folder holding glue/<Task>/train.tsv (or a glue_data folder holding CoLA/ etc.)",
+        )
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
+    """The data root: ``data_dir`` if given, else the first existing of ``$PEFTLAB_DATA_DIR``,
+    ``./data`` and ``../shared/data`` (relative to the working directory); ``None`` if none exists.
+
+    A root may hold ``glue/`` (and other data sets) or be a ``glue_data`` folder holding ``CoLA/`` etc.
+    An explicit ``data_dir`` that does not exist is an error, not a silent fall-back.
+    """
+    _explicit_dir_check(data_dir)
+    for root in _candidate_roots(data_dir):
+        if root.is_dir():
+            return root
+    return None
+
+
+def glue_root(root: Path) -> Path:
+    """The folder holding ``CoLA/``, ``SST-2/``, ... under a data root."""
+    return root / "glue" if (root / "glue").is_dir() else root
+
+
+def _split_files(task: Task, split: str) -> list[str]:
+    if task.name == "mnli":
+        return {"train": ["train.tsv"], "validation": ["dev_matched.tsv"],
+                "validation_matched": ["dev_matched.tsv"], "validation_mismatched": ["dev_mismatched.tsv"]}[split]
+    return {"train": ["train.tsv"], "validation": ["dev.tsv"]}[split]
+
+
+def _check_task_split(task_name: str, split: str) -> Task:
+    if task_name not in TASKS:
+        raise unknown("task", task_name, TASKS)
+    task = TASKS[task_name]
+    if not task.glue_dir:
+        raise PeftlabError(f"task '{task_name}' is not a GLUE task", fix="load instruction data with peftlab.sft")
+    allowed = ("train", "validation") + tuple(s for s in task.eval_splits if s != "validation")
+    if split not in allowed:
+        hint = " (GLUE test splits have no labels)" if split == "test" else ""
+        raise PeftlabError(f"unknown split '{split}' for task '{task_name}'{hint}",
+                           fix=f"use one of: {', '.join(allowed)}")
+    return task
+
+
+# --------------------------------------------------------------------------- reading the TSVs
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a task's fields are in its TSV rows (column indices; negative counts from the end)."""
+
+    text_a: int
+    text_b: int | None
+    label: int
+    header: bool = True
+    columns: int | None = None  # expected column count; None = the header's
+
+
+_LAYOUTS: dict[str, _Layout] = {
+    "cola": _Layout(3, None, 1, header=False, columns=4),  # source, label, original label, sentence
+    "sst2": _Layout(0, None, 1),  # sentence, label
+    "mrpc": _Layout(3, 4, 0),  # Quality, #1 ID, #2 ID, #1 String, #2 String
+    "qqp": _Layout(3, 4, 5),  # id, qid1, qid2, question1, question2, is_duplicate
+    "stsb": _Layout(7, 8, -1),  # index, genre, filename, year, old_index, source1, source2, s1, s2, score
+    "mnli": _Layout(8, 9, -1),  # ..., sentence1, sentence2, label1[..label5], gold_label
+    "qnli": _Layout(1, 2, 3),  # index, question, sentence, label
+    "rte": _Layout(1, 2, 3),  # index, sentence1, sentence2, label
+    "wnli": _Layout(1, 2, 3),  # index, sentence1, sentence2, label
+}
+
+
+def _file_fingerprint(path: Path, task: str, split: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    h.update(f"|{task}|{split}|reader{_READER_VERSION}".encode())
+    return h.hexdigest()[:32]
+
+
+def read_glue_tsv(path: Path, task_name: str) -> dict[str, list]:
+    """Parse one labelled GLUE TSV into ``{"text_a", ["text_b",] "label"}`` lists; raise on any bad row."""
+    task = TASKS[task_name]
+    layout = _LAYOUTS[task_name]
+    regression = task.kind == "regression"
+    label_ids = {name: i for i, name in enumerate(task.label_names)}
+    text_a: list[str] = []
+    text_b: list[str] = []
+    labels: list[Any] = []
+    expected = layout.columns
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
+            for row in reader:
+                line = reader.line_num
+                if not row or row == [""]:
+                    continue  # blank line (e.g. a trailing one)
+                if expected is None:  # the header row
+                    expected = len(row)
+                    if expected <= max(layout.text_a, layout.text_b or 0, layout.label if layout.label >= 0 else 0):
+                        raise PeftlabError(
+                            f"header has {expected} columns, too few for {task.glue_dir}",
+                            where=f"{path}:{line}", fix="use the GLUE glue_data files unchanged",
+                        )
+                    continue
+                if len(row) != expected:
+                    raise PeftlabError(
+                        f"row has {len(row)} tab-separated columns, expected {expected}",
+                        where=f"{path}:{line}", fix="repair or re-download the file (GLUE glue_data layout)",
+                    )
+                raw = row[layout.label].strip()
+                if regression:
+                    try:
+                        value = float(raw)
+                    except ValueError:
+                        value = math.nan
+                    if not math.isfinite(value):
+                        raise PeftlabError(
+                            f"score '{raw}' is not a number", where=f"{path}:{line}",
+                            fix="STS-B scores must be numbers between 0 and 5",
+                        )
+                    labels.append(value)
+                else:
+                    if raw not in label_ids:
+                        raise PeftlabError(
+                            f"unknown label '{raw}'", where=f"{path}:{line}",
+                            fix=f"{task.glue_dir} labels are: {', '.join(task.label_names)}",
+                        )
+                    labels.append(label_ids[raw])
+                text_a.append(row[layout.text_a])
+                if layout.text_b is not None:
+                    text_b.append(row[layout.text_b])
+    except UnicodeDecodeError as err:
+        raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=str(path),
+                           fix="re-download the file") from None
+    if not labels:
+        raise PeftlabError("file has no data rows", where=str(path), fix="re-download the file (GLUE glue_data layout)")
+    out: dict[str, list] = {"text_a": text_a}
+    if layout.text_b is not None:
+        out["text_b"] = text_b
+    out["label"] = labels
+    return out
+
+
+def _features(task: Task):
+    from datasets import Features, Value
+
+    cols = {"text_a": Value("string")}
+    if len(task.text_fields) > 1:
+        cols["text_b"] = Value("string")
+    cols["label"] = Value("float32") if task.kind == "regression" else Value("int64")
+    return Features(cols)
+
+
+def _load_local(path: Path, task: Task, split: str):
+    from datasets import Dataset
+
+    columns = read_glue_tsv(path, task.name)
+    ds = Dataset.from_dict(columns, features=_features(task))
+    # Content-addressed fingerprint: token caches key on it, so an edited file is re-tokenised.
+    ds._fingerprint = _file_fingerprint(path, task.name, split)
+    return ds
+
+
+def _offline() -> bool:
+    truthy = {"1", "ON", "YES", "TRUE"}
+    return any(os.environ.get(v, "").upper() in truthy for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+
+
+def _load_hub(task: Task, split: str):
+    import datasets
+
+    hub_split = "validation_matched" if (task.name == "mnli" and split == "validation") else split
+    ds = datasets.load_dataset(HUB_DATASET, task.name, split=hub_split)
+    ds = ds.filter(lambda label: label != -1, input_columns="label")  # unlabelled rows
+    names = {task.text_fields[0]: "text_a"}
+    if len(task.text_fields) > 1:
+        names[task.text_fields[1]] = "text_b"
+    ds = ds.select_columns(list(names) + ["label"]).rename_columns(names)
+    return ds.cast(_features(task))
+
+
+def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None):
+    """One labelled split of a GLUE task as a ``Dataset`` (``text_a``, [``text_b``,] ``label``).
+
+    ``split``: ``train``, ``validation`` (MNLI: matched), ``validation_matched``, ``validation_mismatched``.
+    """
+    spec = _check_task_split(task, split)
+    _explicit_dir_check(data_dir)
+    tried: list[Path] = []
+    for root in _candidate_roots(data_dir):
+        # <root>/glue/<Task>/ (a data root), or <root>/<Task>/ (a glue_data folder) when there is no glue/
+        folders = [root / "glue"] if (root / "glue").is_dir() or not root.is_dir() else [root / "glue", root]
+        for folder in folders:
+            for name in _split_files(spec, split):
+                path = folder / spec.glue_dir / name
+                tried.append(path)
+                if path.is_file():
+                    return _load_local(path, spec, split)
+    hub_error = ""
+    if not _offline():
+        try:
+            return _load_hub(spec, split)
+        except Exception as err:  # noqa: BLE001 - any Hub failure becomes the message below
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            hub_error = f"; the Hub ({HUB_DATASET}) failed: {first}"
+    else:
+        hub_error = "; not trying the Hub (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)"
+    raise PeftlabError(
+        f"no local copy of {spec.glue_dir} {split}{hub_error}",
+        where="looked for " + ", ".join(str(p) for p in tried),
+        fix=f"pass --data-dir (or set PEFTLAB_DATA_DIR) to a folder holding glue/{spec.glue_dir}/"
+        f"{_split_files(spec, split)[0]}, or run with network access (HF_DATASETS_OFFLINE and HF_HUB_OFFLINE "
+        "unset) to load it from the Hub",
+    )
+
+
+# --------------------------------------------------------------------------- subsets
+
+
+def subset(ds, n: int | None, seed: int):
+    """``n`` examples drawn deterministically: a ``seed``-ed shuffle, then the first ``n``.
+
+    ``n=None`` returns ``ds`` unchanged (original order). ``n >= len(ds)`` returns all rows in the
+    seeded shuffled order, so a smaller ``n`` is always a prefix of a larger one.
+    """
+    if n is None:
+        return ds
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise PeftlabError(f"subset size must be a positive integer, got {n!r}", fix="use a number such as 1000")
+    return ds.shuffle(seed=seed).select(range(min(n, len(ds))))
+
+
+# --------------------------------------------------------------------------- tokenisation
+
+
+def tokenized_cache_dir() -> Path:
+    from peftlab.models import cache_dir
+
+    return cache_dir() / "tokenized"
+
+
+def _tokenize_hash(ds, tokenizer, max_length: int, task: str, cache_key: str) -> str:
+    key = {
+        "version": _TOKENIZE_VERSION,
+        "tokenizer": str(getattr(tokenizer, "name_or_path", "")),
+        "tokenizer_class": type(tokenizer).__name__,
+        "vocab_size": len(tokenizer),
+        "truncation_side": getattr(tokenizer, "truncation_side", "right"),
+        "task": task,
+        "cache_key": cache_key,
+        "fingerprint": ds._fingerprint,
+        "max_length": int(max_length),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
+    """Tokenise ``text_a``/``text_b`` with truncation to ``max_length`` (no padding).
+
+    Returns a ``Dataset`` with ``input_ids``, ``attention_mask``, [``token_type_ids``,] ``labels`` and
+    ``length``. The result is cached in ``$PEFTLAB_CACHE/tokenized/<hash>.arrow``; the hash covers the
+    tokenizer (name/path, class, vocabulary size), ``task``, ``cache_key``, the data's fingerprint
+    (the file content for local GLUE files) and ``max_length``, so a second call only reads the file.
+    """
+    if max_length is None or int(max_length) <= 0:
+        raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 128")
+    digest = _tokenize_hash(ds, tokenizer, max_length, task, cache_key)
+    out_dir = tokenized_cache_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pair = "text_b" in ds.column_names
+
+    def encode(batch):
+        texts = (batch["text_a"], batch["text_b"]) if pair else (batch["text_a"],)
+        enc = tokenizer(*texts, truncation=True, max_length=int(max_length))
+        out = dict(enc)
+        out["labels"] = batch["label"]
+        out["length"] = [len(ids) for ids in enc["input_ids"]]
+        return out
+
+    return ds.map(
+        encode,
+        batched=True,
+        remove_columns=ds.column_names,
+        cache_file_name=str(out_dir / f"{digest}.arrow"),
+        load_from_cache_file=True,
+        new_fingerprint=digest,
+        desc=f"tokenising {task}",
+    )
+
+
+# --------------------------------------------------------------------------- collation and batching
+
+
+class Collator:
+    """Pads a list of tokenised examples into a batch of tensors (``length`` is dropped first)."""
+
+    DROP = ("length", "text_a", "text_b")
+
+    def __init__(self, tokenizer, pad_to_max: bool, max_length: int):
+        from transformers import DataCollatorWithPadding
+
+        self.pad_to_max = bool(pad_to_max)
+        self.max_length = int(max_length)
+        self.inner = DataCollatorWithPadding(
+            tokenizer,
+            padding="max_length" if self.pad_to_max else "longest",
+            max_length=self.max_length if self.pad_to_max else None,
+            return_tensors="pt",
+        )
+
+    def __call__(self, features: Sequence[dict]):
+        clean = [{k: v for k, v in f.items() if k not in self.DROP} for f in features]
+        return self.inner(clean)
+
+
+def make_collator(tokenizer, pad_to_max: bool, max_length: int) -> Collator:
+    """Dynamic padding to the longest example, or to ``max_length`` when ``pad_to_max``."""
+    return Collator(tokenizer, pad_to_max, max_length)
+
+
+def _derived_seed(seed: int, epoch: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{epoch}".encode()).digest()[:8], "little") >> 1
+
+
+def length_grouped_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Batches of indices with similar lengths; every index appears exactly once.
+
+    Uses transformers' ``get_length_grouped_indices``: a seeded permutation, megabatches of
+    ``50 * batch_size`` (fewer for small data sets, so there are at least 4), each sorted by length
+    descending; the result is cut into batches, the batch holding the longest example stays first (an
+    out-of-memory error shows at step one) and the others are shuffled. Deterministic in ``(seed, epoch)``.
+    """
+    import torch
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    if batch_size <= 0:
+        raise PeftlabError(f"batch size must be positive, got {batch_size}", fix="use e.g. 32")
+    lengths = [int(x) for x in lengths]
+    if not lengths:
+        return []
+    derived = _derived_seed(seed, epoch)
+    generator = torch.Generator().manual_seed(derived)
+    order = get_length_grouped_indices(lengths, batch_size, generator=generator)
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    rest = batches[1:]
+    random.Random(derived).shuffle(rest)
+    return [batches[0]] + rest
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def majority_baseline(task: str, train_labels, eval_labels) -> float:
+    """Chance level of ``task``'s primary metric on the eval labels.
+
+    Accuracy: predicting the most frequent training class (ties: lowest class id) for every eval example.
+    Matthews correlation and Pearson: 0.0 (a constant prediction has no correlation).
+    """
+    import numpy as np
+
+    if task not in TASKS:
+        raise unknown("task", task, TASKS)
+    metric = TASKS[task].primary_metric
+    if metric in ("matthews_correlation", "pearson", "spearman", "combined"):
+        return 0.0
+    if TASKS[task].kind != "classification":
+        raise ValueError(f"no majority baseline for {TASKS[task].kind} task '{task}'")
+    train = np.asarray(list(train_labels), dtype=np.int64)
+    evals = np.asarray(list(eval_labels), dtype=np.int64)
+    if train.size == 0 or evals.size == 0:
+        return 0.0
+    majority = int(np.bincount(train).argmax())
+    if metric == "accuracy":
+        return float(np.mean(evals == majority))
+    if metric == "f1":
+        from sklearn.metrics import f1_score
+
+        return float(f1_score(evals, np.full_like(evals, majority), zero_division=0))
+    raise ValueError(f"no majority baseline for metric '{metric}'")

@@ -1,0 +1,215 @@
+"""A run's files: atomic writes, the output-directory guard, versions and git commit, checkpoints.
+
+Layout of ``--output-dir``::
+
+    config.yaml        resolved config (written first)
+    epochs.jsonl       one line per finished epoch (metrics, loss, seconds)
+    checkpoint/        last checkpoint: trainable tensors, optimizer, scheduler, RNG, loop state
+    adapter/           the trained adapter (peft format) or full-FT tensors, safetensors
+    result.json        written last, atomically: its presence with a final status marks a finished run
+    tb/                TensorBoard logs
+
+Checkpoints hold only what training changes (trainable tensors + optimizer state), not the frozen base:
+the base (incl. KaSA's truncation and PiSSA/MiLoRA residuals, which are deterministic) is rebuilt on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from peftlab.errors import PeftlabError
+
+FINISHED = ("ok", "diverged", "collapsed")
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def read_result(output_dir: str | Path) -> dict | None:
+    path = Path(output_dir) / "result.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def prepare_output_dir(output_dir: str | Path, *, overwrite: bool, resume: bool) -> str:
+    """Refuse to clobber finished work. Returns 'fresh', 'resume' or 'finished' (resume of a finished run)."""
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise PeftlabError(f"--output-dir {out} is a file", fix="pass a folder path")
+    result = read_result(out)
+    has_checkpoint = (out / "checkpoint" / "state.json").is_file()
+    if overwrite:
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        return "fresh"
+    if result is not None and result.get("status") in FINISHED:
+        if resume:
+            return "finished"
+        raise PeftlabError(f"{out} already holds a finished run (status {result.get('status')})",
+                           fix="choose another --output-dir, or pass --overwrite to replace it")
+    if resume:
+        if not has_checkpoint:
+            # Nothing to resume from (killed before the first checkpoint): start over in place.
+            if out.exists():
+                shutil.rmtree(out)
+            out.mkdir(parents=True)
+            return "fresh"
+        return "resume"
+    if out.exists() and any(out.iterdir()):
+        raise PeftlabError(f"{out} holds an unfinished run",
+                           fix="pass --resume to continue it, --overwrite to start over, or another --output-dir")
+    out.mkdir(parents=True, exist_ok=True)
+    return "fresh"
+
+
+def versions() -> dict[str, str]:
+    import accelerate
+    import datasets
+    import peft
+    import transformers
+
+    import peftlab
+
+    return {
+        "peftlab": peftlab.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "accelerate": accelerate.__version__,
+        "datasets": datasets.__version__,
+    }
+
+
+def git_commit() -> str | None:
+    """The project's commit (where the package source lives), with '+dirty' for uncommitted changes."""
+    src = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
+                               capture_output=True, text=True, timeout=5)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(output_dir: str | Path, model, optimizer, scheduler, loop_state: dict) -> None:
+    """Write checkpoint/ atomically: build it in a temporary folder, then swap it in."""
+    from safetensors.torch import save_file
+
+    out = Path(output_dir)
+    staging = Path(tempfile.mkdtemp(prefix=".checkpoint-", dir=out))
+    try:
+        trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+        save_file(trainable, str(staging / "trainable.safetensors"))
+        # Optimizer/scheduler/RNG states are our own files; they are loaded with weights_only=False below
+        # only from a checkpoint folder this code wrote.
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
+                   staging / "training_state.pt")
+        (staging / "state.json").write_text(json.dumps(loop_state, default=_json_default))
+        final = out / "checkpoint"
+        old = out / ".checkpoint-old"
+        if old.exists():
+            shutil.rmtree(old)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def load_checkpoint(output_dir: str | Path, model, optimizer, scheduler) -> dict:
+    from safetensors.torch import load_file
+
+    ckpt = Path(output_dir) / "checkpoint"
+    if not (ckpt / "state.json").is_file():  # an interrupted swap leaves the previous one here
+        old = Path(output_dir) / ".checkpoint-old"
+        if (old / "state.json").is_file():
+            ckpt = old
+    tensors = load_file(str(ckpt / "trainable.safetensors"))
+    params = dict(model.named_parameters())
+    missing = [n for n in tensors if n not in params]
+    if missing:
+        raise PeftlabError(f"checkpoint in {ckpt} does not match this run's model ({missing[0]} missing)",
+                           fix="resume with the same config, or pass --overwrite to start over")
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value)
+    training = torch.load(ckpt / "training_state.pt", weights_only=False)
+    optimizer.load_state_dict(training["optimizer"])
+    scheduler.load_state_dict(training["scheduler"])
+    state = json.loads((ckpt / "state.json").read_text())
+    state["rng"] = training["rng"]
+    return state

@@ -1,0 +1,390 @@
+"""The results store: one SQLite row per run of a sweep, keyed by a hash of the run's resolved config.
+
+Columns: ``key`` (sha256 of the resolved config without output_dir/resume/overwrite), ``status``
+(pending, running, ok, diverged, collapsed, failed), ``config`` and ``result`` (JSON), ``output_dir``,
+``started``/``finished`` (ISO 8601 UTC), ``seconds``, ``attempts``, ``error`` and ``owner`` (the process
+that holds a running row: ``host|pid|process start time``).
+
+Concurrency: WAL journal, a busy timeout, and every read-modify-write in one ``BEGIN IMMEDIATE``
+transaction, so several worker processes can claim and record runs in one store without losing or
+duplicating rows. A ``running`` row whose owner process is gone (killed sweep) is claimable again.
+WAL needs a local file system (not NFS).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sqlite3
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from peftlab.errors import PeftlabError
+
+SCHEMA_VERSION = 1
+STATUSES = ("pending", "running", "ok", "diverged", "collapsed", "failed")
+FINISHED = ("ok", "diverged", "collapsed")  # never rerun
+NOT_OK = ("diverged", "collapsed", "failed")
+# Config keys that do not change what a run computes: left out of the run's key.
+KEY_EXCLUDED = ("output_dir", "resume", "overwrite")
+SHORT_KEY = 12
+STORE_NAME = "results.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    key TEXT PRIMARY KEY,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'ok', 'diverged', 'collapsed', 'failed')),
+    config TEXT NOT NULL,
+    result TEXT,
+    output_dir TEXT,
+    started TEXT,
+    finished TEXT,
+    seconds REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    owner TEXT,
+    created TEXT NOT NULL,
+    updated TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+_COLUMNS = ("key", "status", "config", "result", "output_dir", "started", "finished", "seconds", "attempts",
+            "error", "owner", "created", "updated")
+
+
+def config_key(config: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of a resolved config (``TrainConfig.to_dict()``), minus KEY_EXCLUDED."""
+    canonical = {k: list(v) if isinstance(v, tuple) else v for k, v in config.items() if k not in KEY_EXCLUDED}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def short_key(key: str) -> str:
+    return key[:SHORT_KEY]
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _seconds_between(start: str | None, end: str) -> float | None:
+    if not start:
+        return None
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+# --------------------------------------------------------------------------- process identity
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (Linux), so a recycled pid is not mistaken for it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[0]
+
+
+def process_identity(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}|{pid}|{_proc_start_time(pid) or ''}"
+
+
+def owner_alive(owner: str | None) -> bool:
+    """Whether the process named by an owner string still runs. Other hosts' processes count as alive."""
+    if not owner:
+        return False
+    try:
+        host, pid_text, start = owner.split("|")
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return True  # cannot tell; never steal another machine's run
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if _proc_state(pid) in ("Z", "X"):  # killed but not yet reaped
+        return False
+    current = _proc_start_time(pid)
+    return not (start and current and current != start)
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class Store:
+    """An SQLite results store; cheap to open, one connection per process (do not share across fork)."""
+
+    def __init__(self, path: str | os.PathLike, *, create: bool = True, timeout: float = 120.0):
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise PeftlabError(f"results store not found: {self.path}",
+                               fix="pass the results.sqlite of a sweep (or its output folder)")
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        try:
+            self.conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None,
+                                        check_same_thread=False)
+        except sqlite3.Error as err:
+            raise PeftlabError(f"cannot open results store {self.path}: {err}") from None
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        self._init_schema(create)
+        self.owner = process_identity()
+
+    def _init_schema(self, create: bool) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                self.conn.execute("PRAGMA synchronous = NORMAL")
+                if create:
+                    with self.transaction() as conn:
+                        for statement in filter(str.strip, _SCHEMA.split(";")):
+                            conn.execute(statement)
+                        conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', ?)",
+                                     (str(SCHEMA_VERSION),))
+                break
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise PeftlabError(f"cannot open results store {self.path}: {err}") from None
+                time.sleep(0.05)
+        self.journal_mode = mode
+        try:
+            row = self.conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+        except sqlite3.DatabaseError as err:
+            raise PeftlabError(f"{self.path} is not a peftlab results store ({err})") from None
+        if row is None or int(row[0]) > SCHEMA_VERSION:
+            raise PeftlabError(f"{self.path} is not a results store this peftlab can read "
+                               f"(schema {row[0] if row else 'missing'})")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (ROLLBACK on error): takes the write lock up front."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # ----------------------------------------------------------------- writing
+
+    def register(self, runs: Iterable[tuple[str, dict, str]]) -> int:
+        """Add ``(key, config, output_dir)`` rows as pending unless present; returns how many were new."""
+        stamp = now_iso()
+        added = 0
+        with self.transaction() as conn:
+            for key, config, output_dir in runs:
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO runs (key, status, config, output_dir, attempts, created, updated) "
+                    "VALUES (?, 'pending', ?, ?, 0, ?, ?)",
+                    (key, json.dumps(config, sort_keys=True), str(output_dir), stamp, stamp))
+                added += cur.rowcount
+        return added
+
+    def prepare(self, keys: Iterable[str], *, retry_failed: bool = False) -> dict[str, int]:
+        """Before a sweep runs: running rows whose owner died (a killed sweep) and, with ``retry_failed``,
+        failed rows go back to pending. Returns how many of each were reset."""
+        wanted = set(keys)
+        reset = {"running": 0, "failed": 0}
+        stamp = now_iso()
+        with self.transaction() as conn:
+            rows = conn.execute("SELECT key, status, owner FROM runs WHERE status IN ('running', 'failed')").fetchall()
+            for row in rows:
+                if row["key"] not in wanted:
+                    continue
+                if (row["status"] == "running" and not owner_alive(row["owner"])) or (
+                        row["status"] == "failed" and retry_failed):
+                    conn.execute("UPDATE runs SET status = 'pending', owner = NULL, updated = ? WHERE key = ?",
+                                 (stamp, row["key"]))
+                    reset[row["status"]] += 1
+        return reset
+
+    def claim(self, key: str) -> dict | None:
+        """Atomically mark a pending ``key`` running for this process; returns the row as it was, or None."""
+        with self.transaction() as conn:
+            row = conn.execute("SELECT * FROM runs WHERE key = ?", (key,)).fetchone()
+            if row is None or row["status"] != "pending":
+                return None
+            stamp = now_iso()
+            conn.execute(
+                "UPDATE runs SET status = 'running', owner = ?, started = ?, finished = NULL, seconds = NULL, "
+                "attempts = attempts + 1, error = NULL, updated = ? WHERE key = ?",
+                (self.owner, stamp, stamp, key))
+            return _row_dict(row)
+
+    def claim_next(self, keys: Iterable[str]) -> dict | None:
+        """Claim the first pending run among ``keys`` (in their order); None when none is left."""
+        statuses = self.statuses()
+        for key in keys:
+            if statuses.get(key) == "pending":
+                row = self.claim(key)
+                if row is not None:
+                    return row
+        return None
+
+    def release(self, key: str) -> bool:
+        """Give a claimed run back (pending), e.g. on Ctrl-C."""
+        with self.transaction() as conn:
+            cur = conn.execute("UPDATE runs SET status = 'pending', owner = NULL, updated = ? "
+                               "WHERE key = ? AND status = 'running' AND owner = ?", (now_iso(), key, self.owner))
+            return cur.rowcount == 1
+
+    def finish(self, key: str, result: dict, *, owner: str | None = None) -> bool:
+        """Record a finished run's result (status from ``result['status']``); False if another process owns it."""
+        status = result.get("status")
+        if status not in ("ok", "diverged", "collapsed", "failed"):
+            raise ValueError(f"result status must be ok/diverged/collapsed/failed, got {status!r}")
+        error = result.get("status_reason") if status == "failed" else None
+        return self._close(key, status, json.dumps(result, default=_json_default), error, owner)
+
+    def fail(self, key: str, error: str, *, owner: str | None = None) -> bool:
+        return self._close(key, "failed", None, error, owner)
+
+    def _close(self, key, status, result_json, error, owner) -> bool:
+        owner = owner or self.owner
+        stamp = now_iso()
+        with self.transaction() as conn:
+            row = conn.execute("SELECT status, owner, started FROM runs WHERE key = ?", (key,)).fetchone()
+            if row is None or row["status"] != "running" or row["owner"] != owner:
+                return False  # reclaimed by someone else (or never claimed): theirs wins
+            conn.execute(
+                "UPDATE runs SET status = ?, result = ?, error = ?, finished = ?, seconds = ?, owner = NULL, "
+                "updated = ? WHERE key = ?",
+                (status, result_json, error, stamp, _seconds_between(row["started"], stamp), stamp, key))
+            return True
+
+    def fail_owned_by(self, pid: int, error: str) -> list[str]:
+        """Mark every running row of process ``pid`` on this host (a dead worker) failed; returns their keys."""
+        stamp = now_iso()
+        with self.transaction() as conn:
+            prefix = f"{socket.gethostname()}|{pid}|"
+            rows = conn.execute("SELECT key, started FROM runs WHERE status = 'running' AND substr(owner, 1, ?) = ?",
+                                (len(prefix), prefix)).fetchall()
+            for row in rows:
+                conn.execute(
+                    "UPDATE runs SET status = 'failed', error = ?, finished = ?, seconds = ?, owner = NULL, "
+                    "updated = ? WHERE key = ?",
+                    (error, stamp, _seconds_between(row["started"], stamp), stamp, row["key"]))
+        return [row["key"] for row in rows]
+
+    def add(self, config: dict, *, result: dict | None = None, status: str | None = None,
+            error: str | None = None, output_dir: str | None = None) -> str:
+        """Insert or replace one finished row directly (import a standalone run, build a store in tests).
+
+        ``status`` defaults to ``result['status']``; a failed run may come without a result."""
+        status = status or (result or {}).get("status")
+        if status not in ("ok", "diverged", "collapsed", "failed"):
+            raise ValueError(f"status must be ok/diverged/collapsed/failed, got {status!r}")
+        key = config_key(config)
+        stamp = now_iso()
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO runs (key, status, config, result, output_dir, started, finished, seconds, "
+                "attempts, error, owner, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, NULL, ?, ?)",
+                (key, status, json.dumps(config, sort_keys=True),
+                 None if result is None else json.dumps(result, default=_json_default),
+                 output_dir or config.get("output_dir"), stamp, stamp, (result or {}).get("train_seconds"),
+                 error or ((result or {}).get("status_reason") if status == "failed" else None), stamp, stamp))
+        return key
+
+    # ----------------------------------------------------------------- reading
+
+    def statuses(self) -> dict[str, str]:
+        return {row[0]: row[1] for row in self.conn.execute("SELECT key, status FROM runs")}
+
+    def get(self, key: str) -> dict | None:
+        row = self.conn.execute("SELECT * FROM runs WHERE key = ?", (key,)).fetchone()
+        return None if row is None else _row_dict(row)
+
+    def rows(self, *, parse: bool = True) -> list[dict]:
+        """All rows in insertion order; ``config``/``result`` parsed from JSON when ``parse``."""
+        rows = self.conn.execute("SELECT * FROM runs ORDER BY rowid").fetchall()
+        return [_row_dict(row, parse=parse) for row in rows]
+
+    def counts(self, keys: Iterable[str] | None = None) -> dict[str, int]:
+        statuses = self.statuses()
+        wanted = statuses.keys() if keys is None else keys
+        out = {s: 0 for s in STATUSES}
+        for key in wanted:
+            if key in statuses:
+                out[statuses[key]] += 1
+        return out
+
+
+def _row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
+    out = {name: row[name] for name in _COLUMNS}
+    if parse:
+        out["config"] = json.loads(out["config"]) if out["config"] else None
+        out["result"] = json.loads(out["result"]) if out["result"] else None
+    return out
+
+
+def _json_default(value):
+    try:
+        import numpy as np
+
+        if isinstance(value, (np.floating, np.integer)):
+            return value.item()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def resolve_store_path(path: str | os.PathLike) -> Path:
+    """A store file, or a sweep output folder holding ``results.sqlite``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / STORE_NAME
+    if not path.is_file():
+        raise PeftlabError(f"results store not found: {path}",
+                           fix="pass a sweep's results.sqlite (default runs/<spec name>/results.sqlite)")
+    return path
+
+
+def load_rows(paths: Iterable[str | os.PathLike]) -> list[dict]:
+    """Rows of one or more stores (a key present in several: the finished row wins)."""
+    merged: dict[str, dict] = {}
+    for path in paths:
+        with Store(resolve_store_path(path), create=False) as store:
+            for row in store.rows():
+                old = merged.get(row["key"])
+                if old is None or (old["status"] not in FINISHED and row["status"] in FINISHED):
+                    merged[row["key"]] = row
+    return list(merged.values())

@@ -1,0 +1,561 @@
+"""``peftlab sweep SPEC.yaml``: expand a grid of runs, run each once, record every run in a results store.
+
+A spec is YAML::
+
+    output_dir: runs/my-sweep        # root of the runs (default runs/<spec file stem>), relative to the cwd
+    store: runs/my-sweep/results.sqlite   # default <output_dir>/results.sqlite
+    base:                            # config keys shared by every run (any `peftlab train` key)
+      model: minilm-l6
+      epochs: 3
+    grid:                            # key -> list of values; the sweep is the cartesian product
+      lr_ratio: [1, 2, 4, 8]
+      targets: ["q,v", "q,k,v"]
+      seed: [0, 1, 2]
+    zip:                             # optional: groups of keys whose lists vary together (equal lengths)
+      - task: [rte, mrpc]
+        max_train_samples: [500, 500]
+
+Axes vary in the order written (grid keys, then zip groups), the last fastest. Each run's output folder is
+``<output_dir>/<first 12 hex digits of its key>``; the key is a hash of the resolved config without
+output_dir/resume/overwrite, so re-running a spec (or a spec that overlaps it) skips finished runs
+(ok, diverged, collapsed), reruns unfinished ones (resuming from their checkpoint) and, with
+``--retry-failed``, failed ones. A run that raises is recorded as failed and the sweep goes on.
+
+Runs execute in this process (default) or in ``--workers N`` spawned processes that claim runs from the
+store (``BEGIN IMMEDIATE``); a worker that dies marks its run failed and is replaced. Each run's output
+(stdout/stderr, also of C code) goes to ``<output_dir>/logs/<short key>.log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import itertools
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from peftlab.errors import PeftlabError, closest
+from peftlab.store import FINISHED, STORE_NAME, Store, config_key, short_key
+
+SPEC_KEYS = ("base", "grid", "zip", "output_dir", "store", "description")
+# Set per run by the sweep itself.
+RUN_MANAGED_KEYS = ("output_dir", "resume", "overwrite")
+DEFAULT_TRAIN = "peftlab.train:train"
+
+
+@dataclass
+class Run:
+    index: int  # 1-based position in the grid
+    key: str
+    cell: dict[str, Any]  # the grid/zip values of this run (what varies)
+    config: dict[str, Any]  # resolved TrainConfig.to_dict(), output_dir included
+    output_dir: str
+
+    @property
+    def short(self) -> str:
+        return short_key(self.key)
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={_fmt_value(v)}" for k, v in self.cell.items()) or "(base config)"
+
+
+@dataclass
+class Sweep:
+    spec_path: Path
+    output_root: Path
+    store_path: Path
+    axes: list[str]  # keys that vary
+    runs: list[Run] = field(default_factory=list)
+    duplicates: int = 0  # grid cells that resolved to a run already in the grid
+
+    @property
+    def keys(self) -> list[str]:
+        return [run.key for run in self.runs]
+
+    @property
+    def log_dir(self) -> Path:
+        return self.output_root / "logs"
+
+
+def _fmt_value(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+# --------------------------------------------------------------------------- spec -> runs
+
+
+def expand(base: dict[str, Any], grid: dict[str, list], zip_groups: list[dict[str, list]] | None = None,
+           *, where: str = "sweep spec") -> list[dict[str, Any]]:
+    """The runs of a grid: one dict per cell, ``base`` updated by one value of each grid key and one
+    position of each zip group. Cell dicts keep the axis order (grid keys, then zip groups)."""
+    axes: list[tuple[tuple[str, ...], list[tuple]]] = []
+    seen: dict[str, str] = {}
+
+    def claim_key(key: str, section: str) -> None:
+        if key in seen:
+            raise PeftlabError(f"key '{key}' is swept twice (in {seen[key]} and {section})", where=where,
+                               fix="sweep each key in one place only")
+        seen[key] = section
+
+    for key, values in (grid or {}).items():
+        claim_key(key, "grid")
+        values = _check_list(values, f"grid.{key}", where)
+        axes.append(((key,), [(v,) for v in values]))
+    for i, group in enumerate(zip_groups or []):
+        section = f"zip[{i}]"
+        if not isinstance(group, dict) or not group:
+            raise PeftlabError(f"{section} must be a non-empty mapping of keys to equal-length lists", where=where,
+                               fix="e.g. zip: [{task: [rte, mrpc], epochs: [10, 5]}]")
+        lengths = {}
+        for key, values in group.items():
+            claim_key(key, section)
+            lengths[key] = len(_check_list(values, f"{section}.{key}", where))
+        if len(set(lengths.values())) != 1:
+            detail = ", ".join(f"{k}: {n}" for k, n in lengths.items())
+            raise PeftlabError(f"the lists of {section} have different lengths ({detail})", where=where,
+                               fix="zip groups vary their keys together, so their lists must be equally long")
+        keys = tuple(group)
+        axes.append((keys, list(zip(*(group[k] for k in keys)))))
+    cells = []
+    for combo in itertools.product(*(values for _, values in axes)):
+        cell = dict(base or {})
+        for (keys, _), values in zip(axes, combo):
+            cell.update(zip(keys, values))
+        cells.append(cell)
+    return cells
+
+
+def _check_list(values, name: str, where: str) -> list:
+    if not isinstance(values, list):
+        raise PeftlabError(f"{name} must be a list of values, got {values!r}", where=where,
+                           fix=f"write {name.split('.')[-1]}: [{values!r}] or move it under base:")
+    if not values:
+        raise PeftlabError(f"{name} is an empty list: the sweep would have no runs", where=where,
+                           fix="give it at least one value, or remove it")
+    return values
+
+
+def _check_keys(keys, where: str, section: str) -> None:
+    from peftlab.config import TrainConfig, normalise_keys
+
+    for key in keys:
+        name = str(key).replace("-", "_")
+        if name in RUN_MANAGED_KEYS:
+            fix = ("set the runs' root as output_dir: at the top level of the spec" if name == "output_dir"
+                   else "the sweep resumes unfinished runs itself; use --retry-failed to rerun failed ones")
+            raise PeftlabError(f"'{key}' cannot be set in {section}: the sweep sets it for each run", where=where,
+                               fix=fix)
+        # Names only (values are checked per run): raises with the closest valid key.
+        if name not in TrainConfig.__dataclass_fields__:
+            normalise_keys(TrainConfig, {key: None}, f"{where}: {section}")
+
+
+def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None) -> Sweep:
+    """Read and validate a spec; every run's config is built (so any bad value fails before training)."""
+    from peftlab.config import TrainConfig, build_config, load_yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise PeftlabError(f"sweep spec not found: {path}", fix="pass the path of a sweep YAML (see configs/sweeps/)")
+    spec = load_yaml(path)
+    where = str(path)
+    for key in spec:
+        if key not in SPEC_KEYS:
+            raise PeftlabError(f"unknown sweep spec key '{key}'{closest(str(key), SPEC_KEYS)}", where=where,
+                               fix=f"top-level keys are {', '.join(SPEC_KEYS)}; config keys go under base: or grid:")
+    base = spec.get("base") or {}
+    grid = spec.get("grid") or {}
+    zips = spec.get("zip") or []
+    if not isinstance(base, dict):
+        raise PeftlabError("base: must be a mapping of config keys to values", where=where)
+    if not isinstance(grid, dict):
+        raise PeftlabError("grid: must be a mapping of config keys to lists", where=where)
+    if isinstance(zips, dict):
+        zips = [zips]
+    if not isinstance(zips, list):
+        raise PeftlabError("zip: must be a list of groups (mappings of keys to equal-length lists)", where=where)
+    _check_keys(base, where, "base")
+    _check_keys(grid, where, "grid")
+    for i, group in enumerate(zips):
+        if isinstance(group, dict):
+            _check_keys(group, where, f"zip[{i}]")
+    base = {str(k).replace("-", "_"): v for k, v in base.items()}
+    grid = {str(k).replace("-", "_"): v for k, v in grid.items()}
+    zips = [{str(k).replace("-", "_"): v for k, v in g.items()} if isinstance(g, dict) else g for g in zips]
+
+    root = Path(output_dir or spec.get("output_dir") or Path("runs") / path.stem)
+    store_path = Path(store or spec.get("store") or root / STORE_NAME)
+    cells = expand(base, grid, zips, where=where)
+    sweep = Sweep(spec_path=path, output_root=root, store_path=store_path,
+                  axes=list(grid) + [k for g in zips for k in g])
+    seen: set[str] = set()
+    for cell in cells:
+        varying = {k: cell[k] for k in sweep.axes}
+        try:
+            cfg = build_config(TrainConfig, overrides=cell)
+        except PeftlabError as err:
+            desc = " ".join(f"{k}={_fmt_value(v)}" for k, v in varying.items())
+            raise PeftlabError(f"run {{{desc}}}: {err.what}", where=f"{where}", fix=err.fix) from None
+        config = cfg.to_dict()
+        key = config_key(config)
+        if key in seen:
+            sweep.duplicates += 1
+            continue
+        seen.add(key)
+        run_dir = str(root / short_key(key))
+        config["output_dir"] = run_dir
+        sweep.runs.append(Run(index=len(sweep.runs) + 1, key=key, cell=varying, config=config, output_dir=run_dir))
+    return sweep
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def resolve_train_fn(train_fn: Callable | str | None) -> Callable:
+    if callable(train_fn):
+        return train_fn
+    module_name, _, attr = (train_fn or DEFAULT_TRAIN).partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _train_fn_name(train_fn: Callable | str | None) -> str:
+    if train_fn is None or isinstance(train_fn, str):
+        return train_fn or DEFAULT_TRAIN
+    name = f"{train_fn.__module__}:{train_fn.__qualname__}"
+    if train_fn.__module__ == "__main__" or "<" in train_fn.__qualname__:
+        raise ValueError(f"--workers needs an importable train function, got {name}")
+    return name
+
+
+def _has_checkpoint(out: Path) -> bool:
+    return (out / "checkpoint" / "state.json").is_file() or (out / ".checkpoint-old" / "state.json").is_file()
+
+
+def _dir_config_key(out: Path) -> str | None:
+    """The key of the config an existing run folder was started with, or None."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((out / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return config_key(data) if isinstance(data, dict) else None
+
+
+def run_one(run_config: dict, key: str, train_fn: Callable, store: Store) -> str:
+    """Run a claimed run (already marked running by this process) and record its outcome; returns the status.
+
+    An output folder from an earlier attempt is reused: a finished result.json is adopted, a checkpoint
+    is resumed, anything else (or a folder of another config) is replaced.
+    """
+    from peftlab import runfiles
+    from peftlab.config import TrainConfig, build_config
+
+    out = Path(run_config["output_dir"])
+    overrides = {k: v for k, v in run_config.items() if k not in ("resume", "overwrite")}
+    try:
+        existing = runfiles.read_result(out)
+        if (existing and existing.get("status") in FINISHED
+                and config_key(existing.get("config") or {}) == key):
+            print(f"adopting the finished result in {out}")
+            store.finish(key, existing)
+            return existing["status"]
+        same_config = _dir_config_key(out) == key
+        resume = out.is_dir() and same_config and _has_checkpoint(out)
+        overwrite = out.is_dir() and not resume
+        cfg = build_config(TrainConfig, overrides={**overrides, "resume": resume, "overwrite": overwrite})
+        if resume:
+            print(f"resuming {out} from its checkpoint")
+        result = train_fn(cfg)
+        if not isinstance(result, dict) or result.get("status") not in ("ok", "diverged", "collapsed", "failed"):
+            raise RuntimeError(f"the train function returned no valid result (status "
+                               f"{result.get('status') if isinstance(result, dict) else type(result).__name__})")
+        if result["status"] == "failed" and not result.get("status_reason"):
+            result = {**result, "status_reason": "the run reported status failed"}
+        store.finish(key, result)
+        return result["status"]
+    except Exception as err:  # noqa: BLE001 - any failure of one run is recorded; the sweep goes on
+        traceback.print_exc()
+        message = str(err) if isinstance(err, PeftlabError) else f"{type(err).__name__}: {err}"
+        store.fail(key, " ".join(message.split())[:2000] or type(err).__name__)
+        return "failed"
+    finally:
+        gc.collect()
+
+
+@contextlib.contextmanager
+def _output_to(path: Path | None):
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so C output too) to ``path``."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with open(path, "a", buffering=1) as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            try:
+                yield
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):
+                        stream.flush()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def _attempt(run: dict, store: Store, train_fn: Callable, log_path: Path | None) -> str | None:
+    """Claim ``run`` and run it; None when it was not claimable (finished, or another process has it)."""
+    row = store.claim(run["key"])
+    if row is None:
+        return None
+    with _output_to(log_path):
+        if log_path is not None:
+            print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} attempt "
+                  f"{row['attempts'] + 1} (pid {os.getpid()})", flush=True)
+        try:
+            return run_one(run["config"], run["key"], train_fn, store)
+        except BaseException:  # Ctrl-C or SystemExit: hand the run back for the next sweep
+            store.release(run["key"])
+            raise
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: die with the parent (a SIGKILLed sweep must not leave workers training in the background)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(store_path: str, runs: list[dict], train_fn_name: str, log_dir: str | None, threads: int,
+                 parent_pid: int) -> None:
+    _set_parent_death_signal()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(threads))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    train_fn = resolve_train_fn(train_fn_name)
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    except ImportError:  # pragma: no cover - a fake train function in tests
+        pass
+    store = Store(store_path)
+    order = [run["key"] for run in runs]
+    by_key = {run["key"]: run for run in runs}
+    while True:
+        statuses = store.statuses()
+        candidates = [key for key in order if statuses.get(key) == "pending"]
+        if not candidates:
+            break
+        for key in candidates:  # a run another worker took first is skipped by _attempt
+            log = Path(log_dir) / f"{short_key(key)}.log" if log_dir else None
+            _attempt(by_key[key], store, train_fn, log)
+    store.close()
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+@dataclass
+class SweepOutcome:
+    total: int
+    counts: dict[str, int]
+    ran: int  # runs attempted by this invocation
+    failed_keys: list[str]
+
+    @property
+    def all_finished(self) -> bool:
+        return self.counts.get("pending", 0) == 0 and self.counts.get("running", 0) == 0
+
+
+def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, train_fn: Callable | str | None = None,
+              progress: bool = True, capture_output: bool = True, poll_seconds: float = 1.0) -> SweepOutcome:
+    """Run every unfinished run of ``sweep``; the train function is injectable (callable or "module:attr")."""
+    from tqdm.auto import tqdm
+
+    sweep.output_root.mkdir(parents=True, exist_ok=True)
+    store = Store(sweep.store_path)
+    store.register((run.key, run.config, run.output_dir) for run in sweep.runs)
+    reset = store.prepare(sweep.keys, retry_failed=retry_failed)
+    keys = sweep.keys
+    counts = store.counts(keys)
+    done_before = sum(counts[s] for s in FINISHED) + counts["failed"]
+    log_dir = sweep.log_dir if capture_output else None
+    bar_file = os.fdopen(os.dup(2), "w") if progress else None
+    bar = tqdm(total=len(keys), initial=done_before, desc="sweep", unit="run", file=bar_file, disable=not progress,
+               dynamic_ncols=True, smoothing=0.1)
+
+    def note(message: str) -> None:
+        if progress:
+            bar.write(message, file=bar_file)
+
+    if reset["running"]:
+        note(f"resuming {reset['running']} run(s) left unfinished by a killed sweep")
+    if reset["failed"]:
+        note(f"retrying {reset['failed']} failed run(s)")
+    if counts["running"] - reset["running"] > 0:
+        note(f"{counts['running'] - reset['running']} run(s) are running in another live process: not touched")
+    by_key = {run.key: run for run in sweep.runs}
+    to_run = {k for k, s in store.statuses().items() if s == "pending" and k in by_key}
+    reported: set[str] = set()
+
+    def refresh() -> dict[str, int]:
+        now = store.counts(keys)
+        bar.update(sum(now[s] for s in FINISHED) + now["failed"] - bar.n)
+        bar.set_postfix({s: now[s] for s in ("ok", "diverged", "collapsed", "failed") if now[s]}, refresh=True)
+        for row in store.rows(parse=False):
+            if row["key"] in to_run and row["status"] == "failed" and row["key"] not in reported:
+                reported.add(row["key"])
+                log = f" (log: {log_dir / (short_key(row['key']) + '.log')})" if log_dir else ""
+                note(f"run {short_key(row['key'])} ({by_key[row['key']].describe()}) failed: {row['error']}{log}")
+        return now
+
+    payload = [{"key": run.key, "config": run.config} for run in sweep.runs if run.key in to_run]
+    try:
+        if workers <= 0:
+            fn = resolve_train_fn(train_fn)
+            for run in payload:
+                log = log_dir / f"{short_key(run['key'])}.log" if log_dir else None
+                _attempt(run, store, fn, log)
+                refresh()
+        elif payload:
+            _run_workers(sweep, store, payload, workers=min(workers, len(payload)),
+                         train_fn_name=_train_fn_name(train_fn), log_dir=log_dir, refresh=refresh, note=note,
+                         poll_seconds=poll_seconds)
+        counts = refresh()
+        statuses = store.statuses()
+    finally:
+        bar.close()
+        if bar_file is not None:
+            bar_file.close()
+        store.close()
+    failed = [k for k in sweep.keys if k in to_run and statuses.get(k) == "failed"]
+    return SweepOutcome(total=len(keys), counts=counts, ran=len(to_run), failed_keys=failed)
+
+
+def _run_workers(sweep: Sweep, store: Store, payload: list[dict], *, workers: int, train_fn_name: str,
+                 log_dir: Path | None, refresh, note, poll_seconds: float) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    args = (str(sweep.store_path), payload, train_fn_name, str(log_dir) if log_dir else None, threads, os.getpid())
+
+    def start():
+        proc = ctx.Process(target=_worker_main, args=args, daemon=True, name="peftlab-sweep-worker")
+        proc.start()
+        return proc
+
+    procs = [start() for _ in range(workers)]
+    deaths = 0
+    try:
+        while procs:
+            time.sleep(poll_seconds)
+            for proc in list(procs):
+                if proc.is_alive():
+                    continue
+                proc.join()
+                procs.remove(proc)
+                if proc.exitcode != 0:
+                    deaths += 1
+                    how = f"signal {-proc.exitcode}" if proc.exitcode < 0 else f"exit status {proc.exitcode}"
+                    lost = store.fail_owned_by(proc.pid, f"worker process died ({how})")
+                    note(f"a sweep worker died ({how}); {len(lost)} run(s) marked failed")
+                    if store.counts([p["key"] for p in payload])["pending"] and deaths < len(payload):
+                        procs.append(start())
+            refresh()
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        "sweep", help="run a grid of fine-tuning runs into a results store",
+        description="Expand SPEC.yaml (base: config keys, grid: key -> list, zip: groups of keys varying together) "
+                    "and run each run once, recording it in an SQLite results store. Re-running skips finished "
+                    "runs and resumes unfinished ones.")
+    parser.add_argument("spec", metavar="SPEC.yaml", help="sweep spec (see configs/sweeps/)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="run in N worker processes (default 0: one run at a time in this process)")
+    parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    parser.add_argument("--dry-run", action="store_true", help="print the grid (one line per run) and its size")
+    parser.add_argument("--output-dir", default=None, help="root of the runs (default: the spec's output_dir, "
+                                                           "else runs/<spec stem>)")
+    parser.add_argument("--store", default=None, help="results store (default <output dir>/results.sqlite)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show each run's output here instead of in <output dir>/logs/<key>.log")
+    parser.set_defaults(func=run_cli)
+
+
+def dry_run(sweep: Sweep) -> None:
+    statuses: dict[str, str] = {}
+    if sweep.store_path.is_file():
+        with Store(sweep.store_path, create=False) as store:
+            statuses = store.statuses()
+    width = len(str(len(sweep.runs)))
+    for run in sweep.runs:
+        status = statuses.get(run.key, "new")
+        print(f"{run.index:>{width}}  {run.short}  {status:<9}  {run.describe()}")
+    finished = sum(1 for run in sweep.runs if statuses.get(run.key) in FINISHED)
+    failed = sum(1 for run in sweep.runs if statuses.get(run.key) == "failed")
+    extra = f" ({sweep.duplicates} duplicate grid cells dropped)" if sweep.duplicates else ""
+    print(f"{len(sweep.runs)} runs{extra}: {finished} finished, {failed} failed, "
+          f"{len(sweep.runs) - finished - failed} to run -> {sweep.output_root} (store {sweep.store_path})")
+
+
+def run_cli(args) -> int:
+    if args.workers < 0:
+        raise PeftlabError(f"--workers must be >= 0, got {args.workers}")
+    sweep = load_spec(args.spec, output_dir=args.output_dir, store=args.store)
+    if args.dry_run:
+        dry_run(sweep)
+        return 0
+    outcome = run_sweep(sweep, workers=args.workers, retry_failed=args.retry_failed,
+                        capture_output=not args.verbose)
+    counts = outcome.counts
+    summary = ", ".join(f"{counts[s]} {s}" for s in ("ok", "diverged", "collapsed", "failed", "pending", "running")
+                        if counts[s])
+    print(f"sweep {sweep.spec_path.name}: {outcome.total} runs: {summary or 'none'}; store {sweep.store_path}")
+    if counts["failed"]:
+        print(f"failed runs: see {sweep.log_dir}/<key>.log; rerun them with --retry-failed", file=sys.stderr)
+    print(f"table: peftlab report {sweep.store_path}")
+    return 1 if counts["failed"] else 0

@@ -1,0 +1,325 @@
+"""``peftlab train``: one fine-tuning run, an explicit loop on Accelerate that reads top to bottom.
+
+setup (model, method, data, optimizer) -> fit (epochs of steps, evaluation each epoch, checkpoints)
+-> finish (adapter, result.json). Accelerate supplies the device, mixed precision (bf16 on CUDA, fp32 on
+CPU), DDP under ``accelerate launch`` and gradient clipping; nothing else is hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from peftlab import runfiles
+from peftlab.config import TrainConfig, add_dataclass_flags, build_config, save_config
+from peftlab.errors import PeftlabError
+
+# Test seam for the divergence guard: make the loss NaN at this global step (documented in RELIABILITY.md).
+FAULT_NAN_STEP_ENV = "PEFTLAB_FAULT_NAN_AT_STEP"
+# A metric "clearly above" chance is this far above it (metrics are in [0, 1] or [-1, 1]).
+CLEARLY_ABOVE_CHANCE = 0.05
+
+
+class LengthGroupedBatchSampler:
+    """Batches of similar length (little padding), reshuffled each epoch; set ``epoch`` before iterating."""
+
+    def __init__(self, lengths, batch_size: int, seed: int, grouped: bool):
+        self.lengths, self.batch_size, self.seed, self.grouped = list(lengths), batch_size, seed, grouped
+        self.epoch = 0
+
+    def _batches(self):
+        from peftlab.data import length_grouped_batches
+
+        if self.grouped:
+            return length_grouped_batches(self.lengths, self.batch_size, self.seed, self.epoch)
+        order = torch.randperm(len(self.lengths), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        return [order[i:i + self.batch_size].tolist() for i in range(0, len(order), self.batch_size)]
+
+    def __iter__(self):
+        return iter(self._batches())
+
+    def __len__(self):
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+
+def _accelerator(cfg: TrainConfig):
+    from accelerate import Accelerator
+
+    precision = cfg.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() else "no"
+    return Accelerator(mixed_precision=precision)
+
+
+def _kasa_sigma(model) -> dict[str, list[float]] | None:
+    """KaSA's learned singular values per adapted module (for KaSA Figure 4-style plots)."""
+    out = {}
+    for name, module in model.named_modules():
+        diag = getattr(module, "lora_diag", None)
+        if diag is not None and "default" in diag:
+            out[name.removeprefix("base_model.model.")] = diag["default"].detach().float().cpu().tolist()
+    return out or None
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run (or resume) one fine-tuning run into ``cfg.output_dir``; returns the result dict."""
+    from accelerate.utils import set_seed
+    from transformers import get_linear_schedule_with_warmup
+
+    from peftlab.adapters import save_trained
+    from peftlab.methods import apply_method, extra_loss
+    from peftlab.models import load_model
+    from peftlab.optim import adamw, count_trainable, lr_by_group, param_groups
+    from peftlab.pipelines import build_pipeline
+    from peftlab.tasks import TASKS
+
+    out = Path(cfg.output_dir)
+    accelerator = _accelerator(cfg)
+    main = accelerator.is_main_process
+    mode = runfiles.prepare_output_dir(out, overwrite=cfg.overwrite, resume=cfg.resume) if main else None
+    mode = _broadcast(accelerator, mode)
+    if mode == "finished":
+        return runfiles.read_result(out)
+    if main:
+        save_config(cfg, out / "config.yaml")
+
+    # ---- setup: model, method, data, optimizer ------------------------------------------------------
+    set_seed(cfg.seed)
+    task = TASKS[cfg.task]
+    model, tokenizer = load_model(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
+                                  trust_remote_code=cfg.trust_remote_code)
+    pipeline = build_pipeline(cfg, tokenizer, model)
+    task_type = "CAUSAL_LM" if task.head == "causal-lm" else "SEQ_CLS"
+    init_start = time.perf_counter()
+    model, targets, heads = apply_method(model, cfg, train_head=task.head != "causal-lm", task_type=task_type)
+    init_seconds = time.perf_counter() - init_start
+    groups = param_groups(model, targets, heads, cfg, verbose=main)
+    optimizer = adamw(groups)
+    params = count_trainable(model, targets, heads)
+
+    sampler = LengthGroupedBatchSampler(pipeline.train_dataset["length"], cfg.batch_size, cfg.seed,
+                                        grouped=not cfg.pad_to_max)
+    train_loader = torch.utils.data.DataLoader(
+        pipeline.train_dataset.remove_columns([c for c in ("length",) if c in pipeline.train_dataset.column_names]),
+        batch_sampler=sampler, collate_fn=pipeline.collate)
+    steps_per_epoch = len(sampler)
+    total_steps = steps_per_epoch * cfg.epochs
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), max(1, total_steps))
+    model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
+    steps_per_epoch = len(train_loader)  # per process under DDP
+
+    state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "epochs_log": [], "best": None,
+             "status": "ok", "status_reason": None, "train_seconds": 0.0, "train_examples": 0,
+             "clearly_above_chance": False}
+    if mode == "resume":
+        state = runfiles.load_checkpoint(out, accelerator.unwrap_model(model), optimizer, scheduler)
+        runfiles.set_rng_state(state.pop("rng"))
+        if main:
+            print(f"resuming from epoch {state['epoch'] + 1}, step {state['step_in_epoch']} of {steps_per_epoch}")
+
+    writer = None
+    if main:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tb"))
+
+    # ---- before fine-tuning -------------------------------------------------------------------------
+    before = None
+    if cfg.epochs == 0:
+        before = pipeline.evaluate(model, accelerator)
+
+    # ---- fit --------------------------------------------------------------------------------------------
+    fault_step = int(os.environ.get(FAULT_NAN_STEP_ENV, "-1"))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    while state["epoch"] < cfg.epochs and state["status"] == "ok":
+        epoch = state["epoch"]
+        sampler.epoch = epoch
+        epoch_start = time.perf_counter()
+        loss_sum, loss_count = 0.0, 0
+        loader = train_loader
+        if state["step_in_epoch"]:
+            loader = accelerator.skip_first_batches(train_loader, state["step_in_epoch"])
+        progress = _progress(main, steps_per_epoch, state["step_in_epoch"], f"epoch {epoch + 1}/{cfg.epochs}")
+        for batch in loader:
+            step_start = time.perf_counter()
+            outputs = model(**batch)
+            loss = outputs.loss
+            aux = extra_loss(accelerator.unwrap_model(model))  # the method's hook, e.g. KaSA's regulariser
+            total = loss if aux is None else loss + aux
+            if state["global_step"] == fault_step:
+                total = total * float("nan")
+            accelerator.backward(total)
+            if cfg.max_grad_norm > 0:
+                grad_norm = accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm)
+            else:
+                grad_norm = torch.linalg.vector_norm(
+                    torch.stack([p.grad.norm() for p in trainable if p.grad is not None]))
+            if not (torch.isfinite(total.detach()) and torch.isfinite(torch.as_tensor(grad_norm))):
+                state["status"] = "diverged"
+                what = "loss" if not torch.isfinite(total.detach()) else "gradient norm"
+                state["status_reason"] = f"non-finite {what} at step {state['global_step']} (epoch {epoch + 1})"
+                break
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            batch_examples = batch["input_ids"].shape[0] * accelerator.num_processes
+            state["global_step"] += 1
+            state["step_in_epoch"] += 1
+            state["train_examples"] += batch_examples
+            state["train_seconds"] += time.perf_counter() - step_start
+            loss_sum += loss.item()
+            loss_count += 1
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}",
+                                     ex_s=f"{batch_examples / (time.perf_counter() - step_start):.1f}")
+            if writer is not None and state["global_step"] % cfg.log_every == 0:
+                writer.add_scalar("train/loss", loss.item(), state["global_step"])
+                for group in optimizer.param_groups:
+                    writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], state["global_step"])
+            if cfg.checkpoint_every and state["global_step"] % cfg.checkpoint_every == 0:
+                _checkpoint(accelerator, out, model, optimizer, scheduler, state)
+        if progress is not None:
+            progress.close()
+        if state["status"] != "ok":
+            break
+
+        metrics = pipeline.evaluate(model, accelerator)
+        record = {"epoch": epoch + 1, "train_loss": loss_sum / max(1, loss_count), "metrics": metrics,
+                  "seconds": time.perf_counter() - epoch_start}
+        state["epochs_log"].append(record)
+        primary = metrics.get(pipeline.primary_metric)
+        if state["best"] is None or (primary is not None and primary > state["best"]["metrics"].get(
+                pipeline.primary_metric, -math.inf)):
+            state["best"] = {"epoch": epoch + 1, "metrics": metrics}
+        _check_collapse(state, primary, pipeline.chance, epoch + 1, pipeline.primary_metric)
+        if main:
+            with open(out / "epochs.jsonl", "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+            if writer is not None:
+                for key, value in metrics.items():
+                    writer.add_scalar(f"eval/{key}", value, epoch + 1)
+            print(f"epoch {epoch + 1}: train_loss={record['train_loss']:.4f} "
+                  + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        state["epoch"] += 1
+        state["step_in_epoch"] = 0
+        _checkpoint(accelerator, out, model, optimizer, scheduler, state)
+
+    # ---- finish ---------------------------------------------------------------------------------------
+    unwrapped = accelerator.unwrap_model(model)
+    if main:
+        save_trained(unwrapped, out / "adapter", base_model=cfg.model)
+        if writer is not None:
+            writer.close()
+    final_metrics = state["epochs_log"][-1]["metrics"] if state["epochs_log"] else (before or {})
+    result = {
+        "schema_version": 1,
+        "status": state["status"],
+        "status_reason": state["status_reason"],
+        "task": cfg.task, "model": cfg.model, "method": cfg.method, "targets": ",".join(cfg.targets),
+        "rank": cfg.rank, "alpha": cfg.alpha, "lr": cfg.lr, "lr_ratio": cfg.lr_ratio, "head_lr": cfg.head_lr,
+        "group_lrs": lr_by_group(groups), "seed": cfg.seed, "epochs": cfg.epochs,
+        "config": cfg.to_dict(),
+        "trainable_params": params,
+        "primary_metric": pipeline.primary_metric,
+        "majority_baseline": pipeline.chance,
+        "epochs_log": state["epochs_log"],
+        "before": {"metrics": before} if before is not None else None,
+        "best": state["best"] or {"epoch": 0, "metrics": before or {}},
+        "final": {"metrics": final_metrics},
+        "train_examples": state["train_examples"],
+        "train_seconds": state["train_seconds"],
+        "train_examples_per_second": state["train_examples"] / state["train_seconds"] if state["train_seconds"] else None,
+        "init_seconds": init_seconds,
+        "peak_memory_mb": runfiles.peak_memory_mb(accelerator.device),
+        "device": str(accelerator.device),
+        "num_processes": accelerator.num_processes,
+        "versions": runfiles.versions(),
+        "git_commit": runfiles.git_commit(),
+        **pipeline.extras,
+    }
+    sigma = _kasa_sigma(unwrapped)
+    if sigma:
+        result["kasa_sigma"] = sigma
+    if main:
+        runfiles.write_json(out / "result.json", result)  # last: its presence marks the run finished
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return result
+
+
+def _check_collapse(state: dict, primary, chance: float, epoch: int, name: str) -> None:
+    """Label (never hide) a run whose dev metric fell to chance after having been clearly above it."""
+    if primary is None:
+        return
+    if primary > chance + CLEARLY_ABOVE_CHANCE:
+        state["clearly_above_chance"] = True
+    elif state["clearly_above_chance"] and primary <= chance and state["status"] == "ok":
+        state["status"] = "collapsed"
+        state["status_reason"] = f"{name} fell to {primary:.4f} <= chance {chance:.4f} at epoch {epoch}"
+
+
+def _checkpoint(accelerator, out, model, optimizer, scheduler, state) -> None:
+    if accelerator.is_main_process:
+        runfiles.save_checkpoint(out, accelerator.unwrap_model(model), optimizer, scheduler, state)
+    accelerator.wait_for_everyone()
+
+
+def _broadcast(accelerator, value):
+    if accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    box = [value]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
+def _progress(enabled: bool, total: int, initial: int, desc: str):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("train", help="fine-tune one model on one task with one method",
+                            description="One fine-tuning run. Every flag can also come from --config YAML; "
+                                        "flags override it.")
+    parser.add_argument("--config", help="YAML file of config keys (flags override it)")
+    add_dataclass_flags(parser, TrainConfig)
+    parser.set_defaults(func=run_cli)
+
+
+def config_from_args(args) -> TrainConfig:
+    values = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig)}
+    return build_config(TrainConfig, yaml_path=args.config, flag_values=values)
+
+
+def run_cli(args) -> int:
+    cfg = config_from_args(args)
+    result = train(cfg)
+    best = result["best"]["metrics"].get(result["primary_metric"])
+    final = result["final"]["metrics"].get(result["primary_metric"])
+    print(f"status={result['status']} {result['primary_metric']}: best={_fmt(best)} "
+          f"(epoch {result['best']['epoch']}) final={_fmt(final)} chance={_fmt(result['majority_baseline'])} "
+          f"-> {Path(cfg.output_dir) / 'result.json'}")
+    if result["status_reason"]:
+        print(f"reason: {result['status_reason']}")
+    return 0 if result["status"] in ("ok", "collapsed") else 1
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.4f}"

@@ -1,0 +1,72 @@
+"""Shared fixtures: offline environment, fixed seeds and tiny random-config transformers.
+
+Tiny models follow peft's test style: ``AutoConfig.for_model(model_type, hidden_size=32, num_hidden_layers=2,
+num_attention_heads=4, intermediate_size=64)`` plus ``AutoModelForSequenceClassification.from_config``, built
+from a fixed seed so that two builds of the same architecture have identical weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Never reach the network from the test suite (set before transformers/huggingface_hub are imported).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+TINY_VOCAB = 128  # small embedding tables keep model construction in milliseconds
+PAD_ID = 0  # decoders need a pad token for sequence classification; test inputs never contain it
+
+# model_type -> extra config overrides. GPT-2 fuses q, k, v into one Conv1D (``attn.c_attn``).
+TINY_OVERRIDES: dict[str, dict] = {
+    "bert": {},
+    "llama": dict(num_key_value_heads=2),  # GQA: k and v are 32 -> 16
+    "deberta-v2": {},
+    "qwen2": dict(num_key_value_heads=2),  # like Llama, but q/k/v carry biases
+    "mpnet": {},
+    "gpt2": dict(n_inner=64),
+}
+
+
+def build_tiny(model_type: str, *, num_labels: int = 2, seed: int = 0):
+    """A tiny random ``AutoModelForSequenceClassification`` of ``model_type`` in eval mode, from ``seed``."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    transformers.logging.set_verbosity_error()
+    config = AutoConfig.for_model(
+        model_type, vocab_size=TINY_VOCAB, num_labels=num_labels, pad_token_id=PAD_ID,
+        **TINY, **TINY_OVERRIDES.get(model_type, {}),
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config)
+    return model.eval()
+
+
+def tiny_inputs(batch: int = 3, length: int = 9, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Token ids in [1, TINY_VOCAB) (no pad token) with an all-ones attention mask."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, TINY_VOCAB, (batch, length), generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+@pytest.fixture(autouse=True)
+def _fixed_seed():
+    """Every test starts from the same global RNG state."""
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def tiny_model():
+    """Factory fixture: ``tiny_model("bert")`` -> a fresh tiny model; same weights on every call."""
+    return build_tiny
+
+
+@pytest.fixture(scope="session")
+def inputs():
+    return tiny_inputs()

@@ -1,0 +1,431 @@
+"""The method table, checked like peft's TEST_CASES: every method x target set x tiny architecture.
+
+A new row in ``peftlab.methods.METHODS`` is picked up by every parametrised test here; the tables
+``ADAPTER_TENSORS`` and ``ADAPTER_NUMEL`` below say which trainable tensors (and how many parameters) the
+method puts on each adapted projection, and a method missing from them fails with a message saying so.
+
+Expectations are written independently of the library: the module names of each projection come from
+``ARCHS`` (not from ``peftlab.targets``), a tensor's group and learning rate from those names, and parameter
+counts from the weight shapes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+from torch import nn
+
+from peftlab import kasa
+from peftlab.adapters import is_peft, load_trained, merged, save_trained
+from peftlab.errors import PeftlabError
+from peftlab.methods import METHODS, MethodConfig, apply_method, extra_loss
+from peftlab.optim import OptimConfig, count_trainable, param_groups
+
+RANK = 4
+N_FREQUENCY = 40  # FourierFT: must stay below in*out of the smallest adapted matrix (Llama's k: 32 x 16)
+LR, LR_RATIO, HEAD_LR = 1e-3, 4.0, 3e-3
+PEFT_PREFIX = "base_model.model."
+
+
+@dataclass(frozen=True)
+class Arch:
+    model_type: str
+    layer: str  # module path of attention layer i, with {i}
+    projections: dict  # projection -> module name relative to the layer ("qkv" for a fused matrix)
+    heads: tuple  # the new task-head modules (top-level children) that a run trains in full
+
+    @property
+    def fused(self) -> bool:
+        return "qkv" in self.projections
+
+    def modules(self, projection: str, n_layers: int = 2) -> tuple[str, ...]:
+        return tuple(f"{self.layer.format(i=i)}.{self.projections[projection]}" for i in range(n_layers))
+
+
+ARCHS = {
+    "bert": Arch("bert", "bert.encoder.layer.{i}.attention",
+                 {"q": "self.query", "k": "self.key", "v": "self.value", "o": "output.dense"}, ("classifier",)),
+    "llama": Arch("llama", "model.layers.{i}.self_attn",
+                  {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}, ("score",)),
+    "deberta-v2": Arch("deberta-v2", "deberta.encoder.layer.{i}.attention",
+                       {"q": "self.query_proj", "k": "self.key_proj", "v": "self.value_proj", "o": "output.dense"},
+                       ("pooler", "classifier")),
+    "qwen2": Arch("qwen2", "model.layers.{i}.self_attn",
+                  {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}, ("score",)),
+    "gpt2": Arch("gpt2", "transformer.h.{i}.attn", {"qkv": "c_attn", "o": "c_proj"}, ("score",)),
+}
+TARGET_SETS = [("q", "v"), ("q", "k", "v"), ("v",), ("q", "k")]
+
+_LORA = {"lora_A.default.weight", "lora_B.default.weight"}
+# method -> the trainable tensors on each adapted projection (suffix after the module name)
+ADAPTER_TENSORS = {
+    "full": None,  # the projection's own weight (and bias, where it has one)
+    "lora": _LORA,
+    "dora": _LORA | {"lora_magnitude_vector.default.weight"},
+    "pissa": _LORA,
+    "milora": _LORA,
+    "kasa": _LORA | {"lora_diag.default"},
+    "vera": {"vera_lambda_b.default", "vera_lambda_d.default"},
+    "fourierft": {"fourierft_spectrum.default"},
+}
+# method -> trainable parameters per adapted projection, from (in_features, out_features, has_bias)
+ADAPTER_NUMEL = {
+    "full": lambda i, o, bias: i * o + (o if bias else 0),
+    "lora": lambda i, o, bias: RANK * (i + o),
+    "dora": lambda i, o, bias: RANK * (i + o) + o,
+    "pissa": lambda i, o, bias: RANK * (i + o),
+    "milora": lambda i, o, bias: RANK * (i + o),
+    "kasa": lambda i, o, bias: RANK * (i + o) + RANK,
+    "vera": lambda i, o, bias: RANK + o,
+    "fourierft": lambda i, o, bias: N_FREQUENCY,
+}
+
+
+def method_config(method: str, targets, **overrides) -> MethodConfig:
+    return MethodConfig(method=method, targets=targets, rank=RANK, alpha=8.0,
+                        fourierft_n_frequency=N_FREQUENCY, **overrides)
+
+
+def in_out(module: nn.Module) -> tuple[int, int]:
+    """(in_features, out_features) of a Linear or a transposed Conv1D."""
+    weight = module.weight
+    if type(module).__name__ == "Conv1D":
+        return weight.shape[0], weight.shape[1]
+    return weight.shape[1], weight.shape[0]
+
+
+def dense_weight(module: nn.Module) -> torch.Tensor:
+    """The (out, in) matrix of a Linear or a Conv1D."""
+    weight = module.weight.detach().float()
+    return weight.T if type(module).__name__ == "Conv1D" else weight
+
+
+def strip(name: str) -> str:
+    return name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+
+
+def expected_modules(arch: Arch, targets) -> dict[str, tuple[str, ...]]:
+    if arch.fused:
+        return {"qkv": arch.modules("qkv")} | ({"o": arch.modules("o")} if "o" in targets else {})
+    return {p: arch.modules(p) for p in targets}
+
+
+def is_accepted(method: str, arch: Arch, targets) -> bool:
+    if not arch.fused:
+        return True
+    return METHODS[method].fused_qkv and {"q", "k", "v"} <= set(targets)
+
+
+def owner_of(name: str, modules: dict[str, tuple[str, ...]], heads) -> tuple[str, str, str]:
+    """(group, module, suffix) of a parameter name, from the expected module names; fails outside them."""
+    name = strip(name)
+    for head in heads:
+        if name.startswith(head + "."):
+            return "head", head, name[len(head) + 1:]
+    for group, names in modules.items():
+        for module in names:
+            if name.startswith(module + "."):
+                return group, module, name[len(module) + 1:]
+    raise AssertionError(f"trainable tensor {name} is neither in a targeted projection nor in the head")
+
+
+def expected_lr(group: str, lr_ratio: float, head_lr: float | None) -> float:
+    if group == "v":
+        return LR * lr_ratio
+    if group == "head":
+        return head_lr if head_lr is not None else LR
+    return LR
+
+
+def trainable(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+@torch.no_grad()
+def perturb(model: nn.Module, scale: float = 0.05, seed: int = 123) -> None:
+    """Simulate training: add seeded noise to every trainable tensor (heads included)."""
+    generator = torch.Generator().manual_seed(seed)
+    for _, param in sorted(trainable(model).items()):
+        param.add_(scale * torch.randn(param.shape, generator=generator))
+
+
+@torch.no_grad()
+def logits(model: nn.Module, inputs) -> torch.Tensor:
+    model.eval()
+    return model(**inputs).logits.detach().clone()
+
+
+def adapted_layers(model: nn.Module, modules) -> dict[str, nn.Module]:
+    """The peft layers wrapping the given module names, by name."""
+    inner = model.base_model.model
+    return {name: inner.get_submodule(name) for name in modules}
+
+
+def one_line(err: pytest.ExceptionInfo) -> str:
+    message = str(err.value)
+    assert message and "\n" not in message, f"error message is not one line: {message!r}"
+    return message
+
+
+# --------------------------------------------------------------------------- the method x target x arch matrix
+
+CASES = [(m, a, t) for m in METHODS for a in ARCHS for t in TARGET_SETS]
+ACCEPTED = [c for c in CASES if is_accepted(c[0], ARCHS[c[1]], c[2])]
+REFUSED = [c for c in CASES if not is_accepted(c[0], ARCHS[c[1]], c[2])]
+
+
+def _case_id(case) -> str:
+    method, arch, targets = case
+    return f"{method}-{arch}-{''.join(targets)}"
+
+
+def test_every_method_has_expectations():
+    missing = sorted(set(METHODS) - set(ADAPTER_TENSORS) | set(METHODS) - set(ADAPTER_NUMEL))
+    assert not missing, f"add the trainable tensors and counts of {missing} to ADAPTER_TENSORS/ADAPTER_NUMEL"
+    assert any(a.fused for a in ARCHS.values()) and sum(not a.fused for a in ARCHS.values()) >= 3
+    assert REFUSED and all(ARCHS[a].fused for _, a, _ in REFUSED)
+
+
+@pytest.mark.parametrize("case", ACCEPTED, ids=_case_id)
+def test_trainable_set_groups_and_counts(case, tiny_model):
+    method, arch_name, target_set = case
+    arch = ARCHS[arch_name]
+    model = tiny_model(arch.model_type)
+    original = copy.deepcopy(model)
+    model, targets, heads = apply_method(model, method_config(method, target_set), task_type="SEQ_CLS")
+
+    # targets and heads resolve to the architecture's modules
+    modules = expected_modules(arch, target_set)
+    assert targets.modules == modules
+    assert targets.fused == arch.fused
+    assert heads == list(arch.heads)
+    assert is_peft(model) == (method != "full")
+
+    # the trainable set: exactly the method's tensors on each targeted projection, plus the whole head
+    params = trainable(model)
+    per_module: dict[str, set[str]] = {}
+    for name in params:
+        group, module, suffix = owner_of(name, modules, heads)
+        per_module.setdefault(module, set()).add(suffix)
+    for group, names in modules.items():
+        for name in names:
+            base = original.get_submodule(name)
+            want = ADAPTER_TENSORS[method]
+            if want is None:
+                want = {"weight"} | ({"bias"} if base.bias is not None else set())
+            assert per_module.get(name) == want, f"{name}: trainable {per_module.get(name)}, expected {want}"
+    for head in heads:
+        head_numel = sum(p.numel() for p in original.get_submodule(head).parameters())
+        got = sum(p.numel() for n, p in params.items() if strip(n).startswith(head + "."))
+        assert got == head_numel, f"head {head}: {got} trainable parameters, expected {head_numel}"
+
+    # optimizer groups: each trainable tensor in exactly one group, with its projection's learning rate
+    fused = arch.fused
+    for lr_ratio, head_lr in ((1.0 if fused else LR_RATIO, HEAD_LR), (1.0, None)):
+        groups = param_groups(model, targets, heads, OptimConfig(lr=LR, lr_ratio=lr_ratio, head_lr=head_lr,
+                                                                 weight_decay=0.01), verbose=False)
+        seen: dict[int, int] = {}
+        for g in groups:
+            assert len(g["params"]) == len(g["param_names"])
+            for name, param in zip(g["param_names"], g["params"]):
+                assert param.requires_grad, f"frozen tensor {name} in optimizer group {g['name']}"
+                assert param is params[name]
+                seen[id(param)] = seen.get(id(param), 0) + 1
+                group, _, _ = owner_of(name, modules, heads)
+                assert g["name"] == group, f"{name} is in group {g['name']}, expected {group}"
+                assert math.isclose(g["lr"], expected_lr(group, lr_ratio, head_lr)), (name, g["lr"])
+                if name.endswith("bias"):
+                    assert g["weight_decay"] == 0.0, f"bias {name} is decayed"
+        for name, param in params.items():
+            assert seen.get(id(param), 0) == 1, f"{name} is in {seen.get(id(param), 0)} optimizer groups"
+    if fused:
+        with pytest.raises(PeftlabError) as err:
+            param_groups(model, targets, heads, OptimConfig(lr=LR, lr_ratio=2.0), verbose=False)
+        assert "--lr-ratio 2" in one_line(err)
+
+    # parameter counts: head = the head's trainable tensors; adapter = the rest, as the method's formula says
+    counts = count_trainable(model, targets, heads)
+    direct_head = sum(p.numel() for n, p in params.items() if owner_of(n, modules, heads)[0] == "head")
+    direct_adapter = sum(p.numel() for n, p in params.items()) - direct_head
+    assert counts == {"adapter": direct_adapter, "head": direct_head, "total": direct_adapter + direct_head}
+    formula = sum(ADAPTER_NUMEL[method](*in_out(original.get_submodule(n)), original.get_submodule(n).bias is not None)
+                  for names in modules.values() for n in names)
+    assert counts["adapter"] == formula
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=_case_id)
+def test_fused_qkv_refusals(case, tiny_model):
+    method, arch_name, target_set = case
+    model = tiny_model(ARCHS[arch_name].model_type)
+    with pytest.raises(PeftlabError) as err:
+        apply_method(model, method_config(method, target_set), task_type="SEQ_CLS")
+    message = one_line(err)
+    assert "c_attn" in message
+    if not {"q", "k", "v"} <= set(target_set):
+        assert "{" + ",".join(target_set) + "}" in message  # names the subset that cannot be adapted alone
+    else:
+        assert method in message
+
+
+# --------------------------------------------------------------------------- merge and save/load round trip
+
+# (arch, targets) per architecture for the round-trip tests: Llama adds o and GQA shapes, GPT-2 the fused matrix
+ROUND_TRIP = [("bert", ("q", "v")), ("llama", ("q", "k", "v", "o")), ("gpt2", ("q", "k", "v", "o"))]
+ROUND_TRIP_CASES = [(m, a, t) for m in METHODS for a, t in ROUND_TRIP if is_accepted(m, ARCHS[a], t)]
+
+
+def _trained(method, arch_name, target_set, tiny_model, inputs, **overrides):
+    model = tiny_model(ARCHS[arch_name].model_type)
+    original = copy.deepcopy(model)
+    before = logits(original, inputs)
+    model, targets, heads = apply_method(model, method_config(method, target_set, **overrides), task_type="SEQ_CLS")
+    perturb(model)
+    out = logits(model, inputs)
+    assert not torch.allclose(out, before, atol=1e-4), "perturbing the trainable tensors changed nothing"
+    return model, original, out, targets, heads
+
+
+@pytest.mark.parametrize("case", ROUND_TRIP_CASES, ids=_case_id)
+def test_merge_equivalence(case, tiny_model, inputs):
+    method, arch_name, target_set = case
+    model, _, unmerged, _, _ = _trained(method, arch_name, target_set, tiny_model, inputs)
+    plain = merged(model)
+    assert not is_peft(plain)
+    leftovers = [n for n, _ in plain.named_parameters()
+                 if any(k in n for k in ("lora_", "vera_", "fourierft_", "modules_to_save", "original_module"))]
+    assert not leftovers, f"merged model still has adapter tensors: {leftovers[:3]}"
+    torch.testing.assert_close(logits(plain, inputs), unmerged, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", ROUND_TRIP_CASES, ids=_case_id)
+def test_save_load_round_trip(case, tiny_model, inputs, tmp_path):
+    method, arch_name, target_set = case
+    model, original, out, _, _ = _trained(method, arch_name, target_set, tiny_model, inputs)
+    save_trained(model, tmp_path / "adapter", base_model=arch_name)
+    loaded = load_trained(copy.deepcopy(original), tmp_path / "adapter", base_model=arch_name)
+    assert is_peft(loaded) == (method != "full")
+    torch.testing.assert_close(logits(loaded, inputs), out, atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- PiSSA and MiLoRA
+
+SVD_ARCHS = [("bert", ("q", "v")), ("llama", ("q", "k", "v")), ("gpt2", ("q", "k", "v"))]
+
+
+@pytest.mark.parametrize("arch_name,target_set", SVD_ARCHS, ids=[a for a, _ in SVD_ARCHS])
+@pytest.mark.parametrize("method", ["pissa", "milora"])
+def test_svd_init_components_and_step0(method, arch_name, target_set, tiny_model, inputs):
+    arch = ARCHS[arch_name]
+    model = tiny_model(arch.model_type)
+    original = copy.deepcopy(model)
+    before = logits(original, inputs)
+    model, targets, _ = apply_method(model, method_config(method, target_set), task_type="SEQ_CLS")
+
+    # step 0: the adapter plus the residual base weight reproduce the original model
+    torch.testing.assert_close(logits(model, inputs), before, atol=1e-5, rtol=0)
+
+    layers = adapted_layers(model, targets.all_modules)
+    assert len(layers) == 2 * len(targets.modules)
+    for name, layer in layers.items():
+        w = dense_weight(original.get_submodule(name))
+        U, S, Vh = torch.linalg.svd(w, full_matrices=False)
+        part = slice(-RANK, None) if method == "milora" else slice(0, RANK)  # r smallest / r largest
+        want = U[:, part] @ torch.diag(S[part]) @ Vh[part, :]
+        delta = layer.scaling["default"] * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+        torch.testing.assert_close(delta, want, atol=1e-5, rtol=0, msg=f"{method} {name}: wrong components")
+        sv = torch.linalg.svdvals(delta)[:RANK]
+        torch.testing.assert_close(sv, S[part], rtol=1e-4, atol=1e-7)
+        # the frozen base keeps the other components: W_res + delta = W
+        torch.testing.assert_close(dense_weight(layer.get_base_layer()) + delta, w, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch_name,target_set", SVD_ARCHS, ids=[a for a, _ in SVD_ARCHS])
+@pytest.mark.parametrize("method", ["pissa", "milora"])
+def test_svd_methods_save_converted_lora(method, arch_name, target_set, tiny_model, inputs, tmp_path):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    model, original, out, targets, heads = _trained(method, arch_name, target_set, tiny_model, inputs)
+    save_trained(model, tmp_path / "adapter")
+
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    lora_a = [v for k, v in saved.items() if "lora_A" in k]
+    assert len(lora_a) == len(targets.all_modules)
+    assert all(v.shape[0] == 2 * RANK for v in lora_a), "not converted to a rank-2r LoRA"
+    assert config["r"] == 2 * RANK and config["init_lora_weights"] is True
+    # the trained head travels with the converted adapter
+    trained_head = {strip(n).replace(".modules_to_save.default", ""): p for n, p in trainable(model).items()
+                    if strip(n).split(".", 1)[0] in heads}
+    assert trained_head
+    for name, value in trained_head.items():
+        key = PEFT_PREFIX + name
+        assert key in saved, f"head tensor {key} missing from the saved adapter ({sorted(saved)[:4]}...)"
+        torch.testing.assert_close(saved[key], value.detach(), atol=0, rtol=0)
+
+    # the converted adapter on a fresh copy of the ORIGINAL base reproduces the trained model
+    loaded = load_trained(copy.deepcopy(original), tmp_path / "adapter")
+    torch.testing.assert_close(logits(loaded, inputs), out, atol=1e-5, rtol=0)
+    direct = PeftModel.from_pretrained(copy.deepcopy(original), str(tmp_path / "adapter"))
+    torch.testing.assert_close(logits(direct, inputs), out, atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- KaSA
+
+KASA_ARCHS = [("bert", ("q", "v")), ("llama", ("q", "k", "v", "o"))]
+
+
+@pytest.mark.parametrize("arch_name,target_set", KASA_ARCHS, ids=[a for a, _ in KASA_ARCHS])
+def test_kasa_truncates_r_smallest_singular_values(arch_name, target_set, tiny_model):
+    model = tiny_model(ARCHS[arch_name].model_type)
+    original = copy.deepcopy(model)
+    model, targets, _ = apply_method(model, method_config("kasa", target_set), task_type="SEQ_CLS")
+    layers = adapted_layers(model, targets.all_modules)
+    assert len(layers) == 2 * len(target_set)
+    for name, layer in layers.items():
+        s_orig = torch.linalg.svdvals(dense_weight(original.get_submodule(name)))
+        s_new = torch.linalg.svdvals(dense_weight(layer.get_base_layer()))
+        assert s_new.shape == s_orig.shape
+        k = s_orig.shape[0]
+        assert torch.all(s_new[k - RANK:] < 1e-5 * s_orig[0]), f"{name}: r smallest not removed: {s_new[k - RANK:]}"
+        torch.testing.assert_close(s_new[: k - RANK], s_orig[: k - RANK], rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("arch_name,target_set", KASA_ARCHS, ids=[a for a, _ in KASA_ARCHS])
+def test_kasa_regulariser(arch_name, target_set, tiny_model):
+    beta, gamma = 0.3, 0.7
+    model = tiny_model(ARCHS[arch_name].model_type)
+    cfg = method_config("kasa", target_set, kasa_beta=beta, kasa_gamma=gamma, kasa_reduction="sum")
+    model, targets, _ = apply_method(model, cfg, task_type="SEQ_CLS")
+    perturb(model)
+
+    terms = []
+    for layer in adapted_layers(model, targets.all_modules).values():
+        diag = layer.lora_diag["default"].detach()
+        A, B = layer.lora_A["default"].weight.detach(), layer.lora_B["default"].weight.detach()
+        eye = torch.eye(RANK)
+        ortho = torch.linalg.norm(B.T @ B - eye, "fro") + torch.linalg.norm(A @ A.T - eye, "fro")
+        terms.append(beta * (diag ** 2).sum() + gamma * ortho)
+    assert len(terms) == 2 * len(target_set)
+    direct_sum = torch.stack(terms).sum()
+
+    loss = extra_loss(model)
+    torch.testing.assert_close(loss.detach(), direct_sum, rtol=1e-5, atol=0)
+    torch.testing.assert_close(kasa.regulariser(model, cfg).detach(), direct_sum, rtol=1e-5, atol=0)
+    loss.backward()  # differentiable w.r.t. the learned singular values
+    assert all(layer.lora_diag["default"].grad is not None
+               for layer in adapted_layers(model, targets.all_modules).values())
+
+    model.peftlab_method = replace(cfg, kasa_reduction="mean")
+    torch.testing.assert_close(extra_loss(model).detach(), direct_sum / len(terms), rtol=1e-5, atol=0)
+
+
+def test_extra_loss_is_none_without_regulariser(tiny_model):
+    model, _, _ = apply_method(tiny_model("bert"), method_config("lora", ("q", "v")))
+    assert extra_loss(model) is None
+    assert extra_loss(tiny_model("bert")) is None

@@ -1,0 +1,123 @@
+"""End-to-end tests of `peftlab train`: tiny random models for the method x task matrix, MiniLM-L6 on real
+data for one schema-validated run, the CLI and config precedence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from peftlab.cli import main
+from peftlab.config import TrainConfig, build_config
+from peftlab.methods import METHODS
+from peftlab.tasks import GLUE_TASKS
+from peftlab.train import train
+
+LOCAL_TASKS = ("cola", "sst2", "mrpc", "rte", "stsb", "wnli")  # QNLI has no local train split
+SCHEMA = json.loads(resources.files("peftlab").joinpath("schemas/result.schema.json").read_text())
+
+
+def tiny_cfg(tmp_path: Path, **overrides) -> TrainConfig:
+    values = dict(task="rte", model="tiny-bert", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8,
+                  max_length=32, max_train_samples=16, max_eval_samples=16, output_dir=str(tmp_path / "run"),
+                  log_every=1)
+    values.update(overrides)
+    return build_config(TrainConfig, overrides=values)
+
+
+def validate(result: dict) -> None:
+    jsonschema.validate(result, SCHEMA)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_trains_on_rte(tmp_path, method):
+    result = train(tiny_cfg(tmp_path, method=method, lr_ratio=2))
+    validate(result)
+    assert result["status"] == "ok"
+    assert result["group_lrs"]["v"] == pytest.approx(2 * result["group_lrs"]["q"])
+    assert (tmp_path / "run" / "adapter").is_dir()
+    on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert on_disk["final"] == json.loads(json.dumps(result["final"]))
+
+
+@pytest.mark.parametrize("task", LOCAL_TASKS)
+@pytest.mark.parametrize("method", ["lora", "kasa", "full"])
+def test_core_methods_on_each_local_task(tmp_path, task, method):
+    result = train(tiny_cfg(tmp_path, task=task, method=method))
+    validate(result)
+    metrics = result["final"]["metrics"]
+    assert result["primary_metric"] in metrics
+    if task == "stsb":
+        assert {"pearson", "spearman"} <= set(metrics)
+
+
+def test_epochs_zero_is_the_before_fine_tuning_row(tmp_path):
+    result = train(tiny_cfg(tmp_path, epochs=0))
+    validate(result)
+    assert result["before"] is not None and "accuracy" in result["before"]["metrics"]
+    assert result["epochs_log"] == [] and result["train_seconds"] == 0
+
+
+def test_kasa_result_records_learned_singular_values(tmp_path):
+    result = train(tiny_cfg(tmp_path, method="kasa", rank=3))
+    assert result["kasa_sigma"] and all(len(v) == 3 for v in result["kasa_sigma"].values())
+    assert len(result["kasa_sigma"]) == 4  # 2 layers x {q, v}
+
+
+def test_same_seed_same_metrics_on_cpu(tmp_path):
+    first = train(tiny_cfg(tmp_path / "a", method="kasa", epochs=2))
+    second = train(tiny_cfg(tmp_path / "b", method="kasa", epochs=2))
+    assert first["epochs_log"][-1]["train_loss"] == second["epochs_log"][-1]["train_loss"]
+    assert first["final"] == second["final"]
+
+
+def test_config_yaml_then_flags_override(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"task": "mrpc", "model": "tiny-bert", "rank": 2, "lr-ratio": 8,
+                                      "epochs": 1, "max_train_samples": 8, "max_eval_samples": 8,
+                                      "max_length": 16, "output_dir": str(tmp_path / "out")}))
+    assert main(["train", "--config", str(config), "--rank", "3", "--method", "dora"]) == 0
+    saved = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
+    assert saved["rank"] == 3 and saved["method"] == "dora" and saved["lr_ratio"] == 8 and saved["task"] == "mrpc"
+
+
+def test_finished_run_is_not_overwritten_without_flag(tmp_path, capsys):
+    cfg = tiny_cfg(tmp_path)
+    train(cfg)
+    before = (tmp_path / "run" / "result.json").read_text()
+    capsys.readouterr()  # drop the first run's progress output
+    code = main(["train", "--model", "tiny-bert", "--max-train-samples", "8", "--max-eval-samples", "8",
+                 "--output-dir", str(tmp_path / "run")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds a finished run" in err[0] and "--overwrite" in err[0]
+    assert (tmp_path / "run" / "result.json").read_text() == before
+
+
+def test_cli_bad_input_is_one_line_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "peftlab.cli", "train", "--lr-ratio", "-1"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--lr-ratio" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_minilm_real_data_end_to_end(tmp_path):
+    """MiniLM-L6 on 400 real SST-2 sentences: a schema-valid result that beats the majority class."""
+    result = train(build_config(TrainConfig, overrides=dict(
+        task="sst2", model="minilm-l6", method="lora", targets="q,v", lr_ratio=4, epochs=2, batch_size=16,
+        max_length=64, max_train_samples=400, max_eval_samples=200, output_dir=str(tmp_path / "run"))))
+    validate(result)
+    assert result["status"] == "ok"
+    assert result["trainable_params"]["head"] == 384 * 2 + 2
+    assert result["best"]["metrics"]["accuracy"] > result["majority_baseline"] + 0.1
+
+
+def test_glue_task_table_is_complete():
+    assert set(GLUE_TASKS) == {"cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"}
