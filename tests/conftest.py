@@ -62,6 +62,16 @@ def _fixed_seed():
 
 
 @pytest.fixture
+def single_thread():
+    """One intra-op thread for tests of tiny models: their matrices are too small to split, and on a busy
+    2-core machine the thread pool's hand-offs made a 32 x 32 SVD take ~0.1 s instead of ~0.1 ms."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def tiny_model():
     """Factory fixture: ``tiny_model("bert")`` -> a fresh tiny model; same weights on every call."""
     return build_tiny

@@ -26,6 +26,8 @@ from peftlab.errors import PeftlabError
 from peftlab.methods import METHODS, MethodConfig, apply_method, extra_loss
 from peftlab.optim import OptimConfig, count_trainable, param_groups
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 RANK = 4
 N_FREQUENCY = 40  # FourierFT: must stay below in*out of the smallest adapted matrix (Llama's k: 32 x 16)
 LR, LR_RATIO, HEAD_LR = 1e-3, 4.0, 3e-3
@@ -70,6 +72,7 @@ ADAPTER_TENSORS = {
     "pissa": _LORA,
     "milora": _LORA,
     "kasa": _LORA | {"lora_diag.default"},
+    "corda": _LORA,
     "vera": {"vera_lambda_b.default", "vera_lambda_d.default"},
     "fourierft": {"fourierft_spectrum.default"},
 }
@@ -81,6 +84,7 @@ ADAPTER_NUMEL = {
     "pissa": lambda i, o, bias: RANK * (i + o),
     "milora": lambda i, o, bias: RANK * (i + o),
     "kasa": lambda i, o, bias: RANK * (i + o) + RANK,
+    "corda": lambda i, o, bias: RANK * (i + o),
     "vera": lambda i, o, bias: RANK + o,
     "fourierft": lambda i, o, bias: N_FREQUENCY,
 }
@@ -89,6 +93,28 @@ ADAPTER_NUMEL = {
 def method_config(method: str, targets, **overrides) -> MethodConfig:
     return MethodConfig(method=method, targets=targets, rank=RANK, alpha=8.0,
                         fourierft_n_frequency=N_FREQUENCY, **overrides)
+
+
+def calibration_inputs(n: int = 8, length: int = 16) -> list[dict[str, torch.Tensor]]:
+    """One-example batches (no pad token) for methods whose init runs the model over task inputs (CorDA)."""
+    generator = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, 128, (n, length), generator=generator)
+    return [{"input_ids": ids[i:i + 1], "attention_mask": torch.ones(1, length, dtype=torch.long)} for i in range(n)]
+
+
+def adapt(model: nn.Module, cfg: MethodConfig, **kwargs):
+    """``apply_method`` with SEQ_CLS, plus a calibration pass for the methods that need one."""
+    if getattr(METHODS[cfg.method], "needs_calibration", False):
+        @torch.no_grad()
+        def calibration():
+            was_training = model.training
+            model.eval()
+            for batch in calibration_inputs():
+                model(**batch)
+            model.train(was_training)
+
+        kwargs["calibration"] = calibration
+    return apply_method(model, cfg, task_type="SEQ_CLS", **kwargs)
 
 
 def in_out(module: nn.Module) -> tuple[int, int]:
@@ -197,7 +223,7 @@ def test_trainable_set_groups_and_counts(case, tiny_model):
     arch = ARCHS[arch_name]
     model = tiny_model(arch.model_type)
     original = copy.deepcopy(model)
-    model, targets, heads = apply_method(model, method_config(method, target_set), task_type="SEQ_CLS")
+    model, targets, heads = adapt(model, method_config(method, target_set))
 
     # targets and heads resolve to the architecture's modules
     modules = expected_modules(arch, target_set)
@@ -263,7 +289,7 @@ def test_fused_qkv_refusals(case, tiny_model):
     method, arch_name, target_set = case
     model = tiny_model(ARCHS[arch_name].model_type)
     with pytest.raises(PeftlabError) as err:
-        apply_method(model, method_config(method, target_set), task_type="SEQ_CLS")
+        adapt(model, method_config(method, target_set))
     message = one_line(err)
     assert "c_attn" in message
     if not {"q", "k", "v"} <= set(target_set):
@@ -283,7 +309,7 @@ def _trained(method, arch_name, target_set, tiny_model, inputs, **overrides):
     model = tiny_model(ARCHS[arch_name].model_type)
     original = copy.deepcopy(model)
     before = logits(original, inputs)
-    model, targets, heads = apply_method(model, method_config(method, target_set, **overrides), task_type="SEQ_CLS")
+    model, targets, heads = adapt(model, method_config(method, target_set, **overrides))
     perturb(model)
     out = logits(model, inputs)
     assert not torch.allclose(out, before, atol=1e-4), "perturbing the trainable tensors changed nothing"
@@ -315,23 +341,40 @@ def test_save_load_round_trip(case, tiny_model, inputs, tmp_path):
 # --------------------------------------------------------------------------- PiSSA and MiLoRA
 
 SVD_ARCHS = [("bert", ("q", "v")), ("llama", ("q", "k", "v")), ("gpt2", ("q", "k", "v"))]
+# methods whose init moves singular components of W into the adapter and saves a converted rank-2r LoRA
+CONVERTED = [name for name, m in METHODS.items() if m.converts_to_lora]
+CONVERTED_CASES = [(m, a, t) for m in CONVERTED for a, t in SVD_ARCHS if is_accepted(m, ARCHS[a], t)]
+
+
+def test_pissa_and_milora_convert():
+    assert {"pissa", "milora"} <= set(CONVERTED)
+
+
+@pytest.mark.parametrize("case", CONVERTED_CASES, ids=_case_id)
+def test_svd_init_step0_output_unchanged(case, tiny_model, inputs):
+    method, arch_name, target_set = case
+    model = tiny_model(ARCHS[arch_name].model_type)
+    original = copy.deepcopy(model)
+    model, targets, _ = adapt(model, method_config(method, target_set))
+    # the adapter plus the residual base weight reproduce the original model at step 0
+    torch.testing.assert_close(logits(model, inputs), logits(original, inputs), atol=1e-5, rtol=0)
+    layers = adapted_layers(model, targets.all_modules)
+    assert len(layers) == 2 * len(targets.modules)
+    for name, layer in layers.items():
+        delta = layer.scaling["default"] * layer.lora_B["default"].weight @ layer.lora_A["default"].weight
+        assert torch.linalg.matrix_norm(delta) > 1e-3, f"{name}: the adapter starts at zero"
+        torch.testing.assert_close(dense_weight(layer.get_base_layer()) + delta,
+                                   dense_weight(original.get_submodule(name)), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("arch_name,target_set", SVD_ARCHS, ids=[a for a, _ in SVD_ARCHS])
 @pytest.mark.parametrize("method", ["pissa", "milora"])
-def test_svd_init_components_and_step0(method, arch_name, target_set, tiny_model, inputs):
-    arch = ARCHS[arch_name]
-    model = tiny_model(arch.model_type)
+def test_svd_init_components(method, arch_name, target_set, tiny_model):
+    """PiSSA's adapter holds the r largest singular components of W, MiLoRA's the r smallest."""
+    model = tiny_model(ARCHS[arch_name].model_type)
     original = copy.deepcopy(model)
-    before = logits(original, inputs)
-    model, targets, _ = apply_method(model, method_config(method, target_set), task_type="SEQ_CLS")
-
-    # step 0: the adapter plus the residual base weight reproduce the original model
-    torch.testing.assert_close(logits(model, inputs), before, atol=1e-5, rtol=0)
-
-    layers = adapted_layers(model, targets.all_modules)
-    assert len(layers) == 2 * len(targets.modules)
-    for name, layer in layers.items():
+    model, targets, _ = adapt(model, method_config(method, target_set))
+    for name, layer in adapted_layers(model, targets.all_modules).items():
         w = dense_weight(original.get_submodule(name))
         U, S, Vh = torch.linalg.svd(w, full_matrices=False)
         part = slice(-RANK, None) if method == "milora" else slice(0, RANK)  # r smallest / r largest
@@ -340,16 +383,14 @@ def test_svd_init_components_and_step0(method, arch_name, target_set, tiny_model
         torch.testing.assert_close(delta, want, atol=1e-5, rtol=0, msg=f"{method} {name}: wrong components")
         sv = torch.linalg.svdvals(delta)[:RANK]
         torch.testing.assert_close(sv, S[part], rtol=1e-4, atol=1e-7)
-        # the frozen base keeps the other components: W_res + delta = W
-        torch.testing.assert_close(dense_weight(layer.get_base_layer()) + delta, w, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("arch_name,target_set", SVD_ARCHS, ids=[a for a, _ in SVD_ARCHS])
-@pytest.mark.parametrize("method", ["pissa", "milora"])
-def test_svd_methods_save_converted_lora(method, arch_name, target_set, tiny_model, inputs, tmp_path):
+@pytest.mark.parametrize("case", CONVERTED_CASES, ids=_case_id)
+def test_svd_methods_save_converted_lora(case, tiny_model, inputs, tmp_path):
     from peft import PeftModel
     from safetensors.torch import load_file
 
+    method, arch_name, target_set = case
     model, original, out, targets, heads = _trained(method, arch_name, target_set, tiny_model, inputs)
     save_trained(model, tmp_path / "adapter")
 
@@ -384,7 +425,7 @@ KASA_ARCHS = [("bert", ("q", "v")), ("llama", ("q", "k", "v", "o"))]
 def test_kasa_truncates_r_smallest_singular_values(arch_name, target_set, tiny_model):
     model = tiny_model(ARCHS[arch_name].model_type)
     original = copy.deepcopy(model)
-    model, targets, _ = apply_method(model, method_config("kasa", target_set), task_type="SEQ_CLS")
+    model, targets, _ = adapt(model, method_config("kasa", target_set))
     layers = adapted_layers(model, targets.all_modules)
     assert len(layers) == 2 * len(target_set)
     for name, layer in layers.items():
@@ -401,7 +442,7 @@ def test_kasa_regulariser(arch_name, target_set, tiny_model):
     beta, gamma = 0.3, 0.7
     model = tiny_model(ARCHS[arch_name].model_type)
     cfg = method_config("kasa", target_set, kasa_beta=beta, kasa_gamma=gamma, kasa_reduction="sum")
-    model, targets, _ = apply_method(model, cfg, task_type="SEQ_CLS")
+    model, targets, _ = adapt(model, cfg)
     perturb(model)
 
     terms = []

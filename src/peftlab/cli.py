@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from peftlab.errors import USER_ERROR_EXIT, PeftlabError
 
@@ -17,6 +18,7 @@ from peftlab.errors import USER_ERROR_EXIT, PeftlabError
 SUBCOMMAND_MODULES = (
     "peftlab.cli_models",
     "peftlab.train",
+    "peftlab.evaluate",
     "peftlab.sweep",
     "peftlab.report",
     "peftlab.plot",
@@ -41,8 +43,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_libraries() -> None:
+    """datasets' per-map progress bars and transformers' load reports drown our own progress and errors."""
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", category=FutureWarning)  # library deprecation chatter, not user news
+    _quiet_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -82,6 +82,8 @@ class TrainConfig(MethodConfig, OptimConfig):
     """For --task json: the training JSON/JSONL file."""
     eval_file: str | None = None
     """For --task json: the evaluation JSON/JSONL file (default: a held-out 10% of --train-file)."""
+    eval_before: bool = False
+    """Also evaluate the untrained model before fine-tuning (the papers' "before" row; always on for gsm8k)."""
     max_new_tokens: int = 256
     """Generation length limit for GSM8K evaluation."""
     log_every: int = 10

@@ -1,10 +1,21 @@
-"""KaSA's regulariser, added to the task loss by the training loop through the method's ``extra_loss`` hook.
+"""KaSA (Wang et al. 2024): SVD truncation of the base + learned singular values, and its regulariser.
 
-peft implements KaSA's layer (SVD truncation of the base weight, Delta_W = B diag(lora_diag) A) and the
-per-module term ``beta*||diag||^2 + gamma*(||B^T B - I||_F + ||A A^T - I||_F)`` but leaves adding it to the
-loss to the user (``LoraModel._get_kasa_loss``, which sums over modules). The authors' code averages over
-modules instead, which keeps the penalty's weight independent of how many matrices are adapted; peftlab
-defaults to that ``mean`` and offers ``sum`` for parity with peft.
+peft implements KaSA's layer (``LoraConfig(kasa_config=...)``: the base weight loses its r smallest singular
+components, Delta_W = s * B diag(lora_diag) A) and the per-module regulariser
+``beta*||diag||^2 + gamma*(||B^T B - I_r||_F + ||A A^T - I_r||_F)``, but leaves adding it to the loss to the
+user. peftlab adds it through the method's ``extra_loss`` hook and offers two knobs peft does not have:
+
+* ``--kasa-truncate-rank k`` (default: r): drop the k smallest singular components of the base while the
+  adapter keeps rank r. peft always truncates exactly r, so for k != r the base is re-truncated from the
+  original weight (captured before peft's init) after peft's init.
+* ``--kasa-mode paper|reference``: ``paper`` is peft's (and the paper's) truncation and penalty;
+  ``reference`` mirrors the authors' released code (github.com/juyongjiang/KaSA): the base keeps
+  ``in_features - k`` components (so a wide layer, in_features >= out_features + k, is not truncated at
+  all) and the orthogonality penalty uses d x d Gram matrices, ``||A^T A - I_in||_F + ||B B^T - I_out||_F``,
+  whose floor is sqrt(in - r) + sqrt(out - r) instead of 0. See docs/KASA_MODES.md.
+
+The regulariser is combined over modules by ``--kasa-reduction``: ``mean`` (the authors' code, the
+default) or ``sum`` (peft's ``LoraModel._get_kasa_loss``).
 """
 
 from __future__ import annotations
@@ -12,15 +23,181 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from peftlab.errors import PeftlabError
+
+KASA_MODES = ("paper", "reference")
+
 
 def kasa_modules(model: nn.Module) -> list[nn.Module]:
     """The adapted layers that carry KaSA's learned singular values."""
     return [m for m in model.modules() if getattr(m, "lora_diag", None) is not None and len(m.lora_diag) > 0]
 
 
+# --------------------------------------------------------------------------- truncation
+
+
+def truncate_rank(cfg) -> int:
+    """k: how many of the smallest singular components the truncation is defined by (default: the rank)."""
+    return cfg.rank if cfg.kasa_truncate_rank is None else cfg.kasa_truncate_rank
+
+
+def kept_components(in_features: int, out_features: int, k: int, mode: str) -> int:
+    """How many of the largest singular components of an (out x in) base weight stay after truncation.
+
+    paper: min(in, out) - k.  reference (the authors' ``svd_rank = self.in_features - r`` followed by the
+    slices ``U[:, :svd_rank]``, which stop at min(in, out)): min(in - k, min(in, out)).
+    """
+    smallest = min(in_features, out_features)
+    if mode == "reference":
+        return min(in_features - k, smallest)
+    return smallest - k
+
+
+def _in_out(module: nn.Module) -> tuple[int, int]:
+    out_features, in_features = module.weight.shape  # KaSA only adapts nn.Linear (peft refuses Conv1D)
+    return in_features, out_features
+
+
+def truncation_plan(model: nn.Module, cfg, module_names) -> dict[str, int]:
+    """{module: components to keep} for every target whose truncation differs from peft's (keep min - r).
+
+    Raises a one-line :class:`PeftlabError` unless 1 <= k < min(in, out) for every target.
+    """
+    k = truncate_rank(cfg)
+    modules = dict(model.named_modules())
+    shapes = {name: _in_out(modules[name]) for name in module_names}
+    smallest = min(min(shape) for shape in shapes.values())
+    if not 1 <= k < smallest:
+        raise PeftlabError(
+            f"--kasa-truncate-rank {k} is out of range: it must be >= 1 and < min(in, out) = {smallest} of the "
+            "adapted weights (the truncated base keeps at least one component)",
+            fix=f"use --kasa-truncate-rank between 1 and {smallest - 1}",
+        )
+    plan = {}
+    for name, (n_in, n_out) in shapes.items():
+        keep = kept_components(n_in, n_out, k, cfg.kasa_mode)
+        if keep != min(n_in, n_out) - cfg.rank:
+            plan[name] = keep
+    return plan
+
+
+@torch.no_grad()
+def low_rank(weight: torch.Tensor, keep: int) -> torch.Tensor:
+    """The rank-``keep`` SVD approximation of ``weight`` (its ``keep`` largest components), in fp32."""
+    U, S, Vh = torch.linalg.svd(weight.detach().float(), full_matrices=False)
+    return (U[:, :keep] * S[:keep]) @ Vh[:keep, :]
+
+
+def build(model: nn.Module, cfg, lora_config, module_names) -> nn.Module:
+    """peft's KaSA, then (for k != r or reference mode) re-truncate each base from its original weight."""
+    from peft import get_peft_model
+
+    plan = truncation_plan(model, cfg, module_names)
+    modules = dict(model.named_modules())
+    originals = {name: modules[name].weight.detach().clone() for name in plan}
+    model = get_peft_model(model, lora_config)
+    inner = model.base_model.model
+    for name, keep in plan.items():
+        base = inner.get_submodule(name).get_base_layer()
+        original = originals.pop(name)
+        base.weight.data = low_rank(original, keep).to(device=original.device, dtype=original.dtype)
+    return model
+
+
+# --------------------------------------------------------------------------- regulariser
+
+
+def _module_terms(module: nn.Module, adapter: str, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(||diag||^2, orthogonality) of one adapted module, in fp32.
+
+    paper:     ||B^T B - I_r||_F + ||A A^T - I_r||_F            (peft's ``_kasa_layer_regularization_loss``)
+    reference: ||A^T A - I_in||_F + ||B B^T - I_out||_F       (the authors' ``loss_fn`` in main.py)
+
+    The reference Grams are in x in and out x out, but their norms follow exactly from the r x r ones:
+    ||A^T A - I_in||_F^2 = tr((A^T A)^2) - 2 tr(A^T A) + in = ||A A^T - I_r||_F^2 + (in - r), and likewise
+    for B. So the reference term is computed as sqrt(paper_part^2 + d - r), identical in value and gradient
+    to the authors' d x d computation, at r x r cost.
+    """
+    diag = module.lora_diag[adapter].float()
+    A = module.lora_A[adapter].weight.float()  # (r, in)
+    B = module.lora_B[adapter].weight.float()  # (out, r)
+    r = diag.shape[0]
+    eye = torch.eye(r, device=diag.device, dtype=torch.float32)
+    l2 = (diag ** 2).sum()
+    part_a = torch.linalg.norm(A @ A.T - eye)  # Frobenius
+    part_b = torch.linalg.norm(B.T @ B - eye)
+    if mode == "reference":
+        n_in, n_out = A.shape[1], B.shape[0]
+        part_a = torch.sqrt(part_a ** 2 + (n_in - r))
+        part_b = torch.sqrt(part_b ** 2 + (n_out - r))
+    return l2, part_a + part_b
+
+
+def _pairs(model: nn.Module):
+    """The active (module, adapter) KaSA pairs grouped by shape, and the module count; cached on the model.
+
+    Walking every module (hundreds in a transformer) costs about a millisecond of Python per call, and a
+    per-module loss launches ~25 small kernels per module forward and backward; ``regulariser`` runs every
+    step, so both are paid once here. The cache is keyed by the active adapters and the adapter names in
+    ``peft_config``, so adding, deleting or switching adapters rebuilds it.
+    """
+    adapters = tuple(model.active_adapters) if hasattr(model, "active_adapters") else ("default",)
+    key = (adapters, tuple(getattr(model, "peft_config", {}) or {}))
+    cached = model.__dict__.get("_peftlab_kasa_pairs")
+    if cached is not None and cached[0] == key:
+        return cached[1], cached[2]
+    modules = kasa_modules(model)
+    groups: dict[tuple, list] = {}
+    for module in modules:
+        for adapter in adapters:
+            if adapter in module.lora_diag:
+                A, B = module.lora_A[adapter].weight, module.lora_B[adapter].weight
+                shape_key = (tuple(A.shape), tuple(B.shape), A.device, A.dtype, B.dtype, adapter)
+                groups.setdefault(shape_key, []).append((module, adapter))
+    plan = list(groups.values())
+    model.__dict__["_peftlab_kasa_pairs"] = (key, plan, len(modules))
+    return plan, len(modules)
+
+
+def _group_terms(pairs, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed ||diag||^2 and summed orthogonality of same-shaped modules, batched (one bmm per Gram).
+
+    The same values as :func:`_module_terms` summed over ``pairs`` (up to float summation order).
+    """
+    diag = torch.stack([m.lora_diag[a] for m, a in pairs]).float()  # (n, r)
+    A = torch.stack([m.lora_A[a].weight for m, a in pairs]).float()  # (n, r, in)
+    B = torch.stack([m.lora_B[a].weight for m, a in pairs]).float()  # (n, out, r)
+    r = diag.shape[-1]
+    eye = torch.eye(r, device=diag.device, dtype=torch.float32)
+    part_a = torch.linalg.matrix_norm(A @ A.transpose(-1, -2) - eye)  # Frobenius, (n,)
+    part_b = torch.linalg.matrix_norm(B.transpose(-1, -2) @ B - eye)
+    if mode == "reference":
+        part_a = torch.sqrt(part_a ** 2 + (A.shape[-1] - r))
+        part_b = torch.sqrt(part_b ** 2 + (B.shape[-2] - r))
+    return (diag ** 2).sum(), (part_a + part_b).sum()
+
+
 def regulariser(model: nn.Module, cfg) -> torch.Tensor:
-    """beta*||dSigma||^2 + gamma*(orthogonality), reduced over adapted modules by ``cfg.kasa_reduction``."""
-    total = model.base_model._get_kasa_loss()  # peft: sum over modules, with the adapter's beta and gamma
+    """beta*||dSigma||^2 + gamma*(orthogonality), reduced over adapted modules by ``cfg.kasa_reduction``.
+
+    ``paper`` mode equals peft's ``LoraModel._get_kasa_loss`` (per-module sum, with each adapter's
+    ``KasaConfig`` beta and gamma) and, with ``mean``, that divided by the number of modules; ``reference``
+    mode with ``mean`` equals the authors' ``loss_fn``:
+    (beta * sum ||diag||^2 + gamma * sum(||A^T A - I||_F + ||B B^T - I||_F)) / number of modules.
+    Computed batched over same-shaped modules (see :func:`_pairs`): a few kernels per shape instead of
+    ~25 per module, which is what kept KaSA's train step above LoRA's (docs/BENCHMARKS.md).
+    """
+    mode = getattr(cfg, "kasa_mode", "paper")
+    plan, count = _pairs(model)
+    total: torch.Tensor | float = 0.0
+    for pairs in plan:
+        l2, ortho = _group_terms(pairs, mode)
+        if mode == "paper":
+            kasa_config = model.peft_config[pairs[0][1]].kasa_config
+            beta, gamma = kasa_config.beta, kasa_config.gamma
+        else:
+            beta, gamma = cfg.kasa_beta, cfg.kasa_gamma
+        total = total + beta * l2 + gamma * ortho
     if cfg.kasa_reduction == "mean":
-        total = total / max(1, len(kasa_modules(model)))
+        total = total / max(1, count)
     return total

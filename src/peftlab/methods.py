@@ -6,6 +6,7 @@ its init is an SVD of the base weight (``svd_init``: rank must stay below min(in
 can adapt a fused QKV matrix (GPT-2's Conv1D ``c_attn``) as a whole (``fused_qkv``).
 
 Everything but ``full`` and MiLoRA's init is peft: LoRA, DoRA, PiSSA, KaSA (``LoraConfig(kasa_config=...)``),
+CorDA (``init_lora_weights="corda"``; its calibration runs through ``apply_method(..., calibration=...)``),
 VeRA and FourierFT. To add a method, write a builder and add one row to ``METHODS``; the test matrix in
 ``tests/test_methods.py`` then checks it on every architecture and target set.
 """
@@ -19,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from peftlab import kasa, svd_init
+from peftlab import corda, kasa, svd_init
 from peftlab.errors import PeftlabError, unknown
 from peftlab.targets import ResolvedTargets, head_module_names, parse_targets, resolve_targets
 
@@ -29,7 +30,7 @@ class MethodConfig:
     """Method: which attention projections to adapt, and how"""
 
     method: str = "lora"
-    """Fine-tuning method: full, lora, dora, pissa, milora, kasa, vera, fourierft."""
+    """Fine-tuning method: full, lora, dora, pissa, milora, kasa, corda, vera, fourierft."""
     targets: tuple[str, ...] = ("q", "v")
     """Attention projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v)."""
     rank: int = 8
@@ -44,6 +45,14 @@ class MethodConfig:
     """KaSA: weight of the orthogonality penalty ||dU^T dU - I||_F + ||dV dV^T - I||_F."""
     kasa_reduction: str = "mean"
     """KaSA: combine the per-module regularisers by 'mean' (the authors' code) or 'sum' (peft)."""
+    kasa_truncate_rank: int | None = None
+    """KaSA: drop this many smallest singular components of each adapted base weight (default: --rank)."""
+    kasa_mode: str = "paper"
+    """KaSA: 'paper' (peft and the paper) or 'reference' (the authors' code: keeps in_features - k components, d x d orthogonality penalty); see docs/KASA_MODES.md."""
+    corda_mode: str = "ipm"
+    """CorDA: 'ipm' (instruction-previewed: adapter from the r largest task-oriented components) or 'kpm' (knowledge-preserved: the r smallest)."""
+    corda_samples: int = 256
+    """CorDA: training examples run through the model to collect the input covariances."""
     vera_d_initial: float = 0.1
     """VeRA: initial value of the d scaling vector."""
     fourierft_n_frequency: int = 1000
@@ -67,6 +76,15 @@ class MethodConfig:
             raise PeftlabError(
                 f"unknown KaSA reduction '{self.kasa_reduction}'", where="--kasa-reduction", fix="use mean or sum"
             )
+        if self.kasa_truncate_rank is not None:
+            _require_int(self.kasa_truncate_rank, "--kasa-truncate-rank", positive=True)
+        self.kasa_mode = str(self.kasa_mode).lower()
+        if self.kasa_mode not in kasa.KASA_MODES:
+            raise unknown("KaSA mode", self.kasa_mode, kasa.KASA_MODES, where="--kasa-mode")
+        self.corda_mode = str(self.corda_mode).lower()
+        if self.corda_mode not in corda.CORDA_MODES:
+            raise unknown("CorDA mode", self.corda_mode, corda.CORDA_MODES, where="--corda-mode")
+        _require_int(self.corda_samples, "--corda-samples", positive=True)
         _require_int(self.fourierft_n_frequency, "--fourierft-n-frequency", positive=True)
         _require_finite(self.fourierft_scaling, "--fourierft-scaling", positive=True)
 
@@ -150,7 +168,16 @@ def build_kasa(model, cfg, targets, heads, task_type):
     from peft import KasaConfig
 
     kasa_config = KasaConfig(beta=cfg.kasa_beta, gamma=cfg.kasa_gamma)
-    return _peft(model, _lora_config(cfg, targets, heads, task_type, kasa_config=kasa_config))
+    config = _lora_config(cfg, targets, heads, task_type, kasa_config=kasa_config)
+    return kasa.build(model, cfg, config, targets.all_modules)  # peft's KaSA + --kasa-truncate-rank/--kasa-mode
+
+
+def build_corda(model, cfg, targets, heads, task_type, calibration):
+    config = _lora_config(cfg, targets, heads, task_type, init_lora_weights="corda",
+                          corda_config=corda.corda_config(cfg))
+    model = corda.build(model, config, cfg, calibration)
+    svd_init.remember_initial_adapter(model)
+    return model
 
 
 def build_vera(model, cfg, targets, heads, task_type):
@@ -193,6 +220,7 @@ class Method:
     extra_loss: Callable[[nn.Module, MethodConfig], torch.Tensor] | None = None
     uses_rank: bool = True
     converts_to_lora: bool = False  # saved adapter is converted to plain LoRA on the original base weights
+    needs_calibration: bool = False  # build(..., calibration=callable): runs the model over task inputs (CorDA)
     # Learning rates used when --lr / --head-lr are not given: methods differ by orders of magnitude
     # (FourierFT's spectrum trains at ~5e-2, full fine-tuning at ~5e-5), so one global default would be
     # wrong for most of them. Values follow each method's paper for RoBERTa-base on GLUE.
@@ -213,6 +241,8 @@ METHODS: dict[str, Method] = {
                svd_init=True, converts_to_lora=True),
         Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,
                svd_init=True, fused_qkv=False, extra_loss=kasa.regulariser),
+        Method("corda", "CorDA: LoRA from a covariance-oriented SVD over task inputs (Yang et al.)", build_corda,
+               svd_init=True, converts_to_lora=True, needs_calibration=True),
         Method("vera", "VeRA: frozen shared random A/B, learned scaling vectors", build_vera,
                default_lr=4e-3, default_head_lr=4e-3),
         Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft, uses_rank=False,
@@ -239,11 +269,15 @@ def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: Re
         )
 
 
-def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True, task_type: str | None = None):
+def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True, task_type: str | None = None,
+                 calibration: Callable[[], None] | None = None):
     """Adapt ``model`` as ``cfg`` says; returns ``(model, targets, heads)``.
 
     ``train_head``: train the task head in full (new classification/regression heads); False for causal LM.
     ``task_type``: peft task type (``SEQ_CLS``/``CAUSAL_LM``), so that generation works through the wrapper.
+    ``calibration``: a zero-argument callable that runs ``model`` over calibration inputs (e.g.
+    :func:`peftlab.corda.calibration_runner`); used only by methods that need it (CorDA), which record its
+    wall time as ``model.peftlab_calibration_seconds``.
     """
     method = METHODS[cfg.method]
     targets = resolve_targets(model, cfg.targets)
@@ -255,9 +289,34 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
     _check_rank(model, method, cfg, targets)
     heads = head_module_names(model) if train_head else []
     # a copy: peft's SEQ_CLS wrapper extends modules_to_save in place, which would corrupt the returned heads
-    model = method.build(model, cfg, targets, list(heads), task_type)
+    if method.needs_calibration:
+        if calibration is None:
+            raise PeftlabError(f"{cfg.method} needs calibration inputs to build its init",
+                               fix="run it through `peftlab train` (which passes --corda-samples training inputs), "
+                                   "or pass apply_method(..., calibration=peftlab.corda.calibration_runner(...))")
+        timed = _Timed(calibration)
+        model = method.build(model, cfg, targets, list(heads), task_type, calibration=timed)
+        model.peftlab_calibration_seconds = timed.seconds
+    else:
+        model = method.build(model, cfg, targets, list(heads), task_type)
     model.peftlab_method = cfg  # the extra-loss hook and the savers read it back
     return model, targets, heads
+
+
+class _Timed:
+    """Wraps a calibration callable and adds up the wall time of its calls."""
+
+    def __init__(self, run: Callable[[], None]):
+        self.run, self.seconds = run, 0.0
+
+    def __call__(self) -> None:
+        import time
+
+        start = time.perf_counter()
+        try:
+            self.run()
+        finally:
+            self.seconds += time.perf_counter() - start
 
 
 def extra_loss(model: nn.Module) -> torch.Tensor | None:

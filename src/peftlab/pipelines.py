@@ -34,7 +34,8 @@ def _eval_loader(dataset, collate, batch_size: int):
     # Sorting eval examples by length wastes no compute on padding; metrics do not depend on order
     # because predictions and labels travel together.
     order = np.argsort(-np.asarray(dataset["length"]), kind="stable")
-    return torch.utils.data.DataLoader(dataset.select(order), batch_size=batch_size, collate_fn=collate)
+    return torch.utils.data.DataLoader(dataset.select(order), batch_size=batch_size, collate_fn=collate,
+                                       generator=torch.Generator())  # leaves the global RNG (dropout) alone
 
 
 def build_glue(cfg, tokenizer, model=None) -> Pipeline:

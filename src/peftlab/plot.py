@@ -175,8 +175,11 @@ def plot_heatmap(records: list[RunRecord], out: Path, *, x: str = "lr", y: str =
                     if np.isfinite(values[yi, xi]):
                         lines.append(f"{values[yi, xi]:.{digits}f}")
                     if bad.get((yi, xi)):
-                        total = sum(bad[(yi, xi)].values())
-                        lines.append(f"×{total}" if cells.get((yi, xi)) else _status_summary(bad[(yi, xi)]))
+                        summary = _status_summary(bad[(yi, xi)])
+                        lines.append(f"[{summary}]" if cells.get((yi, xi)) else summary)
+                        if not cells.get((yi, xi)):  # only runs that did not end ok: hatched
+                            ax.add_patch(plt.Rectangle((xi - 0.5, yi - 0.5), 1, 1, fill=False, hatch="//",
+                                                       edgecolor="#8c2d04", lw=0))
                     if not lines:
                         continue
                     light = np.isfinite(values[yi, xi]) and finite.size and (
@@ -194,7 +197,7 @@ def plot_heatmap(records: list[RunRecord], out: Path, *, x: str = "lr", y: str =
             sub = _label(configs[gkey], varying) if varying else ""
             ax.set_title(f"{name}" + (f"\n{sub}" if sub else ""), fontsize=9)
     metric = sorted({r.metric for r in trained if r.metric})
-    fig.suptitle(title or f"{'/'.join(metric)} (mean over seeds; red box: best; ×n: runs that did not end ok)",
+    fig.suptitle(title or f"{'/'.join(metric)} (mean over seeds; red box: best; [..]: runs that did not end ok, not in the mean)",
                  fontsize=10)
     return _save(fig, plt, out)
 

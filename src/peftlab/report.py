@@ -118,13 +118,15 @@ def collect(rows: Iterable[dict], *, which: str = "best", metric: str | None = N
     records, skipped = [], Counter()
     for row in rows:
         config = (row["result"] or {}).get("config") or row["config"] or {}
-        if where and not matches(config, where):
-            continue
+        before = int(config.get("epochs", 1)) == 0
+        if where:  # the before-fine-tuning reference ignores filters on settings that only affect training
+            wanted = {k: v for k, v in where.items() if not (before and k in TRAINING_ONLY_KEYS)}
+            if not matches(config, wanted):
+                continue
         if row["status"] in ("pending", "running"):
             skipped[row["status"]] += 1
             continue
         result = row["result"]
-        before = int(config.get("epochs", 1)) == 0
         name, value = None, None
         if result:
             name = metric or result.get("primary_metric")

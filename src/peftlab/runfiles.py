@@ -72,36 +72,40 @@ def read_result(output_dir: str | Path) -> dict | None:
         return None
 
 
-def prepare_output_dir(output_dir: str | Path, *, overwrite: bool, resume: bool) -> str:
-    """Refuse to clobber finished work. Returns 'fresh', 'resume' or 'finished' (resume of a finished run)."""
+def inspect_output_dir(output_dir: str | Path, *, overwrite: bool, resume: bool) -> str:
+    """Decide, without touching anything, what a run does with ``output_dir``: 'fresh', 'resume',
+    'restart' (--resume but no checkpoint yet), 'overwrite' or 'finished' (--resume of a finished run).
+    Refuses to clobber finished or unfinished work unless asked."""
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise PeftlabError(f"--output-dir {out} is a file", fix="pass a folder path")
-    result = read_result(out)
-    has_checkpoint = (out / "checkpoint" / "state.json").is_file()
     if overwrite:
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        return "fresh"
+        return "overwrite" if out.exists() else "fresh"
+    result = read_result(out)
     if result is not None and result.get("status") in FINISHED:
         if resume:
             return "finished"
         raise PeftlabError(f"{out} already holds a finished run (status {result.get('status')})",
                            fix="choose another --output-dir, or pass --overwrite to replace it")
     if resume:
-        if not has_checkpoint:
-            # Nothing to resume from (killed before the first checkpoint): start over in place.
-            if out.exists():
-                shutil.rmtree(out)
-            out.mkdir(parents=True)
-            return "fresh"
-        return "resume"
+        return "resume" if _checkpoint_dir(out) is not None else "restart"
     if out.exists() and any(out.iterdir()):
         raise PeftlabError(f"{out} holds an unfinished run",
                            fix="pass --resume to continue it, --overwrite to start over, or another --output-dir")
-    out.mkdir(parents=True, exist_ok=True)
     return "fresh"
+
+
+def init_output_dir(output_dir: str | Path, mode: str) -> None:
+    """Create (or clear, for 'overwrite'/'restart') the run folder once setup has succeeded."""
+    out = Path(output_dir)
+    if mode in ("overwrite", "restart") and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def remove_checkpoint(output_dir: str | Path) -> None:
+    for name in ("checkpoint", ".checkpoint-old"):
+        shutil.rmtree(Path(output_dir) / name, ignore_errors=True)
 
 
 def versions() -> dict[str, str]:
@@ -149,15 +153,20 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    # Plain containers and tensors only, so that torch.load(weights_only=True) can read it back.
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
+                                                    cached], "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -172,8 +181,6 @@ def save_checkpoint(output_dir: str | Path, model, optimizer, scheduler, loop_st
     try:
         trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
         save_file(trainable, str(staging / "trainable.safetensors"))
-        # Optimizer/scheduler/RNG states are our own files; they are loaded with weights_only=False below
-        # only from a checkpoint folder this code wrote.
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
                    staging / "training_state.pt")
         (staging / "state.json").write_text(json.dumps(loop_state, default=_json_default))
@@ -190,14 +197,18 @@ def save_checkpoint(output_dir: str | Path, model, optimizer, scheduler, loop_st
         raise
 
 
+def _checkpoint_dir(out: Path) -> Path | None:
+    """The complete checkpoint folder; a kill during the swap in save_checkpoint leaves the old one."""
+    for name in ("checkpoint", ".checkpoint-old"):
+        if (out / name / "state.json").is_file():
+            return out / name
+    return None
+
+
 def load_checkpoint(output_dir: str | Path, model, optimizer, scheduler) -> dict:
     from safetensors.torch import load_file
 
-    ckpt = Path(output_dir) / "checkpoint"
-    if not (ckpt / "state.json").is_file():  # an interrupted swap leaves the previous one here
-        old = Path(output_dir) / ".checkpoint-old"
-        if (old / "state.json").is_file():
-            ckpt = old
+    ckpt = _checkpoint_dir(Path(output_dir))
     tensors = load_file(str(ckpt / "trainable.safetensors"))
     params = dict(model.named_parameters())
     missing = [n for n in tensors if n not in params]
@@ -207,7 +218,7 @@ def load_checkpoint(output_dir: str | Path, model, optimizer, scheduler) -> dict
     with torch.no_grad():
         for name, value in tensors.items():
             params[name].copy_(value)
-    training = torch.load(ckpt / "training_state.pt", weights_only=False)
+    training = torch.load(ckpt / "training_state.pt", weights_only=True)  # no pickled code runs
     optimizer.load_state_dict(training["optimizer"])
     scheduler.load_state_dict(training["scheduler"])
     state = json.loads((ckpt / "state.json").read_text())

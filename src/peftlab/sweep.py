@@ -308,8 +308,9 @@ def _output_to(path: Path | None):
         with open(path, "a", buffering=1) as log:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
-            try:
-                yield
+            try:  # Python-level streams too, in case they are not file descriptors 1/2 (pytest, notebooks)
+                with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                    yield
             finally:
                 for stream in (sys.stdout, sys.stderr):
                     with contextlib.suppress(Exception):

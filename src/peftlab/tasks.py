@@ -19,7 +19,7 @@ class Task:
     text_fields: tuple[str, ...] = ()  # Hub (nyu-mll/glue) column names of the one or two input texts
     glue_dir: str = ""  # folder name in the GLUE glue_data layout
     eval_splits: tuple[str, ...] = ("validation",)  # MNLI has matched and mismatched
-    majority_note: str = ""
+    eval_before: bool = False  # evaluate the untrained model too (GSM8K: accuracy before and after)
 
     @property
     def num_labels(self) -> int:
@@ -45,7 +45,7 @@ TASKS: dict[str, Task] = {
         Task("qnli", "classification", "accuracy", ("entailment", "not_entailment"), ("question", "sentence"), "QNLI"),
         Task("rte", "classification", "accuracy", ("entailment", "not_entailment"), ("sentence1", "sentence2"), "RTE"),
         Task("wnli", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "WNLI"),
-        Task("gsm8k", "instruction", "accuracy", eval_splits=("test",)),
+        Task("gsm8k", "instruction", "accuracy", eval_splits=("test",), eval_before=True),
         Task("alpaca", "instruction", "eval_loss"),
         Task("json", "instruction", "eval_loss"),
     ]

@@ -11,7 +11,7 @@ import json
 import math
 import os
 import time
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -24,6 +24,8 @@ from peftlab.errors import PeftlabError
 FAULT_NAN_STEP_ENV = "PEFTLAB_FAULT_NAN_AT_STEP"
 # A metric "clearly above" chance is this far above it (metrics are in [0, 1] or [-1, 1]).
 CLEARLY_ABOVE_CHANCE = 0.05
+# Metrics where smaller is better when picking the best epoch (instruction tuning's held-out loss).
+LOWER_IS_BETTER = {"eval_loss", "perplexity"}
 
 
 class LengthGroupedBatchSampler:
@@ -67,29 +69,63 @@ def _kasa_sigma(model) -> dict[str, list[float]] | None:
     return out or None
 
 
+@dataclass
+class Run:
+    """Everything :func:`fit` and :func:`finish` need, built by :func:`setup`."""
+
+    cfg: TrainConfig
+    accelerator: object
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    train_loader: object
+    sampler: LengthGroupedBatchSampler
+    pipeline: object
+    groups: list
+    params: dict
+    init_seconds: float
+    out: Path
+    state: dict = field(default_factory=dict)
+    writer: object = None
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+
 def train(cfg: TrainConfig) -> dict:
     """Run (or resume) one fine-tuning run into ``cfg.output_dir``; returns the result dict."""
+    out = Path(cfg.output_dir)
+    # Decide what to do with --output-dir first (cheap), but create nothing until setup has succeeded:
+    # bad input found during setup (a data file, a rank) must not leave a half-made run folder behind.
+    mode = runfiles.inspect_output_dir(out, overwrite=cfg.overwrite, resume=cfg.resume)
+    if mode == "finished":
+        return runfiles.read_result(out)
+    run = setup(cfg, mode)
+    try:
+        fit(run)
+    except Exception as err:  # OOM, full disk, a bug: say so in result.json; the checkpoint stays for --resume
+        if run.main:
+            runfiles.write_json(out / "result.json", {
+                "schema_version": 1, "status": "failed", "status_reason": f"{type(err).__name__}: {err}"[:2000],
+                "config": cfg.to_dict(), "epochs_log": run.state.get("epochs_log", [])})
+        raise
+    return finish(run)
+
+
+def setup(cfg: TrainConfig, mode: str) -> Run:
+    """Model, method, data and optimizer; restores the checkpoint when resuming."""
     from accelerate.utils import set_seed
     from transformers import get_linear_schedule_with_warmup
 
-    from peftlab.adapters import save_trained
-    from peftlab.methods import apply_method, extra_loss
+    from peftlab.methods import apply_method
     from peftlab.models import load_model
-    from peftlab.optim import adamw, count_trainable, lr_by_group, param_groups
+    from peftlab.optim import adamw, count_trainable, param_groups
     from peftlab.pipelines import build_pipeline
     from peftlab.tasks import TASKS
 
-    out = Path(cfg.output_dir)
     accelerator = _accelerator(cfg)
-    main = accelerator.is_main_process
-    mode = runfiles.prepare_output_dir(out, overwrite=cfg.overwrite, resume=cfg.resume) if main else None
-    mode = _broadcast(accelerator, mode)
-    if mode == "finished":
-        return runfiles.read_result(out)
-    if main:
-        save_config(cfg, out / "config.yaml")
-
-    # ---- setup: model, method, data, optimizer ------------------------------------------------------
+    out = Path(cfg.output_dir)
     set_seed(cfg.seed)
     task = TASKS[cfg.task]
     model, tokenizer = load_model(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
@@ -97,60 +133,75 @@ def train(cfg: TrainConfig) -> dict:
     pipeline = build_pipeline(cfg, tokenizer, model)
     task_type = "CAUSAL_LM" if task.head == "causal-lm" else "SEQ_CLS"
     init_start = time.perf_counter()
-    model, targets, heads = apply_method(model, cfg, train_head=task.head != "causal-lm", task_type=task_type)
+    from peftlab.corda import calibration_runner  # CorDA: --corda-samples training inputs, one per forward
+
+    model, targets, heads = apply_method(model, cfg, train_head=task.head != "causal-lm", task_type=task_type,
+                                         calibration=calibration_runner(model, pipeline.train_dataset,
+                                                                        pipeline.collate, cfg.corda_samples))
     init_seconds = time.perf_counter() - init_start
-    groups = param_groups(model, targets, heads, cfg, verbose=main)
+    groups = param_groups(model, targets, heads, cfg, verbose=accelerator.is_main_process)
     optimizer = adamw(groups)
     params = count_trainable(model, targets, heads)
 
     sampler = LengthGroupedBatchSampler(pipeline.train_dataset["length"], cfg.batch_size, cfg.seed,
                                         grouped=not cfg.pad_to_max)
-    train_loader = torch.utils.data.DataLoader(
-        pipeline.train_dataset.remove_columns([c for c in ("length",) if c in pipeline.train_dataset.column_names]),
-        batch_sampler=sampler, collate_fn=pipeline.collate)
-    steps_per_epoch = len(sampler)
-    total_steps = steps_per_epoch * cfg.epochs
+    # A private generator: creating a DataLoader iterator draws a seed from it. From the global RNG, that
+    # draw would shift dropout's random stream whenever an epoch's iterator is re-created (e.g. on resume).
+    train_loader = torch.utils.data.DataLoader(pipeline.train_dataset.remove_columns(["length"]),
+                                               batch_sampler=sampler, collate_fn=pipeline.collate,
+                                               generator=torch.Generator().manual_seed(cfg.seed))
+    total_steps = len(sampler) * cfg.epochs
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), max(1, total_steps))
     model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
-    steps_per_epoch = len(train_loader)  # per process under DDP
 
-    state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "epochs_log": [], "best": None,
-             "status": "ok", "status_reason": None, "train_seconds": 0.0, "train_examples": 0,
-             "clearly_above_chance": False}
+    run = Run(cfg, accelerator, model, optimizer, scheduler, train_loader, sampler, pipeline, groups, params,
+              init_seconds, out)
+    run.state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "epochs_log": [], "best": None,
+                 "before": None, "status": "ok", "status_reason": None, "train_seconds": 0.0,
+                 "train_examples": 0, "clearly_above_chance": False, "epoch_loss_sum": 0.0,
+                 "epoch_loss_count": 0}
+    if run.main:
+        runfiles.init_output_dir(out, mode)
+        save_config(cfg, out / "config.yaml")
+    accelerator.wait_for_everyone()
     if mode == "resume":
-        state = runfiles.load_checkpoint(out, accelerator.unwrap_model(model), optimizer, scheduler)
-        runfiles.set_rng_state(state.pop("rng"))
-        if main:
-            print(f"resuming from epoch {state['epoch'] + 1}, step {state['step_in_epoch']} of {steps_per_epoch}")
-
-    writer = None
-    if main:
+        run.state = runfiles.load_checkpoint(out, accelerator.unwrap_model(model), optimizer, scheduler)
+        runfiles.set_rng_state(run.state.pop("rng"))
+        if run.main:
+            print(f"resuming at epoch {run.state['epoch'] + 1}, step {run.state['step_in_epoch']}")
+    if run.main:
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(str(out / "tb"))
+        run.writer = SummaryWriter(str(out / "tb"))
+    return run
 
-    # ---- before fine-tuning -------------------------------------------------------------------------
-    before = None
-    if cfg.epochs == 0:
-        before = pipeline.evaluate(model, accelerator)
 
-    # ---- fit --------------------------------------------------------------------------------------------
+def fit(run: Run) -> None:
+    """Epochs of steps; evaluation and a checkpoint after each epoch. Stops early only on divergence."""
+    from peftlab.methods import extra_loss
+    from peftlab.tasks import TASKS
+
+    cfg, accelerator, model, state = run.cfg, run.accelerator, run.model, run.state
+    optimizer, scheduler, pipeline = run.optimizer, run.scheduler, run.pipeline
+    if state["before"] is None and (cfg.epochs == 0 or cfg.eval_before or TASKS[cfg.task].eval_before):
+        state["before"] = pipeline.evaluate(model, accelerator)
+        if run.main:
+            print("before fine-tuning: " + _fmt_metrics(state["before"]))
+
     fault_step = int(os.environ.get(FAULT_NAN_STEP_ENV, "-1"))
     trainable = [p for p in model.parameters() if p.requires_grad]
+    steps_per_epoch = len(run.train_loader)  # per process under DDP
     model.train()
-    while state["epoch"] < cfg.epochs and state["status"] == "ok":
+    while state["epoch"] < cfg.epochs:
         epoch = state["epoch"]
-        sampler.epoch = epoch
-        epoch_start = time.perf_counter()
-        loss_sum, loss_count = 0.0, 0
-        loader = train_loader
-        if state["step_in_epoch"]:
-            loader = accelerator.skip_first_batches(train_loader, state["step_in_epoch"])
-        progress = _progress(main, steps_per_epoch, state["step_in_epoch"], f"epoch {epoch + 1}/{cfg.epochs}")
+        run.sampler.epoch = epoch
+        loader = run.train_loader
+        if state["step_in_epoch"]:  # resuming mid-epoch: the same batches, minus those already done
+            loader = accelerator.skip_first_batches(run.train_loader, state["step_in_epoch"])
+        progress = _progress(run.main, steps_per_epoch, state["step_in_epoch"], f"epoch {epoch + 1}/{cfg.epochs}")
         for batch in loader:
             step_start = time.perf_counter()
-            outputs = model(**batch)
-            loss = outputs.loss
+            loss = model(**batch).loss
             aux = extra_loss(accelerator.unwrap_model(model))  # the method's hook, e.g. KaSA's regulariser
             total = loss if aux is None else loss + aux
             if state["global_step"] == fault_step:
@@ -159,66 +210,72 @@ def train(cfg: TrainConfig) -> dict:
             if cfg.max_grad_norm > 0:
                 grad_norm = accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm)
             else:
-                grad_norm = torch.linalg.vector_norm(
-                    torch.stack([p.grad.norm() for p in trainable if p.grad is not None]))
+                grad_norm = torch.linalg.vector_norm(torch.stack(
+                    [p.grad.norm() for p in trainable if p.grad is not None]))
             if not (torch.isfinite(total.detach()) and torch.isfinite(torch.as_tensor(grad_norm))):
-                state["status"] = "diverged"
                 what = "loss" if not torch.isfinite(total.detach()) else "gradient norm"
+                state["status"] = "diverged"
                 state["status_reason"] = f"non-finite {what} at step {state['global_step']} (epoch {epoch + 1})"
-                break
+                if progress is not None:
+                    progress.close()
+                return
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
 
-            batch_examples = batch["input_ids"].shape[0] * accelerator.num_processes
+            examples = batch["input_ids"].shape[0] * accelerator.num_processes
+            seconds = time.perf_counter() - step_start
             state["global_step"] += 1
             state["step_in_epoch"] += 1
-            state["train_examples"] += batch_examples
-            state["train_seconds"] += time.perf_counter() - step_start
-            loss_sum += loss.item()
-            loss_count += 1
+            state["train_examples"] += examples
+            state["train_seconds"] += seconds
+            state["epoch_train_seconds"] = state.get("epoch_train_seconds", 0.0) + seconds
+            state["epoch_loss_sum"] += loss.item()
+            state["epoch_loss_count"] += 1
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}",
-                                     ex_s=f"{batch_examples / (time.perf_counter() - step_start):.1f}")
-            if writer is not None and state["global_step"] % cfg.log_every == 0:
-                writer.add_scalar("train/loss", loss.item(), state["global_step"])
+                                     ex_s=f"{examples / seconds:.1f}")
+            if run.writer is not None and state["global_step"] % cfg.log_every == 0:
+                run.writer.add_scalar("train/loss", loss.item(), state["global_step"])
                 for group in optimizer.param_groups:
-                    writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], state["global_step"])
+                    run.writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], state["global_step"])
             if cfg.checkpoint_every and state["global_step"] % cfg.checkpoint_every == 0:
-                _checkpoint(accelerator, out, model, optimizer, scheduler, state)
+                _checkpoint(run)
         if progress is not None:
             progress.close()
-        if state["status"] != "ok":
-            break
 
         metrics = pipeline.evaluate(model, accelerator)
-        record = {"epoch": epoch + 1, "train_loss": loss_sum / max(1, loss_count), "metrics": metrics,
-                  "seconds": time.perf_counter() - epoch_start}
+        record = {"epoch": epoch + 1, "train_loss": state["epoch_loss_sum"] / max(1, state["epoch_loss_count"]),
+                  "metrics": metrics, "seconds": state.get("epoch_train_seconds", 0.0)}
         state["epochs_log"].append(record)
         primary = metrics.get(pipeline.primary_metric)
-        if state["best"] is None or (primary is not None and primary > state["best"]["metrics"].get(
-                pipeline.primary_metric, -math.inf)):
+        best = state["best"]
+        if best is None or (primary is not None and _better(primary, best["metrics"].get(pipeline.primary_metric),
+                                                             pipeline.primary_metric)):
             state["best"] = {"epoch": epoch + 1, "metrics": metrics}
         _check_collapse(state, primary, pipeline.chance, epoch + 1, pipeline.primary_metric)
-        if main:
-            with open(out / "epochs.jsonl", "a") as handle:
-                handle.write(json.dumps(record) + "\n")
-            if writer is not None:
-                for key, value in metrics.items():
-                    writer.add_scalar(f"eval/{key}", value, epoch + 1)
-            print(f"epoch {epoch + 1}: train_loss={record['train_loss']:.4f} "
-                  + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-        state["epoch"] += 1
-        state["step_in_epoch"] = 0
-        _checkpoint(accelerator, out, model, optimizer, scheduler, state)
+        if run.main:
+            # Rewritten whole (atomically) rather than appended: a kill between this and the checkpoint
+            # must not leave a duplicate line after --resume.
+            runfiles.atomic_write_text(run.out / "epochs.jsonl",
+                                       "".join(json.dumps(r) + "\n" for r in state["epochs_log"]))
+            for key, value in metrics.items():
+                run.writer.add_scalar(f"eval/{key}", value, epoch + 1)
+            print(f"epoch {epoch + 1}: train_loss={record['train_loss']:.4f} {_fmt_metrics(metrics)}")
+        state.update(epoch=epoch + 1, step_in_epoch=0, epoch_loss_sum=0.0, epoch_loss_count=0,
+                     epoch_train_seconds=0.0)
+        _checkpoint(run)
 
-    # ---- finish ---------------------------------------------------------------------------------------
-    unwrapped = accelerator.unwrap_model(model)
-    if main:
-        save_trained(unwrapped, out / "adapter", base_model=cfg.model)
-        if writer is not None:
-            writer.close()
+
+def finish(run: Run) -> dict:
+    """Save the adapter and write result.json (last: its presence marks the run finished)."""
+    from peftlab.adapters import save_trained
+    from peftlab.optim import lr_by_group
+
+    cfg, state, accelerator = run.cfg, run.state, run.accelerator
+    unwrapped = accelerator.unwrap_model(run.model)
+    before = state["before"]
     final_metrics = state["epochs_log"][-1]["metrics"] if state["epochs_log"] else (before or {})
     result = {
         "schema_version": 1,
@@ -226,34 +283,45 @@ def train(cfg: TrainConfig) -> dict:
         "status_reason": state["status_reason"],
         "task": cfg.task, "model": cfg.model, "method": cfg.method, "targets": ",".join(cfg.targets),
         "rank": cfg.rank, "alpha": cfg.alpha, "lr": cfg.lr, "lr_ratio": cfg.lr_ratio, "head_lr": cfg.head_lr,
-        "group_lrs": lr_by_group(groups), "seed": cfg.seed, "epochs": cfg.epochs,
+        "group_lrs": lr_by_group(run.groups), "seed": cfg.seed, "epochs": cfg.epochs,
         "config": cfg.to_dict(),
-        "trainable_params": params,
-        "primary_metric": pipeline.primary_metric,
-        "majority_baseline": pipeline.chance,
+        "trainable_params": run.params,
+        "primary_metric": run.pipeline.primary_metric,
+        "majority_baseline": run.pipeline.chance,
         "epochs_log": state["epochs_log"],
         "before": {"metrics": before} if before is not None else None,
         "best": state["best"] or {"epoch": 0, "metrics": before or {}},
         "final": {"metrics": final_metrics},
         "train_examples": state["train_examples"],
         "train_seconds": state["train_seconds"],
-        "train_examples_per_second": state["train_examples"] / state["train_seconds"] if state["train_seconds"] else None,
-        "init_seconds": init_seconds,
+        "train_examples_per_second": (state["train_examples"] / state["train_seconds"]
+                                      if state["train_seconds"] else None),
+        "init_seconds": run.init_seconds,
+        "calibration_seconds": getattr(unwrapped, "peftlab_calibration_seconds", None),  # CorDA's forward passes
         "peak_memory_mb": runfiles.peak_memory_mb(accelerator.device),
         "device": str(accelerator.device),
         "num_processes": accelerator.num_processes,
         "versions": runfiles.versions(),
         "git_commit": runfiles.git_commit(),
-        **pipeline.extras,
+        **run.pipeline.extras,
     }
     sigma = _kasa_sigma(unwrapped)
     if sigma:
         result["kasa_sigma"] = sigma
-    if main:
-        runfiles.write_json(out / "result.json", result)  # last: its presence marks the run finished
+    if run.main:
+        save_trained(unwrapped, run.out / "adapter", base_model=cfg.model)
+        run.writer.close()
+        runfiles.write_json(run.out / "result.json", result)
+        runfiles.remove_checkpoint(run.out)  # the run is finished; its adapter and result are what count
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return result
+
+
+def _better(value: float, incumbent: float | None, metric: str) -> bool:
+    if incumbent is None:
+        return True
+    return value < incumbent if metric in LOWER_IS_BETTER else value > incumbent
 
 
 def _check_collapse(state: dict, primary, chance: float, epoch: int, name: str) -> None:
@@ -267,20 +335,15 @@ def _check_collapse(state: dict, primary, chance: float, epoch: int, name: str) 
         state["status_reason"] = f"{name} fell to {primary:.4f} <= chance {chance:.4f} at epoch {epoch}"
 
 
-def _checkpoint(accelerator, out, model, optimizer, scheduler, state) -> None:
-    if accelerator.is_main_process:
-        runfiles.save_checkpoint(out, accelerator.unwrap_model(model), optimizer, scheduler, state)
-    accelerator.wait_for_everyone()
+def _checkpoint(run: Run) -> None:
+    if run.main:
+        runfiles.save_checkpoint(run.out, run.accelerator.unwrap_model(run.model), run.optimizer, run.scheduler,
+                                 run.state)
+    run.accelerator.wait_for_everyone()
 
 
-def _broadcast(accelerator, value):
-    if accelerator.num_processes == 1:
-        return value
-    from accelerate.utils import broadcast_object_list
-
-    box = [value]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
+def _fmt_metrics(metrics: dict) -> str:
+    return " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
 
 
 def _progress(enabled: bool, total: int, initial: int, desc: str):

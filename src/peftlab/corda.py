@@ -1,0 +1,107 @@
+"""CorDA (Yang et al., NeurIPS 2024): context-oriented decomposition, through peft.
+
+CorDA runs the model over a few calibration samples, accumulates each adapted layer's input covariance
+``C = X^T X``, takes the SVD of ``W C = U S V^T`` and initialises the adapter from r components of
+``W = U S (V^T C^-1)``: the r *smallest* in the knowledge-preserved mode (``kpm``: the task's principal
+components stay frozen in the base), the r *largest* in the instruction-previewed mode (``ipm``: the
+adapter starts on them). In both modes the components are subtracted from the base weight
+(``W_res = W - s*B0*A0``), so the model's output is unchanged at step 0 -- exactly PiSSA's bookkeeping,
+which is why peftlab saves a trained CorDA adapter converted to a plain rank-2r LoRA on the original base
+(:func:`peftlab.svd_init.save_converted`).
+
+The paper samples KPM's covariance from a knowledge benchmark to preserve (e.g. NQ-open) and IPM's from the
+fine-tuning task itself; peftlab samples both from the run's own training inputs (``--corda-samples`` of
+them, through the same tokenisation and collator as training), so ``ipm`` is the paper's setting and
+``kpm`` preserves what the model does on the task's own inputs.
+
+peft's covariance hook (``peft.tuners.lora.corda.calib_cov_distribution``) expects one sequence per
+forward call (it squeezes a batch of one and normalises each call's activations by their maximum), so
+:func:`calibration_runner` feeds the samples one at a time, with padding removed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+CORDA_MODES = ("ipm", "kpm")
+# keys of a collated example that are not model inputs for a calibration forward pass
+_NOT_INPUTS = ("labels", "label", "length")
+
+
+def unpadded(batch: dict[str, Any]) -> dict[str, Any]:
+    """A collated batch of ONE example with padded positions removed (left or right padding) and no labels."""
+    batch = {k: v for k, v in batch.items() if k not in _NOT_INPUTS}
+    mask = batch.get("attention_mask")
+    if mask is None:
+        return batch
+    keep = mask[0].bool()
+    length = keep.shape[0]
+    return {k: (v[:, keep] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[:2] == (1, length) else v)
+            for k, v in batch.items()}
+
+
+def _device(model: nn.Module) -> torch.device:
+    for param in model.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def calibration_from_examples(model: nn.Module, examples: Callable[[], Iterable[dict[str, Any]]]) -> Callable[[], None]:
+    """A zero-argument callable that runs ``model`` (no grad, eval mode) over collated one-example batches.
+
+    ``examples`` is a zero-argument callable returning the batches (so nothing is read until CorDA asks).
+    """
+
+    @torch.no_grad()
+    def run() -> None:
+        was_training = model.training
+        model.eval()
+        device = _device(model)
+        try:
+            for batch in examples():
+                batch = unpadded(batch)
+                model(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+        finally:
+            model.train(was_training)
+
+    return run
+
+
+def calibration_runner(model: nn.Module, train_dataset, collate: Callable, samples: int) -> Callable[[], None]:
+    """Calibration over the first ``samples`` training examples (the run's seeded subset), one per forward.
+
+    ``train_dataset`` and ``collate`` are the run's :class:`peftlab.pipelines.Pipeline` fields, so the
+    calibration inputs are tokenised, truncated and collated exactly like the training batches.
+    """
+    count = min(int(samples), len(train_dataset))
+
+    def examples():
+        for index in range(count):
+            row = {k: v for k, v in train_dataset[index].items() if k not in ("length",)}
+            yield collate([row])
+
+    run = calibration_from_examples(model, examples)
+    run.samples = count
+    return run
+
+
+def build(model: nn.Module, lora_config, cfg, calibration: Callable[[], None]) -> nn.Module:
+    """``preprocess_corda`` (covariance over ``calibration``, SVD of W*C) then ``get_peft_model``."""
+    from peft import get_peft_model
+    from peft.tuners.lora.corda import preprocess_corda
+
+    preprocess_corda(model, lora_config, run_model=calibration)
+    model = get_peft_model(model, lora_config)
+    # The init is done (and the adapter is saved converted to plain LoRA): a corda_config left in the saved
+    # adapter_config.json would only make peft warn "corda_config ... will be ignored" on every load.
+    model.peft_config["default"].corda_config = None
+    return model
+
+
+def corda_config(cfg):
+    from peft.tuners.lora.config import CordaConfig
+
+    return CordaConfig(corda_method=cfg.corda_mode)

@@ -1,0 +1,63 @@
+"""``peftlab evaluate``: load a saved run's adapter onto a fresh base model and evaluate it.
+
+Reads the run's ``config.yaml`` for model and task, attaches ``adapter/`` (peft safetensors, or the full-FT
+tensors) with :func:`peftlab.adapters.load_trained` (pickles refused unless ``--allow-pickle``), optionally
+merges it, and evaluates on the task's dev split. This is also the check that a saved adapter reproduces
+the trained model: its metrics equal the run's final metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from peftlab.errors import PeftlabError
+
+
+def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
+                 allow_pickle: bool = False, max_eval_samples: int | None = None) -> dict:
+    from accelerate import Accelerator
+
+    from peftlab.adapters import load_trained, merged
+    from peftlab.config import TrainConfig, build_config
+    from peftlab.models import load_model
+    from peftlab.pipelines import build_pipeline
+    from peftlab.tasks import TASKS
+
+    run_dir = Path(run_dir)
+    config_file = run_dir / "config.yaml"
+    if not config_file.is_file():
+        raise PeftlabError(f"no config.yaml in {run_dir}", fix="pass a folder written by peftlab train")
+    overrides = {}
+    if max_eval_samples is not None:
+        overrides["max_eval_samples"] = max_eval_samples
+    cfg = build_config(TrainConfig, yaml_path=config_file, overrides=overrides or None)
+    task = TASKS[cfg.task]
+    base, tokenizer = load_model(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
+                                 trust_remote_code=cfg.trust_remote_code)
+    model = load_trained(base, adapter or run_dir / "adapter", allow_pickle=allow_pickle or cfg.allow_pickle,
+                         base_model=cfg.model)
+    if merge:
+        model = merged(model)
+    pipeline = build_pipeline(cfg, tokenizer, model)
+    accelerator = Accelerator(mixed_precision="no")
+    model = accelerator.prepare(model)
+    return pipeline.evaluate(model, accelerator)
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("evaluate", help="evaluate a saved run's adapter on its task's dev set")
+    parser.add_argument("run_dir", help="a folder written by peftlab train (holds config.yaml and adapter/)")
+    parser.add_argument("--adapter", help="adapter folder to use instead of RUN_DIR/adapter")
+    parser.add_argument("--merge", action="store_true", help="merge the adapter into the weights first")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="allow a pickle (.bin) adapter, which can run arbitrary code when loaded")
+    parser.add_argument("--max-eval-samples", type=int, help="evaluate on a deterministic subset")
+    parser.set_defaults(func=run_cli)
+
+
+def run_cli(args) -> int:
+    metrics = evaluate_run(args.run_dir, adapter=args.adapter, merge=args.merge, allow_pickle=args.allow_pickle,
+                           max_eval_samples=args.max_eval_samples)
+    print(json.dumps(metrics, indent=2))
+    return 0

@@ -1,0 +1,137 @@
+"""The named local models load offline with the right heads, and ``peftlab models`` lists them.
+
+SmolLM2 is converted from its GGUF once per cache (~25 s): ``test_smollm2_converts_into_peftlab_cache`` does
+that into a temporary ``$PEFTLAB_CACHE``; the other SmolLM2 test uses the default cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from peftlab.cli import main
+from peftlab.models import cache_dir, load_model
+
+SENTENCES = ["The cat sat on the mat.", "A completely different and somewhat longer sentence about the weather."]
+
+
+def encode(tokenizer, texts=SENTENCES):
+    return tokenizer(texts, padding=True, return_tensors="pt")
+
+
+@torch.no_grad()
+def forward(model, batch):
+    model.eval()
+    return model(**batch).logits
+
+
+# --------------------------------------------------------------------------- MiniLM (BERT encoder)
+
+
+def test_minilm_classification():
+    model, tokenizer = load_model("minilm-l6", head="classification", num_labels=2)
+    assert model.config.model_type == "bert" and model.config.num_hidden_layers == 6
+    assert model.config.hidden_size == 384
+    assert model.config.num_labels == 2 and model.config.problem_type == "single_label_classification"
+    assert model.config.pad_token_id == tokenizer.pad_token_id
+    logits = forward(model, encode(tokenizer))
+    assert logits.shape == (2, 2) and torch.isfinite(logits).all()
+    # the head is new and seeded; the encoder comes from the checkpoint, whatever the seed
+    again, _ = load_model("minilm-l6", head="classification", num_labels=2, seed=0)
+    torch.testing.assert_close(again.classifier.weight, model.classifier.weight)  # seeded head
+    other, _ = load_model("minilm-l6", head="classification", num_labels=2, seed=1)
+    assert not torch.equal(other.classifier.weight, model.classifier.weight)
+    torch.testing.assert_close(other.bert.embeddings.word_embeddings.weight,
+                               model.bert.embeddings.word_embeddings.weight, atol=0, rtol=0)
+
+
+def test_minilm_regression():
+    model, tokenizer = load_model("minilm-l6", head="regression")
+    assert model.config.num_labels == 1 and model.config.problem_type == "regression"
+    logits = forward(model, encode(tokenizer))
+    assert logits.shape == (2, 1) and torch.isfinite(logits).all()
+
+
+# --------------------------------------------------------------------------- SmolLM2 (Llama decoder, from GGUF)
+
+
+def _seed_cache(converted: Path, cache: Path) -> None:
+    """Put a fresh conversion into the default cache if it has none, so the suite converts only once."""
+    target = cache / "models" / converted.name
+    if (target / "model.safetensors").is_file():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{converted.name}-from-tests-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+
+    def link_or_copy(src, dst):
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(converted, staging, copy_function=link_or_copy)
+    try:
+        os.replace(staging, target)
+    except OSError:  # another process filled the cache meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_smollm2_converts_into_peftlab_cache(tmp_path, monkeypatch):
+    default_cache = cache_dir()
+    monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
+    assert cache_dir() == tmp_path / "cache"
+
+    model, tokenizer = load_model("smollm2-135m", head="classification", num_labels=2)
+
+    converted = tmp_path / "cache" / "models" / "smollm2-135m"
+    assert (converted / "config.json").is_file() and (converted / "model.safetensors").is_file()
+    assert (converted / "tokenizer_config.json").is_file() or (converted / "tokenizer.json").is_file()
+    assert "quantization_config" not in json.loads((converted / "config.json").read_text())
+    assert [p.name for p in converted.parent.iterdir()] == ["smollm2-135m"]  # no staging leftovers
+    assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
+    # classification on a decoder pads with eos
+    assert tokenizer.pad_token == tokenizer.eos_token
+    assert model.config.pad_token_id == tokenizer.eos_token_id is not None
+    logits = forward(model, encode(tokenizer))
+    assert logits.shape == (2, 2) and torch.isfinite(logits).all()
+
+    _seed_cache(converted, default_cache)
+
+
+@pytest.mark.slow
+def test_smollm2_causal_lm_from_default_cache():
+    model, tokenizer = load_model("smollm2-135m", head="causal-lm")
+    assert (cache_dir() / "models" / "smollm2-135m" / "model.safetensors").is_file()
+    assert type(model).__name__ == "LlamaForCausalLM"
+    batch = tokenizer(["The capital of France is Paris. The capital of Germany is Berlin."], return_tensors="pt")
+    with torch.no_grad():
+        out = model(**batch, labels=batch["input_ids"])
+    assert out.logits.shape == (1, batch["input_ids"].shape[1], model.config.vocab_size)
+    assert torch.isfinite(out.logits).all()
+    # real weights: far below the loss of a uniform guess over the vocabulary (ln 49152 = 10.8)
+    assert out.loss.item() < 5.0, out.loss.item()
+
+
+# --------------------------------------------------------------------------- peftlab models
+
+
+def test_cli_models_lists_installed(capsys):
+    assert main(["models"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    for name in ("minilm-l6", "smollm2-135m"):
+        assert name in lines, f"{name} not listed"
+        assert " installed " in lines[name] and "missing" not in lines[name], lines[name]
+
+
+def test_cli_models_json(capsys):
+    assert main(["models", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["minilm-l6"]["installed"] is True and rows["minilm-l6"]["family"] == "encoder"
+    assert rows["smollm2-135m"]["installed"] is True and rows["smollm2-135m"]["family"] == "decoder"

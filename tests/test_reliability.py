@@ -1,0 +1,323 @@
+"""Reliability: kill and resume, divergence and collapse labels, bad input refused in one line (exit 2),
+nothing half-written. Every case runs on tiny random models and small real-data subsets."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from peftlab.cli import main
+from peftlab.config import TrainConfig, build_config
+from peftlab.train import FAULT_NAN_STEP_ENV, train
+
+TINY = ["--model", "tiny-bert", "--task", "rte", "--max-train-samples", "64", "--max-eval-samples", "32",
+        "--max-length", "32", "--batch-size", "8", "--epochs", "2", "--rank", "4"]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "peftlab.cli", "train", *args]
+
+
+def tiny_cfg(out: Path, **overrides) -> TrainConfig:
+    values = dict(task="rte", model="tiny-bert", max_train_samples=64, max_eval_samples=32, max_length=32,
+                  batch_size=8, epochs=2, rank=4, output_dir=str(out))
+    values.update(overrides)
+    return build_config(TrainConfig, overrides=values)
+
+
+# --------------------------------------------------------------------------- kill and resume
+
+
+@pytest.mark.parametrize("method", ["kasa", "lora"])
+def test_sigkill_at_random_step_then_resume_equals_uninterrupted(tmp_path, method):
+    reference = train(tiny_cfg(tmp_path / "reference", method=method))
+    total_steps = reference["train_examples"] // 8
+    kill_after = random.Random(method).randint(2, total_steps - 3)  # 16 steps in all
+    out = tmp_path / "killed"
+    args = [*TINY, "--method", method, "--checkpoint-every", "1", "--output-dir", str(out)]
+    proc = subprocess.Popen(cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state_file = out / "checkpoint" / "state.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if json.loads(state_file.read_text())["global_step"] >= kill_after:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "result.json").exists(), "killed too late: the run had already finished"
+    done = subprocess.run(cli(*args, "--resume"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    resumed = json.loads((out / "result.json").read_text())
+    assert resumed["final"] == reference["final"]
+    assert [e["train_loss"] for e in resumed["epochs_log"]] == [e["train_loss"] for e in reference["epochs_log"]]
+    assert len((out / "epochs.jsonl").read_text().splitlines()) == 2
+    from safetensors.torch import load_file
+
+    trained = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+    expected = load_file(str(tmp_path / "reference" / "adapter" / "adapter_model.safetensors"))
+    assert trained.keys() == expected.keys()
+    assert all(torch.equal(trained[k], expected[k]) for k in trained), "resumed weights differ bit-for-bit"
+    assert not (out / "checkpoint").exists()  # a finished run keeps its adapter and result, not the checkpoint
+
+
+def test_resume_of_a_finished_run_returns_it(tmp_path):
+    first = train(tiny_cfg(tmp_path / "run", epochs=1))
+    again = train(tiny_cfg(tmp_path / "run", epochs=1, resume=True))
+    assert again == json.loads(json.dumps(first))
+
+
+def test_resume_without_checkpoint_starts_over(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("partial: true\n")
+    result = train(tiny_cfg(tmp_path / "run", epochs=1, resume=True))
+    assert result["status"] == "ok"
+
+
+# --------------------------------------------------------------------------- divergence and collapse
+
+
+def test_injected_nan_ends_run_as_diverged(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULT_NAN_STEP_ENV, "3")
+    result = train(tiny_cfg(tmp_path / "run"))
+    assert result["status"] == "diverged"
+    assert "non-finite loss at step 3" in result["status_reason"]
+    on_disk = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert on_disk["status"] == "diverged"
+
+
+def test_diverged_run_exits_nonzero_with_reason(tmp_path):
+    env = {**os.environ, FAULT_NAN_STEP_ENV: "1"}
+    proc = subprocess.run(cli(*TINY, "--output-dir", str(tmp_path / "run")), capture_output=True, text=True, env=env)
+    assert proc.returncode == 1
+    assert "status=diverged" in proc.stdout and "reason: non-finite loss at step 1" in proc.stdout
+
+
+def test_collapse_after_being_clearly_above_chance_is_labelled(tmp_path, monkeypatch):
+    import peftlab.pipelines as pipelines
+
+    real = pipelines.build_glue
+    scripted = iter([{"accuracy": 0.90}, {"accuracy": 0.40}])
+
+    def fake_glue(cfg, tokenizer, model=None):
+        pipe = real(cfg, tokenizer, model)
+        pipe.chance = 0.5
+        pipe.evaluate = lambda model, accelerator: next(scripted)
+        return pipe
+
+    monkeypatch.setitem(pipelines.BUILDERS, "classification", fake_glue)
+    result = train(tiny_cfg(tmp_path / "run"))
+    assert result["status"] == "collapsed"
+    assert "fell to 0.4000 <= chance 0.5000 at epoch 2" in result["status_reason"]
+    assert result["best"]["epoch"] == 1  # kept and reported, never hidden
+
+
+def test_never_above_chance_is_not_a_collapse(tmp_path, monkeypatch):
+    from peftlab.train import _check_collapse
+
+    state = {"clearly_above_chance": False, "status": "ok", "status_reason": None}
+    for value in (0.5, 0.52, 0.49):
+        _check_collapse(state, value, 0.5, 1, "accuracy")
+    assert state["status"] == "ok"
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _glue_copy(tmp_path: Path, task_dir: str, train_text: str) -> Path:
+    root = tmp_path / "data"
+    folder = root / "glue" / task_dir
+    folder.mkdir(parents=True)
+    shared = Path(os.environ.get("PEFTLAB_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    (folder / "dev.tsv").write_text((shared / "glue" / task_dir / "dev.tsv").read_text(encoding="utf-8-sig"))
+    (folder / "train.tsv").write_text(train_text)
+    return root
+
+
+RTE_HEADER = "index\tsentence1\tsentence2\tlabel\n"
+STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+
+
+def _bad_data(kind: str):
+    def make(tmp_path: Path) -> list[str]:
+        if kind == "columns":
+            root = _glue_copy(tmp_path, "RTE", RTE_HEADER + "0\ta\tb\tentailment\n1\tonly two\n")
+        elif kind == "label":
+            root = _glue_copy(tmp_path, "RTE", RTE_HEADER + "0\ta\tb\tentailment\n1\ta\tb\tmaybe\n")
+        elif kind == "score":
+            root = _glue_copy(tmp_path, "STS-B", STSB_HEADER + "0\tg\tf\t2012\t1\ts\ts\ta\tb\tfive\n")
+            return ["--task", "stsb", "--data-dir", str(root)]
+        else:  # empty
+            root = _glue_copy(tmp_path, "RTE", "")
+        return ["--data-dir", str(root)]
+    return make
+
+
+def _yaml(text: str):
+    def make(tmp_path: Path) -> list[str]:
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        return ["--config", str(path)]
+    return make
+
+
+def _finished(tmp_path: Path) -> list[str]:
+    train(tiny_cfg(tmp_path / "out", epochs=1, max_train_samples=8, max_eval_samples=8))
+    return []
+
+
+def _unfinished(tmp_path: Path) -> list[str]:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.yaml").write_text("task: rte\n")
+    return []
+
+
+BAD_TRAIN_INPUTS = [
+    # (case id, extra args or a builder returning args, phrase in the message)
+    ("unknown-task", ["--task", "rtee"], "unknown task 'rtee' (did you mean 'rte'?)"),
+    ("unknown-model", ["--model", "minilm-l7"], "unknown model 'minilm-l7'"),
+    ("unknown-method", ["--method", "loraa"], "unknown method 'loraa'"),
+    ("unknown-projection", ["--targets", "q,x"], "unknown projection 'x'"),
+    ("empty-targets", ["--targets", ","], "no attention projection selected"),
+    ("rank-zero", ["--rank", "0"], "--rank must be > 0"),
+    ("rank-negative", ["--rank", "-3"], "--rank must be > 0"),
+    ("rank-not-int", ["--rank", "eight"], "--rank must be int"),
+    ("rank-too-large-kasa", ["--method", "kasa", "--rank", "32"], "--rank 32 is too large for kasa"),
+    ("rank-too-large-pissa", ["--method", "pissa", "--rank", "40"], "--rank 40 is too large for pissa"),
+    ("lr-zero", ["--lr", "0"], "--lr must be a finite number > 0"),
+    ("lr-nan", ["--lr", "nan"], "--lr must be a finite number > 0"),
+    ("lr-not-number", ["--lr", "fast"], "--lr must be float"),
+    ("lr-ratio-zero", ["--lr-ratio", "0"], "--lr-ratio must be a finite number > 0"),
+    ("lr-ratio-negative", ["--lr-ratio", "-2"], "--lr-ratio must be a finite number > 0"),
+    ("lr-ratio-inf", ["--lr-ratio", "inf"], "--lr-ratio must be a finite number > 0"),
+    ("alpha-nan", ["--alpha", "nan"], "--alpha must be a finite number"),
+    ("epochs-negative", ["--epochs", "-1"], "--epochs must be a positive integer"),
+    ("warmup-too-big", ["--warmup-ratio", "1.5"], "--warmup-ratio must be < 1"),
+    ("precision-unknown", ["--mixed-precision", "fp8"], "unknown --mixed-precision 'fp8'"),
+    ("yaml-unknown-key", _yaml("lr_ratoi: 2\n"), "unknown config key 'lr_ratoi' (did you mean 'lr_ratio'?)"),
+    ("yaml-syntax", _yaml("rank: [8\n"), "invalid YAML"),
+    ("yaml-not-mapping", _yaml("- 1\n- 2\n"), "a config file must be a mapping"),
+    ("yaml-bad-type", _yaml("rank: eight\n"), "--rank must be int"),
+    ("config-missing", ["--config", "/nonexistent/c.yaml"], "config file not found"),
+    ("data-wrong-columns", _bad_data("columns"), "train.tsv:3"),
+    ("data-unknown-label", _bad_data("label"), "train.tsv:3"),
+    ("data-stsb-score", _bad_data("score"), "train.tsv:2"),
+    ("data-empty-file", _bad_data("empty"), "train.tsv"),
+    ("data-missing-split", ["--task", "qnli"], "no local copy of QNLI train"),
+    ("data-dir-missing", ["--data-dir", "/nonexistent/data"], "/nonexistent/data"),
+    ("output-finished", _finished, "already holds a finished run"),
+    ("output-unfinished", _unfinished, "holds an unfinished run"),
+]
+
+
+@pytest.mark.parametrize("case,extra,phrase", BAD_TRAIN_INPUTS, ids=[c[0] for c in BAD_TRAIN_INPUTS])
+def test_bad_train_input_one_line_exit_2_nothing_written(tmp_path, capsys, monkeypatch, case, extra, phrase):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = extra(tmp_path) if callable(extra) else list(extra)
+    out = tmp_path / "out"
+    before = sorted(p.relative_to(tmp_path) for p in out.rglob("*")) if out.exists() else None
+    snapshot = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} if out.exists() else {}
+    capsys.readouterr()
+    code = main(["train", *TINY[:2], "--max-train-samples", "8", "--max-eval-samples", "8", "--max-length", "16",
+                 *args, "--output-dir", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("peftlab: error: ") and "\n" not in err, err
+    assert phrase in err, err
+    after = sorted(p.relative_to(tmp_path) for p in out.rglob("*")) if out.exists() else None
+    assert after == before, "a refused run must not create or change files"
+    assert all(p.read_bytes() == data for p, data in snapshot.items())
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("adapter") / "run"
+    train(tiny_cfg(out, epochs=1, max_train_samples=16, max_eval_samples=16))
+    return out
+
+
+def _corrupt(run: Path, tmp_path: Path) -> list[str]:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in (run / "adapter").iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "adapter_model.safetensors").write_bytes(b"\x00garbage, not safetensors")
+    return ["--adapter", str(bad)]
+
+
+def _truncated(run: Path, tmp_path: Path) -> list[str]:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in (run / "adapter").iterdir():
+        data = f.read_bytes()
+        (bad / f.name).write_bytes(data[: len(data) // 2] if f.suffix == ".safetensors" else data)
+    return ["--adapter", str(bad)]
+
+
+def _pickle(run: Path, tmp_path: Path) -> list[str]:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text((run / "adapter" / "adapter_config.json").read_text())
+    (bad / "adapter_model.bin").write_bytes(b"pickle")
+    return ["--adapter", str(bad)]
+
+
+def _other_base(run: Path, tmp_path: Path) -> list[str]:
+    other = tmp_path / "other"
+    train(tiny_cfg(other, epochs=1, max_train_samples=8, max_eval_samples=8, method="lora", targets="q,k,v,o",
+                   rank=8))
+    run_copy = tmp_path / "run"
+    run_copy.mkdir()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["model"] = "tiny-llama"
+    (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
+    return ["RUN", str(run_copy), "--adapter", str(other / "adapter")]
+
+
+def _missing(run: Path, tmp_path: Path) -> list[str]:
+    return ["--adapter", str(tmp_path / "nowhere")]
+
+
+BAD_ADAPTERS = [
+    ("corrupt", _corrupt, "corrupt or truncated safetensors"),
+    ("truncated", _truncated, "corrupt or truncated safetensors"),
+    ("pickle", _pickle, "is a pickle"),
+    ("other-base", _other_base, "does not fit this base model"),
+    ("missing", _missing, "adapter folder not found"),
+]
+
+
+@pytest.mark.parametrize("case,make,phrase", BAD_ADAPTERS, ids=[c[0] for c in BAD_ADAPTERS])
+def test_bad_adapter_one_line_exit_2(trained_run, tmp_path, capsys, case, make, phrase):
+    args = make(trained_run, tmp_path)
+    run_dir = str(trained_run)
+    if args and args[0] == "RUN":
+        run_dir, args = args[1], args[2:]
+    capsys.readouterr()
+    code = main(["evaluate", run_dir, *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("peftlab: error: ") and "\n" not in err and phrase in err, err
+
+
+def test_saved_adapter_reproduces_final_metrics(trained_run, capsys):
+    capsys.readouterr()
+    assert main(["evaluate", str(trained_run)]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics == json.loads((trained_run / "result.json").read_text())["final"]["metrics"]

@@ -1,0 +1,425 @@
+"""`peftlab sweep` and the results store: grid expansion, spec errors, concurrent writers, skip/resume/retry,
+worker processes, and a real tiny-model sweep killed with SIGKILL and re-run."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from peftlab.errors import PeftlabError
+from peftlab.store import Store, config_key, owner_alive, process_identity, short_key
+from peftlab.sweep import expand, load_spec, run_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+DATA = (REPO.parent / "shared" / "data").resolve()
+
+
+def write_spec(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+# --------------------------------------------------------------------------- a fake train function
+# Importable by name ("test_sweep:fake_train") so that spawned workers and subprocesses can use it.
+
+FAKE_SLEEP_ENV = "PEFTLAB_TEST_FAKE_SLEEP"
+
+
+def fake_train(cfg) -> dict:
+    """Treats its output folder like peftlab.train.train; lr_ratio 8 raises, lr_ratio 16 collapses."""
+    import shutil
+
+    out = Path(cfg.output_dir)
+    result_file, checkpoint = out / "result.json", out / "checkpoint" / "state.json"
+    if cfg.overwrite and out.exists():
+        shutil.rmtree(out)
+    finished = result_file.is_file() and json.loads(result_file.read_text())["status"] != "failed"
+    if finished and not cfg.resume:
+        raise PeftlabError(f"{out} already holds a finished run")
+    if not cfg.resume and out.exists() and any(out.iterdir()):
+        raise PeftlabError(f"{out} holds an unfinished run")
+    mode = ("finished" if finished else "resume" if checkpoint.is_file() else "restart") if cfg.resume else "fresh"
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / "calls.jsonl", "a") as handle:
+        handle.write(json.dumps({"dir": out.name, "resume": cfg.resume, "overwrite": cfg.overwrite,
+                                 "mode": mode, "pid": os.getpid()}) + "\n")
+    if mode == "finished":
+        return json.loads(result_file.read_text())
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    time.sleep(float(os.environ.get(FAKE_SLEEP_ENV, "0")))
+    if cfg.lr_ratio == 8:
+        raise RuntimeError(f"boom at lr_ratio {cfg.lr_ratio}")
+    accuracy = 0.6 + 0.01 * cfg.seed
+    result = {"schema_version": 1, "status": "collapsed" if cfg.lr_ratio == 16 else "ok",
+              "status_reason": "fell to chance" if cfg.lr_ratio == 16 else None, "task": cfg.task,
+              "method": cfg.method, "seed": cfg.seed, "epochs": cfg.epochs, "config": cfg.to_dict(),
+              "primary_metric": "accuracy", "best": {"epoch": 1, "metrics": {"accuracy": accuracy}},
+              "final": {"metrics": {"accuracy": accuracy}}, "trainable_params": {"adapter": 10, "head": 2, "total": 12}}
+    result_file.write_text(json.dumps(result))
+    return result
+
+
+def calls(root: Path) -> list[dict]:
+    path = root / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+FAKE_BASE = {"model": "tiny-bert", "task": "rte", "epochs": 1}
+
+
+# --------------------------------------------------------------------------- grid expansion
+
+
+def test_expand_is_the_cartesian_product_in_axis_order():
+    cells = expand({"model": "m", "lr": 1e-4}, {"lr_ratio": [1, 2], "seed": [0, 1, 2]})
+    assert len(cells) == 6
+    assert [(c["lr_ratio"], c["seed"]) for c in cells] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    assert all(c["model"] == "m" and c["lr"] == 1e-4 for c in cells)
+
+
+def test_expand_zip_groups_vary_together():
+    cells = expand({}, {"seed": [0, 1]}, [{"task": ["rte", "mrpc", "cola"], "epochs": [10, 5, 3]},
+                                          {"lr": [1e-4, 2e-4], "lr_ratio": [1, 4]}])
+    assert len(cells) == 2 * 3 * 2
+    assert {(c["task"], c["epochs"]) for c in cells} == {("rte", 10), ("mrpc", 5), ("cola", 3)}
+    assert {(c["lr"], c["lr_ratio"]) for c in cells} == {(1e-4, 1), (2e-4, 4)}
+    assert cells[0] == {"seed": 0, "task": "rte", "epochs": 10, "lr": 1e-4, "lr_ratio": 1}
+
+
+def test_expand_zip_length_mismatch_is_a_user_error():
+    with pytest.raises(PeftlabError, match=r"zip\[0\].*different lengths.*task: 2, epochs: 3"):
+        expand({}, {}, [{"task": ["rte", "mrpc"], "epochs": [1, 2, 3]}])
+
+
+@pytest.mark.parametrize("grid, zips, message", [
+    ({"lr": []}, None, "grid.lr is an empty list"),
+    ({"lr": 1e-4}, None, "grid.lr must be a list"),
+    ({"lr": [1e-4]}, [{"lr": [1e-4]}], "'lr' is swept twice"),
+    ({}, [{"task": []}], r"zip\[0\].task is an empty list"),
+    ({}, [{}], r"zip\[0\] must be a non-empty mapping"),
+])
+def test_expand_rejects_bad_grids(grid, zips, message):
+    with pytest.raises(PeftlabError, match=message):
+        expand({}, grid, zips)
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def test_load_spec_resolves_runs_keys_and_folders(tmp_path):
+    spec = write_spec(tmp_path / "demo.yaml", {"base": {**FAKE_BASE, "max-train-samples": 16},
+                                               "grid": {"targets": ["q,v", ["q", "k", "v"]], "seed": [0, 1]}})
+    sweep = load_spec(spec, output_dir=str(tmp_path / "runs"))
+    assert len(sweep.runs) == 4 and sweep.axes == ["targets", "seed"]
+    assert sweep.store_path == tmp_path / "runs" / "results.sqlite"
+    first = sweep.runs[0]
+    assert first.config["targets"] == "q,v" and first.config["max_train_samples"] == 16
+    assert first.output_dir == str(tmp_path / "runs" / short_key(first.key))
+    assert first.key == config_key(first.config)  # output_dir is not part of the key
+    assert sweep.runs[2].config["targets"] == "q,k,v"
+    # the same config under another root has the same key
+    again = load_spec(spec, output_dir=str(tmp_path / "elsewhere"))
+    assert [r.key for r in again.runs] == [r.key for r in sweep.runs]
+    # default root: runs/<spec stem>
+    assert load_spec(spec).output_root == Path("runs") / "demo"
+
+
+def test_load_spec_drops_duplicate_cells(tmp_path):
+    spec = write_spec(tmp_path / "dup.yaml", {"base": FAKE_BASE, "grid": {"lr_ratio": [1, 1.0, 2]}})
+    sweep = load_spec(spec)
+    assert len(sweep.runs) == 2 and sweep.duplicates == 1
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"base": {"lr_rato": 2}}, "unknown config key 'lr_rato'.*did you mean 'lr_ratio'"),
+    ({"grid": {"metod": ["lora"]}}, "unknown config key 'metod'.*did you mean 'method'"),
+    ({"zip": [{"tsak": ["rte"]}]}, "unknown config key 'tsak'.*did you mean 'task'"),
+    ({"gird": {"seed": [0]}}, "unknown sweep spec key 'gird'.*did you mean 'grid'"),
+    ({"grid": {"seed": []}}, "grid.seed is an empty list"),
+    ({"base": {"output_dir": "x"}}, "'output_dir' cannot be set in base"),
+    ({"grid": {"resume": [True]}}, "'resume' cannot be set in grid"),
+    ({"grid": {"lr_ratio": [1, -2]}}, r"run \{lr_ratio=-2\}: --lr-ratio must be a finite number > 0"),
+    ({"grid": {"method": ["lora", "lorra"]}}, r"run \{method=lorra\}: unknown method 'lorra'"),
+])
+def test_bad_specs_are_one_line_user_errors(tmp_path, spec, message):
+    full = {**spec, "base": {**FAKE_BASE, **spec.get("base", {})}}
+    path = write_spec(tmp_path / "bad.yaml", full)
+    with pytest.raises(PeftlabError, match=message) as info:
+        load_spec(path)
+    assert "\n" not in str(info.value)
+
+
+def main(argv):  # imported lazily: spawned children import this module and should start fast
+    from peftlab.cli import main as cli_main
+
+    return cli_main(argv)
+
+
+def test_missing_spec_exits_2(tmp_path, capsys):
+    assert main(["sweep", str(tmp_path / "nope.yaml")]) == 2
+    assert "sweep spec not found" in capsys.readouterr().err
+
+
+def test_dry_run_lists_every_run_and_the_size(tmp_path, capsys):
+    spec = write_spec(tmp_path / "dry.yaml", {"output_dir": str(tmp_path / "runs"), "base": FAKE_BASE,
+                                              "grid": {"lr_ratio": [1, 2, 4]},
+                                              "zip": [{"seed": [0, 1], "max_train_samples": [8, 16]}]})
+    assert main(["sweep", str(spec), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 7
+    assert "lr_ratio=1 seed=0 max_train_samples=8" in out[0]
+    assert out[-1].startswith("6 runs: 0 finished, 0 failed, 6 to run")
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+
+
+# --------------------------------------------------------------------------- the store under concurrency
+
+
+def _store_writer(path: str, keys: list[str], name: str, out: str, barrier) -> None:
+    store = Store(path)
+    store.register((k, {"name": k}, f"/tmp/{k}") for k in keys)
+    barrier.wait(60)  # both claim at the same time
+    mine = []
+    while True:
+        row = store.claim_next(keys)
+        if row is None:
+            break
+        mine.append(row["key"])
+        time.sleep(0.005)  # "training"
+        assert store.finish(row["key"], {"status": "ok", "by": name})
+    Path(out).write_text(json.dumps(mine))
+    store.close()
+
+
+def test_store_two_concurrent_writers_lose_and_duplicate_nothing(tmp_path):
+    path = tmp_path / "results.sqlite"
+    keys = [f"{i:064x}" for i in range(60)]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_store_writer,
+                         args=(str(path), keys, f"w{i}", str(tmp_path / f"w{i}.json"), barrier)) for i in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    claimed = [json.loads((tmp_path / f"w{i}.json").read_text()) for i in range(2)]
+    assert sorted(claimed[0] + claimed[1]) == sorted(keys)  # every run claimed exactly once
+    assert claimed[0] and claimed[1]  # both writers did work
+    with Store(path) as store:
+        assert store.journal_mode == "wal"
+        rows = store.rows()
+        assert sorted(r["key"] for r in rows) == sorted(keys)
+        assert all(r["status"] == "ok" and r["attempts"] == 1 and r["result"]["status"] == "ok" for r in rows)
+        by = {r["key"]: r["result"]["by"] for r in rows}
+        assert all(by[k] == "w0" for k in claimed[0]) and all(by[k] == "w1" for k in claimed[1])
+        assert sqlite3.connect(path).execute("SELECT count(*) FROM runs").fetchone()[0] == len(keys)
+
+
+def test_owner_liveness():
+    assert owner_alive(process_identity())
+    assert not owner_alive(None)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert not owner_alive(f"{socket.gethostname()}|{proc.pid}|1")
+    assert owner_alive(f"another-host-{socket.gethostname()}|{proc.pid}|1")  # never steal another machine's run
+    # a recycled pid (same number, other start time) is not the owner
+    assert not owner_alive(f"{socket.gethostname()}|{os.getpid()}|1")
+
+
+# --------------------------------------------------------------------------- sweeps with a fake train
+
+
+def test_sweep_records_failures_skips_finished_and_retries_failed(tmp_path):
+    root = tmp_path / "runs"
+    spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE,
+                                            "grid": {"lr_ratio": [1, 8, 16], "seed": [0, 1]}})
+    sweep = load_spec(spec)
+    outcome = run_sweep(sweep, train_fn=fake_train, progress=False)
+    assert outcome.counts["ok"] == 2 and outcome.counts["failed"] == 2 and outcome.counts["collapsed"] == 2
+    assert len(calls(root)) == 6
+    with Store(sweep.store_path) as store:
+        rows = {r["key"]: r for r in store.rows()}
+    failed = [r for r in rows.values() if r["status"] == "failed"]
+    assert all(r["error"] == "RuntimeError: boom at lr_ratio 8.0" and r["result"] is None for r in failed)
+    assert all(r["seconds"] is not None and r["started"] and r["finished"] for r in rows.values())
+    log = (root / "logs" / f"{short_key(failed[0]['key'])}.log").read_text()
+    assert "Traceback" in log and "boom at lr_ratio" in log
+
+    # re-running skips every finished run and leaves failed ones alone
+    again = run_sweep(load_spec(spec), train_fn=fake_train, progress=False)
+    assert again.ran == 0 and len(calls(root)) == 6
+    # --retry-failed reruns exactly the failed ones
+    retried = run_sweep(load_spec(spec), train_fn=fake_train, progress=False, retry_failed=True)
+    assert retried.ran == 2 and len(calls(root)) == 8
+    with Store(sweep.store_path) as store:
+        assert sorted(r["attempts"] for r in store.rows()) == [1, 1, 1, 1, 2, 2]
+
+
+def test_sweep_resumes_a_killed_run_and_adopts_a_finished_one(tmp_path):
+    root = tmp_path / "runs"
+    spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE, "grid": {"seed": [0, 1, 2]}})
+    sweep = load_spec(spec)
+    killed, finished_unrecorded, fresh = sweep.runs
+    with Store(sweep.store_path) as store:
+        store.register((r.key, r.config, r.output_dir) for r in sweep.runs)
+        # run 0: its process was killed mid-run, after a checkpoint
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        store.conn.execute("UPDATE runs SET status='running', attempts=1, owner=? WHERE key=?",
+                           (f"{socket.gethostname()}|{dead.pid}|1", killed.key))
+        out = Path(killed.output_dir)
+        (out / "checkpoint").mkdir(parents=True)
+        (out / "checkpoint" / "state.json").write_text("{}")
+        (out / "config.yaml").write_text(yaml.safe_dump(killed.config))
+        # run 1: finished on disk, but the sweep died before recording it
+        store.conn.execute("UPDATE runs SET status='running', attempts=1, owner=? WHERE key=?",
+                           (f"{socket.gethostname()}|{dead.pid}|1", finished_unrecorded.key))
+    from peftlab.config import TrainConfig, build_config
+
+    done_cfg = build_config(TrainConfig, overrides=finished_unrecorded.config)
+    fake_train(done_cfg)
+    (root / "calls.jsonl").unlink()
+    # run 2: a folder of some other config sits where it should go
+    stale = Path(fresh.output_dir)
+    stale.mkdir(parents=True)
+    (stale / "config.yaml").write_text(yaml.safe_dump({**fresh.config, "lr": 0.5}))
+
+    outcome = run_sweep(sweep, train_fn=fake_train, progress=False)
+    assert outcome.counts["ok"] == 3
+    by_dir = {c["dir"]: c for c in calls(root)}
+    assert by_dir[killed.short]["resume"] is True and by_dir[killed.short]["mode"] == "resume"
+    assert finished_unrecorded.short not in by_dir  # adopted from result.json, not rerun
+    assert by_dir[fresh.short]["overwrite"] is True and by_dir[fresh.short]["resume"] is False
+    with Store(sweep.store_path) as store:
+        attempts = {r["key"]: r["attempts"] for r in store.rows()}
+    assert attempts == {killed.key: 2, finished_unrecorded.key: 2, fresh.key: 1}
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _count(store_path: Path, status: str) -> int:
+    if not store_path.exists():
+        return 0
+    try:
+        with sqlite3.connect(store_path, timeout=10) as conn:
+            return conn.execute("SELECT count(*) FROM runs WHERE status = ?", (status,)).fetchone()[0]
+    except sqlite3.OperationalError:  # the sweep is still creating it
+        return 0
+
+
+def test_worker_sweep_killed_leaves_no_orphans_and_reruns_cleanly(tmp_path):
+    """--workers 2: runs spread over two processes, failures recorded; SIGKILL of the sweep takes its workers
+    down with it, and the rerun finishes every run exactly once."""
+    root = tmp_path / "runs"
+    spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE,
+                                            "grid": {"seed": list(range(5)), "lr_ratio": [1, 8]}})
+    script = ("import sys; from peftlab.sweep import load_spec, run_sweep; "
+              "o = run_sweep(load_spec(sys.argv[1]), workers=2, train_fn='test_sweep:fake_train', progress=False, "
+              "poll_seconds=0.2); print('COUNTS', o.counts)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           FAKE_SLEEP_ENV: "0.7"}
+    proc = subprocess.Popen([sys.executable, "-c", script, str(spec)], env=env, cwd=tmp_path)
+    store_path = root / "results.sqlite"
+    try:
+        _wait_for(lambda: _count(store_path, "ok") >= 2, 90, "two finished runs")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    # the workers die with their parent (PR_SET_PDEATHSIG): nothing keeps training in the background
+    worker_pids = {c["pid"] for c in calls(root)}
+    assert len(worker_pids) == 2 and os.getpid() not in worker_pids
+    _wait_for(lambda: not any(_proc_state(pid) not in (None, "Z", "X") for pid in worker_pids), 10, "workers to exit")
+    first = calls(root)
+
+    rerun = subprocess.run([sys.executable, "-c", script, str(spec)], env={**env, FAKE_SLEEP_ENV: "0"}, cwd=tmp_path,
+                           timeout=120, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "'ok': 5" in rerun.stdout and "'failed': 5" in rerun.stdout
+    with Store(store_path) as store:
+        rows = store.rows()
+    assert len(rows) == 10 and len({r["key"] for r in rows}) == 10
+    for row in rows:
+        failing = row["config"]["lr_ratio"] == 8
+        assert row["status"] == ("failed" if failing else "ok")
+        assert (row["error"] or "").startswith("RuntimeError: boom") == failing
+    made = calls(root)
+    again = [c for c in made[len(first):] if c["dir"] in {f["dir"] for f in first}]
+    assert len(again) <= 2  # only runs killed in flight (one per worker) were started twice
+    assert {c["dir"] for c in made} == {short_key(r["key"]) for r in rows}
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[0]
+
+
+# --------------------------------------------------------------------------- a real sweep, SIGKILLed
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (DATA / "glue" / "RTE" / "train.tsv").is_file(), reason="needs the local GLUE RTE files")
+def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
+    """12 tiny-bert runs on an RTE subset through the CLI; SIGKILL after >= 3 finished; the rerun completes
+    with every run present exactly once and ok."""
+    spec = write_spec(tmp_path / "tiny.yaml", {
+        "output_dir": "runs/tiny",
+        "base": {"model": "tiny-bert", "task": "rte", "max_train_samples": 32, "max_eval_samples": 32, "epochs": 1,
+                 "max_length": 32, "batch_size": 8, "checkpoint_every": 1},
+        "grid": {"method": ["lora", "kasa"], "lr_ratio": [1, 4], "seed": [0, 1, 2]}})
+    env = {**os.environ, "PEFTLAB_DATA_DIR": str(DATA), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "peftlab.cli", "sweep", str(spec)]
+    store_path = tmp_path / "runs" / "tiny" / "results.sqlite"
+    proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: _count(store_path, "ok") >= 3 or proc.poll() is not None, 150, "three finished runs")
+        assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    finished_before = _count(store_path, "ok")
+    assert 3 <= finished_before < 12
+
+    rerun = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert "12 runs: 12 ok" in rerun.stdout
+    with Store(store_path) as store:
+        rows = store.rows()
+    assert len(rows) == 12 and len({r["key"] for r in rows}) == 12
+    assert all(r["status"] == "ok" for r in rows)
+    assert sum(r["attempts"] for r in rows) <= 13  # only the run killed mid-way was started twice
+    for row in rows:
+        result = json.loads((tmp_path / row["output_dir"] / "result.json").read_text())
+        assert result["status"] == "ok" and config_key(result["config"]) == row["key"]
+        assert row["result"]["final"] == result["final"]
+    methods = {(r["config"]["method"], r["config"]["lr_ratio"]) for r in rows}
+    assert methods == {("lora", 1.0), ("lora", 4.0), ("kasa", 1.0), ("kasa", 4.0)}
+
+    from peftlab.report import build_table
+
+    table = build_table(rows)
+    assert [cell.n for row in table.rows for cell in row.cells.values()] == [3, 3, 3, 3]
