@@ -394,9 +394,19 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
     command = [sys.executable, "-m", "peftlab.cli", "sweep", str(spec)]
     store_path = tmp_path / "runs" / "tiny" / "results.sqlite"
     proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    def in_flight_with_checkpoint():
+        with sqlite3.connect(store_path, timeout=10) as conn:
+            running = conn.execute("SELECT key, output_dir FROM runs WHERE status = 'running'").fetchall()
+        return next((key for key, out in running if (tmp_path / out / "checkpoint" / "state.json").is_file()), None)
+
+    killed = None
     try:
         _wait_for(lambda: _count(store_path, "ok") >= 3 or proc.poll() is not None, 150, "three finished runs")
         assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+        try:  # kill mid-run, after its first checkpoint (checkpoint_every: 1), to exercise the resume
+            killed = _wait_for(in_flight_with_checkpoint, 30, "a run with a checkpoint")
+        except AssertionError:
+            pass
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -416,6 +426,10 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
         result = json.loads((tmp_path / row["output_dir"] / "result.json").read_text())
         assert result["status"] == "ok" and config_key(result["config"]) == row["key"]
         assert row["result"]["final"] == result["final"]
+    if killed is not None:  # the killed run went on from its checkpoint
+        assert {r["key"]: r["attempts"] for r in rows}[killed] == 2
+        log = (tmp_path / "runs" / "tiny" / "logs" / f"{short_key(killed)}.log").read_text(errors="replace")
+        assert "from its checkpoint" in log and "resuming at epoch" in log
     methods = {(r["config"]["method"], r["config"]["lr_ratio"]) for r in rows}
     assert methods == {("lora", 1.0), ("lora", 4.0), ("kasa", 1.0), ("kasa", 4.0)}
 

@@ -307,9 +307,9 @@ def load_bench_model(name: str, device: torch.device, seed: int = 0):
         if getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = 0  # decoders need one for batched classification; inputs never contain it
         torch.manual_seed(seed)
-        with torch.device(device):
+        with torch.device(device):  # initialise on the GPU directly (a 1B-parameter init is slow on CPU)
             model = AutoModelForSequenceClassification.from_config(config)
-        return model
+        return model.to(device)
     model, _ = load_model(name, head="classification", num_labels=2, seed=seed)
     return model.to(device)
 
@@ -360,6 +360,7 @@ class Row:
     targets_resolved: Any = None
     heads: list = field(default_factory=list)
     error: str | None = None
+    note: str | None = None
     init: list = field(default_factory=list)
     calibration: list = field(default_factory=list)
     train: list = field(default_factory=list)
@@ -408,7 +409,15 @@ def _build(row: Row, fresh: Callable[[], torch.nn.Module], args, batch, clock: C
         row.model, row.heads = model, heads
         row.targets_resolved = resolve_targets(model, "q")  # groups only; nothing in q is trainable
         return
-    cfg = MethodConfig(method=row.method, targets=row.targets, rank=args.rank, alpha=args.alpha)
+    extra = {}
+    if row.method == "fourierft":  # its default 1000 coefficients exceed a tiny model's matrices
+        modules = dict(model.named_modules())
+        smallest = min(modules[n].weight.numel() for n in resolve_targets(model, row.targets).all_modules)
+        default = MethodConfig.fourierft_n_frequency
+        if smallest < default:
+            extra["fourierft_n_frequency"] = smallest
+            row.note = f"n_frequency {smallest} (default {default} exceeds in*out)"
+    cfg = MethodConfig(method=row.method, targets=row.targets, rank=args.rank, alpha=args.alpha, **extra)
     method = METHODS[row.method]
     kwargs = {}
     if getattr(method, "needs_calibration", False):
@@ -430,10 +439,10 @@ def _train_step_fn(row: Row, batch: dict, autocast) -> Callable[[], None]:
     model, optimizer = row.model, row.optimizer
 
     def step() -> None:
-        with autocast():
+        with autocast():  # like Accelerate: autocast wraps the forward only; the extra loss runs outside it
             loss = model(**batch).loss
-            aux = extra_loss(model)
-            total = loss if aux is None else loss + aux
+        aux = extra_loss(model)
+        total = loss if aux is None else loss + aux
         total.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -449,16 +458,30 @@ def _infer_fn(model, inputs: dict, autocast) -> Callable[[], None]:
     return forward
 
 
+MIN_ROUNDS_UNDER_DEADLINE = 3
+
+
 def _round_robin(rows: list[Row], fn_of: Callable[[Row], Callable], into: str, rounds: int, warmup: int,
-                 clock: Clock, inner: int, progress: Callable[[str], None]) -> None:
+                 clock: Clock, inner: int, progress: Callable[[str], None], deadline: float | None = None) -> int:
+    """Time every live row once per round, rows in an order rotated by the round; returns timed rounds.
+
+    Past ``deadline`` (``time.monotonic()``), stops after at least MIN_ROUNDS_UNDER_DEADLINE timed rounds:
+    every row of a round is measured together, so paired ratios stay valid with fewer rounds.
+    """
     live = [row for row in rows if row.error is None]
     fns = {id(row): fn_of(row) for row in live}
+    timed = 0
     for r in range(warmup + rounds):
+        if deadline is not None and timed >= MIN_ROUNDS_UNDER_DEADLINE and time.monotonic() > deadline:
+            progress(f"{into}: time budget spent, stopping after {timed} timed rounds")
+            break
         for row in _rotated(live, r):
             seconds = clock(fns[id(row)], inner)
             if r >= warmup:
                 getattr(row, into).append(seconds)
+        timed += r >= warmup
         progress(f"{into}: round {r + 1}/{warmup + rounds}" + (" (warm-up)" if r < warmup else ""))
+    return timed
 
 
 # --------------------------------------------------------------------------- micro benchmark
@@ -470,6 +493,7 @@ def run_micro(args) -> dict[str, Any]:
     from peftlab.optim import OptimConfig, adamw, count_trainable, param_groups
     from peftlab.targets import head_module_names, parse_targets, resolve_targets
 
+    started = time.monotonic()
     device = resolve_device(args.device)
     autocast = autocast_for(device, args.precision)
     clock = Clock(device)
@@ -545,8 +569,12 @@ def run_micro(args) -> dict[str, Any]:
     _save(result, rows, out_dir, name, partial=True)
 
     # ---- train steps ------------------------------------------------------------------------------------
-    _round_robin(rows, lambda row: _train_step_fn(row, batch, autocast), "train", args.repeats, args.warmup,
-                 clock, args.inner, say)
+    # --max-seconds: the train phase may use its share of what is left, the two inference phases the rest
+    remaining = (lambda: args.max_seconds - (time.monotonic() - started)) if args.max_seconds else None
+    deadline = time.monotonic() + 0.5 * remaining() if remaining else None
+    rounds = result["settings"]["rounds_timed"] = {}
+    rounds["train"] = _round_robin(rows, lambda row: _train_step_fn(row, batch, autocast), "train", args.repeats,
+                                   args.warmup, clock, args.inner, say, deadline)
     for row in rows:
         if row.error is not None:
             continue
@@ -570,8 +598,9 @@ def run_micro(args) -> dict[str, Any]:
 
     # ---- inference: unmerged, then merged -----------------------------------------------------------------
     infer_rounds = args.infer_repeats or args.repeats
-    _round_robin(rows, lambda row: _infer_fn(row.model, inputs, autocast), "infer", infer_rounds, args.warmup,
-                 clock, args.inner, say)
+    deadline = time.monotonic() + 0.45 * remaining() if remaining else None
+    rounds["infer"] = _round_robin(rows, lambda row: _infer_fn(row.model, inputs, autocast), "infer", infer_rounds,
+                                   args.warmup, clock, args.inner, say, deadline)
     for row in rows:
         if row.error is not None:
             continue
@@ -582,8 +611,9 @@ def run_micro(args) -> dict[str, Any]:
         clock.sync()
         row.merge_seconds = time.perf_counter() - start
         row.model.eval()
-    _round_robin(rows, lambda row: _infer_fn(row.model, inputs, autocast), "infer_merged", infer_rounds,
-                 args.warmup, clock, args.inner, say)
+    deadline = time.monotonic() + 0.9 * remaining() if remaining else None
+    rounds["infer_merged"] = _round_robin(rows, lambda row: _infer_fn(row.model, inputs, autocast), "infer_merged",
+                                          infer_rounds, args.warmup, clock, args.inner, say, deadline)
     result["environment"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     _save(result, rows, out_dir, name, partial=False)
     for row in rows:
@@ -633,6 +663,7 @@ def _row_dict(row: Row, rows: list[Row], batch_size: int) -> dict[str, Any]:
         "method": row.method,
         "targets": row.targets,
         "error": row.error,
+        "note": row.note,
         "trainable_params": row.trainable or None,
         "init_s": summarize(row.init) if row.init else None,
         "calibration_s": summarize(row.calibration) if row.calibration else None,
@@ -701,6 +732,15 @@ def _mb(value) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
+def _rounds_text(settings: dict) -> str:
+    timed = settings.get("rounds_timed") or {}
+    if timed and len(set(timed.values())) == 1:
+        return f"{next(iter(timed.values()))} timed rounds"
+    if timed:
+        return "timed rounds " + ", ".join(f"{k} {v}" for k, v in timed.items())
+    return f"{settings['repeats']} timed rounds"
+
+
 def markdown_micro(result: dict) -> str:
     s, env = result["settings"], result["environment"]
     lines = [
@@ -711,7 +751,7 @@ def markdown_micro(result: dict) -> str:
         f"peft {env['peft']}; {env['torch_threads']} threads; load average at start "
         f"{', '.join(f'{x:.1f}' for x in env['loadavg_start'] or [])}"
         + (f", at end {', '.join(f'{x:.1f}' for x in env['loadavg_end'])}" if env.get("loadavg_end") else "") + ".",
-        f"{s['repeats']} timed rounds after {s['warmup']} warm-up rounds ({s['inner']} step(s) per sample), "
+        f"{_rounds_text(s)} after {s['warmup']} warm-up rounds ({s['inner']} step(s) per sample), "
         f"round-robin over configurations; times are median ± IQR, ratios are medians of per-round paired "
         f"ratios [q25, q75].",
         "",
@@ -981,6 +1021,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda[:i]")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="time budget: once spent, each timing phase stops after 3 timed rounds (default: none)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model, inputs and adapter init")
     parser.add_argument("--out-dir", default="bench_out", help="where the JSON and Markdown go (default bench_out)")
     parser.add_argument("--name", default=None, help="file name stem (default: derived from the settings)")

@@ -374,6 +374,8 @@ def config_from_args(args) -> TrainConfig:
 def run_cli(args) -> int:
     cfg = config_from_args(args)
     result = train(cfg)
+    if int(os.environ.get("RANK", "0")) != 0:  # one summary per run under accelerate launch
+        return 0 if result["status"] in ("ok", "collapsed") else 1
     best = result["best"]["metrics"].get(result["primary_metric"])
     final = result["final"]["metrics"].get(result["primary_metric"])
     print(f"status={result['status']} {result['primary_metric']}: best={_fmt(best)} "

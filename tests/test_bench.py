@@ -1,0 +1,179 @@
+"""`peftlab bench`: the structure of what it writes (never its timings), its statistics, the batched KaSA
+regulariser it led to, and scripts/gpu_bench.sh's refusal to run without CUDA."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from peftlab import bench, kasa
+from peftlab.cli import main
+from peftlab.methods import MethodConfig, apply_method
+
+ROOT = Path(__file__).resolve().parents[1]
+RATIO_KEYS = {"train_vs_lora", "train_vs_base", "infer_unmerged_vs_base", "infer_merged_vs_base",
+              "infer_unmerged_vs_lora", "peak_memory_vs_lora", "peak_memory_vs_base"}
+
+
+def _only(path: Path, pattern: str) -> Path:
+    found = sorted(path.glob(pattern))
+    assert len(found) == 1, f"expected one {pattern} in {path}, found {found}"
+    return found[0]
+
+
+def test_micro_bench_writes_every_row_with_ratios(tmp_path, capsys):
+    status = main(["bench", "--model", "tiny-bert", "--methods", "lora,kasa", "--targets", "q,v",
+                   "--targets", "q,k,v", "--seq-len", "16", "--batch-size", "2", "--warmup", "1",
+                   "--repeats", "2", "--init-repeats", "1", "--out-dir", str(tmp_path), "--quiet"])
+    assert status == 0
+    result = json.loads(_only(tmp_path, "micro-*.json").read_text())
+    markdown = _only(tmp_path, "micro-*.md").read_text()
+    assert result["kind"] == "micro" and result["partial"] is False
+    assert result["settings"]["methods"] == ["lora", "kasa"]
+    assert result["settings"]["targets"] == ["q,v", "q,k,v"]
+    assert result["settings"]["rounds_timed"] == {"train": 2, "infer": 2, "infer_merged": 2}
+    for key in ("torch", "transformers", "peft", "cpu_model", "device", "loadavg_start", "loadavg_end"):
+        assert key in result["environment"]
+    assert "profiler" in result["memory_method"]
+
+    labels = [row["label"] for row in result["rows"]]
+    assert labels == ["base", "lora[q,v]", "kasa[q,v]", "lora[q,k,v]", "kasa[q,k,v]"]
+    for row in result["rows"]:
+        assert row["error"] is None, row["error"]
+        assert row["train_step_s"]["n"] == 2 and len(row["train_step_s"]["samples"]) == 2
+        for key in ("infer_unmerged_s", "infer_merged_s"):
+            assert row[key]["n"] == 2 and row[key]["median"] > 0 and row[key]["iqr"] >= 0
+        assert row["examples_per_s"] > 0
+        assert set(row["ratios"]) == RATIO_KEYS
+        for key in ("train_vs_base", "infer_unmerged_vs_base", "infer_merged_vs_base"):
+            assert row["ratios"][key]["median"] > 0 and row["ratios"][key]["n"] == 2
+        assert row["memory"]["peak_mb"] >= row["memory"]["weights_mb"] > 0
+        assert row["trainable_params"]["total"] > 0
+        assert f"| {row['label']} |" in markdown
+        if row["method"] == "base":
+            assert row["init_s"] is None
+            assert row["ratios"]["train_vs_lora"] is None
+            assert row["ratios"]["train_vs_base"]["median"] == pytest.approx(1.0)
+        else:
+            assert row["init_s"]["n"] == 1 and row["merge_s"] is not None
+            assert row["ratios"]["train_vs_lora"]["median"] > 0
+            assert row["ratios"]["peak_memory_vs_lora"] > 0
+    lora = {row["targets"]: row for row in result["rows"] if row["method"] == "lora"}
+    assert all(row["ratios"]["train_vs_lora"]["median"] == pytest.approx(1.0) for row in lora.values())
+    # KaSA learns one singular value per rank on each adapted matrix on top of LoRA's A and B
+    kasa_rows = {row["targets"]: row for row in result["rows"] if row["method"] == "kasa"}
+    assert kasa_rows["q,v"]["trainable_params"]["adapter"] == lora["q,v"]["trainable_params"]["adapter"] + 2 * 2 * 8
+    assert "× LoRA" in markdown and "merged × base" in markdown
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_e2e_bench_runs_both_data_paths(tmp_path):
+    status = main(["bench", "--e2e", "--task", "cola", "--model", "tiny-bert", "--max-train-samples", "16",
+                   "--max-eval-samples", "16", "--batch-size", "8", "--seq-len", "32", "--rank", "4",
+                   "--out-dir", str(tmp_path), "--quiet"])
+    assert status == 0
+    result = json.loads(_only(tmp_path, "e2e-*.json").read_text())
+    markdown = _only(tmp_path, "e2e-*.md").read_text()
+    assert result["kind"] == "e2e"
+    assert result["settings"]["max_train_samples"] == 16
+    runs = {run["setup"]: run for run in result["runs"]}
+    assert set(runs) == {"dynamic", "pad_to_max"}
+    assert runs["pad_to_max"]["pad_to_max"] is True and runs["dynamic"]["pad_to_max"] is False
+    for run in runs.values():
+        assert run["status"] == "ok" and run["task"] == "cola" and run["method"] == "lora"
+        assert run["primary_metric"] == "matthews_correlation"
+        assert run["final_metric"] is not None
+        assert run["train_seconds_per_epoch"] > 0 and run["train_examples"] == 16
+    (summary,) = result["summary"]
+    assert summary["speedup_train"] > 0 and summary["metric_difference"] is not None
+    padding = result["padding"]["cola"]
+    assert padding["pad_to_max_token_slots"] == 16 * 32
+    assert padding["real_tokens"] <= padding["dynamic_token_slots"] <= padding["pad_to_max_token_slots"]
+    assert "| cola | lora | matthews_correlation |" in markdown
+
+
+def test_statistics():
+    summary = bench.summarize([3.0, 1.0, 2.0, 10.0])
+    assert summary["median"] == 2.5 and summary["n"] == 4 and summary["min"] == 1.0
+    assert summary["q25"] == pytest.approx(1.75) and summary["q75"] == pytest.approx(4.75)
+    assert summary["iqr"] == pytest.approx(3.0) and summary["mad"] == pytest.approx(1.0)
+    assert summary["samples"] == [3.0, 1.0, 2.0, 10.0]  # in measurement order
+    ratio = bench.paired_ratio([2.0, 4.0, 6.0], [1.0, 2.0, 2.0])
+    assert ratio["median"] == 2.0 and ratio["n"] == 3
+    assert bench.paired_ratio([1.0], [1.0, 2.0]) is None
+    assert bench._rotated([1, 2, 3], 4) == [2, 3, 1]
+
+
+def test_unknown_method_is_one_line(capsys):
+    assert main(["bench", "--methods", "lora,lorra"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "unknown method 'lorra'" in err
+
+
+@pytest.mark.parametrize("model_type,targets", [("bert", ("q", "k", "v")), ("llama", ("q", "k", "v"))])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_batched_kasa_regulariser_matches_peft(model_type, targets, reduction, tiny_model):
+    """kasa.regulariser (batched over same-shaped modules, module list cached) equals peft's per-module
+    LoraModel._get_kasa_loss in value and gradient; Llama's GQA gives q and k/v different shapes (two groups)."""
+    model, _, _ = apply_method(tiny_model(model_type), MethodConfig(method="kasa", targets=targets, rank=4,
+                                                                    kasa_beta=0.3, kasa_gamma=0.7,
+                                                                    kasa_reduction=reduction))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    count = len(kasa.kasa_modules(model))
+    assert count == 2 * len(targets)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    reference = model.base_model._get_kasa_loss() / (count if reduction == "mean" else 1)
+    expected_grads = torch.autograd.grad(reference, trainable, allow_unused=True)
+    for _ in range(2):  # the second call uses the cached plan
+        value = kasa.regulariser(model, model.peftlab_method)
+        torch.testing.assert_close(value, reference, rtol=1e-6, atol=1e-7)
+        grads = torch.autograd.grad(value, trainable, allow_unused=True)
+        for got, want in zip(grads, expected_grads):
+            assert (got is None) == (want is None)
+            if got is not None:
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    groups = {tuple(m.lora_A["default"].weight.shape + m.lora_B["default"].weight.shape) for m in kasa.kasa_modules(model)}
+    assert len(model.__dict__["_peftlab_kasa_pairs"][1]) == len(groups)
+
+
+def test_kasa_cache_follows_the_active_adapter(tiny_model):
+    model, _, _ = apply_method(tiny_model("bert"), MethodConfig(method="kasa", targets=("q", "v"), rank=4))
+    kasa.regulariser(model, model.peftlab_method)
+    from peft import KasaConfig, LoraConfig
+
+    model.add_adapter("second", LoraConfig(r=2, target_modules=["query"], kasa_config=KasaConfig(beta=1.0, gamma=0.0)))
+    model.set_adapter("second")
+    value = kasa.regulariser(model, MethodConfig(method="kasa", kasa_reduction="sum"))
+    torch.testing.assert_close(value, model.base_model._get_kasa_loss())
+
+
+def test_gpu_script_refuses_without_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    out = tmp_path / "gpu"
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_bench.sh"), str(out)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no CUDA GPU" in lines[0], proc.stderr
+    assert proc.stdout == "" and not out.exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_script_runs_random_models_only():
+    text = (ROOT / "scripts" / "gpu_bench.sh").read_text()
+    assert "pip install" not in text.replace("# Installs nothing", "")
+    assert "--model roberta-base-random --seq-len 128 --batch-size 32" in text
+    assert "--model llama3-8b-2l-random --seq-len 512 --batch-size 8" in text
