@@ -21,14 +21,23 @@ if ! command -v "$py" >/dev/null 2>&1; then
   echo "gpu_bench.sh: no Python interpreter '$py' found (set PYTHON=...)" >&2
   exit 1
 fi
-if ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.cuda.device_count() > 0 else 3)' 2>/dev/null; then
-  if "$py" -c 'import torch' 2>/dev/null; then
+state="$("$py" -c '
+try:
+    import torch
+except Exception:
+    print("no-torch")
+else:
+    print("cuda" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "no-cuda")
+' 2>/dev/null)"
+case "$state" in
+  cuda) ;;
+  no-cuda)
     echo "gpu_bench.sh: no CUDA GPU visible to torch (torch.cuda.is_available() is False); nothing was run" >&2
-  else
+    exit 1 ;;
+  *)
     echo "gpu_bench.sh: '$py' cannot import torch; this script installs nothing (set PYTHON to an interpreter with torch, transformers and peft)" >&2
-  fi
-  exit 1
-fi
+    exit 1 ;;
+esac
 if ! "$py" -c 'import transformers, peft' 2>/dev/null; then
   echo "gpu_bench.sh: '$py' cannot import transformers and peft; this script installs nothing" >&2
   exit 1

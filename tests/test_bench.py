@@ -29,9 +29,10 @@ def _only(path: Path, pattern: str) -> Path:
 
 
 def test_micro_bench_writes_every_row_with_ratios(tmp_path, capsys):
+    threads_before = torch.get_num_threads()
     status = main(["bench", "--model", "tiny-bert", "--methods", "lora,kasa", "--targets", "q,v",
                    "--targets", "q,k,v", "--seq-len", "16", "--batch-size", "2", "--warmup", "1",
-                   "--repeats", "2", "--init-repeats", "1", "--out-dir", str(tmp_path), "--quiet"])
+                   "--repeats", "2", "--init-repeats", "1", "--threads", "1", "--out-dir", str(tmp_path), "--quiet"])
     assert status == 0
     result = json.loads(_only(tmp_path, "micro-*.json").read_text())
     markdown = _only(tmp_path, "micro-*.md").read_text()
@@ -72,12 +73,13 @@ def test_micro_bench_writes_every_row_with_ratios(tmp_path, capsys):
     assert kasa_rows["q,v"]["trainable_params"]["adapter"] == lora["q,v"]["trainable_params"]["adapter"] + 2 * 2 * 8
     assert "× LoRA" in markdown and "merged × base" in markdown
     assert "wrote" in capsys.readouterr().out
+    assert torch.get_num_threads() == threads_before  # --threads is restored afterwards
 
 
 def test_e2e_bench_runs_both_data_paths(tmp_path):
     status = main(["bench", "--e2e", "--task", "cola", "--model", "tiny-bert", "--max-train-samples", "16",
                    "--max-eval-samples", "16", "--batch-size", "8", "--seq-len", "32", "--rank", "4",
-                   "--out-dir", str(tmp_path), "--quiet"])
+                   "--threads", "1", "--out-dir", str(tmp_path), "--quiet"])
     assert status == 0
     result = json.loads(_only(tmp_path, "e2e-*.json").read_text())
     markdown = _only(tmp_path, "e2e-*.md").read_text()

@@ -224,3 +224,46 @@ def test_train_kasa_reference_and_truncate_rank(tmp_path):
     assert result["config"]["kasa_mode"] == "reference" and result["config"]["kasa_truncate_rank"] == 6
     assert result["calibration_seconds"] is None  # only CorDA calibrates
     assert result["kasa_sigma"] and all(len(v) == 4 for v in result["kasa_sigma"].values())
+
+
+# --------------------------------------------------------------------------- save / load of a non-peft truncation
+
+
+@pytest.mark.parametrize("overrides", [dict(kasa_truncate_rank=7), dict(kasa_mode="reference")],
+                         ids=["k7", "reference"])
+def test_saved_truncation_plan_restores_the_trained_model(overrides, tmp_path):
+    """peft's loader truncates r by the paper rule; the plan file + apply_plan restore the run's own base."""
+    from peftlab import kasa
+    from peftlab.adapters import load_trained, save_trained
+
+    inputs = {"input_ids": torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(5))}
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    model = tiny_llama_shapes()
+    original = copy.deepcopy(model)
+    cfg = MethodConfig(method="kasa", targets=("q", "k", "v", "o"), rank=RANK, **overrides)
+    model, _, _ = apply_method(model, cfg, task_type="SEQ_CLS")
+    assert model.peftlab_kasa_plan  # this configuration differs from peft's truncation somewhere
+    perturb(model)
+    with torch.no_grad():
+        trained = model.eval()(**inputs).logits
+    save_trained(model, tmp_path / "adapter")
+    kasa.write_plan(model, tmp_path / "adapter")
+
+    base = copy.deepcopy(original)
+    plan, originals = kasa.load_plan(tmp_path / "adapter", base)
+    assert plan == model.peftlab_kasa_plan
+    loaded = load_trained(base, tmp_path / "adapter")
+    kasa.apply_plan(loaded, plan, originals)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(**inputs).logits, trained, atol=1e-5, rtol=0)
+
+
+def test_no_plan_file_for_peft_truncation(tmp_path, tiny_model):
+    from peftlab import kasa
+
+    model, _, _ = apply_method(tiny_model("bert"), MethodConfig(method="kasa", targets=("q", "v"), rank=RANK,
+                                                                kasa_mode="reference"))  # square: same as peft
+    assert model.peftlab_kasa_plan == {}
+    kasa.write_plan(model, tmp_path)
+    assert not (tmp_path / kasa.PLAN_FILE).exists()
+    assert kasa.load_plan(tmp_path, tiny_model("bert")) == ({}, {})

@@ -114,7 +114,8 @@ def adapt(model: nn.Module, cfg: MethodConfig, **kwargs):
             model.train(was_training)
 
         kwargs["calibration"] = calibration
-    return apply_method(model, cfg, task_type="SEQ_CLS", **kwargs)
+    kwargs.setdefault("task_type", "SEQ_CLS")
+    return apply_method(model, cfg, **kwargs)
 
 
 def in_out(module: nn.Module) -> tuple[int, int]:
@@ -296,6 +297,20 @@ def test_fused_qkv_refusals(case, tiny_model):
         assert "{" + ",".join(target_set) + "}" in message  # names the subset that cannot be adapted alone
     else:
         assert method in message
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_no_head_when_head_not_trained(method, tiny_model):
+    """train_head=False (causal LM runs): only the targeted projections train, nothing counts as head."""
+    arch = ARCHS["llama"]
+    model, targets, heads = adapt(tiny_model(arch.model_type), method_config(method, ("q", "v")),
+                                  train_head=False, task_type=None)
+    assert heads == []
+    modules = expected_modules(arch, ("q", "v"))
+    params = trainable(model)
+    assert params and all(owner_of(n, modules, heads)[0] in ("q", "v") for n in params)
+    counts = count_trainable(model, targets, heads)
+    assert counts["head"] == 0 and counts["adapter"] == sum(p.numel() for p in params.values())
 
 
 # --------------------------------------------------------------------------- merge and save/load round trip

@@ -161,6 +161,18 @@ def test_bad_specs_are_one_line_user_errors(tmp_path, spec, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("spec", sorted((REPO / "configs" / "sweeps").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_specs_load_with_the_run_count_they_state(spec):
+    import re
+
+    stated = re.search(r"^# Runs: .*= (\d+)", spec.read_text(), re.MULTILINE)
+    assert stated, f"{spec.name} must state its run count in a '# Runs: ... = N' comment"
+    sweep = load_spec(spec)
+    assert len(sweep.runs) == int(stated.group(1)) and sweep.duplicates == 0
+    minilm = spec.stem.endswith("_minilm")
+    assert all((run.config["model"] == "minilm-l6") == minilm for run in sweep.runs)
+
+
 def main(argv):  # imported lazily: spawned children import this module and should start fast
     from peftlab.cli import main as cli_main
 
@@ -390,10 +402,12 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
         "base": {"model": "tiny-bert", "task": "rte", "max_train_samples": 32, "max_eval_samples": 32, "epochs": 1,
                  "max_length": 32, "batch_size": 8, "checkpoint_every": 1},
         "grid": {"method": ["lora", "kasa"], "lr_ratio": [1, 4], "seed": [0, 1, 2]}})
-    env = {**os.environ, "PEFTLAB_DATA_DIR": str(DATA), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {**os.environ, "PEFTLAB_DATA_DIR": str(DATA), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}  # a 32-wide model gains nothing from threads on a shared CPU
     command = [sys.executable, "-m", "peftlab.cli", "sweep", str(spec)]
     store_path = tmp_path / "runs" / "tiny" / "results.sqlite"
     proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
     def in_flight_with_checkpoint():
         with sqlite3.connect(store_path, timeout=10) as conn:
             running = conn.execute("SELECT key, output_dir FROM runs WHERE status = 'running'").fetchall()

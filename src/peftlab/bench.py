@@ -49,6 +49,9 @@ import torch
 from peftlab.errors import USER_ERROR_EXIT, PeftlabError
 
 DEFAULT_TARGETS = ("q,v", "q,k,v")
+# --compare-kasa-peft adds this row: KaSA trained with peft's per-module regulariser (the path peftlab used
+# before kasa.regulariser was batched), so the optimisation is measured in the same interleaved run.
+KASA_PEFT, KASA_PEFT_BASE = "kasa-peft", "kasa"
 BENCH_LR = 1e-4  # one small learning rate for every method: step time does not depend on it, and it keeps
 # many steps on a fixed random batch from diverging (NaN/denormal arithmetic would distort timings)
 
@@ -361,6 +364,7 @@ class Row:
     heads: list = field(default_factory=list)
     error: str | None = None
     note: str | None = None
+    extra_loss: Callable | None = None  # overrides peftlab.methods.extra_loss (the kasa-peft row)
     init: list = field(default_factory=list)
     calibration: list = field(default_factory=list)
     train: list = field(default_factory=list)
@@ -417,8 +421,9 @@ def _build(row: Row, fresh: Callable[[], torch.nn.Module], args, batch, clock: C
         if smallest < default:
             extra["fourierft_n_frequency"] = smallest
             row.note = f"n_frequency {smallest} (default {default} exceeds in*out)"
-    cfg = MethodConfig(method=row.method, targets=row.targets, rank=args.rank, alpha=args.alpha, **extra)
-    method = METHODS[row.method]
+    real = KASA_PEFT_BASE if row.method == KASA_PEFT else row.method
+    cfg = MethodConfig(method=real, targets=row.targets, rank=args.rank, alpha=args.alpha, **extra)
+    method = METHODS[real]
     kwargs = {}
     if getattr(method, "needs_calibration", False):
         kwargs["calibration"] = _calibration(model, batch, args.calibration_samples)
@@ -431,17 +436,28 @@ def _build(row: Row, fresh: Callable[[], torch.nn.Module], args, batch, clock: C
     if calibration is not None:
         row.calibration.append(calibration)
     row.model, row.targets_resolved, row.heads = model, targets, heads
+    if row.method == KASA_PEFT:
+        row.extra_loss = peft_kasa_regulariser
+
+
+def peft_kasa_regulariser(model, cfg=None) -> torch.Tensor:
+    """KaSA's regulariser as peftlab computed it before the batched :func:`peftlab.kasa.regulariser`: peft's
+    per-module ``LoraModel._get_kasa_loss`` plus a second walk over all modules to count them (``mean``)."""
+    from peftlab.kasa import kasa_modules
+
+    return model.base_model._get_kasa_loss() / max(1, len(kasa_modules(model)))
 
 
 def _train_step_fn(row: Row, batch: dict, autocast) -> Callable[[], None]:
     from peftlab.methods import extra_loss
 
     model, optimizer = row.model, row.optimizer
+    aux_loss = row.extra_loss or extra_loss
 
     def step() -> None:
         with autocast():  # like Accelerate: autocast wraps the forward only; the extra loss runs outside it
             loss = model(**batch).loss
-        aux = extra_loss(model)
+        aux = aux_loss(model)
         total = loss if aux is None else loss + aux
         total.backward()
         optimizer.step()
@@ -498,12 +514,15 @@ def run_micro(args) -> dict[str, Any]:
     autocast = autocast_for(device, args.precision)
     clock = Clock(device)
     say = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
-    methods = _method_list(args.methods, METHODS)
+    methods = _method_list(args.methods, METHODS, extra=(KASA_PEFT,))
+    if args.compare_kasa_peft and KASA_PEFT not in methods:
+        at = methods.index("kasa") + 1 if "kasa" in methods else len(methods)
+        methods.insert(at, KASA_PEFT)
     target_sets = [",".join(parse_targets(t)) for t in (args.targets or list(DEFAULT_TARGETS))]
     seq_len = args.seq_len or 128
     batch_size = args.batch_size or 8
     for name in methods:  # validate rank etc. up front: one line, before minutes of model building
-        MethodConfig(method=name, rank=args.rank, alpha=args.alpha)
+        MethodConfig(method=KASA_PEFT_BASE if name == KASA_PEFT else name, rank=args.rank, alpha=args.alpha)
 
     result: dict[str, Any] = {
         "kind": "micro",
@@ -622,15 +641,15 @@ def run_micro(args) -> dict[str, Any]:
     return result
 
 
-def _method_list(text: str | None, methods: dict) -> list[str]:
+def _method_list(text: str | None, methods: dict, extra: tuple[str, ...] = ()) -> list[str]:
     from peftlab.errors import unknown
 
     if not text:
         return list(methods)
     names = [m.strip().lower() for m in text.split(",") if m.strip()]
     for name in names:
-        if name not in methods:
-            raise unknown("method", name, methods, where="--methods")
+        if name not in methods and name not in extra:
+            raise unknown("method", name, list(methods) + list(extra), where="--methods")
     return names
 
 
@@ -772,7 +791,14 @@ def markdown_micro(result: dict) -> str:
             f"{_mb((row['memory'] or {}).get('peak_mb'))} | {_ms(row['infer_unmerged_s'])} | "
             f"{_x(ratios['infer_unmerged_vs_base'])} | {_ms(row['infer_merged_s'])} | "
             f"{_x(ratios['infer_merged_vs_base'])} |")
-    lines += ["", f"Memory: {result['memory_method']}.", ""]
+    lines += ["", f"Memory: {result['memory_method']}."]
+    notes = [f"{row['label']}: {row['note']}" for row in result["rows"] if row.get("note")]
+    if any(row["method"] == KASA_PEFT for row in result["rows"]):
+        notes.append(f"{KASA_PEFT}: KaSA trained with peft's per-module `_get_kasa_loss` (+ a module walk), the "
+                     "regulariser peftlab used before `peftlab.kasa.regulariser` was batched")
+    if notes:
+        lines += ["", "Notes: " + "; ".join(notes) + "."]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -1021,6 +1047,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda[:i]")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    parser.add_argument("--compare-kasa-peft", action="store_true",
+                        help="add a kasa-peft row: KaSA with peft's per-module regulariser (before peftlab batched it)")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="time budget: once spent, each timing phase stops after 3 timed rounds (default: none)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random model, inputs and adapter init")
@@ -1048,13 +1076,20 @@ def add_parser(sub) -> None:
 
 
 def run_cli(args) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft -> transformers, every build
+    threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.e2e:
-        result = run_e2e(args)
-    else:
-        args.model = args.model or "roberta-base-random"
-        result = run_micro(args)
+    try:
+        if args.e2e:
+            result = run_e2e(args)
+        else:
+            args.model = args.model or "roberta-base-random"
+            result = run_micro(args)
+    finally:
+        torch.set_num_threads(threads)  # callers in the same process (tests) keep their setting
     print(Path(result["files"]["markdown"]).read_text())
     print(f"wrote {result['files']['json']} and {result['files']['markdown']}")
     return 0

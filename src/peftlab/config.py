@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import math
 import os
@@ -159,6 +160,7 @@ def _base_type(annotation) -> type:
     return hints if isinstance(hints, type) else str
 
 
+@functools.lru_cache(maxsize=None)  # resolving annotations costs ~1 ms; sweeps coerce thousands of values
 def _type_hints(cls) -> dict[str, Any]:
     hints = {}
     for klass in reversed(cls.__mro__):

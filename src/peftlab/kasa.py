@@ -96,12 +96,54 @@ def build(model: nn.Module, cfg, lora_config, module_names) -> nn.Module:
     modules = dict(model.named_modules())
     originals = {name: modules[name].weight.detach().clone() for name in plan}
     model = get_peft_model(model, lora_config)
+    apply_plan(model, plan, originals)
+    model.peftlab_kasa_plan = plan
+    return model
+
+
+def apply_plan(model: nn.Module, plan: dict[str, int], originals: dict[str, torch.Tensor]) -> None:
+    """Set each planned base weight of a peft KaSA model to the rank-``keep`` approximation of its original."""
     inner = model.base_model.model
     for name, keep in plan.items():
         base = inner.get_submodule(name).get_base_layer()
         original = originals.pop(name)
         base.weight.data = low_rank(original, keep).to(device=original.device, dtype=original.dtype)
-    return model
+
+
+# --------------------------------------------------------------------------- save / load of a non-peft truncation
+
+PLAN_FILE = "peftlab_kasa_truncation.json"
+
+
+def write_plan(model: nn.Module, out_dir) -> None:
+    """Next to a saved KaSA adapter: the truncations that differ from peft's (nothing when there are none).
+
+    peft's loader re-truncates r components by the paper rule; :func:`load_plan` + :func:`apply_plan` after
+    ``PeftModel.from_pretrained`` restore what this run trained on (``--kasa-truncate-rank``, reference mode).
+    """
+    import json
+    from pathlib import Path
+
+    plan = getattr(model, "peftlab_kasa_plan", None)
+    if plan:
+        (Path(out_dir) / PLAN_FILE).write_text(json.dumps({"keep": plan}, indent=1, sort_keys=True))
+
+
+def load_plan(adapter_dir, base: nn.Module) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
+    """The saved plan and the original weights it needs, read from ``base`` BEFORE peft loads onto it."""
+    import json
+    from pathlib import Path
+
+    path = Path(adapter_dir) / PLAN_FILE
+    if not path.is_file():
+        return {}, {}
+    plan = {name: int(keep) for name, keep in json.loads(path.read_text())["keep"].items()}
+    modules = dict(base.named_modules())
+    missing = [name for name in plan if name not in modules]
+    if missing:
+        raise PeftlabError(f"{path} names modules this base model lacks (e.g. {missing[0]})",
+                           fix="load the adapter on the model it was trained from")
+    return plan, {name: modules[name].weight.detach().clone() for name in plan}
 
 
 # --------------------------------------------------------------------------- regulariser

@@ -41,7 +41,7 @@ KINDS = ("heatmap", "sigma", "curves", "rank")
 DERIVED = {"v_lr": "lr * lr_ratio (eta_V)", "qk_lr": "lr (eta_QK)"}
 SUFFIXES = (".png", ".pdf", ".svg")
 MAX_PANELS = 36
-MAX_LINES = 16
+MAX_LINES = 12
 _PROJ_NAMES = {"query": "q", "q_proj": "q", "q_lin": "q", "q": "q", "key": "k", "k_proj": "k", "k_lin": "k",
                "k": "k", "value": "v", "v_proj": "v", "v_lin": "v", "v": "v", "o_proj": "o", "out_proj": "o",
                "out_lin": "o", "o": "o", "c_attn": "qkv", "c_proj": "o"}
@@ -89,7 +89,8 @@ def _label(config: dict, keys: list[str]) -> str:
     return " ".join(f"{k}={_fmt_value(config.get(k))}" for k in keys) or "all runs"
 
 
-def _split(records: list[RunRecord], drop: set[str]) -> tuple[dict[tuple, list[RunRecord]], dict[tuple, dict], list[str]]:
+def _split(records: list[RunRecord], drop: set[str]
+           ) -> tuple[dict[tuple, list[RunRecord]], dict[tuple, dict], list[str]]:
     """Group records by their config minus ``drop``; returns groups, each group's config, varying keys."""
     groups: dict[tuple, list[RunRecord]] = defaultdict(list)
     configs: dict[tuple, dict] = {}
@@ -142,8 +143,7 @@ def plot_heatmap(records: list[RunRecord], out: Path, *, x: str = "lr", y: str =
     panels = sorted(configs, key=lambda g: _label(configs[g], varying))
     tasks = _task_order(r.task for r in trained)
     plt, fig, axes = _panel_grid(len(panels), len(tasks), width=5.6, height=4.4)
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("#d9d9d9")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
     for i, gkey in enumerate(panels):
         for j, task in enumerate(tasks):
             ax = axes[i][j]
@@ -197,8 +197,8 @@ def plot_heatmap(records: list[RunRecord], out: Path, *, x: str = "lr", y: str =
             sub = _label(configs[gkey], varying) if varying else ""
             ax.set_title(f"{name}" + (f"\n{sub}" if sub else ""), fontsize=9)
     metric = sorted({r.metric for r in trained if r.metric})
-    fig.suptitle(title or f"{'/'.join(metric)} (mean over seeds; red box: best; [..]: runs that did not end ok, not in the mean)",
-                 fontsize=10)
+    fig.suptitle(title or f"{'/'.join(metric)} (mean over seeds; red box: best; [..]: runs that did not end ok, "
+                          "not in the mean)", fontsize=10)
     return _save(fig, plt, out)
 
 
@@ -230,7 +230,7 @@ def plot_sigma(records: list[RunRecord], out: Path, *, title: str | None = None)
     if not runs:
         methods = sorted({str(r.config.get("method")) for r in records})
         raise PeftlabError("no run in the selection has kasa_sigma (KaSA's learned singular values)",
-                           fix=f"select KaSA runs (--where method=kasa); the selection has methods {', '.join(methods)}")
+                           fix=f"select KaSA runs (--where method=kasa); the selection has {', '.join(methods)}")
     drop = set(NON_RESULT_KEYS) - {"task"}
     groups, configs, varying = _split(runs, drop)
     varying = [k for k in varying if k != "task"]
@@ -300,7 +300,8 @@ def plot_curves(records: list[RunRecord], out: Path, *, scale: float = 100.0, ti
             color = colors(c % colors.N)
             label = _label(configs[gkey], varying) if varying else "runs"
             good = [r for r in recs if r.status == "ok"]
-            for ax, series in ((top, lambda e, r: e["metrics"].get(r.metric)), (bottom, lambda e, r: e.get("train_loss"))):
+            for ax, series in ((top, lambda e, r: e["metrics"].get(r.metric)),
+                               (bottom, lambda e, r: e.get("train_loss"))):
                 factor = scale if ax is top else 1.0
                 if good:
                     by_epoch: dict[int, list[float]] = defaultdict(list)

@@ -28,7 +28,7 @@ from peftlab.store import NOT_OK, load_rows
 
 # Never row-distinguishing: bookkeeping, the seed (averaged over) and the task (the columns).
 NON_RESULT_KEYS = ("output_dir", "resume", "overwrite", "seed", "task", "log_every", "checkpoint_every",
-                   "eval_batch_size", "data_dir", "allow_pickle")
+                   "eval_batch_size", "data_dir", "allow_pickle", "trust_remote_code")
 # Keys that cannot change an untrained model's metrics: the before-fine-tuning rows pool over them.
 TRAINING_ONLY_KEYS = ("lr", "lr_ratio", "head_lr", "weight_decay", "warmup_ratio", "epochs", "batch_size",
                       "max_grad_norm", "max_train_samples", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction")
@@ -63,12 +63,13 @@ def parse_filter(text: str | None, *, what: str = "--where") -> dict[str, Any]:
         elif pairs and piece.strip():
             pairs[-1][1] += "," + piece.strip()
         elif piece.strip():
-            raise PeftlabError(f"{what} '{text}': '{piece}' is not key=value", fix=f'e.g. {what} "method=lora,lr_ratio=2"')
+            raise PeftlabError(f"{what} '{text}': '{piece}' is not key=value",
+                               fix=f'e.g. {what} "method=lora,lr_ratio=2"')
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key not in names:
             raise PeftlabError(f"unknown config key '{key}' in {what}{closest(key, names)}",
-                               fix="use keys of `peftlab train --help` (e.g. method, targets, rank, lr, lr_ratio, task)")
+                               fix="use keys of `peftlab train --help` (method, targets, rank, lr, lr_ratio, task...)")
         typed = _coerce(TrainConfig, key, value, what)
         out[key] = ",".join(_canonical_targets(typed)) if key == "targets" else typed
     return out
@@ -309,8 +310,8 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
     trained_rows = [r for r in groups.values() if not r.before]
     before_rows = [r for r in groups.values() if r.before]
     label_keys = _varying_keys([r.config for r in trained_rows])
-    if "method" not in label_keys and trained_rows:
-        label_keys.insert(0, "method")
+    if not label_keys and trained_rows:  # a single row still says what it is
+        label_keys = ["method"]
     for row in trained_rows:
         row.label = {k: row.config.get(k) for k in label_keys}
     before_keys = _varying_keys([r.config for r in before_rows])
@@ -335,10 +336,12 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
         table.baseline, table.baseline_text = hits[0], baseline
         _significance(table)
     if per_task:
-        table.notes.append("per-task settings: " + "; ".join(
-            f"{k} " + ", ".join(f"{t}={_fmt_value(v)}" for t, v in sorted(vals.items())) for k, vals in per_task.items()))
+        settings = [f"{k} " + ", ".join(f"{t}={_fmt_value(v)}" for t, v in sorted(vals.items()))
+                    for k, vals in per_task.items()]
+        table.notes.append("per-task settings: " + "; ".join(settings))
     if skipped:
-        table.notes.append("not in the table (unfinished): " + ", ".join(f"{n} {s}" for s, n in sorted(skipped.items())))
+        unfinished = ", ".join(f"{n} {s}" for s, n in sorted(skipped.items()))
+        table.notes.append(f"not in the table (unfinished): {unfinished}")
     return table
 
 
@@ -381,8 +384,8 @@ def _fmt_value(value) -> str:
 def format_params(counts: set[int]) -> str:
     if not counts:
         return "–"
-    low, high = min(counts), max(counts)
-    return _human(low) if low == high else f"{_human(low)}–{_human(high)}"
+    low, high = _human(min(counts)), _human(max(counts))  # heads differ a little by task (number of labels)
+    return low if low == high else f"{low}–{high}"
 
 
 def _human(n: int) -> str:

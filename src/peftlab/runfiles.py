@@ -205,6 +205,10 @@ def _checkpoint_dir(out: Path) -> Path | None:
     return None
 
 
+def has_checkpoint(output_dir: str | Path) -> bool:
+    return _checkpoint_dir(Path(output_dir)) is not None
+
+
 def load_checkpoint(output_dir: str | Path, model, optimizer, scheduler) -> dict:
     from safetensors.torch import load_file
 

@@ -533,7 +533,9 @@ def _evaluate_loss(cfg, tokenizer, eval_tok):
             sums, counts = accelerator.gather_for_metrics((sums, counts))
             total += float(sums.sum())
             count += int(counts.sum())
-        accelerator.free_memory(loader)
+        # Forget this loader only (accelerator.free_memory would also drop the optimizer and model it tracks).
+        if loader in accelerator._dataloaders:
+            accelerator._dataloaders.remove(loader)
         model.train()
         loss = total / max(1, count)
         return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))}

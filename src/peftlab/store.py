@@ -157,16 +157,18 @@ class Store:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
+                if not create:  # reading: change nothing (the store may be read-only)
+                    mode = self.conn.execute("PRAGMA journal_mode").fetchone()[0]
+                    break
                 mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 self.conn.execute("PRAGMA synchronous = NORMAL")
-                if create:
-                    with self.transaction() as conn:
-                        for statement in filter(str.strip, _SCHEMA.split(";")):
-                            conn.execute(statement)
-                        conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', ?)",
-                                     (str(SCHEMA_VERSION),))
+                with self.transaction() as conn:
+                    for statement in filter(str.strip, _SCHEMA.split(";")):
+                        conn.execute(statement)
+                    conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', ?)",
+                                 (str(SCHEMA_VERSION),))
                 break
-            except sqlite3.OperationalError as err:
+            except sqlite3.DatabaseError as err:
                 if "locked" not in str(err) or time.monotonic() > deadline:
                     raise PeftlabError(f"cannot open results store {self.path}: {err}") from None
                 time.sleep(0.05)

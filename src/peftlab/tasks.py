@@ -20,6 +20,11 @@ class Task:
     glue_dir: str = ""  # folder name in the GLUE glue_data layout
     eval_splits: tuple[str, ...] = ("validation",)  # MNLI has matched and mismatched
     eval_before: bool = False  # evaluate the untrained model too (GSM8K: accuracy before and after)
+    # Defaults for --max-length / --batch-size when not given (None: TrainConfig's). GSM8K question + worked
+    # answer is ~175 tokens (p99 ~350) with the chat template, so 128 would cut most answers before "#### N";
+    # 32 x 512 tokens of a 49k-vocabulary decoder would need ~30 GB of activations and logits on CPU.
+    default_max_length: int | None = None
+    default_batch_size: int | None = None
 
     @property
     def num_labels(self) -> int:
@@ -45,9 +50,10 @@ TASKS: dict[str, Task] = {
         Task("qnli", "classification", "accuracy", ("entailment", "not_entailment"), ("question", "sentence"), "QNLI"),
         Task("rte", "classification", "accuracy", ("entailment", "not_entailment"), ("sentence1", "sentence2"), "RTE"),
         Task("wnli", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "WNLI"),
-        Task("gsm8k", "instruction", "accuracy", eval_splits=("test",), eval_before=True),
-        Task("alpaca", "instruction", "eval_loss"),
-        Task("json", "instruction", "eval_loss"),
+        Task("gsm8k", "instruction", "accuracy", eval_splits=("test",), eval_before=True,
+             default_max_length=512, default_batch_size=8),
+        Task("alpaca", "instruction", "eval_loss", default_max_length=512, default_batch_size=8),
+        Task("json", "instruction", "eval_loss", default_max_length=512, default_batch_size=8),
     ]
 }
 

@@ -99,6 +99,8 @@ def train(cfg: TrainConfig) -> dict:
     # Decide what to do with --output-dir first (cheap), but create nothing until setup has succeeded:
     # bad input found during setup (a data file, a rank) must not leave a half-made run folder behind.
     mode = runfiles.inspect_output_dir(out, overwrite=cfg.overwrite, resume=cfg.resume)
+    if mode in ("resume", "finished"):
+        _check_same_config(cfg, out)
     if mode == "finished":
         return runfiles.read_result(out)
     run = setup(cfg, mode)
@@ -316,6 +318,27 @@ def finish(run: Run) -> dict:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return result
+
+
+# Keys that may change between a run and its resumption without changing what is computed.
+RESUME_FREE_KEYS = {"resume", "overwrite", "output_dir", "checkpoint_every", "log_every"}
+
+
+def _check_same_config(cfg: TrainConfig, out: Path) -> None:
+    import yaml
+
+    saved_file = out / "config.yaml"
+    if not saved_file.is_file():
+        return
+    saved = yaml.safe_load(saved_file.read_text()) or {}
+    current = cfg.to_dict()
+    changed = sorted(k for k in current if k not in RESUME_FREE_KEYS and saved.get(k) != current[k])
+    if changed:
+        key = changed[0]
+        raise PeftlabError(f"--resume with a different config: {key} was {saved.get(key)!r}, now {current[key]!r}"
+                           + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""),
+                           where=str(saved_file),
+                           fix="resume with the run's own config, or use --overwrite / another --output-dir")
 
 
 def _better(value: float, incumbent: float | None, metric: str) -> bool:

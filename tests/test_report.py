@@ -1,0 +1,227 @@
+"""`peftlab report`: grouping, mean ± sample std, Welch's t-test against scipy, non-ok runs never averaged in,
+the before-fine-tuning row, and the md/latex/csv renderings, from a store of synthetic results."""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from peftlab.cli import main
+from peftlab.config import TrainConfig, build_config
+from peftlab.errors import PeftlabError
+from peftlab.report import build_table, format_cell, parse_filter, render_csv, render_latex, render_markdown
+from peftlab.store import Store, load_rows
+
+# (method, targets, lr_ratio) -> task -> per-seed accuracies
+VALUES = {
+    ("lora", "q,k,v", 1.0): {"rte": [0.60, 0.62, 0.61], "mrpc": [0.80, 0.81, 0.79]},
+    ("lora", "q,v", 4.0): {"rte": [0.68, 0.70, 0.69], "mrpc": [0.81, 0.80, 0.83]},
+    ("kasa", "q,v", 4.0): {"rte": [0.64, 0.66, 0.70], "mrpc": [0.84, 0.86, 0.85]},
+}
+PER_TASK_SAMPLES = {"rte": 500, "mrpc": 400}  # a per-task setting (zipped with the task): not a row key
+
+
+def config(**overrides) -> dict:
+    values = dict(model="tiny-bert", epochs=3, rank=8, max_train_samples=PER_TASK_SAMPLES[overrides["task"]])
+    values.update(overrides)
+    return build_config(TrainConfig, overrides=values).to_dict()
+
+
+def result(cfg: dict, accuracy: float, *, status: str = "ok", final: float | None = None) -> dict:
+    adapter = 1000 if cfg["method"] == "lora" else 1016
+    before = {"metrics": {"accuracy": accuracy}} if cfg["epochs"] == 0 else None
+    return {"schema_version": 1, "status": status, "status_reason": None if status == "ok" else f"{status} at 2",
+            "task": cfg["task"], "method": cfg["method"], "seed": cfg["seed"], "config": cfg,
+            "primary_metric": "accuracy", "best": {"epoch": 2, "metrics": {"accuracy": accuracy, "f1": 0.5}},
+            "final": {"metrics": {"accuracy": accuracy if final is None else final}}, "before": before,
+            "trainable_params": {"adapter": adapter, "head": 600 if cfg["task"] == "rte" else 602,
+                                 "total": adapter + (600 if cfg["task"] == "rte" else 602)}}
+
+
+@pytest.fixture
+def store_path(tmp_path) -> Path:
+    path = tmp_path / "results.sqlite"
+    with Store(path) as store:
+        for (method, targets, ratio), per_task in VALUES.items():
+            for task, accs in per_task.items():
+                for seed, acc in enumerate(accs):
+                    cfg = config(task=task, method=method, targets=targets, lr_ratio=ratio, seed=seed)
+                    store.add(cfg, result=result(cfg, acc, final=acc - 0.01))
+        # not averaged in: a collapsed and a failed kasa run on RTE, a diverged lora q,v run on MRPC
+        cfg = config(task="rte", method="kasa", targets="q,v", lr_ratio=4.0, seed=3)
+        store.add(cfg, result=result(cfg, 0.47, status="collapsed"))
+        store.add(config(task="rte", method="kasa", targets="q,v", lr_ratio=4.0, seed=4), status="failed",
+                  error="RuntimeError: out of memory")
+        cfg = config(task="mrpc", method="lora", targets="q,v", lr_ratio=4.0, seed=3)
+        store.add(cfg, result=result(cfg, 0.31, status="diverged"))
+        # a config whose only RTE runs collapsed
+        for seed in range(2):
+            cfg = config(task="rte", method="lora", targets="q,v", lr_ratio=8.0, seed=seed)
+            store.add(cfg, result=result(cfg, 0.47, status="collapsed"))
+        # before fine-tuning: epochs 0 (twice per seed on RTE, as a training grid would repeat it)
+        for task, accs in {"rte": [0.52, 0.48], "mrpc": [0.68, 0.70]}.items():
+            for seed, acc in enumerate(accs):
+                for lr in (1e-4, 2e-4) if task == "rte" else (1e-4,):
+                    cfg = config(task=task, method="lora", epochs=0, seed=seed, lr=lr)
+                    store.add(cfg, result=result(cfg, acc))
+        # unfinished rows are left out (and said so)
+        store.register([("f" * 64, config(task="rte", method="lora", seed=9), "runs/x")])
+    return path
+
+
+def rows_by_label(table):
+    return {(r.label.get("method"), r.label.get("targets"), r.label.get("lr_ratio")): r for r in table.rows
+            if not r.before}
+
+
+def test_cells_are_mean_sample_std_and_n_over_seeds(store_path):
+    table = build_table(load_rows([store_path]))
+    assert table.tasks == ["mrpc", "rte"]  # GLUE order
+    assert table.label_keys == ["method", "targets", "lr_ratio"]  # only keys that vary; not max_train_samples
+    rows = rows_by_label(table)
+    assert len(rows) == 4
+    for key, per_task in VALUES.items():
+        for task, accs in per_task.items():
+            cell = rows[key].cells[task]
+            assert cell.mean == pytest.approx(statistics.fmean(accs))
+            assert cell.std == pytest.approx(statistics.stdev(accs))  # ddof = 1
+            assert cell.std == pytest.approx(float(__import__("numpy").std(accs, ddof=1)))
+            assert cell.n == 3
+    base = rows[("lora", "q,k,v", 1.0)]
+    assert base.avg(table.tasks) == pytest.approx(statistics.fmean([statistics.fmean(a) for a in VALUES[
+        ("lora", "q,k,v", 1.0)].values()]))
+    assert base.params == {1600, 1602}
+    assert any("per-task settings: max_train_samples mrpc=400, rte=500" in note for note in table.notes)
+    assert any("1 pending" in note for note in table.notes)
+
+
+def test_non_ok_runs_are_counted_not_averaged(store_path):
+    table = build_table(load_rows([store_path]))
+    rows = rows_by_label(table)
+    kasa_rte = rows[("kasa", "q,v", 4.0)].cells["rte"]
+    assert kasa_rte.values == pytest.approx([0.64, 0.66, 0.70])
+    assert dict(kasa_rte.excluded) == {"collapsed": 1, "failed": 1}
+    assert format_cell(kasa_rte, 100, 1) == "66.7 ± 3.1 (3) [1 collapsed, 1 failed]"
+    lora_mrpc = rows[("lora", "q,v", 4.0)].cells["mrpc"]
+    assert format_cell(lora_mrpc, 100, 1).endswith("(3) [1 diverged]")
+    only_collapsed = rows[("lora", "q,v", 8.0)]
+    assert format_cell(only_collapsed.cells["rte"], 100, 1) == "collapsed (2)"
+    assert "mrpc" not in only_collapsed.cells and only_collapsed.avg(table.tasks) is None
+    assert "collapsed (2)" in render_markdown(table)
+
+
+def test_before_fine_tuning_row(store_path):
+    table = build_table(load_rows([store_path]))
+    before = [r for r in table.rows if r.before]
+    assert len(before) == 1 and table.rows[0] is before[0]  # first row
+    assert before[0].name == "before fine-tuning"
+    # the untrained model repeated for two learning rates counts once per seed
+    assert before[0].cells["rte"].values == pytest.approx([0.52, 0.48])
+    assert before[0].cells["mrpc"].values == pytest.approx([0.68, 0.70])
+    md = render_markdown(table).splitlines()
+    assert md[2].startswith("| before fine-tuning |  |  | 69.0 ± 1.4 (2) | 50.0 ± 2.8 (2) | 59.5 | – |")
+
+
+def test_welch_t_test_against_scipy(store_path):
+    table = build_table(load_rows([store_path]), baseline="method=lora,targets=q,k,v,lr_ratio=1")
+    rows = rows_by_label(table)
+    base = VALUES[("lora", "q,k,v", 1.0)]
+    marked = {}
+    for key in [("lora", "q,v", 4.0), ("kasa", "q,v", 4.0)]:
+        for task in ("rte", "mrpc"):
+            expected = stats.ttest_ind(VALUES[key][task], base[task], equal_var=False).pvalue
+            cell = rows[key].cells[task]
+            assert cell.p == pytest.approx(expected, rel=1e-12)
+            assert cell.marked == (expected < 0.05)
+            marked[(key, task)] = cell.marked
+    assert any(marked.values()) and not all(marked.values())  # the inputs give both outcomes
+    assert rows[("lora", "q,k,v", 1.0)].cells["rte"].p is None  # the baseline itself
+    assert rows[("lora", "q,v", 8.0)].cells["rte"].p is None  # no values to test
+    # a stricter alpha marks fewer cells
+    strict = build_table(load_rows([store_path]), baseline="method=lora,targets=q,k,v,lr_ratio=1", alpha=0.001)
+    assert sum(c.marked for r in strict.rows for c in r.cells.values()) < sum(marked.values())
+    # the CSV carries the p-values
+    lines = list(csv.DictReader(io.StringIO(render_csv(table))))
+    kasa = next(line for line in lines if line["method"] == "kasa")
+    assert float(kasa["rte_p"]) == pytest.approx(
+        stats.ttest_ind(VALUES[("kasa", "q,v", 4.0)]["rte"], base["rte"], equal_var=False).pvalue, rel=1e-12)
+    assert kasa["rte_excluded"] == "1 collapsed; 1 failed"
+    assert [line["baseline"] for line in lines].count("1") == 1
+
+
+def test_which_final_and_params_adapter(store_path):
+    best = build_table(load_rows([store_path]))
+    final = build_table(load_rows([store_path]), which="final", params="adapter")
+    key = ("kasa", "q,v", 4.0)
+    assert rows_by_label(final)[key].cells["mrpc"].mean == pytest.approx(
+        rows_by_label(best)[key].cells["mrpc"].mean - 0.01)
+    assert rows_by_label(final)[key].params == {1016}
+    assert build_table(load_rows([store_path]), metric="f1").rows[1].cells["rte"].mean == pytest.approx(0.5)
+
+
+def test_where_filter_keeps_the_before_row(store_path):
+    table = build_table(load_rows([store_path]), where="lr_ratio=4,targets=q,v")
+    assert [r.name if r.before else r.label["method"] for r in table.rows] == ["before fine-tuning", "lora", "kasa"]
+    assert table.label_keys == ["method"]
+
+
+def test_renderings(store_path):
+    table = build_table(load_rows([store_path]), baseline="method=lora,targets=q,k,v,lr_ratio=1")
+    md = render_markdown(table)
+    lines = md.splitlines()
+    assert lines[0] == "| method | targets | lr_ratio | MRPC | RTE | Avg | #Param |"
+    assert lines[1] == "|---|---|---|---|---|---|---|"
+    assert len([line for line in lines if line.startswith("| ")]) == 1 + 5
+    assert "| lora | q,k,v | 1 | 80.0 ± 1.0 (3) | 61.0 ± 1.0 (3) | 70.5 | 1.6K |" in md
+    assert "† p < 0.05 vs the baseline" in md and "mean ± sample std" in md
+    assert "84.0 ± 1.0 (3)†" not in md  # kasa mrpc is 85.0 ± 1.0
+    assert "85.0 ± 1.0 (3)†" in md
+
+    tex = render_latex(table)
+    assert r"\begin{tabular}{lllcccc}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
+    assert r"method & targets & lr\_ratio & MRPC & RTE & Avg & \#Param \\" in tex
+    assert r"85.0 $\pm$ 1.0 (3)$^\dagger$" in tex
+    assert r"[1 collapsed, 1 failed]" in tex and "±" not in tex.split(r"\begin{tabular}")[1]
+    assert tex.count(r"\midrule") == 2  # after the header and after the before-fine-tuning row
+
+    rows = list(csv.reader(io.StringIO(render_csv(table))))
+    assert rows[0][:4] == ["method", "targets", "lr_ratio", "before_fine_tuning"]
+    assert "mrpc_mean" in rows[0] and "rte_p" in rows[0] and rows[0][-2:] == ["params_total", "baseline"]
+    assert len(rows) == 1 + 5
+    by_method = {tuple(r[:3]): dict(zip(rows[0], r)) for r in rows[1:]}
+    lora = by_method[("lora", "q,k,v", "1")]
+    assert float(lora["rte_mean"]) == pytest.approx(61.0) and float(lora["rte_std"]) == pytest.approx(1.0)
+    assert lora["rte_n"] == "3" and lora["params_total"] == "1602"
+
+
+def test_baseline_and_filter_errors(store_path):
+    rows = load_rows([store_path])
+    with pytest.raises(PeftlabError, match="matches 3 rows of the table, not 1"):
+        build_table(rows, baseline="method=lora")
+    with pytest.raises(PeftlabError, match="matches 0 rows"):
+        build_table(rows, baseline="method=dora")
+    with pytest.raises(PeftlabError, match="unknown config key 'lr_rato'.*did you mean 'lr_ratio'"):
+        build_table(rows, baseline="lr_rato=1")
+    with pytest.raises(PeftlabError, match="no finished runs to report"):
+        build_table(rows, where="method=vera")
+    assert parse_filter("method=lora,targets=v,q,lr_ratio=2") == {"method": "lora", "targets": "q,v", "lr_ratio": 2.0}
+
+
+def test_cli_writes_each_format(store_path, tmp_path, capsys):
+    for suffix, marker in ((".md", "| method |"), (".tex", r"\begin{tabular}"), (".csv", "method,targets")):
+        out = tmp_path / f"table{suffix}"
+        assert main(["report", str(store_path), "--out", str(out), "--baseline",
+                     "method=lora,targets=q,k,v,lr_ratio=1"]) == 0
+        assert marker in out.read_text()
+    assert main(["report", str(store_path.parent), "--format", "md", "--digits", "2"]) == 0  # a sweep folder works
+    assert "80.00 ± 1.00 (3)" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "missing.sqlite")]) == 2
+    assert "results store not found" in capsys.readouterr().err
+    (tmp_path / "junk.sqlite").write_text("not a database")
+    assert main(["report", str(tmp_path / "junk.sqlite")]) == 2
+    assert "junk.sqlite" in capsys.readouterr().err
