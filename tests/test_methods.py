@@ -39,7 +39,7 @@ class Arch:
     model_type: str
     layer: str  # module path of attention layer i, with {i}
     projections: dict  # projection -> module name relative to the layer ("qkv" for a fused matrix)
-    heads: tuple  # the new task-head modules (top-level children) that a run trains in full
+    heads: tuple  # the task-head modules that a run trains in full (output layer, and BERT's pooler)
 
     @property
     def fused(self) -> bool:
@@ -51,7 +51,8 @@ class Arch:
 
 ARCHS = {
     "bert": Arch("bert", "bert.encoder.layer.{i}.attention",
-                 {"q": "self.query", "k": "self.key", "v": "self.value", "o": "output.dense"}, ("classifier",)),
+                 {"q": "self.query", "k": "self.key", "v": "self.value", "o": "output.dense"},
+                 ("classifier", "bert.pooler.dense")),  # BERT's pooler is the head's hidden layer
     "llama": Arch("llama", "model.layers.{i}.self_attn",
                   {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}, ("score",)),
     "deberta-v2": Arch("deberta-v2", "deberta.encoder.layer.{i}.attention",

@@ -289,6 +289,13 @@ def test_gsm8k_tiny_run_writes_readable_generations(tmp_path):
     assert result["before"]["metrics"]["accuracy"] == sum(r["correct"] for r in before) / 4
     test_questions = {json.loads(line)["question"] for line in (DATA / "gsm8k" / "test.jsonl").open()}
     assert {r["question"] for r in before} <= test_questions
+    # `peftlab evaluate` re-scores the saved adapter into its own file: same generations, run files untouched.
+    from peftlab.evaluate import evaluate_run
+
+    before_text = (tmp_path / "run" / "generations_before.jsonl").read_text()
+    assert evaluate_run(tmp_path / "run") == result["final"]["metrics"]
+    assert sft.read_generations(tmp_path / "run" / "generations_evaluate.jsonl") == after
+    assert (tmp_path / "run" / "generations_before.jsonl").read_text() == before_text
 
 
 @needs_data

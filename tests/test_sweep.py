@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from peftlab.errors import PeftlabError
-from peftlab.store import Store, config_key, owner_alive, process_identity, short_key
+from peftlab.store import Store, _proc_state, config_key, owner_alive, process_identity, short_key
 from peftlab.sweep import expand, load_spec, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -379,14 +379,6 @@ def test_worker_sweep_killed_leaves_no_orphans_and_reruns_cleanly(tmp_path):
     again = [c for c in made[len(first):] if c["dir"] in {f["dir"] for f in first}]
     assert len(again) <= 2  # only runs killed in flight (one per worker) were started twice
     assert {c["dir"] for c in made} == {short_key(r["key"]) for r in rows}
-
-
-def _proc_state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:].split()[0]
 
 
 # --------------------------------------------------------------------------- a real sweep, SIGKILLed

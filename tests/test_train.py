@@ -115,7 +115,7 @@ def test_minilm_real_data_end_to_end(tmp_path):
         max_length=64, max_train_samples=400, max_eval_samples=200, output_dir=str(tmp_path / "run"))))
     validate(result)
     assert result["status"] == "ok"
-    assert result["trainable_params"]["head"] == 384 * 2 + 2
+    assert result["trainable_params"]["head"] == (384 * 384 + 384) + (384 * 2 + 2)  # pooler + classifier
     assert result["best"]["metrics"]["accuracy"] > result["majority_baseline"] + 0.1
 
 

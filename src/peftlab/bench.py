@@ -371,12 +371,65 @@ class Row:
     infer: list = field(default_factory=list)
     infer_merged: list = field(default_factory=list)
     merge_seconds: float | None = None
+    merge_max_abs_diff: float | None = None
     memory: dict = field(default_factory=dict)
     trainable: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         return "base" if self.method == "base" else f"{self.method}[{self.targets}]"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def _merge_unwrapping_heads(model):
+    """merge_and_unload after replacing each ``ModulesToSaveWrapper`` by its trained copy.
+
+    peft 0.21's ``BaseTuner._replace_module`` (used by VeRA and FourierFT, not by LoRA, which overrides it)
+    reads ``child.weight`` of the wrapper it replaces, which a composite head such as RoBERTa's
+    ``RobertaClassificationHead`` (dense + out_proj) does not have: ``merge_and_unload`` raises
+    AttributeError. Unwrapping the head first leaves nothing for that code path to trip on.
+    """
+    from peft.utils.other import ModulesToSaveWrapper
+
+    inner = model.base_model.model
+    for name, module in list(inner.named_modules()):
+        if isinstance(module, ModulesToSaveWrapper):
+            parent_name, _, child = name.rpartition(".")
+            parent = inner.get_submodule(parent_name) if parent_name else inner
+            setattr(parent, child, module.modules_to_save[module.active_adapters[0]])
+    return model.merge_and_unload()
+
+
+def _merge(row: "Row", inputs: dict, clock: "Clock") -> None:
+    """:func:`peftlab.adapters.merged` (timed), with a fallback for peft's composite-head bug; records how far
+    the merged model's logits are from the unmerged ones (fp32, eval mode, the benchmark batch)."""
+    from peftlab.adapters import merged
+
+    with torch.no_grad():
+        before = row.model(**inputs).logits.float()
+    clock.sync()
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            model = merged(row.model)
+    except AttributeError as err:
+        # the failed call has already merged and unloaded the adapted layers; only the head wrapper is left
+        with torch.no_grad():
+            model = _merge_unwrapping_heads(row.model)
+        note = (f"peftlab.adapters.merged raised AttributeError ({_first_line(err)}): merged after unwrapping "
+                "the task head (peft BaseTuner._replace_module bug)")
+        row.note = f"{row.note}; {note}" if row.note else note
+    clock.sync()
+    row.merge_seconds = time.perf_counter() - start
+    model.eval()
+    with torch.no_grad():
+        after = model(**inputs).logits.float()
+    row.merge_max_abs_diff = float((before - after).abs().max())
+    row.model = model
 
 
 def _rotated(items: list, r: int) -> list:
@@ -492,9 +545,15 @@ def _round_robin(rows: list[Row], fn_of: Callable[[Row], Callable], into: str, r
             progress(f"{into}: time budget spent, stopping after {timed} timed rounds")
             break
         for row in _rotated(live, r):
-            seconds = clock(fns[id(row)], inner)
+            try:
+                seconds = clock(fns[id(row)], inner)
+            except Exception as err:  # keep measuring the others; the row says what failed
+                row.error = f"{into}: {type(err).__name__}: {_first_line(err)}"
+                progress(f"{row.label}: {row.error}")
+                continue
             if r >= warmup:
                 getattr(row, into).append(seconds)
+        live = [row for row in live if row.error is None]
         timed += r >= warmup
         progress(f"{into}: round {r + 1}/{warmup + rounds}" + (" (warm-up)" if r < warmup else ""))
     return timed
@@ -504,7 +563,6 @@ def _round_robin(rows: list[Row], fn_of: Callable[[Row], Callable], into: str, r
 
 
 def run_micro(args) -> dict[str, Any]:
-    from peftlab.adapters import merged
     from peftlab.methods import METHODS, MethodConfig
     from peftlab.optim import OptimConfig, adamw, count_trainable, param_groups
     from peftlab.targets import head_module_names, parse_targets, resolve_targets
@@ -571,10 +629,11 @@ def run_micro(args) -> dict[str, Any]:
             try:
                 _build(row, fresh, args, batch, clock)
             except Exception as err:  # e.g. a method this model or peft version cannot build: keep the others
-                row.error = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+                row.error = f"{type(err).__name__}: {_first_line(err)}"
                 row.model = None
                 say(f"{row.label}: cannot build ({row.error})")
         say(f"init: round {r + 1}/{max(1, args.init_repeats)}")
+        _save(result, rows, out_dir, name, partial=True)  # a run killed later still has its init times
     del base
     gc.collect()
 
@@ -620,16 +679,15 @@ def run_micro(args) -> dict[str, Any]:
     deadline = time.monotonic() + 0.45 * remaining() if remaining else None
     rounds["infer"] = _round_robin(rows, lambda row: _infer_fn(row.model, inputs, autocast), "infer", infer_rounds,
                                    args.warmup, clock, args.inner, say, deadline)
+    _save(result, rows, out_dir, name, partial=True)
     for row in rows:
         if row.error is not None:
             continue
-        clock.sync()
-        start = time.perf_counter()
-        with torch.no_grad():
-            row.model = merged(row.model)
-        clock.sync()
-        row.merge_seconds = time.perf_counter() - start
-        row.model.eval()
+        try:
+            _merge(row, inputs, clock)
+        except Exception as err:
+            row.error = f"merge: {type(err).__name__}: {_first_line(err)}"
+            say(f"{row.label}: {row.error}")
     deadline = time.monotonic() + 0.9 * remaining() if remaining else None
     rounds["infer_merged"] = _round_robin(rows, lambda row: _infer_fn(row.model, inputs, autocast), "infer_merged",
                                           infer_rounds, args.warmup, clock, args.inner, say, deadline)
@@ -691,6 +749,7 @@ def _row_dict(row: Row, rows: list[Row], batch_size: int) -> dict[str, Any]:
         "infer_unmerged_s": summarize(row.infer),
         "infer_merged_s": summarize(row.infer_merged),
         "merge_s": row.merge_seconds,
+        "merge_max_abs_logit_diff": row.merge_max_abs_diff,
         "memory": row.memory or None,
         "ratios": {
             "train_vs_lora": paired_ratio(row.train, lora.train) if lora else None,
@@ -963,8 +1022,9 @@ def markdown_e2e(result: dict) -> str:
         "Train s/epoch counts optimizer steps only; epoch wall s adds data loading and the dev evaluation. "
         "Speed-up = pad_to_max / dynamic (median over seeds of the paired runs).",
         "",
-        "| task | method | metric | dynamic train s/epoch | pad-128 train s/epoch | speed-up | "
-        "dynamic epoch wall s | pad-128 epoch wall s | dynamic metric | pad-128 metric | token slots pad/dyn |",
+        f"| task | method | metric | dynamic train s/epoch | pad-{s['max_length']} train s/epoch | speed-up | "
+        f"dynamic epoch wall s | pad-{s['max_length']} epoch wall s | dynamic metric | pad-{s['max_length']} metric | "
+        "token slots pad/dyn |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     metric_names = {r["task"]: r["primary_metric"] for r in result["runs"]}

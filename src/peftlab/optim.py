@@ -61,7 +61,7 @@ def _no_decay(param_name: str, module: nn.Module) -> bool:
 
 def group_of(param_name: str, targets: ResolvedTargets, heads: list[str]) -> str:
     name = param_name[len(_PEFT_PREFIX):] if param_name.startswith(_PEFT_PREFIX) else param_name
-    if name.split(".", 1)[0] in heads:
+    if any(name == head or name.startswith(head + ".") for head in heads):
         return "head"
     return targets.group_of(name.rsplit(".", 1)[0]) or "other"
 

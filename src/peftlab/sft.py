@@ -26,7 +26,10 @@
   ``datasets.map`` in the same cache folder and with the same hash as :func:`peftlab.data.tokenize`.
 * **Evaluation.** GSM8K: batched greedy generation with the KV cache (left padding, stop at EOS/end of turn,
   ``--max-new-tokens``), exact match of the final number (:mod:`peftlab.answers`); every generation is
-  written to ``<output_dir>/generations_<tag>.jsonl`` (tag ``before``, then ``epoch1``, ``epoch2``...).
+  written to ``<output_dir>/generations_<tag>.jsonl`` (tag ``before``, then ``epoch1``, ``epoch2``...;
+  ``evaluate`` when ``peftlab evaluate`` re-scores a finished run) with the question, gold answer, generated
+  text, extracted answer and whether it is correct. Metrics: ``accuracy`` and ``answered`` (the fraction of
+  generations with any number in them).
   Alpaca/JSON: token-weighted mean cross-entropy on the held-out responses (``eval_loss``) and
   ``perplexity`` = exp(eval_loss); **lower is better** for both.
 * **Several processes** (``accelerate launch``): generation is sharded by example index across processes
@@ -473,7 +476,12 @@ class _Tags:
         self.calls = 0
 
     def next(self) -> str:
+        from peftlab.runfiles import FINISHED, read_result
+
         self.calls += 1
+        finished = read_result(self.out)
+        if finished is not None and finished.get("status") in FINISHED:
+            return "evaluate"  # `peftlab evaluate` of a finished run: never overwrite its training-time files
         if self.pending_before and self.calls == 1:
             return "before"
         done = 0

@@ -115,9 +115,24 @@ def resolve_targets(model: nn.Module, targets) -> ResolvedTargets:
     return ResolvedTargets(found, fused="qkv" in found)
 
 
-HEAD_NAMES = ("classifier", "score", "pre_classifier", "pooler", "qa_outputs")  # new, randomly initialised layers
+HEAD_NAMES = ("classifier", "score", "pre_classifier", "pooler", "qa_outputs")
 
 
 def head_module_names(model: nn.Module) -> list[str]:
-    """The task head(s) that a fine-tuning run trains in full (new, randomly initialised layers)."""
-    return [n for n, _ in model.named_children() if n in HEAD_NAMES]
+    """The task head that a fine-tuning run trains in full.
+
+    The new output layer (``classifier``, ``score``, ...) and, for BERT-style encoders, the encoder's
+    ``pooler`` (dense + tanh over [CLS]). The pooler is the head's hidden layer: RoBERTa's classification
+    head carries its own dense layer for the same role and peft trains it; a BERT pooler is only useful
+    where pre-training trained it (NSP), and in sentence-embedding checkpoints such as all-MiniLM-L6-v2
+    it maps every input to nearly the same vector (std ~0.03 across inputs), so a frozen pooler would
+    leave the classifier nothing to separate.
+    """
+    heads = [n for n, _ in model.named_children() if n in HEAD_NAMES]
+    for name, child in model.named_children():
+        pooler = getattr(child, "pooler", None)
+        if name not in heads and isinstance(pooler, nn.Module):
+            # The pooler's linear layers, not the pooler itself: peft's VeRA/FourierFT unload assumes a
+            # modules_to_save entry has a .weight and fails on a composite module.
+            heads += [f"{name}.pooler.{sub}" for sub, m in pooler.named_modules() if _is_linear(m)]
+    return heads
