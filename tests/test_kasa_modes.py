@@ -267,3 +267,29 @@ def test_no_plan_file_for_peft_truncation(tmp_path, tiny_model):
     kasa.write_plan(model, tmp_path)
     assert not (tmp_path / kasa.PLAN_FILE).exists()
     assert kasa.load_plan(tmp_path, tiny_model("bert")) == ({}, {})
+
+
+@pytest.mark.parametrize("extra", [{"kasa_truncate_rank": 16}, {"kasa_mode": "reference"}])
+def test_saved_kasa_adapter_with_own_truncation_reloads_exactly(tmp_path, extra):
+    """adapters.save_trained writes the truncation plan; load_trained re-applies it after peft's load."""
+    import torch
+
+    from peftlab.adapters import load_trained, save_trained
+    from peftlab.methods import MethodConfig, apply_method
+    from peftlab.models import load_model
+
+    torch.manual_seed(0)
+    model, _ = load_model("tiny-bert", num_labels=2)
+    fresh, _ = load_model("tiny-bert", num_labels=2)
+    adapted, _, _ = apply_method(model, MethodConfig(method="kasa", targets=("q", "v"), rank=4, **extra),
+                                 task_type="SEQ_CLS")
+    with torch.no_grad():
+        for p in adapted.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    save_trained(adapted, tmp_path / "adapter")
+    reloaded = load_trained(fresh, tmp_path / "adapter")
+    ids = torch.randint(1, 1000, (2, 9))
+    adapted.eval(), reloaded.eval()
+    with torch.no_grad():
+        assert torch.allclose(adapted(input_ids=ids).logits, reloaded(input_ids=ids).logits, atol=1e-5)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from peftlab import kasa
 from peftlab.errors import PeftlabError
 
 FULL_WEIGHTS = "trained_weights.safetensors"
@@ -41,6 +42,7 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "")
             save_converted(model, out_dir)
         else:
             model.save_pretrained(out_dir, safe_serialization=True)
+            kasa.write_plan(model, out_dir)  # KaSA truncations that peft's loader would not reproduce
         return out_dir
     from safetensors.torch import save_file
 
@@ -75,8 +77,11 @@ def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool
         raise PeftlabError(f"corrupt adapter config {config_file}: {err}", fix="re-save the adapter") from None
     from peft import PeftModel
 
+    plan, originals = kasa.load_plan(adapter_dir, base)  # reads the original weights before peft truncates
     try:
-        return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
+        loaded = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
+        kasa.apply_plan(loaded, plan, originals)
+        return loaded
     except (RuntimeError, ValueError, KeyError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PeftlabError(f"adapter {adapter_dir} does not fit this base model: {first[:300]}",
