@@ -100,6 +100,7 @@ def test_e2e_bench_runs_both_data_paths(tmp_path):
     assert padding["pad_to_max_token_slots"] == 16 * 32
     assert padding["real_tokens"] <= padding["dynamic_token_slots"] <= padding["pad_to_max_token_slots"]
     assert "| cola | lora | matthews_correlation |" in markdown
+    assert bench.render(_only(tmp_path, "e2e-*.json")) == markdown  # --render rebuilds the same table
 
 
 def test_statistics():

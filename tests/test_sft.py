@@ -178,11 +178,57 @@ def test_collator_pads_right(tokenizer):
     assert sft.SFTCollator(0, pad_to=5)([{"input_ids": [1], "attention_mask": [1], "labels": [1]}])["input_ids"].shape == (1, 5)
 
 
-def test_generation_is_left_padded_and_batch_invariant(tokenizer, tiny_llama):
-    prompts = [sft.encode_prompt(tokenizer, "Hi"), sft.encode_prompt(tokenizer, "A much longer question, is it not?")]
-    together = sft.generate(tiny_llama, tokenizer, prompts, max_new_tokens=5, batch_size=2)
-    alone = [sft.generate(tiny_llama, tokenizer, [p], max_new_tokens=5, batch_size=1)[0] for p in prompts]
-    assert together == alone
+@pytest.fixture(scope="module")
+def chatty_llama():
+    """tiny-llama with large random weights: greedy decoding then produces varied tokens (not one repeated)."""
+    from peftlab.models import load_model
+
+    model, _ = load_model("tiny-llama", head="causal-lm")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return model.eval()
+
+
+def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, chatty_llama, monkeypatch):
+    from transformers import GenerationConfig
+
+    questions = ["Hi", "What is 2+2? Think.", "A much longer question about cats and dogs, is it not?", "Why?"]
+    prompts = [sft.encode_prompt(tokenizer, q) for q in questions]
+
+    def reference(prompt, stops):
+        """HF greedy generation of one unpadded prompt; the text excludes the stop token, as peftlab's does."""
+        ids = torch.tensor([prompt])
+        config = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=list(stops), pad_token_id=2)
+        out = chatty_llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        tokens = out[0, len(prompt):].tolist()
+        tokens = tokens[:next((i for i, t in enumerate(tokens) if t in stops), len(tokens))]
+        return tokenizer.decode(tokens, skip_special_tokens=True).strip(), tokens
+
+    plain = [reference(p, [2]) for p in prompts]
+    assert len({text for text, _ in plain}) == len(prompts)  # the model says different things
+    assert sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=12, batch_size=4) == [t for t, _ in plain]
+    # Make a token that the second prompt emits at step 4 a stop token: that row leaves the batch early and
+    # the rows left in the (pruned) KV cache must still decode exactly as alone.
+    stop = plain[1][1][4]
+    monkeypatch.setattr(sft, "stop_token_ids", lambda tok: [2, stop])
+    expected = [reference(p, [2, stop])[0] for p in prompts]
+    assert expected[1] == tokenizer.decode(plain[1][1][:4], skip_special_tokens=True).strip()
+    assert sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=12, batch_size=4) == expected
+    assert sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=12, batch_size=3) == expected
+
+
+@pytest.mark.parametrize("text,final", [("so #### 18\n", True), ("so #### 18", False), ("#### 1,2", False),
+                                        ("no answer yet\n", False), ("#### the answer\n", False),
+                                        ("#### x5\nthen 6", False), ("#### -4.5 dollars\nmore", True)])
+def test_answer_is_final(text, final):
+    from peftlab.answers import answer_is_final
+
+    assert answer_is_final(text) is final
+    if final:  # nothing appended can change the extracted answer
+        assert extract_answer(text + "7 #### 9\n") == extract_answer(text)
 
 
 # --------------------------------------------------------------------------- instruction files

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["extract_answer", "normalize_number", "answers_match", "gold_answer"]
+__all__ = ["extract_answer", "normalize_number", "answers_match", "gold_answer", "answer_is_final"]
 
 # A sign only when it does not follow a word character or a digit ("10-3" is subtraction). The integer part
 # is either properly grouped thousands (1,234,567) or plain digits; then an optional decimal part.
@@ -84,6 +84,15 @@ def extract_answer(text: str | None) -> str | None:
             return found[0]
     found = _numbers(text)
     return found[-1] if found else None
+
+
+def answer_is_final(text: str) -> bool:
+    """True once no continuation of ``text`` can change :func:`extract_answer`: the line after the first
+    ``####`` holds a number and has ended (numbers never span a newline). Generation can stop there."""
+    if "####" not in text:
+        return False
+    rest = text.split("####", 1)[1]
+    return "\n" in rest and bool(_numbers(rest.split("\n", 1)[0]))
 
 
 def gold_answer(solution: str) -> str | None:

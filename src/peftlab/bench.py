@@ -845,7 +845,7 @@ def markdown_micro(result: dict) -> str:
         trainable = (row["trainable_params"] or {}).get("total")
         eps = row["examples_per_s"]
         lines.append(
-            f"| {row['label']} | {trainable:,} | {_s(row['init_s'])} | {_ms(row['train_step_s'])} | "
+            f"| {row['label']} | {'-' if trainable is None else f'{trainable:,}'} | {_s(row['init_s'])} | {_ms(row['train_step_s'])} | "
             f"{'-' if eps is None else f'{eps:.1f}'} | {_x(ratios['train_vs_lora'])} | {_x(ratios['train_vs_base'])} | "
             f"{_mb((row['memory'] or {}).get('peak_mb'))} | {_ms(row['infer_unmerged_s'])} | "
             f"{_x(ratios['infer_unmerged_vs_base'])} | {_ms(row['infer_merged_s'])} | "
@@ -951,8 +951,8 @@ def run_e2e(args) -> dict[str, Any]:
                         "final_metrics": res["final"]["metrics"],
                         "train_seconds": res["train_seconds"],
                         "train_seconds_per_epoch": res["train_seconds"] / max(1, len(epochs_log)),
-                        "epoch_wall_seconds": statistics.mean(e["seconds"] for e in epochs_log) if epochs_log else None,
                         "wall_seconds": wall,
+                        "wall_seconds_per_epoch": wall / max(1, len(epochs_log)),
                         "train_examples": res["train_examples"],
                         "train_examples_per_second": res["train_examples_per_second"],
                         "output_dir": cfg.output_dir,
@@ -970,15 +970,15 @@ def run_e2e(args) -> dict[str, Any]:
 def _e2e_summary(runs: list[dict], task: str, method: str) -> dict[str, Any]:
     def pick(setup, key):
         return [r[key] for r in runs if r["task"] == task and r["method"] == method and r["setup"] == setup
-                and r[key] is not None]
+                and r.get(key) is not None]
 
     out: dict[str, Any] = {"task": task, "method": method}
     for setup, _ in SETUPS:
         per_epoch, metric, wall = pick(setup, "train_seconds_per_epoch"), pick(setup, "final_metric"), pick(
-            setup, "epoch_wall_seconds")
+            setup, "wall_seconds_per_epoch")
         out[setup] = {
             "train_seconds_per_epoch": statistics.median(per_epoch) if per_epoch else None,
-            "epoch_wall_seconds": statistics.median(wall) if wall else None,
+            "wall_seconds_per_epoch": statistics.median(wall) if wall else None,
             "metric_mean": statistics.mean(metric) if metric else None,
             "metric_std": statistics.stdev(metric) if len(metric) > 1 else None,
             "metrics": metric,
@@ -993,8 +993,8 @@ def _e2e_summary(runs: list[dict], task: str, method: str) -> dict[str, Any]:
             paired.append(by["pad_to_max"]["train_seconds_per_epoch"] / by["dynamic"]["train_seconds_per_epoch"])
     out["speedup_train"] = statistics.median(paired) if paired else None
     out["speedup_train_per_seed"] = paired
-    if dyn["epoch_wall_seconds"] and pad["epoch_wall_seconds"]:
-        out["speedup_epoch_wall"] = pad["epoch_wall_seconds"] / dyn["epoch_wall_seconds"]
+    if dyn["wall_seconds_per_epoch"] and pad["wall_seconds_per_epoch"]:
+        out["speedup_wall"] = pad["wall_seconds_per_epoch"] / dyn["wall_seconds_per_epoch"]
     if dyn["metric_mean"] is not None and pad["metric_mean"] is not None:
         out["metric_difference"] = dyn["metric_mean"] - pad["metric_mean"]
     return out
@@ -1019,13 +1019,15 @@ def markdown_e2e(result: dict) -> str:
         f"{s['epochs']} epoch(s), batch {s['batch_size']}, seeds {', '.join(map(str, s['seeds']))}",
         "",
         f"{subset}, {evals}. dynamic = {result['setups']['dynamic']}; pad_to_max = {result['setups']['pad_to_max']}. "
-        "Train s/epoch counts optimizer steps only; epoch wall s adds data loading and the dev evaluation. "
-        "Speed-up = pad_to_max / dynamic (median over seeds of the paired runs).",
+        "Train s/epoch: the optimizer steps (forward, extra loss, backward, clipping, AdamW) as `peftlab train` "
+        "times them; wall s/epoch: the whole `train()` call (model load, tokenisation or its cache, batching, "
+        "dev evaluation each epoch, checkpoints) divided by the epochs. Speed-up = pad_to_max / dynamic train "
+        "s/epoch (median over seeds of the runs of one seed, which ran back to back). Metrics: mean ± sd over seeds.",
         "",
         f"| task | method | metric | dynamic train s/epoch | pad-{s['max_length']} train s/epoch | speed-up | "
-        f"dynamic epoch wall s | pad-{s['max_length']} epoch wall s | dynamic metric | pad-{s['max_length']} metric | "
-        "token slots pad/dyn |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"dynamic wall s/epoch | pad-{s['max_length']} wall s/epoch | wall speed-up | dynamic metric | "
+        f"pad-{s['max_length']} metric | token slots pad/dyn |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     metric_names = {r["task"]: r["primary_metric"] for r in result["runs"]}
     for row in result["summary"]:
@@ -1040,15 +1042,16 @@ def markdown_e2e(result: dict) -> str:
         lines.append(
             f"| {row['task']} | {row['method']} | {metric_names.get(row['task'], '')} | "
             f"{_num(dyn['train_seconds_per_epoch'], '.1f')} | {_num(pad['train_seconds_per_epoch'], '.1f')} | "
-            f"{_num(row.get('speedup_train'), '.2f')}× | {_num(dyn['epoch_wall_seconds'], '.1f')} | "
-            f"{_num(pad['epoch_wall_seconds'], '.1f')} | {metric(dyn)} | {metric(pad)} | "
+            f"{_num(row.get('speedup_train'), '.2f')}× | {_num(dyn['wall_seconds_per_epoch'], '.1f')} | "
+            f"{_num(pad['wall_seconds_per_epoch'], '.1f')} | {_num(row.get('speedup_wall'), '.2f')}× | "
+            f"{metric(dyn)} | {metric(pad)} | "
             f"{_num(padding.get('slot_ratio'), '.2f')} |")
     lines += ["", "Runs:", "",
-              "| task | method | seed | setup | status | train s | epoch wall s | metric |",
+              "| task | method | seed | setup | status | train s | wall s | metric |",
               "|---|---|---:|---|---|---:|---:|---:|"]
     for r in result["runs"]:
         lines.append(f"| {r['task']} | {r['method']} | {r['seed']} | {r['setup']} | {r['status']} | "
-                     f"{_num(r['train_seconds'], '.1f')} | {_num(r['epoch_wall_seconds'], '.1f')} | "
+                     f"{_num(r['train_seconds'], '.1f')} | {_num(r['wall_seconds'], '.1f')} | "
                      f"{_num(r['final_metric'], '.4f')} |")
     lines.append("")
     return "\n".join(lines)
@@ -1115,6 +1118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default="bench_out", help="where the JSON and Markdown go (default bench_out)")
     parser.add_argument("--name", default=None, help="file name stem (default: derived from the settings)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--render", metavar="JSON", default=None,
+                        help="only re-render the Markdown beside a bench JSON (no benchmark is run)")
     e2e = parser.add_argument_group("end to end (--e2e)")
     e2e.add_argument("--e2e", action="store_true",
                      help="train on a real task twice: dynamic padding vs --pad-to-max (the papers' setup)")
@@ -1135,8 +1140,34 @@ def add_parser(sub) -> None:
     parser.set_defaults(func=run_cli)
 
 
+def render(path: str | Path) -> str:
+    """Re-render the Markdown of a bench JSON (``--render``); an e2e summary is recomputed from its runs."""
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise PeftlabError(f"cannot read bench results {path}: {err}", fix="pass a .json written by peftlab bench") from None
+    if result.get("kind") == "e2e":
+        for run in result["runs"]:
+            if run.get("wall_seconds_per_epoch") is None and run.get("wall_seconds") is not None:
+                run["wall_seconds_per_epoch"] = run["wall_seconds"] / max(1, result["settings"]["epochs"])
+        pairs = dict.fromkeys((r["task"], r["method"]) for r in result["runs"])
+        result["summary"] = [_e2e_summary(result["runs"], task, method) for task, method in pairs]
+        text = markdown_e2e(result)
+    elif result.get("kind") == "micro":
+        text = markdown_micro(result)
+    else:
+        raise PeftlabError(f"{path} is not a peftlab bench result", fix="pass a .json written by peftlab bench")
+    _write(path.with_suffix(".md"), text)
+    return text
+
+
 def run_cli(args) -> int:
     import warnings
+
+    if args.render:
+        print(render(args.render))
+        return 0
 
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft -> transformers, every build
     threads = torch.get_num_threads()

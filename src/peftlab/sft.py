@@ -48,7 +48,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -417,19 +417,33 @@ def stop_token_ids(tokenizer) -> list[int]:
     return ids
 
 
+def _cache_argument(model) -> str:
+    """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: int, batch_size: int,
-             device=None) -> list[str]:
-    """Greedy completions of token-id prompts (batched, left-padded, KV cache), decoded without special tokens."""
-    from transformers import GenerationConfig
+             device=None, stop_when: Callable[[str], bool] | None = None) -> list[str]:
+    """Greedy completions of token-id prompts, decoded without special tokens.
+
+    Batches of similar prompt lengths, left-padded, with the KV cache. A sequence ends at EOS / end of turn
+    (:func:`stop_token_ids`), after ``max_new_tokens`` tokens, or when ``stop_when(text so far)`` turns true
+    (checked at each newline). Finished sequences leave the batch (their rows are dropped from the cache), so
+    one long generation does not keep the other 63 computing padding: the cost is the sum of the generated
+    lengths, not batches x the longest. Token for token this is ``model.generate(do_sample=False)``.
+    """
+    from transformers import DynamicCache
 
     device = device or next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stops = stop_token_ids(tokenizer)
-    config = GenerationConfig(max_new_tokens=int(max_new_tokens), do_sample=False, num_beams=1, use_cache=True,
-                              eos_token_id=stops, pad_token_id=pad)
+    stops = set(stop_token_ids(tokenizer))
+    cache_arg = _cache_argument(model)
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
-    texts: dict[int, str] = {}
+    generated: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         width = max(len(prompts[i]) for i in chunk)
@@ -439,10 +453,37 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: 
             n = len(prompts[i])
             ids[row, width - n:] = torch.as_tensor(prompts[i])
             mask[row, width - n:] = 1
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
-        for row, i in enumerate(chunk):
-            texts[i] = tokenizer.decode(out[row, width:], skip_special_tokens=True).strip()
-    return [texts[i] for i in range(len(prompts))]
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        alive = list(chunk)  # prompt index of each row still generating
+        cache = DynamicCache(config=getattr(model, "config", None))
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_arg: cache},
+                       use_cache=True, logits_to_keep=1).logits[:, -1]
+        next_position = positions[:, -1] + 1
+        for step in range(int(max_new_tokens)):
+            tokens = logits.argmax(-1)
+            keep = []
+            for row, token in enumerate(tokens.tolist()):
+                index = alive[row]
+                if token in stops:
+                    continue
+                generated[index].append(token)
+                if stop_when is not None and "\n" in tokenizer.decode([token]) and stop_when(
+                        tokenizer.decode(generated[index], skip_special_tokens=True)):
+                    continue
+                keep.append(row)
+            if not keep or step == int(max_new_tokens) - 1:
+                break
+            if len(keep) < len(alive):
+                rows = torch.as_tensor(keep, device=device)
+                cache.batch_select_indices(rows)
+                mask, tokens, next_position = mask[rows], tokens[rows], next_position[rows]
+                alive = [alive[row] for row in keep]
+            mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
+            logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None],
+                           **{cache_arg: cache}, use_cache=True).logits[:, -1]
+            next_position = next_position + 1
+    return [tokenizer.decode(generated[i], skip_special_tokens=True).strip() for i in range(len(prompts))]
 
 
 def score_generations(questions, golds, generated) -> list[dict]:
@@ -499,12 +540,15 @@ def _evaluate_gsm8k(cfg, tokenizer, eval_raw, extras: dict, tags: _Tags):
     def evaluate(model, accelerator) -> dict[str, float]:
         from accelerate.utils import gather_object
 
+        from peftlab.answers import answer_is_final
+
         model.eval()
         tag = tags.next()
         rank, world = accelerator.process_index, accelerator.num_processes
         mine = list(range(rank, len(prompts), world))
         texts = generate(accelerator.unwrap_model(model), tokenizer, [prompts[i] for i in mine],
-                         max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size, device=accelerator.device)
+                         max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size, device=accelerator.device,
+                         stop_when=answer_is_final)
         pairs = list(zip(mine, texts))
         if world > 1:
             pairs = gather_object(pairs)
