@@ -321,3 +321,23 @@ def test_saved_adapter_reproduces_final_metrics(trained_run, capsys):
     assert main(["evaluate", str(trained_run)]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert metrics == json.loads((trained_run / "result.json").read_text())["final"]["metrics"]
+
+
+def test_sweep_records_a_diverged_run_and_goes_on(tmp_path):
+    """An absurd learning rate blows the loss up to inf/NaN: that run ends 'diverged', the next still runs."""
+    from peftlab.store import load_rows
+    from peftlab.sweep import load_spec, run_sweep
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "base": {"task": "rte", "model": "tiny-bert", "method": "full", "targets": "q,v", "epochs": 2,
+                 "max_train_samples": 32, "max_eval_samples": 16, "max_length": 32, "batch_size": 8,
+                 "max_grad_norm": 0.0},
+        "grid": {"lr": [1.0e30, 1.0e-3]},
+        "output_dir": str(tmp_path / "sweep")}))
+    run_sweep(load_spec(spec), progress=False)
+    rows = load_rows([tmp_path / "sweep"])
+    statuses = sorted(r["status"] for r in rows)
+    assert statuses == ["diverged", "ok"], statuses
+    diverged = next(r for r in rows if r["status"] == "diverged")
+    assert "non-finite" in diverged["result"]["status_reason"]
