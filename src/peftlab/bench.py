@@ -939,9 +939,9 @@ def run_e2e(args) -> dict[str, Any]:
                         overrides["lr"] = args.lr
                     cfg = build_config(TrainConfig, overrides=overrides)
                     say(f"e2e {task} {method} seed {seed}: {setup}")
-                    start = time.perf_counter()
+                    start, cpu_start = time.perf_counter(), time.process_time()
                     res = train(cfg)
-                    wall = time.perf_counter() - start
+                    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
                     epochs_log = res.get("epochs_log") or []
                     metric = res["primary_metric"]
                     result["runs"].append({
@@ -953,6 +953,9 @@ def run_e2e(args) -> dict[str, Any]:
                         "train_seconds_per_epoch": res["train_seconds"] / max(1, len(epochs_log)),
                         "wall_seconds": wall,
                         "wall_seconds_per_epoch": wall / max(1, len(epochs_log)),
+                        # CPU time of this process: hardly moved by other jobs on a shared machine
+                        "cpu_seconds": cpu,
+                        "cpu_seconds_per_epoch": cpu / max(1, len(epochs_log)),
                         "train_examples": res["train_examples"],
                         "train_examples_per_second": res["train_examples_per_second"],
                         "output_dir": cfg.output_dir,
@@ -993,6 +996,13 @@ def _e2e_summary(runs: list[dict], task: str, method: str) -> dict[str, Any]:
             paired.append(by["pad_to_max"]["train_seconds_per_epoch"] / by["dynamic"]["train_seconds_per_epoch"])
     out["speedup_train"] = statistics.median(paired) if paired else None
     out["speedup_train_per_seed"] = paired
+    cpu_paired = []
+    for seed in seeds:
+        by = {r["setup"]: r for r in runs if r["task"] == task and r["method"] == method and r["seed"] == seed}
+        if by.get("dynamic", {}).get("cpu_seconds") and by.get("pad_to_max", {}).get("cpu_seconds"):
+            cpu_paired.append(by["pad_to_max"]["cpu_seconds"] / by["dynamic"]["cpu_seconds"])
+    out["speedup_cpu"] = statistics.median(cpu_paired) if cpu_paired else None
+    out["speedup_cpu_per_seed"] = cpu_paired
     if dyn["wall_seconds_per_epoch"] and pad["wall_seconds_per_epoch"]:
         out["speedup_wall"] = pad["wall_seconds_per_epoch"] / dyn["wall_seconds_per_epoch"]
     if dyn["metric_mean"] is not None and pad["metric_mean"] is not None:
@@ -1010,6 +1020,10 @@ def _num(value, fmt=".3f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _per_seed(values) -> str:
+    return f"[{', '.join(f'{v:.2f}' for v in values)}] " if values and len(values) > 1 else ""
+
+
 def markdown_e2e(result: dict) -> str:
     s = result["settings"]
     subset = f"{s['max_train_samples']} training examples" if s["max_train_samples"] else "the full training set"
@@ -1022,12 +1036,14 @@ def markdown_e2e(result: dict) -> str:
         "Train s/epoch: the optimizer steps (forward, extra loss, backward, clipping, AdamW) as `peftlab train` "
         "times them; wall s/epoch: the whole `train()` call (model load, tokenisation or its cache, batching, "
         "dev evaluation each epoch, checkpoints) divided by the epochs. Speed-up = pad_to_max / dynamic train "
-        "s/epoch (median over seeds of the runs of one seed, which ran back to back). Metrics: mean ± sd over seeds.",
+        "s/epoch (median over seeds of the runs of one seed, which ran back to back); per seed in brackets; CPU "
+        "speed-up: the same for the process CPU time of the whole run, which other jobs on a shared machine "
+        "hardly move. Metrics: mean ± sd over seeds.",
         "",
         f"| task | method | metric | dynamic train s/epoch | pad-{s['max_length']} train s/epoch | speed-up | "
-        f"dynamic wall s/epoch | pad-{s['max_length']} wall s/epoch | wall speed-up | dynamic metric | "
+        f"dynamic wall s/epoch | pad-{s['max_length']} wall s/epoch | wall speed-up | CPU speed-up | dynamic metric | "
         f"pad-{s['max_length']} metric | token slots pad/dyn |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     metric_names = {r["task"]: r["primary_metric"] for r in result["runs"]}
     for row in result["summary"]:
@@ -1042,17 +1058,19 @@ def markdown_e2e(result: dict) -> str:
         lines.append(
             f"| {row['task']} | {row['method']} | {metric_names.get(row['task'], '')} | "
             f"{_num(dyn['train_seconds_per_epoch'], '.1f')} | {_num(pad['train_seconds_per_epoch'], '.1f')} | "
-            f"{_num(row.get('speedup_train'), '.2f')}× | {_num(dyn['wall_seconds_per_epoch'], '.1f')} | "
+            f"{_num(row.get('speedup_train'), '.2f')}× {_per_seed(row.get('speedup_train_per_seed'))}| "
+            f"{_num(dyn['wall_seconds_per_epoch'], '.1f')} | "
             f"{_num(pad['wall_seconds_per_epoch'], '.1f')} | {_num(row.get('speedup_wall'), '.2f')}× | "
+            f"{_num(row.get('speedup_cpu'), '.2f')}{'×' if row.get('speedup_cpu') else ''} | "
             f"{metric(dyn)} | {metric(pad)} | "
             f"{_num(padding.get('slot_ratio'), '.2f')} |")
     lines += ["", "Runs:", "",
-              "| task | method | seed | setup | status | train s | wall s | metric |",
-              "|---|---|---:|---|---|---:|---:|---:|"]
+              "| task | method | seed | setup | status | train s | wall s | CPU s | metric |",
+              "|---|---|---:|---|---|---:|---:|---:|---:|"]
     for r in result["runs"]:
         lines.append(f"| {r['task']} | {r['method']} | {r['seed']} | {r['setup']} | {r['status']} | "
                      f"{_num(r['train_seconds'], '.1f')} | {_num(r['wall_seconds'], '.1f')} | "
-                     f"{_num(r['final_metric'], '.4f')} |")
+                     f"{_num(r.get('cpu_seconds'), '.1f')} | {_num(r['final_metric'], '.4f')} |")
     lines.append("")
     return "\n".join(lines)
 
