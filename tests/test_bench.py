@@ -175,27 +175,6 @@ def test_gpu_script_refuses_without_cuda(tmp_path):
     assert proc.stdout == "" and not out.exists()
 
 
-def test_merge_falls_back_for_composite_heads():
-    """peft's VeRA/FourierFT merge_and_unload trips over RoBERTa's composite classification head; the bench's
-    fallback (unwrap the head, then merge) gives the unmerged model's logits."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    config = AutoConfig.for_model("roberta", vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=64, num_labels=2, pad_token_id=1)
-    model = AutoModelForSequenceClassification.from_config(config)
-    model, _, _ = apply_method(model, MethodConfig(method="vera", targets=("q", "v"), rank=4), task_type="SEQ_CLS")
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.requires_grad:
-                param.add_(0.1 * torch.randn_like(param))
-    row = bench.Row("vera", "q,v", model=model.eval())
-    inputs = {"input_ids": torch.randint(2, 100, (2, 7))}
-    bench._merge(row, inputs, bench.Clock(torch.device("cpu")))
-    assert row.merge_max_abs_diff < 1e-5
-    assert not any("Wrapper" in type(m).__name__ or "vera" in type(m).__module__ for m in row.model.modules())
-    assert row.note is None or "unwrapping the task head" in row.note
-
-
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_gpu_script_runs_random_models_only():
     text = (ROOT / "scripts" / "gpu_bench.sh").read_text()

@@ -332,16 +332,40 @@ def _trained(method, arch_name, target_set, tiny_model, inputs, **overrides):
     return model, original, out, targets, heads
 
 
-@pytest.mark.parametrize("case", ROUND_TRIP_CASES, ids=_case_id)
-def test_merge_equivalence(case, tiny_model, inputs):
-    method, arch_name, target_set = case
-    model, _, unmerged, _, _ = _trained(method, arch_name, target_set, tiny_model, inputs)
+def _assert_merged_equivalent(model, unmerged, inputs) -> None:
     plain = merged(model)
     assert not is_peft(plain)
     leftovers = [n for n, _ in plain.named_parameters()
                  if any(k in n for k in ("lora_", "vera_", "fourierft_", "modules_to_save", "original_module"))]
     assert not leftovers, f"merged model still has adapter tensors: {leftovers[:3]}"
+    assert not any("Wrapper" in type(m).__name__ for m in plain.modules())
     torch.testing.assert_close(logits(plain, inputs), unmerged, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("case", ROUND_TRIP_CASES, ids=_case_id)
+def test_merge_equivalence(case, tiny_model, inputs):
+    method, arch_name, target_set = case
+    model, _, unmerged, _, _ = _trained(method, arch_name, target_set, tiny_model, inputs)
+    _assert_merged_equivalent(model, unmerged, inputs)
+
+
+# Task heads that are composite modules without a .weight: RoBERTa's classification head (dense + out_proj) and
+# DeBERTa-v2's ContextPooler. peft 0.21's merge_and_unload for VeRA and FourierFT (BaseTuner._replace_module)
+# reads the head's .weight and raised AttributeError on them; peftlab.adapters.merged unwraps the head first.
+COMPOSITE_HEAD_CASES = [(m, a, ("q", "v")) for m in METHODS for a in ("roberta", "deberta-v2")]
+
+
+@pytest.mark.parametrize("case", COMPOSITE_HEAD_CASES, ids=_case_id)
+def test_merge_equivalence_composite_head(case, tiny_model, inputs):
+    from peftlab.targets import head_module_names
+
+    method, model_type, target_set = case
+    model = tiny_model(model_type)
+    assert any(not hasattr(model.get_submodule(h), "weight") for h in head_module_names(model))
+    model, _, heads = adapt(model, method_config(method, target_set))
+    assert heads
+    perturb(model)
+    _assert_merged_equivalent(model, logits(model, inputs), inputs)
 
 
 @pytest.mark.parametrize("case", ROUND_TRIP_CASES, ids=_case_id)

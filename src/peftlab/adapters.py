@@ -123,5 +123,32 @@ def _load_full(base: nn.Module, path: Path, base_model: str | None) -> nn.Module
 
 
 def merged(model: nn.Module) -> nn.Module:
-    """A plain model with the adapter folded into the weights (inference at base-model cost)."""
-    return model.merge_and_unload() if is_peft(model) else model
+    """A plain model with the adapter folded into the weights (inference at base-model cost). In place:
+    ``model`` is consumed.
+
+    The trained task head (peft's ``modules_to_save``) is unwrapped first, by peft's own
+    ``ModulesToSaveWrapper.unload_and_optionally_merge_module``. ``merge_and_unload`` alone fails for VeRA and
+    FourierFT when the head is a composite module: their tuners use peft's generic
+    ``BaseTuner._replace_module`` (LoRA and its variants override it), which runs
+    ``new_module.weight = child.weight`` on the head wrapper it replaces, and a head without a ``.weight``
+    (RoBERTa's ``RobertaClassificationHead``, DeBERTa-v2's ``ContextPooler``) raises AttributeError, after the
+    adapted layers have already been merged in place. Present in peft 0.21.2; a ``hasattr`` guard for it was
+    proposed upstream in huggingface/peft PR #3213.
+    """
+    if not is_peft(model):
+        return model
+    _unwrap_saved_modules(model)
+    return model.merge_and_unload()
+
+
+def _unwrap_saved_modules(model: nn.Module) -> None:
+    """Replace each ``ModulesToSaveWrapper`` by the module it would unload to (the active trained copy)."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    inner = model.base_model.model
+    for name, module in list(inner.named_modules()):
+        if isinstance(module, ModulesToSaveWrapper):
+            parent_name, _, child = name.rpartition(".")
+            parent = inner.get_submodule(parent_name) if parent_name else inner
+            setattr(parent, child, module.unload_and_optionally_merge_module(merge=True, safe_merge=False,
+                                                                             adapter_names=None))

@@ -385,44 +385,17 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0][:300] if text else ""
 
 
-def _merge_unwrapping_heads(model):
-    """merge_and_unload after replacing each ``ModulesToSaveWrapper`` by its trained copy.
-
-    peft 0.21's ``BaseTuner._replace_module`` (used by VeRA and FourierFT, not by LoRA, which overrides it)
-    reads ``child.weight`` of the wrapper it replaces, which a composite head such as RoBERTa's
-    ``RobertaClassificationHead`` (dense + out_proj) does not have: ``merge_and_unload`` raises
-    AttributeError. Unwrapping the head first leaves nothing for that code path to trip on.
-    """
-    from peft.utils.other import ModulesToSaveWrapper
-
-    inner = model.base_model.model
-    for name, module in list(inner.named_modules()):
-        if isinstance(module, ModulesToSaveWrapper):
-            parent_name, _, child = name.rpartition(".")
-            parent = inner.get_submodule(parent_name) if parent_name else inner
-            setattr(parent, child, module.modules_to_save[module.active_adapters[0]])
-    return model.merge_and_unload()
-
-
 def _merge(row: "Row", inputs: dict, clock: "Clock") -> None:
-    """:func:`peftlab.adapters.merged` (timed), with a fallback for peft's composite-head bug; records how far
-    the merged model's logits are from the unmerged ones (fp32, eval mode, the benchmark batch)."""
+    """:func:`peftlab.adapters.merged` (timed); records how far the merged model's logits are from the unmerged
+    ones (fp32, eval mode, the benchmark batch)."""
     from peftlab.adapters import merged
 
     with torch.no_grad():
         before = row.model(**inputs).logits.float()
     clock.sync()
     start = time.perf_counter()
-    try:
-        with torch.no_grad():
-            model = merged(row.model)
-    except AttributeError as err:
-        # the failed call has already merged and unloaded the adapted layers; only the head wrapper is left
-        with torch.no_grad():
-            model = _merge_unwrapping_heads(row.model)
-        note = (f"peftlab.adapters.merged raised AttributeError ({_first_line(err)}): merged after unwrapping "
-                "the task head (peft BaseTuner._replace_module bug)")
-        row.note = f"{row.note}; {note}" if row.note else note
+    with torch.no_grad():
+        model = merged(row.model)
     clock.sync()
     row.merge_seconds = time.perf_counter() - start
     model.eval()
@@ -851,7 +824,11 @@ def markdown_micro(result: dict) -> str:
             f"{_x(ratios['infer_unmerged_vs_base'])} | {_ms(row['infer_merged_s'])} | "
             f"{_x(ratios['infer_merged_vs_base'])} |")
     lines += ["", f"Memory: {result['memory_method']}."]
-    notes = [f"{row['label']}: {row['note']}" for row in result["rows"] if row.get("note")]
+    by_note: dict[str, list[str]] = {}
+    for row in result["rows"]:
+        for note in filter(None, (row.get("note") or "").split("; ")):
+            by_note.setdefault(note, []).append(row["label"])
+    notes = [f"{', '.join(labels)}: {note}" for note, labels in by_note.items()]
     if any(row["method"] == KASA_PEFT for row in result["rows"]):
         notes.append(f"{KASA_PEFT}: KaSA trained with peft's per-module `_get_kasa_loss` (+ a module walk), the "
                      "regulariser peftlab used before `peftlab.kasa.regulariser` was batched")
