@@ -34,7 +34,7 @@ def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merg
     cfg = build_config(TrainConfig, yaml_path=config_file, overrides=overrides or None)
     task = TASKS[cfg.task]
     base, tokenizer = load_model(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
-                                 trust_remote_code=cfg.trust_remote_code)
+                                 trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)
     model = load_trained(base, adapter or run_dir / "adapter", allow_pickle=allow_pickle or cfg.allow_pickle,
                          base_model=cfg.model)
     if merge:

@@ -18,6 +18,9 @@ import numpy as np
 from peftlab.errors import unknown
 from peftlab.tasks import TASKS
 
+# Metrics where smaller is better (held-out loss of instruction tuning): best-epoch choice and report Avg.
+LOWER_IS_BETTER = frozenset({"eval_loss", "perplexity"})
+
 
 def primary(task: str) -> str:
     """The metric the papers' tables report for ``task``."""

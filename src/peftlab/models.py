@@ -228,11 +228,13 @@ def load_model(
     dtype: Any = None,
     trust_remote_code: bool = False,
     seed: int = 0,
+    pooling: str = "auto",
 ):
     """Load ``name`` with a task head; returns ``(model, tokenizer)``.
 
     ``head``: ``classification`` (``num_labels`` outputs), ``regression`` (1 output, MSE, e.g. STS-B) or
-    ``causal-lm`` (decoders). A new head is randomly initialised from ``seed``.
+    ``causal-lm`` (decoders). A new head is randomly initialised from ``seed``. ``pooling``: see
+    :mod:`peftlab.pooling`; the resolved value is ``model.peftlab_pooling``.
     """
     import torch
     import transformers
@@ -267,6 +269,9 @@ def load_model(
                 f"could not load model '{name}': {first_line}",
                 fix="check the name or path; offline, use a registered model (`peftlab models`)",
             ) from None
+    from peftlab import pooling as pooling_mod
+
+    model.peftlab_pooling = pooling_mod.resolve(pooling, model, None if spec and spec.random_config else source, head)
     tokenizer = load_tokenizer(name)
     if head != "causal-lm" and model.config.pad_token_id is None and tokenizer is not None:
         model.config.pad_token_id = tokenizer.pad_token_id

@@ -2,7 +2,8 @@
 
 Rows are configs grouped without the seed (nor task, output folder, or settings that vary only with the
 task, such as a per-task epoch count); columns are tasks (their primary metric, ``best`` epoch by default),
-an Avg column (mean over tasks of the cell means, only for rows with every task) and #Param. A cell is
+an Avg column (mean over tasks of the cell means, only for rows with every task, and left out when a column
+is a lower-is-better metric such as eval_loss) and #Param. A cell is
 ``mean ± std (n)`` with the sample std (ddof=1) over seeds. Runs that diverged, collapsed or failed are
 never averaged in: they are counted in the cell (``71.2 ± 0.8 (3) [1 collapsed]``), and a cell with only
 such runs names them. Runs with ``epochs: 0`` form the before-fine-tuning row(s).
@@ -196,6 +197,16 @@ class Table:
     baseline: Row | None = None
     baseline_text: str = ""
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def averageable(self) -> bool:
+        """Avg means something only over scores that all grow with quality (not accuracy with eval_loss)."""
+        from peftlab.metrics import LOWER_IS_BETTER
+
+        return not any(metric in LOWER_IS_BETTER for metric in self.metrics.values())
+
+    def avg(self, row: Row) -> float | None:
+        return row.avg(self.tasks) if self.averageable else None
 
 
 def _group_config(config: dict, drop: Iterable[str]) -> dict:
@@ -445,7 +456,7 @@ def render_rows(table: Table, digits: int, *, pm: str = "±", mark: str = MARK) 
     out = []
     for row in table.rows:
         cells = [format_cell(row.cells.get(t), table.scale, digits, pm=pm, mark=mark) for t in table.tasks]
-        avg = row.avg(table.tasks)
+        avg = table.avg(row)
         out.append(_label_cells(table, row) + cells + ["–" if avg is None else f"{avg * table.scale:.{digits}f}",
                                                         "–" if row.before else format_params(row.params)])
     return out
@@ -510,7 +521,7 @@ def render_csv(table: Table) -> str:
             line += [_num(cell.mean, table.scale), _num(cell.std, table.scale), cell.n,
                      "; ".join(f"{n} {s}" for s, n in sorted(cell.excluded.items())),
                      "" if cell.p is None else repr(cell.p)]
-        avg = row.avg(table.tasks)
+        avg = table.avg(row)
         line += [_num(avg, table.scale), "" if row.before or not row.params else max(row.params),
                  int(row is table.baseline)]
         writer.writerow(line)

@@ -19,13 +19,12 @@ import torch
 from peftlab import runfiles
 from peftlab.config import TrainConfig, add_dataclass_flags, build_config, save_config
 from peftlab.errors import PeftlabError
+from peftlab.metrics import LOWER_IS_BETTER  # best epoch: smaller eval_loss is better
 
 # Test seam for the divergence guard: make the loss NaN at this global step (documented in RELIABILITY.md).
 FAULT_NAN_STEP_ENV = "PEFTLAB_FAULT_NAN_AT_STEP"
 # A metric "clearly above" chance is this far above it (metrics are in [0, 1] or [-1, 1]).
 CLEARLY_ABOVE_CHANCE = 0.05
-# Metrics where smaller is better when picking the best epoch (instruction tuning's held-out loss).
-LOWER_IS_BETTER = {"eval_loss", "perplexity"}
 
 
 class LengthGroupedBatchSampler:
@@ -131,7 +130,9 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     set_seed(cfg.seed)
     task = TASKS[cfg.task]
     model, tokenizer = load_model(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
-                                  trust_remote_code=cfg.trust_remote_code)
+                                  trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)
+    if accelerator.is_main_process and task.head != "causal-lm":
+        print(f"pooling: {model.peftlab_pooling} (--pooling {cfg.pooling})")
     pipeline = build_pipeline(cfg, tokenizer, model)
     task_type = "CAUSAL_LM" if task.head == "causal-lm" else "SEQ_CLS"
     init_start = time.perf_counter()
@@ -299,6 +300,7 @@ def finish(run: Run) -> dict:
         "train_examples_per_second": (state["train_examples"] / state["train_seconds"]
                                       if state["train_seconds"] else None),
         "init_seconds": run.init_seconds,
+        "pooling": getattr(unwrapped, "peftlab_pooling", None),  # --pooling resolved (peftlab.pooling)
         "calibration_seconds": getattr(unwrapped, "peftlab_calibration_seconds", None),  # CorDA's forward passes
         "peak_memory_mb": runfiles.peak_memory_mb(accelerator.device),
         "device": str(accelerator.device),

@@ -1,0 +1,121 @@
+"""Which token representation feeds an encoder's classification head: ``native`` or ``mean``.
+
+BERT-style sequence classifiers pool by taking the first token ([CLS]) through ``pooler.dense`` + tanh.
+Sentence-transformers checkpoints (all-MiniLM-L6-v2, our ``minilm-l6``) were trained with *mean* pooling and
+say so in ``1_Pooling/config.json``; their [CLS] output was never trained to summarise the input, and
+MiniLM's shipped pooler maps every input to nearly the same vector. With [CLS] pooling, LoRA on {q,v} of
+minilm-l6 does not move RTE off the majority class in 3 epochs (train loss stays at ln 2); with the
+checkpoint's own mean pooling it learns (docs/RESULTS.md).
+
+``--pooling auto`` (default) uses the checkpoint's declared sentence-transformers pooling when it is
+``mean`` and the architecture has a BERT-style pooler, else ``native``, the architecture's own pooling.
+(Only local folders are inspected: a Hub id resolves to ``native`` unless ``--pooling mean`` is given.) The
+pooler's ``dense`` layer keeps its name and weights, so heads, adapters and saved files are unchanged;
+only the tokens it reads change. result.json records the resolved pooling; ``peftlab evaluate`` resolves
+the saved config's ``pooling`` the same way, so it rebuilds the same model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from peftlab.errors import PeftlabError
+
+POOLINGS = ("auto", "native", "mean")
+
+
+def declared_pooling(source: str | Path | None) -> str | None:
+    """The pooling a sentence-transformers checkpoint folder declares (``mean``, ``cls``, ...), else None."""
+    if source is None:
+        return None
+    config = Path(source) / "1_Pooling" / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        modes = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for mode in ("mean", "cls", "max"):
+        if modes.get(f"pooling_mode_{mode}_tokens") or (mode == "cls" and modes.get("pooling_mode_cls_token")):
+            return mode
+    return None
+
+
+class MaskedMeanPooler(nn.Module):
+    """Drop-in for a BERT-style pooler: tanh(dense(mean of the non-padding tokens)).
+
+    The encoder does not pass the attention mask to its pooler, so a forward pre-hook on the encoder
+    (:func:`use_mean_pooling`) stores it here for the duration of the call.
+    """
+
+    def __init__(self, pooler: nn.Module):
+        super().__init__()
+        self.dense = pooler.dense
+        self.activation = pooler.activation
+        self._mask: torch.Tensor | None = None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        mask = self._mask
+        if mask is None or mask.shape[:2] != hidden_states.shape[:2]:
+            pooled = hidden_states.mean(dim=1)
+        else:
+            weights = mask.to(hidden_states.dtype).unsqueeze(-1)
+            pooled = (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+        return self.activation(self.dense(pooled))
+
+
+def _encoder_with_pooler(model: nn.Module) -> nn.Module | None:
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    pooler = getattr(base, "pooler", None)
+    if pooler is None or not isinstance(getattr(pooler, "dense", None), nn.Linear) or not hasattr(pooler, "activation"):
+        return None
+    return base
+
+
+def supports_mean(model: nn.Module) -> bool:
+    return _encoder_with_pooler(model) is not None
+
+
+def use_mean_pooling(model: nn.Module) -> None:
+    """Switch a BERT-style classifier's pooler to masked mean pooling, in place."""
+    encoder = _encoder_with_pooler(model)
+    if encoder is None:
+        raise PeftlabError(f"--pooling mean needs a BERT-style pooler; {type(model).__name__} has none",
+                           fix="use --pooling native (or auto)")
+    pooler = MaskedMeanPooler(encoder.pooler)
+    encoder.pooler = pooler
+
+    def remember_mask(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        if mask is None and len(args) > 1:  # BertModel.forward(input_ids, attention_mask, ...)
+            mask = args[1]
+        pooler._mask = mask
+
+    encoder.register_forward_pre_hook(remember_mask, with_kwargs=True)
+
+
+def resolve(pooling: str, model: nn.Module, source: str | Path | None, head: str) -> str:
+    """The pooling a run uses, ``native`` or ``mean`` (``auto`` resolved), applied to ``model`` in place.
+
+    ``native`` is the architecture's own: [CLS] through the pooler for BERT, [CLS] for RoBERTa's head, the
+    last non-padding token for decoder classifiers."""
+    if pooling not in POOLINGS:
+        raise PeftlabError(f"unknown --pooling '{pooling}'", fix=f"use one of {', '.join(POOLINGS)}")
+    if head == "causal-lm":
+        return "native" if pooling == "auto" else _decoder_refusal(pooling)
+    if pooling == "auto":
+        pooling = "mean" if declared_pooling(source) == "mean" and supports_mean(model) else "native"
+    if pooling == "mean":
+        use_mean_pooling(model)
+    return pooling
+
+
+def _decoder_refusal(pooling: str) -> str:
+    if pooling == "mean":
+        raise PeftlabError("--pooling mean applies to encoder classifiers, not to causal-LM tasks",
+                           fix="drop --pooling for this task")
+    return pooling

@@ -1,0 +1,106 @@
+"""--pooling: the checkpoint's sentence-transformers mean pooling for minilm-l6, masked so padding cannot
+leak in, carried through save/evaluate, refused where it cannot apply; per-task length/batch defaults."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from peftlab.cli import main
+from peftlab.config import TrainConfig, build_config
+from peftlab.models import load_model
+from peftlab.pooling import MaskedMeanPooler, declared_pooling
+
+
+def test_minilm_declares_mean_pooling_and_auto_uses_it():
+    model, _ = load_model("minilm-l6")
+    assert model.peftlab_pooling == "mean"
+    assert isinstance(model.bert.pooler, MaskedMeanPooler)
+    native, _ = load_model("minilm-l6", pooling="native")
+    assert native.peftlab_pooling == "native"
+    assert not isinstance(native.bert.pooler, MaskedMeanPooler)
+    # same weights, same names: heads and adapters are unchanged by the switch
+    assert set(model.state_dict()) == set(native.state_dict())
+
+
+def test_random_models_have_no_declared_pooling(tmp_path):
+    assert declared_pooling(tmp_path) is None
+    assert declared_pooling(None) is None
+    assert load_model("tiny-bert")[0].peftlab_pooling == "native"
+
+
+def test_declared_pooling_reads_sentence_transformers_config(tmp_path):
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+    assert declared_pooling(tmp_path) == "cls"
+    (tmp_path / "1_Pooling" / "config.json").write_text("{not json")
+    assert declared_pooling(tmp_path) is None
+
+
+def _logits(model, tokenizer, texts):
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+@pytest.mark.parametrize("pooling", ["mean", "native"])
+def test_padding_does_not_change_an_example(pooling):
+    model, tokenizer = load_model("tiny-bert", pooling=pooling)
+    model.eval()
+    short = "a short one."
+    alone = _logits(model, tokenizer, [short])
+    padded = _logits(model, tokenizer, [short, "a much longer sentence with many more words than the first one"])
+    torch.testing.assert_close(padded[:1], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_mean_pooler_is_the_masked_mean_through_dense_and_tanh():
+    model, tokenizer = load_model("tiny-bert", pooling="mean")
+    model.eval()
+    batch = tokenizer(["one two", "one two three four five"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model.bert(**batch).last_hidden_state
+        pooled = model.bert.pooler(hidden)  # the mask from the last encoder call is still set
+        mask = batch["attention_mask"].float().unsqueeze(-1)
+        expected = torch.tanh(model.bert.pooler.dense((hidden * mask).sum(1) / mask.sum(1)))
+        first_token = torch.tanh(model.bert.pooler.dense(hidden[:, 0]))
+    torch.testing.assert_close(pooled, expected)
+    assert not torch.allclose(pooled, first_token)
+
+
+def test_pooling_is_recorded_and_evaluate_rebuilds_it(tmp_path):
+    from peftlab.evaluate import evaluate_run
+    from peftlab.train import train
+
+    cfg = build_config(TrainConfig, overrides=dict(
+        task="rte", model="tiny-bert", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8, max_length=32,
+        max_train_samples=16, max_eval_samples=32, pooling="mean", lr=1e-2, output_dir=str(tmp_path / "run")))
+    result = train(cfg)
+    assert result["status"] == "ok" and result["pooling"] == "mean"
+    assert evaluate_run(tmp_path / "run") == pytest.approx(result["final"]["metrics"])
+    assert evaluate_run(tmp_path / "run", merge=True) == pytest.approx(result["final"]["metrics"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pooling", "max"], "unknown pooling 'max'"),
+    (["--model", "tiny-llama", "--pooling", "mean"], "--pooling mean needs a BERT-style pooler"),
+    (["--task", "gsm8k", "--model", "tiny-llama", "--pooling", "mean"], "not to causal-LM tasks"),
+])
+def test_bad_pooling_is_one_line(tmp_path, capsys, argv, message):
+    out = tmp_path / "run"
+    code = main(["train", "--model", "tiny-bert", "--epochs", "1", "--max-train-samples", "8",
+                 "--max-eval-samples", "8", "--output-dir", str(out), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and message in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("task, max_length, batch_size", [("rte", 128, 16), ("gsm8k", 512, 8), ("alpaca", 512, 8)])
+def test_task_defaults_for_length_and_batch(task, max_length, batch_size):
+    cfg = build_config(TrainConfig, overrides={"task": task})
+    assert (cfg.max_length, cfg.batch_size) == (max_length, batch_size)
+    given = build_config(TrainConfig, overrides={"task": task, "max_length": 64, "batch_size": 4})
+    assert (given.max_length, given.batch_size) == (64, 4)
