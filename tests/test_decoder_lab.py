@@ -69,3 +69,21 @@ def test_micro_bench_on_a_decoder(tmp_path):
     for row in result["rows"]:
         assert row["error"] is None, row["error"]
         assert row["train_step_s"]["median"] > 0
+
+
+@needs_data
+def test_gsm8k_generates_only_before_and_after_by_default(tmp_path):
+    from peftlab.config import TrainConfig, build_config
+    from peftlab.train import train
+
+    cfg = build_config(TrainConfig, overrides={**TINY_DECODER, "task": "gsm8k", "epochs": 2,
+                                               "output_dir": str(tmp_path / "run")})
+    assert cfg.eval_every == 0
+    result = train(cfg)
+    assert result["status"] == "ok"
+    assert [e["metrics"] for e in result["epochs_log"]][0] == {}
+    assert set(result["epochs_log"][1]["metrics"]) >= {"accuracy", "answered"}
+    assert result["best"]["epoch"] == 2 and result["best"]["metrics"] == result["final"]["metrics"]
+    assert result["generations"] == {"before": "generations_before.jsonl", "epoch2": "generations_epoch2.jsonl"}
+    assert sorted(p.name for p in (tmp_path / "run").glob("generations_*.jsonl")) == [
+        "generations_before.jsonl", "generations_epoch2.jsonl"]

@@ -121,3 +121,12 @@ def test_minilm_real_data_end_to_end(tmp_path):
 
 def test_glue_task_table_is_complete():
     assert set(GLUE_TASKS) == {"cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli"}
+
+
+@pytest.mark.parametrize("eval_every, evaluated", [(1, [1, 2, 3]), (2, [2, 3]), (0, [3])])
+def test_eval_every_skips_epochs_but_always_evaluates_the_last(tmp_path, eval_every, evaluated):
+    result = train(tiny_cfg(tmp_path, epochs=3, eval_every=eval_every))
+    validate(result)
+    assert [e["epoch"] for e in result["epochs_log"] if e["metrics"]] == evaluated
+    assert result["best"]["epoch"] in evaluated
+    assert result["final"]["metrics"] == result["epochs_log"][-1]["metrics"] != {}

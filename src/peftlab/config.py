@@ -87,6 +87,8 @@ class TrainConfig(MethodConfig, OptimConfig):
     """For --task json: the evaluation JSON/JSONL file (default: a held-out 10% of --train-file)."""
     eval_before: bool = False
     """Also evaluate the untrained model before fine-tuning (the papers' "before" row; always on for gsm8k)."""
+    eval_every: int | None = None
+    """Evaluate after every N epochs, and always after the last; 0: only after the last. Default 1; gsm8k: 0 (generation costs about an epoch)."""
     max_new_tokens: int = 256
     """Generation length limit for GSM8K evaluation."""
     log_every: int = 10
@@ -116,13 +118,15 @@ class TrainConfig(MethodConfig, OptimConfig):
             # 16, not the papers' 32: on small GLUE sets (RTE: 2,490) 3 epochs of 32 are only 234 steps, and
             # MiniLM-L6 + LoRA did not leave the majority class in them (docs/RESULTS.md, RTE).
             self.batch_size = task.default_batch_size or 16
+        if self.eval_every is None:
+            self.eval_every = 1 if task.default_eval_every is None else task.default_eval_every
         if self.pooling not in POOLINGS:
             raise unknown("pooling", self.pooling, POOLINGS, where="--pooling")
         for flag in ("epochs", "batch_size", "eval_batch_size", "max_length", "checkpoint_every", "log_every",
-                     "max_new_tokens"):
+                     "max_new_tokens", "eval_every"):
             value = getattr(self, flag)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
-                    value == 0 and flag not in ("epochs", "checkpoint_every")):
+                    value == 0 and flag not in ("epochs", "checkpoint_every", "eval_every")):
                 raise PeftlabError(f"--{flag.replace('_', '-')} must be a positive integer, got {value!r}")
         for flag in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, flag)

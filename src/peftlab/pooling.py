@@ -2,10 +2,10 @@
 
 BERT-style sequence classifiers pool by taking the first token ([CLS]) through ``pooler.dense`` + tanh.
 Sentence-transformers checkpoints (all-MiniLM-L6-v2, our ``minilm-l6``) were trained with *mean* pooling and
-say so in ``1_Pooling/config.json``; their [CLS] output was never trained to summarise the input, and
-MiniLM's shipped pooler maps every input to nearly the same vector. With [CLS] pooling, LoRA on {q,v} of
-minilm-l6 does not move RTE off the majority class in 3 epochs (train loss stays at ln 2); with the
-checkpoint's own mean pooling it learns (docs/RESULTS.md).
+say so in ``1_Pooling/config.json``: their [CLS] output was never trained to summarise the input, and
+MiniLM's shipped pooler maps every input to nearly the same vector. On RTE, the two poolings gave the same
+accuracy within seed noise (docs/RESULTS.md), so the default follows the checkpoint's training, not a
+measured gain.
 
 ``--pooling auto`` (default) uses the checkpoint's declared sentence-transformers pooling when it is
 ``mean`` and the architecture has a BERT-style pooler, else ``native``, the architecture's own pooling.

@@ -25,6 +25,9 @@ class Task:
     # 32 x 512 tokens of a 49k-vocabulary decoder would need ~30 GB of activations and logits on CPU.
     default_max_length: int | None = None
     default_batch_size: int | None = None
+    # Default --eval-every (None: 1). GSM8K's evaluation generates an answer per problem, about as costly as
+    # an epoch of training on 500 examples, so by default it runs only before and after fine-tuning (0).
+    default_eval_every: int | None = None
 
     @property
     def num_labels(self) -> int:
@@ -51,7 +54,7 @@ TASKS: dict[str, Task] = {
         Task("rte", "classification", "accuracy", ("entailment", "not_entailment"), ("sentence1", "sentence2"), "RTE"),
         Task("wnli", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "WNLI"),
         Task("gsm8k", "instruction", "accuracy", eval_splits=("test",), eval_before=True,
-             default_max_length=512, default_batch_size=8),
+             default_max_length=512, default_batch_size=8, default_eval_every=0),
         Task("alpaca", "instruction", "eval_loss", default_max_length=512, default_batch_size=8),
         Task("json", "instruction", "eval_loss", default_max_length=512, default_batch_size=8),
     ]

@@ -248,14 +248,16 @@ def fit(run: Run) -> None:
         if progress is not None:
             progress.close()
 
-        metrics = pipeline.evaluate(model, accelerator)
+        last = epoch + 1 == cfg.epochs
+        evaluated = last or (cfg.eval_every > 0 and (epoch + 1) % cfg.eval_every == 0)
+        metrics = pipeline.evaluate(model, accelerator) if evaluated else {}  # {}: skipped by --eval-every
         record = {"epoch": epoch + 1, "train_loss": state["epoch_loss_sum"] / max(1, state["epoch_loss_count"]),
                   "metrics": metrics, "seconds": state.get("epoch_train_seconds", 0.0)}
         state["epochs_log"].append(record)
         primary = metrics.get(pipeline.primary_metric)
         best = state["best"]
-        if best is None or (primary is not None and _better(primary, best["metrics"].get(pipeline.primary_metric),
-                                                             pipeline.primary_metric)):
+        if evaluated and (best is None or (primary is not None and _better(
+                primary, best["metrics"].get(pipeline.primary_metric), pipeline.primary_metric))):
             state["best"] = {"epoch": epoch + 1, "metrics": metrics}
         _check_collapse(state, primary, pipeline.chance, epoch + 1, pipeline.primary_metric)
         if run.main:
@@ -265,7 +267,8 @@ def fit(run: Run) -> None:
                                        "".join(json.dumps(r) + "\n" for r in state["epochs_log"]))
             for key, value in metrics.items():
                 run.writer.add_scalar(f"eval/{key}", value, epoch + 1)
-            print(f"epoch {epoch + 1}: train_loss={record['train_loss']:.4f} {_fmt_metrics(metrics)}")
+            print(f"epoch {epoch + 1}: train_loss={record['train_loss']:.4f} "
+                  + (_fmt_metrics(metrics) if evaluated else "(not evaluated: --eval-every)"))
         state.update(epoch=epoch + 1, step_in_epoch=0, epoch_loss_sum=0.0, epoch_loss_count=0,
                      epoch_train_seconds=0.0)
         _checkpoint(run)
