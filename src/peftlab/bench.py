@@ -965,21 +965,13 @@ def _e2e_summary(runs: list[dict], task: str, method: str) -> dict[str, Any]:
         }
     dyn, pad = out["dynamic"], out["pad_to_max"]
     # per-seed paired speed-ups (the two runs of a seed ran back to back)
-    seeds = sorted({r["seed"] for r in runs if r["task"] == task and r["method"] == method})
-    paired = []
-    for seed in seeds:
-        by = {r["setup"]: r for r in runs if r["task"] == task and r["method"] == method and r["seed"] == seed}
-        if "dynamic" in by and "pad_to_max" in by and by["dynamic"]["train_seconds_per_epoch"]:
-            paired.append(by["pad_to_max"]["train_seconds_per_epoch"] / by["dynamic"]["train_seconds_per_epoch"])
-    out["speedup_train"] = statistics.median(paired) if paired else None
-    out["speedup_train_per_seed"] = paired
-    cpu_paired = []
-    for seed in seeds:
-        by = {r["setup"]: r for r in runs if r["task"] == task and r["method"] == method and r["seed"] == seed}
-        if by.get("dynamic", {}).get("cpu_seconds") and by.get("pad_to_max", {}).get("cpu_seconds"):
-            cpu_paired.append(by["pad_to_max"]["cpu_seconds"] / by["dynamic"]["cpu_seconds"])
-    out["speedup_cpu"] = statistics.median(cpu_paired) if cpu_paired else None
-    out["speedup_cpu_per_seed"] = cpu_paired
+    mine = [r for r in runs if r["task"] == task and r["method"] == method]
+    by_seed = {seed: {r["setup"]: r for r in mine if r["seed"] == seed} for seed in sorted({r["seed"] for r in mine})}
+    for name, key in (("train", "train_seconds_per_epoch"), ("cpu", "cpu_seconds")):
+        paired = [by["pad_to_max"][key] / by["dynamic"][key] for by in by_seed.values()
+                  if by.get("dynamic", {}).get(key) and by.get("pad_to_max", {}).get(key) is not None]
+        out[f"speedup_{name}"] = statistics.median(paired) if paired else None
+        out[f"speedup_{name}_per_seed"] = paired
     if dyn["wall_seconds_per_epoch"] and pad["wall_seconds_per_epoch"]:
         out["speedup_wall"] = pad["wall_seconds_per_epoch"] / dyn["wall_seconds_per_epoch"]
     if dyn["metric_mean"] is not None and pad["metric_mean"] is not None:

@@ -106,16 +106,12 @@ def resolve(pooling: str, model: nn.Module, source: str | Path | None, head: str
     if pooling not in POOLINGS:
         raise PeftlabError(f"unknown --pooling '{pooling}'", fix=f"use one of {', '.join(POOLINGS)}")
     if head == "causal-lm":
-        return "native" if pooling == "auto" else _decoder_refusal(pooling)
+        if pooling == "mean":
+            raise PeftlabError("--pooling mean applies to encoder classifiers, not to causal-LM tasks",
+                               fix="drop --pooling for this task")
+        return "native"
     if pooling == "auto":
         pooling = "mean" if declared_pooling(source) == "mean" and supports_mean(model) else "native"
     if pooling == "mean":
         use_mean_pooling(model)
-    return pooling
-
-
-def _decoder_refusal(pooling: str) -> str:
-    if pooling == "mean":
-        raise PeftlabError("--pooling mean applies to encoder classifiers, not to causal-LM tasks",
-                           fix="drop --pooling for this task")
     return pooling

@@ -442,6 +442,7 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = set(stop_token_ids(tokenizer))
     cache_arg = _cache_argument(model)
+    ends_line: dict[int, bool] = {}  # token id -> its text holds a newline (decoded once per id, not per step)
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
     generated: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     for start in range(0, len(order), batch_size):
@@ -468,7 +469,9 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: 
                 if token in stops:
                     continue
                 generated[index].append(token)
-                if stop_when is not None and "\n" in tokenizer.decode([token]) and stop_when(
+                if token not in ends_line:
+                    ends_line[token] = "\n" in tokenizer.decode([token])
+                if stop_when is not None and ends_line[token] and stop_when(
                         tokenizer.decode(generated[index], skip_special_tokens=True)):
                     continue
                 keep.append(row)
