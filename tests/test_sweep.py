@@ -19,7 +19,7 @@ import yaml
 
 from peftlab.errors import PeftlabError
 from peftlab.store import Store, _proc_state, config_key, owner_alive, process_identity, short_key
-from peftlab.sweep import expand, load_spec, run_sweep
+from peftlab.sweep import run_name, expand, load_spec, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -126,7 +126,9 @@ def test_load_spec_resolves_runs_keys_and_folders(tmp_path):
     assert sweep.store_path == tmp_path / "runs" / "results.sqlite"
     first = sweep.runs[0]
     assert first.config["targets"] == "q,v" and first.config["max_train_samples"] == 16
-    assert first.output_dir == str(tmp_path / "runs" / short_key(first.key))
+    assert first.output_dir == str(tmp_path / "runs" / f"{run_name(first.config)}-{short_key(first.key)}")
+    # readable: task, method, targets, lambda, seed, then the key's hash
+    assert Path(first.output_dir).name.startswith(f"{first.config['task']}-{first.config['method']}-qv-l1-s0-")
     assert first.key == config_key(first.config)  # output_dir is not part of the key
     assert sweep.runs[2].config["targets"] == "q,k,v"
     # the same config under another root has the same key
@@ -280,6 +282,17 @@ def test_sweep_records_failures_skips_finished_and_retries_failed(tmp_path):
         assert sorted(r["attempts"] for r in store.rows()) == [1, 1, 1, 1, 2, 2]
 
 
+def test_sweep_console_prints_each_finished_runs_primary_metric(tmp_path, capfd):
+    root = tmp_path / "runs"
+    spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE,
+                                            "grid": {"lr_ratio": [1, 8], "seed": [0, 2]}})
+    run_sweep(load_spec(spec), train_fn=fake_train, progress=True)
+    err = capfd.readouterr().err
+    assert "(lr_ratio=1 seed=0): ok, accuracy best 0.6000 (epoch 1), final 0.6000" in err
+    assert "(lr_ratio=1 seed=2): ok, accuracy best 0.6200 (epoch 1), final 0.6200" in err
+    assert "(lr_ratio=8 seed=0) failed: RuntimeError: boom" in err
+
+
 def test_sweep_resumes_a_killed_run_and_adopts_a_finished_one(tmp_path):
     root = tmp_path / "runs"
     spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE, "grid": {"seed": [0, 1, 2]}})
@@ -312,9 +325,10 @@ def test_sweep_resumes_a_killed_run_and_adopts_a_finished_one(tmp_path):
     outcome = run_sweep(sweep, train_fn=fake_train, progress=False)
     assert outcome.counts["ok"] == 3
     by_dir = {c["dir"]: c for c in calls(root)}
-    assert by_dir[killed.short]["resume"] is True and by_dir[killed.short]["mode"] == "resume"
-    assert finished_unrecorded.short not in by_dir  # adopted from result.json, not rerun
-    assert by_dir[fresh.short]["overwrite"] is True and by_dir[fresh.short]["resume"] is False
+    killed_dir, fresh_dir = Path(killed.output_dir).name, Path(fresh.output_dir).name
+    assert by_dir[killed_dir]["resume"] is True and by_dir[killed_dir]["mode"] == "resume"
+    assert Path(finished_unrecorded.output_dir).name not in by_dir  # adopted from result.json, not rerun
+    assert by_dir[fresh_dir]["overwrite"] is True and by_dir[fresh_dir]["resume"] is False
     with Store(sweep.store_path) as store:
         attempts = {r["key"]: r["attempts"] for r in store.rows()}
     assert attempts == {killed.key: 2, finished_unrecorded.key: 2, fresh.key: 1}
@@ -378,7 +392,7 @@ def test_worker_sweep_killed_leaves_no_orphans_and_reruns_cleanly(tmp_path):
     made = calls(root)
     again = [c for c in made[len(first):] if c["dir"] in {f["dir"] for f in first}]
     assert len(again) <= 2  # only runs killed in flight (one per worker) were started twice
-    assert {c["dir"] for c in made} == {short_key(r["key"]) for r in rows}
+    assert {c["dir"] for c in made} == {Path(r["output_dir"]).name for r in rows}
 
 
 # --------------------------------------------------------------------------- a real sweep, SIGKILLed

@@ -68,6 +68,55 @@ def test_kasa_result_records_learned_singular_values(tmp_path):
     result = train(tiny_cfg(tmp_path, method="kasa", rank=3))
     assert result["kasa_sigma"] and all(len(v) == 3 for v in result["kasa_sigma"].values())
     assert len(result["kasa_sigma"]) == 4  # 2 layers x {q, v}
+    # ... and their values at initialisation, so a figure can show what training changed
+    init = result["kasa_sigma_init"]
+    assert set(init) == set(result["kasa_sigma"]) and all(len(v) == 3 for v in init.values())
+    assert any(init[m] != result["kasa_sigma"][m] for m in init)
+    validate(result)
+
+
+def _eval_texts(cfg):
+    from peftlab.models import load_tokenizer
+    from peftlab.pipelines import build_glue
+
+    pipeline = build_glue(cfg, load_tokenizer(cfg.model))
+    return pipeline, list(pipeline.eval_sets["validation"]["text_a"]), list(pipeline.train_dataset["input_ids"])
+
+
+def test_max_eval_samples_scores_the_same_dev_examples_for_every_seed(tmp_path):
+    a, a_eval, a_train = _eval_texts(tiny_cfg(tmp_path, seed=0, max_eval_samples=20, max_train_samples=20))
+    b, b_eval, b_train = _eval_texts(tiny_cfg(tmp_path, seed=1, max_eval_samples=20, max_train_samples=20))
+    assert len(a_eval) == 20 and a_eval == b_eval  # the training seed does not move the dev subset
+    assert a_train != b_train  # ... it changes only training (here: which 20 training examples)
+    _, other_eval, _ = _eval_texts(tiny_cfg(tmp_path, seed=0, eval_seed=1, max_eval_samples=20))
+    assert other_eval != a_eval  # --eval-seed draws another subset
+    assert a.extras["eval_examples_digest"] == b.extras["eval_examples_digest"]
+    # end to end: two seeds record the same evaluation seed and the same evaluated examples
+    first = train(tiny_cfg(tmp_path / "s0", seed=0, max_eval_samples=20))
+    second = train(tiny_cfg(tmp_path / "s1", seed=1, max_eval_samples=20))
+    validate(first)
+    assert first["eval_seed"] == second["eval_seed"] == 0
+    assert first["eval_examples_digest"] == second["eval_examples_digest"] == a.extras["eval_examples_digest"]
+    assert first["num_eval_examples"] == 20
+
+
+def test_bad_eval_seed_is_one_line_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "peftlab.cli", "train", "--eval-seed", "-1"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--eval-seed must be an integer >= 0" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_qqp_trains_on_the_glue_subset_and_says_so(tmp_path):
+    result = train(tiny_cfg(tmp_path, task="qqp"))
+    validate(result)
+    assert result["dataset"] == "glue_subsets"
+    assert result["data_files"]["train"].endswith(str(Path("glue_subsets") / "QQP" / "train.json"))
+    qnli = train(tiny_cfg(tmp_path / "qnli", task="qnli"))
+    assert qnli["dataset"] == "glue_subsets"  # trained on the subset ...
+    assert qnli["data_files"]["validation"].endswith(str(Path("glue") / "QNLI" / "dev.tsv"))  # ... real dev set
+    sst2 = train(tiny_cfg(tmp_path / "sst2", task="sst2"))
+    assert sst2["dataset"] == "glue"
 
 
 def test_same_seed_same_metrics_on_cpu(tmp_path):

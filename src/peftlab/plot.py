@@ -2,15 +2,21 @@
 
 * ``heatmap``: a metric over two config keys (``--x lr --y lr_ratio`` by default; ``--y v_lr`` is
   lr * lr_ratio, i.e. eta_QK x eta_V as in Yao et al. Figure 1), mean over seeds, one panel per task (and
-  per combination of any other key that varies). Cells with diverged/collapsed/failed runs are marked
-  (``×n``); a cell with only such runs is grey and names them.
-* ``sigma``: KaSA's learned Delta_sigma per layer and projection (KaSA Figure 4), from result.json's
-  ``kasa_sigma``, averaged over the selected runs (seeds).
+  per combination of any other key that varies), one colour scale per task; red box: the best cell (the lowest
+  for metrics in ``peftlab.metrics.LOWER_IS_BETTER``). Cells with diverged/collapsed/failed runs are marked
+  (``[status]``); a cell with only such runs is grey and names them. When --x or --y takes one value in every
+  task, the panels fold into one per task with the configs as rows.
+* ``sigma``: what training did to KaSA's Delta_sigma per layer and projection (KaSA Figure 4): result.json's
+  ``kasa_sigma - kasa_sigma_init`` (learned minus initial values; the random init would otherwise dominate),
+  averaged over the selected runs (seeds), one symmetric colour scale for all panels. Runs of an older peftlab
+  without ``kasa_sigma_init`` are drawn as Delta_sigma itself, their panel titles saying so.
 * ``curves``: the metric per epoch and the train loss of the selected runs (``--where``), mean ± std over
   seeds per config; runs that did not end ok are drawn on their own, dashed.
 * ``rank``: the metric against ``--x`` (default rank), one line per other varying config, mean ± std.
 
-Figures are drawn with matplotlib's Agg backend; the file type follows ``--out``'s suffix (png, pdf, svg).
+Figures are drawn with matplotlib's Agg backend and constrained layout, titles wrapped to the figure's width, and
+saved uncropped (:func:`make_figure` returns the Figure, :func:`save_figure` writes it); the file type follows
+``--out``'s suffix (png, pdf, svg).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import textwrap
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +50,8 @@ DERIVED = {"v_lr": "lr * lr_ratio (eta_V)", "qk_lr": "lr (eta_QK)"}
 SUFFIXES = (".png", ".pdf", ".svg")
 MAX_PANELS = 36
 MAX_LINES = 12
+DPI = 150  # figures are laid out at the resolution they are saved with (a PNG is the figure's own canvas)
+_CHAR_EM = 0.6  # average glyph width in em (DejaVu Sans), a little generous, for wrapping titles to a width
 _PROJ_NAMES = {"query": "q", "q_proj": "q", "q_lin": "q", "q": "q", "key": "k", "k_proj": "k", "k_lin": "k",
                "k": "k", "value": "v", "v_proj": "v", "v_lin": "v", "v": "v", "o_proj": "o", "out_proj": "o",
                "out_lin": "o", "o": "o", "c_attn": "qkv", "c_proj": "o"}
@@ -118,21 +128,111 @@ def _status_summary(counts: dict[str, int]) -> str:
     return ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in sorted(counts.items()))
 
 
+def _wrap(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` with each of its lines wrapped to fit ``width_in`` inches at ``fontsize`` points."""
+    chars = max(16, int(width_in * 72 / (_CHAR_EM * fontsize)))
+    return "\n".join(textwrap.fill(line, chars, break_on_hyphens=False) if line else line
+                     for line in text.split("\n"))
+
+
+def _suptitle(fig, text: str, fontsize: float = 10) -> None:
+    fig.suptitle(_wrap(text, 0.96 * fig.get_figwidth(), fontsize), fontsize=fontsize)
+
+
+def _title(ax, text: str, width_in: float, fontsize: float = 9) -> None:
+    ax.set_title(_wrap(text, 0.9 * width_in, fontsize), fontsize=fontsize)
+
+
+def _legend_below(fig, handles, labels, fontsize: float = 8) -> None:
+    """One legend for the figure, below the panels (constrained layout makes room for it)."""
+    room = 0.95 * fig.get_figwidth()
+    per_entry = (max(len(label) for label in labels) * _CHAR_EM * fontsize + 48) / 72  # marker + padding
+    ncol = max(1, min(3, len(labels), int(room / per_entry)))
+    labels = [_wrap(label, room / ncol - 48 / 72, fontsize) for label in labels]
+    lines = sum(max(label.count("\n") + 1 for label in labels[k:k + ncol]) for k in range(0, len(labels), ncol))
+    height = fig.get_figheight() + lines * 1.4 * fontsize / 72  # room for the legend, the panels keep theirs
+    fig.set_figheight(round(height * fig.dpi) / fig.dpi)
+    fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize, frameon=False)
+
+
 def _panel_grid(n_rows: int, n_cols: int, *, width: float = 4.4, height: float = 3.6):
     if n_rows * n_cols > MAX_PANELS:
         raise PeftlabError(f"the figure would have {n_rows * n_cols} panels (at most {MAX_PANELS})",
                            fix='select fewer runs with --where, e.g. --where "method=lora,targets=q,v"')
     plt = _pyplot()
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(width * n_cols, height * n_rows), squeeze=False)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(width * n_cols, height * n_rows), squeeze=False,
+                             layout="constrained", dpi=DPI)
     return plt, fig, axes
+
+
+def _colorbar(fig, image, axes: list, width: float, height: float):
+    """One colour bar for ``axes`` (panels of ``width`` x ``height`` inches that share the colour scale), about
+    as long as the rows they span (its aspect ratio sets its length under constrained layout)."""
+    rows = {ax.get_subplotspec().rowspan.start for ax in axes}
+    # the bar is ~fraction x the parents' width thick (their width less the tick labels); length = aspect x that
+    aspect = max(10.0, 0.85 * (height * len(rows) - 0.6) / (0.05 * max(width - 0.9, 1.0)))
+    bar = fig.colorbar(image, ax=axes, fraction=0.05, pad=0.02, shrink=0.9, aspect=aspect)
+    bar.ax.tick_params(labelsize=7)
+    return bar
+
+
+def _metric_label(names, scale: float) -> str:
+    return "/".join(names) + (" ×100" if scale == 100 else "")
 
 
 # --------------------------------------------------------------------------- (a) heatmap
 
 
-def plot_heatmap(records: list[RunRecord], out: Path, *, x: str = "lr", y: str = "lr_ratio", scale: float = 100.0,
-                 digits: int = 1, title: str | None = None) -> Path:
+@dataclass
+class _HeatPanel:
+    row: int
+    col: int
+    task: str
+    values: Any  # (len(ys), len(xs)) means; NaN: no run that ended ok
+    cells: dict[tuple[int, int], list[float]]
+    bad: dict[tuple[int, int], dict[str, int]]
+    xticks: list[str]
+    yticks: list[str]
+    xlabel: str
+    ylabel: str
+    title: str
+
+
+def _heat_cells(recs: list[RunRecord], row_of, col_of, rows: list, cols: list, scale: float):
     import numpy as np
+
+    values = np.full((len(rows), len(cols)), np.nan)
+    bad: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    cells: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for rec in recs:
+        cell = (rows.index(row_of(rec)), cols.index(col_of(rec)))
+        if rec.status in NOT_OK or rec.value is None:
+            bad[cell][rec.status if rec.status in NOT_OK else "missing"] += 1
+        else:
+            cells[cell].append(rec.value * scale)
+    for (yi, xi), vals in cells.items():
+        values[yi, xi] = statistics.fmean(vals)
+    return values, cells, bad
+
+
+def _row_labels(configs: dict[tuple, dict], rows: list[tuple], varying: list[str]) -> tuple[list[str], str]:
+    """Tick labels for rows that are configs, and the axis label: ``kasa`` + ``method``, or ``k=v ...`` + ''."""
+    if len(varying) == 1:
+        return [_fmt_tick(configs[g].get(varying[0])) for g in rows], varying[0]
+    return [_label(configs[g], varying) for g in rows], ""
+
+
+def plot_heatmap(records: list[RunRecord], *, x: str = "lr", y: str = "lr_ratio", scale: float = 100.0,
+                 digits: int = 1, title: str | None = None):
+    """The heatmap figure. All panels of a task share one colour scale (one colour bar per task).
+
+    When ``x`` or ``y`` takes a single value in every task while other keys vary (e.g. the default lr x
+    lr_ratio on a sweep over methods only), a grid of 1-cell panels would say nothing: the figure folds into
+    one panel per task whose rows are the configs and whose columns are the axis that does vary.
+    """
+    import numpy as np
+
+    from peftlab.metrics import LOWER_IS_BETTER
 
     trained = [r for r in records if not r.before]
     if not trained:
@@ -140,66 +240,120 @@ def plot_heatmap(records: list[RunRecord], out: Path, *, x: str = "lr", y: str =
     per_task = task_determined_keys(trained)
     drop = set(NON_RESULT_KEYS) | set(per_task) | _underlying(x) | _underlying(y)
     groups, configs, varying = _split(trained, drop)
-    panels = sorted(configs, key=lambda g: _label(configs[g], varying))
+    order = sorted(configs, key=lambda g: _label(configs[g], varying))
+    group_of = {id(rec): g for g, recs in groups.items() for rec in recs}
     tasks = _task_order(r.task for r in trained)
-    plt, fig, axes = _panel_grid(len(panels), len(tasks), width=5.6, height=4.4)
-    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
-    for i, gkey in enumerate(panels):
+    metrics = {t: sorted({r.metric for r in trained if r.task == t and r.metric}) for t in tasks}
+    lower = {t: bool(m) and all(name in LOWER_IS_BETTER for name in m) for t, m in metrics.items()}
+
+    def values_of(key: str, task: str) -> list:
+        return sorted({key_value(r.config, key) for r in trained if r.task == task}, key=_num_key)
+
+    x_const = all(len(values_of(x, t)) == 1 for t in tasks)
+    y_const = all(len(values_of(y, t)) == 1 for t in tasks)
+    fold = len(order) > 1 and (x_const or y_const)
+    panels: list[_HeatPanel] = []
+    if fold:
+        col_key, const_key = (y, x) if x_const and not y_const else (x, y)
+        n_rows, n_cols = 1, len(tasks)
         for j, task in enumerate(tasks):
-            ax = axes[i][j]
-            recs = [r for r in groups[gkey] if r.task == task]
-            xs = sorted({key_value(r.config, x) for r in recs}, key=_num_key)
-            ys = sorted({key_value(r.config, y) for r in recs}, key=_num_key)
-            values = np.full((len(ys), len(xs)), np.nan)
-            bad: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-            cells: dict[tuple[int, int], list[float]] = defaultdict(list)
-            for rec in recs:
-                cell = (ys.index(key_value(rec.config, y)), xs.index(key_value(rec.config, x)))
-                if rec.status in NOT_OK or rec.value is None:
-                    bad[cell][rec.status if rec.status in NOT_OK else "missing"] += 1
-                else:
-                    cells[cell].append(rec.value * scale)
-            for (yi, xi), vals in cells.items():
-                values[yi, xi] = statistics.fmean(vals)
-            if not recs:
-                ax.set_axis_off()
-                continue
-            finite = values[np.isfinite(values)]
-            image = ax.imshow(np.ma.masked_invalid(values), origin="lower", cmap=cmap, aspect="auto",
-                              vmin=finite.min() if finite.size else None, vmax=finite.max() if finite.size else None)
-            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-            best = np.unravel_index(np.nanargmax(values), values.shape) if finite.size else None
-            for yi in range(len(ys)):
-                for xi in range(len(xs)):
-                    lines = []
-                    if np.isfinite(values[yi, xi]):
-                        lines.append(f"{values[yi, xi]:.{digits}f}")
-                    if bad.get((yi, xi)):
-                        summary = _status_summary(bad[(yi, xi)])
-                        lines.append(f"[{summary}]" if cells.get((yi, xi)) else summary)
-                        if not cells.get((yi, xi)):  # only runs that did not end ok: hatched
-                            ax.add_patch(plt.Rectangle((xi - 0.5, yi - 0.5), 1, 1, fill=False, hatch="//",
-                                                       edgecolor="#8c2d04", lw=0))
-                    if not lines:
-                        continue
-                    light = np.isfinite(values[yi, xi]) and finite.size and (
-                        values[yi, xi] < finite.min() + 0.5 * (finite.max() - finite.min() or 1))
-                    ax.text(xi, yi, "\n".join(lines), ha="center", va="center", fontsize=7,
-                            color="white" if light else "black",
-                            fontweight="bold" if best is not None and (yi, xi) == tuple(best) else "normal")
-            if best is not None:
-                ax.add_patch(plt.Rectangle((best[1] - 0.5, best[0] - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
-            ax.set_xticks(range(len(xs)), [_fmt_tick(v) for v in xs], rotation=45, ha="right", fontsize=8)
-            ax.set_yticks(range(len(ys)), [_fmt_tick(v) for v in ys], fontsize=8)
-            ax.set_xlabel(DERIVED.get(x, x))
-            ax.set_ylabel(DERIVED.get(y, y))
-            name = _task_title(task)
+            recs = [r for r in trained if r.task == task]
+            rows = [g for g in order if any(group_of[id(r)] == g for r in recs)]
+            cols = values_of(col_key, task)
+            values, cells, bad = _heat_cells(recs, lambda r: group_of[id(r)], lambda r: key_value(r.config, col_key),
+                                             rows, cols, scale)
+            yticks, ylabel = _row_labels(configs, rows, varying)
+            const = ", ".join(_fmt_tick(v) for v in values_of(const_key, task))
+            panels.append(_HeatPanel(0, j, task, values, cells, bad, [_fmt_tick(v) for v in cols], yticks,
+                                     DERIVED.get(col_key, col_key), ylabel,
+                                     f"{_task_title(task)}\n{const_key}={const} in all runs"))
+        n_cells_x = max(len(p.xticks) for p in panels)
+        n_cells_y = max(len(p.yticks) for p in panels)
+        longest = max(len(t) for p in panels for t in p.yticks)
+        width = max(3.6, 1.9 + 0.8 * n_cells_x + longest * _CHAR_EM * 8 / 72)
+        height = max(2.6, 1.9 + 0.4 * n_cells_y)
+    else:
+        n_rows, n_cols = len(order), len(tasks)
+        for i, gkey in enumerate(order):
             sub = _label(configs[gkey], varying) if varying else ""
-            ax.set_title(f"{name}" + (f"\n{sub}" if sub else ""), fontsize=9)
-    metric = sorted({r.metric for r in trained if r.metric})
-    fig.suptitle(title or f"{'/'.join(metric)} (mean over seeds; red box: best; [..]: runs that did not end ok, "
-                          "not in the mean)", fontsize=10)
-    return _save(fig, plt, out)
+            for j, task in enumerate(tasks):
+                recs = [r for r in groups[gkey] if r.task == task]
+                if not recs:
+                    continue
+                xs = sorted({key_value(r.config, x) for r in recs}, key=_num_key)
+                ys = sorted({key_value(r.config, y) for r in recs}, key=_num_key)
+                values, cells, bad = _heat_cells(recs, lambda r: key_value(r.config, y),
+                                                 lambda r: key_value(r.config, x), ys, xs, scale)
+                panels.append(_HeatPanel(i, j, task, values, cells, bad, [_fmt_tick(v) for v in xs],
+                                         [_fmt_tick(v) for v in ys], DERIVED.get(x, x), DERIVED.get(y, y),
+                                         _task_title(task) + (f"\n{sub}" if sub else "")))
+        n_cells_x = max(len(p.xticks) for p in panels)
+        n_cells_y = max(len(p.yticks) for p in panels)
+        width = max(3.8, 2.0 + 0.8 * n_cells_x)
+        height = max(3.0, 1.9 + 0.55 * n_cells_y)
+    plt, fig, axes = _panel_grid(n_rows, n_cols, width=width, height=height)
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
+    limits: dict[str, tuple[float | None, float | None]] = {}
+    for task in tasks:
+        finite = np.concatenate([p.values[np.isfinite(p.values)] for p in panels if p.task == task] or [[]])
+        limits[task] = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
+    drawn: dict[str, list] = defaultdict(list)
+    used = set()
+    for p in panels:
+        ax = axes[p.row][p.col]
+        used.add((p.row, p.col))
+        lo, hi = limits[p.task]
+        image = ax.imshow(np.ma.masked_invalid(p.values), origin="upper" if fold else "lower", cmap=cmap,
+                          aspect="auto", vmin=lo, vmax=hi)
+        drawn[p.task].append((ax, image))
+        finite = np.isfinite(p.values)
+        best = None
+        if finite.any():
+            pick = np.nanargmin if lower[p.task] else np.nanargmax
+            best = tuple(int(v) for v in np.unravel_index(pick(p.values), p.values.shape))
+        for yi in range(p.values.shape[0]):
+            for xi in range(p.values.shape[1]):
+                lines = []
+                if finite[yi, xi]:
+                    lines.append(f"{p.values[yi, xi]:.{digits}f}")
+                if p.bad.get((yi, xi)):
+                    summary = _status_summary(p.bad[(yi, xi)])
+                    lines.append(f"[{summary}]" if p.cells.get((yi, xi)) else summary)
+                    if not p.cells.get((yi, xi)):  # only runs that did not end ok: hatched
+                        ax.add_patch(plt.Rectangle((xi - 0.5, yi - 0.5), 1, 1, fill=False, hatch="//",
+                                                   edgecolor="#8c2d04", lw=0))
+                if not lines:
+                    continue
+                light = bool(finite[yi, xi]) and p.values[yi, xi] < lo + 0.5 * ((hi - lo) or 1)
+                ax.text(xi, yi, "\n".join(lines), ha="center", va="center", fontsize=7,
+                        color="white" if light else "black",
+                        fontweight="bold" if (yi, xi) == best else "normal",
+                        bbox=None if finite[yi, xi] else dict(facecolor="white", alpha=0.8, lw=0, pad=1.5))
+        if best is not None:
+            ax.add_patch(plt.Rectangle((best[1] - 0.5, best[0] - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
+        ax.set_xticks(range(len(p.xticks)), p.xticks, fontsize=8,
+                      **(dict(rotation=45, ha="right", rotation_mode="anchor") if len(p.xticks) > 3 else {}))
+        ax.set_yticks(range(len(p.yticks)), p.yticks, fontsize=8)
+        ax.set_xlabel(p.xlabel)
+        ax.set_ylabel(p.ylabel)
+        _title(ax, p.title, width)
+    for i in range(n_rows):
+        for j in range(n_cols):
+            if (i, j) not in used:
+                axes[i][j].set_axis_off()
+    for task, pairs in drawn.items():
+        label = _metric_label(metrics[task], scale) + (" (lower is better)" if lower[task] else "")
+        bar = _colorbar(fig, pairs[0][1], [ax for ax, _ in pairs], width, height)
+        bar.set_label(_wrap(label, 0.8 * height * len(pairs), 8), fontsize=8)
+    seed_axis = "seed" in (x, y)
+    lowest = sorted({m for t in tasks if lower[t] for m in metrics[t]})
+    best_text = "red box: best" + ((" (lowest)" if all(lower.values()) else f" (lowest for {', '.join(lowest)})")
+                                   if lowest else "")
+    what = "one run per cell (seed is an axis)" if seed_axis else "mean over seeds"
+    bad_text = "[..]: runs that did not end ok" + ("" if seed_axis else " (not in the mean)")
+    names = "/".join(sorted({m for ms in metrics.values() for m in ms}))
+    _suptitle(fig, title or f"{names}, {what}; {best_text}; {bad_text}")
+    return fig
 
 
 def _num_key(value):
@@ -223,8 +377,43 @@ def parse_module(name: str) -> tuple[int | None, str]:
     return layer, _PROJ_NAMES.get(last, last)
 
 
-def plot_sigma(records: list[RunRecord], out: Path, *, title: str | None = None) -> Path:
+SIGMA_DELTA = "learned change Δσ − Δσ_init"
+SIGMA_NO_INIT = "(init not recorded: values include the random initialisation)"
+
+
+def _module_name(name: str) -> str:
+    return name.removeprefix("base_model.model.")
+
+
+def sigma_change(result: dict) -> dict[str, list[float]] | None:
+    """``kasa_sigma - kasa_sigma_init`` per module (what training changed), or None when the run did not record
+    the values at initialisation (result.json of an older peftlab) or they do not match module for module."""
+    sigma = result.get("kasa_sigma") or {}
+    init = {_module_name(k): v for k, v in (result.get("kasa_sigma_init") or {}).items()}
+    out = {}
+    for module, values in sigma.items():
+        start = init.get(_module_name(module))
+        if start is None or len(start) != len(values):
+            return None
+        out[module] = [float(v) - float(s) for v, s in zip(values, start)]
+    return out or None
+
+
+def _proj_order(proj: str):
+    known = ("q", "k", "v", "o", "qkv")
+    return (known.index(proj), "") if proj in known else (len(known), proj)
+
+
+def plot_sigma(records: list[RunRecord], *, title: str | None = None):
+    """KaSA Figure 4: what training did to Δσ, per layer (rows) and singular value (columns), mean over seeds.
+
+    Each run contributes ``kasa_sigma - kasa_sigma_init``; Δσ's random initialisation would otherwise dominate the
+    picture (two tasks would look alike). A panel whose runs did not record ``kasa_sigma_init`` (an older store)
+    shows Δσ itself and says so in its title; the colour limits are symmetric about 0 and shared by all panels of
+    the same quantity, so panels compare.
+    """
     import numpy as np
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     runs = [r for r in records if r.result and r.result.get("kasa_sigma")]
     if not runs:
@@ -235,47 +424,91 @@ def plot_sigma(records: list[RunRecord], out: Path, *, title: str | None = None)
     groups, configs, varying = _split(runs, drop)
     varying = [k for k in varying if k != "task"]
     panels = sorted(configs, key=lambda g: (_task_order([configs[g]["task"]])[0], _label(configs[g], varying)))
-    projections = sorted({parse_module(m)[1] for r in runs for m in r.result["kasa_sigma"]},
-                         key=lambda p: ("q", "k", "v", "o", "qkv").index(p) if p in ("q", "k", "v", "o", "qkv") else 9)
-    plt, fig, axes = _panel_grid(len(panels), len(projections), width=4.6, height=3.4)
+    projections = sorted({parse_module(m)[1] for r in runs for m in r.result["kasa_sigma"]}, key=_proj_order)
+    changes = {id(r): sigma_change(r.result) for r in runs}
+    width, height = 4.2, 3.4
+    _, fig, axes = _panel_grid(len(panels), len(projections), width=width, height=height)
+    matrices: dict[tuple[int, int], tuple[Any, list[int]]] = {}
+    delta_panel: dict[int, bool] = {}
+    notes: dict[int, str] = {}
     for i, gkey in enumerate(panels):
         recs = groups[gkey]
+        with_init = [r for r in recs if changes[id(r)] is not None]
+        delta_panel[i] = bool(with_init)
+        if with_init:
+            used = [(r, changes[id(r)]) for r in with_init]
+            left_out = len(recs) - len(with_init)
+            notes[i] = f"mean of {len(used)} run(s)" + (f"; {left_out} without init left out" if left_out else "")
+        else:
+            used = [(r, {m: [float(v) for v in vals] for m, vals in r.result["kasa_sigma"].items()}) for r in recs]
+            notes[i] = f"mean of {len(used)} run(s) {SIGMA_NO_INIT}"
         for j, proj in enumerate(projections):
-            ax = axes[i][j]
             per_layer: dict[int, list[list[float]]] = defaultdict(list)
-            for rec in recs:
-                for module, values in rec.result["kasa_sigma"].items():
+            for _, per_module in used:
+                for module, values in per_module.items():
                     layer, p = parse_module(module)
                     if p == proj:
-                        per_layer[layer if layer is not None else 0].append([float(v) for v in values])
+                        per_layer[layer if layer is not None else 0].append(values)
             if not per_layer:
-                ax.set_axis_off()
                 continue
             layers = sorted(per_layer)
-            width = max(len(v) for vals in per_layer.values() for v in vals)
-            matrix = np.full((len(layers), width), np.nan)
+            n = max(len(v) for vals in per_layer.values() for v in vals)
+            matrix = np.full((len(layers), n), np.nan)
             for li, layer in enumerate(layers):
-                vals = [v + [math.nan] * (width - len(v)) for v in per_layer[layer]]
+                vals = [v + [math.nan] * (n - len(v)) for v in per_layer[layer]]
                 matrix[li] = np.nanmean(np.array(vals, dtype=float), axis=0)
-            limit = float(np.nanmax(np.abs(matrix))) if np.isfinite(matrix).any() else 1.0
-            image = ax.imshow(matrix, origin="lower", cmap="RdBu_r", vmin=-limit or -1, vmax=limit or 1,
-                              aspect="auto", interpolation="nearest")
-            fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-            ax.set_yticks(range(len(layers)), [str(layer) for layer in layers], fontsize=7)
+            matrices[(i, j)] = (matrix, layers)
+
+    def limit(delta: bool) -> float:
+        peaks = [float(np.nanmax(np.abs(m))) for (i, _), (m, _) in matrices.items()
+                 if delta_panel[i] == delta and np.isfinite(m).any()]
+        return max(peaks, default=0.0) or 1.0
+
+    limits = {True: limit(True), False: limit(False)}
+    images: dict[bool, list] = defaultdict(list)
+    for i, gkey in enumerate(panels):
+        sub = _label(configs[gkey], varying) if varying else ""
+        for j, proj in enumerate(projections):
+            ax = axes[i][j]
+            if (i, j) not in matrices:
+                ax.set_axis_off()
+                continue
+            matrix, layers = matrices[(i, j)]
+            lim = limits[delta_panel[i]]
+            image = ax.imshow(matrix, origin="lower", cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto",
+                              interpolation="nearest")
+            images[delta_panel[i]].append((ax, image))
+            step = max(1, math.ceil(len(layers) / 12))
+            ax.set_yticks(range(0, len(layers), step), [str(layers[k]) for k in range(0, len(layers), step)],
+                          fontsize=7)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v)) + 1}"))
+            ax.tick_params(axis="x", labelsize=7)
             ax.set_xlabel("singular value index i")
             ax.set_ylabel("layer")
-            sub = _label(configs[gkey], varying) if varying else ""
-            ax.set_title(f"{_task_title(configs[gkey]['task'])} · {proj} · mean of {len(recs)} run(s)"
-                         + (f"\n{sub}" if sub else ""), fontsize=9)
-    fig.suptitle(title or "KaSA: learned Δσ per layer and projection", fontsize=10)
-    return _save(fig, plt, out)
+            _title(ax, f"{_task_title(configs[gkey]['task'])} · {proj} · {notes[i]}" + (f"\n{sub}" if sub else ""),
+                   width)
+    for delta, pairs in images.items():
+        label = SIGMA_DELTA if delta else f"Δσ {SIGMA_NO_INIT}"
+        bar = _colorbar(fig, pairs[0][1], [ax for ax, _ in pairs], width, height)
+        n_rows = sum(1 for i in delta_panel if delta_panel[i] == delta)
+        bar.set_label(_wrap(label, 0.8 * height * n_rows, 8), fontsize=8)
+    if title is None:
+        title = f"KaSA: {SIGMA_DELTA} per layer and projection, mean over seeds"
+        if not images.get(True):
+            title = f"KaSA: Δσ per layer and projection, mean over seeds {SIGMA_NO_INIT}"
+        elif images.get(False):
+            title += "; panels marked 'init not recorded' show Δσ itself"
+    _suptitle(fig, title)
+    return fig
 
 
 # --------------------------------------------------------------------------- (c) learning curves
 
 
-def plot_curves(records: list[RunRecord], out: Path, *, scale: float = 100.0, title: str | None = None) -> Path:
+def plot_curves(records: list[RunRecord], *, scale: float = 100.0, title: str | None = None):
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     runs = [r for r in records if r.result and r.result.get("epochs_log")]
     if not runs:
@@ -325,13 +558,19 @@ def plot_curves(records: list[RunRecord], out: Path, *, scale: float = 100.0, ti
                         ax.plot(*zip(*points), ls="--", lw=1, color=color, marker="x", ms=4,
                                 label=f"{label} seed {rec.seed}: {rec.status}" if ax is top else None)
         metric = sorted({r.metric for r in runs if r.task == task and r.metric})
-        top.set_title(_task_title(task), fontsize=10)
-        top.set_ylabel("/".join(metric) + (" ×100" if scale == 100 else ""))
+        _title(top, _task_title(task), 4.8, fontsize=10)
+        top.set_ylabel(_metric_label(metric, scale))
         bottom.set_ylabel("train loss")
         bottom.set_xlabel("epoch")
+        epochs = sorted({int(e["epoch"]) for r in runs if r.task == task for e in r.result["epochs_log"]})
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
-            ax.xaxis.get_major_locator().set_params(integer=True)
+            if len(epochs) <= 12:  # an epoch is a whole number: one tick per epoch
+                ax.set_xticks(epochs)
+            else:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if len(epochs) == 1:
+                ax.set_xlim(epochs[0] - 0.5, epochs[0] + 0.5)
     handles, labels = axes[0][0].get_legend_handles_labels()
     for j in range(1, len(tasks)):
         h, l = axes[0][j].get_legend_handles_labels()
@@ -340,18 +579,15 @@ def plot_curves(records: list[RunRecord], out: Path, *, scale: float = 100.0, ti
                 handles.append(hh)
                 labels.append(ll)
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(3, len(labels)), fontsize=8,
-                   bbox_to_anchor=(0.5, 0.0), frameon=False)
-        fig.subplots_adjust(bottom=0.12 + 0.035 * math.ceil(len(labels) / 3))
-    fig.suptitle(title or "learning curves: mean ± std over seeds (dashed: runs that did not end ok)", fontsize=10)
-    return _save(fig, plt, out, tight=False)
+        _legend_below(fig, handles, labels)
+    _suptitle(fig, title or "learning curves: mean ± std over seeds (dashed: runs that did not end ok)")
+    return fig
 
 
 # --------------------------------------------------------------------------- (d) metric vs rank
 
 
-def plot_rank(records: list[RunRecord], out: Path, *, x: str = "rank", scale: float = 100.0,
-              title: str | None = None) -> Path:
+def plot_rank(records: list[RunRecord], *, x: str = "rank", scale: float = 100.0, title: str | None = None):
     trained = [r for r in records if not r.before]
     if not trained:
         raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
@@ -401,36 +637,40 @@ def plot_rank(records: list[RunRecord], out: Path, *, x: str = "rank", scale: fl
             ax.set_xticks(range(len(all_x)), [_fmt_tick(v) for v in all_x])
         ax.set_xlabel(DERIVED.get(x, x))
         metric = sorted({r.metric for r in trained if r.task == task and r.metric})
-        ax.set_ylabel("/".join(metric) + (" ×100" if scale == 100 else ""))
-        ax.set_title(_task_title(task), fontsize=10)
+        ax.set_ylabel(_metric_label(metric, scale))
+        _title(ax, _task_title(task), 4.8, fontsize=10)
         ax.grid(alpha=0.3)
-    if varying:
-        axes[0][0].legend(fontsize=7)
-    fig.suptitle(title or f"metric vs {x}: mean ± std over seeds (×n: runs excluded, not ok)", fontsize=10)
-    return _save(fig, plt, out)
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    if handles:
+        _legend_below(fig, handles, labels)
+    _suptitle(fig, title or f"metric vs {DERIVED.get(x, x)}: mean ± std over seeds (×n: runs excluded, not ok)")
+    return fig
 
 
 # --------------------------------------------------------------------------- output + CLI
 
 
-def _save(fig, plt, out: Path, *, tight: bool = True) -> Path:
+def save_figure(fig, out: str | Path, *, close: bool = True) -> Path:
+    """Write ``fig`` to ``out`` (type from the suffix) as laid out: its whole canvas, no cropping, at ``DPI``."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if tight:
-        fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
+    fig.savefig(out, dpi=fig.dpi)
+    if close:
+        _pyplot().close(fig)
     return out
 
 
-def make_plot(rows: list[dict], *, kind: str, out: str | Path, x: str | None = None, y: str | None = None,
-              where: str | None = None, which: str = "best", metric: str | None = None, scale: float | None = None,
-              title: str | None = None) -> Path:
+def make_figure(rows: list[dict], *, kind: str, x: str | None = None, y: str | None = None, where: str | None = None,
+                which: str = "best", metric: str | None = None, scale: float | None = None,
+                title: str | None = None):
+    """The matplotlib Figure of one ``peftlab plot`` (constrained layout; :func:`save_figure` writes it)."""
     if kind not in KINDS:
         raise PeftlabError(f"unknown --kind '{kind}'", fix=f"use one of {', '.join(KINDS)}")
-    out = Path(out)
-    if out.suffix.lower() not in SUFFIXES:
-        raise PeftlabError(f"--out must end in {', '.join(SUFFIXES)}, got '{out.name}'")
     filters = parse_filter(where)
     records, _ = collect(rows, which=which, metric=metric, where=filters)
     if not records:
@@ -444,22 +684,35 @@ def make_plot(rows: list[dict], *, kind: str, out: str | Path, x: str | None = N
         _check_key(y, "--y")
         if x == y:
             raise PeftlabError("--x and --y must differ")
-        return plot_heatmap(records, out, x=x, y=y, scale=scale, title=title)
+        return plot_heatmap(records, x=x, y=y, scale=scale, title=title)
     if kind == "sigma":
-        return plot_sigma(records, out, title=title)
+        return plot_sigma(records, title=title)
     if kind == "curves":
-        return plot_curves(records, out, scale=scale, title=title)
+        return plot_curves(records, scale=scale, title=title)
     x = x or "rank"
     _check_key(x, "--x")
-    return plot_rank(records, out, x=x, scale=scale, title=title)
+    return plot_rank(records, x=x, scale=scale, title=title)
+
+
+def make_plot(rows: list[dict], *, kind: str, out: str | Path, x: str | None = None, y: str | None = None,
+              where: str | None = None, which: str = "best", metric: str | None = None, scale: float | None = None,
+              title: str | None = None) -> Path:
+    """:func:`make_figure` written to ``out`` (.png, .pdf or .svg)."""
+    if kind not in KINDS:
+        raise PeftlabError(f"unknown --kind '{kind}'", fix=f"use one of {', '.join(KINDS)}")
+    out = Path(out)
+    if out.suffix.lower() not in SUFFIXES:
+        raise PeftlabError(f"--out must end in {', '.join(SUFFIXES)}, got '{out.name}'")
+    fig = make_figure(rows, kind=kind, x=x, y=y, where=where, which=which, metric=metric, scale=scale, title=title)
+    return save_figure(fig, out)
 
 
 def add_parser(sub) -> None:
     parser = sub.add_parser(
         "plot", help="figures from a results store: heatmap, KaSA sigma, learning curves, metric vs rank",
         description="heatmap: metric over --x/--y (default lr x lr_ratio; v_lr = lr*lr_ratio) per task; "
-                    "sigma: KaSA's learned Delta_sigma per layer/projection; curves: metric and loss per epoch; "
-                    "rank: metric vs --x (default rank).")
+                    "sigma: what training changed in KaSA's Delta_sigma (learned - init) per layer/projection; "
+                    "curves: metric and loss per epoch; rank: metric vs --x (default rank).")
     parser.add_argument("stores", nargs="+", metavar="STORE", help="results.sqlite of a sweep (or its folder)")
     parser.add_argument("--kind", choices=KINDS, required=True)
     parser.add_argument("--out", required=True, help="output file: .png, .pdf or .svg")

@@ -7,8 +7,13 @@ MiniLM's shipped pooler maps every input to nearly the same vector. On RTE, the 
 accuracy within seed noise (docs/RESULTS.md), so the default follows the checkpoint's training, not a
 measured gain.
 
+RoBERTa-style heads (RoBERTa, MPNet: ``classifier.dense`` + ``classifier.out_proj`` reading the first
+token, no pooler) get mean pooling by a forward hook on the encoder that puts the masked mean of the tokens
+in the first position, the one the head reads (our ``mpnet-base``, all-mpnet-base-v2, declares mean).
+
 ``--pooling auto`` (default) uses the checkpoint's declared sentence-transformers pooling when it is
-``mean`` and the architecture has a BERT-style pooler, else ``native``, the architecture's own pooling.
+``mean`` and the architecture supports it (a BERT-style pooler or a RoBERTa-style first-token head), else
+``native``, the architecture's own pooling.
 (Only local folders are inspected: a Hub id resolves to ``native`` unless ``--pooling mean`` is given.) The
 pooler's ``dense`` layer keeps its name and weights, so heads, adapters and saved files are unchanged;
 only the tokens it reads change. result.json records the resolved pooling; ``peftlab evaluate`` resolves
@@ -59,13 +64,7 @@ class MaskedMeanPooler(nn.Module):
         self._mask: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        mask = self._mask
-        if mask is None or mask.shape[:2] != hidden_states.shape[:2]:
-            pooled = hidden_states.mean(dim=1)
-        else:
-            weights = mask.to(hidden_states.dtype).unsqueeze(-1)
-            pooled = (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-        return self.activation(self.dense(pooled))
+        return self.activation(self.dense(masked_mean(hidden_states, self._mask)))
 
 
 def _encoder_with_pooler(model: nn.Module) -> nn.Module | None:
@@ -76,16 +75,57 @@ def _encoder_with_pooler(model: nn.Module) -> nn.Module | None:
     return base
 
 
+def _encoder_with_first_token_head(model: nn.Module) -> nn.Module | None:
+    """RoBERTa/MPNet classifiers: ``classifier.dense`` + ``classifier.out_proj`` on token 0, no pooler."""
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = getattr(model, "classifier", None)
+    if base is None or getattr(base, "pooler", None) is not None or head is None:
+        return None
+    if not isinstance(getattr(head, "dense", None), nn.Linear) or not isinstance(getattr(head, "out_proj", None),
+                                                                              nn.Linear):
+        return None
+    return base
+
+
 def supports_mean(model: nn.Module) -> bool:
-    return _encoder_with_pooler(model) is not None
+    return _encoder_with_pooler(model) is not None or _encoder_with_first_token_head(model) is not None
+
+
+def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None or mask.shape[:2] != hidden_states.shape[:2]:
+        return hidden_states.mean(dim=1)
+    weights = mask.to(hidden_states.dtype).unsqueeze(-1)
+    return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
+def _mean_into_first_token(encoder: nn.Module) -> None:
+    """The head reads token 0: a forward hook on the encoder writes the masked token mean there."""
+
+    def put_mean_first(module, args, kwargs, output):
+        mask = kwargs.get("attention_mask")
+        if mask is None and len(args) > 1:
+            mask = args[1]
+        hidden = output[0]
+        pooled = masked_mean(hidden, mask)
+        hidden = torch.cat([pooled.unsqueeze(1), hidden[:, 1:]], dim=1)
+        if isinstance(output, tuple):
+            return (hidden,) + tuple(output[1:])
+        output.last_hidden_state = hidden  # ModelOutput keeps output[0] in sync
+        return output
+
+    encoder.register_forward_hook(put_mean_first, with_kwargs=True)
 
 
 def use_mean_pooling(model: nn.Module) -> None:
-    """Switch a BERT-style classifier's pooler to masked mean pooling, in place."""
+    """Switch a BERT-style or RoBERTa-style classifier to masked mean pooling, in place."""
+    first_token = _encoder_with_first_token_head(model)
+    if first_token is not None:
+        _mean_into_first_token(first_token)
+        return
     encoder = _encoder_with_pooler(model)
     if encoder is None:
-        raise PeftlabError(f"--pooling mean needs a BERT-style pooler; {type(model).__name__} has none",
-                           fix="use --pooling native (or auto)")
+        raise PeftlabError(f"--pooling mean needs a BERT-style pooler or a RoBERTa-style head; "
+                           f"{type(model).__name__} has neither", fix="use --pooling native (or auto)")
     pooler = MaskedMeanPooler(encoder.pooler)
     encoder.pooler = pooler
 

@@ -624,20 +624,24 @@ def build_pipeline(cfg, tokenizer, model=None):
     task = TASKS[cfg.task]
     train_raw, eval_raw = load_instruction_data(cfg)
     train_raw = data.subset(train_raw, cfg.max_train_samples, cfg.seed)
-    eval_raw = data.subset(eval_raw, cfg.max_eval_samples, cfg.seed)
+    eval_raw = data.subset(eval_raw, cfg.max_eval_samples, cfg.eval_seed)  # fixed across training seeds
     prefix = f"{cfg.model}-{cfg.task}"
     train = tokenize_instructions(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{prefix}-train")
     if len(train) == 0:
         raise PeftlabError(f"no training example has a response token left at --max-length {cfg.max_length}",
                            fix="raise --max-length")
     _report_truncation(cfg, "train", len(train_raw), train)
-    extras: dict[str, Any] = {"train_examples_used": len(train), "eval_examples": len(eval_raw)}
+    from peftlab.pipelines import examples_digest
+
+    extras: dict[str, Any] = {"train_examples_used": len(train), "eval_examples": len(eval_raw),
+                              "eval_examples_digest": examples_digest({"eval": eval_raw})}
     pad_to = cfg.max_length if getattr(cfg, "pad_to_max", False) else None
     collate = SFTCollator(tokenizer.pad_token_id, pad_to)
     if cfg.task == "gsm8k":
         expects_before = cfg.epochs == 0 or bool(getattr(cfg, "eval_before", False)) or task.eval_before
         evaluate = _evaluate_gsm8k(cfg, tokenizer, eval_raw, extras, _Tags(cfg, expects_before))
-        return Pipeline(train, collate, evaluate, "accuracy", 0.0, num_eval_examples=len(eval_raw), extras=extras)
+        return Pipeline(train, collate, evaluate, "accuracy", 0.0, num_eval_examples=len(eval_raw), extras=extras,
+                        eval_sets={"test": eval_raw})
     eval_tok = tokenize_instructions(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{prefix}-eval")
     _report_truncation(cfg, "eval", len(eval_raw), eval_tok)
     if len(eval_tok) == 0:
@@ -645,7 +649,7 @@ def build_pipeline(cfg, tokenizer, model=None):
                            fix="raise --max-length")
     extras["eval_examples"] = len(eval_tok)
     return Pipeline(train, collate, _evaluate_loss(cfg, tokenizer, eval_tok), "eval_loss", 0.0,
-                    num_eval_examples=len(eval_tok), extras=extras)
+                    num_eval_examples=len(eval_tok), extras=extras, eval_sets={"eval": eval_raw})
 
 
 def _report_truncation(cfg, split: str, n_raw: int, tokenised) -> None:

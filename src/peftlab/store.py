@@ -380,13 +380,75 @@ def resolve_store_path(path: str | os.PathLike) -> Path:
     return path
 
 
+RUN_RESULT = "result.json"  # a run folder written by ``peftlab train``
+RUN_CONFIG = "config.yaml"
+SOURCE_FIX = ("pass a sweep's results.sqlite (or its output folder), or run folders written by peftlab train "
+              "(holding result.json), e.g. runs/*/")
+
+
 def load_rows(paths: Iterable[str | os.PathLike]) -> list[dict]:
-    """Rows of one or more stores (a key present in several: the finished row wins)."""
+    """Rows of one or more stores and run folders (a key present in several: the finished row wins).
+
+    Each path is a store file, a sweep output folder holding ``results.sqlite``, or a run folder of
+    ``peftlab train`` (``result.json``, optionally ``config.yaml``) read as one row of the same shape as a
+    store's (:func:`run_folder_row`).
+    """
     merged: dict[str, dict] = {}
     for path in paths:
-        with Store(resolve_store_path(path), create=False) as store:
-            for row in store.rows():
-                old = merged.get(row["key"])
-                if old is None or (old["status"] not in FINISHED and row["status"] in FINISHED):
-                    merged[row["key"]] = row
+        for row in _source_rows(Path(path)):
+            old = merged.get(row["key"])
+            if old is None or (old["status"] not in FINISHED and row["status"] in FINISHED):
+                merged[row["key"]] = row
     return list(merged.values())
+
+
+def _source_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        raise PeftlabError(f"results store not found: {path}", fix=SOURCE_FIX)
+    if path.is_dir() and not (path / STORE_NAME).is_file():
+        if (path / RUN_RESULT).is_file() or (path / RUN_CONFIG).is_file():
+            return [run_folder_row(path)]
+        raise PeftlabError(f"{path} is neither a results store nor a run folder "
+                           f"(no {STORE_NAME}, {RUN_RESULT} or {RUN_CONFIG} in it)", fix=SOURCE_FIX)
+    with Store(resolve_store_path(path), create=False) as store:
+        return store.rows()
+
+
+def run_folder_row(path: str | os.PathLike) -> dict:
+    """One run folder as a store row: key = :func:`config_key` of result.json's ``config`` (else config.yaml's),
+    status from result.json. A folder with config.yaml but no result.json yet is an unfinished ('running') run."""
+    path = Path(path)
+    result_file, config_file = path / RUN_RESULT, path / RUN_CONFIG
+    result = None
+    if result_file.is_file():
+        try:
+            result = json.loads(result_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise PeftlabError(f"cannot read {result_file}: {err}",
+                               fix="rerun the run (peftlab train --resume); result.json is written last") from None
+        if not isinstance(result, dict):
+            raise PeftlabError(f"{result_file} is not a JSON object", fix="pass a run folder written by peftlab train")
+    config = (result or {}).get("config")
+    if not isinstance(config, dict) and config_file.is_file():
+        import yaml
+
+        try:
+            config = yaml.safe_load(config_file.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            raise PeftlabError(f"cannot read {config_file}: {err}", fix="pass a run folder written by peftlab train") \
+                from None
+    if not isinstance(config, dict):
+        raise PeftlabError(f"no run config in {path}: neither a 'config' in {RUN_RESULT} nor a {RUN_CONFIG}",
+                           fix="pass a run folder written by peftlab train")
+    if result is None:
+        status = "running"  # started (config.yaml is written first), not finished: counted as unfinished
+    else:
+        status = result.get("status")
+        if status not in ("ok", "diverged", "collapsed", "failed"):
+            raise PeftlabError(f"{result_file} has status {status!r}, not ok/diverged/collapsed/failed",
+                               fix="pass finished run folders written by peftlab train")
+    return {"key": config_key(config), "status": status, "config": config, "result": result,
+            "output_dir": str(path), "started": None, "finished": None,
+            "seconds": (result or {}).get("train_seconds"), "attempts": 1,
+            "error": (result or {}).get("status_reason") if status == "failed" else None, "owner": None,
+            "created": None, "updated": None}

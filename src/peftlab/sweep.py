@@ -16,7 +16,8 @@ A spec is YAML::
         max_train_samples: [500, 500]
 
 Axes vary in the order written (grid keys, then zip groups), the last fastest. Each run's output folder is
-``<output_dir>/<first 12 hex digits of its key>``; the key is a hash of the resolved config without
+``<output_dir>/<readable name>-<first 12 hex digits of its key>``, e.g. ``rte-lora-qv-l4-s0-3f2a9c1b7d0e``
+(task, method, targets, lambda, seed; ``before`` for an epochs-0 run); the key is a hash of the resolved config without
 output_dir/resume/overwrite, so re-running a spec (or a spec that overlaps it) skips finished runs
 (ok, diverged, collapsed), reruns unfinished ones (resuming from their checkpoint) and, with
 ``--retry-failed``, failed ones. A run that raises is recorded as failed and the sweep goes on.
@@ -224,10 +225,20 @@ def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: 
             sweep.duplicates += 1
             continue
         seen.add(key)
-        run_dir = str(root / short_key(key))
+        run_dir = str(root / f"{run_name(config)}-{short_key(key)}")
         config["output_dir"] = run_dir
         sweep.runs.append(Run(index=len(sweep.runs) + 1, key=key, cell=varying, config=config, output_dir=run_dir))
     return sweep
+
+
+def run_name(config: dict) -> str:
+    """A readable folder-name prefix: ``rte-lora-qv-l4-s0``; the key's hash that follows keeps it unique."""
+    targets = config.get("targets") or ""
+    targets = "".join(targets.split(",")) if isinstance(targets, str) else "".join(targets)
+    method = "before" if int(config.get("epochs") or 0) == 0 else str(config.get("method"))
+    parts = [str(config.get("task")), method, targets, f"l{_fmt_value(config.get('lr_ratio'))}",
+             f"s{config.get('seed')}"]
+    return "-".join(p.replace("/", "_").replace(" ", "") for p in parts if p)
 
 
 # --------------------------------------------------------------------------- one run
@@ -443,10 +454,15 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
         bar.update(sum(now[s] for s in FINISHED) + now["failed"] - bar.n)
         bar.set_postfix({s: now[s] for s in ("ok", "diverged", "collapsed", "failed") if now[s]}, refresh=True)
         for row in store.rows(parse=False):
-            if row["key"] in to_run and row["status"] == "failed" and row["key"] not in reported:
-                reported.add(row["key"])
+            if row["key"] not in to_run or row["key"] in reported or row["status"] not in (*FINISHED, "failed"):
+                continue
+            reported.add(row["key"])
+            run = by_key[row["key"]]
+            if row["status"] == "failed":
                 log = f" (log: {log_dir / (short_key(row['key']) + '.log')})" if log_dir else ""
-                note(f"run {short_key(row['key'])} ({by_key[row['key']].describe()}) failed: {row['error']}{log}")
+                note(f"run {short_key(row['key'])} ({run.describe()}) failed: {row['error']}{log}")
+            else:
+                note(f"run {short_key(row['key'])} ({run.describe()}): {row['status']}, {finished_summary(row)}")
         return now
 
     payload = [{"key": run.key, "config": run.config} for run in sweep.runs if run.key in to_run]
@@ -470,6 +486,27 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
         store.close()
     failed = [k for k in sweep.keys if k in to_run and statuses.get(k) == "failed"]
     return SweepOutcome(total=len(keys), counts=counts, ran=len(to_run), failed_keys=failed)
+
+
+def finished_summary(row: dict) -> str:
+    """``accuracy best 0.8761 (epoch 2), final 0.8700`` from a store row's result JSON."""
+    import json
+
+    try:
+        result = json.loads(row["result"]) if isinstance(row.get("result"), str) else (row.get("result") or {})
+    except ValueError:
+        return "result unreadable"
+    name = result.get("primary_metric")
+    if int((result.get("config") or {}).get("epochs") or 0) == 0:
+        value = ((result.get("before") or result.get("final") or {}).get("metrics") or {}).get(name)
+        return f"{name} {value:.4f} before fine-tuning" if isinstance(value, (int, float)) else f"{name} missing"
+    best = (result.get("best") or {})
+    value = (best.get("metrics") or {}).get(name)
+    final = ((result.get("final") or {}).get("metrics") or {}).get(name)
+    if not isinstance(value, (int, float)):
+        return f"{name} missing"
+    text = f"{name} best {value:.4f} (epoch {best.get('epoch')})"
+    return text + (f", final {final:.4f}" if isinstance(final, (int, float)) else "")
 
 
 def _run_workers(sweep: Sweep, store: Store, payload: list[dict], *, workers: int, train_fn_name: str,

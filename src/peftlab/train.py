@@ -162,7 +162,9 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     run.state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "epochs_log": [], "best": None,
                  "before": None, "status": "ok", "status_reason": None, "train_seconds": 0.0,
                  "train_examples": 0, "clearly_above_chance": False, "epoch_loss_sum": 0.0,
-                 "epoch_loss_count": 0}
+                 "epoch_loss_count": 0,
+                 # KaSA's singular-value vectors before any step: the figure shows what training changed.
+                 "kasa_sigma_init": _kasa_sigma(accelerator.unwrap_model(model))}
     if run.main:
         runfiles.init_output_dir(out, mode)
         save_config(cfg, out / "config.yaml")
@@ -294,6 +296,8 @@ def finish(run: Run) -> dict:
         "trainable_params": run.params,
         "primary_metric": run.pipeline.primary_metric,
         "majority_baseline": run.pipeline.chance,
+        "eval_seed": cfg.eval_seed,  # the --max-eval-samples draw; the same for every training seed
+        "num_eval_examples": run.pipeline.num_eval_examples or None,
         "epochs_log": state["epochs_log"],
         "before": {"metrics": before} if before is not None else None,
         "best": state["best"] or {"epoch": 0, "metrics": before or {}},
@@ -315,6 +319,8 @@ def finish(run: Run) -> dict:
     sigma = _kasa_sigma(unwrapped)
     if sigma:
         result["kasa_sigma"] = sigma
+        if state.get("kasa_sigma_init"):  # absent only in a checkpoint written by an older peftlab
+            result["kasa_sigma_init"] = state["kasa_sigma_init"]
     if run.main:
         save_trained(unwrapped, run.out / "adapter", base_model=cfg.model)
         run.writer.close()
