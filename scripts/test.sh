@@ -2,4 +2,4 @@
 # Set everything up (first time only) and run the whole test suite.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -rs -p no:cacheprovider "$@"

@@ -47,6 +47,8 @@ from peftlab.store import NOT_OK, load_rows
 
 KINDS = ("heatmap", "sigma", "curves", "rank")
 DERIVED = {"v_lr": "lr * lr_ratio (eta_V)", "qk_lr": "lr (eta_QK)"}
+# Axis titles for config keys whose name alone does not say what they are (the papers' symbols).
+AXIS_TITLES = {"lr_ratio": "lambda = eta_V / eta_QK (lr_ratio)", "lr": "eta_QK (lr)", **DERIVED}
 SUFFIXES = (".png", ".pdf", ".svg")
 MAX_PANELS = 36
 MAX_LINES = 12
@@ -265,7 +267,7 @@ def plot_heatmap(records: list[RunRecord], *, x: str = "lr", y: str = "lr_ratio"
             yticks, ylabel = _row_labels(configs, rows, varying)
             const = ", ".join(_fmt_tick(v) for v in values_of(const_key, task))
             panels.append(_HeatPanel(0, j, task, values, cells, bad, [_fmt_tick(v) for v in cols], yticks,
-                                     DERIVED.get(col_key, col_key), ylabel,
+                                     AXIS_TITLES.get(col_key, col_key), ylabel,
                                      f"{_task_title(task)}\n{const_key}={const} in all runs"))
         n_cells_x = max(len(p.xticks) for p in panels)
         n_cells_y = max(len(p.yticks) for p in panels)
@@ -285,7 +287,7 @@ def plot_heatmap(records: list[RunRecord], *, x: str = "lr", y: str = "lr_ratio"
                 values, cells, bad = _heat_cells(recs, lambda r: key_value(r.config, y),
                                                  lambda r: key_value(r.config, x), ys, xs, scale)
                 panels.append(_HeatPanel(i, j, task, values, cells, bad, [_fmt_tick(v) for v in xs],
-                                         [_fmt_tick(v) for v in ys], DERIVED.get(x, x), DERIVED.get(y, y),
+                                         [_fmt_tick(v) for v in ys], AXIS_TITLES.get(x, x), AXIS_TITLES.get(y, y),
                                          _task_title(task) + (f"\n{sub}" if sub else "")))
         n_cells_x = max(len(p.xticks) for p in panels)
         n_cells_y = max(len(p.yticks) for p in panels)
@@ -635,7 +637,7 @@ def plot_rank(records: list[RunRecord], *, x: str = "rank", scale: float = 100.0
             ax.minorticks_off()
         else:
             ax.set_xticks(range(len(all_x)), [_fmt_tick(v) for v in all_x])
-        ax.set_xlabel(DERIVED.get(x, x))
+        ax.set_xlabel(AXIS_TITLES.get(x, x))
         metric = sorted({r.metric for r in trained if r.task == task and r.metric})
         ax.set_ylabel(_metric_label(metric, scale))
         _title(ax, _task_title(task), 4.8, fontsize=10)
