@@ -165,6 +165,14 @@ def _bad_data(kind: str):
     return make
 
 
+def _glue_without_qnli_train(tmp_path: Path) -> list[str]:
+    """GLUE's QNLI dev set only: no QNLI train, and no glue_subsets/QNLI to fall back on."""
+    root = tmp_path / "data"
+    (root / "glue" / "QNLI").mkdir(parents=True)
+    (root / "glue" / "QNLI" / "dev.tsv").write_text("index\tquestion\tsentence\tlabel\n0\tq?\ts.\tentailment\n")
+    return ["--task", "qnli", "--data-dir", str(root)]
+
+
 def _yaml(text: str):
     def make(tmp_path: Path) -> list[str]:
         path = tmp_path / "c.yaml"
@@ -215,7 +223,7 @@ BAD_TRAIN_INPUTS = [
     ("data-unknown-label", _bad_data("label"), "train.tsv:3"),
     ("data-stsb-score", _bad_data("score"), "train.tsv:2"),
     ("data-empty-file", _bad_data("empty"), "train.tsv"),
-    ("data-missing-split", ["--task", "qnli"], "no local copy of QNLI train"),
+    ("data-missing-split", _glue_without_qnli_train, "no local copy of QNLI train"),
     ("data-dir-missing", ["--data-dir", "/nonexistent/data"], "/nonexistent/data"),
     ("output-finished", _finished, "already holds a finished run"),
     ("output-unfinished", _unfinished, "holds an unfinished run"),

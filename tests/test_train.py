@@ -179,3 +179,14 @@ def test_eval_every_skips_epochs_but_always_evaluates_the_last(tmp_path, eval_ev
     assert [e["epoch"] for e in result["epochs_log"] if e["metrics"]] == evaluated
     assert result["best"]["epoch"] in evaluated
     assert result["final"]["metrics"] == result["epochs_log"][-1]["metrics"] != {}
+
+
+def test_runs_of_different_precision_in_one_process(tmp_path):
+    """A sweep worker trains many runs in one process: Accelerate's global state must follow each run's
+    --mixed-precision (it used to raise 'AcceleratorState has already been initialized')."""
+    first = train(tiny_cfg(tmp_path / "bf16", mixed_precision="bf16"))
+    second = train(tiny_cfg(tmp_path / "fp32", mixed_precision="no"))
+    third = train(tiny_cfg(tmp_path / "again", mixed_precision="bf16"))
+    assert first["status"] == second["status"] == third["status"] == "ok"
+    assert first["config"]["mixed_precision"] == "bf16" and second["config"]["mixed_precision"] == "no"
+    assert first["final"] == third["final"]  # the same run again after a reset: identical

@@ -51,10 +51,18 @@ class LengthGroupedBatchSampler:
 
 def _accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, DistributedType
 
     precision = cfg.mixed_precision
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() else "no"
+    # Accelerate keeps one state per process, and its mixed precision cannot change once set. A sweep worker
+    # runs many runs in one process, so a run with another precision resets it: only in a single process
+    # (never under `accelerate launch`, where the state also holds the process group).
+    if (AcceleratorState._shared_state and AcceleratorState().initialized
+            and AcceleratorState().distributed_type == DistributedType.NO
+            and AcceleratorState().mixed_precision != precision):
+        AcceleratorState._reset_state()
     return Accelerator(mixed_precision=precision)
 
 
