@@ -149,5 +149,8 @@ def test_mpnet_base_declares_mean_pooling_and_trains(tmp_path):
         max_length=32, max_train_samples=16, max_eval_samples=16, output_dir=str(tmp_path / "run")))
     result = train(cfg)
     assert result["status"] == "ok" and result["pooling"] == "mean"
+    from peftlab.train import cpu_has_native_bf16
+
+    assert result["mixed_precision"] == ("bf16" if cpu_has_native_bf16() else "no")  # auto: a 109M model
     assert result["trainable_params"]["adapter"] == 12 * 2 * 4 * (768 + 768)  # r x (in + out), q and v, 12 layers
     assert 0.0 <= result["final"]["metrics"]["accuracy"] <= 1.0 and result["train_examples"] == 16

@@ -190,3 +190,25 @@ def test_runs_of_different_precision_in_one_process(tmp_path):
     assert first["status"] == second["status"] == third["status"] == "ok"
     assert first["config"]["mixed_precision"] == "bf16" and second["config"]["mixed_precision"] == "no"
     assert first["final"] == third["final"]  # the same run again after a reset: identical
+
+
+@pytest.mark.parametrize("requested, n_params, native, cuda, expected", [
+    ("auto", 109_486_464, True, False, "bf16"),   # MPNet-base on this CPU: bf16 autocast
+    ("auto", 22_713_216, True, False, "no"),      # MiniLM-L6: too small to gain
+    ("auto", 109_486_464, False, False, "no"),    # no AMX/avx512_bf16: bf16 would be emulated
+    ("auto", 1_000, False, True, "bf16"),         # CUDA
+    ("no", 109_486_464, True, False, "no"),       # explicit settings are kept
+    ("bf16", 1_000, False, False, "bf16"),
+])
+def test_auto_mixed_precision_by_device_and_model_size(monkeypatch, requested, n_params, native, cuda, expected):
+    import peftlab.train as train_mod
+
+    monkeypatch.setattr(train_mod, "cpu_has_native_bf16", lambda: native)
+    precision, why = train_mod.resolve_precision(requested, n_params, cuda=cuda)
+    assert precision == expected and why
+
+
+def test_resolved_precision_is_printed_and_recorded(tmp_path, capsys):
+    result = train(tiny_cfg(tmp_path))  # tiny-bert: far below the bf16 threshold
+    assert result["mixed_precision"] == "no"
+    assert "mixed precision: no (auto: CPU" in capsys.readouterr().out

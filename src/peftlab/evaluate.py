@@ -14,15 +14,21 @@ from pathlib import Path
 from peftlab.errors import PeftlabError
 
 
+def _recorded_precision(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "result.json").read_text()).get("mixed_precision")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
                  allow_pickle: bool = False, max_eval_samples: int | None = None) -> dict:
-    from accelerate import Accelerator
-
     from peftlab.adapters import load_trained, merged
     from peftlab.config import TrainConfig, build_config
     from peftlab.models import load_model
     from peftlab.pipelines import build_pipeline
     from peftlab.tasks import TASKS
+    from peftlab.train import make_accelerator, resolve_precision
 
     run_dir = Path(run_dir)
     config_file = run_dir / "config.yaml"
@@ -40,7 +46,11 @@ def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merg
     if merge:
         model = merged(model)
     pipeline = build_pipeline(cfg, tokenizer, model)
-    accelerator = Accelerator(mixed_precision="no")
+    # The precision the run was trained and scored with (result.json), so the number is reproduced;
+    # a run without one (older, or killed before its result) resolves the saved config's setting again.
+    recorded = _recorded_precision(run_dir)
+    precision = recorded or resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))[0]
+    accelerator = make_accelerator(precision)
     model = accelerator.prepare(model)
     return pipeline.evaluate(model, accelerator)
 
