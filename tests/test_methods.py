@@ -510,3 +510,23 @@ def test_extra_loss_is_none_without_regulariser(tiny_model):
     model, _, _ = apply_method(tiny_model("bert"), method_config("lora", ("q", "v")))
     assert extra_loss(model) is None
     assert extra_loss(tiny_model("bert")) is None
+
+
+def test_a_missing_package_in_a_builder_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    """peft's CorDA imports `attr`; a package missing at build time names the pip package, no traceback."""
+    import dataclasses
+
+    from peftlab.cli import main
+    from peftlab.methods import METHODS
+
+    def build(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'attr'", name="attr")
+
+    monkeypatch.setitem(METHODS, "lora", dataclasses.replace(METHODS["lora"], build=build))
+    out = tmp_path / "run"
+    code = main(["train", "--model", "tiny-bert", "--method", "lora", "--epochs", "1", "--max-train-samples", "8",
+                 "--max-eval-samples", "8", "--output-dir", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "method 'lora' needs the Python package 'attrs'" in err[0] and "pip install attrs" in err[0]
+    assert not out.exists()

@@ -284,6 +284,15 @@ def test_sweep_records_failures_skips_finished_and_retries_failed(tmp_path):
         assert sorted(r["attempts"] for r in store.rows()) == [1, 1, 1, 1, 2, 2]
 
 
+def test_a_shared_base_option_need_not_apply_to_every_method_of_a_sweep(tmp_path):
+    """`peftlab train --method vera --alpha 32` is refused (alpha would be ignored); a sweep's shared base is not."""
+    spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(tmp_path / "runs"),
+                                            "base": {**FAKE_BASE, "alpha": 32, "dropout": 0.1},
+                                            "grid": {"method": ["lora", "vera", "full"]}})
+    outcome = run_sweep(load_spec(spec), train_fn=fake_train, progress=False)
+    assert outcome.counts["ok"] == 3
+
+
 def test_sweep_console_prints_each_finished_runs_primary_metric(tmp_path, capfd):
     root = tmp_path / "runs"
     spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE,

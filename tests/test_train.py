@@ -212,3 +212,29 @@ def test_resolved_precision_is_printed_and_recorded(tmp_path, capsys):
     result = train(tiny_cfg(tmp_path))  # tiny-bert: far below the bf16 threshold
     assert result["mixed_precision"] == "no"
     assert "mixed precision: no (auto: CPU" in capsys.readouterr().out
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (REPO / "configs").glob("*/*.yaml") if p.parent.name != "sweeps"),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_train_config_loads_and_validates(path):
+    """Each shipped `peftlab train --config` file: known keys, valid values, no option its method ignores."""
+    cfg = build_config(TrainConfig, yaml_path=str(path), check_explicit=True)
+    assert cfg.method in METHODS and cfg.targets
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_head_lr_is_what_peftlab_methods_shows_whatever_lr_is(tmp_path, method, capsys):
+    """One rule for every method: the head trains at --head-lr if given, else the method's default head lr
+    (printed by `peftlab methods`), never silently at --lr."""
+    assert main(["methods"]) == 0
+    row = next(line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] == [method])
+    shown = float(row[2])
+    other_lr = METHODS[method].default_lr * 3
+    result = train(tiny_cfg(tmp_path / "default", method=method, lr=other_lr))
+    assert result["group_lrs"]["head"] == pytest.approx(shown) == pytest.approx(METHODS[method].default_head_lr)
+    assert result["head_lr"] == pytest.approx(shown)
+    given = train(tiny_cfg(tmp_path / "given", method=method, lr=other_lr, head_lr=3e-3))
+    assert given["group_lrs"]["head"] == pytest.approx(3e-3)

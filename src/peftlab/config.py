@@ -36,7 +36,7 @@ class TrainConfig(MethodConfig, OptimConfig):
     lr: float | None = None
     """Learning rate of q and k (eta_QK); default: the method's usual rate (`peftlab methods`)."""
     head_lr: float | None = None
-    """Learning rate of the task head; default: the method's usual head rate, else --lr."""
+    """Learning rate of the task head; default: the method's head rate (`peftlab methods`), whatever --lr is."""
     task: str = "rte"
     """Task: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte wnli) or an instruction task (gsm8k, alpaca, json)."""
     model: str = "minilm-l6"
@@ -103,7 +103,7 @@ class TrainConfig(MethodConfig, OptimConfig):
         method = METHODS[self.method]
         if self.lr is None:
             self.lr = method.default_lr
-        if self.head_lr is None and method.default_head_lr is not None:
+        if self.head_lr is None:  # one rule for every method: --head-lr, else the method's default head lr
             self.head_lr = method.default_head_lr
         OptimConfig.__post_init__(self)
         from peftlab.errors import unknown
@@ -277,17 +277,29 @@ def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
-                 flag_values: dict[str, Any] | None = None):
-    """defaults < YAML file < ``overrides`` (already typed, e.g. a sweep cell) < command-line flags."""
+                 flag_values: dict[str, Any] | None = None, check_explicit: bool = False):
+    """defaults < YAML file < ``overrides`` (already typed, e.g. a sweep cell) < command-line flags.
+
+    ``check_explicit`` (``peftlab train``): an option set in the YAML or by a flag that the run would ignore
+    (e.g. ``--alpha`` with VeRA) is an error (:func:`peftlab.methods.check_explicit_options`)."""
     values: dict[str, Any] = {}
+    explicit: set[str] = set()
     if yaml_path:
-        values.update(normalise_keys(cls, load_yaml(yaml_path), str(yaml_path)))
+        from_yaml = normalise_keys(cls, load_yaml(yaml_path), str(yaml_path))
+        values.update(from_yaml)
+        explicit.update(k for k, v in from_yaml.items() if v is not None)
     if overrides:
         values.update(normalise_keys(cls, overrides, "sweep spec"))
     for name, value in (flag_values or {}).items():
         if value is not None:
             values[name] = _coerce(cls, name, value, "command line")
-    return cls(**values)
+            explicit.add(name)
+    cfg = cls(**values)
+    if check_explicit:
+        from peftlab.methods import check_explicit_options
+
+        check_explicit_options(cfg, explicit)
+    return cfg
 
 
 def save_config(cfg, path: str | Path) -> None:

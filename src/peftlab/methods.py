@@ -13,6 +13,8 @@ VeRA and FourierFT. To add a method, write a builder and add one row to ``METHOD
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -225,14 +227,18 @@ class Method:
     # (FourierFT's spectrum trains at ~5e-2, full fine-tuning at ~5e-5), so one global default would be
     # wrong for most of them. Values follow each method's paper for RoBERTa-base on GLUE.
     default_lr: float = 5e-4
-    default_head_lr: float | None = None  # None: same as lr
+    # The head's learning rate unless --head-lr is given; it does not follow --lr (one rule for every method,
+    # shown by `peftlab methods` and recorded in result.json's group_lrs).
+    default_head_lr: float = 5e-4
+    # The MethodConfig options this method reads; setting any other one explicitly is an error, never silence.
+    options: frozenset = frozenset({"rank", "alpha", "dropout"})
 
 
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
         Method("full", "full fine-tuning of the selected projections and the head", build_full, uses_rank=False,
-               default_lr=5e-5, default_head_lr=5e-4),
+               default_lr=5e-5, default_head_lr=5e-4, options=frozenset()),
         Method("lora", "LoRA (Hu et al.)", build_lora),
         Method("dora", "DoRA: weight-decomposed LoRA (Liu et al.)", build_dora),
         Method("pissa", "PiSSA: LoRA initialised from the r largest singular components", build_pissa,
@@ -240,15 +246,39 @@ METHODS: dict[str, Method] = {
         Method("milora", "MiLoRA: LoRA initialised from the r smallest singular components", build_milora,
                svd_init=True, converts_to_lora=True),
         Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,
-               svd_init=True, fused_qkv=False, extra_loss=kasa.regulariser),
+               svd_init=True, fused_qkv=False, extra_loss=kasa.regulariser,
+               options=frozenset({"rank", "alpha", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction",
+                                  "kasa_truncate_rank", "kasa_mode"})),
         Method("corda", "CorDA: LoRA from a covariance-oriented SVD over task inputs (Yang et al.)", build_corda,
-               svd_init=True, converts_to_lora=True, needs_calibration=True),
+               svd_init=True, converts_to_lora=True, needs_calibration=True,
+               options=frozenset({"rank", "alpha", "dropout", "corda_mode", "corda_samples"})),
         Method("vera", "VeRA: frozen shared random A/B, learned scaling vectors", build_vera,
-               default_lr=4e-3, default_head_lr=4e-3),
+               default_lr=4e-3, default_head_lr=4e-3, options=frozenset({"rank", "dropout", "vera_d_initial"})),
         Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft, uses_rank=False,
-               default_lr=5e-2, default_head_lr=5e-3),
+               default_lr=5e-2, default_head_lr=5e-3,
+               options=frozenset({"fourierft_n_frequency", "fourierft_scaling"})),
     ]
 }
+METHOD_OPTIONS = frozenset().union(*(m.options for m in METHODS.values()))
+
+
+def check_explicit_options(cfg: MethodConfig, explicit) -> None:
+    """Refuse an option the user set (flag or --config YAML) that this run would ignore: one line, exit 2.
+
+    Values that come from defaults or from a sweep cell are not checked (a sweep's shared ``base`` may hold
+    options for some of its methods only)."""
+    method = METHODS[cfg.method]
+    for key in sorted(explicit):
+        if key in METHOD_OPTIONS and key not in method.options:
+            flag = "--" + key.replace("_", "-")
+            users = ", ".join(m.name for m in METHODS.values() if key in m.options)
+            raise PeftlabError(f"{flag} is set, but method '{cfg.method}' does not use it (it would be ignored)",
+                               fix=f"remove {flag} for --method {cfg.method}, or use a method that has it ({users})")
+    lr_ratio = getattr(cfg, "lr_ratio", 1.0)
+    if "lr_ratio" in explicit and lr_ratio != 1 and "v" not in cfg.targets:
+        raise PeftlabError(f"--lr-ratio {lr_ratio:g} sets eta_V = {lr_ratio:g} x eta_QK, but --targets "
+                           f"{','.join(cfg.targets)} has no v, so nothing would get it",
+                           fix="add v to --targets (e.g. --targets q,v), or drop --lr-ratio")
 
 
 def _weight_shape(module: nn.Module) -> tuple[int, int]:
@@ -267,6 +297,23 @@ def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: Re
             "adapted weights (the SVD init keeps at least one component)",
             fix=f"use --rank {max(1, smallest // 2)} or smaller",
         )
+
+
+# Import names whose pip package is called something else.
+_PIP_NAMES = {"attr": "attrs", "sklearn": "scikit-learn", "yaml": "pyyaml", "PIL": "pillow"}
+
+
+@contextlib.contextmanager
+def _missing_package_is_a_user_error(method: str):
+    """A builder (usually peft) importing a package that is not installed: one line naming it, not a traceback."""
+    try:
+        yield
+    except ImportError as err:
+        module = (getattr(err, "name", None) or str(err).split("'")[1 if "'" in str(err) else 0]).split(".")[0]
+        package = _PIP_NAMES.get(module, module)
+        raise PeftlabError(f"method '{method}' needs the Python package '{package}' (import {module!r} failed), "
+                           "which is not installed", fix=f"pip install {package} (or reinstall peftlab, which declares it)") \
+            from None
 
 
 def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True, task_type: str | None = None,
@@ -295,10 +342,12 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
                                fix="run it through `peftlab train` (which passes --corda-samples training inputs), "
                                    "or pass apply_method(..., calibration=peftlab.corda.calibration_runner(...))")
         timed = _Timed(calibration)
-        model = method.build(model, cfg, targets, list(heads), task_type, calibration=timed)
+        with _missing_package_is_a_user_error(cfg.method):
+            model = method.build(model, cfg, targets, list(heads), task_type, calibration=timed)
         model.peftlab_calibration_seconds = timed.seconds
     else:
-        model = method.build(model, cfg, targets, list(heads), task_type)
+        with _missing_package_is_a_user_error(cfg.method):
+            model = method.build(model, cfg, targets, list(heads), task_type)
     model.peftlab_method = cfg  # the extra-loss hook and the savers read it back
     return model, targets, heads
 

@@ -441,7 +441,7 @@ def add_parser(sub) -> None:
 
 def config_from_args(args) -> TrainConfig:
     values = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig)}
-    return build_config(TrainConfig, yaml_path=args.config, flag_values=values)
+    return build_config(TrainConfig, yaml_path=args.config, flag_values=values, check_explicit=True)
 
 
 def run_cli(args) -> int:
