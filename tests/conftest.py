@@ -14,8 +14,42 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# --------------------------------------------------------------------------- the shared data, found once
+# The one place tests look for ../shared/data: $PEFTLAB_DATA_DIR, else ./data in the checkout, else the
+# shared folder beside it. A test that needs a file is marked with needs_data(...): without the file it is
+# skipped with a reason starting "data:", and with PEFTLAB_REQUIRE_DATA=1 (CI) that skip is a failure.
+REPO = Path(__file__).resolve().parents[1]
+REQUIRE_DATA = os.environ.get("PEFTLAB_REQUIRE_DATA", "") not in ("", "0")
+
+
+def _data_dir() -> Path:
+    for root in (os.environ.get("PEFTLAB_DATA_DIR"), REPO / "data", REPO.parent / "shared" / "data"):
+        if root and Path(root).is_dir():
+            return Path(root).resolve()
+    return (REPO.parent / "shared" / "data").resolve()
+
+
+DATA_DIR = _data_dir()
+
+
+def needs_data(*parts: str):
+    """skipif the data file DATA_DIR/<parts> is missing (a failure in CI, see REQUIRE_DATA)."""
+    path = DATA_DIR.joinpath(*parts)
+    return pytest.mark.skipif(not path.exists(), reason=f"data: {path} not found (set PEFTLAB_DATA_DIR)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_DATA and report.skipped and isinstance(report.longrepr, tuple) and "data:" in str(report.longrepr[2]):
+        report.outcome = "failed"
+        report.longrepr = f"PEFTLAB_REQUIRE_DATA is set, so a missing-data skip fails: {report.longrepr[2]}"
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 TINY_VOCAB = 128  # small embedding tables keep model construction in milliseconds

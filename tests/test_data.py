@@ -15,15 +15,10 @@ from peftlab.errors import PeftlabError
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _shared_root() -> Path | None:
-    for root in (os.environ.get("PEFTLAB_DATA_DIR"), REPO / "data", REPO.parent / "shared" / "data"):
-        if root and (Path(root) / "glue" / "CoLA" / "dev.tsv").is_file():
-            return Path(root)
-    return None
+from conftest import DATA_DIR, needs_data  # noqa: E402
 
-
-SHARED = _shared_root()
-needs_glue = pytest.mark.skipif(SHARED is None, reason="shared GLUE data not found")
+SHARED = DATA_DIR
+needs_glue = needs_data("glue", "CoLA", "dev.tsv")
 
 DEV_ROWS = {"cola": 1043, "sst2": 872, "mrpc": 408, "rte": 277, "stsb": 1500, "wnli": 71, "qnli": 5463}
 TRAIN_ROWS = {"cola": 8551, "sst2": 67349, "mrpc": 3668, "rte": 2490, "stsb": 5749, "wnli": 635}
@@ -439,9 +434,8 @@ def test_tokenize_cache_follows_file_content(tokenizer, tmp_path, monkeypatch):
     assert a["input_ids"] != b["input_ids"] and b["labels"] == [1]
 
 
+@needs_glue
 def test_tokenize_subset_of_real_split(tokenizer, tmp_path, monkeypatch):
-    if SHARED is None:
-        pytest.skip("shared GLUE data not found")
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     raw = data.subset(data.load_split("mrpc", "validation", SHARED), 32, seed=0)
     out = data.tokenize(raw, tokenizer, 64, task="mrpc", cache_key="minilm-l6-validation")

@@ -14,8 +14,8 @@ import yaml
 from peftlab.cli import main
 from peftlab.train import FAULT_NAN_STEP_ENV
 
-DATA = (Path(__file__).resolve().parents[2] / "shared" / "data").resolve()
-needs_data = pytest.mark.skipif(not (DATA / "gsm8k" / "test.jsonl").is_file(), reason="shared data not present")
+from conftest import DATA_DIR as DATA, needs_data as _needs_data  # noqa: E402
+needs_data = _needs_data("gsm8k", "test.jsonl")
 
 TINY_DECODER = {"model": "tiny-llama", "method": "lora", "targets": "q,v", "rank": 4, "epochs": 1, "batch_size": 8,
                 "max_length": 64, "max_train_samples": 8, "max_eval_samples": 4, "max_new_tokens": 8,

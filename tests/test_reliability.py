@@ -140,7 +140,7 @@ def _glue_copy(tmp_path: Path, task_dir: str, train_text: str) -> Path:
     root = tmp_path / "data"
     folder = root / "glue" / task_dir
     folder.mkdir(parents=True)
-    shared = Path(os.environ.get("PEFTLAB_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    from conftest import DATA_DIR as shared
     (folder / "dev.tsv").write_text((shared / "glue" / task_dir / "dev.tsv").read_text(encoding="utf-8-sig"))
     (folder / "train.tsv").write_text(train_text)
     return root

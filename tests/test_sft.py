@@ -17,8 +17,8 @@ from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
 from peftlab.train import train
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_data = pytest.mark.skipif(not (DATA / "gsm8k" / "test.jsonl").is_file(), reason="shared data not present")
+from conftest import DATA_DIR as DATA, needs_data as _needs_data  # noqa: E402
+needs_data = _needs_data("gsm8k", "test.jsonl")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from peftlab.sweep import run_name, expand, load_spec, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-DATA = (REPO.parent / "shared" / "data").resolve()
+from conftest import DATA_DIR as DATA, needs_data  # noqa: E402
 
 
 def write_spec(path: Path, spec: dict) -> Path:
@@ -410,7 +410,7 @@ def test_worker_sweep_killed_leaves_no_orphans_and_reruns_cleanly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (DATA / "glue" / "RTE" / "train.tsv").is_file(), reason="needs the local GLUE RTE files")
+@needs_data("glue", "RTE", "train.tsv")
 def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
     """12 tiny-bert runs on an RTE subset through the CLI; SIGKILL after >= 3 finished; the rerun completes
     with every run present exactly once and ok."""
