@@ -530,3 +530,28 @@ def test_a_missing_package_in_a_builder_is_one_line_exit_2(tmp_path, capsys, mon
     assert code == 2 and len(err) == 1
     assert "method 'lora' needs the Python package 'attrs'" in err[0] and "pip install attrs" in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("method", ["dora", "kasa", "vera", "fourierft", "full", "lora"])
+def test_weight_decay_goes_by_tensor_rank_never_to_learned_vectors(method):
+    """--weight-decay decays matrices only: DoRA's magnitude, KaSA's singular values, VeRA's vectors and
+    FourierFT's spectrum (all 1-D) are never pulled towards 0."""
+    from peftlab.config import TrainConfig, build_config
+    from peftlab.methods import apply_method
+    from peftlab.models import load_model
+    from peftlab.optim import param_groups
+
+    cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", method=method, targets="q,v", rank=4,
+                                                   weight_decay=0.1))
+    model, _ = load_model("tiny-bert")
+    model, targets, heads = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
+    groups = param_groups(model, targets, heads, cfg, verbose=False)
+    decayed = {n for g in groups if g["weight_decay"] > 0 for n in g["param_names"]}
+    kept = {n for g in groups if g["weight_decay"] == 0 for n in g["param_names"]}
+    shapes = dict((n, p.dim()) for n, p in model.named_parameters())
+    assert decayed and all(shapes[n] >= 2 for n in decayed)
+    assert all(shapes[n] < 2 for n in kept)
+    vectors = {"dora": "lora_magnitude_vector", "kasa": "lora_diag", "vera": "vera_lambda", "fourierft": "spectrum"}
+    if method in vectors:
+        learned = [n for n in kept if vectors[method] in n]
+        assert learned and not any(vectors[method] in n for n in decayed)

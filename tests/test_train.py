@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 import yaml
 
 from peftlab.cli import main
@@ -73,6 +74,10 @@ def test_kasa_result_records_learned_singular_values(tmp_path):
     assert set(init) == set(result["kasa_sigma"]) and all(len(v) == 3 for v in init.values())
     assert any(init[m] != result["kasa_sigma"][m] for m in init)
     validate(result)
+    # the regulariser is logged beside the task loss (it is part of what was optimised)
+    assert all(e["train_regulariser"] > 0 for e in result["epochs_log"])
+    lora = train(tiny_cfg(tmp_path / "lora", method="lora"))
+    assert all("train_regulariser" not in e for e in lora["epochs_log"])
 
 
 def _eval_texts(cfg):
@@ -179,6 +184,33 @@ def test_eval_every_skips_epochs_but_always_evaluates_the_last(tmp_path, eval_ev
     assert [e["epoch"] for e in result["epochs_log"] if e["metrics"]] == evaluated
     assert result["best"]["epoch"] in evaluated
     assert result["final"]["metrics"] == result["epochs_log"][-1]["metrics"] != {}
+
+
+def test_an_fp16_overflow_step_is_skipped_not_a_divergence(tmp_path, monkeypatch):
+    """With a GradScaler (fp16) an infinite gradient norm is an overflow the scaler skips, not a divergence."""
+    import accelerate
+
+    calls = {"n": 0}
+    real = accelerate.Accelerator.clip_grad_norm_
+
+    def overflow_once(self, parameters, max_norm, norm_type=2):
+        norm = real(self, parameters, max_norm, norm_type)
+        calls["n"] += 1
+        return torch.tensor(float("inf")) if calls["n"] == 1 else norm
+
+    monkeypatch.setattr(accelerate.Accelerator, "clip_grad_norm_", overflow_once)
+    import peftlab.train as train_mod
+
+    monkeypatch.setattr(train_mod, "uses_grad_scaler", lambda accelerator: True)
+    monkeypatch.setattr(accelerate.Accelerator, "optimizer_step_was_skipped",
+                        property(lambda self: calls["n"] == 1), raising=False)
+    result = train(tiny_cfg(tmp_path, epochs=1, max_train_samples=24))
+    assert result["status"] == "ok" and result["skipped_steps"] == 1
+    # without a scaler (fp32/bf16) the same infinite norm is a divergence
+    calls["n"] = 0
+    monkeypatch.setattr(train_mod, "uses_grad_scaler", lambda accelerator: False)
+    diverged = train(tiny_cfg(tmp_path / "fp32", epochs=1, max_train_samples=24))
+    assert diverged["status"] == "diverged" and "gradient norm" in diverged["status_reason"]
 
 
 def test_runs_of_different_precision_in_one_process(tmp_path):

@@ -2,8 +2,11 @@
 
 Every trainable tensor goes to the group of the projection it adapts, whatever the method: lora_A/B,
 lora_diag (KaSA), lora_magnitude_vector (DoRA), VeRA's lambda vectors, FourierFT's spectrum, or the full
-weight and bias. Groups: q, k, v, o (or qkv for a fused matrix), head, other. Biases and norm weights take
-no weight decay, so each group is split in a decay and a no-decay half.
+weight and bias. Groups: q, k, v, o (or qkv for a fused matrix), head, other. Weight decay is decided by
+tensor rank, as nanoGPT's ``configure_optimizers`` does: matrices (``p.dim() >= 2``: LoRA's A and B, full
+weights) decay; vectors (biases, norms, DoRA's magnitude, KaSA's singular values, VeRA's scaling vectors,
+FourierFT's spectrum) never do, so ``--weight-decay`` cannot pull a method's learned scales towards 0. Each
+group is split in a decay and a no-decay half.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ class OptimConfig:
     """Optimizer: per-projection learning rates (Yao et al.) and AdamW"""
 
     lr: float = 1e-4
-    """Learning rate of q and k (eta_QK) and, unless --head-lr is given, of the head."""
+    """Learning rate of q and k (eta_QK)."""
     lr_ratio: float = 1.0
     """lambda = eta_V / eta_QK (Yao et al. use 2, 4, 8); v's learning rate is lr_ratio * lr."""
     head_lr: float | None = None
-    """Learning rate of the task head (default: lr)."""
+    """Learning rate of the task head (None here: lr; `peftlab train` fills in the method's default head lr)."""
     weight_decay: float = 0.0
-    """AdamW weight decay for matrices; biases and norms never decay."""
+    """AdamW weight decay for matrices (tensors of 2+ dimensions); vectors (biases, norms, DoRA magnitudes, KaSA singular values, VeRA/FourierFT vectors) never decay."""
 
     def __post_init__(self):
         for flag, value in (("--lr", self.lr), ("--lr-ratio", self.lr_ratio), ("--head-lr", self.head_lr)):
@@ -55,10 +58,6 @@ class OptimConfig:
         return self.lr
 
 
-def _no_decay(param_name: str, module: nn.Module) -> bool:
-    return param_name.endswith("bias") or "norm" in type(module).__name__.lower()
-
-
 def group_of(param_name: str, targets: ResolvedTargets, heads: list[str]) -> str:
     name = param_name[len(_PEFT_PREFIX):] if param_name.startswith(_PEFT_PREFIX) else param_name
     if any(name == head or name.startswith(head + ".") for head in heads):
@@ -75,16 +74,12 @@ def param_groups(model: nn.Module, targets: ResolvedTargets, heads: list[str], c
             f"({targets.modules['qkv'][0]})",
             fix="use --lr-ratio 1 on this model, or a model with separate projections",
         )
-    owner = {}
-    for module_name, module in model.named_modules():
-        for pname, _ in module.named_parameters(recurse=False):
-            owner[f"{module_name}.{pname}" if module_name else pname] = module
     buckets: dict[tuple[str, bool], list[tuple[str, torch.Tensor]]] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         group = group_of(name, targets, heads)
-        decay = not _no_decay(name, owner[name])
+        decay = param.dim() >= 2  # by rank, not by name (nanoGPT's rule)
         buckets.setdefault((group, decay), []).append((name, param))
     groups = []
     for group in GROUP_ORDER:

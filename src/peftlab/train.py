@@ -78,6 +78,11 @@ def resolve_precision(requested: str, n_params: int, cuda: bool | None = None) -
     return "bf16", f"auto: CPU with native bf16, {size} >= {BF16_CPU_MIN_PARAMS / 1e6:.0f}M"
 
 
+def uses_grad_scaler(accelerator) -> bool:
+    """fp16 training: Accelerate's GradScaler skips overflowing steps itself."""
+    return getattr(accelerator, "scaler", None) is not None
+
+
 def make_accelerator(precision: str):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, DistributedType
@@ -255,15 +260,23 @@ def fit(run: Run) -> None:
             else:
                 grad_norm = torch.linalg.vector_norm(torch.stack(
                     [p.grad.norm() for p in trainable if p.grad is not None]))
-            if not (torch.isfinite(total.detach()) and torch.isfinite(torch.as_tensor(grad_norm))):
-                what = "loss" if not torch.isfinite(total.detach()) else "gradient norm"
+            finite_loss = bool(torch.isfinite(total.detach()))
+            finite_grad = bool(torch.isfinite(torch.as_tensor(grad_norm)))
+            # fp16: an overflowing gradient is the GradScaler's business (it skips the step and lowers the
+            # scale), not a divergence; Accelerate says afterwards whether the step was skipped.
+            scaled = uses_grad_scaler(accelerator)
+            if not finite_loss or (not finite_grad and not scaled):
+                what = "loss" if not finite_loss else "gradient norm"
                 state["status"] = "diverged"
                 state["status_reason"] = f"non-finite {what} at step {state['global_step']} (epoch {epoch + 1})"
                 if progress is not None:
                     progress.close()
                 return
             optimizer.step()
-            scheduler.step()
+            if accelerator.optimizer_step_was_skipped:
+                state["skipped_steps"] = state.get("skipped_steps", 0) + 1
+            else:
+                scheduler.step()
             optimizer.zero_grad(set_to_none=True)
 
             examples = batch["input_ids"].shape[0] * accelerator.num_processes
@@ -275,12 +288,17 @@ def fit(run: Run) -> None:
             state["epoch_train_seconds"] = state.get("epoch_train_seconds", 0.0) + seconds
             state["epoch_loss_sum"] += loss.item()
             state["epoch_loss_count"] += 1
+            if aux is not None:  # logged apart from the task loss, so the curves show what was optimised
+                state["epoch_aux_sum"] = state.get("epoch_aux_sum", 0.0) + aux.item()
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}",
                                      ex_s=f"{examples / seconds:.1f}")
             if run.writer is not None and state["global_step"] % cfg.log_every == 0:
                 run.writer.add_scalar("train/loss", loss.item(), state["global_step"])
+                if aux is not None:
+                    run.writer.add_scalar("train/regulariser", aux.item(), state["global_step"])
+                    run.writer.add_scalar("train/objective", total.item(), state["global_step"])
                 for group in optimizer.param_groups:
                     run.writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], state["global_step"])
             if cfg.checkpoint_every and state["global_step"] % cfg.checkpoint_every == 0:
@@ -293,6 +311,8 @@ def fit(run: Run) -> None:
         metrics = pipeline.evaluate(model, accelerator) if evaluated else {}  # {}: skipped by --eval-every
         record = {"epoch": epoch + 1, "train_loss": state["epoch_loss_sum"] / max(1, state["epoch_loss_count"]),
                   "metrics": metrics, "seconds": state.get("epoch_train_seconds", 0.0)}
+        if "epoch_aux_sum" in state:  # the method's extra loss (KaSA's regulariser), mean per step
+            record["train_regulariser"] = state["epoch_aux_sum"] / max(1, state["epoch_loss_count"])
         state["epochs_log"].append(record)
         primary = metrics.get(pipeline.primary_metric)
         best = state["best"]
@@ -311,6 +331,7 @@ def fit(run: Run) -> None:
                   + (_fmt_metrics(metrics) if evaluated else "(not evaluated: --eval-every)"))
         state.update(epoch=epoch + 1, step_in_epoch=0, epoch_loss_sum=0.0, epoch_loss_count=0,
                      epoch_train_seconds=0.0)
+        state.pop("epoch_aux_sum", None)
         _checkpoint(run)
 
 
@@ -342,6 +363,7 @@ def finish(run: Run) -> dict:
         "best": state["best"] or {"epoch": 0, "metrics": before or {}},
         "final": {"metrics": final_metrics},
         "train_examples": state["train_examples"],
+        "skipped_steps": state.get("skipped_steps", 0),  # fp16: steps the GradScaler skipped on overflow
         "train_seconds": state["train_seconds"],
         "train_examples_per_second": (state["train_examples"] / state["train_seconds"]
                                       if state["train_seconds"] else None),
