@@ -226,7 +226,11 @@ BAD_TRAIN_INPUTS = [
     ("lr-ratio-negative", ["--lr-ratio", "-2"], "--lr-ratio must be a finite number > 0"),
     ("lr-ratio-inf", ["--lr-ratio", "inf"], "--lr-ratio must be a finite number > 0"),
     ("alpha-nan", ["--alpha", "nan"], "--alpha must be a finite number"),
-    ("epochs-negative", ["--epochs", "-1"], "--epochs must be a positive integer"),
+    ("epochs-negative", ["--epochs", "-1"], "--epochs must be an integer >= 0, got -1"),  # 0 is valid
+    ("unknown-flag", ["--learning-rate", "1e-3"], "unknown flag '--learning-rate' (did you mean '--lr'?)"),
+    ("unknown-flag-typo", ["--max-lenght", "64"], "unknown flag '--max-lenght' (did you mean '--max-length'?)"),
+    ("unknown-yaml-key", _yaml("learning_rate: 1.0e-3\n"), "unknown config key 'learning_rate' (did you mean 'lr'?)"),
+    ("unknown-yaml-key-hf", _yaml("num_train_epochs: 3\n"), "unknown config key 'num_train_epochs' (did you mean 'epochs'?)"),
     ("warmup-too-big", ["--warmup-ratio", "1.5"], "--warmup-ratio must be < 1"),
     ("precision-unknown", ["--mixed-precision", "fp8"], "unknown --mixed-precision 'fp8'"),
     ("yaml-unknown-key", _yaml("lr_ratoi: 2\n"), "unknown config key 'lr_ratoi' (did you mean 'lr_ratio'?)"),

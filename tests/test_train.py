@@ -270,3 +270,12 @@ def test_head_lr_is_what_peftlab_methods_shows_whatever_lr_is(tmp_path, method, 
     assert result["head_lr"] == pytest.approx(shown)
     given = train(tiny_cfg(tmp_path / "given", method=method, lr=other_lr, head_lr=3e-3))
     assert given["group_lrs"]["head"] == pytest.approx(3e-3)
+
+
+def test_version_flag(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"peftlab {version('peftlab')}"

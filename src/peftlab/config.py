@@ -127,9 +127,10 @@ class TrainConfig(MethodConfig, OptimConfig):
         for flag in ("epochs", "batch_size", "eval_batch_size", "max_length", "checkpoint_every", "log_every",
                      "max_new_tokens", "eval_every"):
             value = getattr(self, flag)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
-                    value == 0 and flag not in ("epochs", "checkpoint_every", "eval_every")):
-                raise PeftlabError(f"--{flag.replace('_', '-')} must be a positive integer, got {value!r}")
+            zero_ok = flag in ("epochs", "checkpoint_every", "eval_every")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and not zero_ok):
+                kind = "an integer >= 0" if zero_ok else "a positive integer"
+                raise PeftlabError(f"--{flag.replace('_', '-')} must be {kind}, got {value!r}")
         if isinstance(self.eval_seed, bool) or not isinstance(self.eval_seed, int) or self.eval_seed < 0:
             raise PeftlabError(f"--eval-seed must be an integer >= 0, got {self.eval_seed!r}")
         for flag in ("max_train_samples", "max_eval_samples"):

@@ -24,9 +24,28 @@ class PeftlabError(Exception):
         super().__init__("; ".join(parts).replace("\n", " "))
 
 
+# Names users bring from HF Trainer, peft and litgpt configs, mapped to peftlab's (keys; flags use dashes).
+KNOWN_ALIASES = {
+    "learning_rate": "lr", "num_train_epochs": "epochs", "num_epochs": "epochs",
+    "per_device_train_batch_size": "batch_size", "train_batch_size": "batch_size",
+    "per_device_eval_batch_size": "eval_batch_size", "max_seq_length": "max_length", "max_seq_len": "max_length",
+    "lora_r": "rank", "r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout",
+    "target_modules": "targets", "model_name_or_path": "model", "task_name": "task",
+    "warmup_steps": "warmup_ratio", "gradient_clipping": "max_grad_norm", "lr_v_ratio": "lr_ratio",
+}
+
+
 def closest(name: str, choices: Iterable[str]) -> str:
     """A ' did you mean X?' hint, or '' when nothing is close."""
-    match = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    choices = [str(c) for c in choices]
+    dashed = str(name).startswith("--")
+    key = str(name).lstrip("-").replace("-", "_")
+    alias = KNOWN_ALIASES.get(key)
+    if alias is not None:
+        alias = "--" + alias.replace("_", "-") if dashed else alias
+        if alias in choices:
+            return f" (did you mean '{alias}'?)"
+    match = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.6)
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
