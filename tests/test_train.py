@@ -279,3 +279,9 @@ def test_version_flag(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"peftlab {version('peftlab')}"
+
+
+def test_max_length_beyond_the_positions_is_capped_without_pad_to_max(tmp_path, capsys):
+    result = train(tiny_cfg(tmp_path, max_length=1024))
+    assert result["status"] == "ok" and result["config"]["max_length"] == 1024  # the user's value is kept
+    assert "--max-length 1024 is capped at 512" in capsys.readouterr().out

@@ -297,6 +297,14 @@ def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: Re
             "adapted weights (the SVD init keeps at least one component)",
             fix=f"use --rank {max(1, smallest // 2)} or smaller",
         )
+    # LoRA-style factors (not VeRA, whose shared random basis may be wider than the layer): a rank above
+    # min(in, out) adds nothing a full-rank update lacks and costs more parameters than the matrix itself.
+    if method.uses_rank and "rank" in method.options and method.name != "vera" and cfg.rank > smallest:
+        raise PeftlabError(
+            f"--rank {cfg.rank} is larger than min(in, out) = {smallest} of the adapted weights: the adapter would "
+            f"have more parameters than the matrices it adapts",
+            fix=f"use --rank {smallest} or smaller (or --method full)",
+        )
 
 
 # Import names whose pip package is called something else.

@@ -78,6 +78,33 @@ def resolve_precision(requested: str, n_params: int, cuda: bool | None = None) -
     return "bf16", f"auto: CPU with native bf16, {size} >= {BF16_CPU_MIN_PARAMS / 1e6:.0f}M"
 
 
+def position_limit(model) -> int | None:
+    """How many tokens the model can take: its position table (RoBERTa/MPNet reserve padding_idx + 1 rows)."""
+    config = model.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit is None:
+        return None
+    if config.model_type in ("roberta", "mpnet", "xlm-roberta", "camembert", "longformer"):
+        limit -= (getattr(config, "pad_token_id", 1) or 1) + 1
+    return int(limit)
+
+
+def _capped_max_length(cfg: TrainConfig, model) -> TrainConfig:
+    """--max-length beyond the position table: an error with --pad-to-max (every batch would have that many
+    tokens), else the data is tokenised at the model's limit, with a note. Checked before any file exists;
+    ``cfg`` itself (config.yaml, the run's key) keeps the value the user gave."""
+    import dataclasses
+
+    limit = position_limit(model)
+    if limit is None or cfg.max_length <= limit:
+        return cfg
+    if cfg.pad_to_max:
+        raise PeftlabError(f"--max-length {cfg.max_length} with --pad-to-max exceeds the {limit} positions of "
+                           f"model '{cfg.model}'", fix=f"use --max-length {limit} or less")
+    print(f"--max-length {cfg.max_length} is capped at {limit}, the positions of model '{cfg.model}'")
+    return dataclasses.replace(cfg, max_length=limit)
+
+
 def uses_grad_scaler(accelerator) -> bool:
     """fp16 training: Accelerate's GradScaler skips overflowing steps itself."""
     return getattr(accelerator, "scaler", None) is not None
@@ -169,6 +196,7 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     task = TASKS[cfg.task]
     model, tokenizer = load_model(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
                                   trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)
+    data_cfg = _capped_max_length(cfg, model)  # the pipeline tokenises at most the model's positions
     # After the model: --mixed-precision auto depends on its size on a CPU.
     precision, why = resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))
     accelerator = make_accelerator(precision)
@@ -176,7 +204,7 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
         print(f"mixed precision: {precision} ({why})")
     if accelerator.is_main_process and task.head != "causal-lm":
         print(f"pooling: {model.peftlab_pooling} (--pooling {cfg.pooling})")
-    pipeline = build_pipeline(cfg, tokenizer, model)
+    pipeline = build_pipeline(data_cfg, tokenizer, model)
     task_type = "CAUSAL_LM" if task.head == "causal-lm" else "SEQ_CLS"
     init_start = time.perf_counter()
     from peftlab.corda import calibration_runner  # CorDA: --corda-samples training inputs, one per forward
