@@ -4,6 +4,7 @@ nothing half-written. Every case runs on tiny random models and small real-data 
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import random
 import signal
@@ -192,6 +193,13 @@ def _unfinished(tmp_path: Path) -> list[str]:
     return []
 
 
+def _killed_before_first_checkpoint(tmp_path: Path) -> list[str]:
+    """A run killed during its first epoch: config.yaml written, no checkpoint yet; resumed with another rank."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.yaml").write_text("task: rte\nmodel: tiny-bert\nrank: 8\n")
+    return ["--resume", "--rank", "4"]
+
+
 BAD_TRAIN_INPUTS = [
     # (case id, extra args or a builder returning args, phrase in the message)
     ("unknown-task", ["--task", "rtee"], "unknown task 'rtee' (did you mean 'rte'?)"),
@@ -249,6 +257,8 @@ BAD_TRAIN_INPUTS = [
     ("data-dir-missing", ["--data-dir", "/nonexistent/data"], "/nonexistent/data"),
     ("output-finished", _finished, "already holds a finished run"),
     ("output-unfinished", _unfinished, "holds an unfinished run"),
+    ("resume-changed-before-checkpoint", _killed_before_first_checkpoint,
+     "--resume with a different config: rank was 8, now 4"),
 ]
 
 
@@ -317,7 +327,16 @@ def _other_base(run: Path, tmp_path: Path) -> list[str]:
     config = yaml.safe_load((run / "config.yaml").read_text())
     config["model"] = "tiny-llama"
     (run_copy / "config.yaml").write_text(yaml.safe_dump(config))
-    return ["RUN", str(run_copy), "--adapter", str(other / "adapter")]
+    bare = tmp_path / "bare-adapter"  # no run config beside it: the loader's own shape check must refuse it
+    shutil.copytree(other / "adapter", bare)
+    return ["RUN", str(run_copy), "--adapter", str(bare)]
+
+
+def _other_task(run: Path, tmp_path: Path) -> list[str]:
+    """An adapter of another run (another task) that would load: refused by what its run was trained for."""
+    other = tmp_path / "other-task"
+    train(tiny_cfg(other, epochs=1, max_train_samples=8, max_eval_samples=8, task="mrpc"))
+    return ["--adapter", str(other)]
 
 
 def _missing(run: Path, tmp_path: Path) -> list[str]:
@@ -330,6 +349,7 @@ BAD_ADAPTERS = [
     ("pickle", _pickle, "is a pickle"),
     ("other-base", _other_base, "does not fit this base model"),
     ("missing", _missing, "adapter folder not found"),
+    ("other-task", _other_task, "was trained with task='mrpc', but"),
 ]
 
 

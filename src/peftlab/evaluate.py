@@ -21,6 +21,30 @@ def _recorded_precision(run_dir: Path) -> str | None:
         return None
 
 
+# What an adapter was trained for must be what the run evaluates: another task's head, another model's
+# shapes or another method's tensors would load (or half-load) and print a meaningless number.
+ADAPTER_IDENTITY_KEYS = ("task", "model", "method", "targets", "rank", "pooling")
+
+
+def _check_adapter_matches(adapter: Path, cfg, run_dir: Path) -> Path:
+    """The adapter folder to load (a run folder's ``adapter/`` is found too), refused if its run differs."""
+    import yaml
+
+    if (adapter / "adapter").is_dir():
+        adapter = adapter / "adapter"
+    saved = adapter.parent / "config.yaml"
+    if not saved.is_file():  # a bare adapter folder: the loader still refuses tensors that do not fit the model
+        return adapter
+    other = yaml.safe_load(saved.read_text()) or {}
+    mine = cfg.to_dict()
+    for key in ADAPTER_IDENTITY_KEYS:
+        if key in other and other[key] != mine.get(key):
+            raise PeftlabError(f"--adapter {adapter} was trained with {key}={other[key]!r}, but {run_dir} is "
+                               f"{key}={mine.get(key)!r}", fix="evaluate an adapter of the same task, model, method, "
+                               "targets and rank (or evaluate its own run folder)")
+    return adapter
+
+
 def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
                  allow_pickle: bool = False, max_eval_samples: int | None = None) -> dict:
     from peftlab.adapters import load_trained, merged
@@ -38,6 +62,8 @@ def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merg
     if max_eval_samples is not None:
         overrides["max_eval_samples"] = max_eval_samples
     cfg = build_config(TrainConfig, yaml_path=config_file, overrides=overrides or None)
+    if adapter is not None:
+        adapter = _check_adapter_matches(Path(adapter), cfg, run_dir)
     task = TASKS[cfg.task]
     base, tokenizer = load_model(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
                                  trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)

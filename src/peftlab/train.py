@@ -164,7 +164,7 @@ def train(cfg: TrainConfig) -> dict:
     # Decide what to do with --output-dir first (cheap), but create nothing until setup has succeeded:
     # bad input found during setup (a data file, a rank) must not leave a half-made run folder behind.
     mode = runfiles.inspect_output_dir(out, overwrite=cfg.overwrite, resume=cfg.resume)
-    if mode in ("resume", "finished"):
+    if mode in ("resume", "finished", "restart"):  # restart: killed before its first checkpoint, same rule
         _check_same_config(cfg, out)
     if mode == "finished":
         return runfiles.read_result(out)
@@ -432,7 +432,8 @@ def _check_same_config(cfg: TrainConfig, out: Path) -> None:
         return
     saved = yaml.safe_load(saved_file.read_text()) or {}
     current = cfg.to_dict()
-    changed = sorted(k for k in current if k not in RESUME_FREE_KEYS and saved.get(k) != current[k])
+    # Keys missing from an older config.yaml (added to peftlab since) are not a change.
+    changed = sorted(k for k in current if k not in RESUME_FREE_KEYS and k in saved and saved[k] != current[k])
     if changed:
         key = changed[0]
         raise PeftlabError(f"--resume with a different config: {key} was {saved.get(key)!r}, now {current[key]!r}"
