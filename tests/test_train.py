@@ -285,3 +285,24 @@ def test_max_length_beyond_the_positions_is_capped_without_pad_to_max(tmp_path, 
     result = train(tiny_cfg(tmp_path, max_length=1024))
     assert result["status"] == "ok" and result["config"]["max_length"] == 1024  # the user's value is kept
     assert "--max-length 1024 is capped at 512" in capsys.readouterr().out
+
+
+def test_a_run_not_above_the_dev_majority_is_flagged(tmp_path, capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    import peftlab.train as train_mod
+
+    pipeline = SimpleNamespace(primary_metric="accuracy", chance=0.6)
+    assert train_mod._above_majority({"best": {"metrics": {"accuracy": 0.6}}}, None, pipeline) is False
+    assert train_mod._above_majority({"best": {"metrics": {"accuracy": 0.61}}}, None, pipeline) is True
+    assert train_mod._above_majority({"best": None}, {"accuracy": 0.7}, pipeline) is True  # epochs 0: before
+    assert train_mod._above_majority({"best": None}, None, SimpleNamespace(primary_metric="eval_loss",
+                                                                           chance=0.0)) is None
+    result = train(tiny_cfg(tmp_path / "real", max_eval_samples=64))
+    validate(result)
+    assert result["above_majority"] == (result["best"]["metrics"]["accuracy"] > result["majority_baseline"])
+    # the CLI says so in a line of its own
+    flat = {**result, "above_majority": False}
+    monkeypatch.setattr(train_mod, "train", lambda cfg: flat)
+    assert main(["train", "--model", "tiny-bert", "--output-dir", str(tmp_path / "cli")]) == 0
+    assert "is not above the majority class" in capsys.readouterr().out

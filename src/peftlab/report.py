@@ -12,7 +12,7 @@ is a lower-is-better metric such as eval_loss) and #Param. A cell is
 never averaged in: they are counted in the cell (``71.2 ± 0.8 (3) [1 collapsed]``), and a cell with only
 such runs names them. Runs with ``epochs: 0`` form the before-fine-tuning row(s). A "majority class" row
 follows them: per task, the mean of the runs' ``majority_baseline`` (the primary metric of always
-predicting the most frequent training class on the evaluated dev set; 0 for correlation metrics: CoLA's
+predicting the evaluated dev set's most frequent class; 0 for correlation metrics: CoLA's
 MCC, STS-B's Pearson), for GLUE-style tasks scored on their primary metric; a note says when runs disagree.
 It is ``Table.majority`` (not one of ``Table.rows``, the groups of runs); in the CSV a row labelled
 "majority class" with ``before_fine_tuning`` 0 and the mean, std and count over the runs.
@@ -617,7 +617,7 @@ def _footnote(table: Table) -> list[str]:
     if table.baseline is not None:
         lines.append(_significance_footnote(table))
     if table.majority is not None:
-        lines.append(f"{MAJORITY}: always predicting the most frequent training class, scored on the dev set "
+        lines.append(f"{MAJORITY}: always predicting the dev set's most frequent class "
                      "(0 for correlation metrics: a constant prediction has none).")
     lines.append(PARAM_CONVENTIONS[table.params])
     lines.extend(table.notes)

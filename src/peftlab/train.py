@@ -385,6 +385,7 @@ def finish(run: Run) -> dict:
         "majority_baseline": run.pipeline.chance,
         "mixed_precision": accelerator.mixed_precision,  # --mixed-precision as resolved (auto: by device, size)
         "eval_seed": cfg.eval_seed,  # the --max-eval-samples draw; the same for every training seed
+        "above_majority": _above_majority(state, before, run.pipeline),
         "num_eval_examples": run.pipeline.num_eval_examples or None,
         "epochs_log": state["epochs_log"],
         "before": {"metrics": before} if before is not None else None,
@@ -440,6 +441,17 @@ def _check_same_config(cfg: TrainConfig, out: Path) -> None:
                            + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""),
                            where=str(saved_file),
                            fix="resume with the run's own config, or use --overwrite / another --output-dir")
+
+
+def _above_majority(state: dict, before: dict | None, pipeline) -> bool | None:
+    """Whether the best dev metric beats always predicting the dev set's majority class (None: no such bar,
+    e.g. eval_loss of instruction tasks)."""
+    name = pipeline.primary_metric
+    if name in LOWER_IS_BETTER:
+        return None
+    metrics = (state["best"] or {}).get("metrics") or before or {}
+    value = metrics.get(name)
+    return None if value is None else bool(value > pipeline.chance)
 
 
 def _better(value: float, incumbent: float | None, metric: str) -> bool:
@@ -505,6 +517,9 @@ def run_cli(args) -> int:
     print(f"status={result['status']} {result['primary_metric']}: best={_fmt(best)} "
           f"(epoch {result['best']['epoch']}) final={_fmt(final)} chance={_fmt(result['majority_baseline'])} "
           f"-> {Path(cfg.output_dir) / 'result.json'}")
+    if result.get("above_majority") is False and cfg.epochs > 0:
+        print(f"note: the best {result['primary_metric']} {_fmt(best)} is not above the majority class "
+              f"{_fmt(result['majority_baseline'])} of the dev set: this run learned nothing measurable")
     if result["status_reason"]:
         print(f"reason: {result['status_reason']}")
     return 0 if result["status"] in ("ok", "collapsed") else 1
