@@ -232,7 +232,7 @@ def test_majority_class_row(store_path):
     md = render_markdown(table)
     avg = statistics.fmean(MAJORITY.values()) * 100
     assert f"| majority class |  | 0.0 | 68.4 | 52.7 | {avg:.1f} | – |" in md  # CoLA's MCC: 0
-    assert "majority class: always predicting the most frequent training class" in md
+    assert "majority class: always predicting the dev set's most frequent class" in md
     assert "differ" not in md  # the runs agree
     line = next(r for r in csv_rows(table) if r["method"] == "majority class")
     assert line["before_fine_tuning"] == "0" and line["baseline"] == "0" and line["lr_ratio"] == ""
