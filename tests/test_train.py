@@ -16,6 +16,7 @@ import yaml
 
 from peftlab.cli import main
 from peftlab.config import TrainConfig, build_config
+from peftlab.errors import PeftlabError
 from peftlab.methods import METHODS
 from peftlab.tasks import GLUE_TASKS
 from peftlab.train import train
@@ -306,3 +307,24 @@ def test_a_run_not_above_the_dev_majority_is_flagged(tmp_path, capsys, monkeypat
     monkeypatch.setattr(train_mod, "train", lambda cfg: flat)
     assert main(["train", "--model", "tiny-bert", "--output-dir", str(tmp_path / "cli")]) == 0
     assert "is not above the majority class" in capsys.readouterr().out
+
+
+def test_gradient_checkpointing_gives_the_same_run(tmp_path):
+    """Activations recomputed in the backward pass: same losses and metrics (dropout replayed), less memory."""
+    plain = train(tiny_cfg(tmp_path / "plain", dropout=0.1, epochs=2))
+    checkpointed = train(tiny_cfg(tmp_path / "gc", dropout=0.1, epochs=2, gradient_checkpointing=True))
+    assert checkpointed["config"]["gradient_checkpointing"] is True
+    for a, b in zip(plain["epochs_log"], checkpointed["epochs_log"]):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+    assert checkpointed["final"]["metrics"] == pytest.approx(plain["final"]["metrics"])
+
+
+def test_threads_flag_sets_torch_threads(tmp_path):
+    before = torch.get_num_threads()
+    try:
+        train(tiny_cfg(tmp_path, threads=1))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(PeftlabError, match="--threads must be a positive integer"):
+        tiny_cfg(tmp_path, threads=0)

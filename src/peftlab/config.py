@@ -77,6 +77,10 @@ class TrainConfig(MethodConfig, OptimConfig):
     """Also checkpoint every N optimizer steps (0: only at the end of each epoch)."""
     mixed_precision: str = "auto"
     """auto, no, bf16 or fp16. auto: bf16 on CUDA; on a CPU with native bf16 (AMX/avx512_bf16) bf16 autocast for models of >= 100M parameters (measured 1.7x faster at the same accuracy on MPNet-base), else fp32. The choice is printed at start and recorded in result.json."""
+    threads: int | None = None
+    """CPU threads for this run's tensor maths (torch.set_num_threads); default: torch's choice (all cores; a sweep worker: its share)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of storing them: less memory, about a third more compute."""
     trust_remote_code: bool = False
     """Allow a Hub model's own Python code to run (off by default: it is arbitrary code)."""
     allow_pickle: bool = False
@@ -124,6 +128,9 @@ class TrainConfig(MethodConfig, OptimConfig):
             self.eval_every = 1 if task.default_eval_every is None else task.default_eval_every
         if self.pooling not in POOLINGS:
             raise unknown("pooling", self.pooling, POOLINGS, where="--pooling")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads <= 0):
+            raise PeftlabError(f"--threads must be a positive integer, got {self.threads!r}")
         for flag in ("epochs", "batch_size", "eval_batch_size", "max_length", "checkpoint_every", "log_every",
                      "max_new_tokens", "eval_every"):
             value = getattr(self, flag)

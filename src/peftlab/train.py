@@ -105,6 +105,18 @@ def _capped_max_length(cfg: TrainConfig, model) -> TrainConfig:
     return dataclasses.replace(cfg, max_length=limit)
 
 
+def _enable_gradient_checkpointing(model) -> None:
+    """transformers' activation checkpointing on the (peft-wrapped) model; non-reentrant, so frozen inputs
+    need no requires_grad trick and dropout's random stream is replayed exactly."""
+    from peftlab.errors import PeftlabError
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise PeftlabError(f"{type(base).__name__} does not support --gradient-checkpointing",
+                           fix="drop --gradient-checkpointing for this model")
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def uses_grad_scaler(accelerator) -> bool:
     """fp16 training: Accelerate's GradScaler skips overflowing steps itself."""
     return getattr(accelerator, "scaler", None) is not None
@@ -192,6 +204,8 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     from peftlab.tasks import TASKS
 
     out = Path(cfg.output_dir)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     set_seed(cfg.seed)
     task = TASKS[cfg.task]
     model, tokenizer = load_model(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
@@ -213,6 +227,8 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
                                          calibration=calibration_runner(model, pipeline.train_dataset,
                                                                         pipeline.collate, cfg.corda_samples))
     init_seconds = time.perf_counter() - init_start
+    if cfg.gradient_checkpointing:
+        _enable_gradient_checkpointing(model)
     groups = param_groups(model, targets, heads, cfg, verbose=accelerator.is_main_process)
     optimizer = adamw(groups)
     params = count_trainable(model, targets, heads)
@@ -422,7 +438,7 @@ def finish(run: Run) -> dict:
 
 
 # Keys that may change between a run and its resumption without changing what is computed.
-RESUME_FREE_KEYS = {"resume", "overwrite", "output_dir", "checkpoint_every", "log_every"}
+RESUME_FREE_KEYS = {"resume", "overwrite", "output_dir", "checkpoint_every", "log_every", "threads"}
 
 
 def _check_same_config(cfg: TrainConfig, out: Path) -> None:
