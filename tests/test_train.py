@@ -328,3 +328,20 @@ def test_threads_flag_sets_torch_threads(tmp_path):
         torch.set_num_threads(before)
     with pytest.raises(PeftlabError, match="--threads must be a positive integer"):
         tiny_cfg(tmp_path, threads=0)
+
+
+def test_save_best_makes_evaluate_reproduce_the_best_metric(tmp_path):
+    """adapter/ holds the best epoch's weights (default --save best), so `peftlab evaluate` gives result.json's
+    best metrics even when a later epoch was worse; --save last keeps the final epoch's."""
+    from peftlab.evaluate import evaluate_run
+
+    # STS-B's Pearson moves every epoch; at this lr tiny-bert peaks at epoch 2 of 4 (deterministic on CPU)
+    common = dict(task="stsb", epochs=4, lr=3e-2, max_train_samples=32, max_eval_samples=64, seed=1)
+    result = train(tiny_cfg(tmp_path / "best", **common))
+    pearsons = [e["metrics"]["pearson"] for e in result["epochs_log"]]
+    assert result["best"]["epoch"] != len(pearsons) and max(pearsons) > pearsons[-1], pearsons
+    assert result["saved_epoch"] == result["best"]["epoch"]
+    assert evaluate_run(tmp_path / "best" / "run") == pytest.approx(result["best"]["metrics"])
+    last = train(tiny_cfg(tmp_path / "last", save="last", **common))
+    assert last["saved_epoch"] == 4
+    assert evaluate_run(tmp_path / "last" / "run") == pytest.approx(last["final"]["metrics"])

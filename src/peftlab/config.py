@@ -73,6 +73,8 @@ class TrainConfig(MethodConfig, OptimConfig):
     """Replace a finished run already in --output-dir."""
     resume: bool = False
     """Continue a killed run from the last checkpoint in --output-dir."""
+    save: str = "best"
+    """What adapter/ holds: best (the weights of the epoch with the best dev metric, the number result.json reports as best, so `peftlab evaluate` reproduces it) or last (the final epoch's)."""
     checkpoint_every: int = 0
     """Also checkpoint every N optimizer steps (0: only at the end of each epoch)."""
     mixed_precision: str = "auto"
@@ -150,6 +152,8 @@ class TrainConfig(MethodConfig, OptimConfig):
                 raise PeftlabError(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {value!r}")
         if self.warmup_ratio >= 1:
             raise PeftlabError(f"--warmup-ratio must be < 1, got {self.warmup_ratio}")
+        if self.save not in ("best", "last"):
+            raise unknown("--save value", self.save, ("best", "last"), where="--save")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise PeftlabError(f"unknown --mixed-precision '{self.mixed_precision}'", fix="use auto, no, bf16 or fp16")
 

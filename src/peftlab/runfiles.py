@@ -172,8 +172,13 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(output_dir: str | Path, model, optimizer, scheduler, loop_state: dict) -> None:
-    """Write checkpoint/ atomically: build it in a temporary folder, then swap it in."""
+BEST_WEIGHTS = "best.safetensors"
+
+
+def save_checkpoint(output_dir: str | Path, model, optimizer, scheduler, loop_state: dict,
+                    best_weights: dict | None = None) -> None:
+    """Write checkpoint/ atomically: build it in a temporary folder, then swap it in. ``best_weights``: the
+    trainable tensors of the best epoch so far (``--save best``), so a resumed run still saves them."""
     from safetensors.torch import save_file
 
     out = Path(output_dir)
@@ -181,6 +186,8 @@ def save_checkpoint(output_dir: str | Path, model, optimizer, scheduler, loop_st
     try:
         trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
         save_file(trainable, str(staging / "trainable.safetensors"))
+        if best_weights:
+            save_file({n: t.contiguous() for n, t in best_weights.items()}, str(staging / BEST_WEIGHTS))
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
                    staging / "training_state.pt")
         (staging / "state.json").write_text(json.dumps(loop_state, default=_json_default))
@@ -228,3 +235,12 @@ def load_checkpoint(output_dir: str | Path, model, optimizer, scheduler) -> dict
     state = json.loads((ckpt / "state.json").read_text())
     state["rng"] = training["rng"]
     return state
+
+
+def load_best_weights(output_dir: str | Path) -> dict | None:
+    """The best epoch's trainable tensors saved with the checkpoint, if any."""
+    from safetensors.torch import load_file
+
+    ckpt = _checkpoint_dir(Path(output_dir))
+    path = None if ckpt is None else ckpt / BEST_WEIGHTS
+    return load_file(str(path)) if path is not None and path.is_file() else None

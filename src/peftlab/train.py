@@ -164,6 +164,7 @@ class Run:
     out: Path
     state: dict = field(default_factory=dict)
     writer: object = None
+    best_weights: dict | None = None  # --save best: trainable tensors of the best epoch so far (CPU copies)
 
     @property
     def main(self) -> bool:
@@ -258,6 +259,7 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     accelerator.wait_for_everyone()
     if mode == "resume":
         run.state = runfiles.load_checkpoint(out, accelerator.unwrap_model(model), optimizer, scheduler)
+        run.best_weights = runfiles.load_best_weights(out)
         runfiles.set_rng_state(run.state.pop("rng"))
         if run.main:
             print(f"resuming at epoch {run.state['epoch'] + 1}, step {run.state['step_in_epoch']}")
@@ -363,6 +365,8 @@ def fit(run: Run) -> None:
         if evaluated and (best is None or (primary is not None and _better(
                 primary, best["metrics"].get(pipeline.primary_metric), pipeline.primary_metric))):
             state["best"] = {"epoch": epoch + 1, "metrics": metrics}
+            if cfg.save == "best":  # a CPU copy of what trains (adapter + head): small next to the model
+                run.best_weights = _trainable_copy(accelerator.unwrap_model(model))
         _check_collapse(state, primary, pipeline.chance, epoch + 1, pipeline.primary_metric)
         if run.main:
             # Rewritten whole (atomically) rather than appended: a kill between this and the checkpoint
@@ -386,6 +390,7 @@ def finish(run: Run) -> dict:
 
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
     unwrapped = accelerator.unwrap_model(run.model)
+    saved_epoch = _restore_best(run, unwrapped)  # --save best: adapter/ (and kasa_sigma) are the best epoch's
     before = state["before"]
     final_metrics = state["epochs_log"][-1]["metrics"] if state["epochs_log"] else (before or {})
     result = {
@@ -402,6 +407,7 @@ def finish(run: Run) -> dict:
         "mixed_precision": accelerator.mixed_precision,  # --mixed-precision as resolved (auto: by device, size)
         "eval_seed": cfg.eval_seed,  # the --max-eval-samples draw; the same for every training seed
         "above_majority": _above_majority(state, before, run.pipeline),
+        "saved_epoch": saved_epoch,  # the epoch whose weights adapter/ holds (--save best|last)
         "num_eval_examples": run.pipeline.num_eval_examples or None,
         "epochs_log": state["epochs_log"],
         "before": {"metrics": before} if before is not None else None,
@@ -487,10 +493,28 @@ def _check_collapse(state: dict, primary, chance: float, epoch: int, name: str) 
         state["status_reason"] = f"{name} fell to {primary:.4f} <= chance {chance:.4f} at epoch {epoch}"
 
 
+def _trainable_copy(model) -> dict:
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _restore_best(run: Run, model) -> int | None:
+    """--save best: put the best epoch's weights back before saving; returns the epoch adapter/ holds."""
+    state = run.state
+    last = state["epochs_log"][-1]["epoch"] if state["epochs_log"] else None
+    best = (state["best"] or {}).get("epoch")
+    if run.cfg.save != "best" or run.best_weights is None or best is None or best == last:
+        return last
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in run.best_weights.items():
+            params[name].copy_(value)
+    return best
+
+
 def _checkpoint(run: Run) -> None:
     if run.main:
         runfiles.save_checkpoint(run.out, run.accelerator.unwrap_model(run.model), run.optimizer, run.scheduler,
-                                 run.state)
+                                 run.state, best_weights=run.best_weights)
     run.accelerator.wait_for_everyone()
 
 
