@@ -354,3 +354,43 @@ def test_save_best_makes_evaluate_reproduce_the_best_metric(tmp_path):
     last = train(tiny_cfg(tmp_path / "last", save="last", **common))
     assert last["saved_epoch"] == 4
     assert evaluate_run(tmp_path / "last" / "run") == pytest.approx(last["final"]["metrics"])
+
+
+def test_grad_accum_is_a_bigger_batch(tmp_path):
+    """--grad-accum 2 x --batch-size 8 takes the optimizer steps of batch 16 (half as many as batch 8)."""
+    big = train(tiny_cfg(tmp_path / "b16", batch_size=16, max_train_samples=64, dropout=0.0))
+    accumulated = train(tiny_cfg(tmp_path / "acc", batch_size=8, grad_accum=2, max_train_samples=64, dropout=0.0))
+    small = train(tiny_cfg(tmp_path / "b8", batch_size=8, max_train_samples=64, dropout=0.0))
+    assert accumulated["status"] == big["status"] == small["status"] == "ok"
+    assert accumulated["optimizer_steps"] == big["optimizer_steps"] == 4 and small["optimizer_steps"] == 8
+    assert accumulated["train_examples"] == 64
+
+
+@pytest.mark.parametrize("scheduler", ["linear", "cosine", "constant"])
+def test_scheduler_choice(tmp_path, scheduler):
+    result = train(tiny_cfg(tmp_path, scheduler=scheduler, epochs=2, warmup_ratio=0.0, log_every=1))
+    assert result["status"] == "ok" and result["config"]["scheduler"] == scheduler
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events.Reload()
+    lrs = [e.value for e in events.Scalars("lr/q")]
+    if scheduler == "constant":
+        assert max(lrs) == pytest.approx(min(lrs))
+    else:
+        assert lrs[-1] < lrs[0]  # decays (cosine and linear both end near 0)
+
+
+def test_max_steps_stops_mid_epoch_and_evaluates(tmp_path):
+    result = train(tiny_cfg(tmp_path, epochs=5, batch_size=4, max_train_samples=32, max_steps=10))
+    assert result["status"] == "ok" and result["optimizer_steps"] == 10
+    assert len(result["epochs_log"]) == 2 and result["train_examples"] == 40  # 8 steps, then 2 of epoch 2
+    assert result["epochs_log"][-1]["metrics"]  # the partial last epoch is evaluated
+
+
+@pytest.mark.parametrize("flag, value, message", [("grad_accum", 0, "--grad-accum must be a positive integer"),
+                                                  ("max_steps", -1, "--max-steps must be a positive integer"),
+                                                  ("scheduler", "cosin", "did you mean 'cosine'")])
+def test_loop_option_errors(tmp_path, flag, value, message):
+    with pytest.raises(PeftlabError, match=message):
+        tiny_cfg(tmp_path, **{flag: value})

@@ -54,7 +54,13 @@ class TrainConfig(MethodConfig, OptimConfig):
     pad_to_max: bool = False
     """Pad every batch to --max-length (the papers' setup) instead of dynamic padding with length-grouped batches."""
     warmup_ratio: float = 0.06
-    """Fraction of the training steps with linear learning-rate warm-up."""
+    """Fraction of the optimizer steps with linear learning-rate warm-up."""
+    scheduler: str = "linear"
+    """Learning-rate schedule after the warm-up (transformers' get_scheduler): linear (decay to 0, the papers'), cosine or constant."""
+    grad_accum: int = 1
+    """Accumulate gradients over N batches per optimizer step (Accelerate's gradient_accumulation_steps): an effective batch of N x --batch-size."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (the schedule's length; overrides --epochs, the last epoch may be partial)."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm (0 disables clipping)."""
     seed: int = 0
@@ -152,6 +158,12 @@ class TrainConfig(MethodConfig, OptimConfig):
                 raise PeftlabError(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {value!r}")
         if self.warmup_ratio >= 1:
             raise PeftlabError(f"--warmup-ratio must be < 1, got {self.warmup_ratio}")
+        if self.scheduler not in ("linear", "cosine", "constant"):
+            raise unknown("--scheduler", self.scheduler, ("linear", "cosine", "constant"), where="--scheduler")
+        for flag in ("grad_accum", "max_steps"):
+            value = getattr(self, flag)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise PeftlabError(f"--{flag.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.save not in ("best", "last"):
             raise unknown("--save value", self.save, ("best", "last"), where="--save")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):

@@ -122,7 +122,26 @@ def uses_grad_scaler(accelerator) -> bool:
     return getattr(accelerator, "scaler", None) is not None
 
 
-def make_accelerator(precision: str):
+# --scheduler -> transformers' get_scheduler name (each with --warmup-ratio's linear warm-up).
+SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
+
+
+def optimizer_step_count(cfg: TrainConfig, batches_per_epoch: int) -> int:
+    """Optimizer steps the run takes: --max-steps, else --epochs x ceil(batches / --grad-accum)."""
+    if cfg.max_steps and cfg.epochs > 0:
+        return cfg.max_steps
+    return math.ceil(batches_per_epoch / cfg.grad_accum) * cfg.epochs
+
+
+def planned_epoch_count(cfg: TrainConfig, batches_per_epoch: int) -> int:
+    """Epochs the loop runs: --epochs, or as many (the last maybe partial) as --max-steps needs (--epochs 0,
+    the before-fine-tuning row, trains nothing whatever --max-steps says)."""
+    if cfg.max_steps and cfg.epochs > 0:
+        return math.ceil(cfg.max_steps / max(1, math.ceil(batches_per_epoch / cfg.grad_accum)))
+    return cfg.epochs
+
+
+def make_accelerator(precision: str, grad_accum: int = 1):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, DistributedType
 
@@ -133,7 +152,7 @@ def make_accelerator(precision: str):
             and AcceleratorState().distributed_type == DistributedType.NO
             and AcceleratorState().mixed_precision != precision):
         AcceleratorState._reset_state()
-    return Accelerator(mixed_precision=precision)
+    return Accelerator(mixed_precision=precision, gradient_accumulation_steps=grad_accum)
 
 
 def _kasa_sigma(model) -> dict[str, list[float]] | None:
@@ -196,7 +215,7 @@ def train(cfg: TrainConfig) -> dict:
 def setup(cfg: TrainConfig, mode: str) -> Run:
     """Model, method, data and optimizer; restores the checkpoint when resuming."""
     from accelerate.utils import set_seed
-    from transformers import get_linear_schedule_with_warmup
+    from transformers import get_scheduler
 
     from peftlab.methods import apply_method
     from peftlab.models import load_model
@@ -214,7 +233,7 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     data_cfg = _capped_max_length(cfg, model)  # the pipeline tokenises at most the model's positions
     # After the model: --mixed-precision auto depends on its size on a CPU.
     precision, why = resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))
-    accelerator = make_accelerator(precision)
+    accelerator = make_accelerator(precision, cfg.grad_accum)
     if accelerator.is_main_process:
         print(f"mixed precision: {precision} ({why})")
     if accelerator.is_main_process and task.head != "causal-lm":
@@ -241,8 +260,9 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     train_loader = torch.utils.data.DataLoader(pipeline.train_dataset.remove_columns(["length"]),
                                                batch_sampler=sampler, collate_fn=pipeline.collate,
                                                generator=torch.Generator().manual_seed(cfg.seed))
-    total_steps = len(sampler) * cfg.epochs
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), max(1, total_steps))
+    total_steps = optimizer_step_count(cfg, len(sampler))
+    scheduler = get_scheduler(SCHEDULERS[cfg.scheduler], optimizer,
+                              num_warmup_steps=int(cfg.warmup_ratio * total_steps), num_training_steps=max(1, total_steps))
     model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
 
     run = Run(cfg, accelerator, model, optimizer, scheduler, train_loader, sampler, pipeline, groups, params,
@@ -284,51 +304,58 @@ def fit(run: Run) -> None:
 
     fault_step = int(os.environ.get(FAULT_NAN_STEP_ENV, "-1"))
     trainable = [p for p in model.parameters() if p.requires_grad]
-    steps_per_epoch = len(run.train_loader)  # per process under DDP
+    steps_per_epoch = len(run.train_loader)  # batches per epoch, per process under DDP
+    planned_epochs = planned_epoch_count(cfg, steps_per_epoch)
     model.train()
-    while state["epoch"] < cfg.epochs:
+    while state["epoch"] < planned_epochs:
         epoch = state["epoch"]
         run.sampler.epoch = epoch
         loader = run.train_loader
         if state["step_in_epoch"]:  # resuming mid-epoch: the same batches, minus those already done
             loader = accelerator.skip_first_batches(run.train_loader, state["step_in_epoch"])
-        progress = _progress(run.main, steps_per_epoch, state["step_in_epoch"], f"epoch {epoch + 1}/{cfg.epochs}")
+        progress = _progress(run.main, steps_per_epoch, state["step_in_epoch"], f"epoch {epoch + 1}/{planned_epochs}")
         for batch in loader:
             step_start = time.perf_counter()
-            loss = model(**batch).loss
-            aux = extra_loss(accelerator.unwrap_model(model))  # the method's hook, e.g. KaSA's regulariser
-            total = loss if aux is None else loss + aux
-            if state["global_step"] == fault_step:
-                total = total * float("nan")
-            accelerator.backward(total)
-            if cfg.max_grad_norm > 0:
-                grad_norm = accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm)
-            else:
-                grad_norm = torch.linalg.vector_norm(torch.stack(
-                    [p.grad.norm() for p in trainable if p.grad is not None]))
-            finite_loss = bool(torch.isfinite(total.detach()))
-            finite_grad = bool(torch.isfinite(torch.as_tensor(grad_norm)))
-            # fp16: an overflowing gradient is the GradScaler's business (it skips the step and lowers the
-            # scale), not a divergence; Accelerate says afterwards whether the step was skipped.
-            scaled = uses_grad_scaler(accelerator)
-            if not finite_loss or (not finite_grad and not scaled):
-                what = "loss" if not finite_loss else "gradient norm"
-                state["status"] = "diverged"
-                state["status_reason"] = f"non-finite {what} at step {state['global_step']} (epoch {epoch + 1})"
-                if progress is not None:
-                    progress.close()
-                return
-            optimizer.step()
-            if accelerator.optimizer_step_was_skipped:
-                state["skipped_steps"] = state.get("skipped_steps", 0) + 1
-            else:
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            with accelerator.accumulate(model):  # --grad-accum: the optimizer steps every N batches
+                loss = model(**batch).loss
+                aux = extra_loss(accelerator.unwrap_model(model))  # the method's hook, e.g. KaSA's regulariser
+                total = loss if aux is None else loss + aux
+                if state["global_step"] == fault_step:
+                    total = total * float("nan")
+                accelerator.backward(total)  # divides by --grad-accum itself
+                finite_loss = bool(torch.isfinite(total.detach()))
+                finite_grad = True
+                if accelerator.sync_gradients:  # gradients are complete only at the last batch of a step
+                    if cfg.max_grad_norm > 0:
+                        grad_norm = accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm)
+                    else:
+                        grad_norm = torch.linalg.vector_norm(torch.stack(
+                            [p.grad.norm() for p in trainable if p.grad is not None]))
+                    finite_grad = bool(torch.isfinite(torch.as_tensor(grad_norm)))
+                # fp16: an overflowing gradient is the GradScaler's business (it skips the step and lowers the
+                # scale), not a divergence; Accelerate says afterwards whether the step was skipped.
+                scaled = uses_grad_scaler(accelerator)
+                if not finite_loss or (not finite_grad and not scaled):
+                    what = "loss" if not finite_loss else "gradient norm"
+                    state["status"] = "diverged"
+                    state["status_reason"] = f"non-finite {what} at step {state['global_step']} (epoch {epoch + 1})"
+                    if progress is not None:
+                        progress.close()
+                    return
+                stepped = accelerator.sync_gradients
+                optimizer.step()  # prepared by Accelerate: a no-op between accumulation boundaries
+                if stepped and accelerator.optimizer_step_was_skipped:
+                    state["skipped_steps"] = state.get("skipped_steps", 0) + 1
+                elif stepped:
+                    scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
 
             examples = batch["input_ids"].shape[0] * accelerator.num_processes
             seconds = time.perf_counter() - step_start
             state["global_step"] += 1
             state["step_in_epoch"] += 1
+            if stepped:
+                state["optimizer_steps"] = state.get("optimizer_steps", 0) + 1
             state["train_examples"] += examples
             state["train_seconds"] += seconds
             state["epoch_train_seconds"] = state.get("epoch_train_seconds", 0.0) + seconds
@@ -347,12 +374,16 @@ def fit(run: Run) -> None:
                     run.writer.add_scalar("train/objective", total.item(), state["global_step"])
                 for group in optimizer.param_groups:
                     run.writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], state["global_step"])
-            if cfg.checkpoint_every and state["global_step"] % cfg.checkpoint_every == 0:
+            done = bool(cfg.max_steps) and state.get("optimizer_steps", 0) >= cfg.max_steps
+            # Checkpoints only at an optimizer step: no half-accumulated gradient is ever lost or doubled.
+            if stepped and cfg.checkpoint_every and state["optimizer_steps"] % cfg.checkpoint_every == 0 and not done:
                 _checkpoint(run)
+            if done:  # --max-steps: this (possibly partial) epoch is the last
+                break
         if progress is not None:
             progress.close()
 
-        last = epoch + 1 == cfg.epochs
+        last = epoch + 1 == planned_epochs or (bool(cfg.max_steps) and state.get("optimizer_steps", 0) >= cfg.max_steps)
         evaluated = last or (cfg.eval_every > 0 and (epoch + 1) % cfg.eval_every == 0)
         metrics = pipeline.evaluate(model, accelerator) if evaluated else {}  # {}: skipped by --eval-every
         record = {"epoch": epoch + 1, "train_loss": state["epoch_loss_sum"] / max(1, state["epoch_loss_count"]),
@@ -414,7 +445,8 @@ def finish(run: Run) -> dict:
         "best": state["best"] or {"epoch": 0, "metrics": before or {}},
         "final": {"metrics": final_metrics},
         "train_examples": state["train_examples"],
-        "skipped_steps": state.get("skipped_steps", 0),  # fp16: steps the GradScaler skipped on overflow
+        "skipped_steps": state.get("skipped_steps", 0),
+        "optimizer_steps": state.get("optimizer_steps", state["global_step"]),  # batches / --grad-accum  # fp16: steps the GradScaler skipped on overflow
         "train_seconds": state["train_seconds"],
         "train_examples_per_second": (state["train_examples"] / state["train_seconds"]
                                       if state["train_seconds"] else None),
