@@ -468,3 +468,16 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
 
     table = build_table(rows)
     assert [cell.n for row in table.rows for cell in row.cells.values()] == [3, 3, 3, 3]
+
+
+def test_run_keys_survive_new_options_at_their_neutral_values():
+    """A run recorded before an option existed keeps its key, so rerunning its spec finds it."""
+    from peftlab.config import TrainConfig
+
+    now = TrainConfig(model="tiny-bert").to_dict()
+    before = {k: v for k, v in now.items() if k not in ("save", "scheduler", "grad_accum", "max_steps", "threads",
+                                                         "gradient_checkpointing")}
+    before["checkpoint_every"] = 0  # its old default
+    assert config_key(now) == config_key(before)
+    assert config_key({**now, "scheduler": "cosine"}) != config_key(now)  # a real change still changes it
+    assert config_key({**now, "threads": 4}) == config_key(now)  # threads never change what is computed

@@ -394,3 +394,16 @@ def test_max_steps_stops_mid_epoch_and_evaluates(tmp_path):
 def test_loop_option_errors(tmp_path, flag, value, message):
     with pytest.raises(PeftlabError, match=message):
         tiny_cfg(tmp_path, **{flag: value})
+
+
+def test_long_epochs_checkpoint_by_default(tmp_path):
+    from types import SimpleNamespace
+
+    from peftlab.train import DEFAULT_CHECKPOINT_EVERY, checkpoint_interval
+
+    cfg = SimpleNamespace(checkpoint_every=None, grad_accum=1)
+    assert checkpoint_interval(cfg, 1000) == DEFAULT_CHECKPOINT_EVERY == 200  # a kill loses <= 200 steps
+    assert checkpoint_interval(cfg, 150) == 0  # short epochs: the end-of-epoch checkpoint suffices
+    assert checkpoint_interval(SimpleNamespace(checkpoint_every=0, grad_accum=1), 1000) == 0
+    assert checkpoint_interval(SimpleNamespace(checkpoint_every=7, grad_accum=1), 10) == 7
+    assert checkpoint_interval(SimpleNamespace(checkpoint_every=None, grad_accum=4), 1000) == 200  # 250 steps

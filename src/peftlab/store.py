@@ -31,7 +31,13 @@ STATUSES = ("pending", "running", "ok", "diverged", "collapsed", "failed")
 FINISHED = ("ok", "diverged", "collapsed")  # never rerun
 NOT_OK = ("diverged", "collapsed", "failed")
 # Config keys that do not change what a run computes: left out of the run's key.
-KEY_EXCLUDED = ("output_dir", "resume", "overwrite")
+KEY_EXCLUDED = ("output_dir", "resume", "overwrite", "threads")
+# Options added to TrainConfig after stores existed: at these values they are left out of the key, so a run
+# recorded before the option existed keeps its key (and a rerun of its spec finds it) instead of rerunning.
+KEY_NEUTRAL = {"save": "best", "scheduler": "linear", "grad_accum": 1, "max_steps": None,
+               "gradient_checkpointing": False}
+# Keys whose default changed: hashed as the value they had then (checkpoint_every None meant 0 before).
+KEY_AS_BEFORE = {"checkpoint_every": (None, 0)}
 SHORT_KEY = 12
 STORE_NAME = "results.sqlite"
 
@@ -60,8 +66,15 @@ _COLUMNS = ("key", "status", "config", "result", "output_dir", "started", "finis
 
 
 def config_key(config: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of a resolved config (``TrainConfig.to_dict()``), minus KEY_EXCLUDED."""
-    canonical = {k: list(v) if isinstance(v, tuple) else v for k, v in config.items() if k not in KEY_EXCLUDED}
+    """sha256 of the canonical JSON of a resolved config (``TrainConfig.to_dict()``), minus KEY_EXCLUDED and
+    the KEY_NEUTRAL options at their neutral values."""
+    canonical = {}
+    for k, v in config.items():
+        if k in KEY_EXCLUDED or (k in KEY_NEUTRAL and v == KEY_NEUTRAL[k]):
+            continue
+        if k in KEY_AS_BEFORE and v == KEY_AS_BEFORE[k][0]:
+            v = KEY_AS_BEFORE[k][1]
+        canonical[k] = list(v) if isinstance(v, tuple) else v
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -133,6 +133,17 @@ def optimizer_step_count(cfg: TrainConfig, batches_per_epoch: int) -> int:
     return math.ceil(batches_per_epoch / cfg.grad_accum) * cfg.epochs
 
 
+DEFAULT_CHECKPOINT_EVERY = 200  # optimizer steps; a mid-epoch checkpoint of an adapter costs milliseconds
+
+
+def checkpoint_interval(cfg: TrainConfig, batches_per_epoch: int) -> int:
+    """--checkpoint-every, else every DEFAULT_CHECKPOINT_EVERY steps when an epoch is longer (0: epoch ends only)."""
+    if cfg.checkpoint_every is not None:
+        return cfg.checkpoint_every
+    steps = math.ceil(batches_per_epoch / cfg.grad_accum)
+    return DEFAULT_CHECKPOINT_EVERY if steps > DEFAULT_CHECKPOINT_EVERY else 0
+
+
 def planned_epoch_count(cfg: TrainConfig, batches_per_epoch: int) -> int:
     """Epochs the loop runs: --epochs, or as many (the last maybe partial) as --max-steps needs (--epochs 0,
     the before-fine-tuning row, trains nothing whatever --max-steps says)."""
@@ -306,6 +317,7 @@ def fit(run: Run) -> None:
     trainable = [p for p in model.parameters() if p.requires_grad]
     steps_per_epoch = len(run.train_loader)  # batches per epoch, per process under DDP
     planned_epochs = planned_epoch_count(cfg, steps_per_epoch)
+    checkpoint_every = checkpoint_interval(cfg, steps_per_epoch)
     model.train()
     while state["epoch"] < planned_epochs:
         epoch = state["epoch"]
@@ -376,7 +388,7 @@ def fit(run: Run) -> None:
                     run.writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], state["global_step"])
             done = bool(cfg.max_steps) and state.get("optimizer_steps", 0) >= cfg.max_steps
             # Checkpoints only at an optimizer step: no half-accumulated gradient is ever lost or doubled.
-            if stepped and cfg.checkpoint_every and state["optimizer_steps"] % cfg.checkpoint_every == 0 and not done:
+            if stepped and checkpoint_every and state["optimizer_steps"] % checkpoint_every == 0 and not done:
                 _checkpoint(run)
             if done:  # --max-steps: this (possibly partial) epoch is the last
                 break
