@@ -19,6 +19,7 @@ SUBCOMMAND_MODULES = (
     "peftlab.cli_models",
     "peftlab.train",
     "peftlab.evaluate",
+    "peftlab.predict",
     "peftlab.sweep",
     "peftlab.report",
     "peftlab.plot",

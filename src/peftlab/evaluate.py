@@ -9,6 +9,7 @@ the trained model: its metrics equal the run's final metrics.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from peftlab.errors import PeftlabError
@@ -45,22 +46,28 @@ def _check_adapter_matches(adapter: Path, cfg, run_dir: Path) -> Path:
     return adapter
 
 
-def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
-                 allow_pickle: bool = False, max_eval_samples: int | None = None) -> dict:
+@dataclass
+class LoadedRun:
+    """A saved run rebuilt on a fresh base model: what evaluate and predict need."""
+
+    cfg: object  # TrainConfig from the run's config.yaml
+    model: object
+    tokenizer: object
+    precision: str  # the run's recorded (or re-resolved) --mixed-precision
+
+
+def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
+             allow_pickle: bool = False, overrides: dict | None = None) -> LoadedRun:
     from peftlab.adapters import load_trained, merged
     from peftlab.config import TrainConfig, build_config
     from peftlab.models import load_model
-    from peftlab.pipelines import build_pipeline
     from peftlab.tasks import TASKS
-    from peftlab.train import make_accelerator, resolve_precision
+    from peftlab.train import resolve_precision
 
     run_dir = Path(run_dir)
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise PeftlabError(f"no config.yaml in {run_dir}", fix="pass a folder written by peftlab train")
-    overrides = {}
-    if max_eval_samples is not None:
-        overrides["max_eval_samples"] = max_eval_samples
     cfg = build_config(TrainConfig, yaml_path=config_file, overrides=overrides or None)
     if adapter is not None:
         adapter = _check_adapter_matches(Path(adapter), cfg, run_dir)
@@ -71,13 +78,23 @@ def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merg
                          base_model=cfg.model)
     if merge:
         model = merged(model)
-    pipeline = build_pipeline(cfg, tokenizer, model)
     # The precision the run was trained and scored with (result.json), so the number is reproduced;
     # a run without one (older, or killed before its result) resolves the saved config's setting again.
     recorded = _recorded_precision(run_dir)
     precision = recorded or resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))[0]
-    accelerator = make_accelerator(precision)
-    model = accelerator.prepare(model)
+    return LoadedRun(cfg, model, tokenizer, precision)
+
+
+def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
+                 allow_pickle: bool = False, max_eval_samples: int | None = None) -> dict:
+    from peftlab.pipelines import build_pipeline
+    from peftlab.train import make_accelerator
+
+    overrides = {"max_eval_samples": max_eval_samples} if max_eval_samples is not None else None
+    run = load_run(run_dir, adapter=adapter, merge=merge, allow_pickle=allow_pickle, overrides=overrides)
+    pipeline = build_pipeline(run.cfg, run.tokenizer, run.model)
+    accelerator = make_accelerator(run.precision)
+    model = accelerator.prepare(run.model)
     return pipeline.evaluate(model, accelerator)
 
 

@@ -1,0 +1,117 @@
+"""``peftlab predict RUN_DIR --input FILE``: batch inference of a trained classifier to JSONL.
+
+The run is rebuilt exactly as ``peftlab evaluate`` does (its config, its pooling, its adapter on a fresh
+base model, its precision). Input: JSON, JSONL, CSV or TSV read with ``datasets``; each record holds the
+task's text fields: the GLUE column names (``sentence``; ``sentence1``/``sentence2``, ``question1``/...), or
+``text_a``/``text_b``, or ``--fields A[,B]``. Output (one JSON line per input record, in input order):
+``{"index", "label", "label_id", "probabilities"}`` for classification, ``{"index", "score"}`` for STS-B.
+The output file is written to a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from peftlab.errors import PeftlabError
+
+READERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv"}
+
+
+def read_inputs(path: Path):
+    import datasets
+
+    kind = READERS.get(path.suffix.lower())
+    if kind is None:
+        raise PeftlabError(f"--input {path}: unknown file type '{path.suffix}'", fix="use .jsonl, .json, .csv or .tsv")
+    if not path.is_file():
+        raise PeftlabError(f"--input {path} not found", fix="pass a JSONL/JSON/CSV/TSV file of texts")
+    extra = {"delimiter": "\t", "quoting": 3} if path.suffix.lower() == ".tsv" else {}  # 3: csv.QUOTE_NONE
+    try:
+        return datasets.load_dataset(kind, data_files=str(path), split="train", **extra)
+    except Exception as err:  # noqa: BLE001 - a malformed file becomes one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise PeftlabError(f"cannot read --input {path}: {first}", fix="check the file's format") from None
+
+
+def text_fields(task, columns: list[str], fields: str | None) -> list[str]:
+    """The one or two input columns: --fields, else the task's GLUE names, else text_a/text_b (sentence/text)."""
+    wanted = len(task.text_fields)
+    if fields:
+        names = [f.strip() for f in fields.split(",") if f.strip()]
+        candidates = [names]
+    else:
+        candidates = [list(task.text_fields), ["text_a", "text_b"][:wanted], ["sentence", "text"][:1],
+                      ["text"], ["sentence1", "sentence2"][:wanted]]
+    for names in candidates:
+        if len(names) == wanted and all(n in columns for n in names):
+            return names
+    raise PeftlabError(f"--input has columns {', '.join(columns)}, none of which give the {wanted} text field(s) "
+                       f"of task '{task.name}' ({', '.join(task.text_fields)})",
+                       fix="rename the columns or pass --fields A" + (",B" if wanted > 1 else ""))
+
+
+def predict_run(run_dir: str | Path, input_path: str | Path, output_path: str | Path, *,
+                adapter: str | Path | None = None, fields: str | None = None, batch_size: int = 64) -> int:
+    """Write one prediction per input record to ``output_path`` (JSONL); returns the record count."""
+    import torch
+
+    from peftlab.evaluate import load_run
+    from peftlab.runfiles import atomic_write_text
+    from peftlab.tasks import TASKS
+    from peftlab.train import make_accelerator
+
+    if batch_size <= 0:
+        raise PeftlabError(f"--batch-size must be a positive integer, got {batch_size}")
+    records = read_inputs(Path(input_path))
+    run = load_run(run_dir, adapter=adapter)
+    task = TASKS[run.cfg.task]
+    if task.head == "causal-lm":
+        raise PeftlabError(f"predict serves classification and regression runs; {run_dir} is the instruction task "
+                           f"'{task.name}'", fix="generate with the model through transformers instead")
+    names = text_fields(task, records.column_names, fields)
+    accelerator = make_accelerator(run.precision)
+    model = accelerator.prepare(run.model)
+    model.eval()
+    lines = []
+    with torch.no_grad():
+        for start in range(0, len(records), batch_size):
+            chunk = records[start:start + batch_size]
+            texts = [[str(t) for t in chunk[n]] for n in names]
+            batch = run.tokenizer(*texts, truncation=True, max_length=run.cfg.max_length, padding=True,
+                                  return_tensors="pt").to(accelerator.device)
+            logits = model(**batch).logits.float().cpu()
+            for offset, row in enumerate(logits):
+                index = start + offset
+                if task.kind == "regression":
+                    lines.append({"index": index, "score": float(row[0])})
+                    continue
+                probabilities = torch.softmax(row, dim=-1)
+                label_id = int(probabilities.argmax())
+                lines.append({"index": index, "label": task.label_names[label_id], "label_id": label_id,
+                              "probabilities": [round(float(p), 6) for p in probabilities]})
+    atomic_write_text(output_path, "".join(json.dumps(line) + "\n" for line in lines))
+    return len(lines)
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("predict", help="predict labels (or STS-B scores) for a file of texts with a trained run",
+                            description="Rebuild RUN_DIR's model (as peftlab evaluate does) and write one JSON line "
+                                        "per input record: label, label id and class probabilities (or a score).")
+    parser.add_argument("run_dir", help="a folder written by peftlab train (holds config.yaml and adapter/)")
+    parser.add_argument("--input", required=True, help="JSONL, JSON, CSV or TSV file of texts")
+    parser.add_argument("--output", default=None, help="JSONL to write (default: <input stem>.predictions.jsonl)")
+    parser.add_argument("--adapter", default=None, help="adapter folder to use instead of RUN_DIR/adapter")
+    parser.add_argument("--fields", default=None, metavar="A[,B]",
+                        help="input column(s) holding the text(s) (default: the task's GLUE names or text_a,text_b)")
+    parser.add_argument("--batch-size", type=int, default=64, help="records per forward pass (default 64)")
+    parser.set_defaults(func=run_cli)
+
+
+def run_cli(args) -> int:
+    output = Path(args.output) if args.output else Path(args.input).with_suffix("").with_name(
+        Path(args.input).stem + ".predictions.jsonl")
+    count = predict_run(args.run_dir, args.input, output, adapter=args.adapter, fields=args.fields,
+                        batch_size=args.batch_size)
+    print(f"wrote {count} predictions to {output}")
+    return 0
