@@ -555,3 +555,33 @@ def test_weight_decay_goes_by_tensor_rank_never_to_learned_vectors(method):
     if method in vectors:
         learned = [n for n in kept if vectors[method] in n]
         assert learned and not any(vectors[method] in n for n in decayed)
+
+
+@pytest.mark.parametrize("text, expected", [("6-11", (6, 7, 8, 9, 10, 11)), ("0,2,4", (0, 2, 4)),
+                                            ("0-1,5", (0, 1, 5)), (None, None), ("", None)])
+def test_parse_layers(text, expected):
+    from peftlab.targets import parse_layers
+
+    assert parse_layers(text) == expected
+
+
+def test_layers_restrict_the_adapted_blocks(tmp_path):
+    from peftlab.config import TrainConfig, build_config
+    from peftlab.errors import PeftlabError
+    from peftlab.methods import apply_method
+    from peftlab.models import load_model
+    from peftlab.targets import layer_of, parse_layers
+
+    cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", method="lora", targets="q,v", rank=4,
+                                                   layers="1"))
+    assert cfg.layers == "1"
+    model, _ = load_model("tiny-bert")
+    model, targets, _ = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
+    assert targets.all_modules and {layer_of(n) for n in targets.all_modules} == {1}
+    lora = [n for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
+    assert lora and all(".layer.1." in n for n in lora)
+    with pytest.raises(PeftlabError, match="--layers asks for layer 5, but this model's blocks are 0-1"):
+        apply_method(load_model("tiny-bert")[0], build_config(TrainConfig, overrides=dict(
+            model="tiny-bert", method="lora", layers="5")), train_head=True, task_type="SEQ_CLS")
+    with pytest.raises(PeftlabError, match="is not a layer index or range"):
+        parse_layers("3-1")

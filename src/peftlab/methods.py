@@ -35,6 +35,8 @@ class MethodConfig:
     """Fine-tuning method: full, lora, dora, pissa, milora, kasa, corda, vera, fourierft."""
     targets: tuple[str, ...] = ("q", "v")
     """Attention projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v)."""
+    layers: str | None = None
+    """Adapt only these transformer blocks, e.g. 6-11 or 0,2,4 (0 = the first); default: all."""
     rank: int = 8
     """Adapter rank r (LoRA family, KaSA, VeRA). Ignored by full and fourierft."""
     alpha: float = 16.0
@@ -68,6 +70,10 @@ class MethodConfig:
             raise unknown("method", self.method, METHODS, where="--method")
         self.targets = parse_targets(self.targets)
         _require_int(self.rank, "--rank", positive=True)
+        if self.layers is not None:
+            from peftlab.targets import parse_layers
+
+            self.layers = ",".join(map(str, parse_layers(self.layers))) or None  # canonical: the run key is stable
         _require_finite(self.alpha, "--alpha", positive=True)
         _require_finite(self.dropout, "--dropout")
         if not 0.0 <= self.dropout < 1.0:
@@ -335,7 +341,7 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
     wall time as ``model.peftlab_calibration_seconds``.
     """
     method = METHODS[cfg.method]
-    targets = resolve_targets(model, cfg.targets)
+    targets = resolve_targets(model, cfg.targets, layers=getattr(cfg, "layers", None))
     if targets.fused and not method.fused_qkv:
         raise PeftlabError(
             f"{cfg.method} cannot adapt this model's fused QKV matrix (Conv1D {targets.modules['qkv'][0]})",

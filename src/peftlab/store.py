@@ -35,7 +35,7 @@ KEY_EXCLUDED = ("output_dir", "resume", "overwrite", "threads")
 # Options added to TrainConfig after stores existed: at these values they are left out of the key, so a run
 # recorded before the option existed keeps its key (and a rerun of its spec finds it) instead of rerunning.
 KEY_NEUTRAL = {"save": "best", "scheduler": "linear", "grad_accum": 1, "max_steps": None,
-               "gradient_checkpointing": False}
+               "gradient_checkpointing": False, "layers": None}
 # Keys whose default changed: hashed as the value they had then (checkpoint_every None meant 0 before).
 KEY_AS_BEFORE = {"checkpoint_every": (None, 0)}
 SHORT_KEY = 12

@@ -83,10 +83,50 @@ def parse_targets(targets) -> tuple[str, ...]:
     return tuple(p for p in PROJECTIONS if p in items)
 
 
-def resolve_targets(model: nn.Module, targets) -> ResolvedTargets:
-    """Find the modules of each requested projection in ``model``; raise a PeftlabError listing the
-    model's linear layers when one cannot be found."""
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def parse_layers(text: str | None) -> tuple[int, ...] | None:
+    """``"6-11"``, ``"0,2,4"`` or ``"0-3,8"`` -> sorted layer indices; None (all layers) for None/""."""
+    if text is None or not str(text).strip():
+        return None
+    out: set[int] = set()
+    for piece in str(text).split(","):
+        piece = piece.strip()
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", piece)
+        if not match or (match.group(2) is not None and int(match.group(2)) < int(match.group(1))):
+            raise PeftlabError(f"--layers '{text}': '{piece}' is not a layer index or range",
+                               fix="use indices and ranges from 0, e.g. --layers 6-11 or --layers 0,2,4")
+        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
+        out.update(range(low, high + 1))
+    return tuple(sorted(out))
+
+
+def layer_of(module_name: str) -> int | None:
+    """The transformer block index in a module name (``...layer.7.attention...`` -> 7)."""
+    match = _LAYER_INDEX.search("." + module_name + ".")
+    return int(match.group(1)) if match else None
+
+
+def _keep_layers(names: list[str], layers: tuple[int, ...] | None) -> list[str]:
+    if layers is None:
+        return names
+    present = sorted({i for i in (layer_of(n) for n in names) if i is not None})
+    missing = [i for i in layers if i not in present]
+    if missing:
+        raise PeftlabError(f"--layers asks for layer {missing[0]}, but this model's blocks are "
+                           f"{present[0]}-{present[-1]}" if present else "--layers given, but no layered modules found",
+                           fix=f"use indices {present[0]}-{present[-1]}" if present else "drop --layers")
+    return [n for n in names if layer_of(n) in layers]
+
+
+def resolve_targets(model: nn.Module, targets, layers=None) -> ResolvedTargets:
+    """Find the modules of each requested projection in ``model`` (only in blocks ``layers``, a tuple of
+    indices or a ``--layers`` string, when given); raise a PeftlabError listing the model's linear layers
+    when one cannot be found."""
     wanted = parse_targets(targets)
+    if isinstance(layers, str):
+        layers = parse_layers(layers)
     names = linear_layer_names(model)
     found: dict[str, tuple[str, ...]] = {}
     fused = _match(names, _FUSED)
@@ -112,6 +152,8 @@ def resolve_targets(model: nn.Module, targets) -> ResolvedTargets:
                 fix=f"this model's linear layers are: {shown}",
             )
         found[projection] = tuple(modules)
+    if layers is not None:
+        found = {group: tuple(_keep_layers(list(mods), layers)) for group, mods in found.items()}
     return ResolvedTargets(found, fused="qkv" in found)
 
 
