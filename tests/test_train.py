@@ -407,3 +407,20 @@ def test_long_epochs_checkpoint_by_default(tmp_path):
     assert checkpoint_interval(SimpleNamespace(checkpoint_every=0, grad_accum=1), 1000) == 0
     assert checkpoint_interval(SimpleNamespace(checkpoint_every=7, grad_accum=1), 10) == 7
     assert checkpoint_interval(SimpleNamespace(checkpoint_every=None, grad_accum=4), 1000) == 200  # 250 steps
+
+
+def test_report_to_none_writes_no_tracker_files_and_missing_trackers_are_one_line(tmp_path, capsys):
+    result = train(tiny_cfg(tmp_path / "none", report_to="none"))
+    assert result["status"] == "ok" and not (tmp_path / "none" / "run" / "tb").exists()
+    assert (tmp_path / "none" / "run" / "result.json").is_file()
+    import importlib.util
+
+    missing = next((t for t in ("wandb", "mlflow") if importlib.util.find_spec(t) is None), None)
+    assert missing, "this test needs one of wandb/mlflow to be absent"
+    out = tmp_path / "missing"
+    capsys.readouterr()
+    code = main(["train", "--model", "tiny-bert", "--report-to", missing, "--max-train-samples", "8",
+                 "--max-eval-samples", "8", "--output-dir", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"--report-to {missing} needs the '{missing}' package" in err[0]
+    assert not out.exists()

@@ -106,7 +106,9 @@ class TrainConfig(MethodConfig, OptimConfig):
     max_new_tokens: int = 256
     """Generation length limit for GSM8K evaluation."""
     log_every: int = 10
-    """Log training loss and learning rate to TensorBoard every N steps."""
+    """Log training loss and learning rate every N steps (see --report-to)."""
+    report_to: str = "tensorboard"
+    """Experiment tracking through Accelerate's trackers: tensorboard (<run>/tb), wandb, mlflow (their package installed; online, their account) or none."""
 
     def __post_init__(self):
         MethodConfig.__post_init__(self)
@@ -160,6 +162,8 @@ class TrainConfig(MethodConfig, OptimConfig):
                 raise PeftlabError(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {value!r}")
         if self.warmup_ratio >= 1:
             raise PeftlabError(f"--warmup-ratio must be < 1, got {self.warmup_ratio}")
+        if self.report_to not in ("tensorboard", "wandb", "mlflow", "none"):
+            raise unknown("--report-to", self.report_to, ("tensorboard", "wandb", "mlflow", "none"), where="--report-to")
         if self.scheduler not in ("linear", "cosine", "constant"):
             raise unknown("--scheduler", self.scheduler, ("linear", "cosine", "constant"), where="--scheduler")
         for flag in ("grad_accum", "max_steps"):

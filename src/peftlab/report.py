@@ -51,7 +51,7 @@ from peftlab.store import NOT_OK, load_rows
 
 # Never row-distinguishing: bookkeeping, the seed (averaged over) and the task (the columns).
 NON_RESULT_KEYS = ("output_dir", "resume", "overwrite", "seed", "task", "log_every", "checkpoint_every",
-                   "eval_batch_size", "data_dir", "allow_pickle", "trust_remote_code", "threads")
+                   "eval_batch_size", "data_dir", "allow_pickle", "trust_remote_code", "threads", "report_to")
 # Keys that cannot change an untrained model's metrics: the before-fine-tuning rows pool over them.
 TRAINING_ONLY_KEYS = ("lr", "lr_ratio", "head_lr", "weight_decay", "warmup_ratio", "epochs", "batch_size",
                       "max_grad_norm", "max_train_samples", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction")

@@ -31,7 +31,7 @@ STATUSES = ("pending", "running", "ok", "diverged", "collapsed", "failed")
 FINISHED = ("ok", "diverged", "collapsed")  # never rerun
 NOT_OK = ("diverged", "collapsed", "failed")
 # Config keys that do not change what a run computes: left out of the run's key.
-KEY_EXCLUDED = ("output_dir", "resume", "overwrite", "threads")
+KEY_EXCLUDED = ("output_dir", "resume", "overwrite", "threads", "report_to")
 # Options added to TrainConfig after stores existed: at these values they are left out of the key, so a run
 # recorded before the option existed keeps its key (and a rerun of its spec finds it) instead of rerunning.
 KEY_NEUTRAL = {"save": "best", "scheduler": "linear", "grad_accum": 1, "max_steps": None,

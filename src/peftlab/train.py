@@ -152,9 +152,19 @@ def planned_epoch_count(cfg: TrainConfig, batches_per_epoch: int) -> int:
     return cfg.epochs
 
 
-def make_accelerator(precision: str, grad_accum: int = 1):
+TRACKERS = ("tensorboard", "wandb", "mlflow", "none")
+
+
+def make_accelerator(precision: str, grad_accum: int = 1, report_to: str = "none", project_dir: str | None = None):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, DistributedType
+
+    if report_to in ("wandb", "mlflow"):
+        import importlib.util
+
+        if importlib.util.find_spec(report_to) is None:
+            raise PeftlabError(f"--report-to {report_to} needs the '{report_to}' package, which is not installed",
+                               fix=f"pip install {report_to}, or use --report-to tensorboard")
 
     # Accelerate keeps one state per process, and its mixed precision cannot change once set. A sweep worker
     # runs many runs in one process, so a run with another precision resets it: only in a single process
@@ -163,7 +173,8 @@ def make_accelerator(precision: str, grad_accum: int = 1):
             and AcceleratorState().distributed_type == DistributedType.NO
             and AcceleratorState().mixed_precision != precision):
         AcceleratorState._reset_state()
-    return Accelerator(mixed_precision=precision, gradient_accumulation_steps=grad_accum)
+    return Accelerator(mixed_precision=precision, gradient_accumulation_steps=grad_accum,
+                       log_with=None if report_to == "none" else report_to, project_dir=project_dir)
 
 
 def _kasa_sigma(model) -> dict[str, list[float]] | None:
@@ -193,7 +204,7 @@ class Run:
     init_seconds: float
     out: Path
     state: dict = field(default_factory=dict)
-    writer: object = None
+    tracking: bool = False  # --report-to: Accelerate's trackers are initialised
     best_weights: dict | None = None  # --save best: trainable tensors of the best epoch so far (CPU copies)
 
     @property
@@ -244,7 +255,7 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     data_cfg = _capped_max_length(cfg, model)  # the pipeline tokenises at most the model's positions
     # After the model: --mixed-precision auto depends on its size on a CPU.
     precision, why = resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))
-    accelerator = make_accelerator(precision, cfg.grad_accum)
+    accelerator = make_accelerator(precision, cfg.grad_accum, cfg.report_to, str(out))
     if accelerator.is_main_process:
         print(f"mixed precision: {precision} ({why})")
     if accelerator.is_main_process and task.head != "causal-lm":
@@ -294,10 +305,10 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
         runfiles.set_rng_state(run.state.pop("rng"))
         if run.main:
             print(f"resuming at epoch {run.state['epoch'] + 1}, step {run.state['step_in_epoch']}")
-    if run.main:
-        from torch.utils.tensorboard import SummaryWriter
-
-        run.writer = SummaryWriter(str(out / "tb"))
+    if cfg.report_to != "none":  # only now: the run folder exists (TensorBoard writes into <run>/tb)
+        hparams = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+        accelerator.init_trackers("tb" if cfg.report_to == "tensorboard" else out.name, config=hparams)
+        run.tracking = True
     return run
 
 
@@ -379,13 +390,13 @@ def fit(run: Run) -> None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{loss.item():.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}",
                                      ex_s=f"{examples / seconds:.1f}")
-            if run.writer is not None and state["global_step"] % cfg.log_every == 0:
-                run.writer.add_scalar("train/loss", loss.item(), state["global_step"])
+            if run.tracking and state["global_step"] % cfg.log_every == 0:
+                values = {"train/loss": loss.item()}
                 if aux is not None:
-                    run.writer.add_scalar("train/regulariser", aux.item(), state["global_step"])
-                    run.writer.add_scalar("train/objective", total.item(), state["global_step"])
-                for group in optimizer.param_groups:
-                    run.writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], state["global_step"])
+                    values.update({"train/regulariser": aux.item(), "train/objective": total.item()})
+                # one entry per group name: the decay and no-decay halves of a group share its lr
+                values.update({f"lr/{g.get('name', 'group')}": g["lr"] for g in optimizer.param_groups})
+                accelerator.log(values, step=state["global_step"])
             done = bool(cfg.max_steps) and state.get("optimizer_steps", 0) >= cfg.max_steps
             # Checkpoints only at an optimizer step: no half-accumulated gradient is ever lost or doubled.
             if stepped and checkpoint_every and state["optimizer_steps"] % checkpoint_every == 0 and not done:
@@ -416,8 +427,8 @@ def fit(run: Run) -> None:
             # must not leave a duplicate line after --resume.
             runfiles.atomic_write_text(run.out / "epochs.jsonl",
                                        "".join(json.dumps(r) + "\n" for r in state["epochs_log"]))
-            for key, value in metrics.items():
-                run.writer.add_scalar(f"eval/{key}", value, epoch + 1)
+            if run.tracking and metrics:
+                accelerator.log({f"eval/{key}": value for key, value in metrics.items()}, step=epoch + 1)
             print(f"epoch {epoch + 1}: train_loss={record['train_loss']:.4f} "
                   + (_fmt_metrics(metrics) if evaluated else "(not evaluated: --eval-every)"))
         state.update(epoch=epoch + 1, step_in_epoch=0, epoch_loss_sum=0.0, epoch_loss_count=0,
@@ -479,7 +490,6 @@ def finish(run: Run) -> dict:
             result["kasa_sigma_init"] = state["kasa_sigma_init"]
     if run.main:
         save_trained(unwrapped, run.out / "adapter", base_model=cfg.model)
-        run.writer.close()
         runfiles.write_json(run.out / "result.json", result)
         runfiles.remove_checkpoint(run.out)  # the run is finished; its adapter and result are what count
     accelerator.wait_for_everyone()
@@ -488,7 +498,7 @@ def finish(run: Run) -> dict:
 
 
 # Keys that may change between a run and its resumption without changing what is computed.
-RESUME_FREE_KEYS = {"resume", "overwrite", "output_dir", "checkpoint_every", "log_every", "threads"}
+RESUME_FREE_KEYS = {"resume", "overwrite", "output_dir", "checkpoint_every", "log_every", "threads", "report_to"}
 
 
 def _check_same_config(cfg: TrainConfig, out: Path) -> None:
