@@ -134,6 +134,7 @@ def test_first_token_heads_get_the_masked_mean_in_token_0():
     assert set(model.state_dict()) == set(native.state_dict())  # names unchanged: adapters and heads too
 
 
+@pytest.mark.slow
 def test_mpnet_base_declares_mean_pooling_and_trains(tmp_path):
     """The paper-scale encoder: assembled from its five part-wheels (README setup), mean pooling, q/v adapted."""
     from peftlab.models import MODELS

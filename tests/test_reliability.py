@@ -39,6 +39,7 @@ def tiny_cfg(out: Path, **overrides) -> TrainConfig:
 # --------------------------------------------------------------------------- kill and resume
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["kasa", "lora"])
 def test_sigkill_at_random_step_then_resume_equals_uninterrupted(tmp_path, method):
     reference = train(tiny_cfg(tmp_path / "reference", method=method))

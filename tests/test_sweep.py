@@ -365,6 +365,7 @@ def _count(store_path: Path, status: str) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_worker_sweep_killed_leaves_no_orphans_and_reruns_cleanly(tmp_path):
     """--workers 2: runs spread over two processes, failures recorded; SIGKILL of the sweep takes its workers
     down with it, and the rerun finishes every run exactly once."""
