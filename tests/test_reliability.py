@@ -392,3 +392,16 @@ def test_sweep_records_a_diverged_run_and_goes_on(tmp_path):
     assert statuses == ["diverged", "ok"], statuses
     diverged = next(r for r in rows if r["status"] == "diverged")
     assert "non-finite" in diverged["result"]["status_reason"]
+
+
+def test_atomic_writes_get_ordinary_file_permissions(tmp_path):
+    import stat
+
+    from peftlab.runfiles import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "table.csv", "a,b\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "table.csv").stat().st_mode) == 0o644
