@@ -28,6 +28,7 @@ def _only(path: Path, pattern: str) -> Path:
     return found[0]
 
 
+@pytest.mark.slow
 def test_micro_bench_writes_every_row_with_ratios(tmp_path, capsys):
     threads_before = torch.get_num_threads()
     status = main(["bench", "--model", "tiny-bert", "--methods", "lora,kasa", "--targets", "q,v",

@@ -100,6 +100,7 @@ def test_injected_nan_ends_run_as_diverged(tmp_path, monkeypatch):
     assert on_disk["status"] == "diverged"
 
 
+@pytest.mark.slow
 def test_diverged_run_exits_nonzero_with_reason(tmp_path):
     env = {**os.environ, FAULT_NAN_STEP_ENV: "1"}
     proc = subprocess.run(cli(*TINY, "--output-dir", str(tmp_path / "run")), capture_output=True, text=True, env=env)
