@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES = (
     "peftlab.train",
     "peftlab.evaluate",
     "peftlab.predict",
+    "peftlab.export",
     "peftlab.sweep",
     "peftlab.report",
     "peftlab.plot",

@@ -1,0 +1,107 @@
+"""``peftlab export RUN_DIR --merged OUT_DIR``: a trained run as a standard transformers model folder.
+
+The run is rebuilt as ``peftlab evaluate`` does, the adapter is merged into the weights (full fine-tuning
+needs no merge), and the model and its tokenizer are written with ``save_pretrained`` into a staging folder.
+Before that folder is renamed to ``OUT_DIR``, it is loaded back with plain
+``AutoModelForSequenceClassification`` / ``AutoModelForCausalLM.from_pretrained`` and its logits are compared
+with peftlab's own on a few dev examples: an export that would predict differently is refused, and nothing
+is left behind. Mean pooling (``--pooling mean``, minilm-l6's and mpnet-base's default) is peftlab's, not the
+architecture's: plain transformers would read [CLS] instead, so such a run is refused with a clear message.
+``--push-to-hub REPO`` uploads the checked folder (online only; not exercised by the tests).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from peftlab.errors import PeftlabError
+
+TOLERANCE = 1e-4  # max abs logit difference between peftlab's model and the exported one (fp32: ~1e-6)
+
+
+def _sample_batch(run, n: int = 4):
+    from peftlab.pipelines import build_pipeline
+
+    cfg = run.cfg
+    pipeline = build_pipeline(cfg, run.tokenizer, run.model)
+    split = next(iter(pipeline.eval_sets.values()))
+    rows = split.select(range(min(n, len(split))))
+    if "text_a" in rows.column_names:
+        texts = [list(rows["text_a"])] + ([list(rows["text_b"])] if "text_b" in rows.column_names else [])
+    else:  # instruction data: the prompt field
+        texts = [[str(r) for r in rows[rows.column_names[0]]]]
+    return run.tokenizer(*texts, truncation=True, max_length=min(cfg.max_length, 128), padding=True,
+                         return_tensors="pt")
+
+
+def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> dict:
+    """Write the merged model + tokenizer to ``out_dir``; returns ``{"max_abs_diff", "path"}``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from peftlab.adapters import merged
+    from peftlab.evaluate import load_run
+    from peftlab.tasks import TASKS
+
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise PeftlabError(f"{out} already exists", fix="choose another OUT_DIR, or pass --overwrite")
+    run = load_run(run_dir)
+    pooling = getattr(run.model, "peftlab_pooling", None) or getattr(
+        getattr(run.model, "base_model", None), "peftlab_pooling", None)
+    if run.cfg.pooling == "mean" or pooling == "mean":
+        raise PeftlabError(f"{run_dir} was trained with mean pooling, which plain transformers would not apply "
+                           "(it reads [CLS]): the exported model would predict differently",
+                           fix="export a run trained with --pooling native, or use peftlab evaluate/predict")
+    model = merged(run.model)
+    model.eval()
+    batch = _sample_batch(run)
+    with torch.no_grad():
+        expected = model(**batch).logits.float()
+    head = TASKS[run.cfg.task].head
+    auto = AutoModelForCausalLM if head == "causal-lm" else AutoModelForSequenceClassification
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        if run.tokenizer is not None:
+            run.tokenizer.save_pretrained(staging)
+        reloaded = auto.from_pretrained(staging).eval()
+        with torch.no_grad():
+            got = reloaded(**batch).logits.float()
+        diff = float((got - expected).abs().max())
+        if not diff <= TOLERANCE:
+            raise PeftlabError(f"the exported model's logits differ from peftlab's by {diff:.2e} (> {TOLERANCE:g})",
+                               fix="report this run's method and model; evaluate it with peftlab instead")
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {"max_abs_diff": diff, "path": str(out)}
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("export", help="write a trained run as a merged, standard transformers model folder",
+                            description="Merge RUN_DIR's adapter into its base model and save model + tokenizer "
+                                        "with save_pretrained, checked to predict as peftlab does.")
+    parser.add_argument("run_dir", help="a folder written by peftlab train")
+    parser.add_argument("--merged", required=True, metavar="OUT_DIR", help="folder to write the merged model to")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    parser.add_argument("--push-to-hub", default=None, metavar="REPO",
+                        help="also upload the checked folder to this Hugging Face Hub repo (needs network and a token)")
+    parser.set_defaults(func=run_cli)
+
+
+def run_cli(args) -> int:
+    done = export_merged(args.run_dir, args.merged, overwrite=args.overwrite)
+    print(f"wrote {done['path']} (max |logit difference| vs peftlab: {done['max_abs_diff']:.1e})")
+    if args.push_to_hub:
+        from huggingface_hub import HfApi
+
+        HfApi().upload_folder(folder_path=done["path"], repo_id=args.push_to_hub, repo_type="model")
+        print(f"pushed {done['path']} to {args.push_to_hub}")
+    return 0
