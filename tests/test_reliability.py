@@ -226,6 +226,8 @@ BAD_TRAIN_INPUTS = [
     ("ignored-in-yaml", _yaml("method: vera\nalpha: 32\n"), "--alpha is set, but method 'vera'"),
     ("max-length-above-positions", ["--pad-to-max", "--max-length", "1024"],
      "--max-length 1024 with --pad-to-max exceeds the 512 positions of model 'tiny-bert'"),
+    ("fourierft-too-many-frequencies", ["--method", "fourierft", "--fourierft-n-frequency", "5000"],
+     "--fourierft-n-frequency 5000 is more than the 1024 entries of the smallest adapted weight"),
     ("rank-above-width", ["--rank", "1000"], "--rank 1000 is larger than min(in, out) = 32"),
     ("rank-zero", ["--rank", "0"], "--rank must be > 0"),
     ("rank-negative", ["--rank", "-3"], "--rank must be > 0"),

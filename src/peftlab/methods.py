@@ -303,6 +303,11 @@ def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: Re
             "adapted weights (the SVD init keeps at least one component)",
             fix=f"use --rank {max(1, smallest // 2)} or smaller",
         )
+    if method.name == "fourierft":  # peft raises a ValueError deep in layer construction otherwise
+        cells = min(_weight_shape(modules[name])[0] * _weight_shape(modules[name])[1] for name in targets.all_modules)
+        if cfg.fourierft_n_frequency > cells:
+            raise PeftlabError(f"--fourierft-n-frequency {cfg.fourierft_n_frequency} is more than the {cells} entries of "
+                               "the smallest adapted weight", fix=f"use --fourierft-n-frequency {cells} or fewer")
     # LoRA-style factors (not VeRA, whose shared random basis may be wider than the layer): a rank above
     # min(in, out) adds nothing a full-rank update lacks and costs more parameters than the matrix itself.
     if method.uses_rank and "rank" in method.options and method.name != "vera" and cfg.rank > smallest:
