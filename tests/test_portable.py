@@ -2,8 +2,8 @@
 
 Every adapter method x {encoder, decoder}: a tiny random base rebuilt with plain ``from_config`` (the same
 seed gives the same weights as peftlab's), ``PeftModel.from_pretrained(base, <run>/adapter)``, logits within
-1e-5 of ``peftlab.evaluate.load_run``'s. (Full fine-tuning saves only its trained tensors; its portable form
-is ``peftlab export --merged``, tested in test_export.py. Mean pooling is peftlab's own: see export.)
+1e-5 of ``peftlab.evaluate.load_run``'s. Full fine-tuning saves a standard transformers folder, loaded with plain ``from_pretrained``. Mean pooling is
+peftlab's own, not the architecture's, so these tests use ``--pooling native``; see peftlab.export.)
 """
 
 from __future__ import annotations
@@ -17,6 +17,28 @@ from peftlab.train import train
 
 ADAPTER_METHODS = sorted(m for m in METHODS if m != "full")
 ARCHS = {"encoder": dict(task="rte", model="tiny-bert"), "decoder": dict(task="rte", model="tiny-llama")}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_full_fine_tuning_is_saved_as_a_standard_transformers_folder(tmp_path, arch):
+    from transformers import AutoModelForSequenceClassification
+
+    from peftlab.evaluate import load_run
+
+    cfg = build_config(TrainConfig, overrides=dict(**ARCHS[arch], method="full", targets="q,v", epochs=1,
+                                                   batch_size=8, max_length=32, max_train_samples=16,
+                                                   max_eval_samples=8, pooling="native", lr=1e-3,
+                                                   output_dir=str(tmp_path / "run")))
+    result = train(cfg)
+    plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "adapter").eval()
+    ours = load_run(tmp_path / "run").model.eval()
+    from peftlab.models import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model)
+    batch = tokenizer(["a first sentence .", "and a second, longer one ?"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(plain(**batch).logits, ours(**batch).logits, atol=1e-5, rtol=0)
+    assert result["status"] == "ok"
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

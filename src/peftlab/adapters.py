@@ -62,10 +62,14 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "")
             kasa.write_plan(model, out_dir)  # KaSA truncations that peft's loader would not reproduce
         _portable_base(out_dir, base_model)
         return out_dir
-    from safetensors.torch import save_file
+    # Full fine-tuning: a standard transformers folder (config.json + model.safetensors) that
+    # AutoModelFor*.from_pretrained loads as it is; peftlab_base.json says which registry model it came from.
+    model.save_pretrained(out_dir, safe_serialization=True)
+    if base_model:
+        from peftlab.models import hub_id
 
-    tensors = {n: p.detach().contiguous().cpu() for n, p in model.named_parameters() if p.requires_grad}
-    save_file(tensors, str(out_dir / FULL_WEIGHTS), metadata={"format": "pt", "base_model": base_model})
+        (out_dir / "peftlab_base.json").write_text(json.dumps({"model": base_model, "hub_id": hub_id(base_model)},
+                                                              indent=2) + "\n")
     return out_dir
 
 
@@ -75,8 +79,10 @@ def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool
     adapter_dir = Path(adapter_dir)
     if not adapter_dir.is_dir():
         raise PeftlabError(f"adapter folder not found: {adapter_dir}", fix="pass the run's adapter/ folder")
-    if (adapter_dir / FULL_WEIGHTS).is_file():
+    if (adapter_dir / FULL_WEIGHTS).is_file():  # full fine-tuning as peftlab saved it before
         return _load_full(base, adapter_dir / FULL_WEIGHTS, base_model)
+    if (adapter_dir / "model.safetensors").is_file() and not (adapter_dir / "adapter_config.json").is_file():
+        return _load_full(base, adapter_dir / "model.safetensors", base_model)  # a save_pretrained folder
     config_file = adapter_dir / "adapter_config.json"
     if not config_file.is_file():
         raise PeftlabError(f"no adapter_config.json or {FULL_WEIGHTS} in {adapter_dir}",
@@ -125,11 +131,14 @@ def _load_full(base: nn.Module, path: Path, base_model: str | None) -> nn.Module
     _check_safetensors(path)
     with safe_open(str(path), "pt") as handle:
         saved_base = (handle.metadata() or {}).get("base_model", "")
+    marker = path.parent / "peftlab_base.json"
+    if not saved_base and marker.is_file():
+        saved_base = json.loads(marker.read_text()).get("model", "")
     if base_model and saved_base and saved_base != base_model:
         raise PeftlabError(f"{path} was trained on '{saved_base}', not '{base_model}'",
                            fix=f"load it on {saved_base}")
     tensors = load_file(str(path))
-    params = dict(base.named_parameters())
+    params = dict(base.state_dict(keep_vars=True))  # parameters and persistent buffers, as save_pretrained writes
     for name, value in tensors.items():
         if name not in params or params[name].shape != value.shape:
             raise PeftlabError(f"{path} does not fit this base model: tensor '{name}' "
