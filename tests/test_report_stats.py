@@ -357,3 +357,21 @@ def test_params_conventions(convention, lora, full, note):
         assert by_method["full"]["params_yao"] == str(ROBERTA_FULL_QV["total"])  # full FT: the total
     with pytest.raises(PeftlabError, match="--params must be total, adapter, yao"):
         build_table(params_rows(), params="head")
+
+
+def test_a_glue_subset_task_is_labelled_in_the_header_and_notes(tmp_path):
+    from peftlab.report import build_table, render_csv, render_markdown
+    from peftlab.store import Store, load_rows
+
+    path = tmp_path / "results.sqlite"
+    with Store(path) as store:
+        for seed in range(2):
+            cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="qqp", seed=seed)).to_dict()
+            result = {"schema_version": 1, "status": "ok", "status_reason": None, "task": "qqp", "config": cfg,
+                      "primary_metric": "accuracy", "best": {"epoch": 1, "metrics": {"accuracy": 0.7 + seed / 100}},
+                      "final": {"metrics": {"accuracy": 0.7}}, "dataset": "glue_subsets", "majority_baseline": 0.6,
+                      "trainable_params": {"adapter": 10, "head": 2, "total": 12}}
+            store.add(cfg, result=result)
+    md = render_markdown(build_table(load_rows([path])))
+    assert "| QQP (glue_subsets) |" in md
+    assert "qqp: dataset glue_subsets (10k subsets of GLUE train, 90/10 train/dev; not the full task)" in md

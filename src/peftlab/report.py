@@ -246,6 +246,7 @@ class Table:
     untested: int = 0  # non-baseline cells with values but no p (< 2 runs there or in the baseline)
     constant: int = 0  # comparisons of two groups without any spread (p is 0 or nan)
     majority: Row | None = None  # the majority-class reference row (not a group of runs: not in ``rows``)
+    datasets: dict[str, str] = field(default_factory=dict)  # task -> result.json "dataset" when not full GLUE
 
     @property
     def averageable(self) -> bool:
@@ -407,6 +408,14 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
     table = Table(tasks=tasks, label_keys=label_keys, rows=before_rows + trained_rows, metrics=metrics,
                   scale=scale if scale is not None else auto_scale(metrics.values()), which=which, params=params,
                   alpha=alpha, test=test, correction=correction, majority=majority)
+    for rec in records:
+        dataset = (rec.result or {}).get("dataset")
+        if dataset and dataset != "glue":
+            table.datasets[rec.task] = dataset
+    if table.datasets:
+        table.notes.append("; ".join(f"{t}: dataset {d}" + (" (10k subsets of GLUE train, 90/10 train/dev; not the "
+                                                              "full task)" if d == "glue_subsets" else "")
+                                     for t, d in sorted(table.datasets.items())))
     if baseline:
         wanted = parse_filter(baseline, what="--baseline")
         hits = [r for r in trained_rows if matches(r.config, wanted)]
@@ -589,6 +598,8 @@ def _header(table: Table) -> list[str]:
     from peftlab.tasks import TASKS
 
     names = [TASKS[t].glue_dir or t.upper() if t in TASKS else t for t in table.tasks]
+    # A 10k offline subset (MNLI/QNLI/QQP) is never passed off as the full task: the column says so.
+    names = [f"{n} ({table.datasets[t]})" if t in table.datasets else n for n, t in zip(names, table.tasks)]
     return table.label_keys + names + ["Avg", "#Param"]
 
 
