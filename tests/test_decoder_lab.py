@@ -6,15 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
 
-import pytest
 import yaml
 
 from peftlab.cli import main
 from peftlab.train import FAULT_NAN_STEP_ENV
 
-from conftest import DATA_DIR as DATA, needs_data as _needs_data  # noqa: E402
+from conftest import needs_data as _needs_data  # noqa: E402
 needs_data = _needs_data("gsm8k", "test.jsonl")
 
 TINY_DECODER = {"model": "tiny-llama", "method": "lora", "targets": "q,v", "rank": 4, "epochs": 1, "batch_size": 8,

@@ -34,23 +34,29 @@ def _result(cfg: dict, accuracy: float, status: str, rng: random.Random) -> dict
     return result
 
 
+def add_grid(store, rng, make_result, *, tasks, lrs, epochs: int, bad_status: str) -> None:
+    """A fake sweep in ``store``: tasks x {lora, kasa} x lrs x lambda {1, 4} x rank {4, 8} x 2 seeds; the run at
+    the largest lr, lambda 4, seed 0 ends with ``bad_status``."""
+    for task in tasks:
+        for method in ("lora", "kasa"):
+            for lr in lrs:
+                for ratio in (1.0, 4.0):
+                    for rank in (4, 8):
+                        for seed in range(2):
+                            cfg = build_config(TrainConfig, overrides=dict(
+                                model="tiny-bert", task=task, method=method, lr=lr, lr_ratio=ratio, rank=rank,
+                                seed=seed, epochs=epochs)).to_dict()
+                            acc = 0.6 + 0.02 * math.log2(ratio) + rng.gauss(0, 0.01)
+                            status = bad_status if (lr == max(lrs) and ratio == 4.0 and seed == 0) else "ok"
+                            store.add(cfg, result=make_result(cfg, acc, status, rng))
+
+
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory) -> Path:
     rng = random.Random(0)
     path = tmp_path_factory.mktemp("plot") / "results.sqlite"
     with Store(path) as store:
-        for task in ("rte", "mrpc"):
-            for method in ("lora", "kasa"):
-                for lr in (1e-4, 1e-3):
-                    for ratio in (1.0, 4.0):
-                        for rank in (4, 8):
-                            for seed in range(2):
-                                cfg = build_config(TrainConfig, overrides=dict(
-                                    model="tiny-bert", task=task, method=method, lr=lr, lr_ratio=ratio, rank=rank,
-                                    seed=seed, epochs=2)).to_dict()
-                                acc = 0.6 + 0.02 * math.log2(ratio) + rng.gauss(0, 0.01)
-                                status = "collapsed" if (lr == 1e-3 and ratio == 4.0 and seed == 0) else "ok"
-                                store.add(cfg, result=_result(cfg, acc, status, rng))
+        add_grid(store, rng, _result, tasks=("rte", "mrpc"), lrs=(1e-4, 1e-3), epochs=2, bad_status="collapsed")
         failed = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="rte", lr=1e-3, lr_ratio=4.0,
                                                           rank=8, seed=1, epochs=2, method="dora")).to_dict()
         store.add(failed, status="failed", error="RuntimeError: boom")

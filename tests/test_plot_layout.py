@@ -7,7 +7,6 @@ against the figure's.
 
 from __future__ import annotations
 
-import math
 import random
 import struct
 import warnings
@@ -18,6 +17,7 @@ import pytest
 from peftlab.config import TrainConfig, build_config
 from peftlab.plot import make_figure, save_figure
 from peftlab.store import Store, load_rows
+from test_plot import add_grid  # noqa: E402  (tests/ is on sys.path, as for conftest)
 
 LONG_TITLE = ("a deliberately long custom title that would run past both edges of a one-panel figure unless it "
               "is wrapped to the figure's width, as researchers' titles tend to be")
@@ -46,18 +46,8 @@ def rows(tmp_path_factory) -> list[dict]:
     rng = random.Random(0)
     path = tmp_path_factory.mktemp("layout") / "results.sqlite"
     with Store(path) as store:
-        for task in ("rte", "mrpc", "cola"):
-            for method in ("lora", "kasa"):
-                for lr in (1e-4, 3e-4, 1e-3):
-                    for ratio in (1.0, 4.0):
-                        for rank in (4, 8):
-                            for seed in range(2):
-                                cfg = build_config(TrainConfig, overrides=dict(
-                                    model="tiny-bert", task=task, method=method, lr=lr, lr_ratio=ratio, rank=rank,
-                                    seed=seed, epochs=3)).to_dict()
-                                acc = 0.6 + 0.02 * math.log2(ratio) + rng.gauss(0, 0.01)
-                                status = "diverged" if (lr == 1e-3 and ratio == 4.0 and seed == 0) else "ok"
-                                store.add(cfg, result=_result(cfg, acc, status, rng))
+        add_grid(store, rng, _result, tasks=("rte", "mrpc", "cola"), lrs=(1e-4, 3e-4, 1e-3), epochs=3,
+                 bad_status="diverged")
         for method in ("lora", "dora", "kasa", "pissa"):  # one epoch, one lr: the degenerate heatmap
             for seed in range(3):
                 cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="sst2", method=method,

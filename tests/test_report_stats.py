@@ -360,9 +360,6 @@ def test_params_conventions(convention, lora, full, note):
 
 
 def test_a_glue_subset_task_is_labelled_in_the_header_and_notes(tmp_path):
-    from peftlab.report import build_table, render_csv, render_markdown
-    from peftlab.store import Store, load_rows
-
     path = tmp_path / "results.sqlite"
     with Store(path) as store:
         for seed in range(2):
