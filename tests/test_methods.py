@@ -585,3 +585,33 @@ def test_layers_restrict_the_adapted_blocks(tmp_path):
             model="tiny-bert", method="lora", layers="5")), train_head=True, task_type="SEQ_CLS")
     with pytest.raises(PeftlabError, match="is not a layer index or range"):
         parse_layers("3-1")
+
+
+@pytest.mark.parametrize("model_name, targets, expected", [
+    ("tiny-bert", "q,v,up,down", {"up": "intermediate.dense", "down": "output.dense"}),
+    ("tiny-llama", "gate,up,down", {"gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}),
+])
+def test_mlp_projections_are_targets_too(tmp_path, model_name, targets, expected):
+    from peftlab.config import TrainConfig, build_config
+    from peftlab.methods import apply_method
+    from peftlab.models import load_model
+    from peftlab.optim import param_groups
+    from peftlab.train import train
+
+    cfg = build_config(TrainConfig, overrides=dict(model=model_name, method="lora", targets=targets, rank=4,
+                                                   lr=1e-3, lr_ratio=2))
+    model, _ = load_model(model_name)
+    model, resolved, heads = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
+    for group, suffix in expected.items():
+        assert resolved.modules[group] and all(n.endswith(suffix) for n in resolved.modules[group])
+    assert not any("attention.output" in n for n in resolved.modules.get("down", ()))  # that is o, not the MLP
+    groups = {g["name"]: g["lr"] for g in param_groups(model, resolved, heads, cfg, verbose=False)}
+    for group in expected:
+        assert groups[group] == pytest.approx(1e-3)  # MLP projections train at eta_QK (lambda is V's alone)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    in_groups = sum(p.numel() for g in param_groups(model, resolved, heads, cfg, verbose=False) for p in g["params"])
+    assert in_groups == trainable  # nothing trainable is left out of the optimizer
+    result = train(build_config(TrainConfig, overrides=dict(
+        task="rte", model=model_name, method="lora", targets=targets, rank=4, epochs=1, batch_size=8, max_length=32,
+        max_train_samples=16, max_eval_samples=8, output_dir=str(tmp_path / "run"))))
+    assert result["status"] == "ok" and set(expected) <= set(result["group_lrs"])

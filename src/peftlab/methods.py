@@ -34,7 +34,7 @@ class MethodConfig:
     method: str = "lora"
     """Fine-tuning method: full, lora, dora, pissa, milora, kasa, corda, vera, fourierft."""
     targets: tuple[str, ...] = ("q", "v")
-    """Attention projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v)."""
+    """Projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v) and the MLP's gate, up, down (at --lr)."""
     layers: str | None = None
     """Adapt only these transformer blocks, e.g. 6-11 or 0,2,4 (0 = the first); default: all."""
     rank: int = 8

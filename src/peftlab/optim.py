@@ -20,7 +20,7 @@ from torch import nn
 from peftlab.errors import PeftlabError
 from peftlab.targets import ResolvedTargets
 
-GROUP_ORDER = ("q", "k", "v", "o", "qkv", "head", "other")
+GROUP_ORDER = ("q", "k", "v", "o", "qkv", "gate", "up", "down", "head", "other")
 _PEFT_PREFIX = "base_model.model."
 
 

@@ -18,7 +18,8 @@ from torch import nn
 
 from peftlab.errors import PeftlabError
 
-PROJECTIONS = ("q", "k", "v", "o")
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # attention, then the MLP's (they train at --lr)
+MLP_PROJECTIONS = ("gate", "up", "down")
 
 # Patterns match the tail of a module's dotted name. Each projection is found by the first pattern
 # that matches any linear layer, so an architecture never mixes two naming schemes.
@@ -27,6 +28,11 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "k": (r"attention\.self\.key", r"attention\.self\.key_proj", r"attn\.k", r"k_lin", r"k_proj", r"attention\.k"),
     "v": (r"attention\.self\.value", r"attention\.self\.value_proj", r"attn\.v", r"v_lin", r"v_proj", r"attention\.v"),
     "o": (r"attention\.output\.dense", r"attn\.o", r"out_lin", r"o_proj", r"self_attn\.out_proj", r"attn\.c_proj"),
+    # MLP: BERT/RoBERTa/MPNet/DeBERTa (intermediate.dense, then the block's own output.dense, not the attention's),
+    # Llama/Mistral/Qwen2 (gate/up/down_proj), GPT-2 (mlp.c_fc, mlp.c_proj), DistilBERT (ffn.lin1/lin2)
+    "gate": (r"mlp\.gate_proj",),
+    "up": (r"intermediate\.dense", r"mlp\.up_proj", r"mlp\.c_fc", r"ffn\.lin1"),
+    "down": (r"(?<!attention\.)output\.dense", r"mlp\.down_proj", r"mlp\.c_proj", r"ffn\.lin2"),
 }
 _FUSED = (r"attn\.c_attn", r"self_attention\.query_key_value", r"attn\.Wqkv", r"qkv_proj")
 
@@ -78,7 +84,8 @@ def parse_targets(targets) -> tuple[str, ...]:
     bad = [t for t in items if t not in PROJECTIONS]
     if bad:
         raise PeftlabError(
-            f"unknown projection '{bad[0]}'", where="--targets", fix="use a comma list of q, k, v, o (e.g. q,v)"
+            f"unknown projection '{bad[0]}'", where="--targets",
+            fix="use a comma list of q, k, v, o and the MLP's gate, up, down (e.g. q,v or q,v,up,down)"
         )
     return tuple(p for p in PROJECTIONS if p in items)
 
@@ -144,7 +151,7 @@ def resolve_targets(model: nn.Module, targets, layers=None) -> ResolvedTargets:
     for projection in wanted:
         if "qkv" in found and projection in ("q", "k", "v"):
             continue
-        modules = separate.get(projection) if projection != "o" else _match(names, _ALIASES["o"])
+        modules = separate.get(projection) if projection in separate else _match(names, _ALIASES[projection])
         if not modules:
             shown = ", ".join(sorted({re.sub(r"\.\d+\.", ".N.", n) for n in names}))
             raise PeftlabError(
