@@ -17,21 +17,15 @@ import pytest
 from peftlab.config import TrainConfig, build_config
 from peftlab.plot import make_figure, save_figure
 from peftlab.store import Store, load_rows
-from test_plot import add_grid  # noqa: E402  (tests/ is on sys.path, as for conftest)
+from test_plot import _result as plot_result, add_grid  # noqa: E402  (tests/ is on sys.path, as for conftest)
 
 LONG_TITLE = ("a deliberately long custom title that would run past both edges of a one-panel figure unless it "
               "is wrapped to the figure's width, as researchers' titles tend to be")
 
 
 def _result(cfg: dict, accuracy: float, status: str, rng: random.Random) -> dict:
-    epochs = [{"epoch": e, "train_loss": 0.7 - 0.1 * e + rng.random() * 0.01,
-               "metrics": {"accuracy": accuracy - 0.03 * (cfg["epochs"] - e)}, "seconds": 1.0}
-              for e in range(1, cfg["epochs"] + 1)]
-    result = {"schema_version": 1, "status": status, "status_reason": None if status == "ok" else status,
-              "task": cfg["task"], "method": cfg["method"], "seed": cfg["seed"], "config": cfg,
-              "primary_metric": "accuracy", "epochs_log": epochs,
-              "best": {"epoch": cfg["epochs"], "metrics": {"accuracy": accuracy}},
-              "final": {"metrics": {"accuracy": accuracy}}, "before": None}
+    """test_plot's fake result, with KaSA's sigma (and its init) on 4 layers x {q, k, v}."""
+    result = plot_result(cfg, accuracy, status, rng)
     if cfg["method"] == "kasa":
         modules = [f"bert.encoder.layer.{layer}.attention.self.{proj}" for layer in range(4)
                    for proj in ("query", "key", "value")]
