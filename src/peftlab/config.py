@@ -29,6 +29,20 @@ from peftlab.methods import MethodConfig
 from peftlab.optim import OptimConfig
 
 
+# --scheduler -> transformers' get_scheduler name (each after --warmup-ratio's linear warm-up).
+SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
+REPORT_TO = ("tensorboard", "wandb", "mlflow", "none")  # Accelerate trackers, or none
+
+
+def _require_count(value, flag: str, *, zero_ok: bool = False, none_ok: bool = False) -> None:
+    """An integer option: > 0 (>= 0 with ``zero_ok``), or None with ``none_ok``; else one line."""
+    if value is None and none_ok:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and not zero_ok):
+        kind = "an integer >= 0" if zero_ok else "a positive integer"
+        raise PeftlabError(f"--{flag.replace('_', '-')} must be {kind}, got {value!r}")
+
+
 @dataclass
 class TrainConfig(MethodConfig, OptimConfig):
     """Run: task, model, data, training loop and output"""
@@ -138,38 +152,23 @@ class TrainConfig(MethodConfig, OptimConfig):
             self.eval_every = 1 if task.default_eval_every is None else task.default_eval_every
         if self.pooling not in POOLINGS:
             raise unknown("pooling", self.pooling, POOLINGS, where="--pooling")
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                                         or self.threads <= 0):
-            raise PeftlabError(f"--threads must be a positive integer, got {self.threads!r}")
         for flag in ("epochs", "batch_size", "eval_batch_size", "max_length", "checkpoint_every", "log_every",
-                     "max_new_tokens", "eval_every"):
-            value = getattr(self, flag)
-            if value is None and flag == "checkpoint_every":  # the default: see DEFAULT_CHECKPOINT_EVERY
-                continue
-            zero_ok = flag in ("epochs", "checkpoint_every", "eval_every")
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (value == 0 and not zero_ok):
-                kind = "an integer >= 0" if zero_ok else "a positive integer"
-                raise PeftlabError(f"--{flag.replace('_', '-')} must be {kind}, got {value!r}")
-        if isinstance(self.eval_seed, bool) or not isinstance(self.eval_seed, int) or self.eval_seed < 0:
-            raise PeftlabError(f"--eval-seed must be an integer >= 0, got {self.eval_seed!r}")
+                     "max_new_tokens", "eval_every", "eval_seed", "threads", "grad_accum", "max_steps"):
+            _require_count(getattr(self, flag), flag, zero_ok=flag in ("epochs", "checkpoint_every", "eval_every",
+                                                                       "eval_seed"),
+                           none_ok=flag in ("checkpoint_every", "threads", "max_steps"))
         for flag in ("max_train_samples", "max_eval_samples"):
-            value = getattr(self, flag)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise PeftlabError(f"--{flag.replace('_', '-')} must be a positive integer, got {value!r}")
+            _require_count(getattr(self, flag), flag, none_ok=True)
         for flag in ("warmup_ratio", "max_grad_norm"):
             value = getattr(self, flag)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise PeftlabError(f"--{flag.replace('_', '-')} must be a finite number >= 0, got {value!r}")
         if self.warmup_ratio >= 1:
             raise PeftlabError(f"--warmup-ratio must be < 1, got {self.warmup_ratio}")
-        if self.report_to not in ("tensorboard", "wandb", "mlflow", "none"):
-            raise unknown("--report-to", self.report_to, ("tensorboard", "wandb", "mlflow", "none"), where="--report-to")
-        if self.scheduler not in ("linear", "cosine", "constant"):
-            raise unknown("--scheduler", self.scheduler, ("linear", "cosine", "constant"), where="--scheduler")
-        for flag in ("grad_accum", "max_steps"):
-            value = getattr(self, flag)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise PeftlabError(f"--{flag.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.report_to not in REPORT_TO:
+            raise unknown("--report-to", self.report_to, REPORT_TO, where="--report-to")
+        if self.scheduler not in SCHEDULERS:
+            raise unknown("--scheduler", self.scheduler, SCHEDULERS, where="--scheduler")
         if self.save not in ("best", "last"):
             raise unknown("--save value", self.save, ("best", "last"), where="--save")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):

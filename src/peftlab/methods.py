@@ -226,7 +226,6 @@ class Method:
     svd_init: bool = False  # rank must be < min(in_features, out_features) of every target
     fused_qkv: bool = True  # can adapt a fused QKV Conv1D (GPT-2 c_attn) as a whole
     extra_loss: Callable[[nn.Module, MethodConfig], torch.Tensor] | None = None
-    uses_rank: bool = True
     converts_to_lora: bool = False  # saved adapter is converted to plain LoRA on the original base weights
     needs_calibration: bool = False  # build(..., calibration=callable): runs the model over task inputs (CorDA)
     # Learning rates used when --lr / --head-lr are not given: methods differ by orders of magnitude
@@ -239,11 +238,15 @@ class Method:
     # The MethodConfig options this method reads; setting any other one explicitly is an error, never silence.
     options: frozenset = frozenset({"rank", "alpha", "dropout"})
 
+    @property
+    def uses_rank(self) -> bool:
+        return "rank" in self.options
+
 
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
-        Method("full", "full fine-tuning of the selected projections and the head", build_full, uses_rank=False,
+        Method("full", "full fine-tuning of the selected projections and the head", build_full,
                default_lr=5e-5, default_head_lr=5e-4, options=frozenset()),
         Method("lora", "LoRA (Hu et al.)", build_lora),
         Method("dora", "DoRA: weight-decomposed LoRA (Liu et al.)", build_dora),
@@ -260,7 +263,7 @@ METHODS: dict[str, Method] = {
                options=frozenset({"rank", "alpha", "dropout", "corda_mode", "corda_samples"})),
         Method("vera", "VeRA: frozen shared random A/B, learned scaling vectors", build_vera,
                default_lr=4e-3, default_head_lr=4e-3, options=frozenset({"rank", "dropout", "vera_d_initial"})),
-        Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft, uses_rank=False,
+        Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft,
                default_lr=5e-2, default_head_lr=5e-3,
                options=frozenset({"fourierft_n_frequency", "fourierft_scaling"})),
     ]
@@ -310,7 +313,7 @@ def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: Re
                                "the smallest adapted weight", fix=f"use --fourierft-n-frequency {cells} or fewer")
     # LoRA-style factors (not VeRA, whose shared random basis may be wider than the layer): a rank above
     # min(in, out) adds nothing a full-rank update lacks and costs more parameters than the matrix itself.
-    if method.uses_rank and "rank" in method.options and method.name != "vera" and cfg.rank > smallest:
+    if method.uses_rank and method.name != "vera" and cfg.rank > smallest:
         raise PeftlabError(
             f"--rank {cfg.rank} is larger than min(in, out) = {smallest} of the adapted weights: the adapter would "
             f"have more parameters than the matrices it adapts",
@@ -328,7 +331,7 @@ def _missing_package_is_a_user_error(method: str):
     try:
         yield
     except ImportError as err:
-        module = (getattr(err, "name", None) or str(err).split("'")[1 if "'" in str(err) else 0]).split(".")[0]
+        module = (err.name or "an unnamed module").split(".")[0]
         package = _PIP_NAMES.get(module, module)
         raise PeftlabError(f"method '{method}' needs the Python package '{package}' (import {module!r} failed), "
                            "which is not installed", fix=f"pip install {package} (or reinstall peftlab, which declares it)") \

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from peftlab import runfiles
-from peftlab.config import TrainConfig, add_dataclass_flags, build_config, save_config
+from peftlab.config import SCHEDULERS, TrainConfig, add_dataclass_flags, build_config, save_config
 from peftlab.errors import PeftlabError
 from peftlab.metrics import LOWER_IS_BETTER  # best epoch: smaller eval_loss is better
 
@@ -108,8 +108,6 @@ def _capped_max_length(cfg: TrainConfig, model) -> TrainConfig:
 def _enable_gradient_checkpointing(model) -> None:
     """transformers' activation checkpointing on the (peft-wrapped) model; non-reentrant, so frozen inputs
     need no requires_grad trick and dropout's random stream is replayed exactly."""
-    from peftlab.errors import PeftlabError
-
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(base, "supports_gradient_checkpointing", False):
         raise PeftlabError(f"{type(base).__name__} does not support --gradient-checkpointing",
@@ -120,10 +118,6 @@ def _enable_gradient_checkpointing(model) -> None:
 def uses_grad_scaler(accelerator) -> bool:
     """fp16 training: Accelerate's GradScaler skips overflowing steps itself."""
     return getattr(accelerator, "scaler", None) is not None
-
-
-# --scheduler -> transformers' get_scheduler name (each with --warmup-ratio's linear warm-up).
-SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
 
 
 def optimizer_step_count(cfg: TrainConfig, batches_per_epoch: int) -> int:
@@ -144,15 +138,16 @@ def checkpoint_interval(cfg: TrainConfig, batches_per_epoch: int) -> int:
     return DEFAULT_CHECKPOINT_EVERY if steps > DEFAULT_CHECKPOINT_EVERY else 0
 
 
+def _reached_max_steps(cfg: TrainConfig, state: dict) -> bool:
+    return bool(cfg.max_steps) and state.get("optimizer_steps", 0) >= cfg.max_steps
+
+
 def planned_epoch_count(cfg: TrainConfig, batches_per_epoch: int) -> int:
     """Epochs the loop runs: --epochs, or as many (the last maybe partial) as --max-steps needs (--epochs 0,
     the before-fine-tuning row, trains nothing whatever --max-steps says)."""
     if cfg.max_steps and cfg.epochs > 0:
         return math.ceil(cfg.max_steps / max(1, math.ceil(batches_per_epoch / cfg.grad_accum)))
     return cfg.epochs
-
-
-TRACKERS = ("tensorboard", "wandb", "mlflow", "none")
 
 
 def make_accelerator(precision: str, grad_accum: int = 1, report_to: str = "none", project_dir: str | None = None):
@@ -397,7 +392,7 @@ def fit(run: Run) -> None:
                 # one entry per group name: the decay and no-decay halves of a group share its lr
                 values.update({f"lr/{g.get('name', 'group')}": g["lr"] for g in optimizer.param_groups})
                 accelerator.log(values, step=state["global_step"])
-            done = bool(cfg.max_steps) and state.get("optimizer_steps", 0) >= cfg.max_steps
+            done = _reached_max_steps(cfg, state)
             # Checkpoints only at an optimizer step: no half-accumulated gradient is ever lost or doubled.
             if stepped and checkpoint_every and state["optimizer_steps"] % checkpoint_every == 0 and not done:
                 _checkpoint(run)
@@ -406,7 +401,7 @@ def fit(run: Run) -> None:
         if progress is not None:
             progress.close()
 
-        last = epoch + 1 == planned_epochs or (bool(cfg.max_steps) and state.get("optimizer_steps", 0) >= cfg.max_steps)
+        last = epoch + 1 == planned_epochs or _reached_max_steps(cfg, state)
         evaluated = last or (cfg.eval_every > 0 and (epoch + 1) % cfg.eval_every == 0)
         metrics = pipeline.evaluate(model, accelerator) if evaluated else {}  # {}: skipped by --eval-every
         record = {"epoch": epoch + 1, "train_loss": state["epoch_loss_sum"] / max(1, state["epoch_loss_count"]),
