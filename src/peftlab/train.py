@@ -50,8 +50,8 @@ class LengthGroupedBatchSampler:
 
 
 # `--mixed-precision auto` on a CPU: bf16 autocast from this many parameters up. Measured on this project's
-# CPU (AMX, avx512_bf16; docs/RESULTS.md, "bf16 autocast on the CPU"): MPNet-base (109M) trained 1.7x faster
-# at the same SST-2 accuracy; MiniLM-L6 (22.7M) only 1.16x, so small models stay fp32.
+# CPU (AMX, avx512_bf16; docs/RESULTS.md, "bf16 autocast on the CPU"): MPNet-base (109M) trained 1.7-1.9x faster
+# at the same SST-2 accuracy; MiniLM-L6 (22.7M) only 1.16-1.26x, so small models stay fp32.
 BF16_CPU_MIN_PARAMS = 100_000_000
 
 
