@@ -5,7 +5,7 @@
 #
 # Writes into OUT_DIR: micro-roberta-base-random-s128-b32-cuda.{json,md} (RoBERTa-base shape, seq 128,
 # batch 32), micro-llama3-8b-2l-random-s512-b8-cuda.{json,md} (Llama-3.1-8B layer shape, 2 layers, seq 512,
-# batch 8), one .log per run and gpu.txt (nvidia-smi). Every method in peftlab.methods.METHODS on q,v and
+# batch 8), one .log per run and gpu.txt (nvidia-smi). Every method in peftlab.methods.table.METHODS on q,v and
 # q,k,v, plus the base model; bf16 autocast, torch.cuda.Event timing, round-robin order.
 # Installs nothing: torch, transformers and peft must already be importable by $PYTHON (default python3);
 # peftlab is taken from this checkout's src/. Each run has a hard timeout and a softer time budget
@@ -56,7 +56,7 @@ run() {  # run LIMIT_S LOG_NAME bench args...
   local limit="$1" log="$2"
   shift 2
   echo "gpu_bench.sh: $* (limit ${limit}s)" >&2
-  timeout --kill-after=10 "$limit" "$py" -m peftlab.bench --device cuda --out-dir "$out" "$@" \
+  timeout --kill-after=10 "$limit" "$py" -m peftlab.bench.suite --device cuda --out-dir "$out" "$@" \
     > "$out/$log.log" 2>&1
   local rc=$?
   if [ "$rc" -ne 0 ]; then

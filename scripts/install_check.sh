@@ -15,7 +15,7 @@ python3 -m venv "$venv"
 export PEFTLAB_DATA_DIR="${PEFTLAB_DATA_DIR:-$(cd "$root/.." && pwd)/shared/data}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PEFTLAB_CACHE="$venv/cache"
 work="$(mktemp -d)"
-methods="$("$venv/bin/python" -c 'from peftlab.methods import METHODS; print(" ".join(METHODS))')"
+methods="$("$venv/bin/python" -c 'from peftlab.methods.table import METHODS; print(" ".join(METHODS))')"
 for method in $methods; do
   if ! (cd "$work" && "$venv/bin/peftlab" train --task rte --model tiny-bert --method "$method" --targets q,v \
         --epochs 1 --max-train-samples 8 --max-eval-samples 8 --max-length 16 --output-dir "runs/$method" \

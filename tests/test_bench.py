@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from peftlab import bench, kasa
-from peftlab.cli import main
-from peftlab.methods import MethodConfig, apply_method
+from peftlab.bench import suite as bench
+from peftlab.methods import kasa
+from peftlab.cli.main import main
+from peftlab.methods.table import MethodConfig, apply_method
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIO_KEYS = {"train_vs_lora", "train_vs_base", "infer_unmerged_vs_base", "infer_merged_vs_base",

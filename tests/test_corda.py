@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from conftest import TINY_VOCAB, tiny_inputs
-from peftlab import corda
-from peftlab.adapters import load_trained, save_trained
+from peftlab.methods import corda
+from peftlab.methods.saving import load_trained, save_trained
 from peftlab.errors import PeftlabError
-from peftlab.methods import METHODS, MethodConfig, apply_method
+from peftlab.methods.table import METHODS, MethodConfig, apply_method
 
 RANK = 4
 N_CALIBRATION = 6
@@ -185,7 +185,7 @@ def test_unpadded_handles_left_padding():
 
 def test_train_corda_records_calibration_cost(tmp_path):
     from peftlab.config import TrainConfig, build_config
-    from peftlab.train import train
+    from peftlab.training.loop import train
 
     cfg = build_config(TrainConfig, overrides=dict(
         task="rte", model="tiny-bert", method="corda", corda_mode="kpm", corda_samples=4, targets="q,v", rank=4,

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from peftlab.errors import PeftlabError
-from peftlab.methods import METHODS, MethodConfig, apply_method
-from peftlab.models import load_model, resolve_source
-from peftlab.optim import OptimConfig
-from peftlab.targets import parse_targets
+from peftlab.methods.table import METHODS, MethodConfig, apply_method
+from peftlab.models.registry import load_model, resolve_source
+from peftlab.methods.optim_groups import OptimConfig
+from peftlab.methods.targets import parse_targets
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -1,4 +1,4 @@
-"""peftlab.data: reading the shared GLUE TSVs, errors on bad files, subsets, token cache, collator, batching."""
+"""peftlab.tasks.data_files: reading the shared GLUE TSVs, errors on bad files, subsets, token cache, collator, batching."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from peftlab import data
+from peftlab.tasks import data_files as data
 from peftlab.errors import PeftlabError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -354,7 +354,7 @@ def test_subset_deterministic():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from peftlab.models import MODELS, load_tokenizer
+    from peftlab.models.registry import MODELS, load_tokenizer
 
     if not MODELS["minilm-l6"].available():
         pytest.skip("minilm-l6 is not installed")

@@ -19,7 +19,7 @@ def test_two_process_ddp_on_cpu(tmp_path):
     accelerate = Path(sys.executable).with_name("accelerate")
     proc = subprocess.run(
         [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "peftlab.cli", "train",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "peftlab.cli.main", "train",
          "--model", "tiny-bert", "--task", "mrpc", "--method", "kasa", "--max-train-samples", "64",
          "--max-eval-samples", "41", "--max-length", "32", "--batch-size", "8", "--epochs", "2",
          "--output-dir", str(out)],

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from peftlab.config import TrainConfig, build_config
-from peftlab.train import train
+from peftlab.training.loop import train
 
 SCHEMA = json.loads(resources.files("peftlab").joinpath("schemas/result.schema.json").read_text())
 LR = 5e-4
@@ -52,7 +52,7 @@ def test_tiny_llama_glue(tmp_path, task, method):
 
 def test_decoder_classifier_pools_the_last_real_token():
     """Right padding with pad = eos must not change a decoder classifier's prediction."""
-    from peftlab.models import load_model
+    from peftlab.models.registry import load_model
 
     model, tokenizer = load_model("tiny-llama", head="classification", num_labels=2)
     model.eval()

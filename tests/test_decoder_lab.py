@@ -9,8 +9,8 @@ import json
 
 import yaml
 
-from peftlab.cli import main
-from peftlab.train import FAULT_NAN_STEP_ENV
+from peftlab.cli.main import main
+from peftlab.training.loop import FAULT_NAN_STEP_ENV
 
 from conftest import needs_data as _needs_data  # noqa: E402
 needs_data = _needs_data("gsm8k", "test.jsonl")
@@ -72,7 +72,7 @@ def test_micro_bench_on_a_decoder(tmp_path):
 @needs_data
 def test_gsm8k_generates_only_before_and_after_by_default(tmp_path):
     from peftlab.config import TrainConfig, build_config
-    from peftlab.train import train
+    from peftlab.training.loop import train
 
     cfg = build_config(TrainConfig, overrides={**TINY_DECODER, "task": "gsm8k", "epochs": 2,
                                                "output_dir": str(tmp_path / "run")})

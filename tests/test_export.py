@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peftlab.cli import main
+from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
-from peftlab.train import train
+from peftlab.training.loop import train
 
 
 def _run(tmp_path, **overrides):
@@ -22,8 +22,8 @@ def _run(tmp_path, **overrides):
 def test_export_merged_loads_with_plain_transformers_and_predicts_the_same(tmp_path, method):
     from transformers import AutoModelForSequenceClassification
 
-    from peftlab.evaluate import load_run
-    from peftlab.export import export_merged
+    from peftlab.training.evaluation import load_run
+    from peftlab.training.export import export_merged
 
     run_dir = _run(tmp_path, method=method)
     done = export_merged(run_dir, tmp_path / "merged")
@@ -53,7 +53,7 @@ def test_export_refuses_mean_pooling_and_an_existing_folder(tmp_path, capsys):
 def test_export_a_decoder_run(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from peftlab.export import export_merged
+    from peftlab.training.export import export_merged
 
     run_dir = _run(tmp_path, task="alpaca", model="tiny-llama", max_length=64, max_train_samples=8,
                    max_eval_samples=4)

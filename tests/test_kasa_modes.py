@@ -15,7 +15,7 @@ import torch
 
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.methods import MethodConfig, apply_method, extra_loss
+from peftlab.methods.table import MethodConfig, apply_method, extra_loss
 
 RANK = 4
 
@@ -213,7 +213,7 @@ def test_reference_penalty_floor_is_sqrt_d_minus_r(tiny_model):
 
 
 def test_train_kasa_reference_and_truncate_rank(tmp_path):
-    from peftlab.train import train
+    from peftlab.training.loop import train
 
     cfg = build_config(TrainConfig, overrides=dict(
         task="rte", model="tiny-bert", method="kasa", targets="q,v", rank=4, kasa_mode="reference",
@@ -233,8 +233,8 @@ def test_train_kasa_reference_and_truncate_rank(tmp_path):
                          ids=["k7", "reference"])
 def test_saved_truncation_plan_restores_the_trained_model(overrides, tmp_path):
     """peft's loader truncates r by the paper rule; the plan file + apply_plan restore the run's own base."""
-    from peftlab import kasa
-    from peftlab.adapters import load_trained, save_trained
+    from peftlab.methods import kasa
+    from peftlab.methods.saving import load_trained, save_trained
 
     inputs = {"input_ids": torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(5))}
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
@@ -259,7 +259,7 @@ def test_saved_truncation_plan_restores_the_trained_model(overrides, tmp_path):
 
 
 def test_no_plan_file_for_peft_truncation(tmp_path, tiny_model):
-    from peftlab import kasa
+    from peftlab.methods import kasa
 
     model, _, _ = apply_method(tiny_model("bert"), MethodConfig(method="kasa", targets=("q", "v"), rank=RANK,
                                                                 kasa_mode="reference"))  # square: same as peft
@@ -274,9 +274,9 @@ def test_saved_kasa_adapter_with_own_truncation_reloads_exactly(tmp_path, extra)
     """adapters.save_trained writes the truncation plan; load_trained re-applies it after peft's load."""
     import torch
 
-    from peftlab.adapters import load_trained, save_trained
-    from peftlab.methods import MethodConfig, apply_method
-    from peftlab.models import load_model
+    from peftlab.methods.saving import load_trained, save_trained
+    from peftlab.methods.table import MethodConfig, apply_method
+    from peftlab.models.registry import load_model
 
     torch.manual_seed(0)
     model, _ = load_model("tiny-bert", num_labels=2)

@@ -1,11 +1,11 @@
 """The method table, checked like peft's TEST_CASES: every method x target set x tiny architecture.
 
-A new row in ``peftlab.methods.METHODS`` is picked up by every parametrised test here; the tables
+A new row in ``peftlab.methods.table.METHODS`` is picked up by every parametrised test here; the tables
 ``ADAPTER_TENSORS`` and ``ADAPTER_NUMEL`` below say which trainable tensors (and how many parameters) the
 method puts on each adapted projection, and a method missing from them fails with a message saying so.
 
 Expectations are written independently of the library: the module names of each projection come from
-``ARCHS`` (not from ``peftlab.targets``), a tensor's group and learning rate from those names, and parameter
+``ARCHS`` (not from ``peftlab.methods.targets``), a tensor's group and learning rate from those names, and parameter
 counts from the weight shapes.
 """
 
@@ -20,11 +20,11 @@ import pytest
 import torch
 from torch import nn
 
-from peftlab import kasa
-from peftlab.adapters import is_peft, load_trained, merged, save_trained
+from peftlab.methods import kasa
+from peftlab.methods.saving import is_peft, load_trained, merged, save_trained
 from peftlab.errors import PeftlabError
-from peftlab.methods import METHODS, MethodConfig, apply_method, extra_loss
-from peftlab.optim import OptimConfig, count_trainable, param_groups
+from peftlab.methods.table import METHODS, MethodConfig, apply_method, extra_loss
+from peftlab.methods.optim_groups import OptimConfig, count_trainable, param_groups
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -351,13 +351,13 @@ def test_merge_equivalence(case, tiny_model, inputs):
 
 # Task heads that are composite modules without a .weight: RoBERTa's classification head (dense + out_proj) and
 # DeBERTa-v2's ContextPooler. peft 0.21's merge_and_unload for VeRA and FourierFT (BaseTuner._replace_module)
-# reads the head's .weight and raised AttributeError on them; peftlab.adapters.merged unwraps the head first.
+# reads the head's .weight and raised AttributeError on them; peftlab.methods.saving.merged unwraps the head first.
 COMPOSITE_HEAD_CASES = [(m, a, ("q", "v")) for m in METHODS for a in ("roberta", "deberta-v2")]
 
 
 @pytest.mark.parametrize("case", COMPOSITE_HEAD_CASES, ids=_case_id)
 def test_merge_equivalence_composite_head(case, tiny_model, inputs):
-    from peftlab.targets import head_module_names
+    from peftlab.methods.targets import head_module_names
 
     method, model_type, target_set = case
     model = tiny_model(model_type)
@@ -516,8 +516,8 @@ def test_a_missing_package_in_a_builder_is_one_line_exit_2(tmp_path, capsys, mon
     """peft's CorDA imports `attr`; a package missing at build time names the pip package, no traceback."""
     import dataclasses
 
-    from peftlab.cli import main
-    from peftlab.methods import METHODS
+    from peftlab.cli.main import main
+    from peftlab.methods.table import METHODS
 
     def build(*args, **kwargs):
         raise ModuleNotFoundError("No module named 'attr'", name="attr")
@@ -537,9 +537,9 @@ def test_weight_decay_goes_by_tensor_rank_never_to_learned_vectors(method):
     """--weight-decay decays matrices only: DoRA's magnitude, KaSA's singular values, VeRA's vectors and
     FourierFT's spectrum (all 1-D) are never pulled towards 0."""
     from peftlab.config import TrainConfig, build_config
-    from peftlab.methods import apply_method
-    from peftlab.models import load_model
-    from peftlab.optim import param_groups
+    from peftlab.methods.table import apply_method
+    from peftlab.models.registry import load_model
+    from peftlab.methods.optim_groups import param_groups
 
     cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", method=method, targets="q,v", rank=4,
                                                    weight_decay=0.1))
@@ -560,7 +560,7 @@ def test_weight_decay_goes_by_tensor_rank_never_to_learned_vectors(method):
 @pytest.mark.parametrize("text, expected", [("6-11", (6, 7, 8, 9, 10, 11)), ("0,2,4", (0, 2, 4)),
                                             ("0-1,5", (0, 1, 5)), (None, None), ("", None)])
 def test_parse_layers(text, expected):
-    from peftlab.targets import parse_layers
+    from peftlab.methods.targets import parse_layers
 
     assert parse_layers(text) == expected
 
@@ -568,9 +568,9 @@ def test_parse_layers(text, expected):
 def test_layers_restrict_the_adapted_blocks(tmp_path):
     from peftlab.config import TrainConfig, build_config
     from peftlab.errors import PeftlabError
-    from peftlab.methods import apply_method
-    from peftlab.models import load_model
-    from peftlab.targets import layer_of, parse_layers
+    from peftlab.methods.table import apply_method
+    from peftlab.models.registry import load_model
+    from peftlab.methods.targets import layer_of, parse_layers
 
     cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", method="lora", targets="q,v", rank=4,
                                                    layers="1"))
@@ -593,10 +593,10 @@ def test_layers_restrict_the_adapted_blocks(tmp_path):
 ])
 def test_mlp_projections_are_targets_too(tmp_path, model_name, targets, expected):
     from peftlab.config import TrainConfig, build_config
-    from peftlab.methods import apply_method
-    from peftlab.models import load_model
-    from peftlab.optim import param_groups
-    from peftlab.train import train
+    from peftlab.methods.table import apply_method
+    from peftlab.models.registry import load_model
+    from peftlab.methods.optim_groups import param_groups
+    from peftlab.training.loop import train
 
     cfg = build_config(TrainConfig, overrides=dict(model=model_name, method="lora", targets=targets, rank=4,
                                                    lr=1e-3, lr_ratio=2))

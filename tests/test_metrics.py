@@ -1,4 +1,4 @@
-"""peftlab.metrics: GLUE metric definitions against hand-computed values."""
+"""peftlab.tasks.metrics: GLUE metric definitions against hand-computed values."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from peftlab.errors import PeftlabError
-from peftlab.metrics import compute_metrics, primary
-from peftlab.tasks import GLUE_TASKS, TASKS
+from peftlab.tasks.metrics import compute_metrics, primary
+from peftlab.tasks.table import GLUE_TASKS, TASKS
 
 
 def logits_for(classes, num_classes: int = 2) -> np.ndarray:

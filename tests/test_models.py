@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from peftlab.cli import main
-from peftlab.models import cache_dir, load_model
+from peftlab.cli.main import main
+from peftlab.models.registry import cache_dir, load_model
 
 SENTENCES = ["The cat sat on the mat.", "A completely different and somewhat longer sentence about the weather."]
 
@@ -141,7 +141,7 @@ def test_cli_models_json(capsys):
 
 
 def test_mpnet_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
-    from peftlab import models
+    from peftlab.models import registry as models
     from peftlab.errors import PeftlabError
 
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
@@ -159,7 +159,7 @@ def test_mpnet_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatc
 
 
 def test_mpnet_corrupt_parts_fail_the_checksum_and_leave_no_cache(tmp_path, monkeypatch):
-    from peftlab import models
+    from peftlab.models import registry as models
     from peftlab.errors import PeftlabError
 
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
@@ -175,7 +175,7 @@ def test_mpnet_corrupt_parts_fail_the_checksum_and_leave_no_cache(tmp_path, monk
 
 
 def test_mpnet_is_registered_with_its_provenance():
-    from peftlab.models import MODELS, describe_models
+    from peftlab.models.registry import MODELS, describe_models
 
     row = {r["name"]: r for r in describe_models()}["mpnet-base"]
     assert row["family"] == "encoder" and "SNLI/MultiNLI" in row["description"]

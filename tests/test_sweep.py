@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from peftlab.errors import PeftlabError
-from peftlab.store import Store, _proc_state, config_key, owner_alive, process_identity, short_key
-from peftlab.sweep import run_name, expand, load_spec, run_sweep
+from peftlab.lab.store import Store, _proc_state, config_key, owner_alive, process_identity, short_key
+from peftlab.lab.sweep import run_name, expand, load_spec, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -38,7 +38,7 @@ FAKE_SLEEP_ENV = "PEFTLAB_TEST_FAKE_SLEEP"
 
 
 def fake_train(cfg) -> dict:
-    """Treats its output folder like peftlab.train.train; lr_ratio 8 raises, lr_ratio 16 collapses."""
+    """Treats its output folder like peftlab.training.loop.train; lr_ratio 8 raises, lr_ratio 16 collapses."""
     import shutil
 
     out = Path(cfg.output_dir)
@@ -178,7 +178,7 @@ def test_shipped_specs_load_with_the_run_count_they_state(spec):
 
 
 def main(argv):  # imported lazily: spawned children import this module and should start fast
-    from peftlab.cli import main as cli_main
+    from peftlab.cli.main import main as cli_main
 
     return cli_main(argv)
 
@@ -372,7 +372,7 @@ def test_worker_sweep_killed_leaves_no_orphans_and_reruns_cleanly(tmp_path):
     root = tmp_path / "runs"
     spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE,
                                             "grid": {"seed": list(range(5)), "lr_ratio": [1, 8]}})
-    script = ("import sys; from peftlab.sweep import load_spec, run_sweep; "
+    script = ("import sys; from peftlab.lab.sweep import load_spec, run_sweep; "
               "o = run_sweep(load_spec(sys.argv[1]), workers=2, train_fn='test_sweep:fake_train', progress=False, "
               "poll_seconds=0.2); print('COUNTS', o.counts)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
@@ -422,7 +422,7 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
         "grid": {"method": ["lora", "kasa"], "lr_ratio": [1, 4], "seed": [0, 1, 2]}})
     env = {**os.environ, "PEFTLAB_DATA_DIR": str(DATA), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": "1"}  # a 32-wide model gains nothing from threads on a shared CPU
-    command = [sys.executable, "-m", "peftlab.cli", "sweep", str(spec)]
+    command = [sys.executable, "-m", "peftlab.cli.main", "sweep", str(spec)]
     store_path = tmp_path / "runs" / "tiny" / "results.sqlite"
     proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -465,7 +465,7 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
     methods = {(r["config"]["method"], r["config"]["lr_ratio"]) for r in rows}
     assert methods == {("lora", 1.0), ("lora", 4.0), ("kasa", 1.0), ("kasa", 4.0)}
 
-    from peftlab.report import build_table
+    from peftlab.lab.report import build_table
 
     table = build_table(rows)
     assert [cell.n for row in table.rows for cell in row.cells.values()] == [3, 3, 3, 3]

@@ -14,12 +14,12 @@ import pytest
 import torch
 import yaml
 
-from peftlab.cli import main
+from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.methods import METHODS
-from peftlab.tasks import GLUE_TASKS
-from peftlab.train import train
+from peftlab.methods.table import METHODS
+from peftlab.tasks.table import GLUE_TASKS
+from peftlab.training.loop import train
 
 LOCAL_TASKS = ("cola", "sst2", "mrpc", "rte", "stsb", "wnli")  # QNLI has no local train split
 SCHEMA = json.loads(resources.files("peftlab").joinpath("schemas/result.schema.json").read_text())
@@ -82,8 +82,8 @@ def test_kasa_result_records_learned_singular_values(tmp_path):
 
 
 def _eval_texts(cfg):
-    from peftlab.models import load_tokenizer
-    from peftlab.pipelines import build_glue
+    from peftlab.models.registry import load_tokenizer
+    from peftlab.tasks.prepare import build_glue
 
     pipeline = build_glue(cfg, load_tokenizer(cfg.model))
     return pipeline, list(pipeline.eval_sets["validation"]["text_a"]), list(pipeline.train_dataset["input_ids"])
@@ -107,7 +107,7 @@ def test_max_eval_samples_scores_the_same_dev_examples_for_every_seed(tmp_path):
 
 
 def test_bad_eval_seed_is_one_line_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "peftlab.cli", "train", "--eval-seed", "-1"],
+    proc = subprocess.run([sys.executable, "-m", "peftlab.cli.main", "train", "--eval-seed", "-1"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--eval-seed must be an integer >= 0" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -156,7 +156,7 @@ def test_finished_run_is_not_overwritten_without_flag(tmp_path, capsys):
 
 
 def test_cli_bad_input_is_one_line_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "peftlab.cli", "train", "--lr-ratio", "-1"],
+    proc = subprocess.run([sys.executable, "-m", "peftlab.cli.main", "train", "--lr-ratio", "-1"],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "--lr-ratio" in proc.stderr and "Traceback" not in proc.stderr
@@ -178,7 +178,7 @@ def test_minilm_real_data_end_to_end(tmp_path):
     assert config["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
     local = json.loads((adapter / "peftlab_base.json").read_text())["local_path"]
     assert local and Path(local).is_dir() and "site-packages" in local
-    from peftlab.evaluate import evaluate_run
+    from peftlab.training.evaluation import evaluate_run
 
     assert evaluate_run(tmp_path / "run") == pytest.approx(result["best"]["metrics"])  # still loads here
 
@@ -209,7 +209,7 @@ def test_an_fp16_overflow_step_is_skipped_not_a_divergence(tmp_path, monkeypatch
         return torch.tensor(float("inf")) if calls["n"] == 1 else norm
 
     monkeypatch.setattr(accelerate.Accelerator, "clip_grad_norm_", overflow_once)
-    import peftlab.train as train_mod
+    import peftlab.training.loop as train_mod
 
     monkeypatch.setattr(train_mod, "uses_grad_scaler", lambda accelerator: True)
     monkeypatch.setattr(accelerate.Accelerator, "optimizer_step_was_skipped",
@@ -243,7 +243,7 @@ def test_runs_of_different_precision_in_one_process(tmp_path):
     ("bf16", 1_000, False, False, "bf16"),
 ])
 def test_auto_mixed_precision_by_device_and_model_size(monkeypatch, requested, n_params, native, cuda, expected):
-    import peftlab.train as train_mod
+    import peftlab.training.loop as train_mod
 
     monkeypatch.setattr(train_mod, "cpu_has_native_bf16", lambda: native)
     precision, why = train_mod.resolve_precision(requested, n_params, cuda=cuda)
@@ -300,7 +300,7 @@ def test_max_length_beyond_the_positions_is_capped_without_pad_to_max(tmp_path, 
 def test_a_run_not_above_the_dev_majority_is_flagged(tmp_path, capsys, monkeypatch):
     from types import SimpleNamespace
 
-    import peftlab.train as train_mod
+    import peftlab.training.loop as train_mod
 
     pipeline = SimpleNamespace(primary_metric="accuracy", chance=0.6)
     assert train_mod._above_majority({"best": {"metrics": {"accuracy": 0.6}}}, None, pipeline) is False
@@ -342,7 +342,7 @@ def test_threads_flag_sets_torch_threads(tmp_path):
 def test_save_best_makes_evaluate_reproduce_the_best_metric(tmp_path):
     """adapter/ holds the best epoch's weights (default --save best), so `peftlab evaluate` gives result.json's
     best metrics even when a later epoch was worse; --save last keeps the final epoch's."""
-    from peftlab.evaluate import evaluate_run
+    from peftlab.training.evaluation import evaluate_run
 
     # STS-B's Pearson moves every epoch; at this lr tiny-bert peaks at epoch 2 of 4 (deterministic on CPU)
     common = dict(task="stsb", epochs=4, lr=3e-2, max_train_samples=32, max_eval_samples=64, seed=1)
@@ -399,7 +399,7 @@ def test_loop_option_errors(tmp_path, flag, value, message):
 def test_long_epochs_checkpoint_by_default(tmp_path):
     from types import SimpleNamespace
 
-    from peftlab.train import DEFAULT_CHECKPOINT_EVERY, checkpoint_interval
+    from peftlab.training.loop import DEFAULT_CHECKPOINT_EVERY, checkpoint_interval
 
     cfg = SimpleNamespace(checkpoint_every=None, grad_accum=1)
     assert checkpoint_interval(cfg, 1000) == DEFAULT_CHECKPOINT_EVERY == 200  # a kill loses <= 200 steps

@@ -1,7 +1,7 @@
 """Typed config schema (dataclasses) <-> command-line flags <-> YAML.
 
 A run's config is one flat dataclass, :class:`TrainConfig`, built from the method part
-(:class:`~peftlab.methods.MethodConfig`) and the optimizer part (:class:`~peftlab.optim.OptimConfig`) plus
+(:class:`~peftlab.methods.table.MethodConfig`) and the optimizer part (:class:`~peftlab.methods.optim_groups.OptimConfig`) plus
 the run's own fields. The docstring under each field is its ``--help`` text; cross-field checks live in
 ``__post_init__``. Precedence: defaults < ``--config`` YAML < flags. Unknown YAML keys are an error that
 names the closest valid key. The resolved config is written beside every result (``config.yaml``).
@@ -25,8 +25,8 @@ from typing import Any
 import yaml
 
 from peftlab.errors import PeftlabError, closest
-from peftlab.methods import MethodConfig
-from peftlab.optim import OptimConfig
+from peftlab.methods.table import MethodConfig
+from peftlab.methods.optim_groups import OptimConfig
 
 
 # --scheduler -> transformers' get_scheduler name (each after --warmup-ratio's linear warm-up).
@@ -126,7 +126,7 @@ class TrainConfig(MethodConfig, OptimConfig):
 
     def __post_init__(self):
         MethodConfig.__post_init__(self)
-        from peftlab.methods import METHODS
+        from peftlab.methods.table import METHODS
 
         method = METHODS[self.method]
         if self.lr is None:
@@ -135,8 +135,8 @@ class TrainConfig(MethodConfig, OptimConfig):
             self.head_lr = method.default_head_lr
         OptimConfig.__post_init__(self)
         from peftlab.errors import unknown
-        from peftlab.pooling import POOLINGS
-        from peftlab.tasks import TASKS
+        from peftlab.models.pooling import POOLINGS
+        from peftlab.tasks.table import TASKS
 
         self.task = str(self.task).lower()
         if self.task not in TASKS:
@@ -310,7 +310,7 @@ def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any]
     """defaults < YAML file < ``overrides`` (already typed, e.g. a sweep cell) < command-line flags.
 
     ``check_explicit`` (``peftlab train``): an option set in the YAML or by a flag that the run would ignore
-    (e.g. ``--alpha`` with VeRA) is an error (:func:`peftlab.methods.check_explicit_options`)."""
+    (e.g. ``--alpha`` with VeRA) is an error (:func:`peftlab.methods.table.check_explicit_options`)."""
     values: dict[str, Any] = {}
     explicit: set[str] = set()
     if yaml_path:
@@ -325,7 +325,7 @@ def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any]
             explicit.add(name)
     cfg = cls(**values)
     if check_explicit:
-        from peftlab.methods import check_explicit_options
+        from peftlab.methods.table import check_explicit_options
 
         check_explicit_options(cfg, explicit)
     return cfg

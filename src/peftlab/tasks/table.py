@@ -2,7 +2,7 @@
 
 GLUE tasks are sequence classification (STS-B: regression); ``gsm8k``, ``alpaca`` and ``json`` are
 instruction tasks for causal LMs. To add a task, add a row here and, if its files have a new layout, a
-reader in :mod:`peftlab.data`.
+reader in :mod:`peftlab.tasks.data_files`.
 """
 
 from __future__ import annotations

@@ -56,10 +56,10 @@ def predict_run(run_dir: str | Path, input_path: str | Path, output_path: str | 
     """Write one prediction per input record to ``output_path`` (JSONL); returns the record count."""
     import torch
 
-    from peftlab.evaluate import load_run
-    from peftlab.runfiles import atomic_write_text
-    from peftlab.tasks import TASKS
-    from peftlab.train import make_accelerator
+    from peftlab.training.evaluation import load_run
+    from peftlab.training.run_folder import atomic_write_text
+    from peftlab.tasks.table import TASKS
+    from peftlab.training.loop import make_accelerator
 
     if batch_size <= 0:
         raise PeftlabError(f"--batch-size must be a positive integer, got {batch_size}")

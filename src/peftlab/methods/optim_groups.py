@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from peftlab.errors import PeftlabError
-from peftlab.targets import ResolvedTargets
+from peftlab.methods.targets import ResolvedTargets
 
 GROUP_ORDER = ("q", "k", "v", "o", "qkv", "gate", "up", "down", "head", "other")
 _PEFT_PREFIX = "base_model.model."

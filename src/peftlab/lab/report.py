@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from peftlab.errors import PeftlabError, closest
-from peftlab.store import NOT_OK, load_rows
+from peftlab.lab.store import NOT_OK, load_rows
 
 # Never row-distinguishing: bookkeeping, the seed (averaged over) and the task (the columns).
 NON_RESULT_KEYS = ("output_dir", "resume", "overwrite", "seed", "task", "log_every", "checkpoint_every",
@@ -113,7 +113,7 @@ def parse_filter(text: str | None, *, what: str = "--where") -> dict[str, Any]:
 
 
 def _canonical_targets(value) -> tuple[str, ...]:
-    from peftlab.targets import parse_targets
+    from peftlab.methods.targets import parse_targets
 
     return parse_targets(value)
 
@@ -251,7 +251,7 @@ class Table:
     @property
     def averageable(self) -> bool:
         """Avg means something only over scores that all grow with quality (not accuracy with eval_loss)."""
-        from peftlab.metrics import LOWER_IS_BETTER
+        from peftlab.tasks.metrics import LOWER_IS_BETTER
 
         return not any(metric in LOWER_IS_BETTER for metric in self.metrics.values())
 
@@ -298,7 +298,7 @@ def _hashable(value):
 
 
 def _task_order(tasks: Iterable[str]) -> list[str]:
-    from peftlab.tasks import TASKS
+    from peftlab.tasks.table import TASKS
 
     order = list(TASKS)
     return sorted(set(tasks), key=lambda t: (order.index(t) if t in order else len(order), t))
@@ -306,7 +306,7 @@ def _task_order(tasks: Iterable[str]) -> list[str]:
 
 def _sort_value(key: str, value):
     if key == "method":
-        from peftlab.methods import METHODS
+        from peftlab.methods.table import METHODS
 
         order = list(METHODS)
         return (0, order.index(value) if value in order else len(order), str(value))
@@ -454,7 +454,7 @@ def _majority_row(records: list[RunRecord], label_keys: list[str]) -> tuple[Row 
 
     Per task: every run's ``majority_baseline`` that scores the reported metric (the task's primary metric) of a
     GLUE-style task; instruction tasks (no classes) and other metrics (``--metric``) get no cell."""
-    from peftlab.tasks import TASKS
+    from peftlab.tasks.table import TASKS
 
     row = Row(config={}, label={k: None for k in label_keys}, majority=True, name=MAJORITY)
     for rec in records:
@@ -595,7 +595,7 @@ def format_majority(cell: Cell | None, scale: float, digits: int) -> str:
 
 
 def _header(table: Table) -> list[str]:
-    from peftlab.tasks import TASKS
+    from peftlab.tasks.table import TASKS
 
     names = [TASKS[t].glue_dir or t.upper() if t in TASKS else t for t in table.tasks]
     # A 10k offline subset (MNLI/QNLI/QQP) is never passed off as the full task: the column says so.
@@ -799,7 +799,7 @@ def run_cli(args) -> int:
                         test=args.test, correction=args.correction)
     text = RENDERERS[fmt](table, args.digits)
     if args.out:
-        from peftlab.runfiles import atomic_write_text
+        from peftlab.training.run_folder import atomic_write_text
 
         atomic_write_text(args.out, text)
         print(f"wrote {args.out}")

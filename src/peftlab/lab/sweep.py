@@ -42,12 +42,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from peftlab.errors import PeftlabError, closest
-from peftlab.store import FINISHED, STORE_NAME, Store, config_key, short_key
+from peftlab.lab.store import FINISHED, STORE_NAME, Store, config_key, short_key
 
 SPEC_KEYS = ("base", "grid", "zip", "output_dir", "store", "description")
 # Set per run by the sweep itself.
 RUN_MANAGED_KEYS = ("output_dir", "resume", "overwrite")
-DEFAULT_TRAIN = "peftlab.train:train"
+DEFAULT_TRAIN = "peftlab.training.loop:train"
 
 
 @dataclass
@@ -277,7 +277,7 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store: Store) -> str
     An output folder from an earlier attempt is reused: a finished result.json is adopted, a checkpoint
     is resumed, anything else (or a folder of another config) is replaced.
     """
-    from peftlab import runfiles
+    from peftlab.training import run_folder as runfiles
     from peftlab.config import TrainConfig, build_config
 
     out = Path(run_config["output_dir"])

@@ -22,9 +22,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from peftlab import corda, kasa, svd_init
+from peftlab.methods import corda
+from peftlab.methods import kasa
+from peftlab.methods import svd_lora as svd_init
 from peftlab.errors import PeftlabError, unknown
-from peftlab.targets import ResolvedTargets, head_module_names, parse_targets, resolve_targets
+from peftlab.methods.targets import ResolvedTargets, head_module_names, parse_targets, resolve_targets
 
 
 @dataclass
@@ -71,7 +73,7 @@ class MethodConfig:
         self.targets = parse_targets(self.targets)
         _require_int(self.rank, "--rank", positive=True)
         if self.layers is not None:
-            from peftlab.targets import parse_layers
+            from peftlab.methods.targets import parse_layers
 
             self.layers = ",".join(map(str, parse_layers(self.layers))) or None  # canonical: the run key is stable
         _require_finite(self.alpha, "--alpha", positive=True)
@@ -345,7 +347,7 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
     ``train_head``: train the task head in full (new classification/regression heads); False for causal LM.
     ``task_type``: peft task type (``SEQ_CLS``/``CAUSAL_LM``), so that generation works through the wrapper.
     ``calibration``: a zero-argument callable that runs ``model`` over calibration inputs (e.g.
-    :func:`peftlab.corda.calibration_runner`); used only by methods that need it (CorDA), which record its
+    :func:`peftlab.methods.corda.calibration_runner`); used only by methods that need it (CorDA), which record its
     wall time as ``model.peftlab_calibration_seconds``.
     """
     method = METHODS[cfg.method]
@@ -362,7 +364,7 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
         if calibration is None:
             raise PeftlabError(f"{cfg.method} needs calibration inputs to build its init",
                                fix="run it through `peftlab train` (which passes --corda-samples training inputs), "
-                                   "or pass apply_method(..., calibration=peftlab.corda.calibration_runner(...))")
+                                   "or pass apply_method(..., calibration=peftlab.methods.corda.calibration_runner(...))")
         timed = _Timed(calibration)
         with _missing_package_is_a_user_error(cfg.method):
             model = method.build(model, cfg, targets, list(heads), task_type, calibration=timed)

@@ -326,7 +326,7 @@ def load_model(
 
     ``head``: ``classification`` (``num_labels`` outputs), ``regression`` (1 output, MSE, e.g. STS-B) or
     ``causal-lm`` (decoders). A new head is randomly initialised from ``seed``. ``pooling``: see
-    :mod:`peftlab.pooling`; the resolved value is ``model.peftlab_pooling``.
+    :mod:`peftlab.models.pooling`; the resolved value is ``model.peftlab_pooling``.
     """
     import torch
     import transformers
@@ -361,7 +361,7 @@ def load_model(
                 f"could not load model '{name}': {first_line}",
                 fix="check the name or path; offline, use a registered model (`peftlab models`)",
             ) from None
-    from peftlab import pooling as pooling_mod
+    from peftlab.models import pooling as pooling_mod
 
     model.peftlab_pooling = pooling_mod.resolve(pooling, model, None if spec and spec.random_config else source, head)
     tokenizer = load_tokenizer(name)

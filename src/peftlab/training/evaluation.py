@@ -1,7 +1,7 @@
 """``peftlab evaluate``: load a saved run's adapter onto a fresh base model and evaluate it.
 
 Reads the run's ``config.yaml`` for model and task, attaches ``adapter/`` (peft safetensors, or the full-FT
-tensors) with :func:`peftlab.adapters.load_trained` (pickles refused unless ``--allow-pickle``), optionally
+tensors) with :func:`peftlab.methods.saving.load_trained` (pickles refused unless ``--allow-pickle``), optionally
 merges it, and evaluates on the task's dev split. This is also the check that a saved adapter reproduces
 the trained model: its metrics equal the run's final metrics.
 """
@@ -58,11 +58,11 @@ class LoadedRun:
 
 def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
              allow_pickle: bool = False, overrides: dict | None = None) -> LoadedRun:
-    from peftlab.adapters import load_trained, merged
+    from peftlab.methods.saving import load_trained, merged
     from peftlab.config import TrainConfig, build_config
-    from peftlab.models import load_model
-    from peftlab.tasks import TASKS
-    from peftlab.train import resolve_precision
+    from peftlab.models.registry import load_model
+    from peftlab.tasks.table import TASKS
+    from peftlab.training.loop import resolve_precision
 
     run_dir = Path(run_dir)
     config_file = run_dir / "config.yaml"
@@ -87,8 +87,8 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
 
 def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
                  allow_pickle: bool = False, max_eval_samples: int | None = None) -> dict:
-    from peftlab.pipelines import build_pipeline
-    from peftlab.train import make_accelerator
+    from peftlab.tasks.prepare import build_pipeline
+    from peftlab.training.loop import make_accelerator
 
     overrides = {"max_eval_samples": max_eval_samples} if max_eval_samples is not None else None
     run = load_run(run_dir, adapter=adapter, merge=merge, allow_pickle=allow_pickle, overrides=overrides)

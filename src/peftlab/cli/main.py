@@ -16,15 +16,15 @@ from peftlab.errors import USER_ERROR_EXIT, PeftlabError, closest
 
 # Imported lazily by name so that `peftlab models` does not pay for torch/transformers start-up twice.
 SUBCOMMAND_MODULES = (
-    "peftlab.cli_models",
-    "peftlab.train",
-    "peftlab.evaluate",
-    "peftlab.predict",
-    "peftlab.export",
-    "peftlab.sweep",
-    "peftlab.report",
-    "peftlab.plot",
-    "peftlab.bench",
+    "peftlab.cli.listing",
+    "peftlab.training.loop",
+    "peftlab.training.evaluation",
+    "peftlab.training.predict",
+    "peftlab.training.export",
+    "peftlab.lab.sweep",
+    "peftlab.lab.report",
+    "peftlab.lab.plot",
+    "peftlab.bench.suite",
 )
 
 

@@ -3,14 +3,14 @@
 Two benchmarks, each writing ``<name>.json`` and ``<name>.md`` into ``--out-dir``:
 
 * **micro** (default): for one model, sequence length and batch size, every method in
-  :data:`peftlab.methods.METHODS` (plus the plain ``base`` model, no adapter, head trained) on every target
+  :data:`peftlab.methods.table.METHODS` (plus the plain ``base`` model, no adapter, head trained) on every target
   set: adapter init time (``apply_method``: the SVD of PiSSA/MiLoRA/KaSA, CorDA's calibration), the median
-  train step (forward + ``extra_loss`` + backward + AdamW over :func:`peftlab.optim.param_groups`), examples/s,
-  peak memory, and inference latency unmerged and merged (:func:`peftlab.adapters.merged`). All
+  train step (forward + ``extra_loss`` + backward + AdamW over :func:`peftlab.methods.optim_groups.param_groups`), examples/s,
+  peak memory, and inference latency unmerged and merged (:func:`peftlab.methods.saving.merged`). All
   configurations are built once and then measured **round-robin** (repeat r visits every configuration, in
   an order rotated by r), so slow drift of a shared machine hits all of them alike; ratios against LoRA
   (same targets) and against the base model are medians of per-round *paired* ratios.
-* **e2e** (``--e2e``): ``peftlab.train.train`` run twice per task and seed, with peftlab's default data
+* **e2e** (``--e2e``): ``peftlab.training.loop.train`` run twice per task and seed, with peftlab's default data
   path (dynamic padding, length-grouped batches, cached tokenisation) and with the papers' setup
   (``--pad-to-max``, T = ``--seq-len`` = 128): train seconds per epoch and the final dev metric of each.
 
@@ -294,12 +294,12 @@ def load_bench_model(name: str, device: torch.device, seed: int = 0):
 
     Registry models with ``random_config`` are built straight from their config on ``device`` (no tokenizer
     package needed, so this runs on a bare GPU machine); anything else goes through
-    :func:`peftlab.models.load_model`.
+    :func:`peftlab.models.registry.load_model`.
     """
     import transformers
     from transformers import AutoModelForSequenceClassification
 
-    from peftlab.models import MODELS, load_model
+    from peftlab.models.registry import MODELS, load_model
 
     spec = MODELS.get(name)
     if spec is not None and spec.random_config is not None:
@@ -364,7 +364,7 @@ class Row:
     heads: list = field(default_factory=list)
     error: str | None = None
     note: str | None = None
-    extra_loss: Callable | None = None  # overrides peftlab.methods.extra_loss (the kasa-peft row)
+    extra_loss: Callable | None = None  # overrides peftlab.methods.table.extra_loss (the kasa-peft row)
     init: list = field(default_factory=list)
     calibration: list = field(default_factory=list)
     train: list = field(default_factory=list)
@@ -386,9 +386,9 @@ def _first_line(err: BaseException) -> str:
 
 
 def _merge(row: "Row", inputs: dict, clock: "Clock") -> None:
-    """:func:`peftlab.adapters.merged` (timed); records how far the merged model's logits are from the unmerged
+    """:func:`peftlab.methods.saving.merged` (timed); records how far the merged model's logits are from the unmerged
     ones (fp32, eval mode, the benchmark batch)."""
-    from peftlab.adapters import merged
+    from peftlab.methods.saving import merged
 
     with torch.no_grad():
         before = row.model(**inputs).logits.float()
@@ -414,7 +414,7 @@ def _rotated(items: list, r: int) -> list:
 
 def _calibration(model, batch: dict, samples: int):
     """CorDA: one-example forwards over the first ``samples`` rows of the benchmark batch."""
-    from peftlab.corda import calibration_from_examples
+    from peftlab.methods.corda import calibration_from_examples
 
     count = min(samples, batch["input_ids"].shape[0])
 
@@ -427,8 +427,8 @@ def _calibration(model, batch: dict, samples: int):
 
 def _build(row: Row, fresh: Callable[[], torch.nn.Module], args, batch, clock: Clock) -> None:
     """Adapt a fresh copy of the base model as ``row`` says; record init (and calibration) seconds."""
-    from peftlab.methods import METHODS, MethodConfig, apply_method
-    from peftlab.targets import head_module_names, resolve_targets
+    from peftlab.methods.table import METHODS, MethodConfig, apply_method
+    from peftlab.methods.targets import head_module_names, resolve_targets
 
     model = fresh()
     if row.method == "base":
@@ -467,15 +467,15 @@ def _build(row: Row, fresh: Callable[[], torch.nn.Module], args, batch, clock: C
 
 
 def peft_kasa_regulariser(model, cfg=None) -> torch.Tensor:
-    """KaSA's regulariser as peftlab computed it before the batched :func:`peftlab.kasa.regulariser`: peft's
+    """KaSA's regulariser as peftlab computed it before the batched :func:`peftlab.methods.kasa.regulariser`: peft's
     per-module ``LoraModel._get_kasa_loss`` plus a second walk over all modules to count them (``mean``)."""
-    from peftlab.kasa import kasa_modules
+    from peftlab.methods.kasa import kasa_modules
 
     return model.base_model._get_kasa_loss() / max(1, len(kasa_modules(model)))
 
 
 def _train_step_fn(row: Row, batch: dict, autocast) -> Callable[[], None]:
-    from peftlab.methods import extra_loss
+    from peftlab.methods.table import extra_loss
 
     model, optimizer = row.model, row.optimizer
     aux_loss = row.extra_loss or extra_loss
@@ -536,9 +536,9 @@ def _round_robin(rows: list[Row], fn_of: Callable[[Row], Callable], into: str, r
 
 
 def run_micro(args) -> dict[str, Any]:
-    from peftlab.methods import METHODS, MethodConfig
-    from peftlab.optim import OptimConfig, adamw, count_trainable, param_groups
-    from peftlab.targets import head_module_names, parse_targets, resolve_targets
+    from peftlab.methods.table import METHODS, MethodConfig
+    from peftlab.methods.optim_groups import OptimConfig, adamw, count_trainable, param_groups
+    from peftlab.methods.targets import head_module_names, parse_targets, resolve_targets
 
     started = time.monotonic()
     device = resolve_device(args.device)
@@ -831,7 +831,7 @@ def markdown_micro(result: dict) -> str:
     notes = [f"{', '.join(labels)}: {note}" for note, labels in by_note.items()]
     if any(row["method"] == KASA_PEFT for row in result["rows"]):
         notes.append(f"{KASA_PEFT}: KaSA trained with peft's per-module `_get_kasa_loss` (+ a module walk), the "
-                     "regulariser peftlab used before `peftlab.kasa.regulariser` was batched")
+                     "regulariser peftlab used before `peftlab.methods.kasa.regulariser` was batched")
     if notes:
         lines += ["", "Notes: " + "; ".join(notes) + "."]
     lines.append("")
@@ -847,8 +847,8 @@ SETUPS = (("dynamic", False), ("pad_to_max", True))
 def _padding_stats(cfg) -> dict[str, Any] | None:
     """Token slots one epoch computes under each setup (from the cached tokenisation; no model run)."""
     try:
-        from peftlab import data
-        from peftlab.models import load_tokenizer
+        from peftlab.tasks import data_files as data
+        from peftlab.models.registry import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.model)
         raw = data.subset(data.load_split(cfg.task, "train", cfg.data_dir), cfg.max_train_samples, cfg.seed)
@@ -866,9 +866,9 @@ def _padding_stats(cfg) -> dict[str, Any] | None:
 
 def run_e2e(args) -> dict[str, Any]:
     from peftlab.config import TrainConfig, build_config
-    from peftlab.methods import METHODS
-    from peftlab.tasks import TASKS
-    from peftlab.train import train
+    from peftlab.methods.table import METHODS
+    from peftlab.tasks.table import TASKS
+    from peftlab.training.loop import train
 
     say = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
     tasks = [t.strip().lower() for t in (args.task or "cola").split(",") if t.strip()]
@@ -1071,7 +1071,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="registered model or path (default: roberta-base-random; with --e2e: minilm-l6)")
     parser.add_argument("--methods", default=None,
-                        help="comma list of methods (default: every method in peftlab.methods.METHODS; "
+                        help="comma list of methods (default: every method in peftlab.methods.table.METHODS; "
                              "with --e2e: lora)")
     parser.add_argument("--targets", action="append", default=None,
                         help="a target set such as q,v; repeat the flag for several (default: q,v and q,k,v; "
@@ -1174,7 +1174,7 @@ def run_cli(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m peftlab.bench ...``: the same as ``peftlab bench`` without importing every subcommand."""
+    """``python -m peftlab.bench.suite ...``: the same as ``peftlab bench`` without importing every subcommand."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(prog="peftlab bench", description=__doc__.split("\n\n")[0])
     add_arguments(parser)

@@ -3,7 +3,7 @@
 A :class:`Pipeline` is what the training loop needs from a task and nothing more: a tokenised training set
 (with a ``length`` column for length-grouped batching), a collator, and an ``evaluate(model, accelerator)``
 function returning a flat metric dict. Classification/regression (GLUE) lives here; instruction tuning
-(GSM8K, Alpaca, JSON) in :mod:`peftlab.sft`. Add a task kind by adding a builder
+(GSM8K, Alpaca, JSON) in :mod:`peftlab.tasks.instructions`. Add a task kind by adding a builder
 ``(cfg, tokenizer, model) -> Pipeline`` to ``BUILDERS``.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from peftlab.tasks import TASKS
+from peftlab.tasks.table import TASKS
 
 
 @dataclass
@@ -54,8 +54,8 @@ def _eval_loader(dataset, collate, batch_size: int):
 
 
 def build_glue(cfg, tokenizer, model=None) -> Pipeline:
-    from peftlab import data
-    from peftlab.metrics import compute_metrics
+    from peftlab.tasks import data_files as data
+    from peftlab.tasks.metrics import compute_metrics
 
     task = TASKS[cfg.task]
     cache_prefix = f"{cfg.model}"
@@ -110,7 +110,7 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
 BUILDERS: dict[str, str | Callable] = {
     "classification": build_glue,
     "regression": build_glue,
-    "instruction": "peftlab.sft:build_pipeline",  # imported on demand
+    "instruction": "peftlab.tasks.instructions:build_pipeline",  # imported on demand
 }
 
 

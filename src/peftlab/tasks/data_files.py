@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from peftlab.errors import PeftlabError, unknown
-from peftlab.tasks import TASKS, Task
+from peftlab.tasks.table import TASKS, Task
 
 SPLITS = ("train", "validation", "validation_matched", "validation_mismatched")
 HUB_DATASET = "nyu-mll/glue"
@@ -97,7 +97,7 @@ def _check_task_split(task_name: str, split: str) -> Task:
         raise unknown("task", task_name, TASKS)
     task = TASKS[task_name]
     if not task.glue_dir:
-        raise PeftlabError(f"task '{task_name}' is not a GLUE task", fix="load instruction data with peftlab.sft")
+        raise PeftlabError(f"task '{task_name}' is not a GLUE task", fix="load instruction data with peftlab.tasks.instructions")
     allowed = ("train", "validation") + tuple(s for s in task.eval_splits if s != "validation")
     if split not in allowed:
         hint = " (GLUE test splits have no labels)" if split == "test" else ""
@@ -369,7 +369,7 @@ def subset(ds, n: int | None, seed: int):
 
 
 def tokenized_cache_dir() -> Path:
-    from peftlab.models import cache_dir
+    from peftlab.models.registry import cache_dir
 
     return cache_dir() / "tokenized"
 

@@ -7,7 +7,7 @@ components stay frozen in the base), the r *largest* in the instruction-previewe
 adapter starts on them). In both modes the components are subtracted from the base weight
 (``W_res = W - s*B0*A0``), so the model's output is unchanged at step 0 -- exactly PiSSA's bookkeeping,
 which is why peftlab saves a trained CorDA adapter converted to a plain rank-2r LoRA on the original base
-(:func:`peftlab.svd_init.save_converted`).
+(:func:`peftlab.methods.svd_lora.save_converted`).
 
 The paper samples KPM's covariance from a knowledge benchmark to preserve (e.g. NQ-open) and IPM's from the
 fine-tuning task itself; peftlab samples both from the run's own training inputs (``--corda-samples`` of
@@ -73,7 +73,7 @@ def calibration_from_examples(model: nn.Module, examples: Callable[[], Iterable[
 def calibration_runner(model: nn.Module, train_dataset, collate: Callable, samples: int) -> Callable[[], None]:
     """Calibration over the first ``samples`` training examples (the run's seeded subset), one per forward.
 
-    ``train_dataset`` and ``collate`` are the run's :class:`peftlab.pipelines.Pipeline` fields, so the
+    ``train_dataset`` and ``collate`` are the run's :class:`peftlab.tasks.prepare.Pipeline` fields, so the
     calibration inputs are tokenised, truncated and collated exactly like the training batches.
     """
     count = min(int(samples), len(train_dataset))

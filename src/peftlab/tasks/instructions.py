@@ -1,7 +1,7 @@
 """Instruction tuning of causal LMs: GSM8K, Alpaca and any JSON/JSONL instruction file.
 
 ``build_pipeline(cfg, tokenizer, model)`` is the ``instruction`` task kind's builder (see
-:mod:`peftlab.pipelines`). What it does, top to bottom:
+:mod:`peftlab.tasks.prepare`). What it does, top to bottom:
 
 * **Data.** ``gsm8k``: ``<root>/gsm8k/{train,test}.jsonl`` (``question``/``answer``; the final answer follows
   ``####``); trains on train, evaluates on a seeded subset of test (``--max-eval-samples``; the same problems
@@ -23,9 +23,9 @@
   ``--max-length`` are cut on the prompt side first (its start is dropped, keeping the generation prefix),
   but the prompt keeps at least half of ``--max-length`` when the response is longer; then the response is
   cut from the right. An example left with no response token is dropped. Tokenisation is a cached
-  ``datasets.map`` in the same cache folder and with the same hash as :func:`peftlab.data.tokenize`.
+  ``datasets.map`` in the same cache folder and with the same hash as :func:`peftlab.tasks.data_files.tokenize`.
 * **Evaluation.** GSM8K: batched greedy generation with the KV cache (left padding, stop at EOS/end of turn,
-  ``--max-new-tokens``), exact match of the final number (:mod:`peftlab.answers`); every generation is
+  ``--max-new-tokens``), exact match of the final number (:mod:`peftlab.tasks.math_answers`); every generation is
   written to ``<output_dir>/generations_<tag>.jsonl`` (tag ``before``, then ``epoch1``, ``epoch2``...;
   ``evaluate`` when ``peftlab evaluate`` re-scores a finished run) with the question, gold answer, generated
   text, extracted answer and whether it is correct. Metrics: ``accuracy`` and ``answered`` (the fraction of
@@ -178,7 +178,7 @@ def _dataset(records: list[dict], fingerprint: str):
 
 
 def _gsm8k_records(rows: list[dict], where: str) -> list[dict[str, str]]:
-    from peftlab.answers import gold_answer
+    from peftlab.tasks.math_answers import gold_answer
 
     out = []
     for i, row in enumerate(rows):
@@ -194,13 +194,13 @@ def _gsm8k_records(rows: list[dict], where: str) -> list[dict[str, str]]:
 
 
 def _offline() -> bool:
-    from peftlab.data import _offline as offline
+    from peftlab.tasks.data_files import _offline as offline
 
     return offline()
 
 
 def _local_file(task: str, split: str, data_dir) -> tuple[Path | None, list[Path]]:
-    from peftlab.data import _candidate_roots, _explicit_dir_check
+    from peftlab.tasks.data_files import _candidate_roots, _explicit_dir_check
 
     _explicit_dir_check(data_dir)
     tried = []
@@ -355,9 +355,9 @@ def _template_digest(tokenizer) -> str:
 
 def tokenize_instructions(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
     """Tokenise ``instruction``/``input``/``output`` rows with :func:`encode_example` (cached like
-    :func:`peftlab.data.tokenize`); columns ``input_ids``, ``attention_mask``, ``labels``, ``length``,
+    :func:`peftlab.tasks.data_files.tokenize`); columns ``input_ids``, ``attention_mask``, ``labels``, ``length``,
     ``prompt_length``, ``truncated``. Rows with no response token left are dropped."""
-    from peftlab.data import _tokenize_hash, tokenized_cache_dir
+    from peftlab.tasks.data_files import _tokenize_hash, tokenized_cache_dir
 
     if max_length is None or int(max_length) <= 0:
         raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 512")
@@ -490,7 +490,7 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: 
 
 
 def score_generations(questions, golds, generated) -> list[dict]:
-    from peftlab.answers import answers_match, extract_answer
+    from peftlab.tasks.math_answers import answers_match, extract_answer
 
     records = []
     for question, gold, text in zip(questions, golds, generated):
@@ -501,7 +501,7 @@ def score_generations(questions, golds, generated) -> list[dict]:
 
 
 def write_generations(path: str | os.PathLike, records: list[dict]) -> None:
-    from peftlab.runfiles import atomic_write_text
+    from peftlab.training.run_folder import atomic_write_text
 
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
@@ -520,7 +520,7 @@ class _Tags:
         self.calls = 0
 
     def next(self) -> str:
-        from peftlab.runfiles import FINISHED, read_result
+        from peftlab.training.run_folder import FINISHED, read_result
 
         self.calls += 1
         finished = read_result(self.out)
@@ -543,7 +543,7 @@ def _evaluate_gsm8k(cfg, tokenizer, eval_raw, extras: dict, tags: _Tags):
     def evaluate(model, accelerator) -> dict[str, float]:
         from accelerate.utils import gather_object
 
-        from peftlab.answers import answer_is_final
+        from peftlab.tasks.math_answers import answer_is_final
 
         model.eval()
         tag = tags.next()
@@ -612,10 +612,10 @@ def response_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torc
 
 
 def build_pipeline(cfg, tokenizer, model=None):
-    """The ``instruction`` kind's :class:`~peftlab.pipelines.Pipeline` for ``cfg.task`` (gsm8k, alpaca, json)."""
-    from peftlab import data
-    from peftlab.pipelines import Pipeline
-    from peftlab.tasks import TASKS
+    """The ``instruction`` kind's :class:`~peftlab.tasks.prepare.Pipeline` for ``cfg.task`` (gsm8k, alpaca, json)."""
+    from peftlab.tasks import data_files as data
+    from peftlab.tasks.prepare import Pipeline
+    from peftlab.tasks.table import TASKS
 
     if tokenizer is None:
         raise PeftlabError(f"model '{cfg.model}' has no tokenizer", fix="use a causal LM with a tokenizer")
@@ -631,7 +631,7 @@ def build_pipeline(cfg, tokenizer, model=None):
         raise PeftlabError(f"no training example has a response token left at --max-length {cfg.max_length}",
                            fix="raise --max-length")
     _report_truncation(cfg, "train", len(train_raw), train)
-    from peftlab.pipelines import examples_digest
+    from peftlab.tasks.prepare import examples_digest
 
     extras: dict[str, Any] = {"train_examples_used": len(train), "eval_examples": len(eval_raw),
                               "eval_examples_digest": examples_digest({"eval": eval_raw})}

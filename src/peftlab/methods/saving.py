@@ -2,7 +2,7 @@
 
 * peft methods: ``PeftModel.save_pretrained`` (``adapter_model.safetensors`` + ``adapter_config.json``),
   loadable with ``PeftModel.from_pretrained(base, path)``. PiSSA and MiLoRA are saved *converted* to a
-  plain rank-2r LoRA on the original base weights (see :mod:`peftlab.svd_init`), head included.
+  plain rank-2r LoRA on the original base weights (see :mod:`peftlab.methods.svd_lora`), head included.
 * ``full``: there is no adapter, so the trained tensors (the selected projections and the head) are saved
   as ``trained_weights.safetensors`` with the base model's name in the metadata; :func:`load_trained`
   puts them back into a freshly loaded base model.
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from peftlab import kasa
+from peftlab.methods import kasa
 from peftlab.errors import PeftlabError
 
 FULL_WEIGHTS = "trained_weights.safetensors"
@@ -31,7 +31,7 @@ def is_peft(model: nn.Module) -> bool:
 def _portable_base(out_dir: Path, base_model: str) -> None:
     """adapter_config.json names the base by its public Hub id, not this machine's site-packages path (so the
     adapter can be pushed and reloaded elsewhere); the local path is kept in peftlab_base.json."""
-    from peftlab.models import hub_id
+    from peftlab.models.registry import hub_id
 
     config_file = out_dir / "adapter_config.json"
     public = hub_id(base_model) if base_model else None
@@ -47,14 +47,14 @@ def _portable_base(out_dir: Path, base_model: str) -> None:
 
 def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "") -> Path:
     """Write the trained part of ``model`` to ``out_dir`` (created). Returns ``out_dir``."""
-    from peftlab.methods import METHODS
+    from peftlab.methods.table import METHODS
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = getattr(model, "peftlab_method", None)
     if is_peft(model):
         if cfg is not None and METHODS[cfg.method].converts_to_lora:
-            from peftlab.svd_init import save_converted
+            from peftlab.methods.svd_lora import save_converted
 
             save_converted(model, out_dir)
         else:
@@ -66,7 +66,7 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "")
     # AutoModelFor*.from_pretrained loads as it is; peftlab_base.json says which registry model it came from.
     model.save_pretrained(out_dir, safe_serialization=True)
     if base_model:
-        from peftlab.models import hub_id
+        from peftlab.models.registry import hub_id
 
         (out_dir / "peftlab_base.json").write_text(json.dumps({"model": base_model, "hub_id": hub_id(base_model)},
                                                               indent=2) + "\n")

@@ -3,7 +3,7 @@
 * ``heatmap``: a metric over two config keys (``--x lr --y lr_ratio`` by default; ``--y v_lr`` is
   lr * lr_ratio, i.e. eta_QK x eta_V as in Yao et al. Figure 1), mean over seeds, one panel per task (and
   per combination of any other key that varies), one colour scale per task; red box: the best cell (the lowest
-  for metrics in ``peftlab.metrics.LOWER_IS_BETTER``). Cells with diverged/collapsed/failed runs are marked
+  for metrics in ``peftlab.tasks.metrics.LOWER_IS_BETTER``). Cells with diverged/collapsed/failed runs are marked
   (``[status]``); a cell with only such runs is grey and names them. When --x or --y takes one value in every
   task, the panels fold into one per task with the configs as rows.
 * ``sigma``: what training did to KaSA's Delta_sigma per layer and projection (KaSA Figure 4): result.json's
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from peftlab.errors import PeftlabError
-from peftlab.report import (
+from peftlab.lab.report import (
     NON_RESULT_KEYS,
     RunRecord,
     _fmt_value,
@@ -43,7 +43,7 @@ from peftlab.report import (
     parse_filter,
     task_determined_keys,
 )
-from peftlab.store import NOT_OK, load_rows
+from peftlab.lab.store import NOT_OK, load_rows
 
 KINDS = ("heatmap", "sigma", "curves", "rank")
 DERIVED = {"v_lr": "lr * lr_ratio (eta_V)", "qk_lr": "lr (eta_QK)"}
@@ -115,7 +115,7 @@ def _split(records: list[RunRecord], drop: set[str]
 
 
 def _task_title(task: str) -> str:
-    from peftlab.tasks import TASKS
+    from peftlab.tasks.table import TASKS
 
     return (TASKS[task].glue_dir or task.upper()) if task in TASKS else task
 
@@ -234,7 +234,7 @@ def plot_heatmap(records: list[RunRecord], *, x: str = "lr", y: str = "lr_ratio"
     """
     import numpy as np
 
-    from peftlab.metrics import LOWER_IS_BETTER
+    from peftlab.tasks.metrics import LOWER_IS_BETTER
 
     trained = [r for r in records if not r.before]
     if not trained:

@@ -22,7 +22,7 @@ TOLERANCE = 1e-4  # max abs logit difference between peftlab's model and the exp
 
 
 def _sample_batch(run, n: int = 4):
-    from peftlab.pipelines import build_pipeline
+    from peftlab.tasks.prepare import build_pipeline
 
     cfg = run.cfg
     pipeline = build_pipeline(cfg, run.tokenizer, run.model)
@@ -41,9 +41,9 @@ def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool =
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from peftlab.adapters import merged
-    from peftlab.evaluate import load_run
-    from peftlab.tasks import TASKS
+    from peftlab.methods.saving import merged
+    from peftlab.training.evaluation import load_run
+    from peftlab.tasks.table import TASKS
 
     out = Path(out_dir)
     if out.exists() and not overwrite:

@@ -17,7 +17,7 @@ def add_models_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from peftlab.models import MODELS, describe_models
+    from peftlab.models.registry import MODELS, describe_models
 
     rows = describe_models()
     if args.json:
@@ -37,7 +37,7 @@ def add_methods_parser(sub) -> None:
 
 
 def run_methods(args) -> int:
-    from peftlab.methods import METHODS
+    from peftlab.methods.table import METHODS
 
     print(f"{'method':<10} {'lr':>8} {'head lr':>8}  {'SVD init':<8} {'fused QKV':<9} extra loss  summary")
     for m in METHODS.values():

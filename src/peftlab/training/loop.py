@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from peftlab import runfiles
+from peftlab.training import run_folder as runfiles
 from peftlab.config import SCHEDULERS, TrainConfig, add_dataclass_flags, build_config, save_config
 from peftlab.errors import PeftlabError
-from peftlab.metrics import LOWER_IS_BETTER  # best epoch: smaller eval_loss is better
+from peftlab.tasks.metrics import LOWER_IS_BETTER  # best epoch: smaller eval_loss is better
 
 # Test seam for the divergence guard: make the loss NaN at this global step (documented in RELIABILITY.md).
 FAULT_NAN_STEP_ENV = "PEFTLAB_FAULT_NAN_AT_STEP"
@@ -35,7 +35,7 @@ class LengthGroupedBatchSampler:
         self.epoch = 0
 
     def _batches(self):
-        from peftlab.data import length_grouped_batches
+        from peftlab.tasks.data_files import length_grouped_batches
 
         if self.grouped:
             return length_grouped_batches(self.lengths, self.batch_size, self.seed, self.epoch)
@@ -234,11 +234,11 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     from accelerate.utils import set_seed
     from transformers import get_scheduler
 
-    from peftlab.methods import apply_method
-    from peftlab.models import load_model
-    from peftlab.optim import adamw, count_trainable, param_groups
-    from peftlab.pipelines import build_pipeline
-    from peftlab.tasks import TASKS
+    from peftlab.methods.table import apply_method
+    from peftlab.models.registry import load_model
+    from peftlab.methods.optim_groups import adamw, count_trainable, param_groups
+    from peftlab.tasks.prepare import build_pipeline
+    from peftlab.tasks.table import TASKS
 
     out = Path(cfg.output_dir)
     if cfg.threads is not None:
@@ -258,7 +258,7 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     pipeline = build_pipeline(data_cfg, tokenizer, model)
     task_type = "CAUSAL_LM" if task.head == "causal-lm" else "SEQ_CLS"
     init_start = time.perf_counter()
-    from peftlab.corda import calibration_runner  # CorDA: --corda-samples training inputs, one per forward
+    from peftlab.methods.corda import calibration_runner  # CorDA: --corda-samples training inputs, one per forward
 
     model, targets, heads = apply_method(model, cfg, train_head=task.head != "causal-lm", task_type=task_type,
                                          calibration=calibration_runner(model, pipeline.train_dataset,
@@ -309,8 +309,8 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
 
 def fit(run: Run) -> None:
     """Epochs of steps; evaluation and a checkpoint after each epoch. Stops early only on divergence."""
-    from peftlab.methods import extra_loss
-    from peftlab.tasks import TASKS
+    from peftlab.methods.table import extra_loss
+    from peftlab.tasks.table import TASKS
 
     cfg, accelerator, model, state = run.cfg, run.accelerator, run.model, run.state
     optimizer, scheduler, pipeline = run.optimizer, run.scheduler, run.pipeline
@@ -434,8 +434,8 @@ def fit(run: Run) -> None:
 
 def finish(run: Run) -> dict:
     """Save the adapter and write result.json (last: its presence marks the run finished)."""
-    from peftlab.adapters import save_trained
-    from peftlab.optim import lr_by_group
+    from peftlab.methods.saving import save_trained
+    from peftlab.methods.optim_groups import lr_by_group
 
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
     unwrapped = accelerator.unwrap_model(run.model)
@@ -469,7 +469,7 @@ def finish(run: Run) -> dict:
         "train_examples_per_second": (state["train_examples"] / state["train_seconds"]
                                       if state["train_seconds"] else None),
         "init_seconds": run.init_seconds,
-        "pooling": getattr(unwrapped, "peftlab_pooling", None),  # --pooling resolved (peftlab.pooling)
+        "pooling": getattr(unwrapped, "peftlab_pooling", None),  # --pooling resolved (peftlab.models.pooling)
         "calibration_seconds": getattr(unwrapped, "peftlab_calibration_seconds", None),  # CorDA's forward passes
         "peak_memory_mb": runfiles.peak_memory_mb(accelerator.device),
         "device": str(accelerator.device),

@@ -1,0 +1,3 @@
+from peftlab.bench.suite.suite import main
+
+raise SystemExit(main())

@@ -1,0 +1,3 @@
+from peftlab.cli.main.main import main
+
+raise SystemExit(main())
