@@ -56,7 +56,7 @@ run() {  # run LIMIT_S LOG_NAME bench args...
   local limit="$1" log="$2"
   shift 2
   echo "gpu_bench.sh: $* (limit ${limit}s)" >&2
-  timeout --kill-after=10 "$limit" "$py" -m peftlab.bench.suite --device cuda --out-dir "$out" "$@" \
+  timeout --kill-after=10 "$limit" "$py" -m peftlab.bench --device cuda --out-dir "$out" "$@" \
     > "$out/$log.log" 2>&1
   local rc=$?
   if [ "$rc" -ne 0 ]; then

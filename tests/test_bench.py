@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from peftlab.bench import suite as bench
+from peftlab.bench import timing
+from peftlab.bench.cli import rerender
 from peftlab.methods import kasa
 from peftlab.cli.main import main
 from peftlab.methods.table import MethodConfig, apply_method
@@ -102,19 +103,19 @@ def test_e2e_bench_runs_both_data_paths(tmp_path):
     assert padding["pad_to_max_token_slots"] == 16 * 32
     assert padding["real_tokens"] <= padding["dynamic_token_slots"] <= padding["pad_to_max_token_slots"]
     assert "| cola | lora | matthews_correlation |" in markdown
-    assert bench.render(_only(tmp_path, "e2e-*.json")) == markdown  # --render rebuilds the same table
+    assert rerender(_only(tmp_path, "e2e-*.json")) == markdown  # --render rebuilds the same table
 
 
 def test_statistics():
-    summary = bench.summarize([3.0, 1.0, 2.0, 10.0])
+    summary = timing.summarize([3.0, 1.0, 2.0, 10.0])
     assert summary["median"] == 2.5 and summary["n"] == 4 and summary["min"] == 1.0
     assert summary["q25"] == pytest.approx(1.75) and summary["q75"] == pytest.approx(4.75)
     assert summary["iqr"] == pytest.approx(3.0) and summary["mad"] == pytest.approx(1.0)
     assert summary["samples"] == [3.0, 1.0, 2.0, 10.0]  # in measurement order
-    ratio = bench.paired_ratio([2.0, 4.0, 6.0], [1.0, 2.0, 2.0])
+    ratio = timing.paired_ratio([2.0, 4.0, 6.0], [1.0, 2.0, 2.0])
     assert ratio["median"] == 2.0 and ratio["n"] == 3
-    assert bench.paired_ratio([1.0], [1.0, 2.0]) is None
-    assert bench._rotated([1, 2, 3], 4) == [2, 3, 1]
+    assert timing.paired_ratio([1.0], [1.0, 2.0]) is None
+    assert timing.rotated([1, 2, 3], 4) == [2, 3, 1]
 
 
 def test_unknown_method_is_one_line(capsys):
@@ -128,9 +129,10 @@ def test_unknown_method_is_one_line(capsys):
 def test_batched_kasa_regulariser_matches_peft(model_type, targets, reduction, tiny_model):
     """kasa.regulariser (batched over same-shaped modules, module list cached) equals peft's per-module
     LoraModel._get_kasa_loss in value and gradient; Llama's GQA gives q and k/v different shapes (two groups)."""
-    model, _, _ = apply_method(tiny_model(model_type), MethodConfig(method="kasa", targets=targets, rank=4,
-                                                                    kasa_beta=0.3, kasa_gamma=0.7,
-                                                                    kasa_reduction=reduction))
+    applied = apply_method(tiny_model(model_type), MethodConfig(method="kasa", targets=targets, rank=4,
+                                                                kasa_beta=0.3, kasa_gamma=0.7,
+                                                                kasa_reduction=reduction))
+    model = applied.model
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_" in name:
@@ -142,7 +144,7 @@ def test_batched_kasa_regulariser_matches_peft(model_type, targets, reduction, t
     reference = model.base_model._get_kasa_loss() / (count if reduction == "mean" else 1)
     expected_grads = torch.autograd.grad(reference, trainable, allow_unused=True)
     for _ in range(2):  # the second call uses the cached plan
-        value = kasa.regulariser(model, model.peftlab_method)
+        value = kasa.regulariser(model, applied.method)
         torch.testing.assert_close(value, reference, rtol=1e-6, atol=1e-7)
         grads = torch.autograd.grad(value, trainable, allow_unused=True)
         for got, want in zip(grads, expected_grads):
@@ -150,12 +152,14 @@ def test_batched_kasa_regulariser_matches_peft(model_type, targets, reduction, t
             if got is not None:
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
     groups = {tuple(m.lora_A["default"].weight.shape + m.lora_B["default"].weight.shape) for m in kasa.kasa_modules(model)}
-    assert len(model.__dict__["_peftlab_kasa_pairs"][1]) == len(groups)
+    assert len(kasa.shape_groups(model)[0]) == len(groups)
+    assert kasa.shape_groups(model)[0] is kasa.shape_groups(model)[0]  # cached while the adapters stay
 
 
 def test_kasa_cache_follows_the_active_adapter(tiny_model):
-    model, _, _ = apply_method(tiny_model("bert"), MethodConfig(method="kasa", targets=("q", "v"), rank=4))
-    kasa.regulariser(model, model.peftlab_method)
+    applied = apply_method(tiny_model("bert"), MethodConfig(method="kasa", targets=("q", "v"), rank=4))
+    model = applied.model
+    kasa.regulariser(model, applied.method)
     from peft import KasaConfig, LoraConfig
 
     model.add_adapter("second", LoraConfig(r=2, target_modules=["query"], kasa_config=KasaConfig(beta=1.0, gamma=0.0)))

@@ -48,8 +48,8 @@ def corda_model(arch: str, mode: str, tiny_model, **overrides):
     examples = calibration_examples()
     calibration = corda.calibration_from_examples(model, lambda: iter(examples))
     cfg = MethodConfig(method="corda", targets=TARGETS[arch], rank=RANK, alpha=8.0, corda_mode=mode, **overrides)
-    model, targets, heads = apply_method(model, cfg, task_type="SEQ_CLS", calibration=calibration)
-    return model, original, targets, heads, examples
+    applied = apply_method(model, cfg, task_type="SEQ_CLS", calibration=calibration)
+    return applied, original, examples
 
 
 @torch.no_grad()
@@ -66,9 +66,10 @@ def test_corda_is_in_the_method_table():
 @pytest.mark.parametrize("arch,mode", [("bert", "ipm"), ("bert", "kpm"), ("llama", "kpm"), ("llama", "ipm"),
                                        ("gpt2", "ipm")])  # GPT-2: a fused QKV Conv1D
 def test_step0_output_unchanged(arch, mode, tiny_model, inputs):
-    model, original, targets, _, _ = corda_model(arch, mode, tiny_model)
-    torch.testing.assert_close(logits(model, inputs), logits(original, inputs), atol=1e-5, rtol=0)
-    assert model.peftlab_calibration_seconds > 0
+    applied, original, _ = corda_model(arch, mode, tiny_model)
+    torch.testing.assert_close(logits(applied.model, inputs), logits(original, inputs), atol=1e-5, rtol=0)
+    assert applied.init_stats.calibration_seconds > 0
+    assert applied.init_stats.initial_adapter  # A0, B0 for the conversion to plain LoRA at save time
 
 
 @torch.no_grad()
@@ -98,7 +99,8 @@ def _covariances(model: nn.Module, names, examples) -> dict[str, torch.Tensor]:
 def test_adapter_holds_the_covariance_oriented_components(mode, tiny_model):
     """delta = s*B0*A0 satisfies delta (C + lambda I) = U_r S_r V_r^T, the r largest (ipm) / smallest (kpm)
     components of the SVD of W (C + lambda I), with C the unpadded inputs' covariance (lambda: peft's damping)."""
-    model, original, targets, _, examples = corda_model("bert", mode, tiny_model)
+    applied, original, examples = corda_model("bert", mode, tiny_model)
+    model, targets = applied.model, applied.targets
     covariances = _covariances(original, MODULES["bert"], examples)
     inner = model.base_model.model
     for name in MODULES["bert"]:
@@ -129,13 +131,14 @@ def test_corda_without_calibration_is_one_line(tiny_model):
 def test_saved_as_plain_lora_on_the_original_base(tiny_model, inputs, tmp_path):
     from safetensors.torch import load_file
 
-    model, original, targets, _, _ = corda_model("llama", "kpm", tiny_model)
+    applied, original, _ = corda_model("llama", "kpm", tiny_model)
+    model = applied.model
     with torch.no_grad():
         generator = torch.Generator().manual_seed(3)
         for _, param in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
             param.add_(0.05 * torch.randn(param.shape, generator=generator))
     trained = logits(model, inputs)
-    save_trained(model, tmp_path / "adapter")
+    save_trained(model, tmp_path / "adapter", applied=applied)
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 2 * RANK and config["init_lora_weights"] is True
     saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))

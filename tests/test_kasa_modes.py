@@ -67,7 +67,8 @@ def test_truncate_rank_drops_k_and_learns_rank_r(k, tiny_model):
     original = copy.deepcopy(model)
     targets = ("q", "k", "v", "o")
     cfg = MethodConfig(method="kasa", targets=targets, rank=RANK, kasa_truncate_rank=k)
-    model, resolved, _ = apply_method(model, cfg, task_type="SEQ_CLS")
+    applied = apply_method(model, cfg, task_type="SEQ_CLS")
+    model, resolved = applied.model, applied.targets
     names = module_names("llama", targets)
     assert sorted(resolved.all_modules) == sorted(names)
     for name in names:
@@ -147,8 +148,9 @@ def test_reference_truncation_matches_authors_code_on_wide_layers():
     model = tiny_llama_shapes()
     original = copy.deepcopy(model)
     targets = ("q", "k", "v", "o")
-    model, _, _ = apply_method(model, MethodConfig(method="kasa", targets=targets, rank=r, kasa_mode="reference"),
-                               task_type="SEQ_CLS")
+    applied = apply_method(model, MethodConfig(method="kasa", targets=targets, rank=r, kasa_mode="reference"),
+                           task_type="SEQ_CLS")
+    model = applied.model
     dropped = {}
     for name in module_names("llama", targets):
         W = original.get_submodule(name).weight.detach()
@@ -160,8 +162,9 @@ def test_reference_truncation_matches_authors_code_on_wide_layers():
     # o (32, 28) tall: drops r, as in the paper
     assert dropped == {"q_proj": 2, "k_proj": 0, "v_proj": 0, "o_proj": r}
 
-    paper, _, _ = apply_method(tiny_llama_shapes(), MethodConfig(method="kasa", targets=targets, rank=r),
-                               task_type="SEQ_CLS")
+    applied = apply_method(tiny_llama_shapes(), MethodConfig(method="kasa", targets=targets, rank=r),
+                           task_type="SEQ_CLS")
+    paper = applied.model
     for name in module_names("llama", targets):
         s_new = torch.linalg.svdvals(base_weight(paper, name))
         assert int((s_new < 1e-5 * s_new[0]).sum()) == r, f"paper mode must drop r on {name}"
@@ -174,10 +177,11 @@ def test_reference_penalty_matches_authors_loss_fn(model_kind, tiny_model):
     targets = ("q", "v") if model_kind == "bert" else ("q", "k", "v", "o")
     cfg = MethodConfig(method="kasa", targets=targets, rank=RANK, kasa_mode="reference", kasa_beta=beta,
                        kasa_gamma=gamma)
-    model, _, _ = apply_method(model, cfg, task_type="SEQ_CLS")
+    applied = apply_method(model, cfg, task_type="SEQ_CLS")
+    model = applied.model
     perturb(model)
 
-    ours = extra_loss(model)
+    ours = extra_loss(model, cfg)
     theirs = authors_loss_fn(model, beta, gamma)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
     # same gradients, too (ours is computed from r x r Grams, theirs from d x d)
@@ -188,15 +192,15 @@ def test_reference_penalty_matches_authors_loss_fn(model_kind, tiny_model):
     # --kasa-reduction sum: the same without the division by the number of modules
     n_modules = 2 * len(targets)
     cfg_sum = MethodConfig(**{**cfg.__dict__, "kasa_reduction": "sum"})
-    model.peftlab_method = cfg_sum
-    torch.testing.assert_close(extra_loss(model), theirs * n_modules, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(extra_loss(model, cfg_sum), theirs * n_modules, rtol=1e-5, atol=1e-5)
 
 
 @torch.no_grad()
 def test_reference_penalty_floor_is_sqrt_d_minus_r(tiny_model):
     cfg_ref = MethodConfig(method="kasa", targets=("q",), rank=RANK, kasa_mode="reference", kasa_beta=0.0,
                            kasa_gamma=1.0, kasa_reduction="sum")
-    model, _, _ = apply_method(tiny_llama_shapes(), cfg_ref, task_type="SEQ_CLS")
+    applied = apply_method(tiny_llama_shapes(), cfg_ref, task_type="SEQ_CLS")
+    model = applied.model
     floor = 0.0
     for name in module_names("llama", ("q",)):
         adapted = layer(model, name)
@@ -204,9 +208,9 @@ def test_reference_penalty_floor_is_sqrt_d_minus_r(tiny_model):
         A.copy_(torch.linalg.qr(torch.randn(A.shape[1], RANK))[0].T)  # orthonormal rows
         B.copy_(torch.linalg.qr(torch.randn(B.shape[0], RANK))[0])  # orthonormal columns
         floor += (A.shape[1] - RANK) ** 0.5 + (B.shape[0] - RANK) ** 0.5
-    torch.testing.assert_close(extra_loss(model), torch.tensor(floor), rtol=1e-5, atol=0)
-    model.peftlab_method = MethodConfig(**{**cfg_ref.__dict__, "kasa_mode": "paper"})
-    assert float(extra_loss(model)) < 1e-5  # peft's r x r penalty is 0 at orthonormal factors
+    torch.testing.assert_close(extra_loss(model, cfg_ref), torch.tensor(floor), rtol=1e-5, atol=0)
+    cfg_paper = MethodConfig(**{**cfg_ref.__dict__, "kasa_mode": "paper"})
+    assert float(extra_loss(model, cfg_paper)) < 1e-5  # peft's r x r penalty is 0 at orthonormal factors
 
 
 # --------------------------------------------------------------------------- through peftlab train
@@ -241,17 +245,20 @@ def test_saved_truncation_plan_restores_the_trained_model(overrides, tmp_path):
     model = tiny_llama_shapes()
     original = copy.deepcopy(model)
     cfg = MethodConfig(method="kasa", targets=("q", "k", "v", "o"), rank=RANK, **overrides)
-    model, _, _ = apply_method(model, cfg, task_type="SEQ_CLS")
-    assert model.peftlab_kasa_plan  # this configuration differs from peft's truncation somewhere
+    applied = apply_method(model, cfg, task_type="SEQ_CLS")
+    model = applied.model
+    plan_made = applied.init_stats.kasa_plan
+    assert plan_made  # this configuration differs from peft's truncation somewhere
     perturb(model)
     with torch.no_grad():
         trained = model.eval()(**inputs).logits
-    save_trained(model, tmp_path / "adapter")
-    kasa.write_plan(model, tmp_path / "adapter")
+    save_trained(model, tmp_path / "adapter")  # without applied=: as peft holds it, no plan file
+    assert not (tmp_path / "adapter" / kasa.PLAN_FILE).exists()
+    kasa.write_plan(plan_made, tmp_path / "adapter")
 
     base = copy.deepcopy(original)
     plan, originals = kasa.load_plan(tmp_path / "adapter", base)
-    assert plan == model.peftlab_kasa_plan
+    assert plan == plan_made
     loaded = load_trained(base, tmp_path / "adapter")
     kasa.apply_plan(loaded, plan, originals)
     with torch.no_grad():
@@ -261,10 +268,10 @@ def test_saved_truncation_plan_restores_the_trained_model(overrides, tmp_path):
 def test_no_plan_file_for_peft_truncation(tmp_path, tiny_model):
     from peftlab.methods import kasa
 
-    model, _, _ = apply_method(tiny_model("bert"), MethodConfig(method="kasa", targets=("q", "v"), rank=RANK,
-                                                                kasa_mode="reference"))  # square: same as peft
-    assert model.peftlab_kasa_plan == {}
-    kasa.write_plan(model, tmp_path)
+    applied = apply_method(tiny_model("bert"), MethodConfig(method="kasa", targets=("q", "v"), rank=RANK,
+                                                            kasa_mode="reference"))  # square: same as peft
+    assert applied.init_stats.kasa_plan == {}
+    kasa.write_plan(applied.init_stats.kasa_plan, tmp_path)
     assert not (tmp_path / kasa.PLAN_FILE).exists()
     assert kasa.load_plan(tmp_path, tiny_model("bert")) == ({}, {})
 
@@ -281,13 +288,17 @@ def test_saved_kasa_adapter_with_own_truncation_reloads_exactly(tmp_path, extra)
     torch.manual_seed(0)
     model, _ = load_model("tiny-bert", num_labels=2)
     fresh, _ = load_model("tiny-bert", num_labels=2)
-    adapted, _, _ = apply_method(model, MethodConfig(method="kasa", targets=("q", "v"), rank=4, **extra),
-                                 task_type="SEQ_CLS")
+    applied = apply_method(model, MethodConfig(method="kasa", targets=("q", "v"), rank=4, **extra),
+                           task_type="SEQ_CLS")
+    adapted = applied.model
     with torch.no_grad():
         for p in adapted.parameters():
             if p.requires_grad:
                 p.add_(0.05 * torch.randn_like(p))
-    save_trained(adapted, tmp_path / "adapter")
+    save_trained(adapted, tmp_path / "adapter", applied=applied)
+    # the plan file exactly when the truncation differs from peft's (reference mode on square BERT: it does not)
+    assert (tmp_path / "adapter" / "peftlab_kasa_truncation.json").is_file() == bool(applied.init_stats.kasa_plan)
+    assert bool(applied.init_stats.kasa_plan) == ("kasa_truncate_rank" in extra)
     reloaded = load_trained(fresh, tmp_path / "adapter")
     ids = torch.randint(1, 1000, (2, 9))
     adapted.eval(), reloaded.eval()

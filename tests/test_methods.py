@@ -225,7 +225,8 @@ def test_trainable_set_groups_and_counts(case, tiny_model):
     arch = ARCHS[arch_name]
     model = tiny_model(arch.model_type)
     original = copy.deepcopy(model)
-    model, targets, heads = adapt(model, method_config(method, target_set))
+    applied = adapt(model, method_config(method, target_set))
+    model, targets, heads = applied.model, applied.targets, applied.heads
 
     # targets and heads resolve to the architecture's modules
     modules = expected_modules(arch, target_set)
@@ -304,8 +305,9 @@ def test_fused_qkv_refusals(case, tiny_model):
 def test_no_head_when_head_not_trained(method, tiny_model):
     """train_head=False (causal LM runs): only the targeted projections train, nothing counts as head."""
     arch = ARCHS["llama"]
-    model, targets, heads = adapt(tiny_model(arch.model_type), method_config(method, ("q", "v")),
-                                  train_head=False, task_type=None)
+    applied = adapt(tiny_model(arch.model_type), method_config(method, ("q", "v")),
+                    train_head=False, task_type=None)
+    model, targets, heads = applied.model, applied.targets, applied.heads
     assert heads == []
     modules = expected_modules(arch, ("q", "v"))
     params = trainable(model)
@@ -325,11 +327,11 @@ def _trained(method, arch_name, target_set, tiny_model, inputs, **overrides):
     model = tiny_model(ARCHS[arch_name].model_type)
     original = copy.deepcopy(model)
     before = logits(original, inputs)
-    model, targets, heads = adapt(model, method_config(method, target_set, **overrides))
-    perturb(model)
-    out = logits(model, inputs)
+    applied = adapt(model, method_config(method, target_set, **overrides))
+    perturb(applied.model)
+    out = logits(applied.model, inputs)
     assert not torch.allclose(out, before, atol=1e-4), "perturbing the trainable tensors changed nothing"
-    return model, original, out, targets, heads
+    return applied, original, out
 
 
 def _assert_merged_equivalent(model, unmerged, inputs) -> None:
@@ -345,8 +347,8 @@ def _assert_merged_equivalent(model, unmerged, inputs) -> None:
 @pytest.mark.parametrize("case", ROUND_TRIP_CASES, ids=_case_id)
 def test_merge_equivalence(case, tiny_model, inputs):
     method, arch_name, target_set = case
-    model, _, unmerged, _, _ = _trained(method, arch_name, target_set, tiny_model, inputs)
-    _assert_merged_equivalent(model, unmerged, inputs)
+    applied, _, unmerged = _trained(method, arch_name, target_set, tiny_model, inputs)
+    _assert_merged_equivalent(applied.model, unmerged, inputs)
 
 
 # Task heads that are composite modules without a .weight: RoBERTa's classification head (dense + out_proj) and
@@ -362,7 +364,8 @@ def test_merge_equivalence_composite_head(case, tiny_model, inputs):
     method, model_type, target_set = case
     model = tiny_model(model_type)
     assert any(not hasattr(model.get_submodule(h), "weight") for h in head_module_names(model))
-    model, _, heads = adapt(model, method_config(method, target_set))
+    applied = adapt(model, method_config(method, target_set))
+    model, heads = applied.model, applied.heads
     assert heads
     perturb(model)
     _assert_merged_equivalent(model, logits(model, inputs), inputs)
@@ -371,8 +374,8 @@ def test_merge_equivalence_composite_head(case, tiny_model, inputs):
 @pytest.mark.parametrize("case", ROUND_TRIP_CASES, ids=_case_id)
 def test_save_load_round_trip(case, tiny_model, inputs, tmp_path):
     method, arch_name, target_set = case
-    model, original, out, _, _ = _trained(method, arch_name, target_set, tiny_model, inputs)
-    save_trained(model, tmp_path / "adapter", base_model=arch_name)
+    applied, original, out = _trained(method, arch_name, target_set, tiny_model, inputs)
+    save_trained(applied.model, tmp_path / "adapter", base_model=arch_name, applied=applied)
     loaded = load_trained(copy.deepcopy(original), tmp_path / "adapter", base_model=arch_name)
     assert is_peft(loaded) == (method != "full")
     torch.testing.assert_close(logits(loaded, inputs), out, atol=1e-5, rtol=0)
@@ -395,7 +398,8 @@ def test_svd_init_step0_output_unchanged(case, tiny_model, inputs):
     method, arch_name, target_set = case
     model = tiny_model(ARCHS[arch_name].model_type)
     original = copy.deepcopy(model)
-    model, targets, _ = adapt(model, method_config(method, target_set))
+    applied = adapt(model, method_config(method, target_set))
+    model, targets = applied.model, applied.targets
     # the adapter plus the residual base weight reproduce the original model at step 0
     torch.testing.assert_close(logits(model, inputs), logits(original, inputs), atol=1e-5, rtol=0)
     layers = adapted_layers(model, targets.all_modules)
@@ -413,7 +417,8 @@ def test_svd_init_components(method, arch_name, target_set, tiny_model):
     """PiSSA's adapter holds the r largest singular components of W, MiLoRA's the r smallest."""
     model = tiny_model(ARCHS[arch_name].model_type)
     original = copy.deepcopy(model)
-    model, targets, _ = adapt(model, method_config(method, target_set))
+    applied = adapt(model, method_config(method, target_set))
+    model, targets = applied.model, applied.targets
     for name, layer in adapted_layers(model, targets.all_modules).items():
         w = dense_weight(original.get_submodule(name))
         U, S, Vh = torch.linalg.svd(w, full_matrices=False)
@@ -431,8 +436,9 @@ def test_svd_methods_save_converted_lora(case, tiny_model, inputs, tmp_path):
     from safetensors.torch import load_file
 
     method, arch_name, target_set = case
-    model, original, out, targets, heads = _trained(method, arch_name, target_set, tiny_model, inputs)
-    save_trained(model, tmp_path / "adapter")
+    applied, original, out = _trained(method, arch_name, target_set, tiny_model, inputs)
+    model, targets, heads = applied.model, applied.targets, applied.heads
+    save_trained(model, tmp_path / "adapter", applied=applied)
 
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     saved = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
@@ -465,7 +471,8 @@ KASA_ARCHS = [("bert", ("q", "v")), ("llama", ("q", "k", "v", "o"))]
 def test_kasa_truncates_r_smallest_singular_values(arch_name, target_set, tiny_model):
     model = tiny_model(ARCHS[arch_name].model_type)
     original = copy.deepcopy(model)
-    model, targets, _ = adapt(model, method_config("kasa", target_set))
+    applied = adapt(model, method_config("kasa", target_set))
+    model, targets = applied.model, applied.targets
     layers = adapted_layers(model, targets.all_modules)
     assert len(layers) == 2 * len(target_set)
     for name, layer in layers.items():
@@ -482,7 +489,8 @@ def test_kasa_regulariser(arch_name, target_set, tiny_model):
     beta, gamma = 0.3, 0.7
     model = tiny_model(ARCHS[arch_name].model_type)
     cfg = method_config("kasa", target_set, kasa_beta=beta, kasa_gamma=gamma, kasa_reduction="sum")
-    model, targets, _ = adapt(model, cfg)
+    applied = adapt(model, cfg)
+    model, targets = applied.model, applied.targets
     perturb(model)
 
     terms = []
@@ -495,21 +503,23 @@ def test_kasa_regulariser(arch_name, target_set, tiny_model):
     assert len(terms) == 2 * len(target_set)
     direct_sum = torch.stack(terms).sum()
 
-    loss = extra_loss(model)
+    loss = extra_loss(model, cfg)
+    assert torch.equal(applied.extra_loss(), loss)  # the same hook, bound to the model and its options
     torch.testing.assert_close(loss.detach(), direct_sum, rtol=1e-5, atol=0)
     torch.testing.assert_close(kasa.regulariser(model, cfg).detach(), direct_sum, rtol=1e-5, atol=0)
     loss.backward()  # differentiable w.r.t. the learned singular values
     assert all(layer.lora_diag["default"].grad is not None
                for layer in adapted_layers(model, targets.all_modules).values())
 
-    model.peftlab_method = replace(cfg, kasa_reduction="mean")
-    torch.testing.assert_close(extra_loss(model).detach(), direct_sum / len(terms), rtol=1e-5, atol=0)
+    torch.testing.assert_close(extra_loss(model, replace(cfg, kasa_reduction="mean")).detach(),
+                               direct_sum / len(terms), rtol=1e-5, atol=0)
 
 
 def test_extra_loss_is_none_without_regulariser(tiny_model):
-    model, _, _ = apply_method(tiny_model("bert"), method_config("lora", ("q", "v")))
-    assert extra_loss(model) is None
-    assert extra_loss(tiny_model("bert")) is None
+    cfg = method_config("lora", ("q", "v"))
+    applied = apply_method(tiny_model("bert"), cfg)
+    assert extra_loss(applied.model, cfg) is None and applied.extra_loss() is None
+    assert extra_loss(tiny_model("bert"), None) is None  # no method applied
 
 
 def test_a_missing_package_in_a_builder_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
@@ -544,7 +554,8 @@ def test_weight_decay_goes_by_tensor_rank_never_to_learned_vectors(method):
     cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", method=method, targets="q,v", rank=4,
                                                    weight_decay=0.1))
     model, _ = load_model("tiny-bert")
-    model, targets, heads = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
+    applied = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
+    model, targets, heads = applied.model, applied.targets, applied.heads
     groups = param_groups(model, targets, heads, cfg, verbose=False)
     decayed = {n for g in groups if g["weight_decay"] > 0 for n in g["param_names"]}
     kept = {n for g in groups if g["weight_decay"] == 0 for n in g["param_names"]}
@@ -576,7 +587,8 @@ def test_layers_restrict_the_adapted_blocks(tmp_path):
                                                    layers="1"))
     assert cfg.layers == "1"
     model, _ = load_model("tiny-bert")
-    model, targets, _ = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
+    applied = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
+    model, targets = applied.model, applied.targets
     assert targets.all_modules and {layer_of(n) for n in targets.all_modules} == {1}
     lora = [n for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
     assert lora and all(".layer.1." in n for n in lora)
@@ -601,7 +613,8 @@ def test_mlp_projections_are_targets_too(tmp_path, model_name, targets, expected
     cfg = build_config(TrainConfig, overrides=dict(model=model_name, method="lora", targets=targets, rank=4,
                                                    lr=1e-3, lr_ratio=2))
     model, _ = load_model(model_name)
-    model, resolved, heads = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
+    applied = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
+    model, resolved, heads = applied.model, applied.targets, applied.heads
     for group, suffix in expected.items():
         assert resolved.modules[group] and all(n.endswith(suffix) for n in resolved.modules[group])
     assert not any("attention.output" in n for n in resolved.modules.get("down", ()))  # that is o, not the MLP
@@ -615,3 +628,19 @@ def test_mlp_projections_are_targets_too(tmp_path, model_name, targets, expected
         task="rte", model=model_name, method="lora", targets=targets, rank=4, epochs=1, batch_size=8, max_length=32,
         max_train_samples=16, max_eval_samples=8, output_dir=str(tmp_path / "run"))))
     assert result["status"] == "ok" and set(expected) <= set(result["group_lrs"])
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_apply_method_returns_its_state_and_sets_nothing_on_the_model(method, tiny_model):
+    """What an init decided travels in AppliedMethod.init_stats; no peftlab_* attribute is stuck on a module."""
+    cfg = method_config(method, ("q", "v"))
+    applied = adapt(tiny_model("bert"), cfg)
+    assert applied.method is cfg and applied.targets.all_modules and applied.heads
+    stats = applied.init_stats
+    assert (stats.calibration_seconds is not None) == METHODS[method].needs_calibration
+    assert (stats.initial_adapter is not None) == METHODS[method].converts_to_lora
+    assert (stats.kasa_plan is not None) == (stats.kasa_sigma is not None) == (method == "kasa")
+    stuck = [(name, key) for name, module in applied.model.named_modules() for key in vars(module)
+             if key.lstrip("_").startswith("peftlab")]
+    assert stuck == []
+

@@ -11,8 +11,11 @@ import pytest
 from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.lab.plot import key_value, make_plot, parse_module
-from peftlab.lab.store import Store, load_rows
+from peftlab.lab.figures import key_value
+from peftlab.lab.figures_sigma import parse_module
+from peftlab.lab.plot import make_plot
+from peftlab.lab.records import load_rows
+from peftlab.lab.store import Store
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -147,7 +150,8 @@ def _red_box(ax) -> tuple[int, int]:
 
 
 def test_sigma_draws_the_learned_change_on_one_symmetric_scale(tmp_path):
-    from peftlab.lab.plot import SIGMA_DELTA, make_figure
+    from peftlab.lab.figures_sigma import SIGMA_DELTA
+    from peftlab.lab.plot import make_figure
 
     sigma = {f"bert.encoder.layer.{layer}.attention.self.{proj}": [0.5, -0.25, 0.125]
              for layer in range(2) for proj in ("query", "value")}
@@ -188,7 +192,8 @@ def test_sigma_draws_the_learned_change_on_one_symmetric_scale(tmp_path):
 def test_sigma_without_init_draws_sigma_and_says_so(store_path):
     import numpy as np
 
-    from peftlab.lab.plot import SIGMA_NO_INIT, make_figure
+    from peftlab.lab.figures_sigma import SIGMA_NO_INIT
+    from peftlab.lab.plot import make_figure
 
     rows = load_rows([store_path])  # the fixture's kasa runs have no kasa_sigma_init (an older peftlab)
     fig = make_figure(rows, kind="sigma", where="method=kasa,lr=1e-4,lr_ratio=1,rank=4,task=rte")

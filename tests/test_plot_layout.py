@@ -16,7 +16,8 @@ import pytest
 
 from peftlab.config import TrainConfig, build_config
 from peftlab.lab.plot import make_figure, save_figure
-from peftlab.lab.store import Store, load_rows
+from peftlab.lab.records import load_rows
+from peftlab.lab.store import Store
 from test_plot import _result as plot_result, add_grid  # noqa: E402  (tests/ is on sys.path, as for conftest)
 
 LONG_TITLE = ("a deliberately long custom title that would run past both edges of a one-panel figure unless it "

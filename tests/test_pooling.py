@@ -10,16 +10,18 @@ import torch
 
 from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
-from peftlab.models.registry import load_model
+from peftlab.models.registry import load_model, load_model_with_pooling
 from peftlab.models.pooling import MaskedMeanPooler, declared_pooling
 
 
 def test_minilm_declares_mean_pooling_and_auto_uses_it():
-    model, _ = load_model("minilm-l6")
-    assert model.peftlab_pooling == "mean"
+    loaded = load_model_with_pooling("minilm-l6")
+    model = loaded.model
+    assert loaded.pooling == "mean"
     assert isinstance(model.bert.pooler, MaskedMeanPooler)
-    native, _ = load_model("minilm-l6", pooling="native")
-    assert native.peftlab_pooling == "native"
+    loaded_native = load_model_with_pooling("minilm-l6", pooling="native")
+    native = loaded_native.model
+    assert loaded_native.pooling == "native"
     assert not isinstance(native.bert.pooler, MaskedMeanPooler)
     # same weights, same names: heads and adapters are unchanged by the switch
     assert set(model.state_dict()) == set(native.state_dict())
@@ -28,7 +30,7 @@ def test_minilm_declares_mean_pooling_and_auto_uses_it():
 def test_random_models_have_no_declared_pooling(tmp_path):
     assert declared_pooling(tmp_path) is None
     assert declared_pooling(None) is None
-    assert load_model("tiny-bert")[0].peftlab_pooling == "native"
+    assert load_model_with_pooling("tiny-bert").pooling == "native"
 
 
 def test_declared_pooling_reads_sentence_transformers_config(tmp_path):
@@ -141,8 +143,9 @@ def test_mpnet_base_declares_mean_pooling_and_trains(tmp_path):
     from peftlab.training.loop import train
 
     assert MODELS["mpnet-base"].available(), "install the parts: " + MODELS["mpnet-base"].install_hint
-    model, tokenizer = load_model("mpnet-base")
-    assert type(model).__name__ == "MPNetForSequenceClassification" and model.peftlab_pooling == "mean"
+    loaded = load_model_with_pooling("mpnet-base")
+    model = loaded.model
+    assert type(model).__name__ == "MPNetForSequenceClassification" and loaded.pooling == "mean"
     # 109.5M with the sentence-transformers pooler (590,592), which the sequence classifier does not load
     assert sum(p.numel() for n, p in model.named_parameters() if not n.startswith("classifier")) == 108_895_872
     cfg = build_config(TrainConfig, overrides=dict(

@@ -117,7 +117,7 @@ def test_collapse_after_being_clearly_above_chance_is_labelled(tmp_path, monkeyp
     def fake_glue(cfg, tokenizer, model=None):
         pipe = real(cfg, tokenizer, model)
         pipe.chance = 0.5
-        pipe.evaluate = lambda model, accelerator: next(scripted)
+        pipe.evaluate = lambda model, accelerator, tag: pipelines.Evaluation(next(scripted))
         return pipe
 
     monkeypatch.setitem(pipelines.BUILDERS, "classification", fake_glue)
@@ -128,7 +128,7 @@ def test_collapse_after_being_clearly_above_chance_is_labelled(tmp_path, monkeyp
 
 
 def test_never_above_chance_is_not_a_collapse(tmp_path, monkeypatch):
-    from peftlab.training.loop import _check_collapse
+    from peftlab.training.guards import check_collapse as _check_collapse
 
     state = {"clearly_above_chance": False, "status": "ok", "status_reason": None}
     for value in (0.5, 0.52, 0.49):
@@ -379,8 +379,9 @@ def test_saved_adapter_reproduces_final_metrics(trained_run, capsys):
 
 def test_sweep_records_a_diverged_run_and_goes_on(tmp_path):
     """An absurd learning rate blows the loss up to inf/NaN: that run ends 'diverged', the next still runs."""
-    from peftlab.lab.store import load_rows
-    from peftlab.lab.sweep import load_spec, run_sweep
+    from peftlab.lab.records import load_rows
+    from peftlab.lab.spec import load_spec
+    from peftlab.lab.sweep import run_sweep
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({

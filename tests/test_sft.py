@@ -213,7 +213,9 @@ def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, cha
     # Make a token that the second prompt emits at step 4 a stop token: that row leaves the batch early and
     # the rows left in the (pruned) KV cache must still decode exactly as alone.
     stop = plain[1][1][4]
-    monkeypatch.setattr(sft, "stop_token_ids", lambda tok: [2, stop])
+    from peftlab.tasks import generation
+
+    monkeypatch.setattr(generation, "stop_token_ids", lambda tok: [2, stop])  # generate's own module
     expected = [reference(p, [2, stop])[0] for p in prompts]
     assert expected[1] == tokenizer.decode(plain[1][1][:4], skip_special_tokens=True).strip()
     assert sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=12, batch_size=4) == expected

@@ -19,7 +19,8 @@ import yaml
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store, _proc_state, config_key, owner_alive, process_identity, short_key
-from peftlab.lab.sweep import run_name, expand, load_spec, run_sweep
+from peftlab.lab.spec import expand, load_spec, run_name
+from peftlab.lab.sweep import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -372,7 +373,7 @@ def test_worker_sweep_killed_leaves_no_orphans_and_reruns_cleanly(tmp_path):
     root = tmp_path / "runs"
     spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE,
                                             "grid": {"seed": list(range(5)), "lr_ratio": [1, 8]}})
-    script = ("import sys; from peftlab.lab.sweep import load_spec, run_sweep; "
+    script = ("import sys; from peftlab.lab.spec import load_spec; from peftlab.lab.sweep import run_sweep; "
               "o = run_sweep(load_spec(sys.argv[1]), workers=2, train_fn='test_sweep:fake_train', progress=False, "
               "poll_seconds=0.2); print('COUNTS', o.counts)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),

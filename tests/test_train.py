@@ -209,16 +209,16 @@ def test_an_fp16_overflow_step_is_skipped_not_a_divergence(tmp_path, monkeypatch
         return torch.tensor(float("inf")) if calls["n"] == 1 else norm
 
     monkeypatch.setattr(accelerate.Accelerator, "clip_grad_norm_", overflow_once)
-    import peftlab.training.loop as train_mod
+    import peftlab.training.fit as fit_mod  # where the loop's steps call it
 
-    monkeypatch.setattr(train_mod, "uses_grad_scaler", lambda accelerator: True)
+    monkeypatch.setattr(fit_mod, "uses_grad_scaler", lambda accelerator: True)
     monkeypatch.setattr(accelerate.Accelerator, "optimizer_step_was_skipped",
                         property(lambda self: calls["n"] == 1), raising=False)
     result = train(tiny_cfg(tmp_path, epochs=1, max_train_samples=24))
     assert result["status"] == "ok" and result["skipped_steps"] == 1
     # without a scaler (fp32/bf16) the same infinite norm is a divergence
     calls["n"] = 0
-    monkeypatch.setattr(train_mod, "uses_grad_scaler", lambda accelerator: False)
+    monkeypatch.setattr(fit_mod, "uses_grad_scaler", lambda accelerator: False)
     diverged = train(tiny_cfg(tmp_path / "fp32", epochs=1, max_train_samples=24))
     assert diverged["status"] == "diverged" and "gradient norm" in diverged["status_reason"]
 
@@ -243,10 +243,10 @@ def test_runs_of_different_precision_in_one_process(tmp_path):
     ("bf16", 1_000, False, False, "bf16"),
 ])
 def test_auto_mixed_precision_by_device_and_model_size(monkeypatch, requested, n_params, native, cuda, expected):
-    import peftlab.training.loop as train_mod
+    import peftlab.training.devices as devices
 
-    monkeypatch.setattr(train_mod, "cpu_has_native_bf16", lambda: native)
-    precision, why = train_mod.resolve_precision(requested, n_params, cuda=cuda)
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: native)
+    precision, why = devices.resolve_precision(requested, n_params, cuda=cuda)
     assert precision == expected and why
 
 
@@ -259,7 +259,7 @@ def test_resolved_precision_is_printed_and_recorded(tmp_path, capsys):
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("path", sorted(p for p in (REPO / "configs").glob("*/*.yaml") if p.parent.name != "sweeps"),
+@pytest.mark.parametrize("path", sorted(p for p in (REPO / "configs").glob("*/*.yaml") if p.parent.name not in ("sweeps", "tune")),
                          ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_shipped_train_config_loads_and_validates(path):
     """Each shipped `peftlab train --config` file: known keys, valid values, no option its method ignores."""
@@ -300,14 +300,15 @@ def test_max_length_beyond_the_positions_is_capped_without_pad_to_max(tmp_path, 
 def test_a_run_not_above_the_dev_majority_is_flagged(tmp_path, capsys, monkeypatch):
     from types import SimpleNamespace
 
+    import peftlab.training.guards as guards
     import peftlab.training.loop as train_mod
 
     pipeline = SimpleNamespace(primary_metric="accuracy", chance=0.6)
-    assert train_mod._above_majority({"best": {"metrics": {"accuracy": 0.6}}}, None, pipeline) is False
-    assert train_mod._above_majority({"best": {"metrics": {"accuracy": 0.61}}}, None, pipeline) is True
-    assert train_mod._above_majority({"best": None}, {"accuracy": 0.7}, pipeline) is True  # epochs 0: before
-    assert train_mod._above_majority({"best": None}, None, SimpleNamespace(primary_metric="eval_loss",
-                                                                           chance=0.0)) is None
+    assert guards.above_majority({"best": {"metrics": {"accuracy": 0.6}}}, None, pipeline) is False
+    assert guards.above_majority({"best": {"metrics": {"accuracy": 0.61}}}, None, pipeline) is True
+    assert guards.above_majority({"best": None}, {"accuracy": 0.7}, pipeline) is True  # epochs 0: before
+    assert guards.above_majority({"best": None}, None, SimpleNamespace(primary_metric="eval_loss",
+                                                                        chance=0.0)) is None
     result = train(tiny_cfg(tmp_path / "real", max_eval_samples=64))
     validate(result)
     assert result["above_majority"] == (result["best"]["metrics"]["accuracy"] > result["majority_baseline"])

@@ -5,26 +5,21 @@ A run's config is one flat dataclass, :class:`TrainConfig`, built from the metho
 the run's own fields. The docstring under each field is its ``--help`` text; cross-field checks live in
 ``__post_init__``. Precedence: defaults < ``--config`` YAML < flags. Unknown YAML keys are an error that
 names the closest valid key. The resolved config is written beside every result (``config.yaml``).
+Flags, YAML and value checking are :mod:`peftlab.config_cli` (jsonargparse), re-exported here.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
 import dataclasses
-import functools
-import inspect
 import math
-import os
-import textwrap
-import typing
-from dataclasses import dataclass, fields
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-import yaml
-
-from peftlab.errors import PeftlabError, closest
+from peftlab.errors import PeftlabError
+# The dataclass <-> flags <-> YAML layer (on jsonargparse), re-exported: `from peftlab.config import build_config`.
+from peftlab.config_cli import (  # noqa: F401
+    add_dataclass_flags, build_config, coerce, config_yaml, field_docs, field_types, load_yaml,
+    normalise_keys, save_config)
 from peftlab.methods.table import MethodConfig
 from peftlab.methods.optim_groups import OptimConfig
 
@@ -32,6 +27,7 @@ from peftlab.methods.optim_groups import OptimConfig
 # --scheduler -> transformers' get_scheduler name (each after --warmup-ratio's linear warm-up).
 SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
 REPORT_TO = ("tensorboard", "wandb", "mlflow", "none")  # Accelerate trackers, or none
+_coerce = coerce  # the former name, until every caller says coerce
 
 
 def _require_count(value, flag: str, *, zero_ok: bool = False, none_ok: bool = False) -> None:
@@ -52,7 +48,7 @@ class TrainConfig(MethodConfig, OptimConfig):
     head_lr: float | None = None
     """Learning rate of the task head; default: the method's head rate (`peftlab methods`), whatever --lr is."""
     task: str = "rte"
-    """Task: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte wnli) or an instruction task (gsm8k, alpaca, json)."""
+    """Task: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte wnli) or an instruction task (gsm8k, alpaca, json, mt-bench), or a decoder task scored on generated text (commonsense, math, e2e)."""
     model: str = "minilm-l6"
     """Model: a registered name (`peftlab models`), a local folder or a Hugging Face id."""
     epochs: int = 3
@@ -69,7 +65,7 @@ class TrainConfig(MethodConfig, OptimConfig):
     """Pad every batch to --max-length (the papers' setup) instead of dynamic padding with length-grouped batches."""
     warmup_ratio: float = 0.06
     """Fraction of the optimizer steps with linear learning-rate warm-up."""
-    scheduler: str = "linear"
+    scheduler: Literal["linear", "cosine", "constant"] = "linear"
     """Learning-rate schedule after the warm-up (transformers' get_scheduler): linear (decay to 0, the papers'), cosine or constant."""
     grad_accum: int = 1
     """Accumulate gradients over N batches per optimizer step (Accelerate's gradient_accumulation_steps): an effective batch of N x --batch-size."""
@@ -93,11 +89,11 @@ class TrainConfig(MethodConfig, OptimConfig):
     """Replace a finished run already in --output-dir."""
     resume: bool = False
     """Continue a killed run from the last checkpoint in --output-dir."""
-    save: str = "best"
+    save: Literal["best", "last"] = "best"
     """What adapter/ holds: best (the weights of the epoch with the best dev metric, the number result.json reports as best, so `peftlab evaluate` reproduces it) or last (the final epoch's)."""
     checkpoint_every: int | None = None
     """Also checkpoint every N optimizer steps (atomic). Default: every 200 steps on epochs longer than that, so a kill loses at most 200 steps; 0: only at the end of each epoch."""
-    mixed_precision: str = "auto"
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     """auto, no, bf16 or fp16. auto: bf16 on CUDA; on a CPU with native bf16 (AMX/avx512_bf16) bf16 autocast for models of >= 100M parameters (measured 1.7-1.9x faster at the same accuracy on MPNet-base), else fp32. The choice is printed at start and recorded in result.json."""
     threads: int | None = None
     """CPU threads for this run's tensor maths (torch.set_num_threads); default: torch's choice (all cores; a sweep worker: its share)."""
@@ -110,18 +106,34 @@ class TrainConfig(MethodConfig, OptimConfig):
     instruction_fields: str = "instruction,input,output"
     """For --task json: the prompt, optional input and response field names of a JSON/JSONL file."""
     train_file: str | None = None
-    """For --task json: the training JSON/JSONL file."""
+    """For --task json (and mt-bench, instead of Alpaca): the training JSON/JSONL file."""
     eval_file: str | None = None
     """For --task json: the evaluation JSON/JSONL file (default: a held-out 10% of --train-file)."""
+    eval_sets: str | None = None
+    """For --task commonsense or math: the test sets to evaluate, comma-separated (default: all seven; commonsense: boolq piqa social_i_qa winogrande ARC-Easy ARC-Challenge openbookqa; math: gsm8k AQuA AddSub MultiArith SVAMP SingleEq mawps). --max-eval-samples applies to each set."""
+    train_sets: str | None = None
+    """For --task commonsense: the training splits, comma-separated (default: the union of all four available: boolq ARC-Easy ARC-Challenge openbookqa; the papers' 170k mix is not available offline)."""
     eval_before: bool = False
     """Also evaluate the untrained model before fine-tuning (the papers' "before" row; always on for gsm8k)."""
     eval_every: int | None = None
     """Evaluate after every N epochs, and always after the last; 0: only after the last. Default 1; gsm8k: 0 (generation costs about an epoch)."""
-    max_new_tokens: int = 256
-    """Generation length limit for GSM8K evaluation."""
+    max_new_tokens: int | None = None
+    """Generation length limit; default 256 (gsm8k, math), 32 (commonsense, as LLM-Adapters), 64 (e2e). For GSM8K evaluation (and each MT-Bench answer; FastChat uses 1024)."""
+    judge_url: str | None = None
+    """For --task mt-bench: the judge's OpenAI-compatible base URL (e.g. https://api.openai.com/v1, or http://127.0.0.1:8000/v1 for a local server). Without it the answers are generated and saved, not judged."""
+    judge_model: str = "gpt-4"
+    """For --task mt-bench: the judge model's name at --judge-url (FastChat's MT-Bench judge is gpt-4; anything but a strong API model is labelled a weak judge)."""
+    judge_api_key_env: str = "OPENAI_API_KEY"
+    """For --task mt-bench: the environment variable holding the judge's API key (never the key itself: config.yaml is saved)."""
+    judge_timeout: float = 120.0
+    """For --task mt-bench: seconds per judge request; a request still unanswered is retried (--judge-retries), then recorded as unjudged."""
+    judge_retries: int = 3
+    """For --task mt-bench: retries of a failed judge request (timeouts, connection errors, HTTP 429/5xx), with exponential back-off."""
+    judge_parallel: int = 4
+    """For --task mt-bench: judge requests in flight at once."""
     log_every: int = 10
     """Log training loss and learning rate every N steps (see --report-to)."""
-    report_to: str = "tensorboard"
+    report_to: Literal["tensorboard", "wandb", "mlflow", "none"] = "tensorboard"
     """Experiment tracking through Accelerate's trackers: tensorboard (<run>/tb), wandb, mlflow (their package installed; online, their account) or none."""
 
     def __post_init__(self):
@@ -150,6 +162,12 @@ class TrainConfig(MethodConfig, OptimConfig):
             self.batch_size = task.default_batch_size or 16
         if self.eval_every is None:
             self.eval_every = 1 if task.default_eval_every is None else task.default_eval_every
+        if self.max_new_tokens is None:
+            self.max_new_tokens = task.default_max_new_tokens or 256
+        from peftlab.tasks.table import canonical_sets
+
+        self.eval_sets = canonical_sets(self.eval_sets, self.task, "eval_sets")
+        self.train_sets = canonical_sets(self.train_sets, self.task, "train_sets")
         if self.pooling not in POOLINGS:
             raise unknown("pooling", self.pooling, POOLINGS, where="--pooling")
         for flag in ("epochs", "batch_size", "eval_batch_size", "max_length", "checkpoint_every", "log_every",
@@ -173,164 +191,17 @@ class TrainConfig(MethodConfig, OptimConfig):
             raise unknown("--save value", self.save, ("best", "last"), where="--save")
         if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise PeftlabError(f"unknown --mixed-precision '{self.mixed_precision}'", fix="use auto, no, bf16 or fp16")
+        _require_count(self.judge_retries, "judge_retries", zero_ok=True)
+        _require_count(self.judge_parallel, "judge_parallel")
+        if not isinstance(self.judge_timeout, (int, float)) or not math.isfinite(self.judge_timeout) \
+                or self.judge_timeout <= 0:
+            raise PeftlabError(f"--judge-timeout must be a number of seconds > 0, got {self.judge_timeout!r}")
+        if self.judge_url and self.task != "mt-bench":
+            raise PeftlabError(f"--judge-url is set, but task '{self.task}' has no judge (it would be ignored)",
+                               fix="remove --judge-url, or use --task mt-bench")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["targets"] = ",".join(self.targets)
         return out
 
-
-# --------------------------------------------------------------------------- field docs -> --help
-
-
-def field_docs(cls) -> dict[str, str]:
-    """The string literal under each field of ``cls`` and its dataclass bases."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        body = tree.body[0].body
-        for node, following in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if isinstance(following, ast.Expr) and isinstance(getattr(following, "value", None), ast.Constant):
-                    docs[node.target.id] = " ".join(str(following.value.value).split())
-    return docs
-
-
-def _base_type(annotation) -> type:
-    hints = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing))  # noqa: S307
-    args = [a for a in typing.get_args(hints) if a is not type(None)]
-    origin = typing.get_origin(hints)
-    if origin is tuple:
-        return tuple
-    if args and origin is not None:
-        return _base_type(args[0]) if not isinstance(args[0], str) else str
-    return hints if isinstance(hints, type) else str
-
-
-@functools.lru_cache(maxsize=None)  # resolving annotations costs ~1 ms; sweeps coerce thousands of values
-def _type_hints(cls) -> dict[str, Any]:
-    hints = {}
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass):
-            mod = inspect.getmodule(klass)
-            hints.update(typing.get_type_hints(klass, vars(mod)))
-    return hints
-
-
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = ()) -> None:
-    """One kebab-case flag per field, grouped by the dataclass that declares it; defaults are None so that
-    only the flags given override YAML."""
-    docs = field_docs(cls)
-    hints = _type_hints(cls)
-    by_name = {f.name: f for f in fields(cls)}
-    done: set[str] = set()  # a field redeclared in a subclass (e.g. lr) gets the subclass's flag only
-    for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:
-        title = (klass.__doc__ or klass.__name__).strip().splitlines()[0]
-        group = parser.add_argument_group(title)
-        for name in klass.__dict__.get("__annotations__", {}):
-            if name in skip or name not in by_name or name in done:
-                continue
-            done.add(name)
-            f = by_name[name]
-            kind = _base_type(hints[name])
-            flag = "--" + name.replace("_", "-")
-            default = f.default if f.default is not dataclasses.MISSING else None
-            shown = ",".join(default) if isinstance(default, tuple) else default
-            help_text = docs.get(name, "") + (f" (default: {shown})" if shown is not None else "")
-            help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
-            if kind is bool:
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-            else:
-                group.add_argument(flag, type=str, default=None, metavar=name.upper(), help=help_text, dest=name)
-
-
-def _coerce(cls, name: str, value: Any, where: str) -> Any:
-    """Turn a flag string or YAML value into the field's type; one-line error when it can't."""
-    if value is None:
-        return None
-    kind = _base_type(_type_hints(cls)[name])
-    flag = "--" + name.replace("_", "-")
-    try:
-        if kind is tuple:
-            return tuple(value.split(",")) if isinstance(value, str) else tuple(value)
-        if kind is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "yes", "1"):
-                return True
-            if str(value).lower() in ("false", "no", "0"):
-                return False
-            raise ValueError
-        if kind is int:
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            if isinstance(value, bool):
-                raise ValueError
-            return int(str(value))
-        if kind is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        return str(value)
-    except (TypeError, ValueError):
-        raise PeftlabError(f"{flag} must be {kind.__name__}, got {value!r}", where=where) from None
-
-
-def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise PeftlabError(f"config file not found: {path}", fix="check the --config path")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise PeftlabError(f"invalid YAML: {getattr(err, 'problem', err)}", where=where) from None
-    if not isinstance(data, dict):
-        raise PeftlabError("a config file must be a mapping of keys to values", where=str(path))
-    return data
-
-
-def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
-    names = [f.name for f in fields(cls)]
-    out = {}
-    for key, value in data.items():
-        name = str(key).replace("-", "_")
-        if name not in names:
-            raise PeftlabError(f"unknown config key '{key}'{closest(name, names)}", where=where,
-                               fix="remove it or use a key from `peftlab train --help`")
-        out[name] = _coerce(cls, name, value, where)
-    return out
-
-
-def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
-                 flag_values: dict[str, Any] | None = None, check_explicit: bool = False):
-    """defaults < YAML file < ``overrides`` (already typed, e.g. a sweep cell) < command-line flags.
-
-    ``check_explicit`` (``peftlab train``): an option set in the YAML or by a flag that the run would ignore
-    (e.g. ``--alpha`` with VeRA) is an error (:func:`peftlab.methods.table.check_explicit_options`)."""
-    values: dict[str, Any] = {}
-    explicit: set[str] = set()
-    if yaml_path:
-        from_yaml = normalise_keys(cls, load_yaml(yaml_path), str(yaml_path))
-        values.update(from_yaml)
-        explicit.update(k for k, v in from_yaml.items() if v is not None)
-    if overrides:
-        values.update(normalise_keys(cls, overrides, "sweep spec"))
-    for name, value in (flag_values or {}).items():
-        if value is not None:
-            values[name] = _coerce(cls, name, value, "command line")
-            explicit.add(name)
-    cfg = cls(**values)
-    if check_explicit:
-        from peftlab.methods.table import check_explicit_options
-
-        check_explicit_options(cfg, explicit)
-    return cfg
-
-
-def save_config(cfg, path: str | Path) -> None:
-    data = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
-    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))

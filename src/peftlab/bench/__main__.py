@@ -1,3 +1,3 @@
-from peftlab.bench.suite.suite import main
+from peftlab.bench.cli import main
 
 raise SystemExit(main())

@@ -1,3 +1,3 @@
-from peftlab.cli.main.main import main
+from peftlab.cli.main import main
 
 raise SystemExit(main())

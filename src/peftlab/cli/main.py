@@ -1,48 +1,79 @@
-"""``peftlab`` command line: one subcommand per module, each registering its own parser.
+"""``peftlab`` command line: a table of subcommands, each module imported only when its subcommand runs.
 
-A subcommand module exposes ``add_parser(subparsers)`` which sets ``func`` on its parser; ``func(args)``
-returns an exit status. User errors (:class:`PeftlabError`) become one line on stderr and exit status 2.
+:data:`SUBCOMMANDS` names every subcommand, the module that implements it and the one-line help that
+``peftlab --help`` lists, so ``peftlab --help`` imports no subcommand module (and neither torch nor
+transformers), and ``peftlab models`` imports only :mod:`peftlab.cli.listing`. The chosen subcommand's module
+registers its full parser (``register(subparsers)``, by default its ``add_parser``), which sets ``func`` on it;
+``func(args)`` returns an exit status. User errors (:class:`PeftlabError`) become one line on stderr and exit
+status 2.
+
+To add a subcommand: write ``add_parser(sub)`` in its module and add one :class:`Subcommand` row here.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 
 from peftlab.errors import USER_ERROR_EXIT, PeftlabError, closest
 
-# Imported lazily by name so that `peftlab models` does not pay for torch/transformers start-up twice.
-SUBCOMMAND_MODULES = (
-    "peftlab.cli.listing",
-    "peftlab.training.loop",
-    "peftlab.training.evaluation",
-    "peftlab.training.predict",
-    "peftlab.training.export",
-    "peftlab.lab.sweep",
-    "peftlab.lab.report",
-    "peftlab.lab.plot",
-    "peftlab.bench.suite",
+
+@dataclass(frozen=True)
+class Subcommand:
+    name: str
+    module: str  # imported only when this subcommand runs
+    help: str  # the line `peftlab --help` shows
+    register: str = "add_parser"  # the module's function that adds the full parser to the subparsers
+
+
+SUBCOMMANDS = (
+    Subcommand("models", "peftlab.cli.listing", "list registered models and whether each is installed",
+               "add_models_parser"),
+    Subcommand("methods", "peftlab.cli.listing", "list fine-tuning methods, their default learning rates and limits",
+               "add_methods_parser"),
+    Subcommand("train", "peftlab.training.loop", "fine-tune one model on one task with one method"),
+    Subcommand("evaluate", "peftlab.training.evaluation", "evaluate a saved run's adapter on its task's dev set"),
+    Subcommand("predict", "peftlab.training.predict",
+               "predict labels (or STS-B scores) for a file of texts with a trained run"),
+    Subcommand("export", "peftlab.training.export",
+               "write a trained run as a merged, standard transformers model folder"),
+    Subcommand("sweep", "peftlab.lab.sweep", "run a grid of fine-tuning runs into a results store"),
+    Subcommand("tune", "peftlab.lab.tune",
+               "choose lambda (and other keys) within a budget: pruned search, then seed re-runs"),
+    Subcommand("report", "peftlab.lab.report",
+               "table of results stores or run folders: mean ± std over seeds per config and task"),
+    Subcommand("plot", "peftlab.lab.plot",
+               "figures from a results store: heatmap, KaSA sigma, learning curves, metric vs rank"),
+    Subcommand("bench", "peftlab.bench.cli", "benchmark every method's cost, and the data path end to end"),
+    Subcommand("serve-judge", "peftlab.tasks.judge_server",
+               "serve a local model as an OpenAI-compatible MT-Bench judge (a weak judge, offline)"),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line: its first word that is not an option."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``peftlab`` parser; only the subcommand that ``argv`` names gets its full parser (module imported)."""
+    command = chosen_command(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="peftlab",
         description="Attention-targeted parameter-efficient fine-tuning lab (Yao et al. lambda, KaSA, baselines).",
     )
     parser.add_argument("--version", action="version", version=f"peftlab {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name == name:  # a subcommand not written yet
-                continue
-            raise
-        module.add_parser(sub)
+    for entry in SUBCOMMANDS:
+        if entry.name == command:
+            getattr(importlib.import_module(entry.module), entry.register)(sub)
+        elif importlib.util.find_spec(entry.module) is not None:  # a subcommand not written yet is not listed
+            sub.add_parser(entry.name, help=entry.help)
     return parser
 
 
@@ -69,20 +100,19 @@ def _unknown_flags(parser: argparse.ArgumentParser, args, extra: list[str]) -> P
 
 
 def _quiet_libraries() -> None:
-    """datasets' per-map progress bars and transformers' load reports drown our own progress and errors."""
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-    except ImportError:
-        pass
+    """datasets' per-map progress bars drown our own progress and errors. The variable keeps them off in a
+    datasets imported later (and in worker processes) without importing it here (a second of start-up)."""
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore", category=FutureWarning)  # library deprecation chatter, not user news
     _quiet_libraries()
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if extra:
         print(f"peftlab: error: {_unknown_flags(parser, args, extra)}", file=sys.stderr)

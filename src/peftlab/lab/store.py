@@ -13,6 +13,7 @@ WAL needs a local file system (not NFS).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -32,10 +33,18 @@ FINISHED = ("ok", "diverged", "collapsed")  # never rerun
 NOT_OK = ("diverged", "collapsed", "failed")
 # Config keys that do not change what a run computes: left out of the run's key.
 KEY_EXCLUDED = ("output_dir", "resume", "overwrite", "threads", "report_to")
-# Options added to TrainConfig after stores existed: at these values they are left out of the key, so a run
-# recorded before the option existed keeps its key (and a rerun of its spec finds it) instead of rerunning.
-KEY_NEUTRAL = {"save": "best", "scheduler": "linear", "grad_accum": 1, "max_steps": None,
-               "gradient_checkpointing": False, "layers": None}
+# The options a run's key was computed from when stores first existed (key schema 1). An option added to
+# TrainConfig since then is hashed only when it differs from its default, so a run recorded before the option
+# existed keeps its key (and a rerun of its spec finds it) instead of every run quietly running again whenever
+# TrainConfig grows a field. tests/test_store_keys.py recomputes the committed study store's keys to hold this.
+KEY_FIELDS_V1 = frozenset((
+    "allow_pickle", "alpha", "batch_size", "checkpoint_every", "corda_mode", "corda_samples", "data_dir", "dropout",
+    "epochs", "eval_batch_size", "eval_before", "eval_every", "eval_file", "eval_seed", "fourierft_n_frequency",
+    "fourierft_scaling", "head_lr", "instruction_fields", "kasa_beta", "kasa_gamma", "kasa_mode", "kasa_reduction",
+    "kasa_truncate_rank", "log_every", "lr", "lr_ratio", "max_eval_samples", "max_grad_norm", "max_length",
+    "max_new_tokens", "max_train_samples", "method", "mixed_precision", "model", "output_dir", "overwrite",
+    "pad_to_max", "pooling", "rank", "resume", "seed", "targets", "task", "train_file", "trust_remote_code",
+    "vera_d_initial", "warmup_ratio", "weight_decay"))
 # Keys whose default changed: hashed as the value they had then (checkpoint_every None meant 0 before).
 KEY_AS_BEFORE = {"checkpoint_every": (None, 0)}
 SHORT_KEY = 12
@@ -67,16 +76,41 @@ _COLUMNS = ("key", "status", "config", "result", "output_dir", "started", "finis
 
 def config_key(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of a resolved config (``TrainConfig.to_dict()``), minus KEY_EXCLUDED and
-    the KEY_NEUTRAL options at their neutral values."""
+    the options added after key schema 1 (KEY_FIELDS_V1) while they are at their defaults."""
+    defaults = _added_option_defaults()
     canonical = {}
     for k, v in config.items():
-        if k in KEY_EXCLUDED or (k in KEY_NEUTRAL and v == KEY_NEUTRAL[k]):
+        if k in KEY_EXCLUDED:
+            continue
+        value = list(v) if isinstance(v, tuple) else v
+        if k not in KEY_FIELDS_V1 and k in defaults and value == defaults[k]:
             continue
         if k in KEY_AS_BEFORE and v == KEY_AS_BEFORE[k][0]:
-            v = KEY_AS_BEFORE[k][1]
-        canonical[k] = list(v) if isinstance(v, tuple) else v
+            value = KEY_AS_BEFORE[k][1]
+        canonical[k] = value
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _added_option_defaults() -> dict[str, Any]:
+    """Defaults of the TrainConfig options that key schema 1 did not have (the schema, not a run's values)."""
+    import dataclasses
+
+    from peftlab.config import TrainConfig
+
+    defaults = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in KEY_FIELDS_V1:
+            continue
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        defaults[f.name] = list(value) if isinstance(value, tuple) else value
+    return defaults
 
 
 def short_key(key: str) -> str:
@@ -391,77 +425,3 @@ def resolve_store_path(path: str | os.PathLike) -> Path:
         raise PeftlabError(f"results store not found: {path}",
                            fix="pass a sweep's results.sqlite (default runs/<spec name>/results.sqlite)")
     return path
-
-
-RUN_RESULT = "result.json"  # a run folder written by ``peftlab train``
-RUN_CONFIG = "config.yaml"
-SOURCE_FIX = ("pass a sweep's results.sqlite (or its output folder), or run folders written by peftlab train "
-              "(holding result.json), e.g. runs/*/")
-
-
-def load_rows(paths: Iterable[str | os.PathLike]) -> list[dict]:
-    """Rows of one or more stores and run folders (a key present in several: the finished row wins).
-
-    Each path is a store file, a sweep output folder holding ``results.sqlite``, or a run folder of
-    ``peftlab train`` (``result.json``, optionally ``config.yaml``) read as one row of the same shape as a
-    store's (:func:`run_folder_row`).
-    """
-    merged: dict[str, dict] = {}
-    for path in paths:
-        for row in _source_rows(Path(path)):
-            old = merged.get(row["key"])
-            if old is None or (old["status"] not in FINISHED and row["status"] in FINISHED):
-                merged[row["key"]] = row
-    return list(merged.values())
-
-
-def _source_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        raise PeftlabError(f"results store not found: {path}", fix=SOURCE_FIX)
-    if path.is_dir() and not (path / STORE_NAME).is_file():
-        if (path / RUN_RESULT).is_file() or (path / RUN_CONFIG).is_file():
-            return [run_folder_row(path)]
-        raise PeftlabError(f"{path} is neither a results store nor a run folder "
-                           f"(no {STORE_NAME}, {RUN_RESULT} or {RUN_CONFIG} in it)", fix=SOURCE_FIX)
-    with Store(resolve_store_path(path), create=False) as store:
-        return store.rows()
-
-
-def run_folder_row(path: str | os.PathLike) -> dict:
-    """One run folder as a store row: key = :func:`config_key` of result.json's ``config`` (else config.yaml's),
-    status from result.json. A folder with config.yaml but no result.json yet is an unfinished ('running') run."""
-    path = Path(path)
-    result_file, config_file = path / RUN_RESULT, path / RUN_CONFIG
-    result = None
-    if result_file.is_file():
-        try:
-            result = json.loads(result_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise PeftlabError(f"cannot read {result_file}: {err}",
-                               fix="rerun the run (peftlab train --resume); result.json is written last") from None
-        if not isinstance(result, dict):
-            raise PeftlabError(f"{result_file} is not a JSON object", fix="pass a run folder written by peftlab train")
-    config = (result or {}).get("config")
-    if not isinstance(config, dict) and config_file.is_file():
-        import yaml
-
-        try:
-            config = yaml.safe_load(config_file.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-            raise PeftlabError(f"cannot read {config_file}: {err}", fix="pass a run folder written by peftlab train") \
-                from None
-    if not isinstance(config, dict):
-        raise PeftlabError(f"no run config in {path}: neither a 'config' in {RUN_RESULT} nor a {RUN_CONFIG}",
-                           fix="pass a run folder written by peftlab train")
-    if result is None:
-        status = "running"  # started (config.yaml is written first), not finished: counted as unfinished
-    else:
-        status = result.get("status")
-        if status not in ("ok", "diverged", "collapsed", "failed"):
-            raise PeftlabError(f"{result_file} has status {status!r}, not ok/diverged/collapsed/failed",
-                               fix="pass finished run folders written by peftlab train")
-    return {"key": config_key(config), "status": status, "config": config, "result": result,
-            "output_dir": str(path), "started": None, "finished": None,
-            "seconds": (result or {}).get("train_seconds"), "attempts": 1,
-            "error": (result or {}).get("status_reason") if status == "failed" else None, "owner": None,
-            "created": None, "updated": None}

@@ -1,26 +1,9 @@
-"""``peftlab sweep SPEC.yaml``: expand a grid of runs, run each once, record every run in a results store.
+"""``peftlab sweep SPEC.yaml``: run each run of a spec once, recording every run in a results store.
 
-A spec is YAML::
-
-    output_dir: runs/my-sweep        # root of the runs (default runs/<spec file stem>), relative to the cwd
-    store: runs/my-sweep/results.sqlite   # default <output_dir>/results.sqlite
-    base:                            # config keys shared by every run (any `peftlab train` key)
-      model: minilm-l6
-      epochs: 3
-    grid:                            # key -> list of values; the sweep is the cartesian product
-      lr_ratio: [1, 2, 4, 8]
-      targets: ["q,v", "q,k,v"]
-      seed: [0, 1, 2]
-    zip:                             # optional: groups of keys whose lists vary together (equal lengths)
-      - task: [rte, mrpc]
-        max_train_samples: [500, 500]
-
-Axes vary in the order written (grid keys, then zip groups), the last fastest. Each run's output folder is
-``<output_dir>/<readable name>-<first 12 hex digits of its key>``, e.g. ``rte-lora-qv-l4-s0-3f2a9c1b7d0e``
-(task, method, targets, lambda, seed; ``before`` for an epochs-0 run); the key is a hash of the resolved config without
-output_dir/resume/overwrite, so re-running a spec (or a spec that overlaps it) skips finished runs
-(ok, diverged, collapsed), reruns unfinished ones (resuming from their checkpoint) and, with
-``--retry-failed``, failed ones. A run that raises is recorded as failed and the sweep goes on.
+The spec (base config, grid, zip groups) and how it expands into runs, keys and output folders:
+:mod:`peftlab.lab.spec`. Re-running a spec (or a spec that overlaps it) skips finished runs (ok, diverged,
+collapsed), reruns unfinished ones (resuming from their checkpoint) and, with ``--retry-failed``, failed ones.
+A run that raises is recorded as failed and the sweep goes on.
 
 Runs execute in this process (default) or in ``--workers N`` spawned processes that claim runs from the
 store (``BEGIN IMMEDIATE``); a worker that dies marks its run failed and is replaced. Each run's output
@@ -32,213 +15,19 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
-import itertools
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from peftlab.errors import PeftlabError, closest
-from peftlab.lab.store import FINISHED, STORE_NAME, Store, config_key, short_key
+from peftlab.errors import PeftlabError
+from peftlab.lab.spec import Sweep, load_spec
+from peftlab.lab.store import FINISHED, Store, config_key, short_key
 
-SPEC_KEYS = ("base", "grid", "zip", "output_dir", "store", "description")
-# Set per run by the sweep itself.
-RUN_MANAGED_KEYS = ("output_dir", "resume", "overwrite")
 DEFAULT_TRAIN = "peftlab.training.loop:train"
-
-
-@dataclass
-class Run:
-    index: int  # 1-based position in the grid
-    key: str
-    cell: dict[str, Any]  # the grid/zip values of this run (what varies)
-    config: dict[str, Any]  # resolved TrainConfig.to_dict(), output_dir included
-    output_dir: str
-
-    @property
-    def short(self) -> str:
-        return short_key(self.key)
-
-    def describe(self) -> str:
-        return " ".join(f"{k}={_fmt_value(v)}" for k, v in self.cell.items()) or "(base config)"
-
-
-@dataclass
-class Sweep:
-    spec_path: Path
-    output_root: Path
-    store_path: Path
-    axes: list[str]  # keys that vary
-    runs: list[Run] = field(default_factory=list)
-    duplicates: int = 0  # grid cells that resolved to a run already in the grid
-
-    @property
-    def keys(self) -> list[str]:
-        return [run.key for run in self.runs]
-
-    @property
-    def log_dir(self) -> Path:
-        return self.output_root / "logs"
-
-
-def _fmt_value(value) -> str:
-    if isinstance(value, (tuple, list)):
-        return ",".join(map(str, value))
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-# --------------------------------------------------------------------------- spec -> runs
-
-
-def expand(base: dict[str, Any], grid: dict[str, list], zip_groups: list[dict[str, list]] | None = None,
-           *, where: str = "sweep spec") -> list[dict[str, Any]]:
-    """The runs of a grid: one dict per cell, ``base`` updated by one value of each grid key and one
-    position of each zip group. Cell dicts keep the axis order (grid keys, then zip groups)."""
-    axes: list[tuple[tuple[str, ...], list[tuple]]] = []
-    seen: dict[str, str] = {}
-
-    def claim_key(key: str, section: str) -> None:
-        if key in seen:
-            raise PeftlabError(f"key '{key}' is swept twice (in {seen[key]} and {section})", where=where,
-                               fix="sweep each key in one place only")
-        seen[key] = section
-
-    for key, values in (grid or {}).items():
-        claim_key(key, "grid")
-        values = _check_list(values, f"grid.{key}", where)
-        axes.append(((key,), [(v,) for v in values]))
-    for i, group in enumerate(zip_groups or []):
-        section = f"zip[{i}]"
-        if not isinstance(group, dict) or not group:
-            raise PeftlabError(f"{section} must be a non-empty mapping of keys to equal-length lists", where=where,
-                               fix="e.g. zip: [{task: [rte, mrpc], epochs: [10, 5]}]")
-        lengths = {}
-        for key, values in group.items():
-            claim_key(key, section)
-            lengths[key] = len(_check_list(values, f"{section}.{key}", where))
-        if len(set(lengths.values())) != 1:
-            detail = ", ".join(f"{k}: {n}" for k, n in lengths.items())
-            raise PeftlabError(f"the lists of {section} have different lengths ({detail})", where=where,
-                               fix="zip groups vary their keys together, so their lists must be equally long")
-        keys = tuple(group)
-        axes.append((keys, list(zip(*(group[k] for k in keys)))))
-    cells = []
-    for combo in itertools.product(*(values for _, values in axes)):
-        cell = dict(base or {})
-        for (keys, _), values in zip(axes, combo):
-            cell.update(zip(keys, values))
-        cells.append(cell)
-    return cells
-
-
-def _check_list(values, name: str, where: str) -> list:
-    if not isinstance(values, list):
-        raise PeftlabError(f"{name} must be a list of values, got {values!r}", where=where,
-                           fix=f"write {name.split('.')[-1]}: [{values!r}] or move it under base:")
-    if not values:
-        raise PeftlabError(f"{name} is an empty list: the sweep would have no runs", where=where,
-                           fix="give it at least one value, or remove it")
-    return values
-
-
-def _check_keys(keys, where: str, section: str) -> None:
-    from peftlab.config import TrainConfig, normalise_keys
-
-    for key in keys:
-        name = str(key).replace("-", "_")
-        if name in RUN_MANAGED_KEYS:
-            fix = ("set the runs' root as output_dir: at the top level of the spec" if name == "output_dir"
-                   else "the sweep resumes unfinished runs itself; use --retry-failed to rerun failed ones")
-            raise PeftlabError(f"'{key}' cannot be set in {section}: the sweep sets it for each run", where=where,
-                               fix=fix)
-        # Names only (values are checked per run): raises with the closest valid key.
-        if name not in TrainConfig.__dataclass_fields__:
-            normalise_keys(TrainConfig, {key: None}, f"{where}: {section}")
-
-
-def _typed_list(values, key, name: str, where: str):
-    """A grid list with each value typed like its config field; non-lists are left to expand() to reject."""
-    from peftlab.config import TrainConfig, normalise_keys
-
-    if not isinstance(values, list):
-        return values
-    return [next(iter(normalise_keys(TrainConfig, {key: v}, f"{where}: {name}").values())) for v in values]
-
-
-def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None) -> Sweep:
-    """Read and validate a spec; every run's config is built (so any bad value fails before training)."""
-    from peftlab.config import TrainConfig, load_yaml, normalise_keys
-
-    path = Path(path)
-    if not path.is_file():
-        raise PeftlabError(f"sweep spec not found: {path}", fix="pass the path of a sweep YAML (see configs/sweeps/)")
-    spec = load_yaml(path)
-    where = str(path)
-    for key in spec:
-        if key not in SPEC_KEYS:
-            raise PeftlabError(f"unknown sweep spec key '{key}'{closest(str(key), SPEC_KEYS)}", where=where,
-                               fix=f"top-level keys are {', '.join(SPEC_KEYS)}; config keys go under base: or grid:")
-    base = spec.get("base") or {}
-    grid = spec.get("grid") or {}
-    zips = spec.get("zip") or []
-    if not isinstance(base, dict):
-        raise PeftlabError("base: must be a mapping of config keys to values", where=where)
-    if not isinstance(grid, dict):
-        raise PeftlabError("grid: must be a mapping of config keys to lists", where=where)
-    if isinstance(zips, dict):
-        zips = [zips]
-    if not isinstance(zips, list):
-        raise PeftlabError("zip: must be a list of groups (mappings of keys to equal-length lists)", where=where)
-    _check_keys(base, where, "base")
-    _check_keys(grid, where, "grid")
-    for i, group in enumerate(zips):
-        if isinstance(group, dict):
-            _check_keys(group, where, f"zip[{i}]")
-    # Type every value once here (errors name the key), not once per run: a 768-run grid stays instant.
-    base = normalise_keys(TrainConfig, base, f"{where}: base")
-    grid = {str(k).replace("-", "_"): _typed_list(v, k, f"grid.{k}", where) for k, v in grid.items()}
-    zips = [{str(k).replace("-", "_"): _typed_list(v, k, f"zip[{i}].{k}", where) for k, v in g.items()}
-            if isinstance(g, dict) else g for i, g in enumerate(zips)]
-
-    root = Path(output_dir or spec.get("output_dir") or Path("runs") / path.stem)
-    store_path = Path(store or spec.get("store") or root / STORE_NAME)
-    cells = expand(base, grid, zips, where=where)
-    sweep = Sweep(spec_path=path, output_root=root, store_path=store_path,
-                  axes=list(grid) + [k for g in zips for k in g])
-    seen: set[str] = set()
-    for cell in cells:
-        varying = {k: cell[k] for k in sweep.axes}
-        try:
-            cfg = TrainConfig(**cell)  # values typed above; __post_init__ runs the cross-field checks
-        except PeftlabError as err:
-            desc = " ".join(f"{k}={_fmt_value(v)}" for k, v in varying.items())
-            what = f"run {{{desc}}}: {err.what}" if desc else err.what
-            raise PeftlabError(what, where=where, fix=err.fix) from None
-        config = cfg.to_dict()
-        key = config_key(config)
-        if key in seen:
-            sweep.duplicates += 1
-            continue
-        seen.add(key)
-        run_dir = str(root / f"{run_name(config)}-{short_key(key)}")
-        config["output_dir"] = run_dir
-        sweep.runs.append(Run(index=len(sweep.runs) + 1, key=key, cell=varying, config=config, output_dir=run_dir))
-    return sweep
-
-
-def run_name(config: dict) -> str:
-    """A readable folder-name prefix: ``rte-lora-qv-l4-s0``; the key's hash that follows keeps it unique."""
-    targets = config.get("targets") or ""
-    targets = "".join(targets.split(",")) if isinstance(targets, str) else "".join(targets)
-    method = "before" if int(config.get("epochs") or 0) == 0 else str(config.get("method"))
-    parts = [str(config.get("task")), method, targets, f"l{_fmt_value(config.get('lr_ratio'))}",
-             f"s{config.get('seed')}"]
-    return "-".join(p.replace("/", "_").replace(" ", "") for p in parts if p)
 
 
 # --------------------------------------------------------------------------- one run
@@ -569,6 +358,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--store", default=None, help="results store (default <output dir>/results.sqlite)")
     parser.add_argument("--verbose", action="store_true",
                         help="show each run's output here instead of in <output dir>/logs/<key>.log")
+    from peftlab.lab.ray_backend import add_backend_flags  # --backend ray: each run a Ray task
+
+    add_backend_flags(parser)
     parser.set_defaults(func=run_cli)
 
 
@@ -595,8 +387,17 @@ def run_cli(args) -> int:
     if args.dry_run:
         dry_run(sweep)
         return 0
-    outcome = run_sweep(sweep, workers=args.workers, retry_failed=args.retry_failed,
-                        capture_output=not args.verbose)
+    from peftlab.lab import ray_backend
+
+    ray_backend.check_backend_args(args)
+    if args.backend == "ray":
+        if args.workers:
+            raise PeftlabError("--workers is for the local backend", fix="with --backend ray use --cpus-per-run")
+        outcome = ray_backend.run_sweep_ray(sweep, ray_backend.RayOptions.from_args(args),
+                                            retry_failed=args.retry_failed, capture_output=not args.verbose)
+    else:
+        outcome = run_sweep(sweep, workers=args.workers, retry_failed=args.retry_failed,
+                            capture_output=not args.verbose)
     counts = outcome.counts
     summary = ", ".join(f"{counts[s]} {s}" for s in ("ok", "diverged", "collapsed", "failed", "pending", "running")
                         if counts[s])

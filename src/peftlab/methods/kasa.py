@@ -20,6 +20,8 @@ default) or ``sum`` (peft's ``LoraModel._get_kasa_loss``).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -31,6 +33,16 @@ KASA_MODES = ("paper", "reference")
 def kasa_modules(model: nn.Module) -> list[nn.Module]:
     """The adapted layers that carry KaSA's learned singular values."""
     return [m for m in model.modules() if getattr(m, "lora_diag", None) is not None and len(m.lora_diag) > 0]
+
+
+def singular_values(model: nn.Module) -> dict[str, list[float]] | None:
+    """KaSA's learned singular values per adapted module (for KaSA Figure 4-style plots); None without KaSA."""
+    out = {}
+    for name, module in model.named_modules():
+        diag = getattr(module, "lora_diag", None)
+        if diag is not None and "default" in diag:
+            out[name.removeprefix("base_model.model.")] = diag["default"].detach().float().cpu().tolist()
+    return out or None
 
 
 # --------------------------------------------------------------------------- truncation
@@ -88,8 +100,10 @@ def low_rank(weight: torch.Tensor, keep: int) -> torch.Tensor:
     return (U[:, :keep] * S[:keep]) @ Vh[:keep, :]
 
 
-def build(model: nn.Module, cfg, lora_config, module_names) -> nn.Module:
-    """peft's KaSA, then (for k != r or reference mode) re-truncate each base from its original weight."""
+def build(model: nn.Module, cfg, lora_config, module_names) -> tuple[nn.Module, dict[str, int]]:
+    """peft's KaSA, then (for k != r or reference mode) re-truncate each base from its original weight.
+
+    Returns the model and the truncation plan (what :func:`write_plan` saves next to the adapter)."""
     from peft import get_peft_model
 
     plan = truncation_plan(model, cfg, module_names)
@@ -97,8 +111,7 @@ def build(model: nn.Module, cfg, lora_config, module_names) -> nn.Module:
     originals = {name: modules[name].weight.detach().clone() for name in plan}
     model = get_peft_model(model, lora_config)
     apply_plan(model, plan, originals)
-    model.peftlab_kasa_plan = plan
-    return model
+    return model, plan
 
 
 def apply_plan(model: nn.Module, plan: dict[str, int], originals: dict[str, torch.Tensor]) -> None:
@@ -115,16 +128,16 @@ def apply_plan(model: nn.Module, plan: dict[str, int], originals: dict[str, torc
 PLAN_FILE = "peftlab_kasa_truncation.json"
 
 
-def write_plan(model: nn.Module, out_dir) -> None:
+def write_plan(plan: dict[str, int] | None, out_dir) -> None:
     """Next to a saved KaSA adapter: the truncations that differ from peft's (nothing when there are none).
 
-    peft's loader re-truncates r components by the paper rule; :func:`load_plan` + :func:`apply_plan` after
-    ``PeftModel.from_pretrained`` restore what this run trained on (``--kasa-truncate-rank``, reference mode).
+    ``plan`` is ``apply_method(...).init_stats.kasa_plan``. peft's loader re-truncates r components by the
+    paper rule; :func:`load_plan` + :func:`apply_plan` after ``PeftModel.from_pretrained`` restore what this
+    run trained on (``--kasa-truncate-rank``, reference mode).
     """
     import json
     from pathlib import Path
 
-    plan = getattr(model, "peftlab_kasa_plan", None)
     if plan:
         (Path(out_dir) / PLAN_FILE).write_text(json.dumps({"keep": plan}, indent=1, sort_keys=True))
 
@@ -175,8 +188,12 @@ def _module_terms(module: nn.Module, adapter: str, mode: str) -> tuple[torch.Ten
     return l2, part_a + part_b
 
 
-def _pairs(model: nn.Module):
-    """The active (module, adapter) KaSA pairs grouped by shape, and the module count; cached on the model.
+# model -> (adapters key, shape groups, module count); weak keys: a model's entry goes when the model does.
+_SHAPE_GROUPS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def shape_groups(model: nn.Module) -> tuple[list[list[tuple[nn.Module, str]]], int]:
+    """The active (module, adapter) KaSA pairs grouped by shape, and the module count; cached per model.
 
     Walking every module (hundreds in a transformer) costs about a millisecond of Python per call, and a
     per-module loss launches ~25 small kernels per module forward and backward; ``regulariser`` runs every
@@ -185,7 +202,7 @@ def _pairs(model: nn.Module):
     """
     adapters = tuple(model.active_adapters) if hasattr(model, "active_adapters") else ("default",)
     key = (adapters, tuple(getattr(model, "peft_config", {}) or {}))
-    cached = model.__dict__.get("_peftlab_kasa_pairs")
+    cached = _SHAPE_GROUPS.get(model)
     if cached is not None and cached[0] == key:
         return cached[1], cached[2]
     modules = kasa_modules(model)
@@ -197,7 +214,7 @@ def _pairs(model: nn.Module):
                 shape_key = (tuple(A.shape), tuple(B.shape), A.device, A.dtype, B.dtype, adapter)
                 groups.setdefault(shape_key, []).append((module, adapter))
     plan = list(groups.values())
-    model.__dict__["_peftlab_kasa_pairs"] = (key, plan, len(modules))
+    _SHAPE_GROUPS[model] = (key, plan, len(modules))
     return plan, len(modules)
 
 
@@ -226,11 +243,11 @@ def regulariser(model: nn.Module, cfg) -> torch.Tensor:
     ``KasaConfig`` beta and gamma) and, with ``mean``, that divided by the number of modules; ``reference``
     mode with ``mean`` equals the authors' ``loss_fn``:
     (beta * sum ||diag||^2 + gamma * sum(||A^T A - I||_F + ||B B^T - I||_F)) / number of modules.
-    Computed batched over same-shaped modules (see :func:`_pairs`): a few kernels per shape instead of
+    Computed batched over same-shaped modules (see :func:`shape_groups`): a few kernels per shape instead of
     ~25 per module, which is what kept KaSA's train step above LoRA's (docs/BENCHMARKS.md).
     """
     mode = getattr(cfg, "kasa_mode", "paper")
-    plan, count = _pairs(model)
+    plan, count = shape_groups(model)
     total: torch.Tensor | float = 0.0
     for pairs in plan:
         l2, ortho = _group_terms(pairs, mode)

@@ -115,8 +115,10 @@ def adamw(groups: list[dict]) -> torch.optim.AdamW:
     return torch.optim.AdamW([{k: v for k, v in g.items() if k != "param_names"} for g in groups])
 
 
-def configure_optimizer(model, targets, heads, cfg: OptimConfig, *, verbose: bool = True) -> torch.optim.AdamW:
-    return adamw(param_groups(model, targets, heads, cfg, verbose=verbose))
+def configure_optimizer(applied, cfg: OptimConfig, *, verbose: bool = False) -> torch.optim.AdamW:
+    """AdamW over the per-projection groups of ``applied`` (what :func:`peftlab.methods.table.apply_method`
+    returned): q, k at ``cfg.lr``, v at ``cfg.lr_ratio * cfg.lr``, the head at ``cfg.head_lr``."""
+    return adamw(param_groups(applied.model, applied.targets, applied.heads, cfg, verbose=verbose))
 
 
 def lr_by_group(groups: list[dict]) -> dict[str, float]:

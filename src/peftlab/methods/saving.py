@@ -45,21 +45,27 @@ def _portable_base(out_dir: Path, base_model: str) -> None:
                                                            "local_path": local}, indent=2) + "\n")
 
 
-def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "") -> Path:
-    """Write the trained part of ``model`` to ``out_dir`` (created). Returns ``out_dir``."""
+def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "", applied=None) -> Path:
+    """Write the trained part of ``model`` to ``out_dir`` (created). Returns ``out_dir``.
+
+    ``applied``: the :class:`~peftlab.methods.table.AppliedMethod` that made ``model`` (``model`` may be its
+    accelerator-unwrapped model). It says whether the adapter is saved converted to plain LoRA (PiSSA, MiLoRA,
+    CorDA: from its initial adapter) and which KaSA truncations to save; without it the adapter is saved as
+    peft holds it.
+    """
     from peftlab.methods.table import METHODS
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = getattr(model, "peftlab_method", None)
+    stats = applied.init_stats if applied is not None else None
     if is_peft(model):
-        if cfg is not None and METHODS[cfg.method].converts_to_lora:
+        if applied is not None and METHODS[applied.method.method].converts_to_lora:
             from peftlab.methods.svd_lora import save_converted
 
-            save_converted(model, out_dir)
+            save_converted(model, out_dir, stats.initial_adapter)
         else:
             model.save_pretrained(out_dir, safe_serialization=True)
-            kasa.write_plan(model, out_dir)  # KaSA truncations that peft's loader would not reproduce
+            kasa.write_plan(stats.kasa_plan if stats else None, out_dir)  # truncations peft's loader would not redo
         _portable_base(out_dir, base_model)
         return out_dir
     # Full fine-tuning: a standard transformers folder (config.json + model.safetensors) that

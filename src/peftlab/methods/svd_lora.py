@@ -51,15 +51,16 @@ def milora_init(model: nn.Module, adapter: str = "default") -> None:
         base.weight.data = (residual.T if transposed else residual).to(weight.dtype)
 
 
-def remember_initial_adapter(model: nn.Module) -> None:
-    """Keep A0, B0 (in memory, tiny) for the conversion to plain LoRA at save time."""
+def initial_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of A0, B0 right after the init (tiny, in memory): :func:`save_converted` needs them at save time."""
     from peft import get_peft_model_state_dict
 
-    model.peftlab_initial_state = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
 
 
-def save_converted(model: nn.Module, out_dir: str | Path) -> None:
-    """Save the trained PiSSA/MiLoRA adapter as a rank-2r LoRA on the original base weights, head included."""
+def save_converted(model: nn.Module, out_dir: str | Path, initial_state: dict[str, torch.Tensor]) -> None:
+    """Save the trained PiSSA/MiLoRA/CorDA adapter as a rank-2r LoRA on the original base weights, head
+    included. ``initial_state``: :func:`initial_adapter_state` of the model before training."""
     from peft import get_peft_model_state_dict
     from safetensors.torch import load_file, save_file
 
@@ -72,7 +73,7 @@ def save_converted(model: nn.Module, out_dir: str | Path) -> None:
         try:
             initial_dir.mkdir()
             config.save_pretrained(initial_dir)
-            save_file(model.peftlab_initial_state, str(initial_dir / "adapter_model.safetensors"))
+            save_file(initial_state, str(initial_dir / "adapter_model.safetensors"))
             model.save_pretrained(out_dir, path_initial_model_for_weight_conversion=str(initial_dir))
         finally:
             config.init_lora_weights = init_mode

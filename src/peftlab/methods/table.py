@@ -9,6 +9,10 @@ Everything but ``full`` and MiLoRA's init is peft: LoRA, DoRA, PiSSA, KaSA (``Lo
 CorDA (``init_lora_weights="corda"``; its calibration runs through ``apply_method(..., calibration=...)``),
 VeRA and FourierFT. To add a method, write a builder and add one row to ``METHODS``; the test matrix in
 ``tests/test_methods.py`` then checks it on every architecture and target set.
+
+:func:`apply_method` returns an :class:`AppliedMethod`: the adapted model together with everything its init
+decided that later steps need (resolved targets, head modules, KaSA's truncation plan, the initial adapter of
+SVD inits, CorDA's calibration time). Nothing is stored on the model itself.
 """
 
 from __future__ import annotations
@@ -17,16 +21,14 @@ import contextlib
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
-from torch import nn
-
-from peftlab.methods import corda
-from peftlab.methods import kasa
-from peftlab.methods import svd_lora as svd_init
 from peftlab.errors import PeftlabError, unknown
 from peftlab.methods.targets import ResolvedTargets, head_module_names, parse_targets, resolve_targets
+
+if TYPE_CHECKING:  # torch and the SVD/KaSA/CorDA modules load when a model is adapted, not to list the table
+    import torch
+    from torch import nn
 
 
 @dataclass
@@ -67,6 +69,8 @@ class MethodConfig:
     """FourierFT: scaling of the inverse DFT (the FourierFT paper uses 150 for RoBERTa-base on GLUE)."""
 
     def __post_init__(self):
+        from peftlab.methods import corda, kasa
+
         self.method = str(self.method).lower()
         if self.method not in METHODS:
             raise unknown("method", self.method, METHODS, where="--method")
@@ -162,32 +166,35 @@ def build_dora(model, cfg, targets, heads, task_type):
 
 def build_pissa(model, cfg, targets, heads, task_type):
     # "pissa" is the exact (full) SVD; "pissa_niter_k" would be faster but randomised.
-    model = _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights="pissa"))
-    svd_init.remember_initial_adapter(model)
-    return model
+    return _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights="pissa"))
 
 
 def build_milora(model, cfg, targets, heads, task_type):
     model = _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights=True))
+    from peftlab.methods import svd_lora as svd_init
+
     svd_init.milora_init(model)
-    svd_init.remember_initial_adapter(model)
     return model
 
 
 def build_kasa(model, cfg, targets, heads, task_type):
+    """peft's KaSA + --kasa-truncate-rank/--kasa-mode; returns ``Built`` with the truncation plan."""
     from peft import KasaConfig
+
+    from peftlab.methods import kasa
 
     kasa_config = KasaConfig(beta=cfg.kasa_beta, gamma=cfg.kasa_gamma)
     config = _lora_config(cfg, targets, heads, task_type, kasa_config=kasa_config)
-    return kasa.build(model, cfg, config, targets.all_modules)  # peft's KaSA + --kasa-truncate-rank/--kasa-mode
+    model, plan = kasa.build(model, cfg, config, targets.all_modules)
+    return Built(model, kasa_plan=plan)
 
 
 def build_corda(model, cfg, targets, heads, task_type, calibration):
+    from peftlab.methods import corda
+
     config = _lora_config(cfg, targets, heads, task_type, init_lora_weights="corda",
                           corda_config=corda.corda_config(cfg))
-    model = corda.build(model, config, cfg, calibration)
-    svd_init.remember_initial_adapter(model)
-    return model
+    return corda.build(model, config, cfg, calibration)
 
 
 def build_vera(model, cfg, targets, heads, task_type):
@@ -221,6 +228,14 @@ def build_fourierft(model, cfg, targets, heads, task_type):
 
 
 @dataclass(frozen=True)
+class Built:
+    """What a builder returns when its init decides something the run needs later (else it returns the model)."""
+
+    model: nn.Module
+    kasa_plan: dict[str, int] | None = None  # KaSA: {module: components kept} where it differs from peft's
+
+
+@dataclass(frozen=True)
 class Method:
     name: str
     summary: str
@@ -245,6 +260,12 @@ class Method:
         return "rank" in self.options
 
 
+def _kasa_regulariser(model: nn.Module, cfg: MethodConfig) -> torch.Tensor:
+    from peftlab.methods import kasa
+
+    return kasa.regulariser(model, cfg)
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in [
@@ -257,7 +278,7 @@ METHODS: dict[str, Method] = {
         Method("milora", "MiLoRA: LoRA initialised from the r smallest singular components", build_milora,
                svd_init=True, converts_to_lora=True),
         Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,
-               svd_init=True, fused_qkv=False, extra_loss=kasa.regulariser,
+               svd_init=True, fused_qkv=False, extra_loss=_kasa_regulariser,
                options=frozenset({"rank", "alpha", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction",
                                   "kasa_truncate_rank", "kasa_mode"})),
         Method("corda", "CorDA: LoRA from a covariance-oriented SVD over task inputs (Yang et al.)", build_corda,
@@ -340,15 +361,40 @@ def _missing_package_is_a_user_error(method: str):
             from None
 
 
+@dataclass(frozen=True)
+class InitStats:
+    """What a method's init decided or measured, needed after it (saving, result.json, plots)."""
+
+    calibration_seconds: float | None = None  # CorDA: wall time of the forward passes over calibration inputs
+    kasa_plan: dict[str, int] | None = None  # KaSA: truncations peft's loader would not reproduce (saved)
+    initial_adapter: dict[str, torch.Tensor] | None = None  # SVD inits: A0, B0, for the conversion to plain LoRA
+    kasa_sigma: dict[str, list[float]] | None = None  # KaSA: learned singular values before any step (plots)
+
+
+@dataclass(frozen=True)
+class AppliedMethod:
+    """The result of :func:`apply_method`: the trainable model and what its init decided."""
+
+    model: nn.Module
+    targets: ResolvedTargets
+    heads: list[str]  # task-head modules trained in full (empty for causal LMs)
+    method: MethodConfig  # the options it was built with (the extra-loss hook and the savers read them)
+    init_stats: InitStats = field(default_factory=InitStats)
+
+    def extra_loss(self, model: nn.Module | None = None) -> torch.Tensor | None:
+        """The method's auxiliary loss on ``model`` (default: the adapted model; pass the unwrapped one)."""
+        return extra_loss(self.model if model is None else model, self.method)
+
+
 def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True, task_type: str | None = None,
-                 calibration: Callable[[], None] | None = None):
-    """Adapt ``model`` as ``cfg`` says; returns ``(model, targets, heads)``.
+                 calibration: Callable[[], None] | None = None) -> AppliedMethod:
+    """Adapt ``model`` as ``cfg`` says; returns an :class:`AppliedMethod`.
 
     ``train_head``: train the task head in full (new classification/regression heads); False for causal LM.
     ``task_type``: peft task type (``SEQ_CLS``/``CAUSAL_LM``), so that generation works through the wrapper.
     ``calibration``: a zero-argument callable that runs ``model`` over calibration inputs (e.g.
     :func:`peftlab.methods.corda.calibration_runner`); used only by methods that need it (CorDA), which record its
-    wall time as ``model.peftlab_calibration_seconds``.
+    wall time in ``init_stats.calibration_seconds``.
     """
     method = METHODS[cfg.method]
     targets = resolve_targets(model, cfg.targets, layers=getattr(cfg, "layers", None))
@@ -359,7 +405,8 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
         )
     _check_rank(model, method, cfg, targets)
     heads = head_module_names(model) if train_head else []
-    # a copy: peft's SEQ_CLS wrapper extends modules_to_save in place, which would corrupt the returned heads
+    calibration_seconds = None
+    # list(heads): a copy, since peft's SEQ_CLS wrapper extends modules_to_save in place
     if method.needs_calibration:
         if calibration is None:
             raise PeftlabError(f"{cfg.method} needs calibration inputs to build its init",
@@ -367,13 +414,25 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
                                    "or pass apply_method(..., calibration=peftlab.methods.corda.calibration_runner(...))")
         timed = _Timed(calibration)
         with _missing_package_is_a_user_error(cfg.method):
-            model = method.build(model, cfg, targets, list(heads), task_type, calibration=timed)
-        model.peftlab_calibration_seconds = timed.seconds
+            built = method.build(model, cfg, targets, list(heads), task_type, calibration=timed)
+        calibration_seconds = timed.seconds
     else:
         with _missing_package_is_a_user_error(cfg.method):
-            model = method.build(model, cfg, targets, list(heads), task_type)
-    model.peftlab_method = cfg  # the extra-loss hook and the savers read it back
-    return model, targets, heads
+            built = method.build(model, cfg, targets, list(heads), task_type)
+    if not isinstance(built, Built):
+        built = Built(built)
+    model = built.model
+    from peftlab.methods import kasa
+    from peftlab.methods import svd_lora as svd_init
+
+    stats = InitStats(
+        calibration_seconds=calibration_seconds,
+        kasa_plan=built.kasa_plan,
+        # A0, B0 (in memory, tiny): an SVD init's adapter is saved converted to plain LoRA on the original base
+        initial_adapter=svd_init.initial_adapter_state(model) if method.converts_to_lora else None,
+        kasa_sigma=kasa.singular_values(model),
+    )
+    return AppliedMethod(model, targets, heads, cfg, stats)
 
 
 class _Timed:
@@ -392,9 +451,9 @@ class _Timed:
             self.seconds += time.perf_counter() - start
 
 
-def extra_loss(model: nn.Module) -> torch.Tensor | None:
-    """The method's auxiliary loss (KaSA's regulariser), or None: the training loop adds it to the task loss."""
-    cfg: MethodConfig | None = getattr(model, "peftlab_method", None)
+def extra_loss(model: nn.Module, cfg: MethodConfig | None) -> torch.Tensor | None:
+    """The auxiliary loss of ``cfg``'s method on ``model`` (KaSA's regulariser), or None: the training loop adds
+    it to the task loss."""
     if cfg is None or METHODS[cfg.method].extra_loss is None:
         return None
     return METHODS[cfg.method].extra_loss(model, cfg)

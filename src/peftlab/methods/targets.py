@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from peftlab.errors import PeftlabError
+
+if TYPE_CHECKING:  # torch loads when a model is inspected, not when targets are parsed
+    from torch import nn
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # attention, then the MLP's (they train at --lr)
 MLP_PROJECTIONS = ("gate", "up", "down")
@@ -38,6 +40,8 @@ _FUSED = (r"attn\.c_attn", r"self_attention\.query_key_value", r"attn\.Wqkv", r"
 
 
 def _is_linear(module: nn.Module) -> bool:
+    from torch import nn
+
     # transformers' GPT-2 uses Conv1D (a transposed linear layer); peft adapts both.
     return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
@@ -177,6 +181,8 @@ def head_module_names(model: nn.Module) -> list[str]:
     it maps every input to nearly the same vector (std ~0.03 across inputs), so a frozen pooler would
     leave the classifier nothing to separate.
     """
+    from torch import nn
+
     heads = [n for n, _ in model.named_children() if n in HEAD_NAMES]
     for name, child in model.named_children():
         pooler = getattr(child, "pooler", None)

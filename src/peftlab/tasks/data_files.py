@@ -1,4 +1,7 @@
-"""GLUE data: reading the ``glue_data`` TSV files (or the Hub), subsets, tokenisation, collation, batching.
+"""GLUE data: reading the ``glue_data`` TSV files (or the Hub), subsets, majority baselines.
+
+Tokenisation, collation and length-grouped batching are in :mod:`peftlab.tasks.batching` (also importable
+from here).
 
 Every split becomes a :class:`datasets.Dataset` with the columns ``text_a`` (str), ``text_b`` (str; absent
 for single-sentence tasks) and ``label`` (class id in ``Task.label_names`` order; float for STS-B).
@@ -28,18 +31,20 @@ import hashlib
 import json
 import math
 import os
-import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from peftlab.errors import PeftlabError, unknown
 from peftlab.tasks.table import TASKS, Task
 
+# Tokenisation, collation and batching live in peftlab.tasks.batching; importable from here too.
+from peftlab.tasks.batching import (  # noqa: F401
+    Collator, length_grouped_batches, make_collator, tokenize, tokenize_hash, tokenized_cache_dir)
+
 SPLITS = ("train", "validation", "validation_matched", "validation_mismatched")
 HUB_DATASET = "nyu-mll/glue"
 _READER_VERSION = "1"  # bump when the parsing changes, so fingerprints (and token caches) change too
-_TOKENIZE_VERSION = "1"
 
 csv.field_size_limit(1 << 24)  # a few GLUE sentences are long; the default limit is 128 KiB
 
@@ -47,7 +52,9 @@ csv.field_size_limit(1 << 24)  # a few GLUE sentences are long; the default limi
 # --------------------------------------------------------------------------- finding the data
 
 
-def _candidate_roots(data_dir: str | os.PathLike | None) -> list[Path]:
+def candidate_roots(data_dir: str | os.PathLike | None) -> list[Path]:
+    """The data roots to look in, in order: ``data_dir`` alone if given, else ``$PEFTLAB_DATA_DIR``, ``./data``
+    and ``../shared/data`` (every task kind finds its local files this way)."""
     if data_dir is not None:
         return [Path(data_dir).expanduser()]
     roots = []
@@ -58,7 +65,8 @@ def _candidate_roots(data_dir: str | os.PathLike | None) -> list[Path]:
     return roots
 
 
-def _explicit_dir_check(data_dir: str | os.PathLike | None) -> None:
+def check_data_dir(data_dir: str | os.PathLike | None) -> None:
+    """An explicit ``--data-dir`` that does not exist is an error, not a silent fall-back."""
     if data_dir is not None and not Path(data_dir).expanduser().is_dir():
         raise PeftlabError(
             f"data folder '{data_dir}' does not exist",
@@ -73,16 +81,11 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
     A root may hold ``glue/`` (and other data sets) or be a ``glue_data`` folder holding ``CoLA/`` etc.
     An explicit ``data_dir`` that does not exist is an error, not a silent fall-back.
     """
-    _explicit_dir_check(data_dir)
-    for root in _candidate_roots(data_dir):
+    check_data_dir(data_dir)
+    for root in candidate_roots(data_dir):
         if root.is_dir():
             return root
     return None
-
-
-def glue_root(root: Path) -> Path:
-    """The folder holding ``CoLA/``, ``SST-2/``, ... under a data root."""
-    return root / "glue" if (root / "glue").is_dir() else root
 
 
 def _split_files(task: Task, split: str) -> list[str]:
@@ -226,7 +229,8 @@ def _load_local(path: Path, task: Task, split: str):
     return ds
 
 
-def _offline() -> bool:
+def hub_offline() -> bool:
+    """HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set: data missing locally is an error, not a download."""
     truthy = {"1", "ON", "YES", "TRUE"}
     return any(os.environ.get(v, "").upper() in truthy for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
 
@@ -262,9 +266,9 @@ def locate_split(task: str, split: str, data_dir: str | os.PathLike | None = Non
                                                                                           list[Path]]:
     """The local file a split comes from (full GLUE first, then the 10k subsets), and every path tried."""
     spec = _check_task_split(task, split)
-    _explicit_dir_check(data_dir)
+    check_data_dir(data_dir)
     tried: list[Path] = []
-    roots = _candidate_roots(data_dir)
+    roots = candidate_roots(data_dir)
     for root in roots:
         # <root>/glue/<Task>/ (a data root), or <root>/<Task>/ (a glue_data folder) when there is no glue/
         folders = [root / "glue"] if (root / "glue").is_dir() or not root.is_dir() else [root / "glue", root]
@@ -332,7 +336,7 @@ def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None)
         ds._fingerprint = _file_fingerprint(source.path, spec.name, split)
         return ds
     hub_error = ""
-    if not _offline():
+    if not hub_offline():
         try:
             return _load_hub(spec, split)
         except Exception as err:  # noqa: BLE001 - any Hub failure becomes the message below
@@ -363,123 +367,6 @@ def subset(ds, n: int | None, seed: int):
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise PeftlabError(f"subset size must be a positive integer, got {n!r}", fix="use a number such as 1000")
     return ds.shuffle(seed=seed).select(range(min(n, len(ds))))
-
-
-# --------------------------------------------------------------------------- tokenisation
-
-
-def tokenized_cache_dir() -> Path:
-    from peftlab.models.registry import cache_dir
-
-    return cache_dir() / "tokenized"
-
-
-def _tokenize_hash(ds, tokenizer, max_length: int, task: str, cache_key: str) -> str:
-    key = {
-        "version": _TOKENIZE_VERSION,
-        "tokenizer": str(getattr(tokenizer, "name_or_path", "")),
-        "tokenizer_class": type(tokenizer).__name__,
-        "vocab_size": len(tokenizer),
-        "truncation_side": getattr(tokenizer, "truncation_side", "right"),
-        "task": task,
-        "cache_key": cache_key,
-        "fingerprint": ds._fingerprint,
-        "max_length": int(max_length),
-    }
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
-    """Tokenise ``text_a``/``text_b`` with truncation to ``max_length`` (no padding).
-
-    Returns a ``Dataset`` with ``input_ids``, ``attention_mask``, [``token_type_ids``,] ``labels`` and
-    ``length``. The result is cached in ``$PEFTLAB_CACHE/tokenized/<hash>.arrow``; the hash covers the
-    tokenizer (name/path, class, vocabulary size), ``task``, ``cache_key``, the data's fingerprint
-    (the file content for local GLUE files) and ``max_length``, so a second call only reads the file.
-    """
-    if max_length is None or int(max_length) <= 0:
-        raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 128")
-    digest = _tokenize_hash(ds, tokenizer, max_length, task, cache_key)
-    out_dir = tokenized_cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pair = "text_b" in ds.column_names
-
-    def encode(batch):
-        texts = (batch["text_a"], batch["text_b"]) if pair else (batch["text_a"],)
-        enc = tokenizer(*texts, truncation=True, max_length=int(max_length))
-        out = dict(enc)
-        out["labels"] = batch["label"]
-        out["length"] = [len(ids) for ids in enc["input_ids"]]
-        return out
-
-    return ds.map(
-        encode,
-        batched=True,
-        remove_columns=ds.column_names,
-        cache_file_name=str(out_dir / f"{digest}.arrow"),
-        load_from_cache_file=True,
-        new_fingerprint=digest,
-        desc=f"tokenising {task}",
-    )
-
-
-# --------------------------------------------------------------------------- collation and batching
-
-
-class Collator:
-    """Pads a list of tokenised examples into a batch of tensors (``length`` is dropped first)."""
-
-    DROP = ("length", "text_a", "text_b")
-
-    def __init__(self, tokenizer, pad_to_max: bool, max_length: int):
-        from transformers import DataCollatorWithPadding
-
-        self.pad_to_max = bool(pad_to_max)
-        self.max_length = int(max_length)
-        self.inner = DataCollatorWithPadding(
-            tokenizer,
-            padding="max_length" if self.pad_to_max else "longest",
-            max_length=self.max_length if self.pad_to_max else None,
-            return_tensors="pt",
-        )
-
-    def __call__(self, features: Sequence[dict]):
-        clean = [{k: v for k, v in f.items() if k not in self.DROP} for f in features]
-        return self.inner(clean)
-
-
-def make_collator(tokenizer, pad_to_max: bool, max_length: int) -> Collator:
-    """Dynamic padding to the longest example, or to ``max_length`` when ``pad_to_max``."""
-    return Collator(tokenizer, pad_to_max, max_length)
-
-
-def _derived_seed(seed: int, epoch: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}:{epoch}".encode()).digest()[:8], "little") >> 1
-
-
-def length_grouped_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """Batches of indices with similar lengths; every index appears exactly once.
-
-    Uses transformers' ``get_length_grouped_indices``: a seeded permutation, megabatches of
-    ``50 * batch_size`` (fewer for small data sets, so there are at least 4), each sorted by length
-    descending; the result is cut into batches, the batch holding the longest example stays first (an
-    out-of-memory error shows at step one) and the others are shuffled. Deterministic in ``(seed, epoch)``.
-    """
-    import torch
-    from transformers.trainer_pt_utils import get_length_grouped_indices
-
-    if batch_size <= 0:
-        raise PeftlabError(f"batch size must be positive, got {batch_size}", fix="use e.g. 32")
-    lengths = [int(x) for x in lengths]
-    if not lengths:
-        return []
-    derived = _derived_seed(seed, epoch)
-    generator = torch.Generator().manual_seed(derived)
-    order = get_length_grouped_indices(lengths, batch_size, generator=generator)
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    rest = batches[1:]
-    random.Random(derived).shuffle(rest)
-    return [batches[0]] + rest
 
 
 # --------------------------------------------------------------------------- baselines

@@ -16,10 +16,7 @@ import warnings
 import numpy as np
 
 from peftlab.errors import unknown
-from peftlab.tasks.table import TASKS
-
-# Metrics where smaller is better (held-out loss of instruction tuning): best-epoch choice and report Avg.
-LOWER_IS_BETTER = frozenset({"eval_loss", "perplexity"})
+from peftlab.tasks.table import LOWER_IS_BETTER, TASKS  # noqa: F401 - LOWER_IS_BETTER re-exported
 
 
 def primary(task: str) -> str:

@@ -1,10 +1,13 @@
 """Task pipelines: the data a run trains on and how it is evaluated, by task kind.
 
 A :class:`Pipeline` is what the training loop needs from a task and nothing more: a tokenised training set
-(with a ``length`` column for length-grouped batching), a collator, and an ``evaluate(model, accelerator)``
-function returning a flat metric dict. Classification/regression (GLUE) lives here; instruction tuning
-(GSM8K, Alpaca, JSON) in :mod:`peftlab.tasks.instructions`. Add a task kind by adding a builder
-``(cfg, tokenizer, model) -> Pipeline`` to ``BUILDERS``.
+(with a ``length`` column for length-grouped batching), a collator, and an ``evaluate(model, accelerator, tag)``
+function returning an :class:`Evaluation` (a flat metric dict, plus extras for result.json such as the
+generation files it wrote). ``tag`` says which evaluation it is: ``before`` (before fine-tuning), ``epoch<N>``
+(after epoch N) or ``evaluate`` (``peftlab evaluate`` of a saved run); a task that writes files names them by
+it. Classification/regression (GLUE) lives here; instruction tuning (GSM8K, Alpaca, JSON) in
+:mod:`peftlab.tasks.instructions`. Add a task kind by adding a builder ``(cfg, tokenizer, model) -> Pipeline``
+to ``BUILDERS``.
 """
 
 from __future__ import annotations
@@ -19,11 +22,40 @@ import torch
 from peftlab.tasks.table import TASKS
 
 
+BEFORE_TAG = "before"  # the evaluation before fine-tuning
+EVALUATE_TAG = "evaluate"  # `peftlab evaluate` of a saved run: never overwrites its training-time files
+
+
+def epoch_tag(epoch: int) -> str:
+    """The tag of the evaluation after epoch ``epoch`` (1-based): ``epoch1``, ``epoch2``..."""
+    return f"epoch{epoch}"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one ``evaluate(model, accelerator, tag)`` returns."""
+
+    metrics: dict[str, float]
+    # For result.json, merged over the run's evaluations (a dict value is merged key by key), e.g.
+    # {"generations": {tag: file name}, "generations_file": file name}.
+    extras: dict = field(default_factory=dict)
+
+
+def merge_extras(into: dict, extras: dict) -> dict:
+    """``into`` updated with one evaluation's extras: a dict value is merged key by key, others replace."""
+    for key, value in extras.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            into[key] = {**into[key], **value}
+        else:
+            into[key] = value
+    return into
+
+
 @dataclass
 class Pipeline:
     train_dataset: Any
     collate: Callable
-    evaluate: Callable  # (model, accelerator) -> dict[str, float]
+    evaluate: Callable  # (model, accelerator, tag) -> Evaluation
     primary_metric: str
     chance: float  # chance level of the primary metric (majority class; 0 for correlations)
     num_eval_examples: int = 0
@@ -80,7 +112,7 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
     chance = data.majority_baseline(cfg.task, train_raw["label"], first_raw["label"])
 
     @torch.no_grad()
-    def evaluate(model, accelerator) -> dict[str, float]:
+    def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: GLUE writes no files
         model.eval()
         results: dict[str, dict[str, float]] = {}
         for split, (_, tokenised) in evals.items():
@@ -95,12 +127,12 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
             results[split] = compute_metrics(cfg.task, torch.cat(logits).numpy(), torch.cat(labels).numpy())
         model.train()
         if len(results) == 1:
-            return next(iter(results.values()))
+            return Evaluation(next(iter(results.values())))
         # MNLI: matched and mismatched, and their mean under the plain metric name (the papers' column).
         flat = {f"{split.replace('validation_', '')}_{k}": v for split, m in results.items() for k, v in m.items()}
         for key in next(iter(results.values())):
             flat[key] = float(np.mean([m[key] for m in results.values()]))
-        return flat
+        return Evaluation(flat)
 
     return Pipeline(train, collate, evaluate, task.primary_metric, chance,
                     num_eval_examples=sum(len(t) for _, t in evals.values()), extras=extras,
@@ -111,11 +143,17 @@ BUILDERS: dict[str, str | Callable] = {
     "classification": build_glue,
     "regression": build_glue,
     "instruction": "peftlab.tasks.instructions:build_pipeline",  # imported on demand
+    # A task's own builder (keyed by task name) wins over its kind's.
+    "mt-bench": "peftlab.tasks.mt_bench:build_pipeline",
+    # Decoder tasks scored on generated text, one kind each.
+    "commonsense": "peftlab.tasks.commonsense:build_pipeline",
+    "math": "peftlab.tasks.math_tasks:build_pipeline",
+    "e2e": "peftlab.tasks.e2e:build_pipeline",
 }
 
 
 def build_pipeline(cfg, tokenizer, model) -> Pipeline:
-    builder = BUILDERS[TASKS[cfg.task].kind]
+    builder = BUILDERS.get(cfg.task) or BUILDERS[TASKS[cfg.task].kind]
     if isinstance(builder, str):
         module, name = builder.split(":")
         builder = getattr(importlib.import_module(module), name)

@@ -1,8 +1,9 @@
 """The task table: label spaces, input fields, metrics and files of every task peftlab can train.
 
 GLUE tasks are sequence classification (STS-B: regression); ``gsm8k``, ``alpaca`` and ``json`` are
-instruction tasks for causal LMs. To add a task, add a row here and, if its files have a new layout, a
-reader in :mod:`peftlab.tasks.data_files`.
+instruction tasks for causal LMs; ``commonsense``, ``math`` and ``e2e`` are causal-LM tasks scored on generated
+text (each its own kind, built by its own module). To add a task, add a row here and, if its files have a new
+layout, a reader in :mod:`peftlab.tasks.data_files`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Task:
     name: str
-    kind: str  # "classification", "regression" or "instruction"
+    kind: str  # "classification", "regression", "instruction", or a generation family: commonsense, math, e2e
     primary_metric: str  # the papers' table column
     label_names: tuple[str, ...] = ()  # index = class id; raw labels in files are mapped by name
     text_fields: tuple[str, ...] = ()  # Hub (nyu-mll/glue) column names of the one or two input texts
@@ -28,6 +29,11 @@ class Task:
     # Default --eval-every (None: 1). GSM8K's evaluation generates an answer per problem, about as costly as
     # an epoch of training on 500 examples, so by default it runs only before and after fine-tuning (0).
     default_eval_every: int | None = None
+    # Generation-scored task families (commonsense, math): the named test sets --eval-sets picks from (all by
+    # default) and the training splits --train-sets picks from; default --max-new-tokens (None: TrainConfig's).
+    eval_set_names: tuple[str, ...] = ()
+    train_set_names: tuple[str, ...] = ()
+    default_max_new_tokens: int | None = None
 
     @property
     def num_labels(self) -> int:
@@ -39,6 +45,11 @@ class Task:
 
 
 _BIN = ("0", "1")
+# LLM-Adapters' test sets as laid out in <data>/commonsense/<set>/ and <data>/math/<set>/ (HellaSwag and the
+# commonsense_170k training mix are not available offline; only these four sets have a train.json).
+COMMONSENSE_TEST_SETS = ("boolq", "piqa", "social_i_qa", "winogrande", "ARC-Easy", "ARC-Challenge", "openbookqa")
+COMMONSENSE_TRAIN_SETS = ("boolq", "ARC-Easy", "ARC-Challenge", "openbookqa")
+MATH_TEST_SETS = ("gsm8k", "AQuA", "AddSub", "MultiArith", "SVAMP", "SingleEq", "mawps")
 
 TASKS: dict[str, Task] = {
     t.name: t
@@ -57,7 +68,61 @@ TASKS: dict[str, Task] = {
              default_max_length=512, default_batch_size=8, default_eval_every=0),
         Task("alpaca", "instruction", "eval_loss", default_max_length=512, default_batch_size=8),
         Task("json", "instruction", "eval_loss", default_max_length=512, default_batch_size=8),
+        # MT-Bench: instruction tuning (alpaca or --train-file), then 80 two-turn questions graded 1-10 by an LLM
+        # judge (peftlab.tasks.mt_bench); 160 generations (+ judge calls) per evaluation: only after the last epoch.
+        Task("mt-bench", "instruction", "mt_bench_score", default_max_length=512, default_batch_size=8,
+             default_eval_every=0),
+        # Generation-scored families (peftlab.tasks.commonsense / math_tasks / e2e): the answer or text is generated
+        # and scored, before and after fine-tuning only (generation over 7 test sets costs more than an epoch).
+        # LLM-Adapters generates 32 new tokens for commonsense answers ("the correct answer is answer2").
+        Task("commonsense", "commonsense", "accuracy", eval_before=True, default_max_length=256, default_batch_size=8,
+             default_eval_every=0, eval_set_names=COMMONSENSE_TEST_SETS, train_set_names=COMMONSENSE_TRAIN_SETS,
+             default_max_new_tokens=32),
+        Task("math", "math", "strict_match", eval_before=True, default_max_length=512, default_batch_size=8,
+             default_eval_every=0, eval_set_names=MATH_TEST_SETS, default_max_new_tokens=256),
+        # E2E test references: 30 tokens on average, p99 51, longest 92 (SmolLM2's tokenizer).
+        Task("e2e", "e2e", "bleu", eval_before=True, default_max_length=256, default_batch_size=8, default_eval_every=0,
+             default_max_new_tokens=64),
     ]
 }
 
 GLUE_TASKS = tuple(name for name, t in TASKS.items() if t.glue_dir)
+
+# Sets the papers use that cannot be had offline: asking for one says so instead of "unknown".
+UNAVAILABLE_SETS = {"hellaswag": "HellaSwag's test set is not available offline (LLM-Adapters' copy is not in the "
+                                 "shared data)"}
+
+
+def canonical_sets(value: str | None, task_name: str, flag: str) -> str | None:
+    """``--eval-sets``/``--train-sets`` (comma-separated, any case) -> the canonical names, comma-joined in the
+    order given (duplicates dropped); None stays None (every set). One-line errors for an unknown name, a set
+    that is unavailable offline, or a task that has no named sets."""
+    if value is None:
+        return None
+    from peftlab.errors import PeftlabError, unknown
+
+    task = TASKS[task_name]
+    names = task.eval_set_names if flag == "eval_sets" else task.train_set_names
+    option = "--" + flag.replace("_", "-")
+    if not names:
+        having = [n for n, t in TASKS.items() if (t.eval_set_names if flag == "eval_sets" else t.train_set_names)]
+        raise PeftlabError(f"{option} is set, but task '{task_name}' has no named sets (it would be ignored)",
+                           fix=f"remove {option}, or use a task that has them: {', '.join(having)}")
+    by_lower = {n.lower(): n for n in names}
+    chosen: list[str] = []
+    for piece in str(value).split(","):
+        piece = piece.strip()
+        if not piece:
+            continue
+        if piece.lower() in UNAVAILABLE_SETS:
+            raise PeftlabError(f"{option}: {UNAVAILABLE_SETS[piece.lower()]}", fix=f"use some of: {', '.join(names)}")
+        if piece.lower() not in by_lower:
+            raise unknown(f"{task_name} set", piece, names, where=option)
+        if by_lower[piece.lower()] not in chosen:
+            chosen.append(by_lower[piece.lower()])
+    if not chosen:
+        raise PeftlabError(f"{option} names no set", fix=f"use some of: {', '.join(names)}")
+    return ",".join(chosen)
+
+# Metrics where smaller is better (held-out loss of instruction tuning): best-epoch choice and report Avg.
+LOWER_IS_BETTER = frozenset({"eval_loss", "perplexity"})

@@ -54,15 +54,16 @@ class LoadedRun:
     model: object
     tokenizer: object
     precision: str  # the run's recorded (or re-resolved) --mixed-precision
+    pooling: str  # the saved config's --pooling as the model loader resolved it (native or mean)
 
 
 def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
              allow_pickle: bool = False, overrides: dict | None = None) -> LoadedRun:
     from peftlab.methods.saving import load_trained, merged
     from peftlab.config import TrainConfig, build_config
-    from peftlab.models.registry import load_model
+    from peftlab.models.registry import load_model_with_pooling
     from peftlab.tasks.table import TASKS
-    from peftlab.training.loop import resolve_precision
+    from peftlab.training.devices import resolve_precision
 
     run_dir = Path(run_dir)
     config_file = run_dir / "config.yaml"
@@ -72,9 +73,9 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
     if adapter is not None:
         adapter = _check_adapter_matches(Path(adapter), cfg, run_dir)
     task = TASKS[cfg.task]
-    base, tokenizer = load_model(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
-                                 trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)
-    model = load_trained(base, adapter or run_dir / "adapter", allow_pickle=allow_pickle or cfg.allow_pickle,
+    loaded = load_model_with_pooling(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
+                                     trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)
+    model = load_trained(loaded.model, adapter or run_dir / "adapter", allow_pickle=allow_pickle or cfg.allow_pickle,
                          base_model=cfg.model)
     if merge:
         model = merged(model)
@@ -82,20 +83,22 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
     # a run without one (older, or killed before its result) resolves the saved config's setting again.
     recorded = _recorded_precision(run_dir)
     precision = recorded or resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))[0]
-    return LoadedRun(cfg, model, tokenizer, precision)
+    return LoadedRun(cfg, model, loaded.tokenizer, precision, loaded.pooling)
 
 
 def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
                  allow_pickle: bool = False, max_eval_samples: int | None = None) -> dict:
-    from peftlab.tasks.prepare import build_pipeline
-    from peftlab.training.loop import make_accelerator
+    """The saved run's metrics on its task's dev set (a generation task logs to ``generations_evaluate.jsonl``,
+    never over the files written during training)."""
+    from peftlab.tasks.prepare import EVALUATE_TAG, build_pipeline
+    from peftlab.training.devices import make_accelerator
 
     overrides = {"max_eval_samples": max_eval_samples} if max_eval_samples is not None else None
     run = load_run(run_dir, adapter=adapter, merge=merge, allow_pickle=allow_pickle, overrides=overrides)
     pipeline = build_pipeline(run.cfg, run.tokenizer, run.model)
     accelerator = make_accelerator(run.precision)
     model = accelerator.prepare(run.model)
-    return pipeline.evaluate(model, accelerator)
+    return pipeline.evaluate(model, accelerator, EVALUATE_TAG).metrics
 
 
 def add_parser(sub) -> None:

@@ -49,9 +49,7 @@ def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool =
     if out.exists() and not overwrite:
         raise PeftlabError(f"{out} already exists", fix="choose another OUT_DIR, or pass --overwrite")
     run = load_run(run_dir)
-    pooling = getattr(run.model, "peftlab_pooling", None) or getattr(
-        getattr(run.model, "base_model", None), "peftlab_pooling", None)
-    if run.cfg.pooling == "mean" or pooling == "mean":
+    if run.cfg.pooling == "mean" or run.pooling == "mean":
         raise PeftlabError(f"{run_dir} was trained with mean pooling, which plain transformers would not apply "
                            "(it reads [CLS]): the exported model would predict differently",
                            fix="export a run trained with --pooling native, or use peftlab evaluate/predict")

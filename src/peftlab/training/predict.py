@@ -57,9 +57,9 @@ def predict_run(run_dir: str | Path, input_path: str | Path, output_path: str | 
     import torch
 
     from peftlab.training.evaluation import load_run
-    from peftlab.training.run_folder import atomic_write_text
+    from peftlab.io_utils import atomic_write_text
     from peftlab.tasks.table import TASKS
-    from peftlab.training.loop import make_accelerator
+    from peftlab.training.devices import make_accelerator
 
     if batch_size <= 0:
         raise PeftlabError(f"--batch-size must be a positive integer, got {batch_size}")

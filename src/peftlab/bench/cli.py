@@ -1,0 +1,195 @@
+"""``peftlab bench``: what each method costs, and what peftlab's data path saves.
+
+Two benchmarks, each writing ``<name>.json`` and ``<name>.md`` into ``--out-dir``:
+
+* **micro** (default): for one model, sequence length and batch size, every method in
+  :data:`peftlab.methods.table.METHODS` (plus the plain ``base`` model, no adapter, head trained) on every target
+  set: adapter init time (``apply_method``: the SVD of PiSSA/MiLoRA/KaSA, CorDA's calibration), the median
+  train step (forward + ``extra_loss`` + backward + AdamW over :func:`peftlab.methods.optim_groups.param_groups`), examples/s,
+  peak memory, and inference latency unmerged and merged (:func:`peftlab.methods.saving.merged`). All
+  configurations are built once and then measured **round-robin** (repeat r visits every configuration, in
+  an order rotated by r), so slow drift of a shared machine hits all of them alike; ratios against LoRA
+  (same targets) and against the base model are medians of per-round *paired* ratios.
+* **e2e** (``--e2e``): ``peftlab.training.loop.train`` run twice per task and seed, with peftlab's default data
+  path (dynamic padding, length-grouped batches, cached tokenisation) and with the papers' setup
+  (``--pad-to-max``, T = ``--seq-len`` = 128): train seconds per epoch and the final dev metric of each.
+
+Timing: ``time.perf_counter`` on CPU; on CUDA ``torch.cuda.Event`` pairs around ``--inner`` steps, in bf16
+autocast (``--precision auto``). Memory: the configuration's standalone resident size (every parameter and
+buffer, counted as if the model were loaded alone, plus AdamW state) plus the transient peak of one train
+step above what was allocated before it. The transient peak is ``torch.cuda.max_memory_allocated`` on
+CUDA; on CPU it is the peak of the torch CPU allocator's live bytes, read from ``torch.profiler``'s memory
+events (``profile_memory=True``; no tracemalloc, which does not see torch's allocations), with the step's
+RSS high-water-mark delta (``/proc/self/clear_refs`` + ``VmHWM``, after ``malloc_trim``) reported beside it.
+
+To keep many configurations resident at once, every configuration shares the frozen parameters that no
+method touches (embeddings, MLPs, norms) with one base model; only the attention projections that some
+target set adapts and the task head are copied per configuration.
+
+Modules: :mod:`~peftlab.bench.micro` and :mod:`~peftlab.bench.e2e` (the two benchmarks),
+:mod:`~peftlab.bench.timing` (clock, round-robin, statistics), :mod:`~peftlab.bench.memory`,
+:mod:`~peftlab.bench.machine` (device, precision, environment), :mod:`~peftlab.bench.models` (models and inputs),
+:mod:`~peftlab.bench.render` (Markdown); this one parses the flags (``peftlab bench``, ``python -m peftlab.bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from peftlab.errors import USER_ERROR_EXIT, PeftlabError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="registered model or path (default: roberta-base-random; with --e2e: minilm-l6)")
+    parser.add_argument("--methods", default=None,
+                        help="comma list of methods (default: every method in peftlab.methods.table.METHODS; "
+                             "with --e2e: lora)")
+    parser.add_argument("--targets", action="append", default=None,
+                        help="a target set such as q,v; repeat the flag for several (default: q,v and q,k,v; "
+                             "with --e2e only the first is used, default q,v)")
+    parser.add_argument("--rank", type=_positive_int, default=8, help="adapter rank (default 8)")
+    parser.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (default 16)")
+    parser.add_argument("--seq-len", type=_positive_int, default=None,
+                        help="tokens per example (default 128; with --e2e the max length T, default 128)")
+    parser.add_argument("--batch-size", type=_positive_int, default=None,
+                        help="examples per step (default 8; with --e2e 32)")
+    parser.add_argument("--warmup", type=_nonnegative_int, default=2, help="untimed warm-up rounds (default 2)")
+    parser.add_argument("--repeats", type=_positive_int, default=7, help="timed rounds per configuration (default 7)")
+    parser.add_argument("--infer-repeats", type=_positive_int, default=None,
+                        help="timed inference rounds (default: --repeats)")
+    parser.add_argument("--inner", type=_positive_int, default=1,
+                        help="back-to-back steps per timed sample (default 1; raise on GPU)")
+    parser.add_argument("--init-repeats", type=_positive_int, default=3,
+                        help="adapter inits per configuration, round-robin (default 3)")
+    parser.add_argument("--calibration-samples", type=_positive_int, default=8,
+                        help="CorDA calibration forwards during init (default 8, from the benchmark batch)")
+    parser.add_argument("--threads", type=_positive_int, default=None,
+                        help="torch CPU threads (default: torch's); 1 is far steadier on a shared machine")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda[:i]")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="auto: bf16 autocast on CUDA, fp32 on CPU")
+    parser.add_argument("--compare-kasa-peft", action="store_true",
+                        help="add a kasa-peft row: KaSA with peft's per-module regulariser (before peftlab batched it)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="time budget: once spent, each timing phase stops after 3 timed rounds (default: none)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random model, inputs and adapter init")
+    parser.add_argument("--out-dir", default="bench_out", help="where the JSON and Markdown go (default bench_out)")
+    parser.add_argument("--name", default=None, help="file name stem (default: derived from the settings)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--render", metavar="JSON", default=None,
+                        help="only re-render the Markdown beside a bench JSON (no benchmark is run)")
+    e2e = parser.add_argument_group("end to end (--e2e)")
+    e2e.add_argument("--e2e", action="store_true",
+                     help="train on a real task twice: dynamic padding vs --pad-to-max (the papers' setup)")
+    e2e.add_argument("--task", default=None, help="GLUE task(s), comma list (default cola)")
+    e2e.add_argument("--epochs", type=_positive_int, default=1, help="epochs per run (default 1)")
+    e2e.add_argument("--seeds", default="0", help="comma list of seeds; each runs both setups (default 0)")
+    e2e.add_argument("--max-train-samples", type=_positive_int, default=None,
+                     help="train on a seeded subset of this many examples (CPU sizing)")
+    e2e.add_argument("--max-eval-samples", type=_positive_int, default=None, help="evaluate on a seeded subset")
+    e2e.add_argument("--lr", type=float, default=None, help="learning rate (default: the method's)")
+    e2e.add_argument("--data-dir", default=None, help="GLUE data root (default as in peftlab train)")
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("bench", help="benchmark every method's cost, and the data path end to end",
+                            description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    parser.set_defaults(func=run_cli)
+
+
+def rerender(path: str | Path) -> str:
+    """Re-render the Markdown of a bench JSON (``--render``); an e2e summary is recomputed from its runs."""
+    from peftlab.bench.e2e import e2e_summary
+    from peftlab.bench.render import markdown_e2e, markdown_micro
+    from peftlab.io_utils import atomic_write_text
+
+    path = Path(path)
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise PeftlabError(f"cannot read bench results {path}: {err}", fix="pass a .json written by peftlab bench") from None
+    if result.get("kind") == "e2e":
+        for run in result["runs"]:
+            if run.get("wall_seconds_per_epoch") is None and run.get("wall_seconds") is not None:
+                run["wall_seconds_per_epoch"] = run["wall_seconds"] / max(1, result["settings"]["epochs"])
+        pairs = dict.fromkeys((r["task"], r["method"]) for r in result["runs"])
+        result["summary"] = [e2e_summary(result["runs"], task, method) for task, method in pairs]
+        text = markdown_e2e(result)
+    elif result.get("kind") == "micro":
+        text = markdown_micro(result)
+    else:
+        raise PeftlabError(f"{path} is not a peftlab bench result", fix="pass a .json written by peftlab bench")
+    atomic_write_text(path.with_suffix(".md"), text)
+    return text
+
+
+def run_cli(args) -> int:
+    import warnings
+
+    if args.render:
+        print(rerender(args.render))
+        return 0
+
+    import torch
+
+    from peftlab.bench.e2e import run_e2e
+    from peftlab.bench.micro import run_micro
+
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft -> transformers, every build
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        if args.e2e:
+            result = run_e2e(args)
+        else:
+            args.model = args.model or "roberta-base-random"
+            result = run_micro(args)
+    finally:
+        torch.set_num_threads(threads)  # callers in the same process (tests) keep their setting
+    print(Path(result["files"]["markdown"]).read_text())
+    print(f"wrote {result['files']['json']} and {result['files']['markdown']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m peftlab.bench ...``: the same as ``peftlab bench`` without the other subcommands' parsers."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = argparse.ArgumentParser(prog="peftlab bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_cli(args)
+    except PeftlabError as err:
+        print(f"peftlab: error: {err}", file=sys.stderr)
+        return USER_ERROR_EXIT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

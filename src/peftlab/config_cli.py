@@ -1,0 +1,242 @@
+"""Config dataclasses <-> command-line flags <-> YAML, on jsonargparse (re-exported by :mod:`peftlab.config`).
+
+jsonargparse (as in litgpt) reads the schema from the dataclasses themselves: each field's ``--help`` text is the
+docstring under it (``docstring_parse_attribute_docstrings``, through docstring-parser), and every value, from a
+flag, a ``--config`` YAML file, a sweep spec or a ``key=value`` filter, is converted and validated by its type
+hint there (one validation style: ``int``, ``float``, ``bool``, ``X | None``, ``Literal[...]`` choices, tuples).
+Nothing here evaluates annotations or parses source by hand. Precedence: defaults < ``--config`` YAML <
+``overrides`` < flags; every bad input is a one-line :class:`~peftlab.errors.PeftlabError` naming the key or flag.
+
+What stays hand-written, and why (measured with jsonargparse 4.53.0):
+
+- The flags are argparse's: ``peftlab train`` is a subcommand of the plain argparse parser of
+  :mod:`peftlab.cli.main` (a jsonargparse parser cannot hang there: it has no ``parse_known_args``), and
+  jsonargparse names its options after the attributes only: ``--lr-ratio 3`` gave "unrecognized arguments",
+  and a bare ``--overwrite`` gave "argument --overwrite: expected one argument" (it wants ``--overwrite true``).
+  So :func:`add_dataclass_flags` keeps today's dashed flags and ``--x/--no-x`` switches (``Literal`` choices
+  shown as ``{a,b}``) and passes the raw strings to jsonargparse.
+- Its errors are several lines ('Parser key "rank":\\n  Expected a <class 'int'>. Got value: x', unknown keys
+  "Option 'lr_rato' is not accepted" without a suggestion), so the messages are ours, with ``errors.closest``.
+- :func:`_peftlab_spelling` keeps the spellings peftlab has always accepted that jsonargparse rejects: ``q,k,v``
+  for a tuple, ``8.0`` for an int, a YAML number for a text option, Python's ``nan``/``inf`` for a float (then
+  refused by the config's own "finite" check); text options keep their text as given (jsonargparse reads
+  ``~``, ``null`` or ``#x`` given to a ``str | None`` as null).
+- ``config.yaml`` is ``yaml.safe_dump`` of ``to_dict()`` as before (jsonargparse's ``dump`` re-validates,
+  rejecting the ``targets: q,v`` spelling, and writes non-ASCII text unescaped): the bytes stay the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import os
+import types
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import ArgumentError, ArgumentParser, set_parsing_settings
+
+from peftlab.errors import PeftlabError, closest
+
+# The string literal under each field is its documentation (the litgpt convention); jsonargparse parses it.
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+
+# --------------------------------------------------------------------------- schema (jsonargparse)
+
+
+@functools.lru_cache(maxsize=None)
+def schema_parser(cls) -> ArgumentParser:
+    """jsonargparse's parser of ``cls``: one typed option per field, its help from the field's docstring."""
+    parser = ArgumentParser(exit_on_error=False, prog=cls.__name__)
+    parser.add_class_arguments(cls, None, as_group=False, instantiate=False)
+    return parser
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of ``cls`` and its dataclass bases, as jsonargparse read it."""
+    return {action.dest: " ".join(str(action.help).split()) for action in schema_parser(cls)._actions
+            if action.dest in cls.__dataclass_fields__ and action.help}
+
+
+@functools.lru_cache(maxsize=None)
+def field_types(cls) -> dict[str, Any]:
+    """Each field's resolved type hint (``typing.get_type_hints`` resolves the postponed annotations)."""
+    return typing.get_type_hints(cls)
+
+
+def _without_none(hint) -> Any:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return hint
+
+
+def _kind(hint) -> Any:
+    """``int`` for ``int | None``, ``tuple`` for ``tuple[str, ...]``, ``typing.Literal`` for choices."""
+    hint = _without_none(hint)
+    origin = typing.get_origin(hint)
+    return origin if origin is not None else hint
+
+
+def choices_of(hint) -> tuple | None:
+    """A ``Literal[...]`` field's allowed values, else None."""
+    hint = _without_none(hint)
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+
+
+# --------------------------------------------------------------------------- argparse flags
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = ()) -> None:
+    """One kebab-case flag per field, grouped by the dataclass that declares it; defaults are None so that
+    only the flags given override YAML. Values stay strings here: :func:`coerce` types them."""
+    docs = field_docs(cls)
+    hints = field_types(cls)
+    by_name = {f.name: f for f in fields(cls)}
+    done: set[str] = set()  # a field redeclared in a subclass (e.g. lr) gets the subclass's flag only
+    for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:
+        title = (klass.__doc__ or klass.__name__).strip().splitlines()[0]
+        group = parser.add_argument_group(title)
+        for name in klass.__dict__.get("__annotations__", {}):
+            if name in skip or name not in by_name or name in done:
+                continue
+            done.add(name)
+            default = by_name[name].default if by_name[name].default is not dataclasses.MISSING else None
+            shown = ",".join(default) if isinstance(default, tuple) else default
+            help_text = docs.get(name, "") + (f" (default: {shown})" if shown is not None else "")
+            help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
+            flag = "--" + name.replace("_", "-")
+            if _kind(hints[name]) is bool:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+                continue
+            choices = choices_of(hints[name])
+            metavar = "{" + ",".join(map(str, choices)) + "}" if choices else name.upper()
+            # no argparse `choices=`: a wrong value must be one line with a suggestion (coerce), not a usage dump
+            group.add_argument(flag, type=str, default=None, metavar=metavar, help=help_text, dest=name)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _peftlab_spelling(hint, value: Any) -> Any:
+    """Spellings peftlab has always accepted that jsonargparse 4.53 rejects, turned into what it accepts."""
+    kind = _kind(hint)
+    if kind is tuple and isinstance(value, str):  # --targets q,k,v and config.yaml's `targets: q,v`
+        return tuple(value.split(","))
+    if kind is tuple and isinstance(value, list):  # YAML lists: hashable for the cache below
+        return tuple(value)
+    if kind is int and isinstance(value, float) and value.is_integer():  # pandas makes int columns with gaps float
+        return int(value)
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):  # YAML reads `layers: 6`
+        return str(value)
+    if kind is float and isinstance(value, str):
+        try:  # Python's nan/inf (jsonargparse reads only YAML's .nan/.inf): the config's check says "finite"
+            number = float(value)
+        except ValueError:
+            return value
+        return value if math.isfinite(number) else number
+    return value
+
+
+def coerce(cls, name: str, value: Any, where: str) -> Any:
+    """Turn a flag string or YAML value into the field's type (jsonargparse); one-line error when it can't."""
+    if value is None:
+        return None
+    hint = field_types(cls)[name]
+    value = _peftlab_spelling(hint, value)
+    if _kind(hint) is str and isinstance(value, str):
+        return value  # text as given: jsonargparse would read `~`, `null` or `#x` of a `str | None` as null
+    try:
+        hash(value)
+    except TypeError:
+        return _validated.__wrapped__(cls, name, value, where)
+    # Sweeps type every cell's values again for each run: validation is cached per (field, value, type).
+    return _validated(cls, name, value, where)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _validated(cls, name: str, value: Any, where: str) -> Any:
+    try:
+        return schema_parser(cls).parse_object({name: value}, defaults=False)[name]
+    except ArgumentError:
+        pass
+    flag = "--" + name.replace("_", "-")
+    choices = choices_of(field_types(cls)[name])
+    if choices:
+        listed = [str(c) for c in choices]
+        raise PeftlabError(f"unknown {flag} '{value}'{closest(str(value), listed)}", where=where,
+                           fix=f"use one of: {', '.join(listed)}")
+    kind = _kind(field_types(cls)[name])
+    raise PeftlabError(f"{flag} must be {getattr(kind, '__name__', kind)}, got {value!r}", where=where)
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise PeftlabError(f"config file not found: {path}", fix="check the --config path")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise PeftlabError(f"invalid YAML: {getattr(err, 'problem', err)}", where=where) from None
+    if not isinstance(data, dict):
+        raise PeftlabError("a config file must be a mapping of keys to values", where=str(path))
+    return data
+
+
+def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
+    """Keys with dashes or underscores (``lr-ratio`` = ``lr_ratio``) -> typed values; unknown keys name the
+    closest one (jsonargparse's own message, "Option 'x' is not accepted", suggests none)."""
+    names = [f.name for f in fields(cls)]
+    out = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in names:
+            raise PeftlabError(f"unknown config key '{key}'{closest(name, names)}", where=where,
+                               fix="remove it or use a key from `peftlab train --help`")
+        out[name] = coerce(cls, name, value, where)
+    return out
+
+
+def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
+                 flag_values: dict[str, Any] | None = None, check_explicit: bool = False):
+    """defaults < YAML file < ``overrides`` (already typed, e.g. a sweep cell) < command-line flags.
+
+    ``check_explicit`` (``peftlab train``): an option set in the YAML or by a flag that the run would ignore
+    (e.g. ``--alpha`` with VeRA) is an error (:func:`peftlab.methods.table.check_explicit_options`).
+    The cross-field checks are the dataclass's own ``__post_init__``."""
+    values: dict[str, Any] = {}
+    explicit: set[str] = set()
+    if yaml_path:
+        from_yaml = normalise_keys(cls, load_yaml(yaml_path), str(yaml_path))
+        values.update(from_yaml)
+        explicit.update(k for k, v in from_yaml.items() if v is not None)
+    if overrides:
+        values.update(normalise_keys(cls, overrides, "sweep spec"))
+    for name, value in (flag_values or {}).items():
+        if value is not None:
+            values[name] = coerce(cls, name, value, "command line")
+            explicit.add(name)
+    cfg = cls(**values)
+    if check_explicit:
+        from peftlab.methods.table import check_explicit_options
+
+        check_explicit_options(cfg, explicit)
+    return cfg
+
+
+def config_yaml(cfg) -> str:
+    """The resolved config as YAML: what ``config.yaml`` holds and ``peftlab train --print-config`` prints."""
+    data = cfg.to_dict() if hasattr(cfg, "to_dict") else dataclasses.asdict(cfg)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def save_config(cfg, path: str | Path) -> None:
+    Path(path).write_text(config_yaml(cfg))

@@ -1,0 +1,419 @@
+"""``peftlab sweep --backend ray`` (and ``peftlab tune --backend ray``): each run as a Ray task.
+
+The driver (the process that runs the sweep) owns the SQLite results store exactly as the local backend
+does: it registers the runs, claims each pending one (owner = the driver process), submits it as a Ray task
+and records what the task returns. The task trains with the local backend's own
+:func:`peftlab.lab.sweep.run_one` (adopting a finished result.json, resuming a checkpoint) but hands the
+outcome back instead of writing the store, so the store never has to be reachable from other machines and
+only the driver ever writes it; ``peftlab report``/``plot`` read it as before.
+
+What happens when something dies:
+
+* a run that raises: recorded ``failed`` with its reason, as locally (an error is not retried);
+* a Ray worker process (or its node) that dies mid-run, e.g. the OOM killer or a preempted machine: Ray
+  runs the task again (``--max-retries``, default 2); the retry resumes from the run's last checkpoint, as
+  its folder is the same. After the last retry the run is recorded ``failed`` with Ray's reason, and
+  ``--retry-failed`` queues it again;
+* the driver killed: its rows stay ``running`` with a dead owner, which the next sweep resets to pending
+  (they resume from their checkpoints); Ray ends a dead driver's tasks with its job.
+
+A run is recorded once: only the driver writes, and a claim takes one outcome (``Store.finish``).
+
+A cluster: ``ray start --head`` on one machine, ``ray start --address HEAD:6379`` on the others, then the
+sweep on the head with ``--address HEAD:6379`` (or ``auto``). Every node needs peftlab installed and must
+see the runs' root and the data at the same paths (a shared file system): run folders are written by the
+workers, with absolute paths. The driver's ``PEFTLAB_*``, ``HF_*`` and ``TOKENIZERS_PARALLELISM``
+variables are passed to the tasks. Without ``--address`` a local Ray is started for the sweep and stopped
+after it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from peftlab.errors import PeftlabError
+
+INSTALL_HINT = 'pip install "peftlab[ray]"  (or: pip install "ray[default]")'
+DEFAULT_MAX_RETRIES = 2
+# Test seam (like PEFTLAB_FAULT_NAN_AT_STEP): "EPOCH:MARKER" makes the first Ray task to end epoch EPOCH
+# SIGKILL its own worker process (once: it creates MARKER first), as the OOM killer or a lost node would.
+FAULT_KILL_ENV = "PEFTLAB_FAULT_KILL_AFTER_EPOCH"
+FORWARDED_ENV_PREFIXES = ("PEFTLAB_", "HF_", "TRANSFORMERS_")
+FORWARDED_ENV = ("TOKENIZERS_PARALLELISM",)
+
+
+def require_ray():
+    """The ``ray`` module, or the one-line error that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise PeftlabError("--backend ray needs Ray, which is not installed", fix=INSTALL_HINT) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How runs are placed on Ray (``--address``, ``--cpus-per-run``, ``--gpus-per-run``, ``--max-retries``)."""
+
+    address: str | None = None  # None: start a local Ray for this command
+    cpus_per_run: float = 1.0
+    gpus_per_run: float | None = None  # None: 1 when the cluster has GPUs, else 0
+    max_retries: int = DEFAULT_MAX_RETRIES
+
+    def __post_init__(self):
+        if not self.cpus_per_run > 0:
+            raise PeftlabError(f"--cpus-per-run must be > 0, got {self.cpus_per_run}")
+        if self.gpus_per_run is not None and self.gpus_per_run < 0:
+            raise PeftlabError(f"--gpus-per-run must be >= 0, got {self.gpus_per_run}",
+                               fix="e.g. --gpus-per-run 1, or 0.25 to pack four small runs on one GPU")
+        if self.max_retries < 0:
+            raise PeftlabError(f"--max-retries must be >= 0, got {self.max_retries}")
+
+    @classmethod
+    def from_args(cls, args) -> "RayOptions":
+        return cls(address=args.address, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
+                   max_retries=args.max_retries)
+
+
+def add_backend_flags(parser) -> None:
+    """``--backend``, ``--address``, ``--cpus-per-run``, ``--gpus-per-run``, ``--max-retries`` (sweep and tune)."""
+    parser.add_argument("--backend", choices=("local", "ray"), default="local",
+                        help="local (default: this machine's processes) or ray (each run a Ray task; "
+                             f"needs {INSTALL_HINT})")
+    parser.add_argument("--address", default=None,
+                        help="--backend ray: the Ray cluster to use (HEAD:6379 or auto; default: start a "
+                             "local Ray for this command)")
+    parser.add_argument("--cpus-per-run", type=float, default=1.0, metavar="N",
+                        help="--backend ray: CPUs each run reserves (default 1)")
+    parser.add_argument("--gpus-per-run", type=float, default=None, metavar="F",
+                        help="--backend ray: GPUs each run reserves, fractions allowed (0.25: four runs per GPU; "
+                             "default 1 when the cluster has GPUs, else 0)")
+    parser.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, metavar="N",
+                        help="--backend ray: times a run whose worker process died is started again, resuming "
+                             f"its checkpoint (default {DEFAULT_MAX_RETRIES}); then it is recorded failed")
+
+
+def check_backend_args(args) -> None:
+    """Ray-only flags with the local backend are a mistake worth one line, not a silent no-op."""
+    if getattr(args, "backend", "local") == "ray":
+        return
+    given = [flag for flag, value, default in (("--address", args.address, None),
+                                                ("--cpus-per-run", args.cpus_per_run, 1.0),
+                                                ("--gpus-per-run", args.gpus_per_run, None),
+                                                ("--max-retries", args.max_retries, DEFAULT_MAX_RETRIES))
+             if value != default]
+    if given:
+        raise PeftlabError(f"{given[0]} only applies to --backend ray", fix="add --backend ray, or drop it")
+
+
+# --------------------------------------------------------------------------- connecting
+
+
+@dataclass
+class Connection:
+    started_here: bool  # a local Ray this command started (and stops)
+    gpus_per_run: float
+    cpus_per_run: float
+    slots: int  # runs the cluster can hold at once with these resources
+
+    def describe(self) -> str:
+        gpus = f", {self.gpus_per_run:g} GPU" if self.gpus_per_run else ""
+        return f"Ray: {self.slots} run(s) at a time ({self.cpus_per_run:g} CPU{gpus} each)"
+
+
+def connect(options: RayOptions, *, show_output: bool = False) -> Connection:
+    """Join ``options.address`` (or a Ray this process already joined), else start a local Ray.
+    ``show_output`` (``--verbose``): the tasks' output is printed here instead of only in the run logs."""
+    ray = require_ray()
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": show_output}
+        if options.address:
+            kwargs["address"] = options.address
+        else:
+            kwargs["include_dashboard"] = False
+        try:
+            ray.init(**kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            where = f"--address {options.address}" if options.address else "a local Ray"
+            raise PeftlabError(f"cannot start or reach Ray ({where}): {' '.join(str(err).split())[:300]}",
+                               fix="start the cluster with `ray start --head` and pass its address "
+                                   "(HEAD:6379, or auto on the head), or drop --address for a local Ray") from None
+        started = not options.address
+    resources = ray.cluster_resources()
+    gpus = options.gpus_per_run
+    if gpus is None:
+        gpus = 1.0 if resources.get("GPU", 0) >= 1 else 0.0
+    if gpus > resources.get("GPU", 0):
+        _shutdown_if(started)
+        raise PeftlabError(f"--gpus-per-run {gpus:g} but the Ray cluster has {resources.get('GPU', 0):g} GPU(s)",
+                           fix="lower --gpus-per-run, or add GPU nodes (ray start --address ... --num-gpus N)")
+    if options.cpus_per_run > resources.get("CPU", 0):
+        _shutdown_if(started)
+        raise PeftlabError(f"--cpus-per-run {options.cpus_per_run:g} but the Ray cluster has "
+                           f"{resources.get('CPU', 0):g} CPU(s)", fix="lower --cpus-per-run")
+    slots = int(resources.get("CPU", 0) // options.cpus_per_run)
+    if gpus:
+        slots = min(slots, int(resources.get("GPU", 0) // gpus))
+    return Connection(started_here=started, gpus_per_run=gpus, cpus_per_run=options.cpus_per_run,
+                      slots=max(1, slots))
+
+
+def _shutdown_if(started: bool) -> None:
+    if started:
+        require_ray().shutdown()
+
+
+def disconnect(connection: Connection) -> None:
+    _shutdown_if(connection.started_here)
+
+
+def forwarded_env(local: bool) -> dict[str, str]:
+    """The driver's variables the tasks get; on a local Ray also its import path (like multiprocessing's spawn),
+    so a train function named "module:attr" imports in the workers as it does here."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES) or k in FORWARDED_ENV}
+    if local:
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    return env
+
+
+# --------------------------------------------------------------------------- inside a Ray worker
+
+
+class _Outcome:
+    """Stands in for the Store inside a task: :func:`run_one` records into it; the driver writes the store."""
+
+    def __init__(self):
+        self.result: dict | None = None
+        self.error: str | None = None
+
+    def finish(self, key: str, result: dict) -> bool:
+        self.result = result
+        return True
+
+    def fail(self, key: str, error: str) -> bool:
+        self.error = error
+        return True
+
+
+def _fault_kill_hook() -> Callable | None:
+    spec = os.environ.get(FAULT_KILL_ENV)
+    if not spec:
+        return None
+    epoch_text, _, marker = spec.partition(":")
+    marker_path = Path(marker)
+
+    def hook(end) -> None:
+        if end.epoch != int(epoch_text):
+            return None
+        marker_path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # O_EXCL: of runs reaching the epoch together, exactly one dies
+            fd = os.open(marker_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return None
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return None
+
+    return hook
+
+
+def _chain(*hooks: Callable | None) -> Callable | None:
+    hooks = tuple(h for h in hooks if h is not None)
+    if not hooks:
+        return None
+
+    def on_epoch_end(end):
+        answer = None
+        for hook in hooks:
+            answer = hook(end) or answer
+        return answer
+
+    return on_epoch_end
+
+
+def with_epoch_hook(train_fn: Callable, hook: Callable | None) -> Callable:
+    """``train_fn`` with ``on_epoch_end=hook`` when it takes one (peftlab's loop does; a test double may not)."""
+    if hook is None:
+        return train_fn
+    try:
+        takes_hook = "on_epoch_end" in inspect.signature(train_fn).parameters
+    except (TypeError, ValueError):
+        takes_hook = False
+    return functools.partial(train_fn, on_epoch_end=hook) if takes_hook else train_fn
+
+
+def execute_run(run: dict, train_fn_name: str, log_path: str | None, threads: int, reporter=None) -> dict:
+    """One run in a Ray worker, as a local sweep worker runs it; returns ``{"result"|"error", "pid"}``.
+
+    ``reporter`` (``peftlab tune``) has ``hook()``: the run's ``on_epoch_end``, which reports each epoch's dev
+    metric to the study and answers whether to stop (prune) the run."""
+    from peftlab.lab.store import short_key
+    from peftlab.lab.sweep import _output_to, resolve_train_fn, run_one
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+    except ImportError:  # pragma: no cover - a test double of the train function
+        pass
+    hook = _chain(reporter.hook() if reporter is not None else None, _fault_kill_hook())
+    train_fn = with_epoch_hook(resolve_train_fn(train_fn_name), hook)
+    outcome = _Outcome()
+    with _output_to(Path(log_path) if log_path else None):
+        print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} in a Ray worker "
+              f"(pid {os.getpid()}, host {os.uname().nodename})", flush=True)
+        run_one(run["config"], run["key"], train_fn, outcome)
+    return {"result": outcome.result, "error": outcome.error, "pid": os.getpid()}
+
+
+# --------------------------------------------------------------------------- the driver's pool
+
+
+def _absolute_run(run: dict) -> dict:
+    """The task's copy of a run with an absolute output_dir (a worker's cwd is not the driver's on a cluster).
+    The store keeps the config as registered: output_dir is not part of a run's key."""
+    config = dict(run["config"])
+    config["output_dir"] = str(Path(config["output_dir"]).resolve())
+    return {"key": run["key"], "config": config}
+
+
+class RayPool:
+    """Submits runs as Ray tasks and hands back their outcomes as they finish (the driver records them)."""
+
+    def __init__(self, connection: Connection, options: RayOptions, *, train_fn_name: str,
+                 log_dir: Path | None):
+        ray = require_ray()
+        self.ray = ray
+        self.connection = connection
+        self.log_dir = log_dir.resolve() if log_dir is not None else None
+        self.train_fn_name = train_fn_name
+        self.remote = ray.remote(execute_run).options(
+            num_cpus=connection.cpus_per_run, num_gpus=connection.gpus_per_run,
+            max_retries=options.max_retries, retry_exceptions=False,
+            runtime_env={"env_vars": forwarded_env(local=connection.started_here or not options.address)})
+        self.max_retries = options.max_retries
+        self.in_flight: dict[Any, str] = {}  # object ref -> run key
+
+    def __len__(self) -> int:
+        return len(self.in_flight)
+
+    def submit(self, run: dict, reporter=None) -> None:
+        from peftlab.lab.store import short_key
+
+        log = str(self.log_dir / f"{short_key(run['key'])}.log") if self.log_dir is not None else None
+        threads = max(1, int(self.connection.cpus_per_run))
+        ref = self.remote.remote(_absolute_run(run), self.train_fn_name, log, threads, reporter)
+        self.in_flight[ref] = run["key"]
+
+    def wait(self, timeout: float) -> list[tuple[str, dict]]:
+        """Outcomes of the tasks that finished within ``timeout`` seconds: ``(key, {"result"|"error"})``."""
+        if not self.in_flight:
+            return []
+        done, _ = self.ray.wait(list(self.in_flight), num_returns=len(self.in_flight), timeout=timeout)
+        out = []
+        for ref in done:
+            key = self.in_flight.pop(ref)
+            try:
+                out.append((key, self.ray.get(ref)))
+            except self.ray.exceptions.RayError as err:  # the worker (or node) died max_retries + 1 times
+                reason = " ".join(str(err).split())[:300]
+                out.append((key, {"result": None, "error": f"Ray worker died {self.max_retries + 1} time(s) "
+                                                            f"({type(err).__name__}: {reason})"}))
+        return out
+
+    def cancel(self) -> list[str]:
+        """Stop every task still in flight (Ctrl-C); returns their keys."""
+        keys = list(self.in_flight.values())
+        for ref in list(self.in_flight):
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - already finished or gone
+                pass
+        self.in_flight.clear()
+        return keys
+
+
+def record(store, key: str, outcome: dict) -> str:
+    """Write a task's outcome into the driver's store; returns the status recorded."""
+    result = outcome.get("result")
+    if result is not None:
+        store.finish(key, result)
+        return result["status"]
+    store.fail(key, outcome.get("error") or "the Ray task returned no result")
+    return "failed"
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def run_sweep_ray(sweep, options: RayOptions, *, retry_failed: bool = False, train_fn: str | None = None,
+                  progress: bool = True, capture_output: bool = True, poll_seconds: float = 1.0):
+    """:func:`peftlab.lab.sweep.run_sweep` with every pending run a Ray task; returns a SweepOutcome."""
+    from peftlab.lab.store import Store, short_key
+    from peftlab.lab.sweep import SweepOutcome, _train_fn_name, finished_summary
+
+    require_ray()
+    sweep.output_root.mkdir(parents=True, exist_ok=True)
+    store = Store(sweep.store_path)
+    connection = None
+    claimed: set[str] = set()
+    pool = None
+    to_run: list = []
+    say = print if progress else (lambda *a, **k: None)
+    try:
+        store.register((run.key, run.config, run.output_dir) for run in sweep.runs)
+        reset = store.prepare(sweep.keys, retry_failed=retry_failed)
+        if reset["running"]:
+            say(f"resuming {reset['running']} run(s) left unfinished by a killed sweep")
+        if reset["failed"]:
+            say(f"retrying {reset['failed']} failed run(s)")
+        statuses = store.statuses()
+        to_run = [run for run in sweep.runs if statuses.get(run.key) == "pending"]
+        if to_run:
+            connection = connect(options, show_output=not capture_output)
+            say(connection.describe())
+            pool = RayPool(connection, options, train_fn_name=_train_fn_name(train_fn),
+                           log_dir=sweep.log_dir if capture_output else None)
+            by_key = {run.key: run for run in sweep.runs}
+            for run in to_run:
+                if store.claim(run.key) is None:  # another live process has it
+                    continue
+                claimed.add(run.key)
+                pool.submit({"key": run.key, "config": run.config})
+            done = 0
+            while len(pool):
+                for key, outcome in pool.wait(poll_seconds):
+                    status = record(store, key, outcome)
+                    claimed.discard(key)
+                    done += 1
+                    row = store.get(key)
+                    what = (f"failed: {row['error']}" if status == "failed"
+                            else f"{status}, {finished_summary(row)}")
+                    say(f"[{done}/{len(to_run)}] run {short_key(key)} ({by_key[key].describe()}): {what}")
+    except BaseException:
+        if pool is not None:
+            pool.cancel()
+        for key in claimed:  # Ctrl-C: hand the runs back; the next sweep resumes their checkpoints
+            store.release(key)
+        raise
+    finally:
+        counts = store.counts(sweep.keys)
+        statuses = store.statuses()
+        store.close()
+        if connection is not None:
+            disconnect(connection)
+    ran = {run.key for run in to_run}
+    failed = [k for k in sweep.keys if k in ran and statuses.get(k) == "failed"]
+    return SweepOutcome(total=len(sweep.keys), counts=counts, ran=len(ran), failed_keys=failed)

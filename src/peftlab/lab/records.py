@@ -1,0 +1,283 @@
+"""Run records: the one place that collects what reports and plots read.
+
+A *row* is one run as a results store holds it (``key``, ``status``, ``config``, ``result`` = the run's
+result.json, ``output_dir``, ...), whether it comes from a sweep's ``results.sqlite`` or from a run folder
+written by ``peftlab train`` (:func:`load_rows`). A :class:`RunRecord` is a finished (or failed) row with the
+reported metric picked out (:func:`collect`). Everything a table or a figure needs about a run comes from its
+record (method, targets, seed, parameter counts, majority baseline, ...) or from the task table
+(:mod:`peftlab.tasks.table`); never from method or model code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from peftlab.errors import PeftlabError, closest
+from peftlab.lab.store import FINISHED, STORE_NAME, Store, config_key, resolve_store_path
+
+RUN_RESULT = "result.json"  # a run folder written by ``peftlab train``
+RUN_CONFIG = "config.yaml"
+SOURCE_FIX = ("pass a sweep's results.sqlite (or its output folder), or run folders written by peftlab train "
+              "(holding result.json), e.g. runs/*/")
+RUN_STATUSES = ("ok", "diverged", "collapsed", "failed")  # what a finished run's result.json may say
+
+# Never row-distinguishing: bookkeeping, the seed (averaged over) and the task (the columns).
+NON_RESULT_KEYS = ("output_dir", "resume", "overwrite", "seed", "task", "log_every", "checkpoint_every",
+                   "eval_batch_size", "data_dir", "allow_pickle", "trust_remote_code", "threads", "report_to",
+                   "judge_api_key_env", "judge_timeout", "judge_retries", "judge_parallel")  # how, not who, judges
+# Keys that cannot change an untrained model's metrics: the before-fine-tuning rows pool over them.
+TRAINING_ONLY_KEYS = ("lr", "lr_ratio", "head_lr", "weight_decay", "warmup_ratio", "epochs", "batch_size",
+                      "max_grad_norm", "max_train_samples", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction")
+# Label columns come in this order when they vary; others follow alphabetically.
+LABEL_ORDER = ("model", "method", "targets", "rank", "alpha", "lr", "lr_ratio", "head_lr", "epochs", "batch_size",
+               "max_length", "weight_decay", "dropout")
+UNSCALED_HINTS = ("loss", "perplexity", "ppl", "mt_bench")  # mt_bench_*: judge scores on a 1-10 scale
+
+
+# --------------------------------------------------------------------------- rows: stores and run folders
+
+
+def load_rows(paths: Iterable[str | os.PathLike]) -> list[dict]:
+    """Rows of one or more stores and run folders (a key present in several: the finished row wins).
+
+    Each path is a store file, a sweep output folder holding ``results.sqlite``, or a run folder of
+    ``peftlab train`` (``result.json``, optionally ``config.yaml``) read as one row of the same shape as a
+    store's (:func:`run_folder_row`).
+    """
+    merged: dict[str, dict] = {}
+    for path in paths:
+        for row in _source_rows(Path(path)):
+            old = merged.get(row["key"])
+            if old is None or (old["status"] not in FINISHED and row["status"] in FINISHED):
+                merged[row["key"]] = row
+    return list(merged.values())
+
+
+def _source_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        raise PeftlabError(f"results store not found: {path}", fix=SOURCE_FIX)
+    if path.is_dir() and not (path / STORE_NAME).is_file():
+        if (path / RUN_RESULT).is_file() or (path / RUN_CONFIG).is_file():
+            return [run_folder_row(path)]
+        raise PeftlabError(f"{path} is neither a results store nor a run folder "
+                           f"(no {STORE_NAME}, {RUN_RESULT} or {RUN_CONFIG} in it)", fix=SOURCE_FIX)
+    with Store(resolve_store_path(path), create=False) as store:
+        return store.rows()
+
+
+def run_folder_row(path: str | os.PathLike) -> dict:
+    """One run folder as a store row: key = :func:`config_key` of result.json's ``config`` (else config.yaml's),
+    status from result.json. A folder with config.yaml but no result.json yet is an unfinished ('running') run."""
+    path = Path(path)
+    result_file, config_file = path / RUN_RESULT, path / RUN_CONFIG
+    result = None
+    if result_file.is_file():
+        try:
+            result = json.loads(result_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise PeftlabError(f"cannot read {result_file}: {err}",
+                               fix="rerun the run (peftlab train --resume); result.json is written last") from None
+        if not isinstance(result, dict):
+            raise PeftlabError(f"{result_file} is not a JSON object", fix="pass a run folder written by peftlab train")
+    config = (result or {}).get("config")
+    if not isinstance(config, dict) and config_file.is_file():
+        import yaml
+
+        try:
+            config = yaml.safe_load(config_file.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            raise PeftlabError(f"cannot read {config_file}: {err}", fix="pass a run folder written by peftlab train") \
+                from None
+    if not isinstance(config, dict):
+        raise PeftlabError(f"no run config in {path}: neither a 'config' in {RUN_RESULT} nor a {RUN_CONFIG}",
+                           fix="pass a run folder written by peftlab train")
+    if result is None:
+        status = "running"  # started (config.yaml is written first), not finished: counted as unfinished
+    else:
+        status = result.get("status")
+        if status not in RUN_STATUSES:
+            raise PeftlabError(f"{result_file} has status {status!r}, not ok/diverged/collapsed/failed",
+                               fix="pass finished run folders written by peftlab train")
+    return {"key": config_key(config), "status": status, "config": config, "result": result,
+            "output_dir": str(path), "started": None, "finished": None,
+            "seconds": (result or {}).get("train_seconds"), "attempts": 1,
+            "error": (result or {}).get("status_reason") if status == "failed" else None, "owner": None,
+            "created": None, "updated": None}
+
+
+# --------------------------------------------------------------------------- key=value filters
+
+
+def parse_filter(text: str | None, *, what: str = "--where") -> dict[str, Any]:
+    """``"method=lora,targets=q,k,v,lr_ratio=1"`` -> ``{"method": "lora", "targets": "q,k,v", "lr_ratio": 1.0}``.
+
+    A comma piece without ``=`` continues the previous value (so ``targets=q,k,v`` works). Keys are config
+    keys (closest valid key suggested); values are typed and checked like the config's (``peftlab.config``).
+    """
+    if not text or not text.strip():
+        return {}
+    from dataclasses import fields
+
+    from peftlab.config import TrainConfig, normalise_keys
+
+    names = [f.name for f in fields(TrainConfig)]
+    pairs: list[list[str]] = []
+    for piece in text.split(","):
+        if "=" in piece:
+            key, _, value = piece.partition("=")
+            pairs.append([key.strip().replace("-", "_"), value.strip()])
+        elif pairs and piece.strip():
+            pairs[-1][1] += "," + piece.strip()
+        elif piece.strip():
+            raise PeftlabError(f"{what} '{text}': '{piece}' is not key=value",
+                               fix=f'e.g. {what} "method=lora,lr_ratio=2"')
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key not in names:
+            raise PeftlabError(f"unknown config key '{key}' in {what}{closest(key, names)}",
+                               fix="use keys of `peftlab train --help` (method, targets, rank, lr, lr_ratio, task...)")
+        typed = normalise_keys(TrainConfig, {key: value}, what)[key]
+        if key == "targets":  # the config's canonical order (q,k,v,o,...), checked like --targets
+            typed = ",".join(TrainConfig(targets=typed).targets)
+        out[key] = typed
+    return out
+
+
+def _target_set(value) -> frozenset[str]:
+    items = value.split(",") if isinstance(value, str) else value
+    return frozenset(str(t).strip().lower() for t in items if str(t).strip())
+
+
+def matches(config: dict, wanted: dict[str, Any]) -> bool:
+    for key, value in wanted.items():
+        have = config.get(key)
+        if key == "targets" and have is not None and value is not None:
+            if _target_set(have) != _target_set(value):  # a projection set: order never matters
+                return False
+        elif isinstance(value, float) and isinstance(have, (int, float)) and not isinstance(have, bool):
+            if not math.isclose(float(have), value, rel_tol=1e-9, abs_tol=0.0):
+                return False
+        elif isinstance(value, str) and isinstance(have, str):
+            if have.lower() != value.lower():
+                return False
+        elif have != value:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class RunRecord:
+    key: str
+    status: str
+    config: dict
+    result: dict | None
+    task: str
+    seed: int
+    metric: str | None
+    value: float | None
+    before: bool  # an epochs-0 run: the untrained model
+
+
+def collect(rows: Iterable[dict], *, which: str = "best", metric: str | None = None,
+            where: dict[str, Any] | None = None) -> tuple[list[RunRecord], Counter]:
+    """Finished/failed runs as records; also counts of the rows left out (pending, running)."""
+    records, skipped = [], Counter()
+    for row in rows:
+        config = (row["result"] or {}).get("config") or row["config"] or {}
+        before = int(config.get("epochs", 1)) == 0
+        if where:  # the before-fine-tuning reference ignores filters on settings that only affect training
+            wanted = {k: v for k, v in where.items() if not (before and k in TRAINING_ONLY_KEYS)}
+            if not matches(config, wanted):
+                continue
+        if row["status"] in ("pending", "running"):
+            skipped[row["status"]] += 1
+            continue
+        result = row["result"]
+        name, value = None, None
+        if result:
+            name = metric or result.get("primary_metric")
+            if before:
+                section = result.get("before") or result.get("final") or {}
+            else:
+                section = result.get(which) or {}
+            value = (section.get("metrics") or {}).get(name)
+            if value is not None:
+                value = float(value)
+        records.append(RunRecord(key=row["key"], status=row["status"], config=config, result=result,
+                                 task=str(config.get("task")), seed=int(config.get("seed", 0)), metric=name,
+                                 value=value, before=before))
+    return records, skipped
+
+
+# --------------------------------------------------------------------------- what varies across records
+
+
+def hashable(value):
+    """A config value usable as a dict key or set member (YAML/JSON lists and mappings become tuples)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(hashable(v) for v in value)
+    return value
+
+
+def fmt_value(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def varying_keys(configs: list[dict]) -> list[str]:
+    """Keys whose value differs between ``configs``: LABEL_ORDER first, then alphabetically."""
+    keys = sorted({k for c in configs for k in c})
+    varying = [k for k in keys if len({hashable(c.get(k)) for c in configs}) > 1]
+    ordered = [k for k in LABEL_ORDER if k in varying]
+    return ordered + [k for k in varying if k not in ordered]
+
+
+def task_determined_keys(records: list[RunRecord]) -> dict[str, dict[str, Any]]:
+    """Keys that take one value per task but differ across tasks (per-task settings): key -> {task: value}."""
+    by_task: dict[str, dict[str, set]] = {}
+    for rec in records:
+        for key, value in rec.config.items():
+            if key in NON_RESULT_KEYS:
+                continue
+            by_task.setdefault(rec.task, {}).setdefault(key, set()).add(hashable(value))
+    if len(by_task) < 2:
+        return {}
+    keys = set.intersection(*(set(d) for d in by_task.values()))
+    out = {}
+    for key in sorted(keys):
+        per_task = {task: d[key] for task, d in by_task.items()}
+        if all(len(v) == 1 for v in per_task.values()) and len({next(iter(v)) for v in per_task.values()}) > 1:
+            out[key] = {task: next(iter(v)) for task, v in per_task.items()}
+    return out
+
+
+def task_order(tasks: Iterable[str]) -> list[str]:
+    """Tasks in the task table's (GLUE) order, unknown ones after, alphabetically."""
+    from peftlab.tasks.table import TASKS
+
+    order = list(TASKS)
+    return sorted(set(tasks), key=lambda t: (order.index(t) if t in order else len(order), t))
+
+
+def auto_scale(metric_names: Iterable[str]) -> float:
+    """100 (percent) when every metric is accuracy-like; 1 when any is a loss or perplexity."""
+    names = [m for m in metric_names if m]
+    if names and all(not any(h in m.lower() for h in UNSCALED_HINTS) for m in names):
+        return 100.0
+    return 1.0

@@ -1,0 +1,381 @@
+"""``peftlab tune SPEC.yaml``: choose lambda (and eta_QK, rank, KaSA's beta/gamma...) within a budget.
+
+Two phases, both ordinary runs in the tune's results store (``<output_dir>/results.sqlite``, the same
+result.json as ``peftlab train``, so ``peftlab report``/``plot`` read them):
+
+1. **search**: trials (one run each, the base seed) of the spec's search space, each reporting its dev
+   metric after every epoch to a pruner that stops the poor ones early (successive halving / ASHA by
+   default, or Hyperband). A run that diverges (the loop's non-finite guard) or collapses to chance (its
+   collapse label) is stopped at once and reported as such. Trials start while the search budget lasts
+   (the seed re-runs are reserved first) and the grid has points left; a started trial runs to its end
+   or its pruning.
+2. **seeds**: the ``top_k`` complete trials are re-run with ``seeds`` seeds (the trial itself is the first),
+   never pruned, and the candidate with the best mean over its seeds wins (see :mod:`peftlab.lab.tune_summary`),
+   so one lucky seed cannot.
+
+Why Optuna (not Ray Tune): it runs in this process with nothing to start, its pruners (successive
+halving, Hyperband) take one ``report``/``should_prune`` per epoch from our own loop through a small
+``on_epoch_end`` hook, and its study lives in an SQLite file beside the store, so a killed tune resumes
+from the file: trials left running are continued from their runs' checkpoints, none is asked twice, and
+finished runs are found in the store by their config key. Ray Tune would bring its own trainable
+lifecycle, checkpoint format and results folders next to ours; with ``--backend ray`` we use plain Ray
+tasks for the trials instead (:mod:`peftlab.lab.ray_backend`), and the study stays with one process, a
+Ray actor on the driver's machine (:mod:`peftlab.lab.tune_study`).
+
+Kill and rerun: the study, the store and the runs' checkpoints hold everything; ``tune.lock`` keeps a
+second tune off the same folder while one runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+from peftlab.errors import PeftlabError
+from peftlab.lab.store import FINISHED, Store, short_key
+from peftlab.lab.tune_spec import TuneSpec, load_tune_spec, run_config
+from peftlab.lab.tune_summary import build_summary, render_summary, trial_outcome, write_summary
+
+LOCK_FILE = "tune.lock"
+
+
+@contextlib.contextmanager
+def exclusive(root: Path) -> Iterator[None]:
+    """One tune at a time on a folder (an advisory lock; the kernel drops it if the process dies)."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    handle = open(root / LOCK_FILE, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            raise PeftlabError(f"another peftlab tune is running on {root} (pid {holder})",
+                               fix="wait for it to finish, or see its progress with --summary") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
+# --------------------------------------------------------------------------- executors
+
+
+class LocalTrials:
+    """Runs one trial at a time in this process, with its output in ``<output_dir>/logs/<key>.log``."""
+
+    slots = 1
+
+    def __init__(self, store: Store, train_fn: Callable | str | None, log_dir: Path | None):
+        from peftlab.lab.sweep import resolve_train_fn
+
+        self.store, self.log_dir = store, log_dir
+        self.train_fn = resolve_train_fn(train_fn)
+        self.queue: list[tuple[dict, object]] = []
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def submit(self, run: dict, reporter) -> None:
+        self.queue.append((run, reporter))
+
+    def wait(self, timeout: float) -> list[str]:
+        from peftlab.lab.ray_backend import with_epoch_hook
+        from peftlab.lab.sweep import _attempt
+
+        run, reporter = self.queue.pop(0)
+        log = self.log_dir / f"{short_key(run['key'])}.log" if self.log_dir is not None else None
+        fn = with_epoch_hook(self.train_fn, reporter.hook() if reporter is not None else None)
+        _attempt(run, self.store, fn, log)  # claims, runs and records (released again on Ctrl-C)
+        return [run["key"]]
+
+    def abort(self) -> None:
+        self.queue.clear()
+
+
+class RayTrials:
+    """Trials as Ray tasks; the driver claims each run and records what its task returns."""
+
+    def __init__(self, store: Store, pool):
+        self.store, self.pool = store, pool
+        self.slots = pool.connection.slots
+        self.claimed: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def submit(self, run: dict, reporter) -> None:
+        if self.store.claim(run["key"]) is None:
+            raise PeftlabError(f"run {short_key(run['key'])} is held by another live process",
+                               where=str(self.store.path), fix="let that process finish it, then rerun the tune")
+        self.claimed.add(run["key"])
+        self.pool.submit(run, reporter)
+
+    def wait(self, timeout: float) -> list[str]:
+        from peftlab.lab.ray_backend import record
+
+        done = []
+        for key, outcome in self.pool.wait(timeout):
+            record(self.store, key, outcome)
+            self.claimed.discard(key)
+            done.append(key)
+        return done
+
+    def abort(self) -> None:
+        self.pool.cancel()
+        for key in self.claimed:  # handed back: the rerun resumes their checkpoints
+            self.store.release(key)
+        self.claimed.clear()
+
+
+# --------------------------------------------------------------------------- the tune
+
+
+class Tuner:
+    def __init__(self, tune: TuneSpec, keeper, store: Store, executor, say: Callable[[str], None]):
+        self.tune, self.keeper, self.store, self.executor, self.say = tune, keeper, store, executor, say
+        self.running: dict[str, int] = {}  # run key -> trial number, for trials in flight
+        self.poll = 1.0
+
+    # ----------------------------------------------------------------- search
+
+    def search_spent(self) -> int:
+        """Epochs the search has trained: finished trials' runs, plus the epochs reported by those in flight."""
+        spent, seen = 0, set()
+        for trial in self.keeper.call("trials"):
+            key = trial["attrs"].get("key")
+            if key in seen:
+                continue
+            seen.add(key)
+            if trial["state"] == "running":
+                spent += len(trial["intermediate"])
+            else:
+                spent += int(trial["attrs"].get("epochs", 0))
+        return spent
+
+    def search(self) -> None:
+        queue = self.keeper.call("unfinished")
+        if queue:
+            self.say(f"continuing {len(queue)} trial(s) left unfinished by a killed tune")
+        while True:
+            while len(self.executor) < self.executor.slots:
+                if queue:
+                    ticket = queue.pop(0)
+                elif self.search_spent() < self.tune.search_budget and self.keeper.call("can_ask"):
+                    ticket = self.keeper.call("ask")
+                    if ticket is None:
+                        break
+                else:
+                    break
+                self.start(ticket)
+            if not len(self.executor):
+                break
+            for key in self.executor.wait(self.poll):
+                self.finish(key)
+
+    def start(self, ticket) -> None:
+        from peftlab.lab.tune_study import TrialReporter
+
+        run = run_config(self.tune, ticket.params, self.tune.base_seed)
+        if run.key in self.running:  # a sampler proposed a point already in flight: not trained twice
+            self.keeper.call("tell", ticket.number, "pruned", None,
+                             {"key": run.key, "outcome": "duplicate", "epochs": 0,
+                              "reason": f"same run as trial {self.running[run.key]}"})
+            return
+        self.keeper.call("set_attrs", ticket.number, {"key": run.key, "output_dir": run.output_dir})
+        self.store.register([(run.key, run.config, run.output_dir)])
+        status = self.store.get(run.key)["status"]
+        self.running[run.key] = ticket.number
+        if status in (*FINISHED, "failed"):  # trained already (a trial told before a kill, or a duplicate)
+            self.finish(run.key)
+            return
+        reporter = TrialReporter(self.keeper.target, ticket.number, self.tune.metric, self.tune.pruner.kind)
+        self.executor.submit({"key": run.key, "config": run.config}, reporter)
+
+    def finish(self, key: str) -> None:
+        number = self.running.pop(key)
+        row = self.store.get(key)
+        outcome = trial_outcome(row, self.tune.metric)
+        self.keeper.call("tell", number, outcome["state"], outcome["value"],
+                         {"outcome": outcome["outcome"], "epochs": outcome["epochs"],
+                          "reason": outcome["reason"] or ""})
+        trial = self.keeper.call("trials")[number]
+        value = f"{self.tune.metric} {outcome['value']:.4f}" if outcome["value"] is not None else ""
+        reason = f" ({outcome['reason']})" if outcome["reason"] and outcome["outcome"] != "pruned" else ""
+        point = " ".join(f"{k}={v}" for k, v in trial["params"].items())
+        self.say(f"trial {number} {{{point}}}: {outcome['outcome']} after {outcome['epochs']} epoch(s)"
+                 f"{', ' + value if value else ''}{reason}")
+        self.write_summary()
+
+    # ----------------------------------------------------------------- seeds
+
+    def seed_runs(self) -> None:
+        summary = self.summary()
+        runs = []
+        for cand in summary["candidates"]:
+            for seed in self.tune.seed_list:
+                run = run_config(self.tune, cand["params"], seed)
+                runs.append(run)
+        if not runs:
+            return
+        self.store.register((r.key, r.config, r.output_dir) for r in runs)
+        statuses = self.store.statuses()
+        todo = [r for r in runs if statuses.get(r.key) == "pending"]
+        if todo:
+            self.say(f"seed re-runs: {len(todo)} run(s) of the top {len(summary['candidates'])} candidate(s) "
+                     f"x seeds {self.tune.seed_list}")
+        pending = list(todo)
+        by_key = {r.key: r for r in todo}
+        while pending or len(self.executor):
+            while pending and len(self.executor) < self.executor.slots:
+                run = pending.pop(0)
+                self.executor.submit({"key": run.key, "config": run.config}, None)
+            for key in self.executor.wait(self.poll):
+                row = self.store.get(key)
+                cfg = by_key[key].config
+                outcome = trial_outcome(row, self.tune.metric)
+                value = f", {self.tune.metric} {outcome['value']:.4f}" if outcome["value"] is not None else ""
+                self.say(f"seed run {short_key(key)} (seed {cfg['seed']}): {row['status']}{value}")
+                self.write_summary()
+
+    # ----------------------------------------------------------------- summary
+
+    def summary(self) -> dict:
+        return build_summary(self.tune, self.keeper.call("trials"), self.store.rows())
+
+    def write_summary(self) -> dict:
+        summary = self.summary()
+        write_summary(self.tune.summary_path, summary)
+        return summary
+
+
+def keeper_kwargs(tune: TuneSpec, *, create: bool = True) -> dict:
+    return {"storage_path": str(tune.study_path.resolve()), "direction": tune.direction,
+            "search": {name: p.to_json() for name, p in tune.search.items()}, "grid": tune.grid_points,
+            "pruner": {"kind": tune.pruner.kind, "min_epochs": tune.pruner.min_epochs,
+                       "reduction_factor": tune.pruner.reduction_factor, "max_epochs": tune.epochs},
+            "sampler_seed": tune.sampler_seed, "fingerprint": tune.fingerprint(), "create": create}
+
+
+def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_fn: Callable | str | None = None,
+             progress: bool = True, capture_output: bool = True) -> dict:
+    """Run (or resume) a tune; returns its summary (also in ``<output_dir>/tune.json``)."""
+    from peftlab.lab.tune_study import start_keeper
+
+    say = print if progress else (lambda *a, **k: None)
+    if backend == "ray":
+        from peftlab.lab import ray_backend
+
+        ray_backend.require_ray()
+    with exclusive(tune.output_root):
+        store = Store(tune.store_path)
+        connection, keeper, executor = None, None, None
+        try:
+            reset = store.prepare(list(store.statuses()))
+            if reset["running"]:
+                say(f"resuming {reset['running']} run(s) left unfinished by a killed tune")
+            log_dir = tune.output_root / "logs" if capture_output else None
+            say(tune.describe())
+            if backend == "ray":
+                from peftlab.lab.ray_backend import RayOptions, RayPool, connect
+                from peftlab.lab.sweep import _train_fn_name
+
+                options = ray_options or RayOptions()
+                connection = connect(options, show_output=not capture_output)
+                say(connection.describe())
+                keeper = start_keeper(keeper_kwargs(tune), on_ray=True)
+                pool = RayPool(connection, options, train_fn_name=_train_fn_name(train_fn), log_dir=log_dir)
+                executor = RayTrials(store, pool)
+            else:
+                keeper = start_keeper(keeper_kwargs(tune), on_ray=False)
+                executor = LocalTrials(store, train_fn, log_dir)
+            tuner = Tuner(tune, keeper, store, executor, say)
+            tuner.search()
+            tuner.seed_runs()
+            return tuner.write_summary()
+        except BaseException:
+            if executor is not None:
+                executor.abort()
+            raise
+        finally:
+            if keeper is not None:
+                keeper.close()
+            store.close()
+            if connection is not None:
+                from peftlab.lab.ray_backend import disconnect
+
+                disconnect(connection)
+
+
+def load_summary(tune: TuneSpec) -> dict:
+    """The summary of a tune from its study and store (``--summary``; works while it runs)."""
+    from peftlab.lab.tune_study import StudyKeeper
+
+    if not tune.study_path.is_file():
+        raise PeftlabError(f"no tune has run in {tune.output_root} yet (no {tune.study_path.name})",
+                           fix=f"run peftlab tune {tune.spec_path}")
+    keeper = StudyKeeper(**keeper_kwargs(tune, create=False))
+    try:
+        with Store(tune.store_path, create=False) as store:
+            return build_summary(tune, keeper.trials(), store.rows())
+    finally:
+        keeper.close()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        "tune", help="choose lambda (and other keys) within a budget: pruned search, then seed re-runs",
+        description="Search SPEC.yaml's space (base: config keys, search: key -> list or range, budget: epochs "
+                    "or grid_fraction) with early stopping of poor trials on the dev metric (Optuna), re-run the "
+                    "top candidates with several seeds and name the winner by its mean. Every trial is a run "
+                    "in <output dir>/results.sqlite. Re-running resumes.")
+    parser.add_argument("spec", metavar="SPEC.yaml", help="tune spec (see configs/tune/)")
+    parser.add_argument("--seeds", type=int, default=None, metavar="N",
+                        help="seed re-runs of the top candidates (default: the spec's seeds, else 5)")
+    parser.add_argument("--summary", action="store_true",
+                        help="print the trials, the winner and the compute spent so far, and run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print the search space and budget, run nothing")
+    parser.add_argument("--output-dir", default=None, help="root of the runs (default: the spec's output_dir, "
+                                                           "else runs/<spec stem>)")
+    parser.add_argument("--store", default=None, help="results store (default <output dir>/results.sqlite)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show each run's output here instead of in <output dir>/logs/<key>.log")
+    from peftlab.lab.ray_backend import add_backend_flags
+
+    add_backend_flags(parser)
+    parser.set_defaults(func=run_cli)
+
+
+def run_cli(args) -> int:
+    from peftlab.lab import ray_backend
+
+    ray_backend.check_backend_args(args)
+    tune = load_tune_spec(args.spec, output_dir=args.output_dir, store=args.store, seeds=args.seeds)
+    if args.dry_run:
+        print(tune.describe())
+        for i, point in enumerate(tune.grid_points or [], 1):
+            print(f"{i:>3}  " + " ".join(f"{k}={v}" for k, v in point.items()))
+        return 0
+    if args.summary:
+        print(render_summary(load_summary(tune)), end="")
+        return 0
+    options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
+    summary = run_tune(tune, backend=args.backend, ray_options=options, capture_output=not args.verbose)
+    print()
+    print(render_summary(summary), end="")
+    print(f"runs: peftlab report {tune.store_path}")
+    if summary["winner"] is None:
+        print("no winner: no trial completed (see the trials above and <output dir>/logs/)", file=sys.stderr)
+        return 1
+    return 0

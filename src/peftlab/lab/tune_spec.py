@@ -1,0 +1,332 @@
+"""The ``peftlab tune`` spec: what to search, with which budget, and how a winner is named.
+
+A spec is YAML, in the sweeps' format where it can be (``base`` is any ``peftlab train`` keys)::
+
+    description: lambda for LoRA q,v on RTE, MiniLM-L6
+    output_dir: runs/tune-rte          # default runs/<spec file stem>; results.sqlite and the study live here
+    base: {model: minilm-l6, task: rte, method: lora, targets: "q,v", epochs: 10, seed: 0}
+    search:                            # key -> list (a grid) or {low, high, log, step} (a range)
+      lr_ratio: [1, 2, 4, 8, 16]
+      lr: [5.0e-4, 1.0e-3]
+    budget: {grid_fraction: 0.35}      # or {epochs: 170}: epochs trained in all, search and seed re-runs
+    seeds: 5                           # the top candidates are re-run with this many seeds (base seed + i)
+    top_k: 2                           # how many candidates get the seed re-runs
+    pruner: {kind: asha, min_epochs: 1, reduction_factor: 3}   # asha | hyperband | none
+    sampler_seed: 0                    # grid order / TPE seed
+
+The full grid is every search point x ``seeds`` seeds x ``epochs`` epochs (what a sweep of the same space
+would train); ``grid_fraction`` is the budget as a fraction of it. The seed re-runs are reserved out of
+the budget first (``top_k x (seeds - 1) x epochs``: each candidate's search trial is its first seed); the
+search spends the rest. A search with a range (not a list) has no finite grid: give ``budget: {epochs: N}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from peftlab.errors import PeftlabError, closest
+from peftlab.lab.tune_summary import SUMMARY_FILE
+
+SPEC_KEYS = ("description", "output_dir", "store", "base", "search", "budget", "seeds", "top_k", "pruner",
+             "sampler_seed", "metric")
+BUDGET_KEYS = ("epochs", "grid_fraction")
+PRUNER_KEYS = ("kind", "min_epochs", "reduction_factor")
+PRUNERS = ("asha", "hyperband", "none")
+RANGE_KEYS = ("low", "high", "log", "step")
+# The tune sets these itself: the seed in the re-runs, the epochs as the pruner's resource.
+NOT_SEARCHABLE = ("seed", "epochs", "task", "output_dir", "resume", "overwrite")
+DEFAULT_GRID_FRACTION = 0.35
+STUDY_FILE = "study.sqlite"
+
+
+@dataclass(frozen=True)
+class SearchParam:
+    name: str
+    values: tuple | None = None  # a grid axis (categorical)
+    low: float | None = None  # a range
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+
+    @property
+    def is_range(self) -> bool:
+        return self.values is None
+
+    @property
+    def is_int(self) -> bool:
+        return self.is_range and all(isinstance(v, int) for v in (self.low, self.high)) and (
+            self.step is None or isinstance(self.step, int))
+
+    def to_json(self) -> dict:
+        if self.values is not None:
+            return {"values": list(self.values)}
+        return {"low": self.low, "high": self.high, "log": self.log, "step": self.step}
+
+
+@dataclass(frozen=True)
+class PrunerSpec:
+    kind: str = "asha"
+    min_epochs: int = 1
+    reduction_factor: int = 3
+
+    def describe(self) -> str:
+        if self.kind == "none":
+            return "no pruning"
+        name = "successive halving (ASHA)" if self.kind == "asha" else "Hyperband"
+        return f"{name}, from {self.min_epochs} epoch(s), keeping 1/{self.reduction_factor} at each rung"
+
+
+@dataclass
+class TuneSpec:
+    spec_path: Path
+    output_root: Path
+    store_path: Path
+    base: dict[str, Any]  # typed config keys (TrainConfig names)
+    search: dict[str, SearchParam]
+    epochs: int  # per run: the pruner's maximum resource
+    budget_epochs: float
+    seeds: int
+    top_k: int
+    pruner: PrunerSpec
+    sampler_seed: int
+    metric: str
+    direction: str  # maximize | minimize
+    description: str = ""
+    budget_source: str = ""  # how the budget was given, for the start-up line
+    grid_size: int | None = field(default=None)
+
+    @property
+    def study_path(self) -> Path:
+        return self.output_root / STUDY_FILE
+
+    @property
+    def summary_path(self) -> Path:
+        return self.output_root / SUMMARY_FILE
+
+    @property
+    def base_seed(self) -> int:
+        return int(self.base.get("seed") or 0)
+
+    @property
+    def seed_list(self) -> list[int]:
+        return [self.base_seed + i for i in range(self.seeds)]
+
+    @property
+    def grid_epochs(self) -> int | None:
+        """Epochs the full grid x seeds would train (the sweep this tune stands in for)."""
+        return None if self.grid_size is None else self.grid_size * self.seeds * self.epochs
+
+    @property
+    def seed_reserve(self) -> int:
+        return self.top_k * (self.seeds - 1) * self.epochs
+
+    @property
+    def search_budget(self) -> float:
+        return self.budget_epochs - self.seed_reserve
+
+    @property
+    def grid_points(self) -> list[dict[str, Any]] | None:
+        """Every search point of a list-only space, in a fixed shuffled order (``sampler_seed``)."""
+        import itertools
+        import random
+
+        if self.grid_size is None:
+            return None
+        names = list(self.search)
+        points = [dict(zip(names, combo)) for combo in itertools.product(*(self.search[n].values for n in names))]
+        random.Random(self.sampler_seed).shuffle(points)
+        return points
+
+    def fingerprint(self) -> str:
+        """What the study's trials depend on: a spec whose search changed cannot continue the same study."""
+        data = {"base": self.base, "search": {k: p.to_json() for k, p in self.search.items()},
+                "metric": self.metric, "pruner": [self.pruner.kind, self.pruner.min_epochs,
+                                                  self.pruner.reduction_factor], "sampler_seed": self.sampler_seed}
+        text = json.dumps(data, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        space = " x ".join(f"{name} {list(p.values)}" if p.values is not None else
+                           f"{name} [{p.low}, {p.high}{', log' if p.log else ''}]" for name, p in self.search.items())
+        grid = (f"full grid {self.grid_size} points x {self.seeds} seeds x {self.epochs} epochs = "
+                f"{self.grid_epochs} epochs; " if self.grid_size else "")
+        return (f"tune {self.spec_path.name}: {space}; {grid}budget {self.budget_epochs:g} epochs "
+                f"({self.budget_source}): search {self.search_budget:g}, seed re-runs {self.seed_reserve} "
+                f"(top {self.top_k} x {self.seeds - 1} more seeds); pruner: {self.pruner.describe()}; "
+                f"objective: {self.metric} ({self.direction}, best epoch)")
+
+
+def _positive_int(value, name: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PeftlabError(f"{name} must be a positive integer, got {value!r}", where=where)
+    return value
+
+
+def _mapping(value, name: str, where: str, keys: tuple[str, ...], example: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PeftlabError(f"{name}: must be a mapping", where=where, fix=f"e.g. {name}: {example}")
+    for key in value:
+        if key not in keys:
+            raise PeftlabError(f"unknown {name} key '{key}'{closest(str(key), keys)}", where=where,
+                               fix=f"{name} keys are {', '.join(keys)}")
+    return value
+
+
+def _search_param(name: str, raw, where: str) -> SearchParam:
+    from peftlab.config import TrainConfig, normalise_keys
+
+    def typed(value):
+        return next(iter(normalise_keys(TrainConfig, {name: value}, f"{where}: search.{name}").values()))
+
+    if isinstance(raw, list):
+        if not raw:
+            raise PeftlabError(f"search.{name} is an empty list", where=where, fix="give it at least one value")
+        values = tuple(typed(v) for v in raw)
+        if len(set(map(repr, values))) != len(values):
+            raise PeftlabError(f"search.{name} lists a value twice: {list(raw)}", where=where)
+        return SearchParam(name, values=values)
+    if isinstance(raw, dict):
+        _mapping(raw, f"search.{name}", where, RANGE_KEYS, "{low: 1, high: 16, log: true}")
+        if "low" not in raw or "high" not in raw:
+            raise PeftlabError(f"search.{name} needs low and high", where=where,
+                               fix=f"e.g. search: {{{name}: {{low: 1, high: 16, log: true}}}}, or a list of values")
+        low, high = typed(raw["low"]), typed(raw["high"])
+        if not isinstance(low, (int, float)) or isinstance(low, bool) or not low < high:
+            raise PeftlabError(f"search.{name}: low must be a number below high, got low={low!r} high={high!r}",
+                               where=where)
+        log = bool(raw.get("log", False))
+        if log and low <= 0:
+            raise PeftlabError(f"search.{name}: a log range needs low > 0, got {low}", where=where)
+        step = raw.get("step")
+        if step is not None and log:
+            raise PeftlabError(f"search.{name}: step and log cannot go together (Optuna)", where=where)
+        return SearchParam(name, low=low, high=high, log=log, step=typed(step) if step is not None else None)
+    raise PeftlabError(f"search.{name} must be a list of values or a range {{low, high, log}}, got {raw!r}",
+                       where=where, fix=f"e.g. search: {{{name}: [1, 2, 4, 8, 16]}}; fixed values go under base:")
+
+
+def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None,
+                   seeds: int | None = None) -> TuneSpec:
+    """Read and check a tune spec; a config of every grid point is built, so bad values fail before training."""
+    from peftlab.config import TrainConfig, load_yaml, normalise_keys
+    from peftlab.lab.store import STORE_NAME
+    from peftlab.lab.spec import check_spec_keys as _check_keys
+    from peftlab.tasks.metrics import LOWER_IS_BETTER
+    from peftlab.tasks.table import TASKS
+
+    path = Path(path)
+    if not path.is_file():
+        raise PeftlabError(f"tune spec not found: {path}", fix="pass the path of a tune YAML (see configs/tune/)")
+    spec = load_yaml(path)
+    where = str(path)
+    for key in spec:
+        if key not in SPEC_KEYS:
+            raise PeftlabError(f"unknown tune spec key '{key}'{closest(str(key), SPEC_KEYS)}", where=where,
+                               fix=f"top-level keys are {', '.join(SPEC_KEYS)}; config keys go under base:")
+    base = spec.get("base") or {}
+    search = spec.get("search") or {}
+    if not isinstance(base, dict):
+        raise PeftlabError("base: must be a mapping of config keys to values", where=where)
+    if not isinstance(search, dict) or not search:
+        raise PeftlabError("search: must map at least one config key to its values", where=where,
+                           fix="e.g. search: {lr_ratio: [1, 2, 4, 8, 16]}")
+    _check_keys(base, where, "base")
+    _check_keys(search, where, "search")
+    for key in search:
+        name = str(key).replace("-", "_")
+        if name in NOT_SEARCHABLE:
+            fix = {"seed": "seeds: N re-runs the top candidates with N seeds",
+                   "epochs": "set epochs under base: (the most a trial trains; the pruner stops poor ones sooner)",
+                   "task": "tune one task per spec (one spec per task)"}.get(name, "set it under base:")
+            raise PeftlabError(f"'{key}' cannot be searched by peftlab tune", where=where, fix=fix)
+    base = normalise_keys(TrainConfig, base, f"{where}: base")
+    params = {str(k).replace("-", "_"): _search_param(str(k).replace("-", "_"), v, where) for k, v in search.items()}
+    defaults = TrainConfig(**base)  # cross-field checks; also the resolved epochs and task
+    epochs = int(defaults.epochs)
+    if epochs < 1:
+        raise PeftlabError("base epochs must be >= 1 for a tune (each trial trains up to that many epochs)",
+                           where=where)
+    metric = spec.get("metric") or TASKS[defaults.task].primary_metric
+    direction = "minimize" if metric in LOWER_IS_BETTER else "maximize"
+
+    n_seeds = seeds if seeds is not None else spec.get("seeds", 5)
+    n_seeds = _positive_int(n_seeds, "seeds" if seeds is None else "--seeds", where)
+    top_k = _positive_int(spec.get("top_k", 2), "top_k", where)
+    raw_pruner = _mapping(spec.get("pruner"), "pruner", where, PRUNER_KEYS, "{kind: asha, min_epochs: 1}")
+    pruner = PrunerSpec(kind=str(raw_pruner.get("kind", "asha")),
+                        min_epochs=_positive_int(raw_pruner.get("min_epochs", 1), "pruner.min_epochs", where),
+                        reduction_factor=_positive_int(raw_pruner.get("reduction_factor", 3),
+                                                       "pruner.reduction_factor", where))
+    if pruner.kind not in PRUNERS:
+        raise PeftlabError(f"unknown pruner.kind '{pruner.kind}'{closest(pruner.kind, PRUNERS)}", where=where,
+                           fix=f"one of {', '.join(PRUNERS)}")
+    if pruner.kind != "none" and pruner.reduction_factor < 2:
+        raise PeftlabError("pruner.reduction_factor must be >= 2", where=where)
+    sampler_seed = spec.get("sampler_seed", 0)
+    if isinstance(sampler_seed, bool) or not isinstance(sampler_seed, int):
+        raise PeftlabError(f"sampler_seed must be an integer, got {sampler_seed!r}", where=where)
+
+    grid_size = None if any(p.is_range for p in params.values()) else math.prod(len(p.values) for p in params.values())
+    budget = _mapping(spec.get("budget"), "budget", where, BUDGET_KEYS, "{grid_fraction: 0.35}")
+    if len(budget) > 1:
+        raise PeftlabError("budget: give epochs or grid_fraction, not both", where=where)
+    if "epochs" in budget:
+        budget_epochs = budget["epochs"]
+        if isinstance(budget_epochs, bool) or not isinstance(budget_epochs, (int, float)) or budget_epochs <= 0:
+            raise PeftlabError(f"budget.epochs must be a positive number, got {budget_epochs!r}", where=where)
+        source = f"budget.epochs {budget_epochs:g}"
+    else:
+        fraction = budget.get("grid_fraction", DEFAULT_GRID_FRACTION)
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise PeftlabError(f"budget.grid_fraction must be in (0, 1], got {fraction!r}", where=where)
+        if grid_size is None:
+            raise PeftlabError("a search with a range has no finite grid to take a fraction of", where=where,
+                               fix="give budget: {epochs: N} (epochs trained in all)")
+        budget_epochs = fraction * grid_size * n_seeds * epochs
+        source = f"{fraction:g} of the full grid" + ("" if "grid_fraction" in budget else ", the default")
+    root = Path(output_dir or spec.get("output_dir") or Path("runs") / path.stem)
+    tune = TuneSpec(spec_path=path, output_root=root, store_path=Path(store or spec.get("store") or root / STORE_NAME),
+                    base=base, search=params, epochs=epochs, budget_epochs=float(budget_epochs), seeds=n_seeds,
+                    top_k=top_k, pruner=pruner, sampler_seed=sampler_seed, metric=str(metric), direction=direction,
+                    description=str(spec.get("description") or ""), budget_source=source, grid_size=grid_size)
+    for point in tune.grid_points or []:  # every grid point's config is valid (ranges: checked per trial)
+        run_config(tune, point, tune.base_seed, where=where)
+    if tune.search_budget < epochs:
+        raise PeftlabError(f"the budget of {budget_epochs:g} epochs leaves {tune.search_budget:g} for the search "
+                           f"after the seed re-runs ({tune.seed_reserve} epochs), less than one trial "
+                           f"({epochs} epochs)", where=where, fix="raise the budget, or lower seeds / top_k")
+    return tune
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    key: str
+    config: dict  # resolved TrainConfig.to_dict(), output_dir included
+    output_dir: str
+
+
+def run_config(tune: TuneSpec, params: dict[str, Any], seed: int, *, where: str | None = None) -> TrialRun:
+    """The run of one search point with one seed: its config, key and folder (named as a sweep's runs)."""
+    from peftlab.config import TrainConfig
+    from peftlab.lab.store import config_key, short_key
+    from peftlab.lab.spec import run_name
+
+    try:
+        cfg = TrainConfig(**{**tune.base, **params, "seed": seed})
+    except PeftlabError as err:
+        point = " ".join(f"{k}={v}" for k, v in params.items())
+        raise PeftlabError(f"search point {{{point}}}: {err.what}", where=where or str(tune.spec_path),
+                           fix=err.fix) from None
+    config = cfg.to_dict()
+    key = config_key(config)
+    out = str(tune.output_root / f"{run_name(config)}-{short_key(key)}")
+    config["output_dir"] = out
+    return TrialRun(key=key, config=config, output_dir=out)

@@ -1,0 +1,256 @@
+"""The Optuna study behind ``peftlab tune``: trials asked, per-epoch reports, pruning decisions, outcomes.
+
+One object, :class:`StudyKeeper`, is the only user of the study's SQLite file (``<output_dir>/study.sqlite``):
+in this process with the local backend, or as a Ray actor on the driver's machine with ``--backend ray``
+(the trials' ``on_epoch_end`` hooks call it from the workers), so no two processes ever write the file.
+Methods take and return plain data (trial numbers, dicts), so the same calls work through an actor.
+
+A grid (every search key a list) is walked in a fixed shuffled order, each point exactly once
+(``enqueue_trial``: Optuna's GridSampler stops the study from inside ``tell``, which the ask-and-tell
+interface does not allow); a space with ranges is sampled by TPE. Trials left RUNNING by a killed tune are
+handed back by :meth:`StudyKeeper.unfinished` and continued, never asked again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from peftlab.errors import PeftlabError
+
+STUDY_NAME = "peftlab-tune"
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A trial to run: its Optuna number and its search point."""
+
+    number: int
+    params: dict
+
+
+class StudyKeeper:
+    def __init__(self, storage_path: str, *, direction: str, search: dict[str, dict], grid: list[dict] | None,
+                 pruner: dict, sampler_seed: int, fingerprint: str, create: bool = True):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.optuna = optuna
+        self.search, self.grid = search, grid
+        storage = optuna.storages.RDBStorage(f"sqlite:///{storage_path}",
+                                             engine_kwargs={"connect_args": {"timeout": 120}})
+        if grid is not None:
+            sampler = optuna.samplers.RandomSampler(seed=sampler_seed)  # never used: every point is enqueued
+        else:
+            sampler = optuna.samplers.TPESampler(seed=sampler_seed)
+        kwargs = dict(storage=storage, study_name=STUDY_NAME, sampler=sampler, pruner=_pruner(optuna, pruner))
+        if create:
+            self.study = optuna.create_study(direction=direction, load_if_exists=True, **kwargs)
+        else:
+            self.study = optuna.load_study(**kwargs)
+        attrs = self.study.user_attrs
+        if "fingerprint" not in attrs and create:
+            self.study.set_user_attr("fingerprint", fingerprint)
+        elif attrs.get("fingerprint") != fingerprint:
+            raise PeftlabError(f"the tune spec's base, search, metric or pruner changed since this tune started "
+                               f"(study {storage_path})",
+                               fix="restore the spec, or give the changed one another output_dir")
+        self.live: dict[int, Any] = {}  # trial number -> optuna.Trial, for trials run by this process
+
+    # ----------------------------------------------------------------- asking
+
+    def unfinished(self) -> list[Ticket]:
+        """Trials a killed tune left running (or asked and never started): they are continued, not re-asked."""
+        out = []
+        for frozen in self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,)):
+            self.live[frozen.number] = self.optuna.trial.Trial(self.study, frozen._trial_id)
+            out.append(Ticket(frozen.number, dict(frozen.params)))
+        return out
+
+    def asked(self) -> int:
+        """Trials asked so far (any state)."""
+        return len(self.study.get_trials(deepcopy=False))
+
+    def can_ask(self) -> bool:
+        """False when a grid has no point left."""
+        return self.grid is None or self._next_point() is not None
+
+    def _next_point(self) -> dict | None:
+        used = []
+        for trial in self.study.get_trials(deepcopy=False):
+            used.append(trial.params or trial.system_attrs.get("fixed_params") or {})
+        return next((p for p in self.grid if not any(_same(p, u) for u in used)), None)
+
+    def ask(self) -> Ticket | None:
+        TrialState = self.optuna.trial.TrialState
+        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if self.grid is not None and not waiting:
+            point = self._next_point()
+            if point is None:
+                return None
+            self.study.enqueue_trial(point)
+        trial = self.study.ask()
+        params = {}
+        for name, space in self.search.items():
+            if "values" in space:
+                params[name] = trial.suggest_categorical(name, list(space["values"]))
+            elif isinstance(space["low"], int) and isinstance(space["high"], int) and not isinstance(
+                    space.get("step"), float):
+                params[name] = trial.suggest_int(name, space["low"], space["high"], step=space.get("step") or 1,
+                                                 log=space.get("log", False))
+            else:
+                params[name] = trial.suggest_float(name, float(space["low"]), float(space["high"]),
+                                                   step=space.get("step"), log=space.get("log", False))
+        self.live[trial.number] = trial
+        return Ticket(trial.number, params)
+
+    def set_attrs(self, number: int, attrs: dict) -> None:
+        trial = self.live[number]
+        for name, value in attrs.items():
+            trial.set_user_attr(name, value)
+
+    # ----------------------------------------------------------------- reporting
+
+    def report(self, number: int, epoch: int, value: float) -> bool:
+        """Record a trial's dev metric after ``epoch``; True when the pruner says to stop it."""
+        trial = self.live.get(number)
+        if trial is None:  # a worker retried after the driver restarted: re-attach
+            frozen = self.study.get_trials(deepcopy=False)[number]
+            trial = self.live[number] = self.optuna.trial.Trial(self.study, frozen._trial_id)
+        if not math.isfinite(value):
+            return True
+        if epoch in self._frozen(number).intermediate_values:  # a retried worker repeats an epoch
+            return False
+        trial.report(float(value), step=epoch)
+        return bool(trial.should_prune())
+
+    def tell(self, number: int, state: str, value: float | None, attrs: dict) -> None:
+        """Close a trial: ``complete`` with its value, else ``pruned`` or ``failed``; ``attrs`` kept on it."""
+        TrialState = self.optuna.trial.TrialState
+        frozen = self._frozen(number)
+        if frozen.state.is_finished():  # told already (a rerun of a killed tune repeats its last tell)
+            return
+        for name, item in attrs.items():  # Optuna's storage API: this process may not hold the Trial object
+            self.study._storage.set_trial_user_attr(frozen._trial_id, name, item)
+        if state == "complete" and value is not None and math.isfinite(value):
+            self.study.tell(number, value)
+        elif state in ("complete", "pruned"):
+            self.study.tell(number, state=TrialState.PRUNED)
+        else:
+            self.study.tell(number, state=TrialState.FAIL)
+        self.live.pop(number, None)
+
+    def close(self) -> None:
+        """Let go of the study file (before a Ray actor takes it over)."""
+        engine = getattr(self.study._storage, "engine", None)
+        if engine is not None:
+            engine.dispose()
+
+    # ----------------------------------------------------------------- reading
+
+    def _frozen(self, number: int):
+        return self.study.get_trials(deepcopy=False)[number]
+
+    def trials(self) -> list[dict]:
+        """Every trial as a plain dict: number, state, params, value, intermediate values, user attrs."""
+        out = []
+        for trial in self.study.get_trials(deepcopy=False):
+            out.append({"number": trial.number, "state": trial.state.name.lower(), "params": dict(trial.params),
+                        "value": trial.value, "intermediate": {int(k): v for k, v in trial.intermediate_values.items()},
+                        "attrs": dict(trial.user_attrs)})
+        return out
+
+
+def _same(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(a[k] == b[k] for k in a)
+
+
+def _pruner(optuna, spec: dict):
+    kind = spec.get("kind", "asha")
+    if kind == "none":
+        return optuna.pruners.NopPruner()
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=spec["min_epochs"], max_resource=spec["max_epochs"],
+                                              reduction_factor=spec["reduction_factor"])
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=spec["min_epochs"],
+                                                  reduction_factor=spec["reduction_factor"])
+
+
+# --------------------------------------------------------------------------- one handle, local or Ray
+
+
+class KeeperHandle:
+    """Calls a StudyKeeper in this process, or its Ray actor, with the same method names."""
+
+    def __init__(self, keeper=None, actor=None):
+        self.keeper, self.actor = keeper, actor
+
+    def call(self, method: str, *args):
+        if self.actor is None:
+            return getattr(self.keeper, method)(*args)
+        import ray
+
+        return ray.get(getattr(self.actor, method).remote(*args))
+
+    @property
+    def target(self):
+        """What a trial's reporter holds: the keeper itself in process, the actor handle on Ray."""
+        return self.keeper if self.actor is None else self.actor
+
+    def close(self) -> None:
+        if self.actor is not None:
+            import ray
+
+            ray.kill(self.actor)
+
+
+def start_keeper(kwargs: dict, *, on_ray: bool) -> KeeperHandle:
+    """A StudyKeeper here, or a Ray actor pinned to this (the driver's) node, which holds the study file.
+    On Ray the driver checks the study first with a StudyKeeper of its own (closed before the actor opens it),
+    so a changed spec is one line here, not an actor's traceback."""
+    keeper = StudyKeeper(**kwargs)
+    if not on_ray:
+        return KeeperHandle(keeper=keeper)
+    keeper.close()
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    actor = ray.remote(StudyKeeper).options(
+        num_cpus=0, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote(**kwargs)
+    return KeeperHandle(actor=actor)
+
+
+@dataclass
+class TrialReporter:
+    """A trial's ``on_epoch_end``: reports each epoch's dev metric to the keeper and stops the run when the
+    pruner says so, or at once when the run collapsed to chance. Picklable (a Ray actor handle inside)."""
+
+    keeper: Any  # StudyKeeper in process, or its Ray actor handle
+    number: int
+    metric: str
+    pruner: str
+
+    def hook(self):
+        def on_epoch_end(end) -> str | None:
+            value = end.metrics.get(self.metric)
+            if end.status == "collapsed":
+                if value is not None:
+                    self._report(end.epoch, float(value))
+                return f"collapsed: stopped by peftlab tune at epoch {end.epoch}"
+            if value is None:  # --eval-every skipped this epoch
+                return None
+            if self._report(end.epoch, float(value)):
+                return f"pruned by peftlab tune ({self.pruner}) at epoch {end.epoch}: {self.metric} {value:.4f}"
+            return None
+
+        return on_epoch_end
+
+    def _report(self, epoch: int, value: float) -> bool:
+        if isinstance(self.keeper, StudyKeeper):
+            return self.keeper.report(self.number, epoch, value)
+        import ray
+
+        return ray.get(self.keeper.report.remote(self.number, epoch, value))

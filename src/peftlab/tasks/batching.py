@@ -1,0 +1,135 @@
+"""Tokenisation (cached), collation and length-grouped batching of a task's examples.
+
+:func:`tokenize` is GLUE's (``text_a``/``text_b`` -> token ids); instruction data reuses its cache folder
+and hash (:func:`tokenize_hash`). :func:`length_grouped_batches` is what the training loop's sampler draws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Sequence
+
+from peftlab.errors import PeftlabError
+
+_TOKENIZE_VERSION = "1"
+
+
+# --------------------------------------------------------------------------- tokenisation
+
+
+def tokenized_cache_dir() -> Path:
+    from peftlab.models.registry import cache_dir
+
+    return cache_dir() / "tokenized"
+
+
+def tokenize_hash(ds, tokenizer, max_length: int, task: str, cache_key: str) -> str:
+    """The token cache's file name: tokenizer, task, ``cache_key``, the data's fingerprint and ``max_length``."""
+    key = {
+        "version": _TOKENIZE_VERSION,
+        "tokenizer": str(getattr(tokenizer, "name_or_path", "")),
+        "tokenizer_class": type(tokenizer).__name__,
+        "vocab_size": len(tokenizer),
+        "truncation_side": getattr(tokenizer, "truncation_side", "right"),
+        "task": task,
+        "cache_key": cache_key,
+        "fingerprint": ds._fingerprint,
+        "max_length": int(max_length),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
+    """Tokenise ``text_a``/``text_b`` with truncation to ``max_length`` (no padding).
+
+    Returns a ``Dataset`` with ``input_ids``, ``attention_mask``, [``token_type_ids``,] ``labels`` and
+    ``length``. The result is cached in ``$PEFTLAB_CACHE/tokenized/<hash>.arrow``; the hash covers the
+    tokenizer (name/path, class, vocabulary size), ``task``, ``cache_key``, the data's fingerprint
+    (the file content for local GLUE files) and ``max_length``, so a second call only reads the file.
+    """
+    if max_length is None or int(max_length) <= 0:
+        raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 128")
+    digest = tokenize_hash(ds, tokenizer, max_length, task, cache_key)
+    out_dir = tokenized_cache_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pair = "text_b" in ds.column_names
+
+    def encode(batch):
+        texts = (batch["text_a"], batch["text_b"]) if pair else (batch["text_a"],)
+        enc = tokenizer(*texts, truncation=True, max_length=int(max_length))
+        out = dict(enc)
+        out["labels"] = batch["label"]
+        out["length"] = [len(ids) for ids in enc["input_ids"]]
+        return out
+
+    return ds.map(
+        encode,
+        batched=True,
+        remove_columns=ds.column_names,
+        cache_file_name=str(out_dir / f"{digest}.arrow"),
+        load_from_cache_file=True,
+        new_fingerprint=digest,
+        desc=f"tokenising {task}",
+    )
+
+
+# --------------------------------------------------------------------------- collation and batching
+
+
+class Collator:
+    """Pads a list of tokenised examples into a batch of tensors (``length`` is dropped first)."""
+
+    DROP = ("length", "text_a", "text_b")
+
+    def __init__(self, tokenizer, pad_to_max: bool, max_length: int):
+        from transformers import DataCollatorWithPadding
+
+        self.pad_to_max = bool(pad_to_max)
+        self.max_length = int(max_length)
+        self.inner = DataCollatorWithPadding(
+            tokenizer,
+            padding="max_length" if self.pad_to_max else "longest",
+            max_length=self.max_length if self.pad_to_max else None,
+            return_tensors="pt",
+        )
+
+    def __call__(self, features: Sequence[dict]):
+        clean = [{k: v for k, v in f.items() if k not in self.DROP} for f in features]
+        return self.inner(clean)
+
+
+def make_collator(tokenizer, pad_to_max: bool, max_length: int) -> Collator:
+    """Dynamic padding to the longest example, or to ``max_length`` when ``pad_to_max``."""
+    return Collator(tokenizer, pad_to_max, max_length)
+
+
+def _derived_seed(seed: int, epoch: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{epoch}".encode()).digest()[:8], "little") >> 1
+
+
+def length_grouped_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Batches of indices with similar lengths; every index appears exactly once.
+
+    Uses transformers' ``get_length_grouped_indices``: a seeded permutation, megabatches of
+    ``50 * batch_size`` (fewer for small data sets, so there are at least 4), each sorted by length
+    descending; the result is cut into batches, the batch holding the longest example stays first (an
+    out-of-memory error shows at step one) and the others are shuffled. Deterministic in ``(seed, epoch)``.
+    """
+    import torch
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    if batch_size <= 0:
+        raise PeftlabError(f"batch size must be positive, got {batch_size}", fix="use e.g. 32")
+    lengths = [int(x) for x in lengths]
+    if not lengths:
+        return []
+    derived = _derived_seed(seed, epoch)
+    generator = torch.Generator().manual_seed(derived)
+    order = get_length_grouped_indices(lengths, batch_size, generator=generator)
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    rest = batches[1:]
+    random.Random(derived).shuffle(rest)
+    return [batches[0]] + rest

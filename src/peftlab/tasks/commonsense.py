@@ -1,0 +1,139 @@
+"""``--task commonsense``: LLM-Adapters' commonsense-reasoning benchmark, answers generated and extracted.
+
+* **Data** (``<data>/commonsense/<set>/{train,test}.json``, LLM-Adapters' instruction format: ``instruction``
+  holds the question, its choices and the answer format; ``output`` is "the correct answer is answer2";
+  ``answer`` the gold word). Training: the union of the available training splits (``boolq``, ``ARC-Easy``,
+  ``ARC-Challenge``, ``openbookqa``) or those named by ``--train-sets``, subset by ``--max-train-samples``.
+  Evaluation: the seven available test sets or ``--eval-sets``, each subset by ``--max-eval-samples``
+  (``--eval-seed``). HellaSwag's test set and the ``commonsense_170k`` training mix the papers train on are
+  not available offline: result.json's ``report_notes`` say so, and every report repeats them.
+* **Answer extraction** (:func:`extract_answer`), as LLM-Adapters' ``commonsense_evaluate.py`` does: the first
+  occurrence of one of the set's answer words in the generated text (a case-sensitive regex alternation:
+  ``true|false`` for BoolQ, ``solution1|solution2`` for PIQA, ``answer1`` .. ``answer5`` for SIQA, ARC and
+  OpenBookQA, ``option1|option2`` for WinoGrande), or "" when none occurs; correct when it equals ``answer``.
+  Generation is greedy (LLM-Adapters samples with 4 beams), at most ``--max-new-tokens`` (default 32, as
+  LLM-Adapters) and stops at the first answer word, after which the extracted answer cannot change.
+* **Metrics**: ``<set>_accuracy`` and ``<set>_answered`` (a valid answer word was generated) per set (set names
+  lower-cased, ``-`` as ``_``: ``arc_easy``), and their means over the evaluated sets, ``accuracy`` (the
+  primary metric, the papers' Avg column) and ``answered``. The chance level is the mean over sets of the
+  majority answer's share of the evaluated examples.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from peftlab.errors import PeftlabError
+from peftlab.tasks.table import COMMONSENSE_TEST_SETS, COMMONSENSE_TRAIN_SETS, UNAVAILABLE_SETS
+
+_ANSWER_CHOICES = tuple(f"answer{i}" for i in range(1, 6))
+ANSWER_WORDS: dict[str, tuple[str, ...]] = {
+    "boolq": ("true", "false"),
+    "piqa": ("solution1", "solution2"),
+    "social_i_qa": _ANSWER_CHOICES,
+    "ARC-Challenge": _ANSWER_CHOICES,
+    "ARC-Easy": _ANSWER_CHOICES,
+    "openbookqa": _ANSWER_CHOICES,
+    "winogrande": ("option1", "option2"),
+    "hellaswag": ("ending1", "ending2", "ending3", "ending4"),  # LLM-Adapters' rule; its data is not here
+}
+_PATTERNS = {name: re.compile("|".join(map(re.escape, words))) for name, words in ANSWER_WORDS.items()}
+DATASET = "llm-adapters-commonsense"
+
+
+def extract_answer(set_name: str, text: str | None) -> str:
+    """The first answer word of ``set_name`` in ``text`` (LLM-Adapters' ``extract_answer``), "" if none."""
+    found = _PATTERNS[set_name].findall((text or "").strip())
+    return found[0] if found else ""
+
+
+def metric_key(set_name: str) -> str:
+    """``ARC-Easy`` -> ``arc_easy``: the prefix of a set's metrics."""
+    return set_name.lower().replace("-", "_")
+
+
+def dataset_note(train_sets, eval_sets, n_train: int) -> str:
+    return (f"{UNAVAILABLE_SETS['hellaswag']} and neither is the commonsense_170k training mix: trained on the "
+            f"union of the {'+'.join(train_sets)} training splits ({n_train} records), evaluated on "
+            f"{', '.join(eval_sets)}; the mean is not the papers' 8-set average")
+
+
+def build_pipeline(cfg, tokenizer, model=None):
+    """The ``commonsense`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
+    from datasets import concatenate_datasets
+
+    from peftlab.tasks import generative
+    from peftlab.tasks.instructions import encode_prompt
+    from peftlab.tasks.prepare import examples_digest
+
+    generative.ensure_pad_token(cfg, tokenizer)
+    train_sets = tuple(cfg.train_sets.split(",")) if cfg.train_sets else COMMONSENSE_TRAIN_SETS
+    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else COMMONSENSE_TEST_SETS
+    files: dict[str, str] = {}
+    parts, skipped = [], 0
+    for name in train_sets:
+        path = generative.find_data_file(cfg.data_dir, f"commonsense/{name}/train.json",
+                                         f"commonsense training split '{name}'")
+        files[f"train/{name}"] = str(path)
+        records, empty = generative.training_records(generative.read_llm_adapters_json(path))
+        skipped += empty
+        parts.append(generative.records_dataset(records, generative.file_digest(path, extra=f"commonsense-{name}")))
+    train_raw = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    n_train_available = len(train_raw)
+
+    tests = {}
+    for name in eval_sets:
+        path = generative.find_data_file(cfg.data_dir, f"commonsense/{name}/test.json",
+                                         f"commonsense test set '{name}'")
+        files[f"test/{name}"] = str(path)
+        records = generative.read_llm_adapters_json(path)
+        for number, record in enumerate(records, 1):
+            if record["answer"] not in ANSWER_WORDS[name]:
+                raise PeftlabError(f"gold answer '{record['answer']}' is not one of {'/'.join(ANSWER_WORDS[name])}",
+                                   where=f"{path}, record {number}", fix="use the published LLM-Adapters files")
+        tests[name] = generative.records_dataset(
+            [{k: r[k] for k in ("instruction", "input", "answer")} for r in records],
+            generative.file_digest(path, extra=f"commonsense-test-{name}"))
+    tests = generative.subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
+
+    # One flat list of prompts over all sets, so generation batches mix sets of similar prompt lengths.
+    items = [(name, row) for name, ds in tests.items() for row in ds]
+    prompts = [encode_prompt(tokenizer, row["instruction"], row["input"]) for _, row in items]
+
+    def score(texts: list[str]):
+        records, by_set = [], {name: [] for name in tests}
+        for (name, row), text in zip(items, texts):
+            predicted = extract_answer(name, text)
+            record = {"set": name, "instruction": row["instruction"], "gold": row["answer"], "generated": text,
+                      "extracted": predicted, "correct": predicted == row["answer"]}
+            records.append(record)
+            by_set[name].append(record)
+        metrics: dict[str, float] = {}
+        for name, rows in by_set.items():
+            metrics[f"{metric_key(name)}_accuracy"] = sum(r["correct"] for r in rows) / max(1, len(rows))
+            metrics[f"{metric_key(name)}_answered"] = sum(r["extracted"] != "" for r in rows) / max(1, len(rows))
+        metrics["accuracy"] = sum(metrics[f"{metric_key(n)}_accuracy"] for n in tests) / len(tests)
+        metrics["answered"] = sum(metrics[f"{metric_key(n)}_answered"] for n in tests) / len(tests)
+        return records, metrics
+
+    # A row stops at its own set's first answer word (another set's word, e.g. "answer1" in a BoolQ answer, is
+    # not an answer and must not stop it).
+    stops = {name: (lambda text, pattern=_PATTERNS[name]: pattern.search(text) is not None) for name in tests}
+    evaluate = generative.generation_evaluator(cfg, tokenizer, prompts, score,
+                                               stop_when=[stops[name] for name, _ in items])
+    chance = sum(max(Counter(ds["answer"]).values()) / len(ds) for ds in tests.values()) / len(tests)
+    extras: dict[str, Any] = {
+        "dataset": DATASET,
+        "report_notes": [dataset_note(train_sets, eval_sets, n_train_available)],  # lab/report.py prints them
+        "data_files": files,
+        "train_sets": list(train_sets),
+        "train_records_without_output": skipped,  # not trained on: nothing to learn
+        "eval_sets": list(eval_sets),
+        "eval_examples": {name: len(ds) for name, ds in tests.items()},
+        "eval_examples_digest": examples_digest(tests),
+        "answer_extraction": "LLM-Adapters commonsense_evaluate.py extract_answer: the first answer word of the set",
+    }
+    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="accuracy",
+                                        chance=chance, num_eval_examples=len(items), extras=extras, eval_sets=tests)

@@ -1,0 +1,114 @@
+"""``--task e2e``: E2E NLG (restaurant meaning representation -> description), scored on generated text.
+
+* **Data** (``<data>/e2e/``, the E2E NLG Challenge CSVs with header ``mr,ref``). The official 42k training set is
+  not available offline, so training uses ``devset.csv`` (4,672 MR/reference pairs, each pair one example) and
+  evaluation ``testset_w_refs.csv``: its 4,693 references grouped by MR (630 MRs, in file order), every reference
+  of an MR used. ``--max-eval-samples`` draws MRs (``--eval-seed``). result.json's ``report_notes`` and every
+  report say that dev was trained on, so the numbers are not the challenge's (train -> test) setting.
+* **Format**: instruction :data:`INSTRUCTION`, input the MR, response the reference, with the tokenizer's chat
+  template like every instruction task (loss on the response only).
+* **Metrics** (:mod:`peftlab.tasks.nlg_metrics`): ``bleu`` (the primary metric, a fraction: ×100 in reports),
+  ``nist``, ``meteor`` (only when NLTK's WordNet corpus is installed), ``rouge_l`` and ``cider``, from sacrebleu,
+  nltk, rouge-score and pycocoevalcap; result.json's ``metric_implementations`` names the package, version and
+  settings of each, and ``metrics_unavailable`` says why a metric is missing. Generation is greedy up to EOS /
+  end of turn or ``--max-new-tokens`` (default 64).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from peftlab.errors import PeftlabError
+
+TRAIN_FILE = "e2e/devset.csv"
+TEST_FILE = "e2e/testset_w_refs.csv"
+INSTRUCTION = "Write a one-sentence description of the restaurant from its attributes."
+DATASET = "e2e-dev-as-train"
+DATASET_NOTE = ("the official E2E training set is not available offline: trained on devset.csv ({n_train} pairs), "
+                "evaluated on testset_w_refs.csv ({n_mrs} MRs, all references each)")
+
+
+def read_e2e_csv(path) -> list[tuple[str, str]]:
+    """``(mr, ref)`` rows of an E2E CSV (header ``mr,ref``); one line naming the file and line when malformed."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=str(path)) from None
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader, None)
+        if header is None or [h.strip().lower() for h in header] != ["mr", "ref"]:
+            raise PeftlabError(f"expected the header 'mr,ref', got {','.join(header or [])!r}", where=f"{path}:1",
+                               fix="use the E2E NLG Challenge CSV files unchanged")
+        rows = []
+        for row in reader:
+            if not row or not any(cell.strip() for cell in row):
+                continue
+            if len(row) != 2 or not row[0].strip() or not row[1].strip():
+                raise PeftlabError(f"expected two non-empty fields (mr, ref), got {len(row)}",
+                                   where=f"{path}:{reader.line_num}",
+                                   fix="use the E2E NLG Challenge CSV files unchanged")
+            rows.append((row[0].strip(), row[1].strip()))
+    except csv.Error as err:
+        raise PeftlabError(f"invalid CSV: {err}", where=f"{path}:{reader.line_num}") from None
+    if not rows:
+        raise PeftlabError("file holds no rows", where=str(path), fix="use the E2E NLG Challenge CSV files unchanged")
+    return rows
+
+
+def group_references(rows: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """``(mr, [ref, ...])`` per distinct MR, in order of first appearance."""
+    grouped: dict[str, list[str]] = {}
+    for mr, ref in rows:
+        grouped.setdefault(mr, []).append(ref)
+    return list(grouped.items())
+
+
+def build_pipeline(cfg, tokenizer, model=None):
+    """The ``e2e`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
+    from peftlab.tasks import generative
+    from peftlab.tasks.data_files import subset
+    from peftlab.tasks.instructions import encode_prompt
+    from peftlab.tasks.nlg_metrics import corpus_scores, implementations, wordnet_status
+    from peftlab.tasks.prepare import examples_digest
+
+    generative.ensure_pad_token(cfg, tokenizer)
+    train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "E2E devset.csv (the training data offline)")
+    test_path = generative.find_data_file(cfg.data_dir, TEST_FILE, "E2E testset_w_refs.csv")
+    train_rows = read_e2e_csv(train_path)
+    train_raw = generative.records_dataset(
+        [{"instruction": INSTRUCTION, "input": mr, "output": ref} for mr, ref in train_rows],
+        generative.file_digest(train_path, extra=f"e2e-train-{INSTRUCTION}"))
+    grouped = group_references(read_e2e_csv(test_path))
+    test = generative.records_dataset([{"mr": mr, "references": refs} for mr, refs in grouped],
+                                      generative.file_digest(test_path, extra="e2e-test"))
+    test = subset(test, cfg.max_eval_samples, cfg.eval_seed)
+    mrs, references = list(test["mr"]), [list(r) for r in test["references"]]
+    prompts = [encode_prompt(tokenizer, INSTRUCTION, mr) for mr in mrs]
+
+    def score(texts: list[str]):
+        scores = corpus_scores(texts, references)
+        records = [{"mr": mr, "references": refs, "generated": text} for mr, refs, text in zip(mrs, references, texts)]
+        return records, scores.metrics, scores.unavailable  # why a metric is missing from this evaluation
+
+    _, meteor_missing = wordnet_status()
+    extras: dict[str, Any] = {
+        "dataset": DATASET,
+        "report_notes": [DATASET_NOTE.format(n_train=len(train_rows), n_mrs=len(mrs))]
+        + ([f"METEOR not computed: {meteor_missing}"] if meteor_missing else []),  # lab/report.py prints them
+        "data_files": {"train": str(train_path), "test": str(test_path)},
+        "eval_examples": len(mrs),
+        "eval_references": sum(len(r) for r in references),
+        "eval_examples_digest": examples_digest({"test": test}),
+        "metric_implementations": implementations(),
+        # Known before any generation; a metric that one evaluation cannot compute (NIST when no text has 5
+        # tokens) is absent from that evaluation's metrics, with the reason in metric_notes[tag].
+        "metrics_unavailable": {"meteor": meteor_missing} if meteor_missing else {},
+    }
+    if meteor_missing:
+        extras["metric_implementations"].pop("meteor")
+    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=generative.generation_evaluator(
+        cfg, tokenizer, prompts, score), primary_metric="bleu", chance=0.0, num_eval_examples=len(mrs),
+        extras=extras, eval_sets={"test": test})

@@ -1,0 +1,151 @@
+"""Greedy generation from token-id prompts, and the ``generations_<tag>.jsonl`` logs of generation tasks.
+
+:func:`generation_evaluator` is the ``evaluate(model, accelerator, tag)`` of a task scored on generated text
+(GSM8K): prompts are sharded by index across processes (``accelerate launch``), the texts gathered with
+``accelerate.utils.gather_object``, scored, and (main process only) written to
+``<output_dir>/generations_<tag>.jsonl``, a file named in the evaluation's extras.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from peftlab.io_utils import atomic_write_text
+from peftlab.tasks.prepare import Evaluation
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """EOS and the chat end-of-turn tokens that end a generated answer."""
+    ids = []
+    for token in (tokenizer.eos_token, "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+        if token is None:
+            continue
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None) and tid not in ids:
+            ids.append(tid)
+    return ids
+
+
+def _cache_argument(model) -> str:
+    """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: int, batch_size: int,
+             device=None, stop_when: Callable[[str], bool] | None = None) -> list[str]:
+    """Greedy completions of token-id prompts, decoded without special tokens.
+
+    Batches of similar prompt lengths, left-padded, with the KV cache. A sequence ends at EOS / end of turn
+    (:func:`stop_token_ids`), after ``max_new_tokens`` tokens, or when ``stop_when(text so far)`` turns true
+    (checked at each newline). Finished sequences leave the batch (their rows are dropped from the cache), so
+    one long generation does not keep the other 63 computing padding: the cost is the sum of the generated
+    lengths, not batches x the longest. Token for token this is ``model.generate(do_sample=False)``.
+    """
+    from transformers import DynamicCache
+
+    device = device or next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = set(stop_token_ids(tokenizer))
+    cache_arg = _cache_argument(model)
+    ends_line: dict[int, bool] = {}  # token id -> its text holds a newline (decoded once per id, not per step)
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
+    generated: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        width = max(len(prompts[i]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            n = len(prompts[i])
+            ids[row, width - n:] = torch.as_tensor(prompts[i])
+            mask[row, width - n:] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        alive = list(chunk)  # prompt index of each row still generating
+        cache = DynamicCache(config=getattr(model, "config", None))
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_arg: cache},
+                       use_cache=True, logits_to_keep=1).logits[:, -1]
+        next_position = positions[:, -1] + 1
+        for step in range(int(max_new_tokens)):
+            tokens = logits.argmax(-1)
+            keep = []
+            for row, token in enumerate(tokens.tolist()):
+                index = alive[row]
+                if token in stops:
+                    continue
+                generated[index].append(token)
+                if token not in ends_line:
+                    ends_line[token] = "\n" in tokenizer.decode([token])
+                if stop_when is not None and ends_line[token] and stop_when(
+                        tokenizer.decode(generated[index], skip_special_tokens=True)):
+                    continue
+                keep.append(row)
+            if not keep or step == int(max_new_tokens) - 1:
+                break
+            if len(keep) < len(alive):
+                rows = torch.as_tensor(keep, device=device)
+                cache.batch_select_indices(rows)
+                mask, tokens, next_position = mask[rows], tokens[rows], next_position[rows]
+                alive = [alive[row] for row in keep]
+            mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
+            logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None],
+                           **{cache_arg: cache}, use_cache=True).logits[:, -1]
+            next_position = next_position + 1
+    return [tokenizer.decode(generated[i], skip_special_tokens=True).strip() for i in range(len(prompts))]
+
+
+def write_generations(path: str | os.PathLike, records: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+def read_generations(path: str | os.PathLike) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def generation_file(tag: str) -> str:
+    """The generation log of the evaluation ``tag``: ``generations_before.jsonl``, ``generations_epoch1.jsonl``..."""
+    return f"generations_{tag}.jsonl"
+
+
+def generation_evaluator(output_dir: str | os.PathLike, tokenizer, prompts: Sequence[list[int]],
+                         score: Callable[[list[str]], tuple[list[dict], dict[str, float]]], *, max_new_tokens: int,
+                         batch_size: int, stop_when: Callable[[str], bool] | None = None) -> Callable:
+    """``evaluate(model, accelerator, tag)`` for a task scored on greedy generations from ``prompts``.
+
+    ``score(texts)`` (one text per prompt, in order) returns the per-example records to log and the metrics.
+    The records go to ``output_dir/generations_<tag>.jsonl``; the evaluation's extras name that file as
+    ``generations[tag]`` and ``generations_file`` (the latest).
+    """
+
+    def evaluate(model, accelerator, tag: str) -> Evaluation:
+        from accelerate.utils import gather_object
+
+        model.eval()
+        rank, world = accelerator.process_index, accelerator.num_processes
+        mine = list(range(rank, len(prompts), world))
+        texts = generate(accelerator.unwrap_model(model), tokenizer, [prompts[i] for i in mine],
+                         max_new_tokens=max_new_tokens, batch_size=batch_size, device=accelerator.device,
+                         stop_when=stop_when)
+        pairs = list(zip(mine, texts))
+        if world > 1:
+            pairs = gather_object(pairs)
+        generated = dict(pairs)
+        records, metrics = score([generated[i] for i in range(len(prompts))])
+        extras = {}
+        if accelerator.is_main_process:
+            name = generation_file(tag)
+            write_generations(Path(output_dir) / name, records)
+            extras = {"generations": {tag: name}, "generations_file": name}
+        model.train()
+        return Evaluation(metrics, extras)
+
+    return evaluate

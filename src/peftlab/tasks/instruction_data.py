@@ -1,0 +1,249 @@
+"""Instruction data: GSM8K, Alpaca and any JSON/JSONL instruction file, as ``datasets.Dataset`` records.
+
+Every record has ``instruction``, ``input`` and ``output`` (GSM8K also ``gold``, its canonical final answer).
+``gsm8k``: ``<root>/gsm8k/{train,test}.jsonl`` (``question``/``answer``; the final answer follows ``####``;
+calculator annotations ``<<16-3-4=9>>`` are removed from the targets). ``alpaca``:
+``<root>/alpaca/alpaca_data.json`` or ``alpaca_data_1k.json``, with a held-out 10% split (fixed seed
+:data:`SPLIT_SEED`, so every run seed scores on the same held-out records). ``json``: ``--train-file`` (and
+optionally ``--eval-file``, else a held-out 10%) whose field names ``--instruction-fields`` gives.
+``<root>`` is found like GLUE's (:func:`peftlab.tasks.data_files.candidate_roots`); with no local copy the Hub
+is used unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set, else one :class:`PeftlabError` lists the
+paths tried. Malformed files and records are reported with file and line (JSONL) or record number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from peftlab.errors import PeftlabError
+from peftlab.tasks.data_files import candidate_roots, check_data_dir, hub_offline
+
+FORMAT_VERSION = "1"  # bump when prompt formatting or truncation changes: token caches key on it
+SPLIT_SEED = 0  # held-out split of alpaca/json: the same records whatever the run's --seed
+HELD_OUT_FRACTION = 0.1
+HUB = {"gsm8k": ("openai/gsm8k", "main"), "alpaca": ("tatsu-lab/alpaca", None)}
+LOCAL = {
+    ("gsm8k", "train"): ("gsm8k/train.jsonl",),
+    ("gsm8k", "test"): ("gsm8k/test.jsonl",),
+    ("alpaca", "train"): ("alpaca/alpaca_data.json", "alpaca/alpaca_data_1k.json"),
+}
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
+
+
+# --------------------------------------------------------------------------- reading records
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Field names of one instruction record: prompt, optional input, response."""
+
+    prompt: str = "instruction"
+    input: str | None = "input"
+    response: str = "output"
+
+
+def parse_fields(spec: str | Sequence[str]) -> Fields:
+    """``"instruction,input,output"``, ``"question,,answer"`` or ``"question,answer"`` -> :class:`Fields`."""
+    parts = [p.strip() for p in (spec.split(",") if isinstance(spec, str) else spec)]
+    if len(parts) == 2:
+        parts = [parts[0], "", parts[1]]
+    if len(parts) != 3 or not parts[0] or not parts[2]:
+        raise PeftlabError(
+            f"--instruction-fields must name the prompt, input and response fields, got '{spec}'",
+            fix="e.g. --instruction-fields instruction,input,output (or question,,answer without an input field)",
+        )
+    return Fields(parts[0], parts[1] or None, parts[2])
+
+
+def parse_record(obj: Any, fields: Fields, where: str) -> dict[str, str]:
+    if not isinstance(obj, dict):
+        raise PeftlabError(f"record is a JSON {type(obj).__name__}, expected an object", where=where,
+                           fix=f"each record must be an object with '{fields.prompt}' and '{fields.response}'")
+    out = {}
+    for key, name, required in (("instruction", fields.prompt, True), ("input", fields.input, False),
+                                ("output", fields.response, True)):
+        if name is None:
+            out[key] = ""
+            continue
+        value = obj.get(name)
+        if value is None:
+            if required:
+                present = ", ".join(sorted(map(str, obj))) or "none"
+                raise PeftlabError(f"record has no '{name}' field (fields: {present})", where=where,
+                                   fix="fix the record, or name the fields with --instruction-fields prompt,input,response")
+            value = ""
+        if not isinstance(value, str):
+            raise PeftlabError(f"field '{name}' is a JSON {type(value).__name__}, expected a string", where=where,
+                               fix="instruction records hold text fields")
+        out[key] = value
+    if not out["output"].strip():
+        raise PeftlabError(f"field '{fields.response}' is empty", where=where, fix="remove the record or fill it in")
+    return out
+
+
+def read_records(path: str | os.PathLike, fields: Fields = Fields()) -> list[dict[str, str]]:
+    """Records ``{"instruction", "input", "output"}`` of a JSON list or JSONL file; a malformed file or
+    record raises :class:`PeftlabError` naming the file and line (JSONL) or record number (JSON list)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PeftlabError(f"instruction file not found: {path}", fix="check --train-file / --eval-file")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=str(path)) from None
+    records: list[dict[str, str]] = []
+    if text.lstrip().startswith("["):  # one JSON list
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise PeftlabError(f"invalid JSON: {err.msg}", where=f"{path}:{err.lineno}:{err.colno}",
+                               fix="a JSON list of records, or one JSON object per line (JSONL)") from None
+        for i, obj in enumerate(data):
+            records.append(parse_record(obj, fields, f"{path}, record {i + 1}"))
+    else:  # JSONL (a single object on one line is JSONL with one record)
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise PeftlabError(f"invalid JSON: {err.msg}", where=f"{path}:{number}:{err.colno}",
+                                   fix="one JSON object per line (JSONL), or a JSON list") from None
+            records.append(parse_record(obj, fields, f"{path}:{number}"))
+    if not records:
+        raise PeftlabError("file holds no records", where=str(path), fix="a JSON list or JSONL of instruction records")
+    return records
+
+
+def content_hash(*parts: Any) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            with open(part, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+        else:
+            h.update(str(part).encode())
+        h.update(b"|")
+    return h.hexdigest()[:32]
+
+
+def make_dataset(records: list[dict], fingerprint: str):
+    """A ``datasets.Dataset`` with a content-addressed fingerprint (token caches key on it)."""
+    from datasets import Dataset
+
+    columns = {key: [r[key] for r in records] for key in records[0]}
+    ds = Dataset.from_dict(columns)
+    ds._fingerprint = fingerprint
+    return ds
+
+
+def _gsm8k_records(rows: list[dict], where: str) -> list[dict[str, str]]:
+    from peftlab.tasks.math_answers import gold_answer
+
+    out = []
+    for i, row in enumerate(rows):
+        record = parse_record(row, Fields("question", None, "answer"), f"{where}, record {i + 1}")
+        gold = gold_answer(record["output"]) if "####" in record["output"] else None
+        if gold is None:
+            raise PeftlabError("GSM8K answer has no '#### <number>' final answer", where=f"{where}, record {i + 1}",
+                               fix="use the published GSM8K files unchanged")
+        record["output"] = _CALCULATOR.sub("", record["output"])
+        record["gold"] = gold
+        out.append(record)
+    return out
+
+
+def _local_file(task: str, split: str, data_dir) -> tuple[Path | None, list[Path]]:
+    check_data_dir(data_dir)
+    tried = []
+    for root in candidate_roots(data_dir):
+        for rel in LOCAL[(task, split)]:
+            path = root / rel
+            tried.append(path)
+            if path.is_file():
+                return path, tried
+    return None, tried
+
+
+def _hub_rows(task: str, split: str) -> list[dict]:
+    import datasets
+
+    name, config = HUB[task]
+    return [dict(r) for r in datasets.load_dataset(name, config, split=split)]
+
+
+def load_raw(task: str, split: str, data_dir=None):
+    """One split of ``gsm8k`` (train/test) or ``alpaca`` (train) as a ``Dataset`` of ``instruction``, ``input``,
+    ``output`` (GSM8K also ``gold``, the canonical final answer)."""
+    path, tried = _local_file(task, split, data_dir)
+    if path is not None:
+        if task == "gsm8k":
+            rows = []
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as err:
+                        raise PeftlabError(f"invalid JSON: {err.msg}", where=f"{path}:{number}",
+                                           fix="use the published GSM8K files unchanged") from None
+            records = _gsm8k_records(rows, str(path))
+        else:
+            records = read_records(path)
+        return make_dataset(records, content_hash(path, task, split, FORMAT_VERSION))
+    if hub_offline():
+        reason = "not trying the Hub (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)"
+    else:
+        try:
+            rows = _hub_rows(task, split)
+        except Exception as err:  # noqa: BLE001 - any Hub failure becomes the message below
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            reason = f"the Hub ({HUB[task][0]}) failed: {first}"
+        else:
+            records = _gsm8k_records(rows, HUB[task][0]) if task == "gsm8k" else [
+                parse_record(r, Fields(), f"{HUB[task][0]}, record {i + 1}") for i, r in enumerate(rows)]
+            return make_dataset(records, content_hash(HUB[task][0], task, split, len(records), FORMAT_VERSION))
+    raise PeftlabError(
+        f"no local copy of {task} {split}; {reason}",
+        where="looked for " + ", ".join(str(p) for p in tried),
+        fix=f"pass --data-dir (or set PEFTLAB_DATA_DIR) to a folder holding {LOCAL[(task, split)][0]}, or run with "
+        "network access (HF_DATASETS_OFFLINE and HF_HUB_OFFLINE unset) to load it from the Hub",
+    )
+
+
+def held_out_split(ds):
+    """(train, held-out): a fixed-seed 90/10 split (at least one record on each side)."""
+    if len(ds) < 2:
+        raise PeftlabError(f"need at least 2 records to hold some out for evaluation, got {len(ds)}",
+                           fix="add records, or pass --eval-file")
+    n_eval = min(len(ds) - 1, max(1, round(HELD_OUT_FRACTION * len(ds))))
+    split = ds.train_test_split(test_size=n_eval, shuffle=True, seed=SPLIT_SEED)
+    return split["train"], split["test"]
+
+
+def load_instruction_data(cfg):
+    """(train, eval) raw datasets of ``cfg.task``, before subsetting."""
+    task = cfg.task
+    if task == "gsm8k":
+        return load_raw("gsm8k", "train", cfg.data_dir), load_raw("gsm8k", "test", cfg.data_dir)
+    if task == "alpaca":
+        return held_out_split(load_raw("alpaca", "train", cfg.data_dir))
+    if task == "json":
+        if not cfg.train_file:
+            raise PeftlabError("--task json needs --train-file", fix="pass a JSON list or JSONL of instruction records")
+        fields = parse_fields(cfg.instruction_fields)
+        train_path = Path(cfg.train_file)
+        train = make_dataset(read_records(train_path, fields),
+                             content_hash(train_path, fields, "json-train", FORMAT_VERSION))
+        if cfg.eval_file:
+            eval_path = Path(cfg.eval_file)
+            return train, make_dataset(read_records(eval_path, fields),
+                                       content_hash(eval_path, fields, "json-eval", FORMAT_VERSION))
+        return held_out_split(train)
+    raise PeftlabError(f"task '{task}' is not an instruction task", fix="use gsm8k, alpaca or json")

@@ -1,0 +1,188 @@
+"""LLM-as-a-judge client: FastChat's single-answer grading over any OpenAI-compatible chat endpoint.
+
+The HTTP side is the ``openai`` package's client (``base_url`` = ``--judge-url``, e.g.
+``http://127.0.0.1:8000/v1`` for a local vLLM / llama.cpp / Ollama server), which already retries what is
+worth retrying (connection errors, timeouts, HTTP 408/409/429/5xx, with exponential back-off and jitter,
+honouring ``Retry-After``) and applies a per-request timeout. This module adds what a benchmark run needs on
+top: **no judgment ever raises**. Each request ends as a :class:`Verdict`, judged with a 1-10 score or
+unjudged with the reason (timeout, HTTP status, connection refused, a reply without ``[[N]]``), so a
+flaky judge costs scores, never the run. After ``max_consecutive_failures`` transport failures in a row the
+remaining requests are not sent (an unreachable judge would otherwise cost minutes of retries per answer);
+they are recorded as unjudged too, saying why.
+
+The rating is parsed as FastChat's ``fastchat/llm_judge/common.py`` does: the first ``[[N]]`` (N an integer
+or decimal), else the first ``[N]``; a reply with neither is unjudged. A rating outside 1-10 is unjudged as
+well (FastChat would keep it; a 0 or 42 means the judge did not follow the format).
+
+:func:`judge_strength` labels a judge *weak* unless it is a strong API model (the GPT-4 class FastChat's
+MT-Bench was validated with, or its peers) reached at a non-local address: a small local model behind the
+same interface gives numbers that do not compare with published MT-Bench scores.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Sequence
+from urllib.parse import urlparse
+
+# FastChat's patterns (one_score_pattern, one_score_pattern_backup).
+RATING = re.compile(r"\[\[(\d+\.?\d*)\]\]")
+RATING_BACKUP = re.compile(r"\[(\d+\.?\d*)\]")
+SCORE_RANGE = (1.0, 10.0)
+# Model-name prefixes of API judges strong enough for MT-Bench numbers to mean what they mean in the
+# literature (FastChat's default judge is gpt-4). Anything else is labelled a weak judge.
+STRONG_JUDGE_PREFIXES = ("gpt-4", "gpt-5", "o1", "o3", "o4", "chatgpt-4o", "claude-3-5", "claude-3-7",
+                         "claude-3-opus", "claude-sonnet-4", "claude-opus-4", "claude-4", "gemini-1.5-pro",
+                         "gemini-2", "gemini-3")
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    url: str  # the OpenAI-compatible base URL (ending in /v1 for most servers)
+    model: str
+    api_key: str
+    timeout: float = 120.0  # seconds per request (each retry gets its own)
+    retries: int = 3  # retries after the first attempt (the openai client's max_retries)
+    parallel: int = 4  # requests in flight at once
+    max_tokens: int = 2048  # FastChat's judge setting
+    temperature: float = 0.0  # FastChat's judge setting
+    max_consecutive_failures: int = 8
+
+
+@dataclass
+class Verdict:
+    """One judgment: ``score`` (1-10) when ``judged``, else ``reason`` says why not."""
+
+    judged: bool
+    score: float | None = None
+    reason: str | None = None
+    reply: str | None = None  # the judge's text (kept for unparseable replies too)
+    attempts_seconds: float = 0.0  # wall time of the request, retries included
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_rating(text: str) -> float | None:
+    """The rating in a judge's reply, as FastChat parses it, or None."""
+    match = RATING.search(text) or RATING_BACKUP.search(text)
+    return float(match.group(1)) if match else None
+
+
+def verdict_from_reply(text: str | None) -> Verdict:
+    if text is None or not str(text).strip():
+        return Verdict(False, reason="the judge's reply has no message content", reply=text)
+    rating = parse_rating(text)
+    if rating is None:
+        return Verdict(False, reason="no [[rating]] in the judge's reply", reply=text)
+    low, high = SCORE_RANGE
+    if not low <= rating <= high:
+        return Verdict(False, reason=f"rating {rating:g} is outside {low:g}-{high:g}", reply=text)
+    return Verdict(True, score=rating, reply=text)
+
+
+def normalise_url(url: str) -> str:
+    """The base URL the openai client wants: a full ``.../chat/completions`` URL is cut back to its base."""
+    url = url.strip().rstrip("/")
+    for suffix in ("/chat/completions", "/completions"):
+        if url.endswith(suffix):
+            url = url[: -len(suffix)]
+    return url
+
+
+def is_local(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    if host in ("localhost", "") or host.endswith(".local"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private or address.is_link_local
+
+
+def judge_strength(url: str, model: str) -> tuple[bool, str]:
+    """(weak, why): a judge is strong only if its model is a known strong API model at a non-local address."""
+    name = model.lower().rsplit("/", 1)[-1]
+    if not name.startswith(STRONG_JUDGE_PREFIXES):
+        return True, (f"'{model}' is not a strong API judge (MT-Bench scores are calibrated on GPT-4); "
+                      "its scores do not compare with published MT-Bench numbers")
+    if is_local(url):
+        return True, f"served from a local address ({urlparse(url).hostname}), not the vendor's API"
+    return False, f"'{model}' is a strong API judge"
+
+
+class JudgeClient:
+    """Sends (system, user) prompts to the judge; :meth:`judge_all` never raises for a failed request."""
+
+    def __init__(self, settings: JudgeSettings):
+        from openai import OpenAI
+
+        self.settings = settings
+        self.client = OpenAI(base_url=normalise_url(settings.url), api_key=settings.api_key,
+                             timeout=settings.timeout, max_retries=settings.retries)
+        self._lock = threading.Lock()
+        self._failures_in_a_row = 0
+        self._last_failure = ""
+
+    def judge(self, system: str, user: str) -> Verdict:
+        """One judgment; a transport failure (after the client's retries) is an unjudged Verdict."""
+        with self._lock:
+            if self._failures_in_a_row >= self.settings.max_consecutive_failures:
+                return Verdict(False, reason=f"not sent: the judge failed {self._failures_in_a_row} times in a row "
+                                             f"(last: {self._last_failure})")
+        started = time.monotonic()
+        try:
+            reply = self._complete(system, user)
+        except Exception as err:  # noqa: BLE001 - every failure becomes a recorded reason, never a crash
+            reason = describe_error(err, self.settings)
+            with self._lock:
+                self._failures_in_a_row += 1
+                self._last_failure = reason
+            return Verdict(False, reason=reason, attempts_seconds=time.monotonic() - started)
+        with self._lock:
+            self._failures_in_a_row = 0
+        verdict = verdict_from_reply(reply)
+        verdict.attempts_seconds = time.monotonic() - started
+        return verdict
+
+    def _complete(self, system: str, user: str) -> str | None:
+        response = self.client.chat.completions.create(
+            model=self.settings.model, temperature=self.settings.temperature, max_tokens=self.settings.max_tokens,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise ValueError("the judge's reply has no choices")
+        return choices[0].message.content
+
+    def judge_all(self, prompts: Sequence[tuple[str, str]]) -> list[Verdict]:
+        """Verdicts in the order of ``prompts`` ((system, user) pairs), ``parallel`` requests at a time."""
+        if not prompts:
+            return []
+        workers = max(1, min(self.settings.parallel, len(prompts)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(lambda p: self.judge(*p), prompts))
+
+
+def describe_error(err: Exception, settings: JudgeSettings) -> str:
+    """A one-line reason for an unjudged answer."""
+    import openai
+
+    attempts = settings.retries + 1
+    if isinstance(err, openai.APITimeoutError):
+        return f"timeout: no reply within {settings.timeout:g} s ({attempts} attempt(s))"
+    if isinstance(err, openai.APIConnectionError):
+        cause = err.__cause__ or err
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        return f"connection failed ({attempts} attempt(s)): {first}"
+    if isinstance(err, openai.APIStatusError):
+        body = str(getattr(err, "message", "") or "").strip().splitlines()
+        return f"HTTP {err.status_code}" + (f": {body[0][:200]}" if body else "") + \
+            (f" ({attempts} attempt(s))" if err.status_code in (408, 409, 429) or err.status_code >= 500 else "")
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__

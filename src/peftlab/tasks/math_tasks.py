@@ -1,0 +1,164 @@
+"""``--task math``: math word problems (LLM-Adapters' sets), trained on ``math_data.json``, answers generated.
+
+* **Data** (LLM-Adapters' instruction format). Training: ``<data>/math/math_data.json`` (3,260 worked solutions
+  ending "The answer is N."), the stand-in for MetaMathQA, which Yao et al. train on and which is not
+  available offline: result.json's ``report_notes`` and every report say so. Evaluation: ``<data>/math/<set>/
+  test.json`` for ``gsm8k`` (LLM-Adapters' copy of the GSM8K test set), ``AQuA``, ``AddSub``, ``MultiArith``,
+  ``SVAMP``, ``SingleEq`` and ``mawps``, or those named by ``--eval-sets``, each subset by
+  ``--max-eval-samples`` (``--eval-seed``). ``answer`` is the final number (AQuA: a letter A-E).
+* **Two extractions**, as lm-evaluation-harness scores GSM8K, so numbers compare with the harness:
+  ``strict_match``: the first match of the harness's gsm8k strict regex ``#### (\\-?[0-9\\.\\,]+)``, else of its
+  gsm8k-cot strict regex ``The answer is (\\-?[0-9\\.\\,]+).`` (the format math_data.json teaches);
+  ``flexible_extract``: the last match of the harness's flexible regex ``(-?[$0-9.,]{2,})|(-?[0-9]+)``.
+  A match is cleaned like the harness's ``regexes_to_ignore`` (``,``, ``$``, a trailing ``.``) and read as a
+  number; it is correct when within 0.001 of the gold number (LLM-Adapters' rule: its golds are floats such as
+  ``576.0`` or ``1.8333333333333335``). AQuA (letters): strict is the letter after ``####`` or "The answer is"
+  (``(D)`` or ``D``), flexible the last standalone capital A-E anywhere (an article "A" counts: it is the loose
+  extraction).
+* **Metrics**: ``<set>_strict_match`` and ``<set>_flexible_extract`` per set (lower-cased: ``aqua``), and their
+  means over the evaluated sets, ``strict_match`` (the primary metric) and ``flexible_extract``. Generation is
+  greedy up to EOS / end of turn or ``--max-new-tokens`` (default 256); it never stops at the first answer,
+  since the flexible extraction reads the last number.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Any
+
+from peftlab.errors import PeftlabError
+from peftlab.tasks.table import MATH_TEST_SETS
+
+# lm-evaluation-harness lm_eval/tasks/gsm8k/gsm8k.yaml (strict-match) and gsm8k-cot.yaml (strict-match), and the
+# flexible-extract filter of both (group_select -1: the last match).
+STRICT_PATTERNS = (re.compile(r"#### (\-?[0-9\.\,]+)"), re.compile(r"The answer is (\-?[0-9\.\,]+)."))
+FLEXIBLE_PATTERN = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+LETTER_STRICT_PATTERNS = (re.compile(r"#### \(?([A-E])\b"), re.compile(r"The answer is \(?([A-E])\b"))
+LETTER_FLEXIBLE_PATTERN = re.compile(r"\b([A-E])\b")
+LETTER_SETS = ("AQuA",)
+TOLERANCE = Decimal("0.001")
+TRAIN_FILE = "math/math_data.json"
+DATASET = "llm-adapters-math"
+DATASET_NOTE = ("trained on LLM-Adapters' math_data.json ({n} records with a solution), a stand-in for MetaMathQA "
+                "(not available offline); gsm8k is LLM-Adapters' copy of the GSM8K test set")
+
+
+def _clean_number(match: str | None) -> Decimal | None:
+    """A captured answer cleaned as the harness's regexes_to_ignore (``,``, ``$``, a trailing ``.``) -> a number."""
+    if match is None:
+        return None
+    text = match.replace(",", "").replace("$", "").strip()
+    text = re.sub(r"\.$", "", text)
+    try:
+        value = Decimal(text)
+    except ArithmeticError:
+        return None
+    return value if value.is_finite() else None
+
+
+def strict_answer(text: str | None, *, letters: bool = False) -> str | None:
+    """The strict-match answer of ``text`` (the captured string, uncleaned), or None."""
+    for pattern in (LETTER_STRICT_PATTERNS if letters else STRICT_PATTERNS):
+        found = pattern.findall(text or "")
+        if found:
+            return found[0]
+    return None
+
+
+def flexible_answer(text: str | None, *, letters: bool = False) -> str | None:
+    """The flexible-extract answer of ``text``: the last number (AQuA: the last standalone letter A-E), or None."""
+    if letters:
+        found = LETTER_FLEXIBLE_PATTERN.findall(text or "")
+        return found[-1] if found else None
+    found = FLEXIBLE_PATTERN.findall(text or "")
+    if not found:
+        return None
+    return next(group for group in found[-1] if group)  # the alternative that matched
+
+
+def is_correct(predicted: str | None, gold: str, *, letters: bool = False) -> bool:
+    if predicted is None:
+        return False
+    if letters:
+        return predicted.strip().upper() == gold.strip().upper()
+    value, target = _clean_number(predicted), _clean_number(gold)
+    return value is not None and target is not None and abs(value - target) <= TOLERANCE
+
+
+def set_key(set_name: str) -> str:
+    return set_name.lower()
+
+
+def build_pipeline(cfg, tokenizer, model=None):
+    """The ``math`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
+    from peftlab.tasks import generative
+    from peftlab.tasks.instructions import encode_prompt
+    from peftlab.tasks.prepare import examples_digest
+
+    generative.ensure_pad_token(cfg, tokenizer)
+    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else MATH_TEST_SETS
+    train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "math training set math_data.json")
+    files = {"train": str(train_path)}
+    # 3 of math_data.json's records have an empty output: nothing to learn from, so not trained on.
+    train_records, skipped = generative.training_records(generative.read_llm_adapters_json(train_path))
+    train_raw = generative.records_dataset(train_records, generative.file_digest(train_path, extra="math-train"))
+
+    tests = {}
+    for name in eval_sets:
+        path = generative.find_data_file(cfg.data_dir, f"math/{name}/test.json", f"math test set '{name}'")
+        files[f"test/{name}"] = str(path)
+        records = generative.read_llm_adapters_json(path)
+        for number, record in enumerate(records, 1):
+            bad = (record["answer"].strip().upper() not in tuple("ABCDE") if name in LETTER_SETS
+                   else _clean_number(record["answer"]) is None)
+            if bad:
+                raise PeftlabError(f"gold answer '{record['answer']}' is not a "
+                                   + ("letter A-E" if name in LETTER_SETS else "number"),
+                                   where=f"{path}, record {number}", fix="use the published LLM-Adapters files")
+        tests[name] = generative.records_dataset(
+            [{k: r[k] for k in ("instruction", "input", "answer")} for r in records],
+            generative.file_digest(path, extra=f"math-test-{name}"))
+    tests = generative.subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
+    items = [(name, row) for name, ds in tests.items() for row in ds]
+    prompts = [encode_prompt(tokenizer, row["instruction"], row["input"]) for _, row in items]
+
+    def score(texts: list[str]):
+        records, by_set = [], {name: [] for name in tests}
+        for (name, row), text in zip(items, texts):
+            letters = name in LETTER_SETS
+            strict, flexible = strict_answer(text, letters=letters), flexible_answer(text, letters=letters)
+            record = {"set": name, "question": row["instruction"], "gold": row["answer"], "generated": text,
+                      "strict": strict, "flexible": flexible,
+                      "strict_correct": is_correct(strict, row["answer"], letters=letters),
+                      "flexible_correct": is_correct(flexible, row["answer"], letters=letters)}
+            records.append(record)
+            by_set[name].append(record)
+        metrics: dict[str, float] = {}
+        for kind in ("strict", "flexible"):
+            metric = "strict_match" if kind == "strict" else "flexible_extract"
+            for name, rows in by_set.items():
+                metrics[f"{set_key(name)}_{metric}"] = sum(r[f"{kind}_correct"] for r in rows) / max(1, len(rows))
+            metrics[metric] = sum(metrics[f"{set_key(n)}_{metric}"] for n in tests) / len(tests)
+        return records, metrics
+
+    evaluate = generative.generation_evaluator(cfg, tokenizer, prompts, score)
+    extras: dict[str, Any] = {
+        "dataset": DATASET,
+        "report_notes": [DATASET_NOTE.format(n=len(train_raw))],  # lab/report.py prints them
+        "data_files": files,
+        "train_records_without_output": skipped,
+        "eval_sets": list(eval_sets),
+        "eval_examples": {name: len(ds) for name, ds in tests.items()},
+        "eval_examples_digest": examples_digest(tests),
+        "answer_extraction": {
+            "strict_match": "lm-evaluation-harness gsm8k strict-match '#### (\\-?[0-9\\.\\,]+)', else gsm8k-cot "
+                            "strict-match 'The answer is (\\-?[0-9\\.\\,]+).' (first match); AQuA: the letter after "
+                            "#### or 'The answer is'",
+            "flexible_extract": "lm-evaluation-harness flexible-extract '(-?[$0-9.,]{2,})|(-?[0-9]+)' (last match); "
+                                "AQuA: the last standalone letter A-E",
+            "match": "numbers within 0.001 of the gold (LLM-Adapters), after removing ',', '$' and a trailing '.'",
+        },
+    }
+    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="strict_match",
+                                        chance=0.0, num_eval_examples=len(items), extras=extras, eval_sets=tests)

@@ -1,0 +1,345 @@
+"""The ``mt-bench`` task: instruction tuning, then MT-Bench's 80 two-turn questions judged 1-10 by an LLM.
+
+``build_pipeline(cfg, tokenizer, model)`` is the task's builder (:data:`peftlab.tasks.prepare.BUILDERS`).
+
+* **Training** reuses :mod:`peftlab.tasks.instructions` unchanged (prompt-masked loss, chat template,
+  truncation, token cache): on the Alpaca records (``<root>/alpaca/``) by default, or on any JSON/JSONL
+  instruction file given as ``--train-file`` (field names: ``--instruction-fields``).
+* **Answers.** The questions are FastChat's ``<root>/mt_bench/question.jsonl`` (``--max-eval-samples`` draws a
+  fixed subset with ``--eval-seed``). Turn 1 is generated from the chat-templated question; turn 2 from the
+  conversation [question 1, the model's answer 1, question 2], so the second turn sees the first answer, as
+  FastChat's ``gen_model_answer`` does. Decoding is greedy for every category (deterministic; FastChat samples
+  writing/roleplay at temperature 0.7) and stops at end of turn or ``--max-new-tokens`` (FastChat: 1024).
+* **Judging** (``--judge-url``; :mod:`peftlab.tasks.judge`): FastChat's single-answer grading prompts from
+  ``mt_bench/judge_prompts.jsonl``: ``single-v1`` for turn 1 and ``single-v1-multi-turn`` for turn 2, and
+  for the categories FastChat grades against a reference (math, reasoning, coding) ``single-math-v1`` /
+  ``single-math-v1-multi-turn`` with the GPT-4 reference answers of ``reference_answer_gpt-4.jsonl``. Without
+  ``--judge-url`` the answers are generated and saved and every judgment reads "not judged".
+* **Files** (atomic, in the run folder; ``<tag>`` is the evaluation's: ``before``, ``epoch<N>``, ``evaluate``):
+  ``mt_bench_answers_<tag>.jsonl`` in FastChat's model-answer format (``question_id``, ``model_id``,
+  ``choices[0].turns``; so FastChat's own ``gen_judgment.py`` can grade them too) and
+  ``mt_bench_judgments_<tag>.jsonl``, one line per (question, turn): the judge prompt's name, the prompt sent,
+  the judge's reply, the score or ``null`` with the reason it is unjudged. result.json's ``mt_bench_answers`` and
+  ``mt_bench_judgments`` map each tag to its file.
+* **Metrics**: ``mt_bench_score`` (mean over every judged answer, both turns: FastChat's "score"),
+  ``mt_bench_turn1``, ``mt_bench_turn2``, ``mt_bench_<category>`` (both turns), ``mt_bench_judged`` and
+  ``mt_bench_unjudged`` (answers). Unjudged answers are left out of the means, as FastChat drops score -1.
+  A score is absent when no answer behind it was judged. result.json's ``judge`` says who judged (url, model)
+  and labels a judge that is not a strong API model as ``weak: true``; reports repeat it.
+* **When**: after the last epoch only (160 generations and judge calls per evaluation); ``--eval-before``
+  adds the untrained model's row. **Several processes**: generation is sharded by question and gathered; the
+  main process alone writes the files and asks the judge, then broadcasts the metrics to the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from peftlab.errors import PeftlabError
+
+NEED_REF_CATS = ("math", "reasoning", "coding")  # FastChat's NEED_REF_CATS (arena-hard-200 aside)
+FOLDER = "mt_bench"
+QUESTIONS, REFERENCES, JUDGE_PROMPTS = "question.jsonl", "reference_answer_gpt-4.jsonl", "judge_prompts.jsonl"
+PROMPT_NAMES = {(False, 1): "single-v1", (False, 2): "single-v1-multi-turn",
+                (True, 1): "single-math-v1", (True, 2): "single-math-v1-multi-turn"}  # (needs reference, turn)
+NOT_JUDGED = "not judged (no --judge-url)"
+
+
+# --------------------------------------------------------------------------- the benchmark's files
+
+
+def locate_folder(data_dir=None) -> Path:
+    """``<root>/mt_bench`` holding ``question.jsonl``, the root found like GLUE's."""
+    from peftlab.tasks.data_files import candidate_roots, check_data_dir
+
+    check_data_dir(data_dir)
+    tried = []
+    for root in candidate_roots(data_dir):
+        folder = root / FOLDER
+        tried.append(folder / QUESTIONS)
+        if (folder / QUESTIONS).is_file():
+            return folder
+    raise PeftlabError("MT-Bench questions not found", where="looked for " + ", ".join(map(str, tried)),
+                       fix=f"pass --data-dir (or set PEFTLAB_DATA_DIR) to a folder holding {FOLDER}/{QUESTIONS} "
+                       "(FastChat's fastchat/llm_judge/data/mt_bench/)")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise PeftlabError(f"file not found: {path}", fix="use FastChat's mt_bench data folder unchanged")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise PeftlabError(f"invalid JSON: {err.msg}", where=f"{path}:{number}",
+                                   fix="use FastChat's mt_bench data files unchanged") from None
+    return rows
+
+
+def load_questions(folder: Path) -> list[dict]:
+    """Questions with ``turn_1``, ``turn_2`` and, for the reference-graded categories, ``reference_1``/``_2``
+    (GPT-4's answers; the question's own ``reference`` field where that file lacks one)."""
+    references = {}
+    if (folder / REFERENCES).is_file():
+        for row in read_jsonl(folder / REFERENCES):
+            references[row["question_id"]] = list(row["choices"][0]["turns"])
+    out = []
+    for number, row in enumerate(read_jsonl(folder / QUESTIONS), 1):
+        where = f"{folder / QUESTIONS}:{number}"
+        turns = row.get("turns")
+        if not isinstance(turns, list) or len(turns) != 2 or not all(isinstance(t, str) for t in turns):
+            raise PeftlabError("an MT-Bench question needs exactly two text turns", where=where)
+        qid, category = row.get("question_id"), str(row.get("category", ""))
+        reference = ["", ""]
+        if category in NEED_REF_CATS:
+            reference = references.get(qid) or row.get("reference")
+            if not reference or len(reference) != 2:
+                raise PeftlabError(f"question {qid} ({category}) is graded against a reference answer, but none "
+                                   f"is in {folder / REFERENCES} or the question", where=where,
+                                   fix="use FastChat's mt_bench data folder unchanged")
+        out.append({"turn_1": turns[0], "turn_2": turns[1], "question_id": qid, "category": category,
+                    "reference_1": reference[0], "reference_2": reference[1]})
+    if not out:
+        raise PeftlabError("no MT-Bench questions", where=str(folder / QUESTIONS))
+    return out
+
+
+def load_judge_prompts(folder: Path) -> dict[str, dict]:
+    prompts = {row.get("name"): row for row in read_jsonl(folder / JUDGE_PROMPTS)}
+    missing = [name for name in PROMPT_NAMES.values() if name not in prompts]
+    if missing:
+        raise PeftlabError(f"judge prompt(s) {', '.join(missing)} missing", where=str(folder / JUDGE_PROMPTS),
+                           fix="use FastChat's judge_prompts.jsonl unchanged")
+    return prompts
+
+
+def judge_prompt(prompts: dict, question: dict, answers: list[str], turn: int) -> tuple[str, str, str]:
+    """(prompt name, system, user) of FastChat's single-answer grading of ``turn`` (1 or 2)."""
+    with_reference = question["category"] in NEED_REF_CATS
+    name = PROMPT_NAMES[(with_reference, turn)]
+    template = prompts[name]
+    if turn == 1:
+        fields = {"question": question["turn_1"], "answer": answers[0]}
+    else:
+        fields = {"question_1": question["turn_1"], "question_2": question["turn_2"],
+                  "answer_1": answers[0], "answer_2": answers[1]}
+    if with_reference:
+        fields["ref_answer_1"] = question["reference_1"]
+        if turn == 2:
+            fields["ref_answer_2"] = question["reference_2"]
+    return name, template["system_prompt"], template["prompt_template"].format(**fields)
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def conversation_ids(tokenizer, questions: list[str], answers: list[str]) -> list[int]:
+    """Token ids of the conversation so far (each question, then the model's answer to it) ending with the
+    assistant header of the next answer. Turn 1 is exactly the training prompt of
+    :func:`peftlab.tasks.instructions.encode_prompt`."""
+    from peftlab.tasks import instructions
+
+    if len(questions) == 1:
+        return instructions.encode_prompt(tokenizer, questions[0])
+    if instructions.has_chat_template(tokenizer):
+        messages = []
+        for question, answer in zip(questions, answers + [None]):
+            messages.append({"role": "user", "content": question})
+            if answer is not None:
+                messages.append({"role": "assistant", "content": answer})
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    text = "".join(instructions.prompt_text(tokenizer, q) + a + "\n\n" for q, a in zip(questions, answers))
+    ids = tokenizer(text + instructions.prompt_text(tokenizer, questions[-1]), add_special_tokens=False)["input_ids"]
+    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
+
+
+def _generate_all(cfg, tokenizer, model, accelerator, prompts: list[list[int]]) -> list[str]:
+    """Greedy answers, sharded by index across processes and gathered (every process gets them all)."""
+    from accelerate.utils import gather_object
+
+    from peftlab.tasks.generation import generate
+
+    rank, world = accelerator.process_index, accelerator.num_processes
+    mine = list(range(rank, len(prompts), world))
+    texts = generate(model, tokenizer, [prompts[i] for i in mine], max_new_tokens=cfg.max_new_tokens,
+                     batch_size=cfg.eval_batch_size, device=accelerator.device)
+    pairs = list(zip(mine, texts))
+    if world > 1:
+        pairs = gather_object(pairs)
+    done = dict(pairs)
+    return [done[i] for i in range(len(prompts))]
+
+
+# --------------------------------------------------------------------------- judging and scores
+
+
+def judge_settings(cfg):
+    """The judge of ``cfg`` (None without ``--judge-url``); a missing API key fails before any training."""
+    from peftlab.tasks.judge import JudgeSettings
+
+    if not getattr(cfg, "judge_url", None):
+        return None
+    key = os.environ.get(cfg.judge_api_key_env, "")
+    if not key:
+        raise PeftlabError(f"--judge-url is set, but the environment variable {cfg.judge_api_key_env} (the judge's "
+                           "API key) is empty",
+                           fix=f"export {cfg.judge_api_key_env}=<key> (any non-empty value, e.g. EMPTY, for a local "
+                           "server without keys), or name another variable with --judge-api-key-env")
+    return JudgeSettings(url=cfg.judge_url, model=cfg.judge_model, api_key=key, timeout=float(cfg.judge_timeout),
+                         retries=int(cfg.judge_retries), parallel=int(cfg.judge_parallel))
+
+
+def judge_info(settings) -> dict:
+    """result.json's ``judge``: who judged, and whether the scores are a weak judge's."""
+    from peftlab.tasks.judge import judge_strength, normalise_url
+
+    if settings is None:
+        return {"status": "not judged", "url": None, "model": None, "weak": None}
+    weak, why = judge_strength(settings.url, settings.model)
+    return {"status": "judged", "url": normalise_url(settings.url), "model": settings.model, "weak": weak,
+            "weak_reason": why if weak else None, "prompts": "FastChat single-v1 / single-math-v1 (+ -multi-turn)",
+            "timeout_s": settings.timeout, "retries": settings.retries}
+
+
+def judge_answers(settings, prompts: dict, questions: list[dict], answers: list[list[str]]) -> list[dict]:
+    """One judgment record per (question, turn), in order; never raises for a failed judgment."""
+    from peftlab.tasks.judge import JudgeClient, Verdict
+
+    requests = [(q, turn, *judge_prompt(prompts, q, a, turn)) for q, a in zip(questions, answers) for turn in (1, 2)]
+    if settings is None:
+        verdicts = [Verdict(False, reason=NOT_JUDGED) for _ in requests]
+    else:
+        verdicts = JudgeClient(settings).judge_all([(system, user) for _, _, _, system, user in requests])
+    model = settings.model if settings is not None else None
+    return [{"question_id": q["question_id"], "category": q["category"], "turn": turn, "judge": [model, name],
+             "user_prompt": user, "judgment": v.reply, "score": v.score, "judged": v.judged, "reason": v.reason,
+             "seconds": round(v.attempts_seconds, 3), "tstamp": time.time()}
+            for (q, turn, name, _, user), v in zip(requests, verdicts)]
+
+
+def summarise(judgments: list[dict]) -> dict[str, float]:
+    """MT-Bench metrics from judgment records (unjudged ones counted, never averaged)."""
+    scored = [j for j in judgments if j["judged"]]
+    metrics: dict[str, float] = {"mt_bench_judged": len(scored), "mt_bench_unjudged": len(judgments) - len(scored)}
+
+    def mean_of(rows, key):
+        if rows:
+            metrics[key] = statistics.fmean(float(j["score"]) for j in rows)
+
+    mean_of(scored, "mt_bench_score")
+    for turn in (1, 2):
+        mean_of([j for j in scored if j["turn"] == turn], f"mt_bench_turn{turn}")
+    for category in sorted({j["category"] for j in scored}):
+        mean_of([j for j in scored if j["category"] == category], f"mt_bench_{category}")
+    return metrics
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    from peftlab.io_utils import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+
+def _training_records(cfg):
+    """(records, where they came from): ``--train-file`` if given, else Alpaca."""
+    from peftlab.tasks import instruction_data as idata
+
+    if getattr(cfg, "train_file", None):
+        fields = idata.parse_fields(cfg.instruction_fields)
+        path = Path(cfg.train_file)
+        return idata.make_dataset(idata.read_records(path, fields), idata.content_hash(
+            path, fields, "mt-bench-train", idata.FORMAT_VERSION)), str(path)
+    raw = idata.load_raw("alpaca", "train", cfg.data_dir)
+    source, _ = idata._local_file("alpaca", "train", cfg.data_dir)
+    return raw, str(source) if source is not None else idata.HUB["alpaca"][0]
+
+
+def build_pipeline(cfg, tokenizer, model=None):
+    """The ``mt-bench`` task's :class:`~peftlab.tasks.prepare.Pipeline`."""
+    from datasets import Dataset
+
+    from peftlab.tasks import data_files as data
+    from peftlab.tasks import instructions
+    from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest
+
+    settings = judge_settings(cfg)  # first: a missing key is a one-line error before anything slow
+    if tokenizer is None:
+        raise PeftlabError(f"model '{cfg.model}' has no tokenizer", fix="use a causal LM with a tokenizer")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    folder = locate_folder(cfg.data_dir)
+    prompts = load_judge_prompts(folder)
+    questions = Dataset.from_list(load_questions(folder))
+    questions = data.subset(questions, cfg.max_eval_samples, cfg.eval_seed)  # the same for every training seed
+    train_raw, train_source = _training_records(cfg)
+    train_raw = data.subset(train_raw, cfg.max_train_samples, cfg.seed)
+    train = instructions.tokenize_instructions(train_raw, tokenizer, cfg.max_length, task=cfg.task,
+                                               cache_key=f"{cfg.model}-{cfg.task}-train")
+    if len(train) == 0:
+        raise PeftlabError(f"no training example has a response token left at --max-length {cfg.max_length}",
+                           fix="raise --max-length")
+    instructions._report_truncation(cfg, "train", len(train_raw), train)
+    info = judge_info(settings)
+    extras: dict[str, Any] = {
+        "train_examples_used": len(train), "eval_examples": len(questions),
+        "eval_examples_digest": examples_digest({"mt_bench": questions}),
+        "data_files": {"train": train_source, "questions": str(folder / QUESTIONS)},
+        "judge": info,
+        "mt_bench": {"questions": len(questions), "decoding": "greedy", "max_new_tokens": cfg.max_new_tokens},
+        "report_notes": [_report_note(info, cfg.max_new_tokens)],
+    }
+    rows = questions.to_list()
+
+    def evaluate(model, accelerator, tag: str) -> Evaluation:
+        from accelerate.utils import broadcast_object_list
+
+        model.eval()
+        unwrapped = accelerator.unwrap_model(model)
+        first = _generate_all(cfg, tokenizer, unwrapped, accelerator,
+                              [conversation_ids(tokenizer, [q["turn_1"]], []) for q in rows])
+        second = _generate_all(cfg, tokenizer, unwrapped, accelerator,
+                               [conversation_ids(tokenizer, [q["turn_1"], q["turn_2"]], [a])
+                                for q, a in zip(rows, first)])
+        answers = [[a, b] for a, b in zip(first, second)]
+        metrics: list[Any] = [None]
+        files = {}
+        if accelerator.is_main_process:
+            out = Path(cfg.output_dir)
+            answer_name, judgment_name = f"mt_bench_answers_{tag}.jsonl", f"mt_bench_judgments_{tag}.jsonl"
+            model_id = f"{cfg.model}-{cfg.method}-{tag}"
+            # Answers first: if judging is interrupted, the generations are already saved.
+            _write_jsonl(out / answer_name, [
+                {"question_id": q["question_id"], "model_id": model_id, "category": q["category"],
+                 "turns": [q["turn_1"], q["turn_2"]], "choices": [{"index": 0, "turns": a}], "tstamp": time.time()}
+                for q, a in zip(rows, answers)])
+            judgments = judge_answers(settings, prompts, rows, answers)
+            _write_jsonl(out / judgment_name, judgments)
+            files = {"mt_bench_answers": {tag: answer_name}, "mt_bench_judgments": {tag: judgment_name}}
+            metrics = [summarise(judgments)]
+        if accelerator.num_processes > 1:
+            broadcast_object_list(metrics)  # the main process judged; every process returns the same metrics
+        model.train()
+        return Evaluation(metrics[0], files)
+
+    pad_to = cfg.max_length if getattr(cfg, "pad_to_max", False) else None
+    return Pipeline(train, instructions.SFTCollator(tokenizer.pad_token_id, pad_to), evaluate, "mt_bench_score", 0.0,
+                    num_eval_examples=len(questions), extras=extras, eval_sets={"mt_bench": questions})
+
+
+def _report_note(info: dict, max_new_tokens: int) -> str:
+    decoding = f"greedy answers of at most {max_new_tokens} new tokens (FastChat: 1024, sampled for writing/roleplay)"
+    if info["status"] != "judged":
+        return f"not judged (no --judge-url): answers only; {decoding}"
+    strength = f"WEAK judge: {info['weak_reason']}" if info["weak"] else "strong API judge"
+    return f"judged by {info['model']} at {info['url']} ({strength}); {decoding}"

@@ -1,0 +1,92 @@
+"""finish: the trained weights saved (the best epoch's with ``--save best``) and result.json written last.
+
+result.json (schemas/result.schema.json) is written atomically after the adapter; its presence with a
+final status is what marks a run finished. The checkpoint is removed only then.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from peftlab.training import run_folder as runfiles
+from peftlab.training.guards import above_majority
+from peftlab.training.setup import Run
+
+
+def finish(run: Run) -> dict:
+    """Save the adapter and write result.json (last: its presence marks the run finished)."""
+    from peftlab.methods.kasa import singular_values
+    from peftlab.methods.optim_groups import lr_by_group
+    from peftlab.methods.saving import save_trained
+    from peftlab.methods.table import InitStats
+
+    cfg, state, accelerator = run.cfg, run.state, run.accelerator
+    init_stats = run.applied.init_stats if run.applied is not None else InitStats()
+    unwrapped = accelerator.unwrap_model(run.model)
+    saved_epoch = restore_best(run, unwrapped)  # --save best: adapter/ (and kasa_sigma) are the best epoch's
+    before = state["before"]
+    final_metrics = state["epochs_log"][-1]["metrics"] if state["epochs_log"] else (before or {})
+    result = {
+        "schema_version": 1,
+        "status": state["status"],
+        "status_reason": state["status_reason"],
+        "task": cfg.task, "model": cfg.model, "method": cfg.method, "targets": ",".join(cfg.targets),
+        "rank": cfg.rank, "alpha": cfg.alpha, "lr": cfg.lr, "lr_ratio": cfg.lr_ratio, "head_lr": cfg.head_lr,
+        "group_lrs": lr_by_group(run.groups), "seed": cfg.seed, "epochs": cfg.epochs,
+        "config": cfg.to_dict(),
+        "trainable_params": run.params,
+        "primary_metric": run.pipeline.primary_metric,
+        "majority_baseline": run.pipeline.chance,
+        "mixed_precision": accelerator.mixed_precision,  # --mixed-precision as resolved (auto: by device, size)
+        "eval_seed": cfg.eval_seed,  # the --max-eval-samples draw; the same for every training seed
+        "above_majority": above_majority(state, before, run.pipeline),
+        "saved_epoch": saved_epoch,  # the epoch whose weights adapter/ holds (--save best|last)
+        "num_eval_examples": run.pipeline.num_eval_examples or None,
+        "epochs_log": state["epochs_log"],
+        "before": {"metrics": before} if before is not None else None,
+        "best": state["best"] or {"epoch": 0, "metrics": before or {}},
+        "final": {"metrics": final_metrics},
+        "train_examples": state["train_examples"],
+        "skipped_steps": state.get("skipped_steps", 0),
+        "stopped_early": state.get("stopped_early"),  # an on_epoch_end hook (peftlab tune's pruner) stopped it
+        "optimizer_steps": state.get("optimizer_steps", state["global_step"]),  # batches / --grad-accum  # fp16: steps the GradScaler skipped on overflow
+        "train_seconds": state["train_seconds"],
+        "train_examples_per_second": (state["train_examples"] / state["train_seconds"]
+                                      if state["train_seconds"] else None),
+        "init_seconds": run.init_seconds,
+        "pooling": run.pooling,  # --pooling resolved (peftlab.models.pooling)
+        "calibration_seconds": init_stats.calibration_seconds,  # CorDA's forward passes
+        "peak_memory_mb": runfiles.peak_memory_mb(accelerator.device),
+        "device": str(accelerator.device),
+        "num_processes": accelerator.num_processes,
+        "versions": runfiles.versions(),
+        "git_commit": runfiles.git_commit(),
+        **run.pipeline.extras,
+        **state.get("eval_extras", {}),  # what the evaluations added (e.g. the generation files they wrote)
+    }
+    sigma = singular_values(unwrapped)
+    if sigma:
+        result["kasa_sigma"] = sigma
+        if state.get("kasa_sigma_init"):  # absent only in a checkpoint written by an older peftlab
+            result["kasa_sigma_init"] = state["kasa_sigma_init"]
+    if run.main:
+        save_trained(unwrapped, run.out / "adapter", base_model=cfg.model, applied=run.applied)
+        runfiles.write_json(run.out / "result.json", result)
+        runfiles.remove_checkpoint(run.out)  # the run is finished; its adapter and result are what count
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return result
+
+
+def restore_best(run: Run, model) -> int | None:
+    """--save best: put the best epoch's weights back before saving; returns the epoch adapter/ holds."""
+    state = run.state
+    last = state["epochs_log"][-1]["epoch"] if state["epochs_log"] else None
+    best = (state["best"] or {}).get("epoch")
+    if run.cfg.save != "best" or run.best_weights is None or best is None or best == last:
+        return last
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in run.best_weights.items():
+            params[name].copy_(value)
+    return best

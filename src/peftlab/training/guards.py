@@ -1,0 +1,98 @@
+"""What a run refuses, and how it labels itself: config checks, divergence and collapse, the majority bar.
+
+Nothing is hidden: a diverged run stops with status ``diverged``, a collapsed one is labelled ``collapsed``
+and keeps its best epoch, a run not above the dev set's majority class is flagged in result.json.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from peftlab.config import TrainConfig
+from peftlab.errors import PeftlabError
+from peftlab.tasks.metrics import LOWER_IS_BETTER  # best epoch: smaller eval_loss is better
+
+# Test seam for the divergence guard: make the loss NaN at this global step (documented in RELIABILITY.md).
+FAULT_NAN_STEP_ENV = "PEFTLAB_FAULT_NAN_AT_STEP"
+# A metric "clearly above" chance is this far above it (metrics are in [0, 1] or [-1, 1]).
+CLEARLY_ABOVE_CHANCE = 0.05
+
+
+def position_limit(model) -> int | None:
+    """How many tokens the model can take: its position table (RoBERTa/MPNet reserve padding_idx + 1 rows)."""
+    config = model.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit is None:
+        return None
+    if config.model_type in ("roberta", "mpnet", "xlm-roberta", "camembert", "longformer"):
+        limit -= (getattr(config, "pad_token_id", 1) or 1) + 1
+    return int(limit)
+
+
+def capped_max_length(cfg: TrainConfig, model) -> TrainConfig:
+    """--max-length beyond the position table: an error with --pad-to-max (every batch would have that many
+    tokens), else the data is tokenised at the model's limit, with a note. Checked before any file exists;
+    ``cfg`` itself (config.yaml, the run's key) keeps the value the user gave."""
+    import dataclasses
+
+    limit = position_limit(model)
+    if limit is None or cfg.max_length <= limit:
+        return cfg
+    if cfg.pad_to_max:
+        raise PeftlabError(f"--max-length {cfg.max_length} with --pad-to-max exceeds the {limit} positions of "
+                           f"model '{cfg.model}'", fix=f"use --max-length {limit} or less")
+    print(f"--max-length {cfg.max_length} is capped at {limit}, the positions of model '{cfg.model}'")
+    return dataclasses.replace(cfg, max_length=limit)
+
+
+# Keys that may change between a run and its resumption without changing what is computed.
+RESUME_FREE_KEYS = {"resume", "overwrite", "output_dir", "checkpoint_every", "log_every", "threads", "report_to",
+                    "judge_timeout", "judge_retries", "judge_parallel"}  # how MT-Bench's judge is asked, not who
+
+
+def check_same_config(cfg: TrainConfig, out: Path) -> None:
+    """--resume (or a finished run) with another config than the run folder's config.yaml: refused."""
+    import yaml
+
+    saved_file = out / "config.yaml"
+    if not saved_file.is_file():
+        return
+    saved = yaml.safe_load(saved_file.read_text()) or {}
+    current = cfg.to_dict()
+    # Keys missing from an older config.yaml (added to peftlab since) are not a change.
+    changed = sorted(k for k in current if k not in RESUME_FREE_KEYS and k in saved and saved[k] != current[k])
+    if changed:
+        key = changed[0]
+        raise PeftlabError(f"--resume with a different config: {key} was {saved.get(key)!r}, now {current[key]!r}"
+                           + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""),
+                           where=str(saved_file),
+                           fix="resume with the run's own config, or use --overwrite / another --output-dir")
+
+
+def above_majority(state: dict, before: dict | None, pipeline) -> bool | None:
+    """Whether the best dev metric beats always predicting the dev set's majority class (None: no such bar,
+    e.g. eval_loss of instruction tasks)."""
+    name = pipeline.primary_metric
+    if name in LOWER_IS_BETTER:
+        return None
+    metrics = (state["best"] or {}).get("metrics") or before or {}
+    value = metrics.get(name)
+    return None if value is None else bool(value > pipeline.chance)
+
+
+def better(value: float, incumbent: float | None, metric: str) -> bool:
+    """``value`` beats the best epoch's ``incumbent`` (lower is better for losses)."""
+    if incumbent is None:
+        return True
+    return value < incumbent if metric in LOWER_IS_BETTER else value > incumbent
+
+
+def check_collapse(state: dict, primary, chance: float, epoch: int, name: str) -> None:
+    """Label (never hide) a run whose dev metric fell to chance after having been clearly above it."""
+    if primary is None:
+        return
+    if primary > chance + CLEARLY_ABOVE_CHANCE:
+        state["clearly_above_chance"] = True
+    elif state["clearly_above_chance"] and primary <= chance and state["status"] == "ok":
+        state["status"] = "collapsed"
+        state["status_reason"] = f"{name} fell to {primary:.4f} <= chance {chance:.4f} at epoch {epoch}"

@@ -1,0 +1,161 @@
+"""The config layer on jsonargparse: flags, YAML and sweep values typed one way, `--print-config`, help texts."""
+
+from __future__ import annotations
+
+import math
+import typing
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from peftlab.cli.main import main
+from peftlab.config import REPORT_TO, SCHEDULERS, TrainConfig, build_config, coerce, field_docs, save_config
+from peftlab.config import _coerce
+from peftlab.config_cli import choices_of, field_types
+from peftlab.errors import PeftlabError
+
+
+def one_line(call, *args, **kwargs) -> str:
+    with pytest.raises(PeftlabError) as err:
+        call(*args, **kwargs)
+    message = str(err.value)
+    assert message and "\n" not in message, message
+    return message
+
+
+def test_print_config_prints_the_resolved_yaml_and_creates_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--model", "tiny-bert", "--rank", "4", "--lr-ratio", "2", "--targets", "q,k,v",
+                 "--scheduler", "cosine", "--pad-to-max", "--output-dir", str(out), "--print-config"])
+    printed = capsys.readouterr().out
+    assert code == 0 and not out.exists() and not any(tmp_path.iterdir())
+    expected = build_config(TrainConfig, overrides=dict(model="tiny-bert", rank=4, lr_ratio=2.0, targets="q,k,v",
+                                                        scheduler="cosine", pad_to_max=True, output_dir=str(out)))
+    assert yaml.safe_load(printed) == expected.to_dict()
+    assert yaml.safe_load(printed)["lr"] == expected.lr > 0  # resolved: the method's default rate filled in
+    save_config(expected, tmp_path / "config.yaml")  # what the run would write, byte for byte
+    assert (tmp_path / "config.yaml").read_text() == printed
+
+
+def test_print_config_underscore_spelling_and_yaml(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("model: tiny-bert\nlr-ratio: 4\nmethod: dora\n")
+    assert main(["train", "--config", str(config), "--print_config", "--method", "kasa"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["lr_ratio"] == 4.0 and printed["method"] == "kasa" and printed["model"] == "tiny-bert"
+
+
+def test_print_config_still_refuses_bad_input(tmp_path, capsys):
+    assert main(["train", "--rank", "eight", "--print-config"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--rank must be int, got 'eight'" in captured.err
+
+
+def test_literal_choices_are_in_help_and_match_the_tables(capsys):
+    hints = field_types(TrainConfig)
+    assert choices_of(hints["scheduler"]) == tuple(SCHEDULERS)
+    assert choices_of(hints["report_to"]) == REPORT_TO
+    assert choices_of(hints["rank"]) is None
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert "--scheduler {linear,cosine,constant}" in text and "--save {best,last}" in text
+    assert "--report-to {tensorboard,wandb,mlflow,none}" in text
+    assert "--lr-ratio LR_RATIO" in text and "--pad-to-max, --no-pad-to-max" in text  # flags as they were
+    assert "lambda = eta_V / eta_QK" in text  # the docstring under the field is its help
+
+
+def test_help_texts_are_the_field_docstrings_through_the_bases():
+    @dataclass
+    class Base:
+        """Base part"""
+
+        width: int = 3
+        """How wide."""
+
+    @dataclass
+    class Child(Base):
+        """Child part"""
+
+        name: typing.Literal["a", "b"] = "a"
+        """Which one,
+        on two lines."""
+
+    docs = field_docs(Child)
+    assert docs == {"width": "How wide.", "name": "Which one, on two lines."}
+    assert coerce(Child, "width", "7", "test") == 7
+    assert "unknown --name 'c'" in one_line(coerce, Child, "name", "c", "test")
+
+
+@pytest.mark.parametrize("name, value, typed", [
+    ("targets", "q,k,v", ("q", "k", "v")),  # peftlab's comma list
+    ("targets", ["q", "v"], ("q", "v")),
+    ("rank", "8", 8),
+    ("rank", 8.0, 8),  # an int column with gaps, read back by pandas
+    ("layers", 6, "6"),  # YAML reads `layers: 6` as a number
+    ("layers", "~", "~"),  # text stays text (no YAML null inside a str option)
+    ("lr", "1e-4", 1e-4),  # YAML 1.1 reads 1e-4 as text
+    ("lr_ratio", 8, 8.0),
+    ("overwrite", "yes", True),
+    ("overwrite", False, False),
+    ("max_steps", "null", None),
+    ("scheduler", "cosine", "cosine"),
+])
+def test_values_are_typed_like_before(name, value, typed):
+    assert coerce(TrainConfig, name, value, "test") == typed
+    assert type(coerce(TrainConfig, name, value, "test")) is type(typed)
+
+
+def test_non_finite_numbers_reach_the_config_check():
+    assert math.isnan(coerce(TrainConfig, "lr", "nan", "test")) and coerce(TrainConfig, "alpha", "inf", "t") == math.inf
+    assert "--lr must be a finite number > 0, got nan" in one_line(build_config, TrainConfig,
+                                                                   flag_values={"lr": "nan"})
+
+
+@pytest.mark.parametrize("name, value, phrase", [
+    ("rank", "eight", "--rank must be int, got 'eight' (where)"),
+    ("rank", 2.5, "--rank must be int, got 2.5"),
+    ("rank", True, "--rank must be int, got True"),
+    ("lr", "fast", "--lr must be float, got 'fast'"),
+    ("overwrite", "maybe", "--overwrite must be bool"),
+    ("targets", {"q": 1}, "--targets must be tuple"),
+    ("scheduler", "cosin", "unknown --scheduler 'cosin' (did you mean 'cosine'?) (where); fix: use one of: linear"),
+    ("mixed_precision", "fp8", "unknown --mixed-precision 'fp8'"),
+])
+def test_bad_values_are_one_line_naming_the_flag(name, value, phrase):
+    assert phrase in one_line(coerce, TrainConfig, name, value, "where")
+
+
+def test_flags_yaml_and_overrides_give_the_same_config(tmp_path):
+    given = {"rank": "4", "lr": "1e-3", "targets": "q,k,v", "layers": "6-11", "max_steps": "5", "lr_ratio": "2",
+             "scheduler": "constant", "overwrite": True}
+    from_flags = build_config(TrainConfig, flag_values=given).to_dict()
+    path = tmp_path / "c.yaml"
+    path.write_text("rank: 4\nlr: 1e-3\ntargets: q,k,v\nlayers: 6-11\nmax-steps: 5\nlr_ratio: 2\n"
+                    "scheduler: constant\noverwrite: true\n")
+    from_yaml = build_config(TrainConfig, yaml_path=str(path)).to_dict()
+    from_overrides = build_config(TrainConfig, overrides={**given, "rank": 4, "targets": ("q", "k", "v")}).to_dict()
+    assert from_flags == from_yaml == from_overrides
+    assert from_flags["layers"] == "6,7,8,9,10,11" and from_flags["lr"] == 1e-3
+    # precedence: defaults < YAML < flags
+    assert build_config(TrainConfig, yaml_path=str(path), flag_values={"rank": "2"}).rank == 2
+
+
+def test_former_private_name_still_works():
+    assert _coerce is coerce
+
+
+def test_every_option_has_help_text():
+    from dataclasses import fields
+
+    docs = field_docs(TrainConfig)
+    assert [f.name for f in fields(TrainConfig) if not docs.get(f.name)] == []
+
+
+def test_the_config_layer_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, peftlab.config_cli; assert 'torch' not in sys.modules, 'torch imported'"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

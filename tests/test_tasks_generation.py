@@ -1,0 +1,434 @@
+"""Decoder tasks scored on generated text (commonsense, math, e2e): answer extraction, the E2E metrics against
+the libraries called directly, batched generation, bad input, and tiny runs through `peftlab train`, `sweep`
+and `report` on a random tiny Llama."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from peftlab.cli.main import main
+from peftlab.config import TrainConfig, build_config
+from peftlab.errors import PeftlabError
+from peftlab.tasks import commonsense, e2e, generative, math_tasks
+from peftlab.tasks.nlg_metrics import corpus_scores
+
+from conftest import DATA_DIR, needs_data  # noqa: E402
+
+needs_commonsense = needs_data("commonsense", "boolq", "train.json")
+needs_math = needs_data("math", "math_data.json")
+needs_e2e = needs_data("e2e", "testset_w_refs.csv")
+
+TINY = {"model": "tiny-llama", "method": "lora", "targets": "q,v", "rank": 4, "epochs": 1, "batch_size": 8,
+        "max_length": 64, "max_train_samples": 8, "max_eval_samples": 2, "max_new_tokens": 6, "eval_batch_size": 8,
+        "threads": 1, "report_to": "none"}
+
+
+def train_argv(task: str, out: Path, **overrides) -> list[str]:
+    argv = ["train", "--task", task, "--output-dir", str(out)]
+    for key, value in {**TINY, **overrides}.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    return argv
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- commonsense answer extraction
+
+@pytest.mark.parametrize("set_name,text,expected", [
+    ("boolq", "the correct answer is true", "true"),
+    ("boolq", "false, it is not true", "false"),  # the first answer word wins
+    ("boolq", "True", ""),  # LLM-Adapters' regex is case-sensitive
+    ("boolq", "it is untrue", "true"),  # ... and matches inside words, as LLM-Adapters' does
+    ("piqa", "the correct answer is solution2, not solution1", "solution2"),
+    ("piqa", "Solution1", ""),
+    ("social_i_qa", "the correct answer is answer3", "answer3"),
+    ("ARC-Easy", "answer4", "answer4"),
+    ("ARC-Challenge", "answer 2", ""),
+    ("openbookqa", "I pick answer5 then answer1", "answer5"),
+    ("winogrande", "the correct answer is option2", "option2"),
+    ("winogrande", "answer1", ""),  # another set's answer word is no answer here
+    ("piqa", "", ""),
+])
+def test_commonsense_extracts_the_first_answer_word(set_name, text, expected):
+    assert commonsense.extract_answer(set_name, text) == expected
+
+
+# --------------------------------------------------------------------------- math answer extraction
+
+@pytest.mark.parametrize("text,gold,strict,flexible,strict_ok,flexible_ok", [
+    ("5 + 3 = 8.\n#### 8", "8.0", "8", "8", True, True),
+    ("The answer is 1,234.", "1234", "1,234", "1,234.", True, True),
+    ("The answer is 18. Then she buys 3 more.", "18.0", "18.", "3", True, False),  # flexible: the last number
+    ("I think it is 42", "42", None, "42", False, True),  # no final-answer format: only flexible finds it
+    ("The answer is 4.\n#### 5", "5", "5", "5", True, True),  # the harness's '####' regex is tried first
+    ("#### -3", "-3.0", "-3", "-3", True, True),
+    ("It costs $5", "5", None, "$5", False, True),
+    ("x is 7", "7", None, "7", False, True),  # a single digit: the flexible regex's second alternative
+    ("The answer is 1.833.\n", "1.8333333333333335", "1.833", "1.833.", True, True),  # within 0.001
+    ("The answer is 1.83.\n", "1.8333333333333335", "1.83", "1.83.", False, False),
+    # The harness's cot regex ends in an unescaped '.', which takes the last digit when nothing follows.
+    ("The answer is 576", "576.0", "57", "576", False, True),
+    ("no numbers", "5", None, None, False, False),
+])
+def test_math_strict_and_flexible_extraction(text, gold, strict, flexible, strict_ok, flexible_ok):
+    assert math_tasks.strict_answer(text) == strict
+    assert math_tasks.flexible_answer(text) == flexible
+    assert math_tasks.is_correct(math_tasks.strict_answer(text), gold) is strict_ok
+    assert math_tasks.is_correct(math_tasks.flexible_answer(text), gold) is flexible_ok
+
+
+@pytest.mark.parametrize("text,strict,flexible", [
+    ("so the speed is 3.85 miles.The answer is (D).", "D", "D"),
+    ("The answer is B", "B", "B"),
+    ("#### (C)", "C", "C"),
+    ("A man walks 3 miles, so (E) fits", None, "E"),
+    ("A man walks 3 miles", None, "A"),  # the loose extraction counts an article
+    ("Bill is ABC", None, None),  # letters inside words are not choices
+])
+def test_aqua_answers_are_letters(text, strict, flexible):
+    assert math_tasks.strict_answer(text, letters=True) == strict
+    assert math_tasks.flexible_answer(text, letters=True) == flexible
+    assert math_tasks.is_correct(strict, "D", letters=True) is (strict == "D")
+
+
+# --------------------------------------------------------------------------- E2E metrics
+
+HYPOTHESES = ["The Eagle is a cheap coffee shop near Burger King.", "Alimentum serves Italian food in the city centre.",
+              "Blue Spice is a family friendly pub."]
+REFERENCES = [["The Eagle is a low-priced coffee shop near Burger King.",
+               "Near Burger King is The Eagle, a cheap cafe."],
+              ["In the city centre, Alimentum serves Italian food."],
+              ["Blue Spice is a family-friendly pub by the river.", "A pub called Blue Spice is family friendly.",
+               "Blue Spice, a family friendly pub."]]
+
+
+def test_e2e_metrics_equal_the_libraries_own_output():
+    import sacrebleu
+    from nltk.translate.nist_score import corpus_nist
+    from pycocoevalcap.cider.cider import Cider
+    from rouge_score import rouge_scorer
+    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
+    scores = corpus_scores(HYPOTHESES, REFERENCES)
+    # sacrebleu directly: reference streams padded with None where an MR has fewer references.
+    streams = [[refs[k] if k < len(refs) else None for refs in REFERENCES] for k in range(3)]
+    assert scores.metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, streams).score / 100)
+    assert 0 < scores.metrics["bleu"] < 1
+    # A single-reference BLEU of the same outputs is lower: every reference counts.
+    assert sacrebleu.corpus_bleu(HYPOTHESES, [streams[0]]).score / 100 < scores.metrics["bleu"]
+    tok = Tokenizer13a()
+    ref_tokens = [[tok(r).split() for r in refs] for refs in REFERENCES]
+    hyp_tokens = [tok(h).split() for h in HYPOTHESES]
+    assert scores.metrics["nist"] == pytest.approx(corpus_nist(ref_tokens, hyp_tokens, n=5))
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    best = [max(scorer.score(r, h)["rougeL"].fmeasure for r in refs) for h, refs in zip(HYPOTHESES, REFERENCES)]
+    assert scores.metrics["rouge_l"] == pytest.approx(sum(best) / 3)
+    cider, _ = Cider().compute_score({i: [" ".join(t).lower() for t in refs] for i, refs in enumerate(ref_tokens)},
+                                     {i: [" ".join(t).lower()] for i, t in enumerate(hyp_tokens)})
+    assert scores.metrics["cider"] == pytest.approx(cider) and cider > 0
+    # METEOR: nltk's with WordNet when the corpus is installed, else recorded as unavailable with the reason.
+    if "meteor" in scores.metrics:
+        from nltk.corpus import wordnet
+        from nltk.translate.meteor_score import meteor_score
+
+        direct = [meteor_score(refs, hyp, wordnet=wordnet) for refs, hyp in zip(ref_tokens, hyp_tokens)]
+        assert scores.metrics["meteor"] == pytest.approx(sum(direct) / 3)
+    else:
+        assert "WordNet" in scores.unavailable["meteor"]
+    for name in scores.metrics:
+        assert name in scores.implementations and scores.implementations[name].split()[0] in (
+            "sacrebleu", "nltk", "rouge-score", "pycocoevalcap")
+
+
+def test_e2e_metrics_of_perfect_and_degenerate_outputs(monkeypatch):
+    perfect = corpus_scores([refs[0] for refs in REFERENCES], REFERENCES)
+    assert perfect.metrics["bleu"] == pytest.approx(1.0) and perfect.metrics["rouge_l"] == pytest.approx(1.0)
+    empty = corpus_scores(["", "", "a pub"], REFERENCES)
+    assert empty.metrics["bleu"] == 0.0
+    assert "nist" not in empty.metrics and "5 tokens" in empty.unavailable["nist"]  # not a guessed 0
+    import nltk
+
+    def no_corpus(resource, *args, **kwargs):
+        raise LookupError(resource)
+
+    monkeypatch.setattr(nltk.data, "find", no_corpus)
+    without = corpus_scores(HYPOTHESES, REFERENCES)
+    assert "meteor" not in without.metrics and "WordNet" in without.unavailable["meteor"]
+
+
+def test_e2e_csv_groups_every_reference_per_mr(tmp_path):
+    path = tmp_path / "refs.csv"
+    path.write_text('mr,ref\n"name[A], food[Thai]","A serves Thai food."\n"name[B]","B."\n'
+                    '"name[A], food[Thai]","Thai food at A."\n')
+    assert e2e.group_references(e2e.read_e2e_csv(path)) == [
+        ("name[A], food[Thai]", ["A serves Thai food.", "Thai food at A."]), ("name[B]", ["B."])]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("meaning,text\nx,y\n")
+    with pytest.raises(PeftlabError, match="header 'mr,ref'"):
+        e2e.read_e2e_csv(bad)
+    bad.write_text('mr,ref\n"name[A]",""\n')
+    with pytest.raises(PeftlabError, match=r"bad.csv:2"):
+        e2e.read_e2e_csv(bad)
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@pytest.fixture(scope="module")
+def chatty():
+    """tiny-llama with large random weights, so greedy decoding says different things for different prompts."""
+    from peftlab.models.registry import load_model
+
+    model, tokenizer = load_model("tiny-llama", head="causal-lm")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return model.eval(), tokenizer
+
+
+def test_batched_left_padded_generation_equals_one_prompt_at_a_time(chatty):
+    from transformers import GenerationConfig
+
+    from peftlab.tasks.generation import stop_token_ids
+    from peftlab.tasks.instructions import encode_prompt
+
+    model, tokenizer = chatty
+    questions = ["Hi", "What is 2+2? Think.", "A much longer question about cats and dogs, is it not?", "Why?"]
+    prompts = [encode_prompt(tokenizer, q) for q in questions]
+    stops = stop_token_ids(tokenizer)
+
+    def alone(prompt):
+        ids = torch.tensor([prompt])
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=GenerationConfig(
+            max_new_tokens=10, do_sample=False, eos_token_id=stops, pad_token_id=tokenizer.pad_token_id))
+        tokens = out[0, len(prompt):].tolist()
+        tokens = tokens[:next((i for i, t in enumerate(tokens) if t in stops), len(tokens))]
+        return tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+    expected = [alone(p) for p in prompts]
+    assert len(set(expected)) == len(prompts)  # the model says different things
+    for batch_size in (4, 3):
+        assert generative.generate_greedy(model, tokenizer, prompts, max_new_tokens=10,
+                                          batch_size=batch_size) == expected
+    # Per-row stop rules: row 1 stops as soon as it has any text; the others are unaffected.
+    rules = [lambda t: False, lambda t: bool(t.strip()), lambda t: False, lambda t: False]
+    stopped = generative.generate_greedy(model, tokenizer, prompts, max_new_tokens=10, batch_size=4,
+                                         stop_when=rules)
+    assert stopped[0] == expected[0] and stopped[2:] == expected[2:]
+    assert stopped[1] and expected[1].startswith(stopped[1]) and len(stopped[1]) < len(expected[1])
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"task": "commonsense", "eval_sets": "boolq,piqq"}, "unknown commonsense set 'piqq' (did you mean 'piqa'?)"),
+    ({"task": "commonsense", "eval_sets": "hellaswag"}, "HellaSwag's test set is not available offline"),
+    ({"task": "commonsense", "train_sets": "piqa"}, "unknown commonsense set 'piqa'"),  # no train split offline
+    ({"task": "math", "eval_sets": "gsm9k"}, "did you mean 'gsm8k'?"),
+    ({"task": "rte", "eval_sets": "boolq"}, "task 'rte' has no named sets"),
+    ({"task": "e2e", "train_sets": "boolq"}, "task 'e2e' has no named sets"),
+    ({"task": "math", "eval_sets": " , "}, "names no set"),
+])
+def test_bad_set_names_are_one_line_errors(overrides, message):
+    with pytest.raises(PeftlabError) as err:
+        build_config(TrainConfig, overrides={"model": "tiny-llama", **overrides})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_set_names_are_canonicalised_and_defaults_per_task():
+    cfg = build_config(TrainConfig, overrides={"model": "tiny-llama", "task": "commonsense",
+                                               "eval_sets": "arc-easy, BOOLQ,arc-easy", "train_sets": "boolq"})
+    assert cfg.eval_sets == "ARC-Easy,boolq" and cfg.train_sets == "boolq"
+    assert cfg.max_new_tokens == 32 and cfg.eval_every == 0 and cfg.max_length == 256
+    assert build_config(TrainConfig, overrides={"model": "tiny-llama", "task": "e2e"}).max_new_tokens == 64
+    assert build_config(TrainConfig, overrides={"model": "tiny-llama", "task": "math",
+                                                "max_new_tokens": 9}).max_new_tokens == 9
+
+
+@pytest.mark.parametrize("task,missing", [("commonsense", "commonsense/boolq/train.json"),
+                                          ("math", "math/math_data.json"), ("e2e", "e2e/devset.csv")])
+def test_missing_data_files_fail_in_one_line_and_leave_nothing(tmp_path, capsys, task, missing):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    out = tmp_path / "run"
+    assert main(train_argv(task, out, data_dir=str(empty))) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not found" in err and str(empty / missing) in err
+    assert not out.exists()
+
+
+def test_malformed_llm_adapters_files_name_the_record(tmp_path):
+    path = tmp_path / "test.json"
+    path.write_text('[{"instruction": "q", "answer": "true"},\n {"instruction": }]')
+    with pytest.raises(PeftlabError, match=r"test.json:2"):
+        generative.read_llm_adapters_json(path)
+    path.write_text('[{"instruction": "q", "answer": "true"}, {"instruction": "q2", "answer": 3}]')
+    with pytest.raises(PeftlabError, match=r"'answer' is a JSON int.*record 2"):
+        generative.read_llm_adapters_json(path)
+    (tmp_path / "commonsense" / "boolq").mkdir(parents=True)
+    for split in ("train", "test"):
+        (tmp_path / "commonsense" / "boolq" / f"{split}.json").write_text(json.dumps(
+            [{"instruction": "Is it?", "input": "", "output": "the correct answer is true", "answer": "maybe"}]))
+    cfg = build_config(TrainConfig, overrides={"model": "tiny-llama", "task": "commonsense", "train_sets": "boolq",
+                                               "eval_sets": "boolq", "data_dir": str(tmp_path)})
+    with pytest.raises(PeftlabError, match=r"gold answer 'maybe' is not one of true/false.*record 1"):
+        commonsense.build_pipeline(cfg, _tokenizer())
+
+
+def _tokenizer():
+    from peftlab.models.registry import load_tokenizer
+
+    return load_tokenizer("tiny-llama")
+
+
+# --------------------------------------------------------------------------- tiny runs through `peftlab train`
+
+
+@needs_commonsense
+def test_commonsense_train_scores_each_set_and_their_mean(tmp_path, monkeypatch):
+    real = generative.generate_greedy
+
+    def answer_true(*args, **kwargs):  # the real generation, then a BoolQ answer word the random model lacks
+        return [text + " the correct answer is true" for text in real(*args, **kwargs)]
+
+    monkeypatch.setattr(generative, "generate_greedy", answer_true)
+    out = tmp_path / "run"
+    assert main(train_argv("commonsense", out, eval_sets="boolq,piqa,ARC-Easy", max_eval_samples=3)) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "ok" and result["primary_metric"] == "accuracy"
+    assert result["eval_sets"] == ["boolq", "piqa", "ARC-Easy"]
+    assert result["train_sets"] == ["boolq", "ARC-Easy", "ARC-Challenge", "openbookqa"]
+    assert set(result["data_files"]) == {"train/boolq", "train/ARC-Easy", "train/ARC-Challenge", "train/openbookqa",
+                                         "test/boolq", "test/piqa", "test/ARC-Easy"}
+    assert any("HellaSwag" in n and "commonsense_170k" in n for n in result["report_notes"])
+    assert result["generations"] == {"before": "generations_before.jsonl", "epoch1": "generations_epoch1.jsonl"}
+    records = read_jsonl(out / "generations_epoch1.jsonl")
+    assert [r["set"] for r in records] == ["boolq"] * 3 + ["piqa"] * 3 + ["ARC-Easy"] * 3
+    golds = {r["instruction"]: r["answer"] for r in json.loads((DATA_DIR / "commonsense/boolq/test.json").read_text())}
+    metrics = result["final"]["metrics"]
+    boolq = [r for r in records if r["set"] == "boolq"]
+    assert all(r["gold"] == golds[r["instruction"]] for r in boolq)  # the real test set's answers
+    assert metrics["boolq_answered"] == 1.0
+    assert metrics["boolq_accuracy"] == pytest.approx(sum(r["gold"] == "true" for r in boolq) / 3)
+    for name in ("boolq", "piqa", "ARC-Easy"):  # recomputed from the logged texts
+        rows = [r for r in records if r["set"] == name]
+        key = commonsense.metric_key(name)
+        assert metrics[f"{key}_accuracy"] == pytest.approx(
+            sum(commonsense.extract_answer(name, r["generated"]) == r["gold"] for r in rows) / 3)
+    assert metrics["accuracy"] == pytest.approx(
+        (metrics["boolq_accuracy"] + metrics["piqa_accuracy"] + metrics["arc_easy_accuracy"]) / 3)
+    assert result["before"]["metrics"].keys() == metrics.keys()
+
+
+@needs_math
+def test_math_train_reports_strict_and_flexible_per_set(tmp_path, monkeypatch):
+    golds = {}
+    for name in ("gsm8k", "AQuA"):
+        for r in json.loads((DATA_DIR / "math" / name / "test.json").read_text()):
+            golds[r["instruction"].strip()] = (name, r["answer"])
+
+    def final_answer_then_noise(model, tok, prompts, **kwargs):
+        """The gold answer in the final-answer format, then a wrong last number/letter: strict right, flexible
+        wrong."""
+        texts = []
+        for prompt in prompts:
+            decoded = tok.decode(prompt)
+            name, gold = next(v for q, v in golds.items() if q in decoded)
+            texts.append(f"The answer is ({gold}). {'B' if gold == 'A' else 'A'}" if name == "AQuA"
+                         else f"The answer is {gold}. So 99999 it is")
+        return texts
+
+    monkeypatch.setattr(generative, "generate_greedy", final_answer_then_noise)
+    out = tmp_path / "run"
+    assert main(train_argv("math", out, eval_sets="gsm8k,AQuA")) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "ok" and result["primary_metric"] == "strict_match"
+    metrics = result["final"]["metrics"]
+    assert metrics == {"gsm8k_strict_match": 1.0, "aqua_strict_match": 1.0, "strict_match": 1.0,
+                       "gsm8k_flexible_extract": 0.0, "aqua_flexible_extract": 0.0, "flexible_extract": 0.0}
+    assert any("MetaMathQA" in n for n in result["report_notes"])
+    assert result["train_records_without_output"] == 3  # math_data.json's records with no solution
+    records = read_jsonl(out / "generations_epoch1.jsonl")
+    assert {r["set"] for r in records} == {"gsm8k", "AQuA"} and len(records) == 4
+    assert all(r["strict_correct"] and not r["flexible_correct"] for r in records)
+
+
+@needs_e2e
+def test_e2e_train_scores_generations_against_all_references(tmp_path):
+    out = tmp_path / "run"
+    assert main(train_argv("e2e", out, max_eval_samples=3)) == 0
+    result = json.loads((out / "result.json").read_text())
+    assert result["status"] == "ok" and result["primary_metric"] == "bleu"
+    assert any("devset.csv" in n and "not available offline" in n for n in result["report_notes"])
+    records = read_jsonl(out / "generations_epoch1.jsonl")
+    assert len(records) == 3 and result["eval_examples"] == 3
+    refs = {}
+    for row in csv.DictReader(io.StringIO((DATA_DIR / "e2e" / "testset_w_refs.csv").read_text(encoding="utf-8-sig"))):
+        refs.setdefault(row["mr"], []).append(row["ref"])
+    assert all(r["references"] == refs[r["mr"]] for r in records)  # every reference of each MR
+    assert result["eval_references"] == sum(len(r["references"]) for r in records)
+    # The metrics are those of the logged generations, and each names the package that computed it.
+    again = corpus_scores([r["generated"] for r in records], [r["references"] for r in records])
+    assert result["final"]["metrics"] == pytest.approx(again.metrics)
+    assert set(again.metrics) <= set(result["metric_implementations"])
+    assert {"bleu", "rouge_l", "cider"} <= set(result["final"]["metrics"])
+    if "meteor" not in result["final"]["metrics"]:
+        assert "WordNet" in result["metrics_unavailable"]["meteor"]
+        assert any("METEOR not computed" in n for n in result["report_notes"])
+    # `peftlab evaluate` re-scores the saved adapter into its own generations file.
+    from peftlab.training.evaluation import evaluate_run
+
+    assert evaluate_run(out) == pytest.approx(result["final"]["metrics"])
+    assert read_jsonl(out / "generations_evaluate.jsonl") == records
+
+
+# --------------------------------------------------------------------------- sweep + report
+
+
+@pytest.mark.slow
+@needs_commonsense
+@needs_math
+@needs_e2e
+def test_sweep_and_report_of_the_three_families(tmp_path, capsys):
+    root = tmp_path / "runs"
+    spec = tmp_path / "families.yaml"
+    spec.write_text(yaml.safe_dump({"output_dir": str(root), "base": {**TINY, "max_eval_samples": 1,
+                                                                      "max_new_tokens": 4},
+                                    "grid": {"task": ["commonsense", "math", "e2e"]}}))
+    assert main(["sweep", str(spec)]) == 0
+    results = {r["task"]: r for r in (json.loads(p.read_text()) for p in root.rglob("result.json"))}
+    assert set(results) == {"commonsense", "math", "e2e"} and {r["status"] for r in results.values()} == {"ok"}
+    assert len(results["commonsense"]["eval_sets"]) == 7 and len(results["math"]["eval_sets"]) == 7
+    assert {"boolq_accuracy", "openbookqa_accuracy", "accuracy"} <= set(results["commonsense"]["final"]["metrics"])
+    assert {"mawps_strict_match", "svamp_flexible_extract"} <= set(results["math"]["final"]["metrics"])
+
+    out = tmp_path / "report.csv"
+    assert main(["report", str(root / "results.sqlite"), "--format", "csv", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    header = rows[0].keys()
+    for task in ("commonsense", "math", "e2e"):
+        assert f"{task}_mean" in header and f"{task}_n" in header
+    trained = [r for r in rows if r.get("commonsense_n") == "1"]
+    assert trained and all(r["math_n"] == r["e2e_n"] == "1" for r in trained)
+    capsys.readouterr()
+    assert main(["report", str(root / "results.sqlite")]) == 0
+    text = capsys.readouterr().out
+    assert "COMMONSENSE" in text and "MATH" in text and "E2E" in text
+    assert "HellaSwag" in text and "MetaMathQA" in text and "devset.csv" in text  # the offline caveats
+    # A per-set column on request: the report's --metric.
+    assert main(["report", str(root / "results.sqlite"), "--metric", "boolq_accuracy", "--format", "csv",
+                 "--out", str(out)]) == 0
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert any(r.get("commonsense_n") == "1" for r in rows)
