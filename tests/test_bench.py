@@ -17,6 +17,7 @@ from peftlab.bench import timing
 from peftlab.bench.cli import rerender
 from peftlab.methods import kasa
 from peftlab.cli.main import main
+from peftlab.methods.options import KasaOptions
 from peftlab.methods.table import MethodConfig, apply_method
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,8 +131,8 @@ def test_batched_kasa_regulariser_matches_peft(model_type, targets, reduction, t
     """kasa.regulariser (batched over same-shaped modules, module list cached) equals peft's per-module
     LoraModel._get_kasa_loss in value and gradient; Llama's GQA gives q and k/v different shapes (two groups)."""
     applied = apply_method(tiny_model(model_type), MethodConfig(method="kasa", targets=targets, rank=4,
-                                                                kasa_beta=0.3, kasa_gamma=0.7,
-                                                                kasa_reduction=reduction))
+                                                                kasa=KasaOptions(beta=0.3, gamma=0.7,
+                                                                                 reduction=reduction)))
     model = applied.model
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -164,7 +165,7 @@ def test_kasa_cache_follows_the_active_adapter(tiny_model):
 
     model.add_adapter("second", LoraConfig(r=2, target_modules=["query"], kasa_config=KasaConfig(beta=1.0, gamma=0.0)))
     model.set_adapter("second")
-    value = kasa.regulariser(model, MethodConfig(method="kasa", kasa_reduction="sum"))
+    value = kasa.regulariser(model, MethodConfig(method="kasa", kasa=KasaOptions(reduction="sum")))
     torch.testing.assert_close(value, model.base_model._get_kasa_loss())
 
 

@@ -47,7 +47,8 @@ def corda_model(arch: str, mode: str, tiny_model, **overrides):
     original = copy.deepcopy(model)
     examples = calibration_examples()
     calibration = corda.calibration_from_examples(model, lambda: iter(examples))
-    cfg = MethodConfig(method="corda", targets=TARGETS[arch], rank=RANK, alpha=8.0, corda_mode=mode, **overrides)
+    cfg = MethodConfig(method="corda", targets=TARGETS[arch], rank=RANK, alpha=8.0,
+                       corda=corda.CordaOptions(mode=mode), **overrides)
     applied = apply_method(model, cfg, task_type="SEQ_CLS", calibration=calibration)
     return applied, original, examples
 

@@ -156,7 +156,7 @@ def test_alpha(value):
     ("fourierft_scaling", "--fourierft-scaling", math.nan),
 ])
 def test_other_method_numbers(field, flag, value):
-    message = message_of(MethodConfig, **{field: value})
+    message = message_of(MethodConfig.from_dict, {field: value})  # flat names: kasa_beta is cfg.kasa.beta
     assert flag in message and str(value) in message
 
 

@@ -9,12 +9,14 @@ wide, and "slightly wide" (out < in < out + r), the case where the authors' trun
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
+from peftlab.methods.options import KasaOptions
 from peftlab.methods.table import MethodConfig, apply_method, extra_loss
 
 RANK = 4
@@ -66,7 +68,7 @@ def test_truncate_rank_drops_k_and_learns_rank_r(k, tiny_model):
     model = tiny_model("llama")  # q, o: 32 x 32; k, v: 32 -> 16 (GQA)
     original = copy.deepcopy(model)
     targets = ("q", "k", "v", "o")
-    cfg = MethodConfig(method="kasa", targets=targets, rank=RANK, kasa_truncate_rank=k)
+    cfg = MethodConfig(method="kasa", targets=targets, rank=RANK, kasa=KasaOptions(truncate_rank=k))
     applied = apply_method(model, cfg, task_type="SEQ_CLS")
     model, resolved = applied.model, applied.targets
     names = module_names("llama", targets)
@@ -94,7 +96,7 @@ def test_truncate_rank_drops_k_and_learns_rank_r(k, tiny_model):
 @pytest.mark.parametrize("k", [0, -1, 16, 40])
 def test_truncate_rank_out_of_range_is_one_line(k, tiny_model):
     with pytest.raises(PeftlabError) as err:
-        cfg = MethodConfig(method="kasa", targets=("q", "k"), rank=RANK, kasa_truncate_rank=k)
+        cfg = MethodConfig(method="kasa", targets=("q", "k"), rank=RANK, kasa=KasaOptions(truncate_rank=k))
         apply_method(tiny_model("llama"), cfg)  # k's min(in, out) is 16
     message = str(err.value)
     assert "\n" not in message and "--kasa-truncate-rank" in message and str(k) in message
@@ -105,15 +107,15 @@ def test_truncate_rank_out_of_range_is_one_line(k, tiny_model):
 def test_knob_validation_and_flags():
     for bad in (dict(kasa_mode="papr"), dict(corda_mode="xpm"), dict(corda_samples=0), dict(kasa_truncate_rank=2.5)):
         with pytest.raises(PeftlabError) as err:
-            MethodConfig(method="kasa", **bad)
+            MethodConfig.from_dict({"method": "kasa", **bad})  # flat names, as config.yaml spells them
         assert "\n" not in str(err.value)
     with pytest.raises(PeftlabError, match="did you mean 'paper'"):
-        MethodConfig(method="kasa", kasa_mode="papr")
+        MethodConfig(method="kasa", kasa=KasaOptions(mode="papr"))
     # flags (strings) and sweep keys reach the config fields
     cfg = build_config(TrainConfig, flag_values={"method": "kasa", "kasa_truncate_rank": "6",
                                                  "kasa_mode": "REFERENCE", "corda_mode": "kpm", "corda_samples": "32"})
-    assert (cfg.kasa_truncate_rank, cfg.kasa_mode, cfg.corda_mode, cfg.corda_samples) == (6, "reference", "kpm", 32)
-    assert TrainConfig(method="kasa").kasa_truncate_rank is None and TrainConfig().kasa_mode == "paper"
+    assert (cfg.kasa.truncate_rank, cfg.kasa.mode, cfg.corda.mode, cfg.corda.samples) == (6, "reference", "kpm", 32)
+    assert TrainConfig(method="kasa").kasa.truncate_rank is None and TrainConfig().kasa.mode == "paper"
 
 
 # --------------------------------------------------------------------------- --kasa-mode reference
@@ -148,7 +150,8 @@ def test_reference_truncation_matches_authors_code_on_wide_layers():
     model = tiny_llama_shapes()
     original = copy.deepcopy(model)
     targets = ("q", "k", "v", "o")
-    applied = apply_method(model, MethodConfig(method="kasa", targets=targets, rank=r, kasa_mode="reference"),
+    applied = apply_method(model, MethodConfig(method="kasa", targets=targets, rank=r,
+                                               kasa=KasaOptions(mode="reference")),
                            task_type="SEQ_CLS")
     model = applied.model
     dropped = {}
@@ -175,8 +178,8 @@ def test_reference_penalty_matches_authors_loss_fn(model_kind, tiny_model):
     beta, gamma = 0.3, 0.7
     model = tiny_model("bert") if model_kind == "bert" else tiny_llama_shapes()
     targets = ("q", "v") if model_kind == "bert" else ("q", "k", "v", "o")
-    cfg = MethodConfig(method="kasa", targets=targets, rank=RANK, kasa_mode="reference", kasa_beta=beta,
-                       kasa_gamma=gamma)
+    cfg = MethodConfig(method="kasa", targets=targets, rank=RANK,
+                       kasa=KasaOptions(mode="reference", beta=beta, gamma=gamma))
     applied = apply_method(model, cfg, task_type="SEQ_CLS")
     model = applied.model
     perturb(model)
@@ -191,14 +194,14 @@ def test_reference_penalty_matches_authors_loss_fn(model_kind, tiny_model):
 
     # --kasa-reduction sum: the same without the division by the number of modules
     n_modules = 2 * len(targets)
-    cfg_sum = MethodConfig(**{**cfg.__dict__, "kasa_reduction": "sum"})
+    cfg_sum = replace(cfg, kasa=replace(cfg.kasa, reduction="sum"))
     torch.testing.assert_close(extra_loss(model, cfg_sum), theirs * n_modules, rtol=1e-5, atol=1e-5)
 
 
 @torch.no_grad()
 def test_reference_penalty_floor_is_sqrt_d_minus_r(tiny_model):
-    cfg_ref = MethodConfig(method="kasa", targets=("q",), rank=RANK, kasa_mode="reference", kasa_beta=0.0,
-                           kasa_gamma=1.0, kasa_reduction="sum")
+    cfg_ref = MethodConfig(method="kasa", targets=("q",), rank=RANK,
+                           kasa=KasaOptions(mode="reference", beta=0.0, gamma=1.0, reduction="sum"))
     applied = apply_method(tiny_llama_shapes(), cfg_ref, task_type="SEQ_CLS")
     model = applied.model
     floor = 0.0
@@ -209,7 +212,7 @@ def test_reference_penalty_floor_is_sqrt_d_minus_r(tiny_model):
         B.copy_(torch.linalg.qr(torch.randn(B.shape[0], RANK))[0])  # orthonormal columns
         floor += (A.shape[1] - RANK) ** 0.5 + (B.shape[0] - RANK) ** 0.5
     torch.testing.assert_close(extra_loss(model, cfg_ref), torch.tensor(floor), rtol=1e-5, atol=0)
-    cfg_paper = MethodConfig(**{**cfg_ref.__dict__, "kasa_mode": "paper"})
+    cfg_paper = replace(cfg_ref, kasa=replace(cfg_ref.kasa, mode="paper"))
     assert float(extra_loss(model, cfg_paper)) < 1e-5  # peft's r x r penalty is 0 at orthonormal factors
 
 
@@ -233,7 +236,7 @@ def test_train_kasa_reference_and_truncate_rank(tmp_path):
 # --------------------------------------------------------------------------- save / load of a non-peft truncation
 
 
-@pytest.mark.parametrize("overrides", [dict(kasa_truncate_rank=7), dict(kasa_mode="reference")],
+@pytest.mark.parametrize("overrides", [dict(kasa=KasaOptions(truncate_rank=7)), dict(kasa=KasaOptions(mode="reference"))],
                          ids=["k7", "reference"])
 def test_saved_truncation_plan_restores_the_trained_model(overrides, tmp_path):
     """peft's loader truncates r by the paper rule; the plan file + apply_plan restore the run's own base."""
@@ -269,16 +272,17 @@ def test_no_plan_file_for_peft_truncation(tmp_path, tiny_model):
     from peftlab.methods import kasa
 
     applied = apply_method(tiny_model("bert"), MethodConfig(method="kasa", targets=("q", "v"), rank=RANK,
-                                                            kasa_mode="reference"))  # square: same as peft
+                                                            kasa=KasaOptions(mode="reference")))  # square: same as peft
     assert applied.init_stats.kasa_plan == {}
     kasa.write_plan(applied.init_stats.kasa_plan, tmp_path)
     assert not (tmp_path / kasa.PLAN_FILE).exists()
     assert kasa.load_plan(tmp_path, tiny_model("bert")) == ({}, {})
 
 
-@pytest.mark.parametrize("extra", [{"kasa_truncate_rank": 16}, {"kasa_mode": "reference"}])
+@pytest.mark.parametrize("extra", [{"kasa": KasaOptions(truncate_rank=16)}, {"kasa": KasaOptions(mode="reference")}])
 def test_saved_kasa_adapter_with_own_truncation_reloads_exactly(tmp_path, extra):
-    """adapters.save_trained writes the truncation plan; load_trained re-applies it after peft's load."""
+    """save_trained writes a truncation peft's loader would not redo as a plain LoRA (no plan file: plain peft
+    loads it); load_trained reproduces the adapted model exactly."""
     import torch
 
     from peftlab.methods.saving import load_trained, save_trained
@@ -296,9 +300,13 @@ def test_saved_kasa_adapter_with_own_truncation_reloads_exactly(tmp_path, extra)
             if p.requires_grad:
                 p.add_(0.05 * torch.randn_like(p))
     save_trained(adapted, tmp_path / "adapter", applied=applied)
-    # the plan file exactly when the truncation differs from peft's (reference mode on square BERT: it does not)
-    assert (tmp_path / "adapter" / "peftlab_kasa_truncation.json").is_file() == bool(applied.init_stats.kasa_plan)
-    assert bool(applied.init_stats.kasa_plan) == ("kasa_truncate_rank" in extra)
+    # a plain LoRA exactly when the truncation differs from peft's (reference mode on square BERT: it does not)
+    import json
+
+    saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (saved.get("kasa_config") is None) == bool(applied.init_stats.kasa_plan)
+    assert not (tmp_path / "adapter" / "peftlab_kasa_truncation.json").exists()
+    assert bool(applied.init_stats.kasa_plan) == (extra["kasa"].truncate_rank is not None)
     reloaded = load_trained(fresh, tmp_path / "adapter")
     ids = torch.randint(1, 1000, (2, 9))
     adapted.eval(), reloaded.eval()

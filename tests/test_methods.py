@@ -23,6 +23,7 @@ from torch import nn
 from peftlab.methods import kasa
 from peftlab.methods.saving import is_peft, load_trained, merged, save_trained
 from peftlab.errors import PeftlabError
+from peftlab.methods.options import FourierFTOptions, KasaOptions
 from peftlab.methods.table import METHODS, MethodConfig, apply_method, extra_loss
 from peftlab.methods.optim_groups import OptimConfig, count_trainable, param_groups
 
@@ -93,7 +94,7 @@ ADAPTER_NUMEL = {
 
 def method_config(method: str, targets, **overrides) -> MethodConfig:
     return MethodConfig(method=method, targets=targets, rank=RANK, alpha=8.0,
-                        fourierft_n_frequency=N_FREQUENCY, **overrides)
+                        fourierft=FourierFTOptions(n_frequency=N_FREQUENCY), **overrides)
 
 
 def calibration_inputs(n: int = 8, length: int = 16) -> list[dict[str, torch.Tensor]]:
@@ -488,7 +489,7 @@ def test_kasa_truncates_r_smallest_singular_values(arch_name, target_set, tiny_m
 def test_kasa_regulariser(arch_name, target_set, tiny_model):
     beta, gamma = 0.3, 0.7
     model = tiny_model(ARCHS[arch_name].model_type)
-    cfg = method_config("kasa", target_set, kasa_beta=beta, kasa_gamma=gamma, kasa_reduction="sum")
+    cfg = method_config("kasa", target_set, kasa=KasaOptions(beta=beta, gamma=gamma, reduction="sum"))
     applied = adapt(model, cfg)
     model, targets = applied.model, applied.targets
     perturb(model)
@@ -511,7 +512,7 @@ def test_kasa_regulariser(arch_name, target_set, tiny_model):
     assert all(layer.lora_diag["default"].grad is not None
                for layer in adapted_layers(model, targets.all_modules).values())
 
-    torch.testing.assert_close(extra_loss(model, replace(cfg, kasa_reduction="mean")).detach(),
+    torch.testing.assert_close(extra_loss(model, replace(cfg, kasa=replace(cfg.kasa, reduction="mean"))).detach(),
                                direct_sum / len(terms), rtol=1e-5, atol=0)
 
 

@@ -61,3 +61,45 @@ def test_plain_peft_loading_reproduces_peftlabs_logits(tmp_path, method, arch):
     batch = tokenizer(["a first sentence .", "and a second, longer one ?"], padding=True, return_tensors="pt")
     with torch.no_grad():
         torch.testing.assert_close(plain(**batch).logits, ours(**batch).logits, atol=1e-5, rtol=0)
+
+
+# (options, rank of the saved LoRA per q/v module of a 32-wide tiny model at r=4: dropped components + r)
+KASA_NON_PEFT = {"truncate-rank-2": (dict(kasa_truncate_rank=2), 2 + 4), "truncate-rank-6": (dict(kasa_truncate_rank=6), 6 + 4),
+                 # the MLP's down projection is wide (in > out): the authors' rule keeps more there than peft's
+                 "reference-mode": (dict(kasa_mode="reference", targets="q,v,down"), None)}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("variant", sorted(KASA_NON_PEFT))
+def test_kasa_with_a_truncation_peft_would_not_redo_is_saved_as_plain_lora(tmp_path, variant, arch):
+    """k != r or reference mode: plain peft would re-truncate r components (and differ); the run is saved as a
+    plain LoRA of rank dropped + r on the original base instead, and reproduces the run's own model."""
+    import json
+
+    from peft import PeftModel
+
+    from peftlab.methods.table import apply_method
+    from peftlab.models.registry import load_model
+    from peftlab.training.evaluation import load_run
+
+    options, saved_rank = KASA_NON_PEFT[variant]
+    overrides = {**ARCHS[arch], **dict(method="kasa", targets="q,v", rank=4, epochs=1, batch_size=8, max_length=32,
+                                       max_train_samples=16, max_eval_samples=8, pooling="native", lr=1e-2,
+                                       output_dir=str(tmp_path / "run")), **options}
+    cfg = build_config(TrainConfig, overrides=overrides)
+    base, tokenizer = load_model(cfg.model, num_labels=2, seed=cfg.seed, pooling="native")
+    if variant == "reference-mode" and not apply_method(base, cfg).init_stats.kasa_plan:
+        pytest.fail("reference mode should truncate otherwise than peft on this model (wide layers)")
+    train(cfg)
+    adapter = tmp_path / "run" / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config.get("kasa_config") is None and config["rank_pattern"], "expected a plain LoRA with per-module ranks"
+    assert config["alpha_pattern"] == config["rank_pattern"]  # scaling 1: B'A' is the whole update
+    if saved_rank is not None and arch == "encoder":
+        assert set(config["rank_pattern"].values()) == {saved_rank}
+    ours = load_run(tmp_path / "run").model.eval()
+    base, _ = load_model(cfg.model, num_labels=2, seed=cfg.seed, pooling="native")
+    plain = PeftModel.from_pretrained(base, str(adapter)).eval()
+    batch = tokenizer(["a first sentence .", "and a second, longer one ?"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(plain(**batch).logits, ours(**batch).logits, atol=1e-5, rtol=0)

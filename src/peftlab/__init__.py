@@ -39,6 +39,10 @@ _EXPORTS = {
     "LoadedModel": "peftlab.models.registry",
     "METHODS": "peftlab.methods.table",
     "MethodConfig": "peftlab.methods.table",
+    "KasaOptions": "peftlab.methods.options",  # MethodConfig(kasa=KasaOptions(beta=...)), as peft's kasa_config
+    "CordaOptions": "peftlab.methods.options",
+    "VeraOptions": "peftlab.methods.options",
+    "FourierFTOptions": "peftlab.methods.options",
     "apply_method": "peftlab.methods.table",
     "AppliedMethod": "peftlab.methods.table",
     "InitStats": "peftlab.methods.table",

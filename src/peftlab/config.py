@@ -1,8 +1,10 @@
 """Typed config schema (dataclasses) <-> command-line flags <-> YAML.
 
-A run's config is one flat dataclass, :class:`TrainConfig`, built from the method part
+A run's config is one dataclass, :class:`TrainConfig`, built from the method part
 (:class:`~peftlab.methods.table.MethodConfig`) and the optimizer part (:class:`~peftlab.methods.optim_groups.OptimConfig`) plus
-the run's own fields. The docstring under each field is its ``--help`` text; cross-field checks live in
+the run's own fields. Each method's own options nest as in peft (``cfg.kasa.beta``: :mod:`peftlab.methods.options`);
+flags, YAML, sweep specs and config.yaml name them flat (``--kasa-beta``, ``kasa_beta:``), a YAML file may nest
+them too (``kasa: {beta: 0.01}``). The docstring under each field is its ``--help`` text; cross-field checks live in
 ``__post_init__``. Precedence: defaults < ``--config`` YAML < flags. Unknown YAML keys are an error that
 names the closest valid key. The resolved config is written beside every result (``config.yaml``).
 Flags, YAML and value checking are :mod:`peftlab.config_cli` (jsonargparse), re-exported here.
@@ -10,7 +12,6 @@ Flags, YAML and value checking are :mod:`peftlab.config_cli` (jsonargparse), re-
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,8 +19,8 @@ from typing import Any, Literal
 from peftlab.errors import PeftlabError
 # The dataclass <-> flags <-> YAML layer (on jsonargparse), re-exported: `from peftlab.config import build_config`.
 from peftlab.config_cli import (  # noqa: F401
-    add_dataclass_flags, build_config, coerce, config_yaml, field_docs, field_types, load_yaml,
-    normalise_keys, save_config)
+    add_dataclass_flags, build_config, coerce, config_yaml, field_docs, field_types, flat_dict, from_flat,
+    load_yaml, normalise_keys, option_defaults, option_names, save_config)
 from peftlab.methods.table import MethodConfig
 from peftlab.methods.optim_groups import OptimConfig
 
@@ -59,8 +60,8 @@ class TrainConfig(MethodConfig, OptimConfig):
     """Examples per evaluation batch."""
     max_length: int | None = None
     """Maximum tokens per example; longer inputs are truncated. Default 128 (the papers' T), 512 for gsm8k/alpaca/json."""
-    pooling: str = "auto"
-    """Encoder classifiers: what feeds the head. auto: the checkpoint's own sentence-transformers pooling if it declares mean (minilm-l6 does), else native; native: the architecture's ([CLS] for BERT); mean: masked mean of the tokens."""
+    pooling: str = "native"
+    """Encoder classifiers: what feeds the head. native (default): the architecture's ([CLS] for BERT), which plain transformers + peft reproduce from the saved adapter; mean: masked mean of the tokens (peftlab's own: the adapter alone does not carry it); auto: the checkpoint's declared sentence-transformers pooling (mean for minilm-l6, mpnet-base), else native."""
     pad_to_max: bool = False
     """Pad every batch to --max-length (the papers' setup) instead of dynamic padding with length-grouped batches."""
     warmup_ratio: float = 0.06
@@ -201,7 +202,7 @@ class TrainConfig(MethodConfig, OptimConfig):
                                fix="remove --judge-url, or use --task mt-bench")
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["targets"] = ",".join(self.targets)
-        return out
+        """Flat (``kasa_beta``, ``targets: q,v``): config.yaml, result.json's config and the run key; it reads
+        back with ``TrainConfig.from_dict`` or ``build_config``."""
+        return flat_dict(self)
 

@@ -1,6 +1,6 @@
 """``peftlab bench``: what each method costs, and what peftlab's data path saves.
 
-Two benchmarks, each writing ``<name>.json`` and ``<name>.md`` into ``--out-dir``:
+Five benchmarks, each writing ``<name>.json`` and ``<name>.md`` into ``--out-dir``:
 
 * **micro** (default): for one model, sequence length and batch size, every method in
   :data:`peftlab.methods.table.METHODS` (plus the plain ``base`` model, no adapter, head trained) on every target
@@ -13,6 +13,14 @@ Two benchmarks, each writing ``<name>.json`` and ``<name>.md`` into ``--out-dir`
 * **e2e** (``--e2e``): ``peftlab.training.loop.train`` run twice per task and seed, with peftlab's default data
   path (dynamic padding, length-grouped batches, cached tokenisation) and with the papers' setup
   (``--pad-to-max``, T = ``--seq-len`` = 128): train seconds per epoch and the final dev metric of each.
+
+* **against trainer** (``--e2e --against trainer``): the same LoRA run through ``transformers.Trainer`` (pad to T;
+  ``group_by_length`` + ``DataCollatorWithPadding``) and through ``peftlab train``, each run its own process,
+  setups round-robin: train s/epoch, ex/s, peak RSS, dev metric, paired ratios (:mod:`~peftlab.bench.against_trainer`).
+* **sweep overhead** (``--sweep-overhead``): a small ``peftlab sweep`` split into training and fixed costs per
+  phase from each run's result.json ``timings`` (:mod:`~peftlab.bench.sweep_overhead`).
+* **decode** (``--decode``): GSM8K evaluation's greedy loop against ``model.generate``, fp32 / bf16 autocast,
+  with and without batching by prompt length: new tokens/s and identical outputs (:mod:`~peftlab.bench.decode`).
 
 Timing: ``time.perf_counter`` on CPU; on CUDA ``torch.cuda.Event`` pairs around ``--inner`` steps, in bf16
 autocast (``--precision auto``). Memory: the configuration's standalone resident size (every parameter and
@@ -77,9 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=_positive_int, default=None,
                         help="tokens per example (default 128; with --e2e the max length T, default 128)")
     parser.add_argument("--batch-size", type=_positive_int, default=None,
-                        help="examples per step (default 8; with --e2e 32)")
+                        help="examples per step (default 8; with --e2e 32; with --decode 16)")
     parser.add_argument("--warmup", type=_nonnegative_int, default=2, help="untimed warm-up rounds (default 2)")
-    parser.add_argument("--repeats", type=_positive_int, default=7, help="timed rounds per configuration (default 7)")
+    parser.add_argument("--repeats", type=_positive_int, default=None,
+                        help="timed rounds per configuration (default 7; with --against trainer: runs per setup "
+                             "and task, default 2; with --decode: timed rounds, default 3)")
     parser.add_argument("--infer-repeats", type=_positive_int, default=None,
                         help="timed inference rounds (default: --repeats)")
     parser.add_argument("--inner", type=_positive_int, default=1,
@@ -92,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch CPU threads (default: torch's); 1 is far steadier on a shared machine")
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda[:i]")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                        help="auto: bf16 autocast on CUDA, fp32 on CPU")
+                        help="auto: bf16 autocast on CUDA, fp32 on CPU (with --decode: both fp32 and bf16)")
     parser.add_argument("--compare-kasa-peft", action="store_true",
                         help="add a kasa-peft row: KaSA with peft's per-module regulariser (before peftlab batched it)")
     parser.add_argument("--max-seconds", type=float, default=None,
@@ -106,14 +116,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e2e = parser.add_argument_group("end to end (--e2e)")
     e2e.add_argument("--e2e", action="store_true",
                      help="train on a real task twice: dynamic padding vs --pad-to-max (the papers' setup)")
-    e2e.add_argument("--task", default=None, help="GLUE task(s), comma list (default cola)")
+    e2e.add_argument("--task", "--tasks", default=None,
+                     help="GLUE task(s), comma list (default cola; with --against trainer: rte,mrpc)")
     e2e.add_argument("--epochs", type=_positive_int, default=1, help="epochs per run (default 1)")
-    e2e.add_argument("--seeds", default="0", help="comma list of seeds; each runs both setups (default 0)")
-    e2e.add_argument("--max-train-samples", type=_positive_int, default=None,
-                     help="train on a seeded subset of this many examples (CPU sizing)")
+    e2e.add_argument("--seeds", default=None, help="comma list of seeds; each runs both setups (default 0; with "
+                                                   "--against trainer repeat r uses the r-th seed, cyclically)")
+    e2e.add_argument("--max-train-samples", "--train-examples", type=_positive_int, default=None,
+                     help="train on a seeded subset of this many examples (CPU sizing; with --against trainer "
+                          "default 1000)")
     e2e.add_argument("--max-eval-samples", type=_positive_int, default=None, help="evaluate on a seeded subset")
     e2e.add_argument("--lr", type=float, default=None, help="learning rate (default: the method's)")
     e2e.add_argument("--data-dir", default=None, help="GLUE data root (default as in peftlab train)")
+    e2e.add_argument("--mixed-precision", choices=("no", "bf16"), default=None,
+                     help="the same precision on every side (bf16: CPU autocast; Trainer bf16=True, use_cpu=True); "
+                          "default: no (with --against trainer and --sweep-overhead), auto on CUDA in plain --e2e")
+    e2e.add_argument("--against", choices=("trainer",), default=None,
+                     help="with --e2e: the same work through transformers.Trainer (pad to T; group_by_length + "
+                          "DataCollatorWithPadding) beside peftlab's run, each run its own process, round-robin")
+    e2e.add_argument("--setups", default=None,
+                     help="with --against trainer: comma list of pad128, grouped, peftlab (default all three)")
+    e2e.add_argument("--lr-ratio", type=float, default=2.0,
+                     help="with --against trainer: lambda = eta_V / eta_QK (default 2)")
+    lab = parser.add_argument_group("lab overhead (--sweep-overhead) and decoder evaluation (--decode)")
+    lab.add_argument("--sweep-overhead", action="store_true",
+                     help="run a small MiniLM sweep through `peftlab sweep` and split its wall time into training "
+                          "and fixed costs per phase (default 10 runs: RTE 200 examples, 1 epoch, lambda x seed)")
+    lab.add_argument("--runs", type=_positive_int, default=10,
+                     help="with --sweep-overhead: runs in the sweep (default 10: lambda 1,2,4,8,16 x 2 seeds)")
+    lab.add_argument("--workers", type=_nonnegative_int, default=0,
+                     help="with --sweep-overhead: peftlab sweep --workers (default 0: runs in the sweep's process)")
+    lab.add_argument("--decode", action="store_true",
+                     help="GSM8K evaluation decoding: peftlab's greedy loop vs model.generate, fp32 vs bf16 "
+                          "autocast, with and without batching by prompt length: new tokens/s, identical outputs")
+    lab.add_argument("--problems", type=_positive_int, default=32,
+                     help="with --decode: GSM8K test problems (default 32)")
+    lab.add_argument("--max-new-tokens", type=_positive_int, default=256,
+                     help="with --decode: generation limit (default 256, as peftlab's GSM8K evaluation)")
 
 
 def add_parser(sub) -> None:
@@ -134,7 +172,15 @@ def rerender(path: str | Path) -> str:
         result = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise PeftlabError(f"cannot read bench results {path}: {err}", fix="pass a .json written by peftlab bench") from None
-    if result.get("kind") == "e2e":
+    kind = result.get("kind")
+    if kind in ("against_trainer", "sweep_overhead", "decode"):
+        import importlib
+
+        module = importlib.import_module({"against_trainer": "peftlab.bench.against_trainer",
+                                          "sweep_overhead": "peftlab.bench.sweep_overhead",
+                                          "decode": "peftlab.bench.decode"}[kind])
+        text = module.rerender(result)
+    elif result.get("kind") == "e2e":
         for run in result["runs"]:
             if run.get("wall_seconds_per_epoch") is None and run.get("wall_seconds") is not None:
                 run["wall_seconds_per_epoch"] = run["wall_seconds"] / max(1, result["settings"]["epochs"])
@@ -162,14 +208,33 @@ def run_cli(args) -> int:
     from peftlab.bench.micro import run_micro
 
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft -> transformers, every build
+    modes = [flag for flag, on in (("--e2e", args.e2e), ("--sweep-overhead", args.sweep_overhead),
+                                   ("--decode", args.decode)) if on]
+    if len(modes) > 1:
+        raise PeftlabError(f"{' and '.join(modes)} are separate benchmarks", fix="pass one of them per run")
+    if args.against and not args.e2e:
+        raise PeftlabError("--against trainer compares end-to-end runs", fix="add --e2e")
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        if args.e2e:
+        if args.e2e and args.against == "trainer":
+            from peftlab.bench.against_trainer import run_against_trainer
+
+            result = run_against_trainer(args)
+        elif args.e2e:
             result = run_e2e(args)
+        elif args.sweep_overhead:
+            from peftlab.bench.sweep_overhead import run_sweep_overhead
+
+            result = run_sweep_overhead(args)
+        elif args.decode:
+            from peftlab.bench.decode import run_decode
+
+            result = run_decode(args)
         else:
             args.model = args.model or "roberta-base-random"
+            args.repeats = args.repeats or 7
             result = run_micro(args)
     finally:
         torch.set_num_threads(threads)  # callers in the same process (tests) keep their setting

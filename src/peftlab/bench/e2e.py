@@ -56,7 +56,7 @@ def run_e2e(args) -> dict[str, Any]:
             raise unknown("GLUE task", task, [n for n, t in TASKS.items() if t.kind != "instruction"], where="--task")
     methods = method_list(args.methods or "lora", METHODS)
     targets = (args.targets or ["q,v"])[0]
-    seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
+    seeds = [int(s) for s in str(args.seeds or "0").split(",") if s.strip()]
     model = args.model or "minilm-l6"
     seq_len = args.seq_len or 128
     batch_size = args.batch_size or 32
@@ -88,7 +88,8 @@ def run_e2e(args) -> dict[str, Any]:
                                      max_eval_samples=args.max_eval_samples, overwrite=True,
                                      output_dir=str(out_dir / "e2e-runs" / f"{task}-{method}-{setup}-seed{seed}"),
                                      data_dir=args.data_dir, log_every=10**6,
-                                     mixed_precision="auto" if device.type == "cuda" else "no")
+                                     mixed_precision=getattr(args, "mixed_precision", None)
+                                     or ("auto" if device.type == "cuda" else "no"))
                     if args.lr is not None:
                         overrides["lr"] = args.lr
                     cfg = build_config(TrainConfig, overrides=overrides)

@@ -99,6 +99,7 @@ def _calibration(model, batch: dict, samples: int):
 
 def _build(row: Row, fresh: Callable[[], torch.nn.Module], args, batch, clock: Clock) -> None:
     """Adapt a fresh copy of the base model as ``row`` says; record init (and calibration) seconds."""
+    from peftlab.methods.options import FourierFTOptions
     from peftlab.methods.table import METHODS, MethodConfig, apply_method
     from peftlab.methods.targets import head_module_names, resolve_targets
 
@@ -115,9 +116,9 @@ def _build(row: Row, fresh: Callable[[], torch.nn.Module], args, batch, clock: C
     if row.method == "fourierft":  # its default 1000 coefficients exceed a tiny model's matrices
         modules = dict(model.named_modules())
         smallest = min(modules[n].weight.numel() for n in resolve_targets(model, row.targets).all_modules)
-        default = MethodConfig.fourierft_n_frequency
+        default = FourierFTOptions.n_frequency
         if smallest < default:
-            extra["fourierft_n_frequency"] = smallest
+            extra["fourierft"] = FourierFTOptions(n_frequency=smallest)
             row.note = f"n_frequency {smallest} (default {default} exceeds in*out)"
     real = KASA_PEFT_BASE if row.method == KASA_PEFT else row.method
     cfg = MethodConfig(method=real, targets=row.targets, rank=args.rank, alpha=args.alpha, **extra)

@@ -144,3 +144,128 @@ def markdown_e2e(result: dict) -> str:
                      f"{_num(r.get('cpu_seconds'), '.1f')} | {_num(r['final_metric'], '.4f')} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _ratio(ratio: dict | None) -> str:
+    if not ratio or ratio.get("geomean") is None:
+        return "-"
+    spread = f" [{ratio['min']:.2f}, {ratio['max']:.2f}]" if ratio["n"] > 1 else ""
+    return f"{ratio['geomean']:.2f}×{spread}"
+
+
+def _env_line(env: dict) -> str:
+    return (f"{env.get('cpu_model')}, {env.get('cpus_usable')} usable CPUs; torch {env.get('torch')}, transformers "
+            f"{env.get('transformers')}, peft {env.get('peft')}; load average at start "
+            f"{', '.join(f'{x:.1f}' for x in env.get('loadavg_start') or [])}"
+            + (f", at end {', '.join(f'{x:.1f}' for x in env['loadavg_end'])}" if env.get("loadavg_end") else "")
+            + ".")
+
+
+def markdown_against_trainer(result: dict) -> str:
+    """``peftlab bench --e2e --against trainer``: one row per task and setup."""
+    s = result["settings"]
+    lines = [
+        f"## peftlab vs transformers.Trainer: {s['model']}, LoRA q,v rank {s['rank']}, batch {s['batch_size']}, "
+        f"T={s['max_length']}, {s['train_examples']} training examples, {s['epochs']} epoch(s), "
+        f"{s['mixed_precision'] if s['mixed_precision'] != 'no' else 'fp32'}, {s['threads']} thread(s)",
+        "",
+        _env_line(result["environment"]),
+        f"{s['repeats']} repeat(s) per setup (seeds {', '.join(map(str, s['seeds']))}), each run its own process, "
+        "setups round-robin (order rotated each repeat). Optimizer: AdamW, q at "
+        f"{s['lr']:g}, v at {s['lr_ratio']:g} × that, head {s['head_lr']:g}, linear schedule, warm-up "
+        f"{s['warmup_ratio']:g}. Dev metric on {s['eval']}.",
+        "",
+        "Setups: " + "; ".join(f"**{k}** = {v}" for k, v in result["setups"].items()) + ".",
+        "",
+        "Train s/epoch: the epoch loops' wall time (batch loading and collation included; evaluation, checkpoints, "
+        "saving not); ex/s from it; median over repeats. Peak RSS: the run's process (ru_maxrss). Process s: the "
+        "whole subprocess (start, imports, load, tokenisation, training, evaluation). peftlab ÷ setup: geometric "
+        "mean over repeats of the per-repeat ratio setup train s / peftlab train s (= peftlab ex/s ÷ setup ex/s) "
+        "[min, max].",
+        "",
+        "| task | setup | runs | train s/epoch | ex/s | peak RSS MB | process s | real-token share | dev metric | "
+        "peftlab ex/s ÷ this | peftlab process ÷ this |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for row in result["summary"]:
+        for setup, d in row["setups"].items():
+            metric = "-" if d["metric_mean"] is None else (
+                f"{row['metric']} {d['metric_mean']:.4f}" + (f" ± {d['metric_std']:.4f}" if d["metric_std"] else ""))
+            vs = row["peftlab_vs"].get(setup) or {}
+            share = "-" if d["real_token_share"] is None else f"{100 * d['real_token_share']:.0f} %"
+            lines.append(
+                f"| {row['task']} | {setup} | {d['runs']} | {_num(d['train_s_per_epoch'], '.1f')} | "
+                f"{_num(d['examples_per_s'], '.1f')} | {_mb(d['peak_rss_mb'])} | {_num(d['process_wall_s'], '.1f')} | "
+                f"{share} | {metric} | {_ratio(vs.get('examples_per_s_ratio'))} | "
+                f"{_ratio(vs.get('process_wall_ratio'))} |")
+    lines += ["", "Runs:", "", "| task | repeat | seed | setup | status | train s | ex/s | peak RSS MB | process s | "
+              "dev metrics |", "|---|---:|---:|---|---|---:|---:|---:|---:|---|"]
+    for r in result["runs"]:
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in (r.get("dev_metrics") or {}).items()
+                            if isinstance(v, (int, float))) or r.get("error", "-")
+        lines.append(f"| {r['task']} | {r['repeat']} | {r['seed']} | {r['setup']} | {r['status']} | "
+                     f"{_num(r.get('train_s'), '.1f')} | {_num(r.get('examples_per_s'), '.1f')} | "
+                     f"{_mb(r.get('peak_rss_mb'))} | {_num(r.get('process_wall_s'), '.1f')} | {metrics} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def markdown_sweep_overhead(result: dict) -> str:
+    """``peftlab bench --sweep-overhead``: the sweep's wall time by phase."""
+    s, b = result["settings"], result["breakdown"]
+    share = "-" if b["overhead_share"] is None else f"{100 * b['overhead_share']:.1f} %"
+    lines = [
+        f"## Sweep overhead: {b['runs']} runs of {s['model']} on {s['task']} ({s['train_examples']} training "
+        f"examples, {s['epochs']} epoch(s), LoRA q,v rank {s['rank']}), `peftlab sweep --workers {s['workers']}`",
+        "",
+        _env_line(result["environment"]),
+        f"Command: `peftlab {result['command']}` (spec in a temporary folder; runs: lambda x seed). Phases from each "
+        "run's result.json `timings`; outside the runs: the sweep's wall time minus the runs' own spans.",
+        "",
+        f"**Sweep wall time {b['wall_s']:.1f} s; training (sum of train_s) {b['train_s']:.1f} s; overhead share "
+        f"1 - train/wall = {share}.**",
+        "",
+        "| phase | seconds | share of wall | per run s |",
+        "|---|---:|---:|---:|",
+    ]
+    for p in b["phases"]:
+        part = "-" if p["share"] is None else f"{100 * p['share']:.1f} %"
+        lines.append(f"| {p['phase']} | {_num(p['seconds'], '.2f')} | {part} | {_num(p['per_run_s'], '.2f')} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _share(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
+
+
+def markdown_decode(result: dict) -> str:
+    """``peftlab bench --decode``: one row per decoding path, precision and prompt order."""
+    s = result["settings"]
+    lines = [
+        f"## GSM8K decoding: {s['model']}, {s['problems']} problems, batch {s['batch_size']}, up to "
+        f"{s['max_new_tokens']} new tokens, {s['threads']} thread(s)",
+        "",
+        _env_line(result["environment"]),
+        f"{s['repeats']} timed round(s) after one untimed round, round-robin over configurations; seconds for all "
+        f"problems, median ± IQR; ratios: median of per-round paired time ratios [q25, q75] (< 1: faster). New "
+        f"tokens: the generated texts re-tokenised. Paths: " + "; ".join(f"**{k}** = {v}" for k, v in
+                                                                     result["paths"].items()) + ".",
+        "",
+        "| path | precision | prompts | s (all problems) | new tokens | new tokens/s | s/problem | time ÷ generate_stop | "
+        "time ÷ generate_plain | texts = loop's | answers = fp32 loop's | accuracy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["rows"]:
+        if row.get("error"):
+            lines.append(f"| {row['path']} | {row['precision']} | {row['order']} | error: {row['error'][:80]} |"
+                         + " - |" * 8)
+            continue
+        lines.append(
+            f"| {row['path']} | {row['precision']} | {row['order']} | {_s(row['seconds'])} | {row['new_tokens']} | "
+            f"{_num(row.get('tokens_per_s'), '.1f')} | {_num(row.get('seconds_per_problem'), '.2f')} | "
+            f"{_x(row.get('time_vs_generate_stop'))} | {_x(row.get('time_vs_generate_plain'))} | "
+            f"{_share(row.get('same_texts_as_loop'))} | {_share(row.get('same_answers_as_reference'))} | "
+            f"{_num(row.get('accuracy'), '.3f')} |")
+    lines.append("")
+    return "\n".join(lines)

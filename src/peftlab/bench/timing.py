@@ -124,3 +124,22 @@ def round_robin(rows: list, fn_of: Callable[[Any], Callable], into: str, rounds:
         timed += r >= warmup
         progress(f"{into}: round {r + 1}/{warmup + rounds}" + (" (warm-up)" if r < warmup else ""))
     return timed
+
+
+def geometric_mean(values) -> float | None:
+    """The geometric mean of the positive finite ``values`` (None if there are none): the mean of ratios
+    that is symmetric, geomean(a/b) = 1 / geomean(b/a)."""
+    kept = [float(v) for v in values if v is not None and np.isfinite(v) and v > 0]
+    return float(np.exp(np.mean(np.log(kept)))) if kept else None
+
+
+def paired_geomean(numerator: list, denominator: list) -> dict[str, Any] | None:
+    """Per-repeat ratios ``numerator[r] / denominator[r]`` (runs of the same round) and their geometric mean,
+    min and max; None unless both lists are complete and equally long."""
+    if not numerator or len(numerator) != len(denominator):
+        return None
+    ratios = [a / b for a, b in zip(numerator, denominator) if a is not None and b]
+    if len(ratios) != len(numerator):
+        return None
+    return {"n": len(ratios), "geomean": geometric_mean(ratios), "min": min(ratios), "max": max(ratios),
+            "ratios": ratios}

@@ -45,12 +45,10 @@ def key_value(config: dict, key: str):
 
 
 def check_key(key: str, flag: str) -> None:
-    from dataclasses import fields
-
-    from peftlab.config import TrainConfig
+    from peftlab.config import TrainConfig, option_names
     from peftlab.errors import closest
 
-    names = [f.name for f in fields(TrainConfig)] + list(DERIVED)
+    names = option_names(TrainConfig) + list(DERIVED)
     if key not in names:
         raise PeftlabError(f"unknown key '{key}' for {flag}{closest(key, names)}",
                            fix="use a config key (lr, lr_ratio, rank, ...) or v_lr (= lr * lr_ratio)")

@@ -122,11 +122,9 @@ def parse_filter(text: str | None, *, what: str = "--where") -> dict[str, Any]:
     """
     if not text or not text.strip():
         return {}
-    from dataclasses import fields
+    from peftlab.config import TrainConfig, normalise_keys, option_names
 
-    from peftlab.config import TrainConfig, normalise_keys
-
-    names = [f.name for f in fields(TrainConfig)]
+    names = option_names(TrainConfig)  # flat, as config.yaml spells them (kasa_beta)
     pairs: list[list[str]] = []
     for piece in text.split(","):
         if "=" in piece:

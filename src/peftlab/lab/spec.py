@@ -205,7 +205,7 @@ def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: 
     for cell in cells:
         varying = {k: cell[k] for k in sweep.axes}
         try:
-            cfg = TrainConfig(**cell)  # values typed above; __post_init__ runs the cross-field checks
+            cfg = TrainConfig.from_dict(cell)  # values typed above; __post_init__ runs the cross-field checks
         except PeftlabError as err:
             desc = " ".join(f"{k}={_fmt_value(v)}" for k, v in varying.items())
             what = f"run {{{desc}}}: {err.what}" if desc else err.what

@@ -95,22 +95,11 @@ def config_key(config: dict[str, Any]) -> str:
 @functools.lru_cache(maxsize=1)
 def _added_option_defaults() -> dict[str, Any]:
     """Defaults of the TrainConfig options that key schema 1 did not have (the schema, not a run's values)."""
-    import dataclasses
+    from peftlab.config import TrainConfig, option_defaults
 
-    from peftlab.config import TrainConfig
-
-    defaults = {}
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in KEY_FIELDS_V1:
-            continue
-        if f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            continue
-        defaults[f.name] = list(value) if isinstance(value, tuple) else value
-    return defaults
+    # flat names, as to_dict() keys them: an option added to a group (cfg.kasa.x) is kasa_x here
+    return {name: list(value) if isinstance(value, tuple) else value
+            for name, value in option_defaults(TrainConfig).items() if name not in KEY_FIELDS_V1}
 
 
 def short_key(key: str) -> str:

@@ -249,7 +249,7 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
             raise PeftlabError(f"'{key}' cannot be searched by peftlab tune", where=where, fix=fix)
     base = normalise_keys(TrainConfig, base, f"{where}: base")
     params = {str(k).replace("-", "_"): _search_param(str(k).replace("-", "_"), v, where) for k, v in search.items()}
-    defaults = TrainConfig(**base)  # cross-field checks; also the resolved epochs and task
+    defaults = TrainConfig.from_dict(base)  # cross-field checks; also the resolved epochs and task
     epochs = int(defaults.epochs)
     if epochs < 1:
         raise PeftlabError("base epochs must be >= 1 for a tune (each trial trains up to that many epochs)",
@@ -320,7 +320,7 @@ def run_config(tune: TuneSpec, params: dict[str, Any], seed: int, *, where: str 
     from peftlab.lab.spec import run_name
 
     try:
-        cfg = TrainConfig(**{**tune.base, **params, "seed": seed})
+        cfg = TrainConfig.from_dict({**tune.base, **params, "seed": seed})
     except PeftlabError as err:
         point = " ".join(f"{k}={v}" for k, v in params.items())
         raise PeftlabError(f"search point {{{point}}}: {err.what}", where=where or str(tune.spec_path),

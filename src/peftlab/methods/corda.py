@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-CORDA_MODES = ("ipm", "kpm")
+# --corda-* options: CordaOptions (cfg.corda; it builds peft's CordaConfig), torch-free beside the other groups
+from peftlab.methods.options import CORDA_MODES, CordaOptions  # noqa: F401
+
 # keys of a collated example that are not model inputs for a calibration forward pass
 _NOT_INPUTS = ("labels", "label", "length")
 
@@ -99,9 +101,3 @@ def build(model: nn.Module, lora_config, cfg, calibration: Callable[[], None]) -
     # adapter_config.json would only make peft warn "corda_config ... will be ignored" on every load.
     model.peft_config["default"].corda_config = None
     return model
-
-
-def corda_config(cfg):
-    from peft.tuners.lora.config import CordaConfig
-
-    return CordaConfig(corda_method=cfg.corda_mode)

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from peftlab.errors import PeftlabError
-
-KASA_MODES = ("paper", "reference")
+# --kasa-* options: KasaOptions (cfg.kasa), torch-free beside the other method option groups
+from peftlab.methods.options import KASA_MODES, KasaOptions  # noqa: F401
 
 
 def kasa_modules(model: nn.Module) -> list[nn.Module]:
@@ -50,7 +50,7 @@ def singular_values(model: nn.Module) -> dict[str, list[float]] | None:
 
 def truncate_rank(cfg) -> int:
     """k: how many of the smallest singular components the truncation is defined by (default: the rank)."""
-    return cfg.rank if cfg.kasa_truncate_rank is None else cfg.kasa_truncate_rank
+    return cfg.rank if cfg.kasa.truncate_rank is None else cfg.kasa.truncate_rank
 
 
 def kept_components(in_features: int, out_features: int, k: int, mode: str) -> int:
@@ -87,7 +87,7 @@ def truncation_plan(model: nn.Module, cfg, module_names) -> dict[str, int]:
         )
     plan = {}
     for name, (n_in, n_out) in shapes.items():
-        keep = kept_components(n_in, n_out, k, cfg.kasa_mode)
+        keep = kept_components(n_in, n_out, k, cfg.kasa.mode)
         if keep != min(n_in, n_out) - cfg.rank:
             plan[name] = keep
     return plan
@@ -100,18 +100,22 @@ def low_rank(weight: torch.Tensor, keep: int) -> torch.Tensor:
     return (U[:, :keep] * S[:keep]) @ Vh[:keep, :]
 
 
-def build(model: nn.Module, cfg, lora_config, module_names) -> tuple[nn.Module, dict[str, int]]:
+def build(model: nn.Module, cfg, lora_config, module_names):
     """peft's KaSA, then (for k != r or reference mode) re-truncate each base from its original weight.
 
-    Returns the model and the truncation plan (what :func:`write_plan` saves next to the adapter)."""
+    Returns the model, the truncation plan and, where there is a plan, what each truncation drops from the
+    original weights (:mod:`peftlab.methods.kasa_portable` saves the run as a plain LoRA from it)."""
     from peft import get_peft_model
+
+    from peftlab.methods.kasa_portable import dropped_components
 
     plan = truncation_plan(model, cfg, module_names)
     modules = dict(model.named_modules())
     originals = {name: modules[name].weight.detach().clone() for name in plan}
+    dropped = dropped_components(model, module_names, plan, cfg.rank) if plan else None
     model = get_peft_model(model, lora_config)
     apply_plan(model, plan, originals)
-    return model, plan
+    return model, plan, dropped
 
 
 def apply_plan(model: nn.Module, plan: dict[str, int], originals: dict[str, torch.Tensor]) -> None:
@@ -237,7 +241,7 @@ def _group_terms(pairs, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def regulariser(model: nn.Module, cfg) -> torch.Tensor:
-    """beta*||dSigma||^2 + gamma*(orthogonality), reduced over adapted modules by ``cfg.kasa_reduction``.
+    """beta*||dSigma||^2 + gamma*(orthogonality), reduced over adapted modules by ``cfg.kasa.reduction``.
 
     ``paper`` mode equals peft's ``LoraModel._get_kasa_loss`` (per-module sum, with each adapter's
     ``KasaConfig`` beta and gamma) and, with ``mean``, that divided by the number of modules; ``reference``
@@ -246,7 +250,7 @@ def regulariser(model: nn.Module, cfg) -> torch.Tensor:
     Computed batched over same-shaped modules (see :func:`shape_groups`): a few kernels per shape instead of
     ~25 per module, which is what kept KaSA's train step above LoRA's (docs/BENCHMARKS.md).
     """
-    mode = getattr(cfg, "kasa_mode", "paper")
+    mode = cfg.kasa.mode
     plan, count = shape_groups(model)
     total: torch.Tensor | float = 0.0
     for pairs in plan:
@@ -255,8 +259,8 @@ def regulariser(model: nn.Module, cfg) -> torch.Tensor:
             kasa_config = model.peft_config[pairs[0][1]].kasa_config
             beta, gamma = kasa_config.beta, kasa_config.gamma
         else:
-            beta, gamma = cfg.kasa_beta, cfg.kasa_gamma
+            beta, gamma = cfg.kasa.beta, cfg.kasa.gamma
         total = total + beta * l2 + gamma * ortho
-    if cfg.kasa_reduction == "mean":
+    if cfg.kasa.reduction == "mean":
         total = total / max(1, count)
     return total

@@ -63,9 +63,13 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "",
             from peftlab.methods.svd_lora import save_converted
 
             save_converted(model, out_dir, stats.initial_adapter)
+        elif stats is not None and stats.kasa_dropped:
+            # KaSA truncated otherwise than peft's loader would: a plain LoRA on the original base instead
+            from peftlab.methods.kasa_portable import save_as_lora
+
+            save_as_lora(model, out_dir, stats.kasa_dropped)
         else:
             model.save_pretrained(out_dir, safe_serialization=True)
-            kasa.write_plan(stats.kasa_plan if stats else None, out_dir)  # truncations peft's loader would not redo
         _portable_base(out_dir, base_model)
         return out_dir
     # Full fine-tuning: a standard transformers folder (config.json + model.safetensors) that

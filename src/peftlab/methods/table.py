@@ -18,12 +18,12 @@ SVD inits, CorDA's calibration time). Nothing is stored on the model itself.
 from __future__ import annotations
 
 import contextlib
-
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from peftlab.errors import PeftlabError, unknown
+from peftlab.methods.options import (CordaOptions, FourierFTOptions, KasaOptions, VeraOptions, as_options,
+                                     require_finite, require_int)
 from peftlab.methods.targets import ResolvedTargets, head_module_names, parse_targets, resolve_targets
 
 if TYPE_CHECKING:  # torch and the SVD/KaSA/CorDA modules load when a model is adapted, not to list the table
@@ -47,80 +47,50 @@ class MethodConfig:
     """LoRA scaling numerator: the update is scaled by alpha / rank."""
     dropout: float = 0.0
     """Dropout on the adapter input (LoRA family)."""
-    kasa_beta: float = 1e-4
-    """KaSA: weight of ||Delta_sigma||^2 in the loss."""
-    kasa_gamma: float = 1e-3
-    """KaSA: weight of the orthogonality penalty ||dU^T dU - I||_F + ||dV dV^T - I||_F."""
-    kasa_reduction: str = "mean"
-    """KaSA: combine the per-module regularisers by 'mean' (the authors' code) or 'sum' (peft)."""
-    kasa_truncate_rank: int | None = None
-    """KaSA: drop this many smallest singular components of each adapted base weight (default: --rank)."""
-    kasa_mode: str = "paper"
-    """KaSA: 'paper' (peft and the paper) or 'reference' (the authors' code: keeps in_features - k components, d x d orthogonality penalty); see docs/KASA_MODES.md."""
-    corda_mode: str = "ipm"
-    """CorDA: 'ipm' (instruction-previewed: adapter from the r largest task-oriented components) or 'kpm' (knowledge-preserved: the r smallest)."""
-    corda_samples: int = 256
-    """CorDA: training examples run through the model to collect the input covariances."""
-    vera_d_initial: float = 0.1
-    """VeRA: initial value of the d scaling vector."""
-    fourierft_n_frequency: int = 1000
-    """FourierFT: number of learned spectral coefficients per adapted matrix."""
-    fourierft_scaling: float = 150.0
-    """FourierFT: scaling of the inverse DFT (the FourierFT paper uses 150 for RoBERTa-base on GLUE)."""
+    # Each method's own options, nested like peft's LoraConfig(kasa_config=KasaConfig(...)): cfg.kasa.beta.
+    # Flags, YAML, config.yaml and run keys spell them flat, kasa_beta (peftlab.config_cli flattens/nests).
+    kasa: KasaOptions = field(default_factory=KasaOptions)
+    """KaSA's options (--kasa-*)."""
+    corda: CordaOptions = field(default_factory=CordaOptions)
+    """CorDA's options (--corda-*)."""
+    vera: VeraOptions = field(default_factory=VeraOptions)
+    """VeRA's options (--vera-*)."""
+    fourierft: FourierFTOptions = field(default_factory=FourierFTOptions)
+    """FourierFT's options (--fourierft-*)."""
 
     def __post_init__(self):
-        from peftlab.methods import corda, kasa
-
         self.method = str(self.method).lower()
         if self.method not in METHODS:
             raise unknown("method", self.method, METHODS, where="--method")
         self.targets = parse_targets(self.targets)
-        _require_int(self.rank, "--rank", positive=True)
+        require_int(self.rank, "--rank", positive=True)
         if self.layers is not None:
             from peftlab.methods.targets import parse_layers
 
             self.layers = ",".join(map(str, parse_layers(self.layers))) or None  # canonical: the run key is stable
-        _require_finite(self.alpha, "--alpha", positive=True)
-        _require_finite(self.dropout, "--dropout")
+        require_finite(self.alpha, "--alpha", positive=True)
+        require_finite(self.dropout, "--dropout")
         if not 0.0 <= self.dropout < 1.0:
             raise PeftlabError(f"--dropout must be in [0, 1), got {self.dropout}", fix="e.g. --dropout 0.05")
-        _require_finite(self.kasa_beta, "--kasa-beta", nonnegative=True)
-        _require_finite(self.kasa_gamma, "--kasa-gamma", nonnegative=True)
-        if self.kasa_reduction not in ("mean", "sum"):
-            raise PeftlabError(
-                f"unknown KaSA reduction '{self.kasa_reduction}'", where="--kasa-reduction", fix="use mean or sum"
-            )
-        if self.kasa_truncate_rank is not None:
-            _require_int(self.kasa_truncate_rank, "--kasa-truncate-rank", positive=True)
-        self.kasa_mode = str(self.kasa_mode).lower()
-        if self.kasa_mode not in kasa.KASA_MODES:
-            raise unknown("KaSA mode", self.kasa_mode, kasa.KASA_MODES, where="--kasa-mode")
-        self.corda_mode = str(self.corda_mode).lower()
-        if self.corda_mode not in corda.CORDA_MODES:
-            raise unknown("CorDA mode", self.corda_mode, corda.CORDA_MODES, where="--corda-mode")
-        _require_int(self.corda_samples, "--corda-samples", positive=True)
-        _require_int(self.fourierft_n_frequency, "--fourierft-n-frequency", positive=True)
-        _require_finite(self.fourierft_scaling, "--fourierft-scaling", positive=True)
+        # a group given as a mapping (MethodConfig(kasa={"beta": 0.01})) becomes its dataclass, checked there
+        self.kasa = as_options(KasaOptions, self.kasa, "kasa")
+        self.corda = as_options(CordaOptions, self.corda, "corda")
+        self.vera = as_options(VeraOptions, self.vera, "vera")
+        self.fourierft = as_options(FourierFTOptions, self.fourierft, "fourierft")
 
+    @classmethod
+    def from_dict(cls, data):
+        """The config of a dict keyed as ``to_dict()``, config.yaml and sweep cells spell options (flat:
+        ``kasa_beta``); nested groups (``kasa={"beta": ...}`` or a :class:`KasaOptions`) are accepted too."""
+        from peftlab.config_cli import from_flat
 
-def _require_finite(value, flag: str, *, positive: bool = False, nonnegative: bool = False) -> None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise PeftlabError(f"{flag} must be a number, got '{value}'") from None
-    if not math.isfinite(number):
-        raise PeftlabError(f"{flag} must be a finite number, got {value}", fix=f"give {flag} a finite value")
-    if positive and number <= 0:
-        raise PeftlabError(f"{flag} must be > 0, got {value}", fix=f"give {flag} a positive value")
-    if nonnegative and number < 0:
-        raise PeftlabError(f"{flag} must be >= 0, got {value}", fix=f"give {flag} a value >= 0")
+        return from_flat(cls, data)
 
+    def to_dict(self) -> dict:
+        """Flat, as config.yaml and result.json hold it (``kasa_beta``, ``targets: q,v``): the run key's input."""
+        from peftlab.config_cli import flat_dict
 
-def _require_int(value, flag: str, *, positive: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PeftlabError(f"{flag} must be an integer, got '{value}'")
-    if positive and value <= 0:
-        raise PeftlabError(f"{flag} must be > 0, got {value}", fix=f"give {flag} a positive integer (e.g. 8)")
+        return flat_dict(self)
 
 
 # --------------------------------------------------------------------------- builders
@@ -179,21 +149,18 @@ def build_milora(model, cfg, targets, heads, task_type):
 
 def build_kasa(model, cfg, targets, heads, task_type):
     """peft's KaSA + --kasa-truncate-rank/--kasa-mode; returns ``Built`` with the truncation plan."""
-    from peft import KasaConfig
-
     from peftlab.methods import kasa
 
-    kasa_config = KasaConfig(beta=cfg.kasa_beta, gamma=cfg.kasa_gamma)
-    config = _lora_config(cfg, targets, heads, task_type, kasa_config=kasa_config)
-    model, plan = kasa.build(model, cfg, config, targets.all_modules)
-    return Built(model, kasa_plan=plan)
+    config = _lora_config(cfg, targets, heads, task_type, kasa_config=cfg.kasa.peft_config())
+    model, plan, dropped = kasa.build(model, cfg, config, targets.all_modules)
+    return Built(model, kasa_plan=plan, kasa_dropped=dropped)
 
 
 def build_corda(model, cfg, targets, heads, task_type, calibration):
     from peftlab.methods import corda
 
     config = _lora_config(cfg, targets, heads, task_type, init_lora_weights="corda",
-                          corda_config=corda.corda_config(cfg))
+                          corda_config=cfg.corda.peft_config())
     return corda.build(model, config, cfg, calibration)
 
 
@@ -205,7 +172,7 @@ def build_vera(model, cfg, targets, heads, task_type):
         target_modules=targets.all_modules,
         modules_to_save=heads or None,
         vera_dropout=cfg.dropout,
-        d_initial=cfg.vera_d_initial,
+        d_initial=cfg.vera.d_initial,
         save_projection=True,  # the frozen random A/B travel with the adapter: loading needs no PRNG replay
         task_type=task_type,
         fan_in_fan_out=targets.fused,
@@ -217,8 +184,8 @@ def build_fourierft(model, cfg, targets, heads, task_type):
     from peft import FourierFTConfig
 
     config = FourierFTConfig(
-        n_frequency=cfg.fourierft_n_frequency,
-        scaling=cfg.fourierft_scaling,
+        n_frequency=cfg.fourierft.n_frequency,
+        scaling=cfg.fourierft.scaling,
         target_modules=targets.all_modules,
         modules_to_save=heads or None,
         task_type=task_type,
@@ -233,6 +200,7 @@ class Built:
 
     model: nn.Module
     kasa_plan: dict[str, int] | None = None  # KaSA: {module: components kept} where it differs from peft's
+    kasa_dropped: dict | None = None  # KaSA with a plan: {module: (U_d S_d, Vh_d)} of the original weights
 
 
 @dataclass(frozen=True)
@@ -253,6 +221,7 @@ class Method:
     # shown by `peftlab methods` and recorded in result.json's group_lrs).
     default_head_lr: float = 5e-4
     # The MethodConfig options this method reads; setting any other one explicitly is an error, never silence.
+    # Flat names, as users type them: kasa_beta is cfg.kasa.beta.
     options: frozenset = frozenset({"rank", "alpha", "dropout"})
 
     @property
@@ -331,8 +300,8 @@ def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: Re
         )
     if method.name == "fourierft":  # peft raises a ValueError deep in layer construction otherwise
         cells = min(_weight_shape(modules[name])[0] * _weight_shape(modules[name])[1] for name in targets.all_modules)
-        if cfg.fourierft_n_frequency > cells:
-            raise PeftlabError(f"--fourierft-n-frequency {cfg.fourierft_n_frequency} is more than the {cells} entries of "
+        if cfg.fourierft.n_frequency > cells:
+            raise PeftlabError(f"--fourierft-n-frequency {cfg.fourierft.n_frequency} is more than the {cells} entries of "
                                "the smallest adapted weight", fix=f"use --fourierft-n-frequency {cells} or fewer")
     # LoRA-style factors (not VeRA, whose shared random basis may be wider than the layer): a rank above
     # min(in, out) adds nothing a full-rank update lacks and costs more parameters than the matrix itself.
@@ -367,6 +336,7 @@ class InitStats:
 
     calibration_seconds: float | None = None  # CorDA: wall time of the forward passes over calibration inputs
     kasa_plan: dict[str, int] | None = None  # KaSA: truncations peft's loader would not reproduce (saved)
+    kasa_dropped: dict | None = None  # KaSA with a plan: what it drops, to save the run as plain LoRA
     initial_adapter: dict[str, torch.Tensor] | None = None  # SVD inits: A0, B0, for the conversion to plain LoRA
     kasa_sigma: dict[str, list[float]] | None = None  # KaSA: learned singular values before any step (plots)
 
@@ -428,6 +398,7 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
     stats = InitStats(
         calibration_seconds=calibration_seconds,
         kasa_plan=built.kasa_plan,
+        kasa_dropped=built.kasa_dropped,
         # A0, B0 (in memory, tiny): an SVD init's adapter is saved converted to plain LoRA on the original base
         initial_adapter=svd_init.initial_adapter_state(model) if method.converts_to_lora else None,
         kasa_sigma=kasa.singular_values(model),

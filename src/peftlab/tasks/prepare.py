@@ -123,7 +123,11 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
                 step_logits, step_labels = accelerator.gather_for_metrics((out.logits.float(), batch["labels"]))
                 logits.append(step_logits.cpu())
                 labels.append(step_labels.cpu())
-            accelerator.free_memory(loader)
+            # Forget this loader only: accelerator.free_memory(loader) would also drop the model, optimizer and
+            # scheduler it tracks (fp16: clip_grad_norm_ then clips still-scaled gradients, skipped steps go
+            # unnoticed) and run gc.collect() after every evaluation.
+            if loader in accelerator._dataloaders:
+                accelerator._dataloaders.remove(loader)
             results[split] = compute_metrics(cfg.task, torch.cat(logits).numpy(), torch.cat(labels).numpy())
         model.train()
         if len(results) == 1:

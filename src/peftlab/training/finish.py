@@ -6,6 +6,8 @@ final status is what marks a run finished. The checkpoint is removed only then.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from peftlab.training import run_folder as runfiles
@@ -21,6 +23,7 @@ def finish(run: Run) -> dict:
     from peftlab.methods.table import InitStats
 
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
+    finish_start = time.perf_counter()
     init_stats = run.applied.init_stats if run.applied is not None else InitStats()
     unwrapped = accelerator.unwrap_model(run.model)
     saved_epoch = restore_best(run, unwrapped)  # --save best: adapter/ (and kasa_sigma) are the best epoch's
@@ -69,8 +72,15 @@ def finish(run: Run) -> dict:
         result["kasa_sigma"] = sigma
         if state.get("kasa_sigma_init"):  # absent only in a checkpoint written by an older peftlab
             result["kasa_sigma_init"] = state["kasa_sigma_init"]
+    # Per-phase wall times (setup_s, model_load_s, data_s, init_s, train_s, eval_s, checkpoint_s, save_s,
+    # result_s: versions, git commit, peak memory); peftlab bench --sweep-overhead reads them.
+    timings = result["timings"] = dict(state.get("timings", {}))
+    timings["result_s"] = time.perf_counter() - finish_start
     if run.main:
+        save_start = time.perf_counter()
         save_trained(unwrapped, run.out / "adapter", base_model=cfg.model, applied=run.applied)
+        timings["save_s"] = time.perf_counter() - save_start
+        timings["finished_unix"] = time.time()
         runfiles.write_json(run.out / "result.json", result)
         runfiles.remove_checkpoint(run.out)  # the run is finished; its adapter and result are what count
     accelerator.wait_for_everyone()

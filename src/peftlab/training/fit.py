@@ -60,6 +60,7 @@ def fit(run: Run, on_epoch_end=None) -> None:
         if state["step_in_epoch"]:  # resuming mid-epoch: the same batches, minus those already done
             loader = accelerator.skip_first_batches(run.train_loader, state["step_in_epoch"])
         progress = progress_bar(run.main, steps_per_epoch, state["step_in_epoch"], f"epoch {epoch + 1}/{planned_epochs}")
+        epoch_start = time.perf_counter()  # the epoch's wall time: steps plus batch loading and collation
         for batch in loader:
             step_start = time.perf_counter()
             with accelerator.accumulate(model):  # --grad-accum: the optimizer steps every N batches
@@ -128,6 +129,7 @@ def fit(run: Run, on_epoch_end=None) -> None:
                 break
         if progress is not None:
             progress.close()
+        add_time(state, "train_s", time.perf_counter() - epoch_start)
 
         last = epoch + 1 == planned_epochs or reached_max_steps(cfg, state)
         evaluated = last or (cfg.eval_every > 0 and (epoch + 1) % cfg.eval_every == 0)
@@ -166,10 +168,18 @@ def fit(run: Run, on_epoch_end=None) -> None:
             break
 
 
+def add_time(state: dict, key: str, seconds: float) -> None:
+    """Accumulate a phase's wall time in ``state["timings"]`` (result.json's ``timings``)."""
+    timings = state.setdefault("timings", {})
+    timings[key] = timings.get(key, 0.0) + seconds
+
+
 def evaluate(run: Run, tag: str) -> dict:
     """The task's evaluation ``tag`` (``before``, ``epoch<N>``): its metrics; its extras (e.g. the generation
     file it wrote) are kept in the loop state, checkpointed, and written to result.json at the end."""
+    start = time.perf_counter()
     evaluation = run.pipeline.evaluate(run.model, run.accelerator, tag)
+    add_time(run.state, "eval_s", time.perf_counter() - start)
     merge_extras(run.state.setdefault("eval_extras", {}), evaluation.extras)
     return evaluation.metrics
 
@@ -179,10 +189,12 @@ def trainable_copy(model) -> dict:
 
 
 def checkpoint(run: Run) -> None:
+    start = time.perf_counter()
     if run.main:
         runfiles.save_checkpoint(run.out, run.accelerator.unwrap_model(run.model), run.optimizer, run.scheduler,
                                  run.state, best_weights=run.best_weights)
     run.accelerator.wait_for_everyone()
+    add_time(run.state, "checkpoint_s", time.perf_counter() - start)  # (not in the checkpoint it times)
 
 
 def format_metrics(metrics: dict) -> str:

@@ -11,10 +11,9 @@ the step / epoch / checkpoint counts in :mod:`peftlab.training.schedule`.
 from __future__ import annotations
 
 import os
-from dataclasses import fields
 from pathlib import Path
 
-from peftlab.config import TrainConfig, add_dataclass_flags, build_config, config_yaml
+from peftlab.config import TrainConfig, add_dataclass_flags, build_config, config_yaml, option_names
 from peftlab.training import run_folder as runfiles
 # The loop's parts, importable from here as before the split.
 from peftlab.training.devices import (  # noqa: F401
@@ -69,7 +68,7 @@ def add_parser(sub) -> None:
     parser.set_defaults(func=run_cli)
 
 def config_from_args(args) -> TrainConfig:
-    values = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig)}
+    values = {name: getattr(args, name, None) for name in option_names(TrainConfig)}  # flat: kasa_beta
     return build_config(TrainConfig, yaml_path=args.config, flag_values=values, check_explicit=True)
 
 def run_cli(args) -> int:

@@ -15,6 +15,7 @@ the base (incl. KaSA's truncation and PiSSA/MiLoRA residuals, which are determin
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -113,8 +114,12 @@ def versions() -> dict[str, str]:
     }
 
 
+@functools.lru_cache(maxsize=None)
 def git_commit() -> str | None:
-    """The project's commit (where the package source lives), with '+dirty' for uncommitted changes."""
+    """The project's commit (where the package source lives), with '+dirty' for uncommitted changes.
+
+    Asked once per process: a process runs the code it imported at its start, and a sweep worker's runs then
+    spawn no two git processes each."""
     src = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=5)

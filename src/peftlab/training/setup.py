@@ -74,13 +74,17 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     from peftlab.tasks.table import TASKS
 
     out = Path(cfg.output_dir)
+    # Per-phase wall times for result.json's `timings` (peftlab bench --sweep-overhead sums them over a sweep).
+    setup_start, started_unix = time.perf_counter(), time.time()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     set_seed(cfg.seed)
     task = TASKS[cfg.task]
+    load_start = time.perf_counter()
     loaded = load_model_with_pooling(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
                                      trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)
     model, tokenizer = loaded.model, loaded.tokenizer
+    model_load_s = time.perf_counter() - load_start
     data_cfg = capped_max_length(cfg, model)  # the pipeline tokenises at most the model's positions
     # After the model: --mixed-precision auto depends on its size on a CPU.
     precision, why = resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))
@@ -89,13 +93,15 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
         print(f"mixed precision: {precision} ({why})")
     if accelerator.is_main_process and task.head != "causal-lm":
         print(f"pooling: {loaded.pooling} (--pooling {cfg.pooling})")
-    pipeline = build_pipeline(data_cfg, tokenizer, model)
+    data_start = time.perf_counter()
+    pipeline = build_pipeline(data_cfg, tokenizer, model)  # data files, subsets, tokenisation (or its cache)
+    data_s = time.perf_counter() - data_start
     task_type = "CAUSAL_LM" if task.head == "causal-lm" else "SEQ_CLS"
     init_start = time.perf_counter()
     # CorDA's calibration: --corda-samples training inputs, one per forward (other methods never call it)
     applied = apply_method(model, cfg, train_head=task.head != "causal-lm", task_type=task_type,
                            calibration=calibration_runner(model, pipeline.train_dataset, pipeline.collate,
-                                                          cfg.corda_samples))
+                                                          cfg.corda.samples))
     init_seconds = time.perf_counter() - init_start
     model, targets, heads = applied.model, applied.targets, applied.heads
     if cfg.gradient_checkpointing:
@@ -138,4 +144,10 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
         hparams = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers("tb" if cfg.report_to == "tensorboard" else out.name, config=hparams)
         run.tracking = True
+    # Accumulated over resumed attempts (a checkpoint carries the state, timings included).
+    timings = run.state.setdefault("timings", {})
+    for key, seconds in (("model_load_s", model_load_s), ("data_s", data_s), ("init_s", init_seconds),
+                         ("setup_s", time.perf_counter() - setup_start)):
+        timings[key] = timings.get(key, 0.0) + seconds
+    timings.setdefault("started_unix", started_unix)
     return run

@@ -1,0 +1,175 @@
+"""``peftlab bench --decode``: new tokens/s of GSM8K evaluation, peftlab's greedy loop against ``model.generate``.
+
+Three decoding paths over the same GSM8K test prompts (``encode_prompt`` of the first ``--problems`` of the
+seeded test subset that ``peftlab train --task gsm8k --max-eval-samples N`` scores), at the same batch size:
+
+* ``peftlab_loop``: :func:`peftlab.tasks.generation.generate`, what GSM8K evaluation runs: a hand-written greedy
+  loop with the KV cache that drops finished rows from the batch and stops a row once its answer is final
+  (:func:`peftlab.tasks.math_answers.answer_is_final`, checked at each newline);
+* ``generate_stop``: :func:`peftlab.tasks.generative.generate_greedy` (``model.generate``, greedy, with the same
+  stop rule as a per-row ``StoppingCriteria``), what the commonsense / math / e2e tasks run;
+* ``generate_plain``: ``model.generate`` as a user calls it: greedy, stopping only at EOS / end of turn or
+  ``--max-new-tokens``.
+
+Each in fp32 and in bf16 autocast (``--precision``: auto = both), with batches of similar prompt lengths
+(``by_length``: the prompts sorted longest first, as peftlab does) or in the given order (``as_given``: one
+call per consecutive batch). Configurations are timed round-robin (order rotated per round) after one untimed
+round that also records the texts. New tokens: the generated texts re-tokenised (equal for equal texts).
+Identical outputs: the share of texts equal to ``peftlab_loop``'s at the same precision and order (the two
+paths that share a stop rule), and the share of extracted answers equal to the fp32 ``peftlab_loop``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from peftlab.bench.machine import environment
+from peftlab.bench.render import markdown_decode, slug
+from peftlab.bench.timing import Clock, first_line, paired_ratio, round_robin, summarize
+from peftlab.io_utils import atomic_write_text
+
+PATHS = ("peftlab_loop", "generate_stop", "generate_plain")
+ORDERS = ("by_length", "as_given")
+PATH_TEXT = {
+    "peftlab_loop": "peftlab.tasks.generation.generate (GSM8K evaluation: own greedy loop, finished rows leave the "
+                    "batch, stops once the answer is final)",
+    "generate_stop": "peftlab.tasks.generative.generate_greedy (model.generate, greedy, the same stop rule as a "
+                     "StoppingCriteria)",
+    "generate_plain": "model.generate, greedy, stops at EOS / end of turn or --max-new-tokens only",
+}
+
+
+@dataclass
+class DecodeConfig:
+    path: str
+    precision: str  # fp32 | bf16
+    order: str  # by_length | as_given
+    seconds: list = field(default_factory=list)
+    texts: list | None = None
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}/{self.precision}/{self.order}"
+
+
+def decode(path: str, model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int, batch_size: int,
+           order: str) -> list[str]:
+    """The texts of one decoding path over ``prompts`` (``as_given``: one call per consecutive batch)."""
+    from peftlab.tasks import generation, generative
+    from peftlab.tasks.math_answers import answer_is_final
+
+    chunks = [prompts] if order == "by_length" else [prompts[i:i + batch_size]
+                                                     for i in range(0, len(prompts), batch_size)]
+    texts: list[str] = []
+    for chunk in chunks:
+        if path == "peftlab_loop":
+            texts += generation.generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens,
+                                         batch_size=batch_size, stop_when=answer_is_final)
+        else:
+            texts += generative.generate_greedy(model, tokenizer, chunk, max_new_tokens=max_new_tokens,
+                                                batch_size=batch_size,
+                                                stop_when=answer_is_final if path == "generate_stop" else None)
+    return texts
+
+
+def _autocast(precision: str):
+    if precision == "bf16":
+        return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def gsm8k_prompts(tokenizer, problems: int, data_dir=None, seed: int = 0) -> tuple[list[list[int]], list[str]]:
+    """Token-id prompts and gold answers of the first ``problems`` GSM8K test problems after the seeded shuffle
+    that ``--max-eval-samples`` draws (``--eval-seed`` 0)."""
+    from peftlab.tasks import data_files as data
+    from peftlab.tasks.instruction_data import load_raw
+    from peftlab.tasks.instructions import encode_prompt
+
+    raw = data.subset(load_raw("gsm8k", "test", data_dir), problems, seed)
+    return [encode_prompt(tokenizer, q) for q in raw["instruction"]], list(raw["gold"])
+
+
+def run_decode(args) -> dict[str, Any]:
+    from peftlab.models.registry import load_model
+    from peftlab.tasks.math_answers import answers_match, extract_answer
+
+    say = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
+    model_name = args.model or "smollm2-135m"
+    batch_size = args.batch_size or 16
+    repeats = args.repeats or 2
+    precisions = ("fp32", "bf16") if args.precision == "auto" else (args.precision,)
+    model, tokenizer = load_model(model_name, head="causal-lm", seed=args.seed)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    prompts, golds = gsm8k_prompts(tokenizer, args.problems, args.data_dir)
+    configs = [DecodeConfig(p, prec, o) for prec in precisions for o in ORDERS for p in PATHS]
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = args.name or f"decode-{slug(model_name)}-b{batch_size}"
+    settings = {"model": model_name, "problems": len(prompts), "batch_size": batch_size,
+                "max_new_tokens": args.max_new_tokens, "repeats": repeats, "precisions": list(precisions),
+                "prompt_tokens": sum(len(p) for p in prompts), "threads": torch.get_num_threads()}
+
+    def call(config: DecodeConfig):
+        def fn():
+            with torch.no_grad(), _autocast(config.precision):
+                return decode(config.path, model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
+                              batch_size=batch_size, order=config.order)
+        return fn
+
+    for config in configs:  # the untimed round: warms every path up and records what it generates
+        say(f"decode: {config.label} (untimed round)")
+        try:
+            config.texts = call(config)()
+        except Exception as err:  # one broken path must not hide the others' numbers
+            config.error = f"{type(err).__name__}: {first_line(err)}"
+            say(f"{config.label}: {config.error}")
+    round_robin(configs, call, "seconds", repeats, 0, Clock(torch.device("cpu")), 1, say)
+
+    by_label = {c.label: c for c in configs}
+    rows = []
+    for c in configs:
+        row: dict[str, Any] = {"label": c.label, "path": c.path, "precision": c.precision, "order": c.order,
+                               "error": c.error, "seconds": summarize(c.seconds)}
+        if c.texts is not None:
+            new_tokens = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in c.texts)
+            median = row["seconds"]["median"]
+            loop = by_label[f"peftlab_loop/{c.precision}/{c.order}"]
+            reference = by_label.get(f"peftlab_loop/{precisions[0]}/by_length")
+            answers = [extract_answer(t) for t in c.texts]
+            row.update(
+                new_tokens=new_tokens, tokens_per_s=new_tokens / median if median else None,
+                seconds_per_problem=median / len(prompts) if median else None,
+                same_texts_as_loop=(sum(a == b for a, b in zip(c.texts, loop.texts)) / len(prompts)
+                                    if loop.texts else None),
+                same_answers_as_reference=(sum(a == extract_answer(b) for a, b in zip(answers, reference.texts))
+                                           / len(prompts) if reference and reference.texts else None),
+                accuracy=sum(answers_match(a, g) for a, g in zip(answers, golds)) / len(prompts),
+                texts=c.texts)
+            generate = by_label[f"generate_stop/{c.precision}/{c.order}"]
+            # paired per round: this config's time / generate_stop's (< 1: faster than model.generate)
+            row["time_vs_generate_stop"] = paired_ratio(c.seconds, generate.seconds)
+            row["time_vs_generate_plain"] = paired_ratio(c.seconds, by_label[f"generate_plain/{c.precision}/"
+                                                                              f"{c.order}"].seconds)
+        rows.append(row)
+    env = environment(torch.device("cpu"))
+    env["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result = {"kind": "decode", "environment": env, "settings": settings, "paths": PATH_TEXT, "rows": rows}
+    atomic_write_text(out_dir / f"{name}.json", json.dumps(result, indent=2))
+    atomic_write_text(out_dir / f"{name}.md", markdown_decode(result))
+    result["files"] = {"json": str(out_dir / f"{name}.json"), "markdown": str(out_dir / f"{name}.md")}
+    return result
+
+
+def rerender(result: dict) -> str:
+    return markdown_decode(result)
