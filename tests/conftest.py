@@ -88,6 +88,14 @@ def tiny_inputs(batch: int = 3, length: int = 9, seed: int = 1) -> dict[str, tor
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+def corrupt_parts(folder: Path, count: int) -> list[Path]:
+    """``count`` small fake part-wheel files of different bytes: their join matches no real SHA-256."""
+    parts = [folder / f"part{i:03d}" for i in range(count)]
+    for i, part in enumerate(parts):
+        part.write_bytes(bytes([i]) * 1000)
+    return parts
+
+
 @pytest.fixture(autouse=True)
 def _fixed_seed():
     """Every test starts from the same global RNG state."""

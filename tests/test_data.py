@@ -117,6 +117,8 @@ def test_fingerprint_is_content_addressed():
     b = data.load_split("rte", "validation", SHARED)
     c = data.load_split("rte", "train", SHARED)
     assert a._fingerprint == b._fingerprint != c._fingerprint
+    # What the token cache keys on: peftlab's own digest of the rows.
+    assert data.content_digest(a) == data.content_digest(b) != data.content_digest(c)
 
 
 def test_qnli_train_and_mnli_offline_name_the_paths(offline, tmp_path):

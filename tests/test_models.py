@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import corrupt_parts
 from peftlab.cli.main import main
 from peftlab.models.registry import cache_dir, load_model
 
@@ -163,10 +164,7 @@ def test_mpnet_corrupt_parts_fail_the_checksum_and_leave_no_cache(tmp_path, monk
     from peftlab.errors import PeftlabError
 
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
-    parts = []
-    for i in range(5):
-        parts.append(tmp_path / f"zip.{i:03d}")
-        parts[-1].write_bytes(bytes([i]) * 1000)
+    parts = corrupt_parts(tmp_path, 5)
     monkeypatch.setattr(models, "_mpnet_parts", lambda: (parts, []))
     with pytest.raises(PeftlabError, match="SHA-256") as err:
         models.resolve_source("mpnet-base")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import corrupt_parts
 from peftlab.errors import PeftlabError
 from peftlab.models import registry as models
 
@@ -37,10 +38,7 @@ def test_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
 
 def test_corrupt_parts_fail_the_checksum_and_leave_no_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
-    parts = []
-    for i in range(6):
-        parts.append(tmp_path / f"part0{i + 1}.bin")
-        parts[-1].write_bytes(bytes([i]) * 1000)
+    parts = corrupt_parts(tmp_path, 6)
     monkeypatch.setattr(models, "_qwen_coder_parts", lambda: (parts, []))
     converted = []
     monkeypatch.setattr(models, "gguf_to_safetensors", lambda *a: converted.append(a))

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 import statistics
 from pathlib import Path
 
 import pytest
 from scipy import stats
 
+from _report_helpers import markdown, squash
 from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
 from peftlab.lab.records import load_rows, parse_filter
 from peftlab.lab.report import build_table
 from peftlab.lab.store import Store
-from peftlab.lab.tables import format_cell, render_csv, render_latex, render_markdown
+from peftlab.lab.tables import format_cell, render_csv, render_latex
 
 # (method, targets, lr_ratio) -> task -> per-seed accuracies
 VALUES = {
@@ -27,25 +27,6 @@ VALUES = {
     ("kasa", "q,v", 4.0): {"rte": [0.64, 0.66, 0.70], "mrpc": [0.84, 0.86, 0.85]},
 }
 PER_TASK_SAMPLES = {"rte": 500, "mrpc": 400}  # a per-task setting (zipped with the task): not a row key
-
-
-def markdown(table, digits: int = 1) -> str:
-    """render_markdown with tabulate's column padding squeezed out of the table lines (``| a | b |``,
-    ``|---|---|``): the tests check cell contents, not how wide the aligned columns are."""
-    return squash(render_markdown(table, digits))
-
-
-def squash(text: str) -> str:
-    out = []
-    for line in text.splitlines():
-        if line.startswith("|"):
-            cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
-            if cells and all(cell and set(cell) <= {"-", ":"} for cell in cells):
-                line = "|" + "|".join("---" for _ in cells) + "|"
-            else:
-                line = "| " + " | ".join(cells) + " |"
-        out.append(line)
-    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 def config(**overrides) -> dict:
@@ -260,3 +241,16 @@ def test_methods_keep_the_order_the_runs_list_them():
     assert [r.label["method"] for r in build_table(rows[::-1]).rows] == ["lora", "kasa", "vera"]
     # --where on targets is a projection set: order and case do not matter
     assert len(build_table(rows, where="targets=V,q").rows) == 3
+
+
+def test_pruned_tune_trials_are_counted_not_averaged(store_path):
+    """A `peftlab tune` trial stopped after epoch 1 (result.json stopped_early) is not a full run: counted, not
+    averaged into the cell."""
+    with Store(store_path) as store:
+        cfg = config(task="mrpc", method="lora", targets="q,k,v", lr_ratio=1.0, seed=7)
+        pruned = result(cfg, 0.99)
+        pruned["stopped_early"] = {"epoch": 1, "reason": "pruned by ASHA"}
+        store.add(cfg, result=pruned)
+    cell = rows_by_label(build_table(load_rows([store_path])))[("lora", "q,k,v", 1.0)].cells["mrpc"]
+    assert cell.values == pytest.approx([0.80, 0.81, 0.79]) and dict(cell.excluded) == {"pruned": 1}
+    assert format_cell(cell, 100, 1).endswith("(3) [1 pruned]")

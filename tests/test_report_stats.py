@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 import json
 import statistics
 from pathlib import Path
@@ -15,13 +14,14 @@ import pytest
 import yaml
 from scipy import stats
 
+from _report_helpers import markdown, squash
 from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
 from peftlab.lab.records import load_rows
 from peftlab.lab.report import build_table
 from peftlab.lab.store import Store, config_key
-from peftlab.lab.tables import format_p, render_csv, render_latex, render_markdown
+from peftlab.lab.tables import format_p, render_csv, render_latex
 
 BASELINE = "method=lora,lr_ratio=1"
 # (method, lr_ratio) -> task -> accuracy (MCC for CoLA) of seeds 0..4; unequal spreads, so Welch != Student
@@ -38,25 +38,6 @@ METRIC = {"rte": "accuracy", "mrpc": "accuracy", "cola": "matthews_correlation"}
 MAJORITY = {"rte": 0.527, "mrpc": 0.684, "cola": 0.0}  # a fixed dev set: the same for every run
 ROBERTA_LORA_QV = {"adapter": 294_912, "head": 592_130, "total": 294_912 + 592_130}  # Yao et al.: reads 1.48M
 ROBERTA_FULL_QV = {"adapter": 14_174_208, "head": 592_130, "total": 14_174_208 + 592_130}  # reads 14.76M
-
-
-def markdown(table, digits: int = 1) -> str:
-    """render_markdown with tabulate's column padding squeezed out of the table lines (``| a | b |``,
-    ``|---|---|``): the tests check cell contents, not how wide the aligned columns are."""
-    return squash(render_markdown(table, digits))
-
-
-def squash(text: str) -> str:
-    out = []
-    for line in text.splitlines():
-        if line.startswith("|"):
-            cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
-            if cells and all(cell and set(cell) <= {"-", ":"} for cell in cells):
-                line = "|" + "|".join("---" for _ in cells) + "|"
-            else:
-                line = "| " + " | ".join(cells) + " |"
-        out.append(line)
-    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 def config(**overrides) -> dict:

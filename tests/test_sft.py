@@ -138,7 +138,7 @@ def test_truncation_cuts_the_prompt_first(tokenizer):
 
 
 def test_prompt_logits_cannot_change_the_loss(tokenizer, tiny_llama):
-    collate = sft.SFTCollator(tokenizer.pad_token_id)
+    collate = sft.SFTCollator(tokenizer)
     features = [sft.encode_example(tokenizer, "Name a colour.", "", "Blue.", 128),
                 sft.encode_example(tokenizer, "Count to three, please.", "", "1, 2, 3", 128)]
     batch = collate(features)
@@ -169,13 +169,22 @@ def test_prompt_logits_cannot_change_the_loss(tokenizer, tiny_llama):
 
 
 def test_collator_pads_right(tokenizer):
-    collate = sft.SFTCollator(tokenizer.pad_token_id)
+    collate = sft.SFTCollator(tokenizer)
     batch = collate([{"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "labels": [-100, 6, 7], "extra": 1},
                      {"input_ids": [8], "attention_mask": [1], "labels": [8]}])
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, tokenizer.pad_token_id, tokenizer.pad_token_id]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
-    assert sft.SFTCollator(0, pad_to=5)([{"input_ids": [1], "attention_mask": [1], "labels": [1]}])["input_ids"].shape == (1, 5)
+    assert sft.SFTCollator(tokenizer, pad_to=5)([{"input_ids": [1], "attention_mask": [1], "labels": [1]}])["input_ids"].shape == (1, 5)
+    fixed = sft.SFTCollator(tokenizer, pad_to=5)([{"input_ids": [1], "attention_mask": [1], "labels": [1]}])
+    assert fixed["labels"].tolist() == [[1, -100, -100, -100, -100]] and fixed["attention_mask"].tolist() == [[1, 0, 0, 0, 0]]
+    # Training pads on the right even for a tokenizer that pads on the left, and leaves that tokenizer as it was.
+    left = copy.copy(tokenizer)
+    left.padding_side = "left"
+    again = sft.SFTCollator(left)([{"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "labels": [-100, 6, 7]},
+                                   {"input_ids": [8], "attention_mask": [1], "labels": [8]}])
+    assert {k: v.tolist() for k, v in again.items()} == {k: v.tolist() for k, v in batch.items()}
+    assert left.padding_side == "left"
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +231,44 @@ def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, cha
     assert sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=12, batch_size=3) == expected
 
 
+def test_gsm8k_evaluation_generates_what_the_old_greedy_loop_did(tokenizer, chatty_llama, tmp_path, monkeypatch):
+    """GSM8K's evaluation runs model.generate (generate_greedy); its generations are the hand-written loop's
+    (sft.generate, the path it ran before), also when rows stop at different steps."""
+    from types import SimpleNamespace
+
+    import datasets
+
+    from peftlab.tasks import generation
+    from peftlab.tasks.math_answers import answer_is_final
+
+    questions = ["Natalia sold clips to 48 of her friends. How many clips did she sell?", "What is 2+2?",
+                 "Tom has 3 apples and eats one. How many are left?", "Why?", "A train goes 60 miles an hour. How far "
+                 "does it go in 3 hours?"]
+    eval_raw = datasets.Dataset.from_dict({"instruction": questions, "gold": ["48", "4", "2", "1", "180"]})
+    cfg = build_config(TrainConfig, overrides=dict(task="gsm8k", model="tiny-llama", output_dir=str(tmp_path),
+                                                   max_new_tokens=14, eval_batch_size=3))
+    accelerator = SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"), is_main_process=True,
+                                  unwrap_model=lambda model: model)
+    prompts = [sft.encode_prompt(tokenizer, q) for q in questions]
+
+    def both_paths():
+        evaluation = sft.gsm8k_evaluator(cfg, tokenizer, eval_raw)(chatty_llama, accelerator, "before")
+        assert evaluation.extras["generations_file"] == "generations_before.jsonl"
+        new = [r["generated"] for r in sft.read_generations(tmp_path / "generations_before.jsonl")]
+        old = sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=14, batch_size=3, stop_when=answer_is_final)
+        return new, old
+
+    new, old = both_paths()
+    assert new == old and len(set(new)) == len(questions) and all(new)
+    # A token that the fourth prompt emits at step 3 becomes a stop token: that row ends early (model.generate pads
+    # it, the loop drops it from the batch), the others run on; the texts still agree.
+    stop = tokenizer(old[3], add_special_tokens=False)["input_ids"][3]
+    stops = generation.stop_token_ids(tokenizer)
+    monkeypatch.setattr(generation, "stop_token_ids", lambda tok: stops + [stop])
+    cut_new, cut_old = both_paths()
+    assert cut_new == cut_old and len(cut_new[3]) < len(new[3])
+
+
 @pytest.mark.parametrize("text,final", [("so #### 18\n", True), ("so #### 18", False), ("#### 1,2", False),
                                         ("no answer yet\n", False), ("#### the answer\n", False),
                                         ("#### x5\nthen 6", False), ("#### -4.5 dollars\nmore", True)])
@@ -249,6 +296,45 @@ def test_read_records_json_and_jsonl(tmp_path):
     lines = write(tmp_path / "b.jsonl", '{"q": "1+1?", "a": "2"}\n\n{"q": "2+2?", "a": "4"}\n')
     assert [r["output"] for r in sft.read_records(lines, sft.parse_fields("q,a"))] == ["2", "4"]
     assert sft.parse_fields("q,,a") == sft.Fields("q", None, "a")
+
+
+def test_instruction_files_read_through_datasets_writing_nothing_next_to_them(tmp_path, monkeypatch):
+    from peftlab.tasks import json_files
+
+    monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    data.mkdir()
+    listing = write(data / "a.json", json.dumps([{"instruction": "a", "output": "b"}] * 3))
+    lines = write(data / "b.jsonl", '{"q": "1+1?", "a": "2"}\n\n{"q": "2+2?", "a": "4"}\n')
+
+    def no_hand_pass(path, fix):
+        raise AssertionError(f"{path} was re-read by hand")
+
+    monkeypatch.setattr(json_files, "_scan_json_records", no_hand_pass)  # well-formed: datasets alone reads them
+    assert len(sft.read_records(listing)) == 3
+    assert [r["output"] for r in sft.read_records(lines, sft.parse_fields("q,a"))] == ["2", "4"]
+    assert sorted(p.name for p in data.iterdir()) == ["a.json", "b.jsonl"]  # no cache next to the data
+    assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))  # nor a stale one left in peftlab's
+    monkeypatch.undo()
+    # pyarrow reads a lone ISO date as a timestamp: the text comes back as written.
+    dated = write(data / "c.jsonl", '{"q": "When?", "a": "1969-07-20"}\n')
+    assert sft.read_records(dated, sft.parse_fields("q,a"))[0]["output"] == "1969-07-20"
+
+
+def test_instruction_token_cache_reused_and_follows_the_file(tmp_path, monkeypatch, tokenizer):
+    monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
+    path = write(tmp_path / "train.jsonl", '{"q": "1+1?", "a": "2"}\n{"q": "2+2?", "a": "4"}\n')
+    fields = sft.parse_fields("q,a")
+
+    def tokenised():
+        ds = sft.make_dataset(sft.read_records(path, fields))
+        return sft.tokenize_instructions(ds, tokenizer, 64, task="json", cache_key="k")
+
+    first, again = tokenised(), tokenised()
+    assert again.cache_files == first.cache_files != []  # the second read of the same file hits the cache
+    path.write_text('{"q": "1+1?", "a": "two"}\n{"q": "2+2?", "a": "4"}\n')
+    edited = tokenised()
+    assert edited.cache_files != first.cache_files and edited["input_ids"] != first["input_ids"]
 
 
 @pytest.mark.parametrize("name,text,fields,where,what", [

@@ -16,7 +16,7 @@ import yaml
 from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.tasks import commonsense, e2e, generative, math_tasks
+from peftlab.tasks import commonsense, e2e, generation, generative, math_tasks
 from peftlab.tasks.nlg_metrics import corpus_scores
 
 from conftest import DATA_DIR, needs_data  # noqa: E402
@@ -303,7 +303,7 @@ def test_commonsense_train_scores_each_set_and_their_mean(tmp_path, monkeypatch)
     def answer_true(*args, **kwargs):  # the real generation, then a BoolQ answer word the random model lacks
         return [text + " the correct answer is true" for text in real(*args, **kwargs)]
 
-    monkeypatch.setattr(generative, "generate_greedy", answer_true)
+    monkeypatch.setattr(generation, "generate_greedy", answer_true)
     out = tmp_path / "run"
     assert main(train_argv("commonsense", out, eval_sets="boolq,piqa,ARC-Easy", max_eval_samples=3)) == 0
     result = json.loads((out / "result.json").read_text())
@@ -350,7 +350,7 @@ def test_math_train_reports_strict_and_flexible_per_set(tmp_path, monkeypatch):
                          else f"The answer is {gold}. So 99999 it is")
         return texts
 
-    monkeypatch.setattr(generative, "generate_greedy", final_answer_then_noise)
+    monkeypatch.setattr(generation, "generate_greedy", final_answer_then_noise)
     out = tmp_path / "run"
     assert main(train_argv("math", out, eval_sets="gsm8k,AQuA")) == 0
     result = json.loads((out / "result.json").read_text())

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peftlab.bench.machine import environment
+from peftlab.bench.machine import environment, loadavg, write_result
 from peftlab.bench.render import markdown_against_trainer, slug
 from peftlab.bench.timing import paired_geomean, rotated
 from peftlab.bench.trainer_worker import PEFTLAB_SETUP, TRAINER_SETUPS
@@ -133,7 +133,7 @@ def run_against_trainer(args) -> dict[str, Any]:
                 save(result, out_dir, name)
         result["summary"].append(summarize_task(result["runs"], task, settings["setups"]))
         save(result, out_dir, name)
-    result["environment"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result["environment"]["loadavg_end"] = loadavg()
     save(result, out_dir, name)
     return result
 
@@ -183,9 +183,7 @@ def summarize_task(runs: list[dict], task: str, setups: list[str]) -> dict[str, 
 
 
 def save(result: dict, out_dir: Path, name: str) -> None:
-    atomic_write_text(out_dir / f"{name}.json", json.dumps(result, indent=2))
-    atomic_write_text(out_dir / f"{name}.md", markdown_against_trainer(result))
-    result["files"] = {"json": str(out_dir / f"{name}.json"), "markdown": str(out_dir / f"{name}.md")}
+    write_result(result, out_dir, name, markdown_against_trainer)
 
 
 def rerender(result: dict) -> str:

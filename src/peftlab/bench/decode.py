@@ -3,11 +3,12 @@
 Three decoding paths over the same GSM8K test prompts (``encode_prompt`` of the first ``--problems`` of the
 seeded test subset that ``peftlab train --task gsm8k --max-eval-samples N`` scores), at the same batch size:
 
-* ``peftlab_loop``: :func:`peftlab.tasks.generation.generate`, what GSM8K evaluation runs: a hand-written greedy
+* ``peftlab_loop``: :func:`peftlab.tasks.generation.generate`, the hand-written greedy loop GSM8K evaluation ran
+  before ``model.generate`` became the one generation path (kept here to compare against):
   loop with the KV cache that drops finished rows from the batch and stops a row once its answer is final
   (:func:`peftlab.tasks.math_answers.answer_is_final`, checked at each newline);
 * ``generate_stop``: :func:`peftlab.tasks.generative.generate_greedy` (``model.generate``, greedy, with the same
-  stop rule as a per-row ``StoppingCriteria``), what the commonsense / math / e2e tasks run;
+  stop rule as a per-row ``StoppingCriteria``), what every generation task (GSM8K included) runs;
 * ``generate_plain``: ``model.generate`` as a user calls it: greedy, stopping only at EOS / end of turn or
   ``--max-new-tokens``.
 
@@ -22,8 +23,6 @@ paths that share a stop rule), and the share of extracted answers equal to the f
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +30,9 @@ from typing import Any
 
 import torch
 
-from peftlab.bench.machine import environment
+from peftlab.bench.machine import environment, loadavg, write_result
 from peftlab.bench.render import markdown_decode, slug
 from peftlab.bench.timing import Clock, first_line, paired_ratio, round_robin, summarize
-from peftlab.io_utils import atomic_write_text
 
 PATHS = ("peftlab_loop", "generate_stop", "generate_plain")
 ORDERS = ("by_length", "as_given")
@@ -163,12 +161,9 @@ def run_decode(args) -> dict[str, Any]:
                                                                               f"{c.order}"].seconds)
         rows.append(row)
     env = environment(torch.device("cpu"))
-    env["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    env["loadavg_end"] = loadavg()
     result = {"kind": "decode", "environment": env, "settings": settings, "paths": PATH_TEXT, "rows": rows}
-    atomic_write_text(out_dir / f"{name}.json", json.dumps(result, indent=2))
-    atomic_write_text(out_dir / f"{name}.md", markdown_decode(result))
-    result["files"] = {"json": str(out_dir / f"{name}.json"), "markdown": str(out_dir / f"{name}.md")}
-    return result
+    return write_result(result, out_dir, name, markdown_decode)
 
 
 def rerender(result: dict) -> str:

@@ -5,17 +5,14 @@ data path (dynamic padding, length-grouped batches, cached tokenisation) and wit
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from peftlab.bench.machine import environment, method_list, resolve_device
+from peftlab.bench.machine import environment, loadavg, method_list, resolve_device, write_result
 from peftlab.bench.render import markdown_e2e, slug
-from peftlab.io_utils import atomic_write_text
 
 
 SETUPS = (("dynamic", False), ("pad_to_max", True))
@@ -120,7 +117,7 @@ def run_e2e(args) -> dict[str, Any]:
                     _save_e2e(result, out_dir, name)
             result["summary"].append(e2e_summary(result["runs"], task, method))
             _save_e2e(result, out_dir, name)
-    result["environment"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result["environment"]["loadavg_end"] = loadavg()
     _save_e2e(result, out_dir, name)
     return result
 
@@ -158,6 +155,4 @@ def e2e_summary(runs: list[dict], task: str, method: str) -> dict[str, Any]:
 
 
 def _save_e2e(result: dict, out_dir: Path, name: str) -> None:
-    atomic_write_text(out_dir / f"{name}.json", json.dumps(result, indent=2))
-    atomic_write_text(out_dir / f"{name}.md", markdown_e2e(result))
-    result["files"] = {"json": str(out_dir / f"{name}.json"), "markdown": str(out_dir / f"{name}.md")}
+    write_result(result, out_dir, name, markdown_e2e)

@@ -1,17 +1,20 @@
-"""Where a benchmark runs: the device, the precision, the environment it records, and which methods it runs."""
+"""Where a benchmark runs: the device, the precision, the environment it records, which methods it runs, and
+the result files it writes."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from peftlab.errors import PeftlabError
+from peftlab.io_utils import atomic_write_text
 
 
 def _cpu_model() -> str:
@@ -22,6 +25,21 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def loadavg() -> list[float] | None:
+    """The 1/5/15-minute load averages (None where the OS has none): how busy the machine was."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def write_result(result: dict, out_dir: Path, name: str, render: Callable[[dict], str]) -> dict:
+    """Write ``<name>.json`` and its Markdown (``render(result)``) into ``out_dir``; both paths go in
+    ``result["files"]``, which is returned."""
+    json_path, markdown_path = out_dir / f"{name}.json", out_dir / f"{name}.md"
+    atomic_write_text(json_path, json.dumps(result, indent=2))
+    atomic_write_text(markdown_path, render(result))
+    result["files"] = {"json": str(json_path), "markdown": str(markdown_path)}
+    return result
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -42,7 +60,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "niceness": os.nice(0) if hasattr(os, "nice") else None,
-        "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "loadavg_start": loadavg(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if device.type == "cuda":

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,12 +21,12 @@ from typing import Any, Callable
 
 import torch
 
-from peftlab.bench.machine import autocast_for, environment, method_list, precision_name, resolve_device
+from peftlab.bench.machine import (
+    autocast_for, environment, loadavg, method_list, precision_name, resolve_device, write_result)
 from peftlab.bench.memory import cpu_tensor_peak_mb, cuda_step_peak_mb, memory_method, resident_mb, rss_step_delta_mb
 from peftlab.bench.models import load_bench_model, make_batch, shared_frozen
 from peftlab.bench.render import KASA_PEFT, markdown_micro, slug
 from peftlab.bench.timing import Clock, first_line, paired_ratio, rotated, round_robin, summarize
-from peftlab.io_utils import atomic_write_text
 
 DEFAULT_TARGETS = ("q,v", "q,k,v")
 # --compare-kasa-peft adds the KASA_PEFT row: KaSA trained with peft's per-module regulariser (the path peftlab
@@ -299,7 +297,7 @@ def run_micro(args) -> dict[str, Any]:
     deadline = time.monotonic() + 0.9 * remaining() if remaining else None
     rounds["infer_merged"] = round_robin(rows, lambda row: _infer_fn(row.model, inputs, autocast), "infer_merged",
                                           infer_rounds, args.warmup, clock, args.inner, say, deadline)
-    result["environment"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    result["environment"]["loadavg_end"] = loadavg()
     _save(result, rows, out_dir, name, partial=False)
     for row in rows:
         row.model = None
@@ -349,6 +347,4 @@ def _plain_ratio(a, b):
 def _save(result: dict, rows: list[Row], out_dir: Path, name: str, *, partial: bool) -> None:
     result["partial"] = partial
     result["rows"] = [_row_dict(row, rows, result["settings"]["batch_size"]) for row in rows]
-    atomic_write_text(out_dir / f"{name}.json", json.dumps(result, indent=2))
-    atomic_write_text(out_dir / f"{name}.md", markdown_micro(result))
-    result["files"] = {"json": str(out_dir / f"{name}.json"), "markdown": str(out_dir / f"{name}.md")}
+    write_result(result, out_dir, name, markdown_micro)

@@ -28,10 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peftlab.bench.machine import environment
+from peftlab.bench.machine import environment, loadavg, write_result
 from peftlab.bench.render import markdown_sweep_overhead, slug
 from peftlab.errors import PeftlabError
-from peftlab.io_utils import atomic_write_text
 
 LAMBDAS = (1, 2, 4, 8, 16, 32, 64, 128)
 SEEDS = (0, 1)
@@ -148,11 +147,8 @@ def run_sweep_overhead(args) -> dict[str, Any]:
         say(f"sweep overhead: work folder kept: {work}")
         raise
     shutil.rmtree(work, ignore_errors=True)
-    result["environment"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    atomic_write_text(out_dir / f"{name}.json", json.dumps(result, indent=2))
-    atomic_write_text(out_dir / f"{name}.md", markdown_sweep_overhead(result))
-    result["files"] = {"json": str(out_dir / f"{name}.json"), "markdown": str(out_dir / f"{name}.md")}
-    return result
+    result["environment"]["loadavg_end"] = loadavg()
+    return write_result(result, out_dir, name, markdown_sweep_overhead)
 
 
 def rerender(result: dict) -> str:

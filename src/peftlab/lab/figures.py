@@ -75,6 +75,21 @@ def split_by_config(records: list[RunRecord], drop: set[str]
     return groups, configs, varying_keys(list(configs.values()))
 
 
+def line_groups(records: list[RunRecord], drop: set[str]
+                ) -> tuple[dict[tuple, list[RunRecord]], dict[tuple, dict], list[str]]:
+    """split_by_config for a figure of lines, one per config (at most MAX_LINES), in their labels' order."""
+    groups, configs, varying = split_by_config(records, drop)
+    if len(groups) > MAX_LINES:
+        raise PeftlabError(f"the selection has {len(groups)} configs (at most {MAX_LINES} lines)",
+                           fix=f'narrow it with --where (they vary in {", ".join(varying)})')
+    order = sorted(groups, key=lambda g: config_label(configs[g], varying))
+    return {g: groups[g] for g in order}, configs, varying
+
+
+def line_colors(plt, n_lines: int):
+    return plt.get_cmap("tab10" if n_lines <= 10 else "tab20")
+
+
 def task_title(task: str) -> str:
     from peftlab.tasks.table import TASKS
 
@@ -87,7 +102,8 @@ def fmt_tick(value) -> str:
     return fmt_value(value)
 
 
-def _status_summary(counts: dict[str, int]) -> str:
+def status_summary(counts: dict[str, int]) -> str:
+    """``collapsed, diverged ×2``: the statuses of the runs left out, with their counts."""
     return ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in sorted(counts.items()))
 
 
@@ -116,6 +132,18 @@ def legend_below(fig, handles, labels, fontsize: float = 8) -> None:
     height = fig.get_figheight() + lines * 1.4 * fontsize / 72  # room for the legend, the panels keep theirs
     fig.set_figheight(round(height * fig.dpi) / fig.dpi)
     fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=fontsize, frameon=False)
+
+
+def legend_of(fig, axes) -> None:
+    """legend_below with each label drawn in ``axes`` once (with its first handle); none if nothing is labelled."""
+    handles, labels = [], []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    if handles:
+        legend_below(fig, handles, labels)
 
 
 def panel_grid(n_rows: int, n_cols: int, *, width: float = 4.4, height: float = 3.6):

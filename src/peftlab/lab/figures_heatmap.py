@@ -27,6 +27,7 @@ from peftlab.lab.figures import (
     panel_grid,
     panel_title,
     split_by_config,
+    status_summary,
     suptitle,
     task_title,
     underlying,
@@ -34,11 +35,6 @@ from peftlab.lab.figures import (
 )
 from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
 from peftlab.lab.store import NOT_OK
-
-
-def _status_summary(counts: dict[str, int]) -> str:
-    return ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in sorted(counts.items()))
-
 
 
 @dataclass
@@ -175,7 +171,7 @@ def plot_heatmap(records: list[RunRecord], *, x: str = "lr", y: str = "lr_ratio"
                 if finite[yi, xi]:
                     lines.append(f"{p.values[yi, xi]:.{digits}f}")
                 if p.bad.get((yi, xi)):
-                    summary = _status_summary(p.bad[(yi, xi)])
+                    summary = status_summary(p.bad[(yi, xi)])
                     lines.append(f"[{summary}]" if p.cells.get((yi, xi)) else summary)
                     if not p.cells.get((yi, xi)):  # only runs that did not end ok: hatched
                         ax.add_patch(plt.Rectangle((xi - 0.5, yi - 0.5), 1, 1, fill=False, hatch="//",

@@ -16,16 +16,16 @@ from peftlab.errors import PeftlabError
 from peftlab.lab.figures import (
     AXIS_TITLES,
     DERIVED,
-    MAX_LINES,
     config_label,
     fmt_tick,
     key_value,
-    legend_below,
+    legend_of,
+    line_colors,
+    line_groups,
     metric_label,
     num_key,
     panel_grid,
     panel_title,
-    split_by_config,
     suptitle,
     task_title,
     underlying,
@@ -47,17 +47,13 @@ def plot_curves(records: list[RunRecord], *, scale: float = 100.0, title: str | 
                            fix="select trained runs (epochs > 0) with --where")
     per_task = task_determined_keys(runs)
     drop = set(NON_RESULT_KEYS) | set(per_task)
-    groups, configs, varying = split_by_config(runs, drop)
-    if len(groups) > MAX_LINES:
-        raise PeftlabError(f"the selection has {len(groups)} configs (at most {MAX_LINES} lines)",
-                           fix=f'narrow it with --where (they vary in {", ".join(varying)})')
+    groups, configs, varying = line_groups(runs, drop)
     tasks = task_order(r.task for r in runs)
     plt, fig, axes = panel_grid(2, len(tasks), width=4.8, height=3.4)
-    colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
-    order = sorted(groups, key=lambda g: config_label(configs[g], varying))
+    colors = line_colors(plt, len(groups))
     for j, task in enumerate(tasks):
         top, bottom = axes[0][j], axes[1][j]
-        for c, gkey in enumerate(order):
+        for c, gkey in enumerate(groups):
             recs = [r for r in groups[gkey] if r.task == task]
             if not recs:
                 continue
@@ -102,15 +98,7 @@ def plot_curves(records: list[RunRecord], *, scale: float = 100.0, title: str | 
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if len(epochs) == 1:
                 ax.set_xlim(epochs[0] - 0.5, epochs[0] + 0.5)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for j in range(1, len(tasks)):
-        h, l = axes[0][j].get_legend_handles_labels()
-        for hh, ll in zip(h, l):
-            if ll not in labels:
-                handles.append(hh)
-                labels.append(ll)
-    if handles:
-        legend_below(fig, handles, labels)
+    legend_of(fig, axes[0])
     suptitle(fig, title or "learning curves: mean ± std over seeds (dashed: runs that did not end ok)")
     return fig
 
@@ -124,18 +112,15 @@ def plot_rank(records: list[RunRecord], *, x: str = "rank", scale: float = 100.0
         raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
     per_task = task_determined_keys(trained)
     drop = set(NON_RESULT_KEYS) | set(per_task) | underlying(x)
-    groups, configs, varying = split_by_config(trained, drop)
-    if len(groups) > MAX_LINES:
-        raise PeftlabError(f"the selection has {len(groups)} lines (at most {MAX_LINES})",
-                           fix=f'narrow it with --where (they vary in {", ".join(varying)})')
+    groups, configs, varying = line_groups(trained, drop)
     tasks = task_order(r.task for r in trained)
     plt, fig, axes = panel_grid(1, len(tasks), width=4.8, height=3.8)
-    colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20")
+    colors = line_colors(plt, len(groups))
     all_x = sorted({key_value(r.config, x) for r in trained}, key=num_key)
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in all_x)
     for j, task in enumerate(tasks):
         ax = axes[0][j]
-        for c, gkey in enumerate(sorted(groups, key=lambda g: config_label(configs[g], varying))):
+        for c, gkey in enumerate(groups):
             recs = [r for r in groups[gkey] if r.task == task]
             if not recs:
                 continue
@@ -171,13 +156,6 @@ def plot_rank(records: list[RunRecord], *, x: str = "rank", scale: float = 100.0
         ax.set_ylabel(metric_label(metric, scale))
         panel_title(ax, task_title(task), 4.8, fontsize=10)
         ax.grid(alpha=0.3)
-    handles, labels = [], []
-    for ax in axes[0]:
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(h)
-                labels.append(label)
-    if handles:
-        legend_below(fig, handles, labels)
+    legend_of(fig, axes[0])
     suptitle(fig, title or f"metric vs {DERIVED.get(x, x)}: mean ± std over seeds (×n: runs excluded, not ok)")
     return fig

@@ -9,8 +9,8 @@ task, such as a per-task epoch count), methods in the order the runs list them (
 keys by value; columns are tasks (their primary metric, ``best`` epoch by default),
 an Avg column (mean over tasks of the cell means, only for rows with every task, and left out when a column
 is a lower-is-better metric such as eval_loss) and #Param. A cell is
-``mean ± std (n)`` with the sample std (ddof=1) over seeds. Runs that diverged, collapsed or failed are
-never averaged in: they are counted in the cell (``71.2 ± 0.8 (3) [1 collapsed]``), and a cell with only
+``mean ± std (n)`` with the sample std (ddof=1) over seeds. Runs that diverged, collapsed or failed, and
+tune trials pruned before their last epoch (result.json ``stopped_early``), are never averaged in: they are counted in the cell (``71.2 ± 0.8 (3) [1 collapsed]``), and a cell with only
 such runs names them. Runs with ``epochs: 0`` form the before-fine-tuning row(s). A "majority class" row
 follows them: per task, the mean of the runs' ``majority_baseline`` (the primary metric of always
 predicting the evaluated dev set's most frequent class; 0 for correlation metrics: CoLA's
@@ -187,6 +187,8 @@ def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> t
             configs.append(config)
         if rec.status in NOT_OK:
             value, excluded = math.nan, rec.status
+        elif (rec.result or {}).get("stopped_early"):  # a tune trial pruned after a few epochs: not a full run
+            value, excluded = math.nan, "pruned"
         elif rec.value is None or not math.isfinite(rec.value):
             value, excluded = math.nan, "missing metric"
         else:

@@ -161,19 +161,44 @@ def _typed_list(values, key, name: str, where: str):
     return [next(iter(normalise_keys(TrainConfig, {key: v}, f"{where}: {name}").values())) for v in values]
 
 
-def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None) -> Sweep:
-    """Read and validate a spec; every run's config is built (so any bad value fails before training)."""
-    from peftlab.config import TrainConfig, load_yaml, normalise_keys
+def read_spec(path: str | os.PathLike, kind: str, keys: tuple[str, ...], *, examples: str,
+              config_keys: str) -> tuple[Path, dict]:
+    """A ``kind`` (sweep, tune) spec YAML and its mapping, every top-level key one of ``keys``; writes nothing."""
+    from peftlab.config import load_yaml
 
     path = Path(path)
     if not path.is_file():
-        raise PeftlabError(f"sweep spec not found: {path}", fix="pass the path of a sweep YAML (see configs/sweeps/)")
+        raise PeftlabError(f"{kind} spec not found: {path}", fix=f"pass the path of a {kind} YAML (see {examples})")
     spec = load_yaml(path)
-    where = str(path)
     for key in spec:
-        if key not in SPEC_KEYS:
-            raise PeftlabError(f"unknown sweep spec key '{key}'{closest(str(key), SPEC_KEYS)}", where=where,
-                               fix=f"top-level keys are {', '.join(SPEC_KEYS)}; config keys go under base: or grid:")
+        if key not in keys:
+            raise PeftlabError(f"unknown {kind} spec key '{key}'{closest(str(key), keys)}", where=str(path),
+                               fix=f"top-level keys are {', '.join(keys)}; config keys go under {config_keys}")
+    return path, spec
+
+
+def output_paths(path: Path, spec: dict, output_dir: str | None, store: str | None) -> tuple[Path, Path]:
+    """The runs' root and the results store of a spec: the flags, else the spec's keys, else
+    ``runs/<spec file stem>`` and ``<root>/results.sqlite``."""
+    root = Path(output_dir or spec.get("output_dir") or Path("runs") / path.stem)
+    return root, Path(store or spec.get("store") or root / STORE_NAME)
+
+
+def add_output_flags(parser) -> None:
+    """``--output-dir``, ``--store``, ``--verbose``: where a spec's runs, store and logs go (sweep and tune)."""
+    parser.add_argument("--output-dir", default=None, help="root of the runs (default: the spec's output_dir, "
+                                                           "else runs/<spec stem>)")
+    parser.add_argument("--store", default=None, help="results store (default <output dir>/results.sqlite)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show each run's output here instead of in <output dir>/logs/<key>.log")
+
+
+def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None) -> Sweep:
+    """Read and validate a spec; every run's config is built (so any bad value fails before training)."""
+    from peftlab.config import TrainConfig, normalise_keys
+
+    path, spec = read_spec(path, "sweep", SPEC_KEYS, examples="configs/sweeps/", config_keys="base: or grid:")
+    where = str(path)
     base = spec.get("base") or {}
     grid = spec.get("grid") or {}
     zips = spec.get("zip") or []
@@ -196,8 +221,7 @@ def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: 
     zips = [{str(k).replace("-", "_"): _typed_list(v, k, f"zip[{i}].{k}", where) for k, v in g.items()}
             if isinstance(g, dict) else g for i, g in enumerate(zips)]
 
-    root = Path(output_dir or spec.get("output_dir") or Path("runs") / path.stem)
-    store_path = Path(store or spec.get("store") or root / STORE_NAME)
+    root, store_path = output_paths(path, spec, output_dir, store)
     cells = expand(base, grid, zips, where=where)
     sweep = Sweep(spec_path=path, output_root=root, store_path=store_path,
                   axes=list(grid) + [k for g in zips for k in g])

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.spec import Sweep, load_spec
+from peftlab.lab.spec import Sweep, add_output_flags, load_spec
 from peftlab.lab.store import FINISHED, Store, config_key, short_key
 
 DEFAULT_TRAIN = "peftlab.training.loop:train"
@@ -353,11 +353,7 @@ def add_parser(sub) -> None:
                         help="run in N worker processes (default 0: one run at a time in this process)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     parser.add_argument("--dry-run", action="store_true", help="print the grid (one line per run) and its size")
-    parser.add_argument("--output-dir", default=None, help="root of the runs (default: the spec's output_dir, "
-                                                           "else runs/<spec stem>)")
-    parser.add_argument("--store", default=None, help="results store (default <output dir>/results.sqlite)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="show each run's output here instead of in <output dir>/logs/<key>.log")
+    add_output_flags(parser)
     from peftlab.lab.ray_backend import add_backend_flags  # --backend ray: each run a Ray task
 
     add_backend_flags(parser)

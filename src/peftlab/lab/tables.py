@@ -134,7 +134,7 @@ def footnote(table: Table) -> list[str]:
     scaled = " ×100" if table.scale == 100 else (f" ×{table.scale:g}" if table.scale != 1 else "")
     which = "best epoch" if table.which == "best" else "final epoch"
     lines = [f"{'/'.join(metric_names) or 'metric'}{scaled} at the {which}: mean ± sample std (n seeds); "
-             "diverged/collapsed/failed runs are counted in [brackets] and excluded from the mean; "
+             "diverged/collapsed/failed runs (and pruned tune trials) are counted in [brackets] and excluded from the mean; "
              "Avg is the mean over tasks of the cell means."]
     if table.baseline is not None:
         lines.append(_significance_footnote(table))

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from peftlab.errors import PeftlabError
+from peftlab.lab.spec import add_output_flags
 from peftlab.lab.store import FINISHED, Store, short_key
 from peftlab.lab.tune_spec import TuneSpec, load_tune_spec, run_config
 from peftlab.lab.tune_summary import build_summary, render_summary, trial_outcome, write_summary
@@ -346,11 +347,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--summary", action="store_true",
                         help="print the trials, the winner and the compute spent so far, and run nothing")
     parser.add_argument("--dry-run", action="store_true", help="print the search space and budget, run nothing")
-    parser.add_argument("--output-dir", default=None, help="root of the runs (default: the spec's output_dir, "
-                                                           "else runs/<spec stem>)")
-    parser.add_argument("--store", default=None, help="results store (default <output dir>/results.sqlite)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="show each run's output here instead of in <output dir>/logs/<key>.log")
+    add_output_flags(parser)
     from peftlab.lab.ray_backend import add_backend_flags
 
     add_backend_flags(parser)

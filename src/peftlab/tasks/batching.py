@@ -1,7 +1,7 @@
 """Tokenisation (cached), collation and length-grouped batching of a task's examples.
 
 :func:`tokenize` is GLUE's (``text_a``/``text_b`` -> token ids); instruction data reuses its cache folder
-and hash (:func:`tokenize_hash`). :func:`length_grouped_batches` is what the training loop's sampler draws.
+and hash (:func:`tokenize_hash`, keyed on the rows' :func:`content_digest`). :func:`length_grouped_batches` is what the training loop's sampler draws.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Sequence
 
 from peftlab.errors import PeftlabError
 
-_TOKENIZE_VERSION = "1"
+_TOKENIZE_VERSION = "2"  # 2: keyed on the rows' content digest, no longer on datasets' fingerprint
+_DIGEST_BATCH = 10_000  # rows hashed per pandas frame
 
 
 # --------------------------------------------------------------------------- tokenisation
@@ -26,8 +27,33 @@ def tokenized_cache_dir() -> Path:
     return cache_dir() / "tokenized"
 
 
+def content_digest(ds) -> str:
+    """SHA-256 (32 hex) of a dataset's features and rows, in order: what the token cache keys on.
+
+    Computed here rather than read from datasets' private ``_fingerprint``, so the cache follows the rows
+    whatever built the dataset (a file read, a subset, the Hub): the same rows hit the cache from run to run, an
+    edited data file misses it. pandas hashes each row's values, vectorised; a column of lists through its JSON.
+    """
+    import pandas as pd
+
+    digest = hashlib.sha256(json.dumps(ds.features.to_dict(), sort_keys=True, default=str).encode())
+    digest.update(str(len(ds)).encode())
+    for frame in ds.with_format("pandas").iter(batch_size=_DIGEST_BATCH):
+        try:
+            rows = pd.util.hash_pandas_object(frame, index=False)
+        except TypeError:  # unhashable cells (lists, dicts): hash their JSON text instead
+            rows = pd.util.hash_pandas_object(frame.map(_json_text), index=False)
+        digest.update(rows.to_numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _json_text(value) -> str:
+    return json.dumps(value.tolist() if hasattr(value, "tolist") else value, sort_keys=True, default=str)
+
+
 def tokenize_hash(ds, tokenizer, max_length: int, task: str, cache_key: str) -> str:
-    """The token cache's file name: tokenizer, task, ``cache_key``, the data's fingerprint and ``max_length``."""
+    """The token cache's file name: tokenizer, task, ``cache_key``, the rows' :func:`content_digest` and
+    ``max_length``."""
     key = {
         "version": _TOKENIZE_VERSION,
         "tokenizer": str(getattr(tokenizer, "name_or_path", "")),
@@ -36,7 +62,7 @@ def tokenize_hash(ds, tokenizer, max_length: int, task: str, cache_key: str) -> 
         "truncation_side": getattr(tokenizer, "truncation_side", "right"),
         "task": task,
         "cache_key": cache_key,
-        "fingerprint": ds._fingerprint,
+        "content": content_digest(ds),
         "max_length": int(max_length),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
@@ -47,8 +73,8 @@ def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
 
     Returns a ``Dataset`` with ``input_ids``, ``attention_mask``, [``token_type_ids``,] ``labels`` and
     ``length``. The result is cached in ``$PEFTLAB_CACHE/tokenized/<hash>.arrow``; the hash covers the
-    tokenizer (name/path, class, vocabulary size), ``task``, ``cache_key``, the data's fingerprint
-    (the file content for local GLUE files) and ``max_length``, so a second call only reads the file.
+    tokenizer (name/path, class, vocabulary size), ``task``, ``cache_key``, the rows' content
+    (:func:`content_digest`) and ``max_length``, so a second call only reads the file.
     """
     if max_length is None or int(max_length) <= 0:
         raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 128")

@@ -65,6 +65,7 @@ def build_pipeline(cfg, tokenizer, model=None):
     from datasets import concatenate_datasets
 
     from peftlab.tasks import generative
+    from peftlab.tasks.generation import generation_evaluator
     from peftlab.tasks.instructions import encode_prompt
     from peftlab.tasks.prepare import examples_digest
 
@@ -79,7 +80,7 @@ def build_pipeline(cfg, tokenizer, model=None):
         files[f"train/{name}"] = str(path)
         records, empty = generative.training_records(generative.read_llm_adapters_json(path))
         skipped += empty
-        parts.append(generative.records_dataset(records, generative.file_digest(path, extra=f"commonsense-{name}")))
+        parts.append(generative.records_dataset(records))
     train_raw = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     n_train_available = len(train_raw)
 
@@ -94,8 +95,7 @@ def build_pipeline(cfg, tokenizer, model=None):
                 raise PeftlabError(f"gold answer '{record['answer']}' is not one of {'/'.join(ANSWER_WORDS[name])}",
                                    where=f"{path}, record {number}", fix="use the published LLM-Adapters files")
         tests[name] = generative.records_dataset(
-            [{k: r[k] for k in ("instruction", "input", "answer")} for r in records],
-            generative.file_digest(path, extra=f"commonsense-test-{name}"))
+            [{k: r[k] for k in ("instruction", "input", "answer")} for r in records])
     tests = generative.subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
 
     # One flat list of prompts over all sets, so generation batches mix sets of similar prompt lengths.
@@ -121,8 +121,7 @@ def build_pipeline(cfg, tokenizer, model=None):
     # A row stops at its own set's first answer word (another set's word, e.g. "answer1" in a BoolQ answer, is
     # not an answer and must not stop it).
     stops = {name: (lambda text, pattern=_PATTERNS[name]: pattern.search(text) is not None) for name in tests}
-    evaluate = generative.generation_evaluator(cfg, tokenizer, prompts, score,
-                                               stop_when=[stops[name] for name, _ in items])
+    evaluate = generation_evaluator(cfg, tokenizer, prompts, score, stop_when=[stops[name] for name, _ in items])
     chance = sum(max(Counter(ds["answer"]).values()) / len(ds) for ds in tests.values()) / len(tests)
     extras: dict[str, Any] = {
         "dataset": DATASET,

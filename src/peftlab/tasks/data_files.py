@@ -22,12 +22,13 @@ Where the data comes from, in order:
 
 The TSVs are read with quoting disabled (sentences contain unbalanced ``"``), a leading UTF-8 BOM is
 dropped (MRPC dev has one), and every malformed row is reported as ``file:line``.
+
+The JSON list / JSONL files of the other task kinds are read by :mod:`peftlab.tasks.json_files`.
 """
 
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import math
 import os
@@ -40,11 +41,10 @@ from peftlab.tasks.table import TASKS, Task
 
 # Tokenisation, collation and batching live in peftlab.tasks.batching; importable from here too.
 from peftlab.tasks.batching import (  # noqa: F401
-    Collator, length_grouped_batches, make_collator, tokenize, tokenize_hash, tokenized_cache_dir)
+    Collator, content_digest, length_grouped_batches, make_collator, tokenize, tokenize_hash, tokenized_cache_dir)
 
 SPLITS = ("train", "validation", "validation_matched", "validation_mismatched")
 HUB_DATASET = "nyu-mll/glue"
-_READER_VERSION = "1"  # bump when the parsing changes, so fingerprints (and token caches) change too
 
 csv.field_size_limit(1 << 24)  # a few GLUE sentences are long; the default limit is 128 KiB
 
@@ -136,15 +136,6 @@ _LAYOUTS: dict[str, _Layout] = {
 }
 
 
-def _file_fingerprint(path: Path, task: str, split: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    h.update(f"|{task}|{split}|reader{_READER_VERSION}".encode())
-    return h.hexdigest()[:32]
-
-
 def read_glue_tsv(path: Path, task_name: str) -> dict[str, list]:
     """Parse one labelled GLUE TSV into ``{"text_a", ["text_b",] "label"}`` lists; raise on any bad row."""
     task = TASKS[task_name]
@@ -219,14 +210,11 @@ def _features(task: Task):
     return Features(cols)
 
 
-def _load_local(path: Path, task: Task, split: str):
+def _load_local(path: Path, task: Task):
     from datasets import Dataset
 
-    columns = read_glue_tsv(path, task.name)
-    ds = Dataset.from_dict(columns, features=_features(task))
-    # Content-addressed fingerprint: token caches key on it, so an edited file is re-tokenised.
-    ds._fingerprint = _file_fingerprint(path, task.name, split)
-    return ds
+    # The token cache keys on the rows' content (batching.content_digest), so an edited file is re-tokenised.
+    return Dataset.from_dict(read_glue_tsv(path, task.name), features=_features(task))
 
 
 def hub_offline() -> bool:
@@ -298,7 +286,10 @@ def available_eval_splits(task: str, data_dir: str | os.PathLike | None = None) 
 
 
 def read_subset_json(path: Path, task_name: str) -> dict[str, list]:
-    """A glue_subsets file: ``{"0": {"text_a", "text_b", "label"}, ...}`` with the task's label names."""
+    """A glue_subsets file: ``{"0": {"text_a", "text_b", "label"}, ...}`` with the task's label names.
+
+    Read with :mod:`json`, not datasets' ``json`` builder: that builder reads an object of records as one row
+    with a column per key ("0", "1", ...), not as records."""
     spec = TASKS[task_name]
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
@@ -328,13 +319,11 @@ def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None)
     spec = _check_task_split(task, split)
     source, tried = locate_split(task, split, data_dir)
     if source is not None and source.dataset == "glue":
-        return _load_local(source.path, spec, split)
+        return _load_local(source.path, spec)
     if source is not None:
         from datasets import Dataset
 
-        ds = Dataset.from_dict(read_subset_json(source.path, spec.name), features=_features(spec))
-        ds._fingerprint = _file_fingerprint(source.path, spec.name, split)
-        return ds
+        return Dataset.from_dict(read_subset_json(source.path, spec.name), features=_features(spec))
     hub_error = ""
     if not hub_offline():
         try:

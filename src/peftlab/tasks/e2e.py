@@ -70,6 +70,7 @@ def build_pipeline(cfg, tokenizer, model=None):
     """The ``e2e`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
     from peftlab.tasks import generative
     from peftlab.tasks.data_files import subset
+    from peftlab.tasks.generation import generation_evaluator
     from peftlab.tasks.instructions import encode_prompt
     from peftlab.tasks.nlg_metrics import corpus_scores, implementations, wordnet_status
     from peftlab.tasks.prepare import examples_digest
@@ -79,11 +80,9 @@ def build_pipeline(cfg, tokenizer, model=None):
     test_path = generative.find_data_file(cfg.data_dir, TEST_FILE, "E2E testset_w_refs.csv")
     train_rows = read_e2e_csv(train_path)
     train_raw = generative.records_dataset(
-        [{"instruction": INSTRUCTION, "input": mr, "output": ref} for mr, ref in train_rows],
-        generative.file_digest(train_path, extra=f"e2e-train-{INSTRUCTION}"))
+        [{"instruction": INSTRUCTION, "input": mr, "output": ref} for mr, ref in train_rows])
     grouped = group_references(read_e2e_csv(test_path))
-    test = generative.records_dataset([{"mr": mr, "references": refs} for mr, refs in grouped],
-                                      generative.file_digest(test_path, extra="e2e-test"))
+    test = generative.records_dataset([{"mr": mr, "references": refs} for mr, refs in grouped])
     test = subset(test, cfg.max_eval_samples, cfg.eval_seed)
     mrs, references = list(test["mr"]), [list(r) for r in test["references"]]
     prompts = [encode_prompt(tokenizer, INSTRUCTION, mr) for mr in mrs]
@@ -109,6 +108,6 @@ def build_pipeline(cfg, tokenizer, model=None):
     }
     if meteor_missing:
         extras["metric_implementations"].pop("meteor")
-    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=generative.generation_evaluator(
+    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=generation_evaluator(
         cfg, tokenizer, prompts, score), primary_metric="bleu", chance=0.0, num_eval_examples=len(mrs),
         extras=extras, eval_sets={"test": test})

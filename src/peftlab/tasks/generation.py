@@ -1,9 +1,15 @@
-"""Greedy generation from token-id prompts, and the ``generations_<tag>.jsonl`` logs of generation tasks.
+"""Greedy generation from token-id prompts, and the ``evaluate`` of every task scored on generated text.
 
-:func:`generation_evaluator` is the ``evaluate(model, accelerator, tag)`` of a task scored on generated text
-(GSM8K): prompts are sharded by index across processes (``accelerate launch``), the texts gathered with
-``accelerate.utils.gather_object``, scored, and (main process only) written to
-``<output_dir>/generations_<tag>.jsonl``, a file named in the evaluation's extras.
+* :func:`generate_greedy`, the one path evaluation uses (GSM8K, commonsense, math, E2E, MT-Bench): prompts
+  sorted by length, left-padded into batches, ``model.generate`` with a greedy
+  :class:`transformers.GenerationConfig` that stops at EOS / the chat end-of-turn token (:func:`stop_token_ids`)
+  or ``max_new_tokens``, optionally a per-row stopping rule on the text so far.
+* :func:`generate`, peftlab's earlier hand-written greedy loop (KV cache, finished rows leave the batch): the
+  same tokens (tests check it), kept only for ``peftlab bench --decode``, which times the two.
+* :func:`generation_evaluator`, the ``evaluate(model, accelerator, tag)`` of those tasks: prompts are sharded by
+  index across processes (``accelerate launch``), the texts gathered with ``accelerate.utils.gather_object``,
+  scored, and (main process only) written to ``<output_dir>/generations_<tag>.jsonl``, a file named in the
+  evaluation's extras.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -42,7 +48,8 @@ def _cache_argument(model) -> str:
 @torch.no_grad()
 def generate(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: int, batch_size: int,
              device=None, stop_when: Callable[[str], bool] | None = None) -> list[str]:
-    """Greedy completions of token-id prompts, decoded without special tokens.
+    """Greedy completions of token-id prompts, decoded without special tokens: the hand-written loop that
+    ``peftlab bench --decode`` times against :func:`generate_greedy` (evaluation runs that one).
 
     Batches of similar prompt lengths, left-padded, with the KV cache. A sequence ends at EOS / end of turn
     (:func:`stop_token_ids`), after ``max_new_tokens`` tokens, or when ``stop_when(text so far)`` turns true
@@ -116,36 +123,96 @@ def generation_file(tag: str) -> str:
     return f"generations_{tag}.jsonl"
 
 
-def generation_evaluator(output_dir: str | os.PathLike, tokenizer, prompts: Sequence[list[int]],
-                         score: Callable[[list[str]], tuple[list[dict], dict[str, float]]], *, max_new_tokens: int,
-                         batch_size: int, stop_when: Callable[[str], bool] | None = None) -> Callable:
-    """``evaluate(model, accelerator, tag)`` for a task scored on greedy generations from ``prompts``.
+StopWhen = Callable[[str], bool]  # generated text so far -> nothing more can change the score
 
-    ``score(texts)`` (one text per prompt, in order) returns the per-example records to log and the metrics.
-    The records go to ``output_dir/generations_<tag>.jsonl``; the evaluation's extras name that file as
-    ``generations[tag]`` and ``generations_file`` (the latest).
+
+def _text_stop(tokenizer, prompt_width: int, rules: Sequence[StopWhen]):
+    """A per-row ``StoppingCriteria``: row ``r`` is done once ``rules[r](its generated text)`` is true."""
+    from transformers import StoppingCriteria
+
+    class TextStop(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            texts = tokenizer.batch_decode(input_ids[:, prompt_width:], skip_special_tokens=True)
+            return torch.tensor([bool(rule(t)) for rule, t in zip(rules, texts)], dtype=torch.bool,
+                                device=input_ids.device)
+
+    return TextStop()
+
+
+@torch.no_grad()
+def generate_greedy(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: int, batch_size: int,
+                    device=None, stop_when: StopWhen | Sequence[StopWhen] | None = None) -> list[str]:
+    """Greedy completions of token-id ``prompts`` (one text per prompt, in order), decoded without special
+    tokens and stripped. Batches of similar prompt lengths, left-padded, through ``model.generate``.
+    ``stop_when``: one rule for every prompt, or one per prompt (a row stops when its rule holds)."""
+    from transformers import GenerationConfig, StoppingCriteriaList
+
+    device = device or next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = stop_token_ids(tokenizer)
+    config = GenerationConfig(max_new_tokens=int(max_new_tokens), do_sample=False, num_beams=1,
+                              eos_token_id=stops, pad_token_id=pad)
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
+    texts: dict[int, str] = {}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        width = max(len(prompts[i]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            n = len(prompts[i])
+            ids[row, width - n:] = torch.as_tensor(prompts[i])
+            mask[row, width - n:] = 1
+        criteria = None
+        if stop_when is not None:
+            rules = [stop_when if callable(stop_when) else stop_when[i] for i in chunk]
+            criteria = StoppingCriteriaList([_text_stop(tokenizer, width, rules)])
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                             stopping_criteria=criteria)
+        for row, i in enumerate(chunk):
+            tokens = out[row, width:].tolist()
+            # Cut at the first stop token: what follows is padding (pad = eos for SmolLM2).
+            end = next((k for k, t in enumerate(tokens) if t in stops), len(tokens))
+            texts[i] = tokenizer.decode(tokens[:end], skip_special_tokens=True).strip()
+    return [texts[i] for i in range(len(prompts))]
+
+
+def generation_evaluator(cfg, tokenizer, prompts: Sequence[list[int]],
+                         score: Callable[[list[str]], tuple], *,
+                         stop_when: StopWhen | Sequence[StopWhen] | None = None) -> Callable:
+    """``evaluate(model, accelerator, tag) -> Evaluation`` scoring :func:`generate_greedy`'s texts from
+    ``prompts`` (at most ``cfg.max_new_tokens`` each, batches of ``cfg.eval_batch_size``).
+
+    ``score(texts)`` (one per prompt, in order) returns the records to log and the metrics, and optionally a
+    third item: notes on this evaluation (e.g. why a metric is missing), kept in result.json's
+    ``metric_notes[tag]``. The records go to ``cfg.output_dir/generations_<tag>.jsonl``; the evaluation's
+    extras name that file as ``generations[tag]`` and ``generations_file`` (the latest).
     """
 
     def evaluate(model, accelerator, tag: str) -> Evaluation:
         from accelerate.utils import gather_object
 
+        was_training = model.training
         model.eval()
         rank, world = accelerator.process_index, accelerator.num_processes
         mine = list(range(rank, len(prompts), world))
-        texts = generate(accelerator.unwrap_model(model), tokenizer, [prompts[i] for i in mine],
-                         max_new_tokens=max_new_tokens, batch_size=batch_size, device=accelerator.device,
-                         stop_when=stop_when)
+        texts = generate_greedy(accelerator.unwrap_model(model), tokenizer, [prompts[i] for i in mine],
+                                max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+                                device=accelerator.device,
+                                stop_when=stop_when if stop_when is None or callable(stop_when)
+                                else [stop_when[i] for i in mine])
         pairs = list(zip(mine, texts))
         if world > 1:
             pairs = gather_object(pairs)
         generated = dict(pairs)
-        records, metrics = score([generated[i] for i in range(len(prompts))])
-        extras = {}
+        records, metrics, *notes = score([generated[i] for i in range(len(prompts))])
+        extras: dict[str, Any] = {"metric_notes": {tag: notes[0]}} if notes and notes[0] else {}
         if accelerator.is_main_process:
             name = generation_file(tag)
-            write_generations(Path(output_dir) / name, records)
-            extras = {"generations": {tag: name}, "generations_file": name}
-        model.train()
+            write_generations(Path(cfg.output_dir) / name, records)
+            extras.update({"generations": {tag: name}, "generations_file": name})
+        if was_training:
+            model.train()
         return Evaluation(metrics, extras)
 
     return evaluate

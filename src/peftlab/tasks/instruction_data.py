@@ -8,13 +8,12 @@ calculator annotations ``<<16-3-4=9>>`` are removed from the targets). ``alpaca`
 optionally ``--eval-file``, else a held-out 10%) whose field names ``--instruction-fields`` gives.
 ``<root>`` is found like GLUE's (:func:`peftlab.tasks.data_files.candidate_roots`); with no local copy the Hub
 is used unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set, else one :class:`PeftlabError` lists the
-paths tried. Malformed files and records are reported with file and line (JSONL) or record number.
+paths tried. Files are read with datasets' ``json`` builder (:func:`peftlab.tasks.json_files.read_json_records`);
+malformed files and records are reported with file and line (JSONL) or record number.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -23,8 +22,11 @@ from typing import Any, Sequence
 
 from peftlab.errors import PeftlabError
 from peftlab.tasks.data_files import candidate_roots, check_data_dir, hub_offline
+from peftlab.tasks.json_files import JsonRecord, read_json_records
 
 FORMAT_VERSION = "1"  # bump when prompt formatting or truncation changes: token caches key on it
+INSTRUCTION_FILE_FIX = "a JSON list of records, or one JSON object per line (JSONL)"
+GSM8K_FIX = "use the published GSM8K files unchanged"
 SPLIT_SEED = 0  # held-out split of alpaca/json: the same records whatever the run's --seed
 HELD_OUT_FRACTION = 0.1
 HUB = {"gsm8k": ("openai/gsm8k", "main"), "alpaca": ("tatsu-lab/alpaca", None)}
@@ -73,8 +75,8 @@ def parse_record(obj: Any, fields: Fields, where: str) -> dict[str, str]:
             continue
         value = obj.get(name)
         if value is None:
-            if required:
-                present = ", ".join(sorted(map(str, obj))) or "none"
+            if required:  # a field read as null counts as absent (datasets gives every record every column)
+                present = ", ".join(sorted(str(k) for k, v in obj.items() if v is not None)) or "none"
                 raise PeftlabError(f"record has no '{name}' field (fields: {present})", where=where,
                                    fix="fix the record, or name the fields with --instruction-fields prompt,input,response")
             value = ""
@@ -93,67 +95,30 @@ def read_records(path: str | os.PathLike, fields: Fields = Fields()) -> list[dic
     path = Path(path)
     if not path.is_file():
         raise PeftlabError(f"instruction file not found: {path}", fix="check --train-file / --eval-file")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=str(path)) from None
-    records: list[dict[str, str]] = []
-    if text.lstrip().startswith("["):  # one JSON list
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise PeftlabError(f"invalid JSON: {err.msg}", where=f"{path}:{err.lineno}:{err.colno}",
-                               fix="a JSON list of records, or one JSON object per line (JSONL)") from None
-        for i, obj in enumerate(data):
-            records.append(parse_record(obj, fields, f"{path}, record {i + 1}"))
-    else:  # JSONL (a single object on one line is JSONL with one record)
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise PeftlabError(f"invalid JSON: {err.msg}", where=f"{path}:{number}:{err.colno}",
-                                   fix="one JSON object per line (JSONL), or a JSON list") from None
-            records.append(parse_record(obj, fields, f"{path}:{number}"))
+    names = [name for name in (fields.prompt, fields.input, fields.response) if name]
+    records = [parse_record(r.value, fields, r.where)
+               for r in read_json_records(path, names, fix=INSTRUCTION_FILE_FIX)]
     if not records:
-        raise PeftlabError("file holds no records", where=str(path), fix="a JSON list or JSONL of instruction records")
+        raise PeftlabError("file holds no records", where=str(path), fix=INSTRUCTION_FILE_FIX)
     return records
 
 
-def content_hash(*parts: Any) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        if isinstance(part, Path):
-            with open(part, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-        else:
-            h.update(str(part).encode())
-        h.update(b"|")
-    return h.hexdigest()[:32]
-
-
-def make_dataset(records: list[dict], fingerprint: str):
-    """A ``datasets.Dataset`` with a content-addressed fingerprint (token caches key on it)."""
+def make_dataset(records: list[dict]):
+    """A ``datasets.Dataset`` of ``records`` (the token cache keys on its rows' content)."""
     from datasets import Dataset
 
-    columns = {key: [r[key] for r in records] for key in records[0]}
-    ds = Dataset.from_dict(columns)
-    ds._fingerprint = fingerprint
-    return ds
+    return Dataset.from_list(records)
 
 
-def _gsm8k_records(rows: list[dict], where: str) -> list[dict[str, str]]:
+def _gsm8k_records(rows: list[JsonRecord]) -> list[dict[str, str]]:
     from peftlab.tasks.math_answers import gold_answer
 
     out = []
-    for i, row in enumerate(rows):
-        record = parse_record(row, Fields("question", None, "answer"), f"{where}, record {i + 1}")
+    for row in rows:
+        record = parse_record(row.value, Fields("question", None, "answer"), row.where)
         gold = gold_answer(record["output"]) if "####" in record["output"] else None
         if gold is None:
-            raise PeftlabError("GSM8K answer has no '#### <number>' final answer", where=f"{where}, record {i + 1}",
-                               fix="use the published GSM8K files unchanged")
+            raise PeftlabError("GSM8K answer has no '#### <number>' final answer", where=row.where, fix=GSM8K_FIX)
         record["output"] = _CALCULATOR.sub("", record["output"])
         record["gold"] = gold
         out.append(record)
@@ -185,18 +150,11 @@ def load_raw(task: str, split: str, data_dir=None):
     path, tried = _local_file(task, split, data_dir)
     if path is not None:
         if task == "gsm8k":
-            rows = []
-            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as err:
-                        raise PeftlabError(f"invalid JSON: {err.msg}", where=f"{path}:{number}",
-                                           fix="use the published GSM8K files unchanged") from None
-            records = _gsm8k_records(rows, str(path))
-        else:
-            records = read_records(path)
-        return make_dataset(records, content_hash(path, task, split, FORMAT_VERSION))
+            rows = read_json_records(path, ("question", "answer"), fix=GSM8K_FIX)
+            if not rows:
+                raise PeftlabError("file holds no records", where=str(path), fix=GSM8K_FIX)
+            return make_dataset(_gsm8k_records(rows))
+        return make_dataset(read_records(path))
     if hub_offline():
         reason = "not trying the Hub (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)"
     else:
@@ -206,9 +164,10 @@ def load_raw(task: str, split: str, data_dir=None):
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             reason = f"the Hub ({HUB[task][0]}) failed: {first}"
         else:
-            records = _gsm8k_records(rows, HUB[task][0]) if task == "gsm8k" else [
-                parse_record(r, Fields(), f"{HUB[task][0]}, record {i + 1}") for i, r in enumerate(rows)]
-            return make_dataset(records, content_hash(HUB[task][0], task, split, len(records), FORMAT_VERSION))
+            located = [JsonRecord(f"{HUB[task][0]}, record {i}", r) for i, r in enumerate(rows, 1)]
+            records = _gsm8k_records(located) if task == "gsm8k" else [
+                parse_record(r.value, Fields(), r.where) for r in located]
+            return make_dataset(records)
     raise PeftlabError(
         f"no local copy of {task} {split}; {reason}",
         where="looked for " + ", ".join(str(p) for p in tried),
@@ -238,12 +197,8 @@ def load_instruction_data(cfg):
         if not cfg.train_file:
             raise PeftlabError("--task json needs --train-file", fix="pass a JSON list or JSONL of instruction records")
         fields = parse_fields(cfg.instruction_fields)
-        train_path = Path(cfg.train_file)
-        train = make_dataset(read_records(train_path, fields),
-                             content_hash(train_path, fields, "json-train", FORMAT_VERSION))
+        train = make_dataset(read_records(cfg.train_file, fields))
         if cfg.eval_file:
-            eval_path = Path(cfg.eval_file)
-            return train, make_dataset(read_records(eval_path, fields),
-                                       content_hash(eval_path, fields, "json-eval", FORMAT_VERSION))
+            return train, make_dataset(read_records(cfg.eval_file, fields))
         return held_out_split(train)
     raise PeftlabError(f"task '{task}' is not an instruction task", fix="use gsm8k, alpaca or json")

@@ -25,8 +25,11 @@
   but the prompt keeps at least half of ``--max-length`` when the response is longer; then the response is
   cut from the right. An example left with no response token is dropped. Tokenisation is a cached
   ``datasets.map`` in the same cache folder and with the same hash as :func:`peftlab.tasks.data_files.tokenize`.
-* **Evaluation.** GSM8K: batched greedy generation with the KV cache (:mod:`peftlab.tasks.generation`; left
-  padding, stop at EOS/end of turn, ``--max-new-tokens``), exact match of the final number
+  The truncation happens there; :class:`SFTCollator` (transformers' ``DataCollatorForSeq2Seq``) only pads, on
+  the right, ``labels`` with -100.
+* **Evaluation.** GSM8K: batched greedy ``model.generate`` (:func:`peftlab.tasks.generation.generate_greedy`;
+  left padding, stop at EOS/end of turn, once the answer is final, or at ``--max-new-tokens``), exact match of
+  the final number
   (:mod:`peftlab.tasks.math_answers`); every generation is written to ``<output_dir>/generations_<tag>.jsonl``
   (the tag the training loop passes: ``before``, then ``epoch1``, ``epoch2``...; ``evaluate`` when
   ``peftlab evaluate`` re-scores a saved run) with the question, gold answer, generated
@@ -43,6 +46,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -53,16 +57,15 @@ import torch
 from peftlab.errors import PeftlabError
 from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest
 from peftlab.tasks.generation import (  # noqa: F401 - moved there; importable from here too
-    generate, generation_evaluator, generation_file, read_generations, stop_token_ids, write_generations)
+    generate, generate_greedy, generation_evaluator, generation_file, read_generations, stop_token_ids,
+    write_generations)
 from peftlab.tasks.instruction_data import (  # noqa: F401 - moved there; importable from here too
-    FORMAT_VERSION, HELD_OUT_FRACTION, HUB, LOCAL, SPLIT_SEED, Fields, content_hash, held_out_split,
-    load_instruction_data, load_raw, make_dataset, parse_fields, parse_record, read_records)
+    FORMAT_VERSION, HELD_OUT_FRACTION, HUB, LOCAL, SPLIT_SEED, Fields, held_out_split, load_instruction_data,
+    load_raw, make_dataset, parse_fields, parse_record, read_records)
 
 LOSS_EVAL_TOKENS = 8192  # padded tokens per loss-evaluation batch (logits are batch x length x vocabulary)
 PLAIN_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 PLAIN_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-# The names these helpers had before the split, for the task modules next to this one that use them.
-_record, _dataset, _content_hash, _held_out = parse_record, make_dataset, content_hash, held_out_split
 
 
 # --------------------------------------------------------------------------- formatting and tokenising
@@ -156,25 +159,25 @@ def tokenize_instructions(ds, tokenizer, max_length: int, *, task: str, cache_ke
 
 
 class SFTCollator:
-    """Right-pads a list of examples: ``input_ids`` with the pad token, ``attention_mask`` 0, ``labels`` -100
-    (other columns are ignored). ``pad_to``: pad every batch to this length (``--pad-to-max``)."""
+    """Right-pads a list of tokenised examples with transformers' ``DataCollatorForSeq2Seq``: ``input_ids`` with
+    the pad token, ``attention_mask`` 0, ``labels`` -100 (other columns are dropped). ``pad_to``: pad every
+    batch to this length (``--pad-to-max``; examples are already truncated to it at tokenisation, the prompt
+    first, so the collator never cuts). Training pads on the right whatever the tokenizer's own
+    ``padding_side``: the collator works on a copy of the tokenizer set to the right."""
 
-    def __init__(self, pad_token_id: int, pad_to: int | None = None):
-        self.pad_token_id, self.pad_to = int(pad_token_id), pad_to
+    KEEP = ("input_ids", "attention_mask", "labels")
+
+    def __init__(self, tokenizer, pad_to: int | None = None):
+        from transformers import DataCollatorForSeq2Seq
+
+        right = copy.copy(tokenizer)  # shallow: shares the vocabulary; only its padding side differs
+        right.padding_side = "right"
+        self.pad_to = pad_to
+        self.inner = DataCollatorForSeq2Seq(right, padding="max_length" if pad_to else "longest",
+                                            max_length=pad_to or None, label_pad_token_id=-100, return_tensors="pt")
 
     def __call__(self, features: Sequence[dict]) -> dict[str, torch.Tensor]:
-        width = max(len(f["input_ids"]) for f in features)
-        if self.pad_to:
-            width = max(width, self.pad_to)
-        batch = {"input_ids": torch.full((len(features), width), self.pad_token_id, dtype=torch.long),
-                 "attention_mask": torch.zeros((len(features), width), dtype=torch.long),
-                 "labels": torch.full((len(features), width), -100, dtype=torch.long)}
-        for row, f in enumerate(features):
-            n = len(f["input_ids"])
-            batch["input_ids"][row, :n] = torch.as_tensor(f["input_ids"])
-            batch["attention_mask"][row, :n] = torch.as_tensor(f["attention_mask"])
-            batch["labels"][row, :n] = torch.as_tensor(f["labels"])
-        return batch
+        return self.inner([{k: f[k] for k in self.KEEP if k in f} for f in features])
 
 
 def score_generations(questions, golds, generated) -> list[dict]:
@@ -202,13 +205,12 @@ def gsm8k_evaluator(cfg, tokenizer, eval_raw):
         answered = sum(r["extracted"] is not None for r in records) / max(1, len(records))
         return records, {"accuracy": accuracy, "answered": answered}
 
-    return generation_evaluator(cfg.output_dir, tokenizer, [encode_prompt(tokenizer, q) for q in questions], score,
-                                max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+    return generation_evaluator(cfg, tokenizer, [encode_prompt(tokenizer, q) for q in questions], score,
                                 stop_when=answer_is_final)
 
 
 def loss_evaluator(cfg, tokenizer, eval_tok):
-    collate = SFTCollator(tokenizer.pad_token_id)
+    collate = SFTCollator(tokenizer)
     longest = max(eval_tok["length"]) if len(eval_tok) else 1
     batch_size = max(1, min(cfg.eval_batch_size, LOSS_EVAL_TOKENS // max(1, longest)))
     order = sorted(range(len(eval_tok)), key=lambda i: -eval_tok[i]["length"])
@@ -268,7 +270,7 @@ def build_pipeline(cfg, tokenizer, model=None):
     extras: dict[str, Any] = {"train_examples_used": len(train), "eval_examples": len(eval_raw),
                               "eval_examples_digest": examples_digest({"eval": eval_raw})}
     pad_to = cfg.max_length if getattr(cfg, "pad_to_max", False) else None
-    collate = SFTCollator(tokenizer.pad_token_id, pad_to)
+    collate = SFTCollator(tokenizer, pad_to)
     if cfg.task == "gsm8k":
         evaluate = gsm8k_evaluator(cfg, tokenizer, eval_raw)
         return Pipeline(train, collate, evaluate, "accuracy", 0.0, num_eval_examples=len(eval_raw), extras=extras,

@@ -93,6 +93,7 @@ def set_key(set_name: str) -> str:
 def build_pipeline(cfg, tokenizer, model=None):
     """The ``math`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
     from peftlab.tasks import generative
+    from peftlab.tasks.generation import generation_evaluator
     from peftlab.tasks.instructions import encode_prompt
     from peftlab.tasks.prepare import examples_digest
 
@@ -102,7 +103,7 @@ def build_pipeline(cfg, tokenizer, model=None):
     files = {"train": str(train_path)}
     # 3 of math_data.json's records have an empty output: nothing to learn from, so not trained on.
     train_records, skipped = generative.training_records(generative.read_llm_adapters_json(train_path))
-    train_raw = generative.records_dataset(train_records, generative.file_digest(train_path, extra="math-train"))
+    train_raw = generative.records_dataset(train_records)
 
     tests = {}
     for name in eval_sets:
@@ -117,8 +118,7 @@ def build_pipeline(cfg, tokenizer, model=None):
                                    + ("letter A-E" if name in LETTER_SETS else "number"),
                                    where=f"{path}, record {number}", fix="use the published LLM-Adapters files")
         tests[name] = generative.records_dataset(
-            [{k: r[k] for k in ("instruction", "input", "answer")} for r in records],
-            generative.file_digest(path, extra=f"math-test-{name}"))
+            [{k: r[k] for k in ("instruction", "input", "answer")} for r in records])
     tests = generative.subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
     items = [(name, row) for name, ds in tests.items() for row in ds]
     prompts = [encode_prompt(tokenizer, row["instruction"], row["input"]) for _, row in items]
@@ -142,7 +142,7 @@ def build_pipeline(cfg, tokenizer, model=None):
             metrics[metric] = sum(metrics[f"{set_key(n)}_{metric}"] for n in tests) / len(tests)
         return records, metrics
 
-    evaluate = generative.generation_evaluator(cfg, tokenizer, prompts, score)
+    evaluate = generation_evaluator(cfg, tokenizer, prompts, score)
     extras: dict[str, Any] = {
         "dataset": DATASET,
         "report_notes": [DATASET_NOTE.format(n=len(train_raw))],  # lab/report.py prints them

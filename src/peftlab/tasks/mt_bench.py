@@ -72,15 +72,9 @@ def locate_folder(data_dir=None) -> Path:
 def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise PeftlabError(f"file not found: {path}", fix="use FastChat's mt_bench data folder unchanged")
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise PeftlabError(f"invalid JSON: {err.msg}", where=f"{path}:{number}",
-                                   fix="use FastChat's mt_bench data files unchanged") from None
-    return rows
+    from peftlab.tasks.json_files import read_json_records  # datasets' json builder; file:line when malformed
+
+    return [r.value for r in read_json_records(path, fix="use FastChat's mt_bench data files unchanged")]
 
 
 def load_questions(folder: Path) -> list[dict]:
@@ -165,12 +159,12 @@ def _generate_all(cfg, tokenizer, model, accelerator, prompts: list[list[int]]) 
     """Greedy answers, sharded by index across processes and gathered (every process gets them all)."""
     from accelerate.utils import gather_object
 
-    from peftlab.tasks.generation import generate
+    from peftlab.tasks.generation import generate_greedy
 
     rank, world = accelerator.process_index, accelerator.num_processes
     mine = list(range(rank, len(prompts), world))
-    texts = generate(model, tokenizer, [prompts[i] for i in mine], max_new_tokens=cfg.max_new_tokens,
-                     batch_size=cfg.eval_batch_size, device=accelerator.device)
+    texts = generate_greedy(model, tokenizer, [prompts[i] for i in mine], max_new_tokens=cfg.max_new_tokens,
+                            batch_size=cfg.eval_batch_size, device=accelerator.device)
     pairs = list(zip(mine, texts))
     if world > 1:
         pairs = gather_object(pairs)
@@ -258,8 +252,7 @@ def _training_records(cfg):
     if getattr(cfg, "train_file", None):
         fields = idata.parse_fields(cfg.instruction_fields)
         path = Path(cfg.train_file)
-        return idata.make_dataset(idata.read_records(path, fields), idata.content_hash(
-            path, fields, "mt-bench-train", idata.FORMAT_VERSION)), str(path)
+        return idata.make_dataset(idata.read_records(path, fields)), str(path)
     raw = idata.load_raw("alpaca", "train", cfg.data_dir)
     source, _ = idata._local_file("alpaca", "train", cfg.data_dir)
     return raw, str(source) if source is not None else idata.HUB["alpaca"][0]
@@ -333,7 +326,7 @@ def build_pipeline(cfg, tokenizer, model=None):
         return Evaluation(metrics[0], files)
 
     pad_to = cfg.max_length if getattr(cfg, "pad_to_max", False) else None
-    return Pipeline(train, instructions.SFTCollator(tokenizer.pad_token_id, pad_to), evaluate, "mt_bench_score", 0.0,
+    return Pipeline(train, instructions.SFTCollator(tokenizer, pad_to), evaluate, "mt_bench_score", 0.0,
                     num_eval_examples=len(questions), extras=extras, eval_sets={"mt_bench": questions})
 
 
