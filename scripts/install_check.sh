@@ -26,6 +26,21 @@ for method in $methods; do
   fi
   echo "install check: $method ok ($(tail -1 "$work/$method.log" | cut -c1-60))" >&2
 done
+# The other runtime paths whose packages only they import: E2E's scorers (sacrebleu, nltk, rouge-score,
+# pycocoevalcap), the judge client (openai), the judge server (fastapi, uvicorn), tune (optuna), reports (pandas).
+if ! "$venv/bin/python" - > "$work/imports.log" 2>&1 <<'PY'
+from peftlab.tasks.nlg_metrics import corpus_scores
+scores = corpus_scores(["the cafe serves cheap food"], [["the cafe serves cheap food", "a cheap cafe"]])
+assert scores is not None
+import peftlab.tasks.judge, peftlab.tasks.judge_server, peftlab.lab.tune, peftlab.lab.report, peftlab.tasks.mt_bench  # noqa
+import openai, fastapi, uvicorn, optuna, pandas, tabulate, jsonargparse  # noqa: F401
+PY
+then
+  echo "install check: FAILED: a runtime import in a venv with only 'pip install .':" >&2
+  tail -5 "$work/imports.log" >&2
+  exit 1
+fi
+echo "install check: E2E scorers, judge client/server, tune, report import and run" >&2
 rm -rf "$work"
 [ -n "${1:-}" ] || rm -rf "$(dirname "$venv")"
 echo "install check: every method trains with 'pip install .' alone" >&2
