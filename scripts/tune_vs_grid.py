@@ -28,6 +28,8 @@ def grid_cells(store: Path, task: str, samples: int) -> dict[tuple[float, float]
             if (c["task"], c["method"], c["targets"], c["epochs"], c["max_train_samples"]) != \
                     (task, "lora", "q,v", 2, samples) or c["lr"] not in LRS or float(c["lr_ratio"]) not in LAMBDAS:
                 continue
+            if status not in ("ok", "diverged", "collapsed"):  # pending, running or failed: not a finished seed
+                continue
             r = json.loads(result) if result else {}
             best = (r.get("best") or {}).get("metrics", {}).get(r.get("primary_metric", ""))
             if best is None:
