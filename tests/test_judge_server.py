@@ -126,7 +126,7 @@ def test_the_command_serves_until_interrupted():
         reply = client(url).chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}])
         assert reply.usage.completion_tokens <= 4
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        assert process.wait(timeout=60) == 0
     finally:
         if process.poll() is None:
             process.kill()

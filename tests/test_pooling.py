@@ -149,7 +149,7 @@ def test_mpnet_base_declares_mean_pooling_and_trains(tmp_path):
     # 109.5M with the sentence-transformers pooler (590,592), which the sequence classifier does not load
     assert sum(p.numel() for n, p in model.named_parameters() if not n.startswith("classifier")) == 108_895_872
     cfg = build_config(TrainConfig, overrides=dict(
-        task="sst2", model="mpnet-base", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8,
+        task="sst2", model="mpnet-base", pooling="auto", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8,
         max_length=32, max_train_samples=16, max_eval_samples=16, output_dir=str(tmp_path / "run")))
     result = train(cfg)
     assert result["status"] == "ok" and result["pooling"] == "mean"

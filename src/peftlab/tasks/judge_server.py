@@ -23,7 +23,9 @@ client's parallelism) and answers in the OpenAI schema. Two things are peftlab's
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations (Request, dict)
 # at runtime, and string annotations naming names imported inside build_app would not resolve.
 import argparse
+import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -254,4 +256,9 @@ def run(args) -> int:
         print("peftlab serve-judge: stopping", flush=True)
     finally:
         running.stop()
-    return 0
+    # transformers' serving can leave a non-daemon inference thread behind that keeps the interpreter from
+    # exiting (seen on a loaded CPU: Ctrl-C printed "stopping" and the process stayed). The server is stopped and
+    # nothing is left to write, so end the process here rather than wait on that thread.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
