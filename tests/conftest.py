@@ -122,3 +122,21 @@ def tiny_model():
 @pytest.fixture(scope="session")
 def inputs():
     return tiny_inputs()
+
+
+@pytest.fixture(scope="module")
+def chatty_llama():
+    """tiny-llama with large random weights: greedy decoding says different things, of different lengths, for
+    different prompts (a freshly initialised tiny model repeats one token)."""
+    import torch
+
+    from peftlab.models.registry import load_model
+
+    model, tokenizer = load_model("tiny-llama", head="causal-lm")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return model.eval(), tokenizer
+

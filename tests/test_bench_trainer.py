@@ -171,20 +171,6 @@ def test_sweep_overhead_runs_a_real_sweep(tmp_path):
 # --------------------------------------------------------------------------- decoding
 
 
-@pytest.fixture(scope="module")
-def chatty_llama():
-    """tiny-llama with large random weights: greedy decoding produces varied tokens of varied lengths."""
-    from peftlab.models.registry import load_model
-
-    model, tokenizer = load_model("tiny-llama", head="causal-lm")
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return model.eval(), tokenizer
-
-
 def test_decoding_paths_give_identical_texts(chatty_llama):
     from peftlab.bench.decode import decode
     from peftlab.tasks.instructions import encode_prompt

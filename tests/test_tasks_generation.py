@@ -183,27 +183,13 @@ def test_e2e_csv_groups_every_reference_per_mr(tmp_path):
 # --------------------------------------------------------------------------- generation
 
 
-@pytest.fixture(scope="module")
-def chatty():
-    """tiny-llama with large random weights, so greedy decoding says different things for different prompts."""
-    from peftlab.models.registry import load_model
-
-    model, tokenizer = load_model("tiny-llama", head="causal-lm")
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return model.eval(), tokenizer
-
-
-def test_batched_left_padded_generation_equals_one_prompt_at_a_time(chatty):
+def test_batched_left_padded_generation_equals_one_prompt_at_a_time(chatty_llama):
     from transformers import GenerationConfig
 
     from peftlab.tasks.generation import stop_token_ids
     from peftlab.tasks.instructions import encode_prompt
 
-    model, tokenizer = chatty
+    model, tokenizer = chatty_llama
     questions = ["Hi", "What is 2+2? Think.", "A much longer question about cats and dogs, is it not?", "Why?"]
     prompts = [encode_prompt(tokenizer, q) for q in questions]
     stops = stop_token_ids(tokenizer)

@@ -25,6 +25,17 @@ from peftlab.io_utils import atomic_write_text
 from peftlab.tasks.prepare import Evaluation
 
 
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id prompts as one left-padded batch (ids, attention mask): a decoder continues every row at the end."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.as_tensor(prompt)
+        mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
 def stop_token_ids(tokenizer) -> list[int]:
     """EOS and the chat end-of-turn tokens that end a generated answer."""
     ids = []
@@ -68,13 +79,7 @@ def generate(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: 
     generated: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        width = max(len(prompts[i]) for i in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            n = len(prompts[i])
-            ids[row, width - n:] = torch.as_tensor(prompts[i])
-            mask[row, width - n:] = 1
+        ids, mask = left_padded([prompts[i] for i in chunk], pad)
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         alive = list(chunk)  # prompt index of each row still generating
@@ -156,13 +161,8 @@ def generate_greedy(model, tokenizer, prompts: Sequence[list[int]], *, max_new_t
     texts: dict[int, str] = {}
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        width = max(len(prompts[i]) for i in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            n = len(prompts[i])
-            ids[row, width - n:] = torch.as_tensor(prompts[i])
-            mask[row, width - n:] = 1
+        ids, mask = left_padded([prompts[i] for i in chunk], pad)
+        width = ids.shape[1]
         criteria = None
         if stop_when is not None:
             rules = [stop_when if callable(stop_when) else stop_when[i] for i in chunk]
