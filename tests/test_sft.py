@@ -188,20 +188,12 @@ def test_collator_pads_right(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def chatty_llama():
-    """tiny-llama with large random weights: greedy decoding then produces varied tokens (not one repeated)."""
-    from peftlab.models.registry import load_model
-
-    model, _ = load_model("tiny-llama", head="causal-lm")
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" not in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return model.eval()
+def chatty_model(chatty_llama):
+    """The model of conftest's chatty_llama (these tests bring their own tokenizer fixture)."""
+    return chatty_llama[0]
 
 
-def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, chatty_llama, monkeypatch):
+def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, chatty_model, monkeypatch):
     from transformers import GenerationConfig
 
     questions = ["Hi", "What is 2+2? Think.", "A much longer question about cats and dogs, is it not?", "Why?"]
@@ -211,14 +203,14 @@ def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, cha
         """HF greedy generation of one unpadded prompt; the text excludes the stop token, as peftlab's does."""
         ids = torch.tensor([prompt])
         config = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=list(stops), pad_token_id=2)
-        out = chatty_llama.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        out = chatty_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
         tokens = out[0, len(prompt):].tolist()
         tokens = tokens[:next((i for i, t in enumerate(tokens) if t in stops), len(tokens))]
         return tokenizer.decode(tokens, skip_special_tokens=True).strip(), tokens
 
     plain = [reference(p, [2]) for p in prompts]
     assert len({text for text, _ in plain}) == len(prompts)  # the model says different things
-    assert sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=12, batch_size=4) == [t for t, _ in plain]
+    assert sft.generate(chatty_model, tokenizer, prompts, max_new_tokens=12, batch_size=4) == [t for t, _ in plain]
     # Make a token that the second prompt emits at step 4 a stop token: that row leaves the batch early and
     # the rows left in the (pruned) KV cache must still decode exactly as alone.
     stop = plain[1][1][4]
@@ -227,11 +219,11 @@ def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, cha
     monkeypatch.setattr(generation, "stop_token_ids", lambda tok: [2, stop])  # generate's own module
     expected = [reference(p, [2, stop])[0] for p in prompts]
     assert expected[1] == tokenizer.decode(plain[1][1][:4], skip_special_tokens=True).strip()
-    assert sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=12, batch_size=4) == expected
-    assert sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=12, batch_size=3) == expected
+    assert sft.generate(chatty_model, tokenizer, prompts, max_new_tokens=12, batch_size=4) == expected
+    assert sft.generate(chatty_model, tokenizer, prompts, max_new_tokens=12, batch_size=3) == expected
 
 
-def test_gsm8k_evaluation_generates_what_the_old_greedy_loop_did(tokenizer, chatty_llama, tmp_path, monkeypatch):
+def test_gsm8k_evaluation_generates_what_the_old_greedy_loop_did(tokenizer, chatty_model, tmp_path, monkeypatch):
     """GSM8K's evaluation runs model.generate (generate_greedy); its generations are the hand-written loop's
     (sft.generate, the path it ran before), also when rows stop at different steps."""
     from types import SimpleNamespace
@@ -252,10 +244,10 @@ def test_gsm8k_evaluation_generates_what_the_old_greedy_loop_did(tokenizer, chat
     prompts = [sft.encode_prompt(tokenizer, q) for q in questions]
 
     def both_paths():
-        evaluation = sft.gsm8k_evaluator(cfg, tokenizer, eval_raw)(chatty_llama, accelerator, "before")
+        evaluation = sft.gsm8k_evaluator(cfg, tokenizer, eval_raw)(chatty_model, accelerator, "before")
         assert evaluation.extras["generations_file"] == "generations_before.jsonl"
         new = [r["generated"] for r in sft.read_generations(tmp_path / "generations_before.jsonl")]
-        old = sft.generate(chatty_llama, tokenizer, prompts, max_new_tokens=14, batch_size=3, stop_when=answer_is_final)
+        old = sft.generate(chatty_model, tokenizer, prompts, max_new_tokens=14, batch_size=3, stop_when=answer_is_final)
         return new, old
 
     new, old = both_paths()
