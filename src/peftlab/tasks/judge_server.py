@@ -24,6 +24,7 @@ client's parallelism) and answers in the OpenAI schema. Two things are peftlab's
 # at runtime, and string annotations naming names imported inside build_app would not resolve.
 import argparse
 import os
+import signal
 import socket
 import sys
 import threading
@@ -35,6 +36,7 @@ from typing import Any
 from peftlab.errors import PeftlabError
 
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_MAX_NEW_TOKENS = "127.0.0.1", 8000, 512
+STOP_SECONDS = 15.0  # Ctrl-C: how long the server may take to stop before the process ends anyway
 STARTUP_SECONDS = 30.0  # uvicorn binds in well under a second; this only bounds a wedged start
 
 
@@ -249,16 +251,22 @@ def run(args) -> int:
     print(f"judge with: peftlab train --task mt-bench ... --judge-url {running.url} --judge-model {served.name} "
           "(the API key variable may hold any non-empty value, e.g. OPENAI_API_KEY=EMPTY; the scores are a "
           "weak judge's)", flush=True)
+    # Ctrl-C (and a plain `kill`) stop the server even when this process was started with SIGINT ignored, as
+    # a shell does for background jobs (`peftlab serve-judge ... &`): Python then installs no handler of its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         while running.thread.is_alive():
             running.thread.join(0.5)
     except KeyboardInterrupt:
         print("peftlab serve-judge: stopping", flush=True)
     finally:
-        running.stop()
-    # transformers' serving can leave a non-daemon inference thread behind that keeps the interpreter from
-    # exiting (seen on a loaded CPU: Ctrl-C printed "stopping" and the process stayed). The server is stopped and
-    # nothing is left to write, so end the process here rather than wait on that thread.
+        # transformers' serving can leave its inference thread blocked (seen on a loaded CPU: Ctrl-C printed
+        # "stopping" and the process stayed): stop the server from a helper thread, wait a bounded time, and
+        # end the process here. Nothing is left to write: replies are sent, the server keeps no files.
+        stopper = threading.Thread(target=running.stop, name="peftlab-judge-stop", daemon=True)
+        stopper.start()
+        stopper.join(STOP_SECONDS)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
