@@ -24,7 +24,7 @@ def _store_keys(path: Path) -> set[str]:
         return {key for (key,) in db.execute("SELECT key FROM runs")}
 
 
-@pytest.mark.parametrize("spec, store", [("study_minilm.yaml", "results.sqlite"), ("lambda_grid_minilm.yaml", "results.sqlite"),
+@pytest.mark.parametrize("spec, store", [("study_minilm.yaml", "results.sqlite"), ("lambda_grid_minilm.yaml", "lambda_grid.sqlite"),
                                          ("bf16_cpu.yaml", "bf16_cpu.sqlite")])
 def test_shipped_specs_find_their_committed_runs(spec, store, tmp_path):
     sweep = load_spec(ROOT / "configs" / "sweeps" / spec, output_dir=str(tmp_path))
