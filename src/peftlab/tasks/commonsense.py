@@ -25,7 +25,6 @@ import re
 from collections import Counter
 from typing import Any
 
-from peftlab.errors import PeftlabError
 from peftlab.tasks.table import COMMONSENSE_TEST_SETS, COMMONSENSE_TRAIN_SETS, UNAVAILABLE_SETS
 
 _ANSWER_CHOICES = tuple(f"answer{i}" for i in range(1, 6))
@@ -66,7 +65,6 @@ def build_pipeline(cfg, tokenizer, model=None):
 
     from peftlab.tasks import generative
     from peftlab.tasks.generation import generation_evaluator
-    from peftlab.tasks.instructions import encode_prompt
     from peftlab.tasks.prepare import examples_digest
 
     generative.ensure_pad_token(cfg, tokenizer)
@@ -89,18 +87,11 @@ def build_pipeline(cfg, tokenizer, model=None):
         path = generative.find_data_file(cfg.data_dir, f"commonsense/{name}/test.json",
                                          f"commonsense test set '{name}'")
         files[f"test/{name}"] = str(path)
-        records = generative.read_llm_adapters_json(path)
-        for number, record in enumerate(records, 1):
-            if record["answer"] not in ANSWER_WORDS[name]:
-                raise PeftlabError(f"gold answer '{record['answer']}' is not one of {'/'.join(ANSWER_WORDS[name])}",
-                                   where=f"{path}, record {number}", fix="use the published LLM-Adapters files")
-        tests[name] = generative.records_dataset(
-            [{k: r[k] for k in ("instruction", "input", "answer")} for r in records])
+        words = ANSWER_WORDS[name]
+        tests[name] = generative.test_set(path, generative.read_llm_adapters_json(path),
+                                          lambda gold, words=words: None if gold in words else "one of " + "/".join(words))
     tests = generative.subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
-
-    # One flat list of prompts over all sets, so generation batches mix sets of similar prompt lengths.
-    items = [(name, row) for name, ds in tests.items() for row in ds]
-    prompts = [encode_prompt(tokenizer, row["instruction"], row["input"]) for _, row in items]
+    items, prompts = generative.prompt_items(tests, tokenizer)
 
     def score(texts: list[str]):
         records, by_set = [], {name: [] for name in tests}

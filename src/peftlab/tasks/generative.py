@@ -92,6 +92,26 @@ def records_dataset(records: list[dict]):
     return Dataset.from_list(records)
 
 
+def test_set(path: Path, records: list[dict[str, str]], gold_problem: Callable[[str], str | None]):
+    """One scored test set as a dataset (instruction, input, answer); a gold answer ``gold_problem`` objects to
+    (it returns what is wrong, else None) is a one-line error naming the file and record."""
+    for number, record in enumerate(records, 1):
+        problem = gold_problem(record["answer"])
+        if problem:
+            raise PeftlabError(f"gold answer '{record['answer']}' is not {problem}", where=f"{path}, record {number}",
+                               fix="use the published LLM-Adapters files")
+    return records_dataset([{k: r[k] for k in ("instruction", "input", "answer")} for r in records])
+
+
+def prompt_items(tests: dict, tokenizer) -> tuple[list[tuple[str, dict]], list[list[int]]]:
+    """(set, row) for every test item over all sets, and its encoded prompt: one flat list, so generation
+    batches mix sets of similar prompt lengths."""
+    from peftlab.tasks.instructions import encode_prompt
+
+    items = [(name, row) for name, ds in tests.items() for row in ds]
+    return items, [encode_prompt(tokenizer, row["instruction"], row["input"]) for _, row in items]
+
+
 def subset_per_set(datasets_by_set: dict, n: int | None, seed: int) -> dict:
     """``--max-eval-samples`` applied to each set (drawn with ``--eval-seed``: the same for every training seed)."""
     from peftlab.tasks.data_files import subset

@@ -27,7 +27,6 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from peftlab.errors import PeftlabError
 from peftlab.tasks.table import MATH_TEST_SETS
 
 # lm-evaluation-harness lm_eval/tasks/gsm8k/gsm8k.yaml (strict-match) and gsm8k-cot.yaml (strict-match), and the
@@ -94,7 +93,6 @@ def build_pipeline(cfg, tokenizer, model=None):
     """The ``math`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
     from peftlab.tasks import generative
     from peftlab.tasks.generation import generation_evaluator
-    from peftlab.tasks.instructions import encode_prompt
     from peftlab.tasks.prepare import examples_digest
 
     generative.ensure_pad_token(cfg, tokenizer)
@@ -110,18 +108,16 @@ def build_pipeline(cfg, tokenizer, model=None):
         path = generative.find_data_file(cfg.data_dir, f"math/{name}/test.json", f"math test set '{name}'")
         files[f"test/{name}"] = str(path)
         records = generative.read_llm_adapters_json(path)
-        for number, record in enumerate(records, 1):
-            bad = (record["answer"].strip().upper() not in tuple("ABCDE") if name in LETTER_SETS
-                   else _clean_number(record["answer"]) is None)
-            if bad:
-                raise PeftlabError(f"gold answer '{record['answer']}' is not a "
-                                   + ("letter A-E" if name in LETTER_SETS else "number"),
-                                   where=f"{path}, record {number}", fix="use the published LLM-Adapters files")
-        tests[name] = generative.records_dataset(
-            [{k: r[k] for k in ("instruction", "input", "answer")} for r in records])
+        letters = name in LETTER_SETS
+
+        def gold_problem(gold: str, letters: bool = letters) -> str | None:
+            if letters:
+                return None if gold.strip().upper() in tuple("ABCDE") else "a letter A-E"
+            return None if _clean_number(gold) is not None else "a number"
+
+        tests[name] = generative.test_set(path, records, gold_problem)
     tests = generative.subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
-    items = [(name, row) for name, ds in tests.items() for row in ds]
-    prompts = [encode_prompt(tokenizer, row["instruction"], row["input"]) for _, row in items]
+    items, prompts = generative.prompt_items(tests, tokenizer)
 
     def score(texts: list[str]):
         records, by_set = [], {name: [] for name in tests}
