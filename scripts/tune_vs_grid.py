@@ -1,69 +1,61 @@
-"""docs/RESULTS.md "Choosing lambda within a budget": `peftlab tune`'s pick against the full grid's best.
+"""docs/RESULTS.md "Choosing lambda within a budget": the full grid's best, the naive search's pick and
+`peftlab tune`'s pick, each scored on the seeds that chose it and on held-out seeds that did not.
 
-Reads only data: the grid's runs in a results store (configs/sweeps/lambda_grid_minilm.yaml) and each tune's
-tune.json (configs/tune/lambda_<task>_minilm.yaml). Prints one Markdown table.
+Reads only data (peftlab.lab.tune_compare does the work): the grid's runs (configs/sweeps/lambda_grid_minilm.yaml)
+in a results store, each tune's spec and its output (tune.json + results.sqlite, which holds its winner's
+held-out runs), and any further stores (e.g. a sweep of the other picks' held-out seeds). Prints one Markdown table.
 
-    python scripts/tune_vs_grid.py runs/study_minilm/results.sqlite runs/lambda_{sst2,stsb,qqp}_minilm
+    python scripts/tune_vs_grid.py docs/study/lambda_grid.sqlite configs/tune/lambda_{sst2,stsb,qqp}_minilm.yaml
+    python scripts/tune_vs_grid.py GRID.sqlite configs/tune/lambda_sst2_minilm.yaml=runs/tune-sst2 --store more.sqlite
+
+SPEC=WHERE names the tune's output: its folder (tune.json, results.sqlite) or its tune.json (pass its store
+with --store); without =WHERE, the spec's own output_dir. --naive-top-k K re-seeds K points in the naive search
+(default: the spec's top_k); --naive-equal-budget sizes K to the tune's budget instead.
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
-import statistics
+import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
 
-LAMBDAS, LRS = (1.0, 2.0, 4.0, 8.0, 16.0), (1e-3, 2e-3)
-NOT_OK = ("diverged", "collapsed", "failed")
+from peftlab.errors import PeftlabError
+from peftlab.lab.store import STORE_NAME
+from peftlab.lab.tune_compare import compare_files, render_comparison
+from peftlab.lab.tune_spec import load_tune_spec
+from peftlab.lab.tune_summary import SUMMARY_FILE
 
 
-def grid_cells(store: Path, task: str, samples: int) -> dict[tuple[float, float], list[float]]:
-    """(lr, lambda) -> the 5 seeds' best-epoch metric (a diverged/collapsed seed counts at its metric, or chance)."""
-    cells: dict[tuple[float, float], list[float]] = defaultdict(list)
-    with sqlite3.connect(store) as db:
-        for config, result, status in db.execute("SELECT config, result, status FROM runs"):
-            c = json.loads(config)
-            if (c["task"], c["method"], c["targets"], c["epochs"], c["max_train_samples"]) != \
-                    (task, "lora", "q,v", 2, samples) or c["lr"] not in LRS or float(c["lr_ratio"]) not in LAMBDAS:
-                continue
-            if status not in ("ok", "diverged", "collapsed"):  # pending, running or failed: not a finished seed
-                continue
-            r = json.loads(result) if result else {}
-            best = (r.get("best") or {}).get("metrics", {}).get(r.get("primary_metric", ""))
-            if best is None:
-                best = (r.get("final") or {}).get("metrics", {}).get(r.get("primary_metric", ""), float("nan"))
-            cells[(c["lr"], float(c["lr_ratio"]))].append(float(best))
-    return cells
+def comparison_for(item: str, grid_store: str, stores: list[str], naive_top_k: int | None, equal_budget: bool):
+    spec, _, where = item.partition("=")
+    tune = load_tune_spec(spec)
+    if where and not Path(where).is_dir():  # a tune.json; its store comes with --store
+        folder, summary = None, Path(where)
+    else:
+        folder = Path(where) if where else tune.output_root
+        summary = folder / SUMMARY_FILE if (folder / SUMMARY_FILE).is_file() or where else None
+    tune_store = [str(folder / STORE_NAME)] if folder is not None and (folder / STORE_NAME).is_file() else []
+    return compare_files(spec, [grid_store, *tune_store, *stores], summary=summary, naive_top_k=naive_top_k,
+                         naive_budget=tune.budget_epochs if equal_budget else None)
 
 
-def main(store: str, *tune_dirs: str) -> None:
-    print("| task | grid best (lambda, eta_QK): mean ± std over 5 seeds | tune's pick | its 5-seed mean ± std "
-          "| gap (points) | within grid-best std | epochs: tune / grid (fraction) | trials (pruned) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for tune_dir in tune_dirs:
-        tune = json.loads((Path(tune_dir) / "tune.json").read_text())
-        with sqlite3.connect(Path(tune_dir) / "results.sqlite") as db:
-            config = json.loads(db.execute("SELECT config FROM runs LIMIT 1").fetchone()[0])
-        task, samples = config["task"], config["max_train_samples"]
-        cells = grid_cells(Path(store), task, samples)
-        complete = {k: v for k, v in cells.items() if len(v) == 5}
-        best_key = max(complete, key=lambda k: statistics.mean(complete[k]))
-        best = complete[best_key]
-        w = tune["winner"]
-        gap = 100 * (statistics.mean(best) - w["mean"])
-        within = gap <= 100 * statistics.stdev(best) or gap <= 0.5
-        pruned = sum(1 for t in tune["trials"] if t["outcome"] == "pruned")
-        print(f"| {task} ({samples} train) | {100 * statistics.mean(best):.1f} ± {100 * statistics.stdev(best):.1f} "
-              f"(λ={best_key[1]:g}, {best_key[0]:g}) | λ={w['params']['lr_ratio']:g}, {w['params'].get('lr', ''):g} "
-              f"| {100 * w['mean']:.1f} ± {100 * w['std']:.1f} | {gap:+.1f} | {'yes' if within else 'no'} "
-              f"| {tune['spent_epochs']} / {tune['grid_epochs']} ({tune['fraction_of_grid']:.0%}) "
-              f"| {len(tune['trials'])} ({pruned}) |")
-        missing = [k for k, v in cells.items() if len(v) != 5]
-        if missing or len(cells) != len(LAMBDAS) * len(LRS):
-            print(f"<!-- {task}: grid incomplete: {len(complete)} of {len(LAMBDAS) * len(LRS)} points have 5 seeds -->")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("grid_store", help="results store holding the full grid x selection seeds")
+    parser.add_argument("specs", nargs="+", metavar="SPEC[=WHERE]", help="tune spec, optionally =its output")
+    parser.add_argument("--store", action="append", default=[], help="another store to read runs from")
+    parser.add_argument("--naive-top-k", type=int, default=None, metavar="K")
+    parser.add_argument("--naive-equal-budget", action="store_true")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        comparisons = [comparison_for(item, args.grid_store, args.store, args.naive_top_k, args.naive_equal_budget)
+                       for item in args.specs]
+    except PeftlabError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(render_comparison(comparisons), end="")
+    return 0
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    sys.exit(main())

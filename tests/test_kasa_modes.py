@@ -227,7 +227,7 @@ def test_train_kasa_reference_and_truncate_rank(tmp_path):
         kasa_truncate_rank=6, epochs=1, batch_size=8, max_length=32, max_train_samples=16, max_eval_samples=16,
         output_dir=str(tmp_path / "run")))
     result = train(cfg)
-    assert result["status"] == "ok"
+    assert result["status"] in ("ok", "no_learning")  # trained to its end (a tiny model need not learn)
     assert result["config"]["kasa_mode"] == "reference" and result["config"]["kasa_truncate_rank"] == 6
     assert result["calibration_seconds"] is None  # only CorDA calibrates
     assert result["kasa_sigma"] and all(len(v) == 4 for v in result["kasa_sigma"].values())

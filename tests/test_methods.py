@@ -27,6 +27,8 @@ from peftlab.methods.options import FourierFTOptions, KasaOptions
 from peftlab.methods.table import METHODS, MethodConfig, apply_method, extra_loss
 from peftlab.methods.optim_groups import OptimConfig, count_trainable, param_groups
 
+from test_train import assert_trained  # noqa: E402  (tests/ is on sys.path, as for conftest)
+
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 RANK = 4
@@ -65,6 +67,11 @@ ARCHS = {
 }
 TARGET_SETS = [("q", "v"), ("q", "k", "v"), ("v",), ("q", "k")]
 
+# Methods that adapt no projection (head-only): their targets are empty whatever was asked, nothing but the head
+# trains, and the model is saved without peft. Methods whose model is not a PeftModel.
+NO_TARGET_METHODS = {"head"}
+PEFT_FREE = {"full", "head"}
+
 _LORA = {"lora_A.default.weight", "lora_B.default.weight"}
 # method -> the trainable tensors on each adapted projection (suffix after the module name)
 ADAPTER_TENSORS = {
@@ -77,6 +84,7 @@ ADAPTER_TENSORS = {
     "corda": _LORA,
     "vera": {"vera_lambda_b.default", "vera_lambda_d.default"},
     "fourierft": {"fourierft_spectrum.default"},
+    "head": set(),  # adapts no projection
 }
 # method -> trainable parameters per adapted projection, from (in_features, out_features, has_bias)
 ADAPTER_NUMEL = {
@@ -89,6 +97,7 @@ ADAPTER_NUMEL = {
     "corda": lambda i, o, bias: RANK * (i + o),
     "vera": lambda i, o, bias: RANK + o,
     "fourierft": lambda i, o, bias: N_FREQUENCY,
+    "head": lambda i, o, bias: 0,
 }
 
 
@@ -139,13 +148,15 @@ def strip(name: str) -> str:
 
 
 def expected_modules(arch: Arch, targets) -> dict[str, tuple[str, ...]]:
+    if not targets:
+        return {}
     if arch.fused:
         return {"qkv": arch.modules("qkv")} | ({"o": arch.modules("o")} if "o" in targets else {})
     return {p: arch.modules(p) for p in targets}
 
 
 def is_accepted(method: str, arch: Arch, targets) -> bool:
-    if not arch.fused:
+    if not arch.fused or not targets:
         return True
     return METHODS[method].fused_qkv and {"q", "k", "v"} <= set(targets)
 
@@ -203,7 +214,12 @@ def one_line(err: pytest.ExceptionInfo) -> str:
 
 # --------------------------------------------------------------------------- the method x target x arch matrix
 
-CASES = [(m, a, t) for m in METHODS for a in ARCHS for t in TARGET_SETS]
+def target_sets(method: str) -> list[tuple]:
+    """The target sets a method is checked on: head-only adapts none, so once, with none."""
+    return [()] if method in NO_TARGET_METHODS else TARGET_SETS
+
+
+CASES = [(m, a, t) for m in METHODS for a in ARCHS for t in target_sets(m)]
 ACCEPTED = [c for c in CASES if is_accepted(c[0], ARCHS[c[1]], c[2])]
 REFUSED = [c for c in CASES if not is_accepted(c[0], ARCHS[c[1]], c[2])]
 
@@ -231,10 +247,11 @@ def test_trainable_set_groups_and_counts(case, tiny_model):
 
     # targets and heads resolve to the architecture's modules
     modules = expected_modules(arch, target_set)
+    fused = arch.fused and bool(modules)  # head-only adapts nothing, fused or not
     assert targets.modules == modules
-    assert targets.fused == arch.fused
+    assert targets.fused == fused
     assert heads == list(arch.heads)
-    assert is_peft(model) == (method != "full")
+    assert is_peft(model) == (method not in PEFT_FREE)
 
     # the trainable set: exactly the method's tensors on each targeted projection, plus the whole head
     params = trainable(model)
@@ -255,7 +272,6 @@ def test_trainable_set_groups_and_counts(case, tiny_model):
         assert got == head_numel, f"head {head}: {got} trainable parameters, expected {head_numel}"
 
     # optimizer groups: each trainable tensor in exactly one group, with its projection's learning rate
-    fused = arch.fused
     for lr_ratio, head_lr in ((1.0 if fused else LR_RATIO, HEAD_LR), (1.0, None)):
         groups = param_groups(model, targets, heads, OptimConfig(lr=LR, lr_ratio=lr_ratio, head_lr=head_lr,
                                                                  weight_decay=0.01), verbose=False)
@@ -286,6 +302,9 @@ def test_trainable_set_groups_and_counts(case, tiny_model):
     formula = sum(ADAPTER_NUMEL[method](*in_out(original.get_submodule(n)), original.get_submodule(n).bias is not None)
                   for names in modules.values() for n in names)
     assert counts["adapter"] == formula
+    if method in NO_TARGET_METHODS:  # head-only: every head parameter trains, nothing else does
+        assert counts["adapter"] == 0
+        assert counts["head"] == sum(p.numel() for h in arch.heads for p in original.get_submodule(h).parameters())
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=_case_id)
@@ -304,8 +323,14 @@ def test_fused_qkv_refusals(case, tiny_model):
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_no_head_when_head_not_trained(method, tiny_model):
-    """train_head=False (causal LM runs): only the targeted projections train, nothing counts as head."""
+    """train_head=False (causal LM runs): only the targeted projections train, nothing counts as head; head-only
+    would train nothing and is refused in one line."""
     arch = ARCHS["llama"]
+    if method in NO_TARGET_METHODS:
+        with pytest.raises(PeftlabError) as err:
+            adapt(tiny_model(arch.model_type), method_config(method, ("q", "v")), train_head=False, task_type=None)
+        assert "trains only the task head" in one_line(err)
+        return
     applied = adapt(tiny_model(arch.model_type), method_config(method, ("q", "v")),
                     train_head=False, task_type=None)
     model, targets, heads = applied.model, applied.targets, applied.heads
@@ -321,7 +346,8 @@ def test_no_head_when_head_not_trained(method, tiny_model):
 
 # (arch, targets) per architecture for the round-trip tests: Llama adds o and GQA shapes, GPT-2 the fused matrix
 ROUND_TRIP = [("bert", ("q", "v")), ("llama", ("q", "k", "v", "o")), ("gpt2", ("q", "k", "v", "o"))]
-ROUND_TRIP_CASES = [(m, a, t) for m in METHODS for a, t in ROUND_TRIP if is_accepted(m, ARCHS[a], t)]
+ROUND_TRIP_CASES = [(m, a, () if m in NO_TARGET_METHODS else t) for m in METHODS for a, t in ROUND_TRIP
+                    if is_accepted(m, ARCHS[a], t)]
 
 
 def _trained(method, arch_name, target_set, tiny_model, inputs, **overrides):
@@ -378,7 +404,7 @@ def test_save_load_round_trip(case, tiny_model, inputs, tmp_path):
     applied, original, out = _trained(method, arch_name, target_set, tiny_model, inputs)
     save_trained(applied.model, tmp_path / "adapter", base_model=arch_name, applied=applied)
     loaded = load_trained(copy.deepcopy(original), tmp_path / "adapter", base_model=arch_name)
-    assert is_peft(loaded) == (method != "full")
+    assert is_peft(loaded) == (method not in PEFT_FREE)
     torch.testing.assert_close(logits(loaded, inputs), out, atol=1e-5, rtol=0)
 
 
@@ -628,7 +654,8 @@ def test_mlp_projections_are_targets_too(tmp_path, model_name, targets, expected
     result = train(build_config(TrainConfig, overrides=dict(
         task="rte", model=model_name, method="lora", targets=targets, rank=4, epochs=1, batch_size=8, max_length=32,
         max_train_samples=16, max_eval_samples=8, output_dir=str(tmp_path / "run"))))
-    assert result["status"] == "ok" and set(expected) <= set(result["group_lrs"])
+    assert_trained(result)
+    assert set(expected) <= set(result["group_lrs"])
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -636,7 +663,8 @@ def test_apply_method_returns_its_state_and_sets_nothing_on_the_model(method, ti
     """What an init decided travels in AppliedMethod.init_stats; no peftlab_* attribute is stuck on a module."""
     cfg = method_config(method, ("q", "v"))
     applied = adapt(tiny_model("bert"), cfg)
-    assert applied.method is cfg and applied.targets.all_modules and applied.heads
+    assert applied.method is cfg and applied.heads
+    assert bool(applied.targets.all_modules) == (method not in NO_TARGET_METHODS)
     stats = applied.init_stats
     assert (stats.calibration_seconds is not None) == METHODS[method].needs_calibration
     assert (stats.initial_adapter is not None) == METHODS[method].converts_to_lora
@@ -645,3 +673,31 @@ def test_apply_method_returns_its_state_and_sets_nothing_on_the_model(method, ti
              if key.lstrip("_").startswith("peftlab")]
     assert stuck == []
 
+
+
+# --------------------------------------------------------------------------- head-only
+
+
+@pytest.mark.parametrize("flag, value", [("--targets", "q,v"), ("--layers", "1"), ("--lr", "1e-3"),
+                                         ("--lr-ratio", "4"), ("--rank", "8")])
+def test_head_only_refuses_the_options_it_would_ignore(tmp_path, capsys, flag, value):
+    """--method head reads none of the adapter's options: setting one is one line, exit 2, nothing written."""
+    from peftlab.cli.main import main
+
+    out = tmp_path / "run"
+    code = main(["train", "--model", "tiny-bert", "--method", "head", flag, value, "--output-dir", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{flag} is set, but method 'head' does not use it" in err[0]
+    assert not out.exists()
+
+
+def test_head_only_config_has_no_targets_and_refuses_causal_lm_tasks():
+    from peftlab.config import TrainConfig, build_config
+
+    cfg = build_config(TrainConfig, overrides=dict(method="head", targets="q,k", layers="1", lr=1e-3, lr_ratio=4,
+                                                   head_lr=2e-3))  # a sweep cell's values it has no use for
+    assert cfg.targets == () and cfg.layers is None and cfg.to_dict()["targets"] == ""
+    assert (cfg.lr, cfg.lr_ratio, cfg.head_lr) == (2e-3, 1.0, 2e-3)  # the head's rate is the run's only one
+    assert TrainConfig.from_dict(cfg.to_dict()).targets == ()  # config.yaml reads back
+    with pytest.raises(PeftlabError, match="trains only a task head, and task 'alpaca' has none"):
+        build_config(TrainConfig, overrides=dict(method="head", task="alpaca", model="tiny-llama"))

@@ -1,4 +1,6 @@
-"""`peftlab plot`: every kind of figure from a small synthetic store (heatmap, KaSA sigma, curves, rank)."""
+"""`peftlab plot`: every kind of figure from a small synthetic store, the CLI, its errors, and the KaSA sigma
+figure (what training changed, never the initialisation). Heatmaps: test_plot_heatmap.py; learning curves:
+test_plot_curves.py; layout: test_plot_layout.py."""
 
 from __future__ import annotations
 
@@ -6,14 +8,16 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from _plot_helpers import close, make_store
 from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures import key_value
-from peftlab.lab.figures_sigma import parse_module
-from peftlab.lab.plot import make_plot
+from peftlab.lab.figures import fmt_tick, key_value, metric_label, metric_range, with_defaults
+from peftlab.lab.figures_sigma import SIGMA_DELTA, parse_module
+from peftlab.lab.plot import KINDS, draw, make_figure, make_plot
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
 
@@ -24,13 +28,16 @@ def _result(cfg: dict, accuracy: float, status: str, rng: random.Random) -> dict
     epochs = [{"epoch": e, "train_loss": 0.7 - 0.1 * e + rng.random() * 0.01,
                "metrics": {"accuracy": accuracy - 0.03 * (cfg["epochs"] - e)}, "seconds": 1.0}
               for e in range(1, cfg["epochs"] + 1)]
+    curve = [{"step": 2 * (i + 1), "epoch": (i + 1) / 2, "metrics": {"accuracy": accuracy - 0.02 * (2 * cfg["epochs"]
+                                                                                                   - i - 1)}}
+             for i in range(2 * cfg["epochs"])]
     result = {"schema_version": 1, "status": status, "status_reason": None if status == "ok" else status,
               "task": cfg["task"], "method": cfg["method"], "seed": cfg["seed"], "config": cfg,
-              "primary_metric": "accuracy", "epochs_log": epochs, "best": {"epoch": cfg["epochs"],
-                                                                          "metrics": {"accuracy": accuracy}},
-              "final": {"metrics": {"accuracy": accuracy}}, "before": None,
+              "primary_metric": "accuracy", "epochs_log": epochs, "curve": curve,
+              "best": {"epoch": cfg["epochs"], "metrics": {"accuracy": accuracy}},
+              "final": {"metrics": {"accuracy": accuracy}}, "before": None, "epochs_run": cfg["epochs"],
               "trainable_params": {"adapter": 100 * cfg["rank"], "head": 66, "total": 100 * cfg["rank"] + 66}}
-    if cfg["method"] == "kasa":
+    if cfg["method"] == "kasa":  # no kasa_sigma_init: a run of an older peftlab
         result["kasa_sigma"] = {f"bert.encoder.layer.{layer}.attention.self.{proj}":
                                 [rng.gauss(0, 0.01) for _ in range(cfg["rank"])]
                                 for layer in range(2) for proj in ("query", "value")}
@@ -66,28 +73,27 @@ def store_path(tmp_path_factory) -> Path:
     return path
 
 
-def assert_png(path: Path) -> None:
-    data = path.read_bytes()
-    assert data.startswith(PNG_MAGIC) and len(data) > 5000
-
-
 @pytest.mark.parametrize("kind, options", [
+    ("lr-grid", dict(where="rank=8,method=lora")),
     ("heatmap", dict(where="rank=8,method=lora")),
-    ("heatmap", dict(x="lr", y="v_lr", where="rank=8")),
-    ("sigma", dict(where="method=kasa,lr=1e-3,lr_ratio=4")),
+    ("heatmap", dict(x="lr", y="v_lr", where="rank=8,method=lora")),
     ("curves", dict(where="rank=8,lr=1e-3,method=lora")),
     ("rank", dict(where="lr=1e-4,lr_ratio=4")),
 ])
-def test_each_kind_makes_a_png(store_path, tmp_path, kind, options):
-    out = make_plot(load_rows([store_path]), kind=kind, out=tmp_path / f"{kind}.png", **options)
-    assert_png(out)
+@pytest.mark.parametrize("suffix, magic", [(".png", PNG_MAGIC), (".pdf", b"%PDF"), (".svg", b"<?xml")])
+def test_each_kind_writes_png_pdf_and_svg(store_path, tmp_path, kind, options, suffix, magic):
+    drawn = make_plot(load_rows([store_path]), kind=kind, out=tmp_path / f"{kind}{suffix}", **options)
+    data = drawn.path.read_bytes()
+    assert data.startswith(magic) and len(data) > 5000
+    if suffix == ".svg":  # text stays text (svg.fonttype none): a paper's editor can restyle it
+        assert "<text" in data.decode()
 
 
 def test_cli_plot_pdf(store_path, tmp_path, capsys):
     out = tmp_path / "figure.pdf"
-    assert main(["plot", str(store_path), "--kind", "heatmap", "--x", "lr", "--y", "lr_ratio",
-                 "--where", "rank=4", "--out", str(out)]) == 0
+    assert main(["plot", str(store_path), "--kind", "lr-grid", "--where", "rank=4,method=lora", "--out", str(out)]) == 0
     assert out.read_bytes().startswith(b"%PDF") and f"wrote {out}" in capsys.readouterr().out
+    assert set(KINDS) == {"lr-grid", "heatmap", "curves", "sigma", "rank"}
 
 
 def test_plot_errors(store_path, tmp_path, capsys):
@@ -102,6 +108,10 @@ def test_plot_errors(store_path, tmp_path, capsys):
         make_plot(rows, kind="curves", out=tmp_path / "c.png")  # 16 configs: asks for --where
     assert main(["plot", str(tmp_path / "none.sqlite"), "--kind", "rank", "--out", str(tmp_path / "r.png")]) == 2
     assert "results store not found" in capsys.readouterr().err
+    assert main(["plot", str(store_path), "--kind", "sigma", "--where", "method=kasa",
+                 "--out", str(tmp_path / "s.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "lack kasa_sigma_init" in err and "fix:" in err
 
 
 def test_helpers():
@@ -110,205 +120,114 @@ def test_helpers():
     assert parse_module("roberta.encoder.layer.0.attention.output.dense") == (0, "o")
     assert key_value({"lr": 1e-4, "lr_ratio": 4.0}, "v_lr") == 4e-4
     assert key_value({"lr": 3e-4, "lr_ratio": 1 / 3}, "v_lr") == pytest.approx(1e-4)
+    assert [fmt_tick(v, "lr") for v in (5e-4, 1e-3, 1.6e-2, 0.1)] == ["5e-4", "1e-3", "1.6e-2", "1e-1"]
+    assert fmt_tick(4.0, "lr_ratio") == "4" and fmt_tick(0.25) == "0.25"
+    assert metric_range("accuracy") == (0.0, 1.0) and metric_range("pearson") == (-1.0, 1.0)
+    assert metric_range("combined", "stsb") == (-1.0, 1.0) and metric_range("combined", "mrpc") == (0.0, 1.0)
+    assert metric_range("eval_loss") is None
+    assert metric_label(["accuracy"], 100) == "accuracy (%)" and metric_label(["pearson"], 100) == "pearson ×100"
+    assert metric_label(["eval_loss"], 1) == "eval_loss"
+    # an option a run predates counts as its default: old and new runs of one config group together
+    new = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="rte")).to_dict()
+    old = {k: v for k, v in new.items() if k != "eval_steps"}
+    assert "eval_steps" in new and with_defaults(old) == with_defaults(new)
 
 
-# --------------------------------------------------------------------------- what the figures show
+def test_pruned_trials_are_left_out_and_said_so(tmp_path):
+    runs = [dict(task="rte", lr=lr, lr_ratio=ratio, seed=s, value=0.6 + 0.01 * s)
+            for lr in (1e-3, 2e-3) for ratio in (1.0, 2.0) for s in range(2)]
+    runs.append(dict(task="rte", lr=1e-3, lr_ratio=1.0, seed=5, value=0.99, status="pruned",
+                     result={"stopped_early": True, "epochs_run": 1}))
+    drawn = draw(make_store(tmp_path / "p.sqlite", runs), kind="lr-grid")
+    try:
+        (panel,) = drawn.data.panels
+        assert int(panel.n_ok.sum() + panel.n_failed.sum()) == 8  # the trial is in no cell
+        assert drawn.notes == ["left out 1 pruned tune trial(s): incomplete runs"]
+    finally:
+        close(drawn.figure)
 
 
-def _fig_store(path: Path, specs: list[dict], *, metric: str = "accuracy", epochs: int = 2,
-               extra=None) -> list[dict]:
-    """A store of ok runs; each spec: config overrides + ``value`` (+ ``result`` keys to add); returns its rows."""
-    rng = random.Random(1)
-    with Store(path) as store:
-        for spec in specs:
-            spec = dict(spec)
-            value, more = spec.pop("value"), spec.pop("result", {})
-            cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", epochs=epochs, **spec)).to_dict()
-            result = _result(cfg, value, "ok", rng)
-            if metric != "accuracy":
-                result["primary_metric"] = metric
-                for section in (result["best"], result["final"], *result["epochs_log"]):
-                    section["metrics"] = {metric: section["metrics"]["accuracy"]}
-            result.pop("kasa_sigma", None)
-            result.update(more)
-            store.add(cfg, result=result)
-    return load_rows([path])
+# --------------------------------------------------------------------------- KaSA sigma
 
 
-def _images(fig):
-    return [(ax, image) for ax in fig.axes for image in ax.get_images()]
-
-
-def _red_box(ax) -> tuple[int, int]:
-    """(row, col) of the heatmap's red 'best' box."""
-    import matplotlib.colors as mcolors
-
-    boxes = [p for p in ax.patches if mcolors.to_hex(p.get_edgecolor()) == "#ff0000"]
-    assert len(boxes) == 1
-    x0, y0 = boxes[0].get_xy()
-    return round(y0 + 0.5), round(x0 + 0.5)
+def _sigma_runs(init: dict | None) -> list[dict]:
+    sigma = {f"bert.encoder.layer.{layer}.attention.self.{proj}": [0.5, -0.25, 0.125]
+             for layer in range(2) for proj in ("query", "value")}
+    runs = []
+    for task in ("rte", "mrpc"):
+        for seed in range(2):
+            extra = {"kasa_sigma": sigma}
+            if init is not None:
+                extra["kasa_sigma_init"] = init[task](sigma)
+            runs.append(dict(task=task, method="kasa", rank=3, seed=seed, value=0.6, result=extra))
+    return runs
 
 
 def test_sigma_draws_the_learned_change_on_one_symmetric_scale(tmp_path):
-    from peftlab.lab.figures_sigma import SIGMA_DELTA
-    from peftlab.lab.plot import make_figure
-
-    sigma = {f"bert.encoder.layer.{layer}.attention.self.{proj}": [0.5, -0.25, 0.125]
-             for layer in range(2) for proj in ("query", "value")}
     # Same learned sigma on both tasks (the init dominates it); what training changed differs: +0.01*i vs -0.03.
-    init = {"rte": {m: [v - 0.01 * (i + 1) for i, v in enumerate(vals)] for m, vals in sigma.items()},
-            "mrpc": {m: [v + 0.03 for v in vals] for m, vals in sigma.items()}}
-    specs = [dict(task=task, method="kasa", rank=3, seed=seed, value=0.6,
-                  result={"kasa_sigma": sigma, "kasa_sigma_init": init[task]})
-             for task in ("rte", "mrpc") for seed in range(2)]
-    fig = make_figure(_fig_store(tmp_path / "s.sqlite", specs), kind="sigma")
+    init = {"rte": lambda sigma: {m: [v - 0.01 * (i + 1) for i, v in enumerate(vals)] for m, vals in sigma.items()},
+            "mrpc": lambda sigma: {m: [v + 0.03 for v in vals] for m, vals in sigma.items()}}
+    drawn = draw(make_store(tmp_path / "s.sqlite", _sigma_runs(init)), kind="sigma")
+    fig = drawn.figure
     try:
-        images = _images(fig)
-        assert len(images) == 4  # 2 tasks x {q, v}
         by_task = {}
-        for ax, image in images:
-            task = "RTE" if ax.get_title().startswith("RTE") else "MRPC"
-            by_task.setdefault(task, []).append(image.get_array().filled(float("nan")))
-        import numpy as np
-
-        for matrix in by_task["RTE"]:
+        for panel in drawn.data.panels:
+            by_task.setdefault(panel.task, []).append(panel.matrix)
+        for matrix in by_task["rte"]:
             np.testing.assert_allclose(matrix, [[0.01, 0.02, 0.03]] * 2, atol=1e-12)
-        for matrix in by_task["MRPC"]:
+        for matrix in by_task["mrpc"]:
             np.testing.assert_allclose(matrix, [[-0.03] * 3] * 2, atol=1e-12)
-        # diverging map centred at 0, limits symmetric and shared by every panel
+        assert drawn.data.init_size == pytest.approx(np.mean(np.abs(
+            [v for t in ("rte", "mrpc") for vals in init[t](_sigma_runs(None)[0]["result"]["kasa_sigma"]).values()
+             for v in vals])))
+        images = [(ax, image) for ax in fig.axes for image in ax.get_images()]
+        assert len(images) == 4  # 2 tasks x {q, v}
+        for ax, image in images:  # the drawn pixels are the data's matrices
+            task = "rte" if ax.get_title().startswith("RTE") else "mrpc"
+            np.testing.assert_allclose(image.get_array(), by_task[task][0], atol=1e-12)
         assert {image.get_cmap().name for _, image in images} == {"RdBu_r"}
         (vmin, vmax), = {image.get_clim() for _, image in images}
         assert vmin == -vmax == pytest.approx(-0.03)
-        labels = [ax.get_ylabel() for ax in fig.axes if not ax.get_images() and ax.get_ylabel()]
-        assert any(SIGMA_DELTA in label.replace("\n", " ") for label in labels)  # the colour bar
-        assert SIGMA_DELTA in fig.get_suptitle().replace("\n", " ")
-        assert "init not recorded" not in fig.get_suptitle()
-    finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-
-
-def test_sigma_without_init_draws_sigma_and_says_so(store_path):
-    import numpy as np
-
-    from peftlab.lab.figures_sigma import SIGMA_NO_INIT
-    from peftlab.lab.plot import make_figure
-
-    rows = load_rows([store_path])  # the fixture's kasa runs have no kasa_sigma_init (an older peftlab)
-    fig = make_figure(rows, kind="sigma", where="method=kasa,lr=1e-4,lr_ratio=1,rank=4,task=rte")
-    try:
-        images = _images(fig)
-        assert len(images) == 2
-        expected = np.mean([[row["result"]["kasa_sigma"][f"bert.encoder.layer.{layer}.attention.self.query"]
-                             for layer in range(2)] for row in rows
-                            if row["config"]["method"] == "kasa" and row["config"]["lr"] == 1e-4
-                            and row["config"]["lr_ratio"] == 1 and row["config"]["rank"] == 4
-                            and row["config"]["task"] == "rte"], axis=0)
-        q = next(image for ax, image in images if " q " in ax.get_title())
-        np.testing.assert_allclose(q.get_array(), expected)
-        for ax, _ in images:
-            assert SIGMA_NO_INIT in " ".join(ax.get_title().split())
-        assert "init not recorded" in fig.get_suptitle()
-    finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-
-
-@pytest.mark.parametrize("metric, best", [("eval_loss", (0, 0)), ("accuracy", (1, 1))])
-def test_heatmap_best_box_follows_the_metric_direction(tmp_path, metric, best):
-    from peftlab.tasks.metrics import LOWER_IS_BETTER
-    from peftlab.lab.plot import make_figure
-
-    assert (metric in LOWER_IS_BETTER) == (metric == "eval_loss")
-    values = {(1e-4, 1.0): 0.2, (1e-3, 1.0): 0.4, (1e-4, 4.0): 0.5, (1e-3, 4.0): 0.9}
-    specs = [dict(task="rte", method="lora", lr=lr, lr_ratio=ratio, seed=seed, value=v)
-             for (lr, ratio), v in values.items() for seed in range(2)]
-    rows = _fig_store(tmp_path / "h.sqlite", specs, metric=metric)
-    fig = make_figure(rows, kind="heatmap")
-    try:
-        (ax, image), = _images(fig)
-        assert _red_box(ax) == best  # rows: lr_ratio 1, 4; columns: lr 1e-4, 1e-3
-        bold = [t.get_text() for t in ax.texts if t.get_fontweight() == "bold"]
-        assert bold == ([f"{0.2:.1f}"] if metric == "eval_loss" else [f"{90.0:.1f}"])
-        assert ("lowest" in fig.get_suptitle()) == (metric == "eval_loss")
-    finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-
-
-def test_heatmap_shares_one_colour_scale_per_task(store_path):
-    from peftlab.lab.plot import make_figure
-
-    fig = make_figure(load_rows([store_path]), kind="heatmap", where="rank=8")
-    try:
-        images = _images(fig)
-        assert len(images) == 5  # {lora, kasa} x {rte, mrpc} + rte's failed dora run
-        by_task = {}
-        for ax, image in images:
-            by_task.setdefault(ax.get_title().split("\n")[0], set()).add(image.get_clim())
-        assert sorted(by_task) == ["MRPC", "RTE"] and all(len(c) == 1 for c in by_task.values())
-        bars = [ax for ax in fig.axes if not ax.get_images() and ax.get_ylabel()]
-        assert len(bars) == 2  # one colour bar per task
-    finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-
-
-def test_heatmap_folds_when_neither_axis_varies(tmp_path):
-    from peftlab.lab.plot import make_figure
-
-    values = {"lora": 0.70, "dora": 0.72, "kasa": 0.75}
-    specs = [dict(task=task, method=method, lr=5e-4, lr_ratio=1.0, seed=seed, value=v + 0.1 * (task == "mrpc"))
-             for task in ("rte", "mrpc") for method, v in values.items() for seed in range(2)]
-    fig = make_figure(_fig_store(tmp_path / "f.sqlite", specs), kind="heatmap")
-    try:
-        images = _images(fig)
-        assert len(images) == 2  # one panel per task, not one 1x1 heatmap per method and task
-        for ax, image in images:
-            assert image.get_array().shape == (3, 1)
-            assert [t.get_text() for t in ax.get_yticklabels()] == ["dora", "kasa", "lora"]
-            assert ax.get_ylabel() == "method"
-            assert "lr_ratio=1" in ax.get_title()
-            assert _red_box(ax) == (1, 0)  # kasa
-        assert len({image.get_clim() for _, image in images}) == 2  # each task its own (shared by its methods)
-    finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-
-
-def test_heatmap_with_seed_axis_says_one_run_per_cell(store_path):
-    from peftlab.lab.plot import make_figure
-
-    fig = make_figure(load_rows([store_path]), kind="heatmap", y="seed", where="rank=8,method=lora,lr_ratio=4")
-    try:
+        bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+        assert len(bars) == 1 and SIGMA_DELTA in bars[0].get_ylabel().replace("\n", " ")
         title = " ".join(fig.get_suptitle().split())
-        assert "one run per cell" in title and "mean over seeds" not in title and "not in the mean" not in title
-        fig_mean = make_figure(load_rows([store_path]), kind="heatmap", where="rank=8,method=lora")
-        assert "mean over seeds" in fig_mean.get_suptitle()
+        assert title.startswith(f"KaSA: {SIGMA_DELTA}") and "learned change" in title
     finally:
-        import matplotlib.pyplot as plt
-
-        plt.close("all")
+        close(fig)
 
 
-@pytest.mark.parametrize("epochs", [1, 3])
-def test_curves_have_whole_epoch_ticks(tmp_path, epochs):
-    from peftlab.lab.plot import make_figure
+def test_sigma_refuses_runs_without_their_initial_values(tmp_path, store_path):
+    with pytest.raises(PeftlabError, match=r"4 of 4 selected KaSA runs lack kasa_sigma_init .*fix: re-run them"):
+        draw(make_store(tmp_path / "n.sqlite", _sigma_runs(None)), kind="sigma")
+    # one run without its init among runs with it: refused as well, never drawn as if learned
+    runs = _sigma_runs({"rte": lambda s: s, "mrpc": lambda s: s})
+    del runs[0]["result"]["kasa_sigma_init"]
+    with pytest.raises(PeftlabError, match=r"1 of 4 selected KaSA runs lack kasa_sigma_init \(rte seed 0\)"):
+        draw(make_store(tmp_path / "m.sqlite", runs), kind="sigma")
+    rows = load_rows([store_path])  # the fixture's KaSA runs come from an older peftlab
+    with pytest.raises(PeftlabError, match="lack kasa_sigma_init"):
+        make_figure(rows, kind="sigma", where="method=kasa,rank=4,task=rte,lr=1e-4,lr_ratio=1")
 
-    specs = [dict(task="rte", method=method, seed=seed, value=0.7) for method in ("lora", "kasa") for seed in range(2)]
-    fig = make_figure(_fig_store(tmp_path / "c.sqlite", specs, epochs=epochs), kind="curves")
+
+def test_rank_shows_every_run_and_keeps_failed_runs_out_of_the_mean(store_path):
+    from peftlab.lab.records import collect, parse_filter
+
+    rows = load_rows([store_path])
+    drawn = draw(rows, kind="rank", where="lr=1e-3,lr_ratio=4,task=rte")
     try:
-        fig.canvas.draw()
-        for ax in fig.axes:
-            lo, hi = sorted(ax.get_xlim())
-            shown = [t.get_text() for t, loc in zip(ax.get_xticklabels(), ax.get_xticks()) if lo <= loc <= hi]
-            assert shown == [str(e) for e in range(1, epochs + 1)]
+        records, _ = collect(rows, where=parse_filter("lr=1e-3,lr_ratio=4,task=rte"))
+        for line in drawn.data.lines:  # one per method; x = rank
+            method = line.label.split("=")[1]
+            for rank, mean in zip(line.xs, line.means):
+                ok = [r.value * 100 for r in records if r.config["method"] == method and r.config["rank"] == rank
+                      and r.status == "ok"]
+                if not ok:  # dora's one run failed: no mean, no dot
+                    assert mean is None and rank not in line.ok
+                    continue
+                assert mean == pytest.approx(np.mean(ok))
+                assert sorted(v for _, v in line.ok[rank]) == pytest.approx(sorted(ok))
+        lora = next(line for line in drawn.data.lines if line.label == "method=lora")
+        assert [(seed, status) for seed, status, _ in lora.failed[8]] == [(0, "collapsed")]
+        assert "runs not ok" in drawn.figure.get_suptitle()
     finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+        close(drawn.figure)

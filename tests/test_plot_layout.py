@@ -7,6 +7,7 @@ against the figure's.
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 import warnings
@@ -19,6 +20,8 @@ from peftlab.lab.plot import make_figure, save_figure
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
 from test_plot import _result as plot_result, add_grid  # noqa: E402  (tests/ is on sys.path, as for conftest)
+
+OUT = os.environ.get("PEFTLAB_PLOT_OUT")  # a folder: keep every figure drawn here, to look at
 
 LONG_TITLE = ("a deliberately long custom title that would run past both edges of a one-panel figure unless it "
               "is wrapped to the figure's width, as researchers' titles tend to be")
@@ -43,12 +46,13 @@ def rows(tmp_path_factory) -> list[dict]:
     with Store(path) as store:
         add_grid(store, rng, _result, tasks=("rte", "mrpc", "cola"), lrs=(1e-4, 3e-4, 1e-3), epochs=3,
                  bad_status="diverged")
-        for method in ("lora", "dora", "kasa", "pissa"):  # one epoch, one lr: the degenerate heatmap
-            for seed in range(3):
-                cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="sst2", method=method,
-                                                               lr=5e-4, lr_ratio=1.0, rank=8, seed=seed,
-                                                               epochs=1)).to_dict()
-                store.add(cfg, result=_result(cfg, 0.8 + rng.gauss(0, 0.01), "ok", rng))
+        for method in ("lora", "dora", "kasa", "pissa"):  # one epoch, one lr: a heatmap only when folded
+            for ratio in (1.0, 2.0, 4.0):
+                for seed in range(3):
+                    cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="sst2", method=method,
+                                                                   lr=5e-4, lr_ratio=ratio, rank=8, seed=seed,
+                                                                   epochs=1)).to_dict()
+                    store.add(cfg, result=_result(cfg, 0.8 + rng.gauss(0, 0.01), "ok", rng))
     return load_rows([path])
 
 
@@ -79,13 +83,17 @@ def _drawn_texts(fig, renderer):
 
 
 CASES = {
-    "heatmap": dict(kind="heatmap", where="rank=8"),
+    "lr-grid": dict(kind="lr-grid", where="rank=8,method=lora"),  # eta_V 1e-4 ... 4e-3: unevenly spaced cells
+    "lr-grid-as-lines": dict(kind="lr-grid", where="task=sst2"),  # one eta_QK: lines instead
+    "heatmap": dict(kind="heatmap", where="rank=8"),  # dora's single failed run: left out, named
     "heatmap-v_lr": dict(kind="heatmap", x="lr", y="v_lr", where="rank=4,task=rte"),
     "heatmap-folded": dict(kind="heatmap", where="task=sst2"),
     "heatmap-seed": dict(kind="heatmap", y="seed", where="rank=8,method=lora,lr_ratio=4"),
-    "heatmap-long-title": dict(kind="heatmap", where="task=sst2,method=lora", title=LONG_TITLE),
+    "heatmap-long-title": dict(kind="heatmap", where="task=rte,method=lora,rank=8", title=LONG_TITLE),
     "sigma": dict(kind="sigma", where="method=kasa,lr=1e-3,lr_ratio=4,rank=8"),
     "curves": dict(kind="curves", where="rank=8,lr=1e-3,lr_ratio=4"),
+    "curves-steps-range": dict(kind="curves", where="rank=8,lr=1e-3,lr_ratio=4", curve_x="step", band="range"),
+    "curves-loss": dict(kind="curves", where="rank=8,lr=1e-3", loss=True),
     "curves-one-epoch": dict(kind="curves", where="task=sst2"),
     "curves-long-labels": dict(kind="curves", where="task=rte,lr_ratio=4"),
     "rank": dict(kind="rank", where="lr=1e-4,lr_ratio=4"),
@@ -113,6 +121,8 @@ def layout_problems(fig, png: Path) -> list[str]:
     decorations = [(t, box) for t, box in texts if t in _decorations(fig)]
     problems += [f"overlap: {a.get_text()!r} and {b.get_text()!r}" for i, (a, box_a) in enumerate(decorations)
                  for b, box_b in decorations[i + 1:] if _overlap(box_a, box_b)]
+    # a heatmap cell's annotation lies inside its cell
+    problems += _cell_texts_outside(fig, texts)
     # every tick label is readable: the labels of one axis do not overprint each other
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
@@ -130,11 +140,42 @@ def test_every_text_lies_inside_the_saved_canvas(rows, tmp_path, case):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # e.g. "constrained_layout not applied": text would clip
         fig = make_figure(rows, **CASES[case])
-        out = save_figure(fig, tmp_path / f"{case}.png", close=False)
+        out = save_figure(fig, Path(OUT or tmp_path) / f"{case}.png", close=False)
     try:
         assert layout_problems(fig, out) == []
     finally:
         plt.close(fig)
+
+
+def _cell_texts_outside(fig, texts) -> list[str]:
+    """Heatmap annotations (texts at a cell's centre) whose drawn extent leaves the cell's rectangle."""
+    import numpy as np
+    from matplotlib.collections import QuadMesh
+
+    extent = {id(t): box for t, box in texts}
+    problems = []
+    for ax in fig.axes:
+        meshes = [c for c in ax.collections if isinstance(c, QuadMesh)] if ax.get_label() != "<colorbar>" else []
+        if not meshes:
+            continue
+        corners = meshes[0].get_coordinates()  # (rows + 1, cols + 1, 2) in data units
+        xs, ys = corners[0, :, 0], corners[:, 0, 1]
+        for text in ax.texts:
+            if id(text) not in extent:
+                continue
+            tx, ty = text.get_position()
+            i = int(np.searchsorted(np.sort(xs), tx)) - 1
+            j = int(np.searchsorted(np.sort(ys), ty)) - 1
+            x0, x1 = np.sort(xs)[i], np.sort(xs)[i + 1]
+            y0, y1 = np.sort(ys)[j], np.sort(ys)[j + 1]
+            (px0, py0), (px1, py1) = ax.transData.transform([(x0, y0), (x1, y1)])
+            cell = sorted((px0, px1)), sorted((py0, py1))
+            box = extent[id(text)]
+            if box.x0 < cell[0][0] - 0.5 or box.x1 > cell[0][1] + 0.5 or box.y0 < cell[1][0] - 0.5 \
+                    or box.y1 > cell[1][1] + 0.5:
+                problems.append(f"cell text {text.get_text()!r} leaves its cell ({box.width:.0f}x{box.height:.0f} px "
+                                f"in {cell[0][1] - cell[0][0]:.0f}x{cell[1][1] - cell[1][0]:.0f})")
+    return problems
 
 
 def _decorations(fig) -> set:

@@ -80,7 +80,7 @@ def test_pooling_is_recorded_and_evaluate_rebuilds_it(tmp_path):
         task="rte", model="tiny-bert", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8, max_length=32,
         max_train_samples=16, max_eval_samples=32, pooling="mean", lr=1e-2, output_dir=str(tmp_path / "run")))
     result = train(cfg)
-    assert result["status"] == "ok" and result["pooling"] == "mean"
+    assert result["status"] in ("ok", "no_learning") and result["pooling"] == "mean"  # trained to its end
     assert evaluate_run(tmp_path / "run") == pytest.approx(result["final"]["metrics"])
     assert evaluate_run(tmp_path / "run", merge=True) == pytest.approx(result["final"]["metrics"])
 
@@ -152,7 +152,7 @@ def test_mpnet_base_declares_mean_pooling_and_trains(tmp_path):
         task="sst2", model="mpnet-base", pooling="auto", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8,
         max_length=32, max_train_samples=16, max_eval_samples=16, output_dir=str(tmp_path / "run")))
     result = train(cfg)
-    assert result["status"] == "ok" and result["pooling"] == "mean"
+    assert result["status"] in ("ok", "no_learning") and result["pooling"] == "mean"  # trained to its end
     from peftlab.training.loop import cpu_has_native_bf16
 
     assert result["mixed_precision"] == ("bf16" if cpu_has_native_bf16() else "no")  # auto: a 109M model

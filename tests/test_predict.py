@@ -62,3 +62,28 @@ def test_predict_bad_input_is_one_line(sst2_run, tmp_path, capsys, content, suff
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert not out.exists()
+
+
+def test_predict_of_a_head_only_run_matches_plain_transformers(tmp_path):
+    """--method head saves a standard transformers folder: `peftlab predict` gives what plain
+    AutoModelForSequenceClassification.from_pretrained(<run>/adapter) computes."""
+    from transformers import AutoModelForSequenceClassification
+
+    from peftlab.models.registry import load_tokenizer
+
+    run_dir = tmp_path / "head"
+    train(build_config(TrainConfig, overrides=dict(task="sst2", model="tiny-bert", method="head", epochs=1,
+                                                   batch_size=8, max_length=32, max_train_samples=16,
+                                                   max_eval_samples=16, head_lr=1e-2, output_dir=str(run_dir))))
+    texts = ["a moving and wonderful film .", "dull , flat and far too long ."]
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps({"sentence": t}) + "\n" for t in texts))
+    out = tmp_path / "pred.jsonl"
+    assert main(["predict", str(run_dir), "--input", str(inputs), "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    plain = AutoModelForSequenceClassification.from_pretrained(run_dir / "adapter").eval()
+    batch = load_tokenizer("tiny-bert")(texts, padding=True, truncation=True, max_length=32, return_tensors="pt")
+    with torch.no_grad():
+        expected = torch.softmax(plain(**batch).logits, dim=-1)
+    for row, probs in zip(rows, expected):
+        assert row["probabilities"] == pytest.approx(probs.tolist(), abs=1e-5)

@@ -85,7 +85,7 @@ def test_resume_without_checkpoint_starts_over(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("partial: true\n")
     result = train(tiny_cfg(tmp_path / "run", epochs=1, resume=True))
-    assert result["status"] == "ok"
+    assert result["status"] in ("ok", "no_learning")  # trained to its end (a tiny model need not learn)
 
 
 # --------------------------------------------------------------------------- divergence and collapse
@@ -393,7 +393,7 @@ def test_sweep_records_a_diverged_run_and_goes_on(tmp_path):
     run_sweep(load_spec(spec), progress=False)
     rows = load_rows([tmp_path / "sweep"])
     statuses = sorted(r["status"] for r in rows)
-    assert statuses == ["diverged", "ok"], statuses
+    assert statuses[0] == "diverged" and statuses[1] in ("no_learning", "ok") and len(statuses) == 2, statuses
     diverged = next(r for r in rows if r["status"] == "diverged")
     assert "non-finite" in diverged["result"]["status_reason"]
 

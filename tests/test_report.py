@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from peftlab.errors import PeftlabError
 from peftlab.lab.records import load_rows, parse_filter
 from peftlab.lab.report import build_table
 from peftlab.lab.store import Store
+from peftlab.lab.table_model import Cell
 from peftlab.lab.tables import format_cell, render_csv, render_latex
 
 # (method, targets, lr_ratio) -> task -> per-seed accuracies
@@ -109,13 +111,20 @@ def test_non_ok_runs_are_counted_not_averaged(store_path):
     kasa_rte = rows[("kasa", "q,v", 4.0)].cells["rte"]
     assert kasa_rte.values == pytest.approx([0.64, 0.66, 0.70])
     assert dict(kasa_rte.excluded) == {"collapsed": 1, "failed": 1}
-    assert format_cell(kasa_rte, 100, 1) == "66.7 ± 3.1 (3) [1 collapsed, 1 failed]"
+    # a seed that failed to learn: the median and range over all 4 seeds with a value (the collapsed one at
+    # 0.47; the crashed run has none), beside the mean of the ok runs
+    assert format_cell(kasa_rte, 100, 1) == \
+        "66.7 ± 3.1 (3) [1 collapsed, 1 failed; median 65.0, range 47.0–70.0 over 4 seeds]"
     lora_mrpc = rows[("lora", "q,v", 4.0)].cells["mrpc"]
-    assert format_cell(lora_mrpc, 100, 1).endswith("(3) [1 diverged]")
+    assert format_cell(lora_mrpc, 100, 1).endswith("(3) [1 diverged; median 80.5, range 31.0–83.0 over 4 seeds]")
     only_collapsed = rows[("lora", "q,v", 8.0)]
-    assert format_cell(only_collapsed.cells["rte"], 100, 1) == "collapsed (2)"
+    assert format_cell(only_collapsed.cells["rte"], 100, 1) == \
+        "collapsed (2): median 47.0, range 47.0–47.0 over 2 seeds"
     assert "mrpc" not in only_collapsed.cells and only_collapsed.avg(table.tasks) is None
-    assert "collapsed (2)" in markdown(table)
+    assert "collapsed (2): median 47.0" in markdown(table)
+    # a crash (no value) or a pruned trial alone is counted without a distribution: it did not fail to learn
+    crashed = Cell(values=[0.60, 0.62], seeds=[0, 1], excluded=Counter(failed=1, pruned=1))
+    assert format_cell(crashed, 100, 1) == "61.0 ± 1.4 (2) [1 failed, 1 pruned]"
 
 
 def test_before_fine_tuning_row(store_path):
@@ -131,7 +140,7 @@ def test_before_fine_tuning_row(store_path):
 
 
 def test_welch_t_test_against_scipy(store_path):
-    table = build_table(load_rows([store_path]), baseline="method=lora,targets=q,k,v,lr_ratio=1")
+    table = build_table(load_rows([store_path]), baseline="method=lora,targets=q,k,v,lr_ratio=1", test="welch")
     rows = rows_by_label(table)
     base = VALUES[("lora", "q,k,v", 1.0)]
     marked = {}
@@ -146,7 +155,8 @@ def test_welch_t_test_against_scipy(store_path):
     assert rows[("lora", "q,k,v", 1.0)].cells["rte"].p is None  # the baseline itself
     assert rows[("lora", "q,v", 8.0)].cells["rte"].p is None  # no values to test
     # a stricter alpha marks fewer cells
-    strict = build_table(load_rows([store_path]), baseline="method=lora,targets=q,k,v,lr_ratio=1", alpha=0.001)
+    strict = build_table(load_rows([store_path]), baseline="method=lora,targets=q,k,v,lr_ratio=1", alpha=0.001,
+                         test="welch")
     assert sum(c.marked for r in strict.rows for c in r.cells.values()) < sum(marked.values())
     # the CSV carries the p-values
     lines = list(csv.DictReader(io.StringIO(render_csv(table))))
@@ -189,7 +199,7 @@ def test_renderings(store_path):
     assert r"\begin{tabular}{lllcccc}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
     assert r"method & targets & lr\_ratio & MRPC & RTE & Avg & \#Param \\" in tex
     assert r"85.0 $\pm$ 1.0 (3)$^\dagger$" in tex
-    assert r"[1 collapsed, 1 failed]" in tex and "±" not in tex.split(r"\begin{tabular}")[1]
+    assert r"[1 collapsed, 1 failed; median 65.0, range 47.0--70.0 over 4 seeds]" in tex and "±" not in tex.split(r"\begin{tabular}")[1]
     assert tex.count(r"\midrule") == 2  # after the header and after the before-fine-tuning row
 
     rows = list(csv.reader(io.StringIO(render_csv(table))))

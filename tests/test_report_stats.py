@@ -1,6 +1,7 @@
 """`peftlab report` statistics and inputs: --test welch|student against scipy, the Benjamini-Hochberg correction
-over all the table's comparisons, p-values in the md/latex cells, the majority-class row, run folders as inputs
-and the --params conventions (Yao et al.'s), from synthetic results."""
+over all the table's comparisons, p-values and differences in the md/latex cells, the majority-class row, run
+folders as inputs and the --params conventions (Yao et al.'s), from synthetic results. (The paired tests, CIs,
+TOST, Holm and power: test_report_paired.py.)"""
 
 from __future__ import annotations
 
@@ -120,19 +121,22 @@ def test_cli_test_and_correction_flags(store_path, tmp_path, capsys):
     assert line["rte_p_adj"] == ""  # no correction asked for
     capsys.readouterr()
     with pytest.raises(SystemExit):
-        main(["report", str(store_path), "--test", "wilcoxon"])
-    assert "invalid choice: 'wilcoxon'" in capsys.readouterr().err
-    with pytest.raises(PeftlabError, match="--test must be welch or student"):
-        build_table(load_rows([store_path]), test="t")
-    with pytest.raises(PeftlabError, match="--correction must be bh or none"):
+        main(["report", str(store_path), "--test", "t"])
+    assert "invalid choice: 't'" in capsys.readouterr().err
+    with pytest.raises(PeftlabError, match="--test must be auto, paired, wilcoxon, welch, student, got 'pared'.*"
+                                           "did you mean 'paired'"):
+        build_table(load_rows([store_path]), test="pared")
+    with pytest.raises(PeftlabError, match="--correction must be bh, holm, none"):
         build_table(load_rows([store_path]), correction="bonferroni")
+    with pytest.raises(PeftlabError, match="--ci must be t or bootstrap"):
+        build_table(load_rows([store_path]), ci="jackknife")
 
 
 # --------------------------------------------------------------------------- --correction
 
 
 def test_benjamini_hochberg_over_all_comparisons(store_path):
-    table = build_table(load_rows([store_path]), baseline=BASELINE)  # bh is the default
+    table = build_table(load_rows([store_path]), baseline=BASELINE, test="welch")  # bh is the default
     assert table.correction == "bh"
     lines = csv_rows(table)
     head = list(lines[0])
@@ -153,7 +157,7 @@ def test_benjamini_hochberg_over_all_comparisons(store_path):
     lora_rte, kasa_rte = rows[("lora", 2.0)].cells["rte"], rows[("kasa", 2.0)].cells["rte"]
     assert lora_rte.p < 0.05 <= lora_rte.p_adj and not lora_rte.marked
     assert kasa_rte.p_adj < 0.05 and kasa_rte.marked
-    raw_table = build_table(load_rows([store_path]), baseline=BASELINE, correction="none")
+    raw_table = build_table(load_rows([store_path]), baseline=BASELINE, correction="none", test="welch")
     raw_rows = {(r.label["method"], r.label["lr_ratio"]): r for r in raw_table.rows if not r.reference}
     assert raw_rows[("lora", 2.0)].cells["rte"].marked and raw_rows[("lora", 2.0)].cells["rte"].p_adj is None
     assert sum(c.marked for r in raw_table.rows for c in r.cells.values()) > sum(
@@ -161,8 +165,9 @@ def test_benjamini_hochberg_over_all_comparisons(store_path):
 
     md, raw_md = markdown(table), markdown(raw_table)
     assert "† BH-adjusted p < 0.05 vs the baseline (method=lora,lr_ratio=1" in md
-    assert "Benjamini-Hochberg (BH) over the 6 comparisons in the table" in md
-    assert "† p < 0.05 vs the baseline (method=lora,lr_ratio=1" in raw_md and "no multiple-comparison" in raw_md
+    assert "Benjamini-Hochberg (BH; false discovery rate, scipy.stats.false_discovery_control) over the 6 " \
+           "comparisons in the table" in md
+    assert "† p < 0.05 vs the baseline (method=lora,lr_ratio=1" in raw_md and "No multiple-comparison correction over the 6 comparisons" in raw_md
     assert "adj" not in raw_md
 
 
@@ -170,30 +175,37 @@ def test_benjamini_hochberg_over_all_comparisons(store_path):
 
 
 def test_cells_show_p_values_and_the_baseline_row(store_path):
-    table = build_table(load_rows([store_path]), baseline=BASELINE)
+    table = build_table(load_rows([store_path]), baseline=BASELINE, test="welch")
     md = markdown(table)
     lines = md.splitlines()
 
     def cell(values):
         return f"{statistics.fmean(values) * 100:.1f} ± {statistics.stdev(values) * 100:.1f} (5)"
 
+    def delta(values, reference):  # Welch's difference of means and its 95 % t interval, from scipy
+        low, high = stats.ttest_ind(values, reference, equal_var=False).confidence_interval(0.95)
+        diff = statistics.fmean(values) - statistics.fmean(reference)
+        return f"Δ {diff * 100:+.1f} (CI {low * 100:+.1f}, {high * 100:+.1f})"
+
     lora, kasa, base = VALUES[("lora", 2.0)], VALUES[("kasa", 2.0)], VALUES[("lora", 1.0)]
     lora_line = next(line for line in lines if line.startswith("| lora | 2 |"))
-    assert f"| {cell(lora['rte'])} p=0.045 (adj 0.091) |" in lora_line  # raw p < 0.05, but no dagger
+    # raw p < 0.05, but no dagger; an unpaired test names no pairs
+    assert f"| {cell(lora['rte'])} {delta(lora['rte'], base['rte'])} p=0.045 (adj 0.091) |" in lora_line
     kasa_line = next(line for line in lines if line.startswith("| kasa | 2 |"))
-    assert f"| {cell(kasa['rte'])}† p<0.001 (adj <0.001) |" in kasa_line
-    assert f"| {cell(kasa['mrpc'])} p=0.026 (adj 0.078) |" in kasa_line
+    assert f"| {cell(kasa['rte'])}† {delta(kasa['rte'], base['rte'])} p<0.001 (adj <0.001) |" in kasa_line
+    assert f"| {cell(kasa['mrpc'])} {delta(kasa['mrpc'], base['mrpc'])} p=0.026 (adj 0.078) |" in kasa_line
+    assert "pairs" not in lora_line + kasa_line
     # the baseline row says so and carries neither dagger nor p
     base_line = next(line for line in lines if line.startswith("| lora (baseline) | 1 |"))
     avg = statistics.fmean(statistics.fmean(v) for v in base.values()) * 100
     assert base_line == (f"| lora (baseline) | 1 | {cell(base['cola'])} | {cell(base['mrpc'])} | "
                          f"{cell(base['rte'])} | {avg:.1f} | 1.6K |")
     assert 'its row reads "(baseline)"' in md
-    raw_md = markdown(build_table(load_rows([store_path]), baseline=BASELINE, correction="none"))
-    assert f"| {cell(lora['rte'])}† p=0.045 |" in raw_md
+    raw_md = markdown(build_table(load_rows([store_path]), baseline=BASELINE, correction="none", test="welch"))
+    assert f"| {cell(lora['rte'])}† {delta(lora['rte'], base['rte'])} p=0.045 |" in raw_md
 
     tex = render_latex(table)
-    assert r"(5)$^\dagger$ p$<$0.001 (adj $<$0.001)" in tex
+    assert r"(5)$^\dagger$ $\Delta$ +8.4 (CI +6.4, +10.4) p$<$0.001 (adj $<$0.001)" in tex
     assert "p=0.045 (adj 0.091)" in tex and r"lora (baseline) & 1 &" in tex
 
 
@@ -217,8 +229,12 @@ def test_constant_groups_are_flagged_and_nan_left_out_of_the_correction():
     assert cells["kasa"].p != cells["kasa"].p and cells["kasa"].p_adj is None  # nan: same constant
     assert cells["full"].p_adj == pytest.approx(cells["full"].p)  # one defined comparison: BH leaves it
     md = markdown(table)
-    assert "50.0 ± 0.0 (2) p=n/a |" in md
-    assert "1 comparison without any spread in either group" in md and "n/a left out of the correction" in md
+    assert "50.0 ± 0.0 (2) Δ +0.0 (CI +0.0, +0.0) p=n/a, 2 pairs |" in md  # paired: the rows share seeds
+    assert "1 comparison without any spread (of the paired differences)" in md
+    assert "n/a left out of the correction" in md
+    unpaired = markdown(build_table(rows, baseline="method=lora", test="welch"))
+    assert "50.0 ± 0.0 (2) Δ +0.0 (CI +0.0, +0.0) p=n/a |" in unpaired
+    assert "1 comparison without any spread (in either group)" in unpaired
 
 
 # --------------------------------------------------------------------------- the majority-class row
@@ -236,7 +252,7 @@ def test_majority_class_row(store_path):
     avg = statistics.fmean(MAJORITY.values()) * 100
     assert f"| majority class |  | 0.0 | 68.4 | 52.7 | {avg:.1f} | – |" in md  # CoLA's MCC: 0
     assert "majority class: always predicting the dev set's most frequent class" in md
-    assert "differ" not in md  # the runs agree
+    assert "the runs' dev sets differ" not in md  # the runs agree
     line = next(r for r in csv_rows(table) if r["method"] == "majority class")
     assert line["before_fine_tuning"] == "0" and line["baseline"] == "0" and line["lr_ratio"] == ""
     assert float(line["mrpc_mean"]) == pytest.approx(68.4) and float(line["cola_mean"]) == 0.0

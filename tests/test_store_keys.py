@@ -42,3 +42,28 @@ def test_a_new_option_changes_the_key_only_away_from_its_default():
     assert config_key(base) == config_key({k: v for k, v in base.items() if k != name})  # at default: not hashed
     assert config_key({**base, name: True}) != config_key(base)  # set: hashed
     assert config_key({**base, "lr_ratio": 2.0}) != config_key(base)  # a schema-1 option is always hashed
+
+
+@pytest.mark.parametrize("store", sorted(p.name for p in (ROOT / "docs" / "study").glob("*.sqlite")))
+def test_a_migrated_copy_of_a_committed_store_keeps_every_complete_runs_key(store, tmp_path, monkeypatch):
+    """Opened for writing, a schema-1 store becomes schema 2: every complete run keeps its key (a spec still
+    finds it); only the tunes' pruned trials, stored 'ok' then, move off the keys of the complete runs."""
+    import json
+    import shutil
+
+    from peftlab.lab.store import Store, epochs_run, is_pruned_result, pruned_key
+
+    monkeypatch.chdir(tmp_path)  # the rows' relative run folders resolve here (none exist): nothing is renamed
+    copy = tmp_path / store
+    shutil.copy(ROOT / "docs" / "study" / store, copy)
+    with sqlite3.connect(copy) as db:
+        before = {key: json.loads(result) if result else None
+                  for key, result in db.execute("SELECT key, result FROM runs")}
+    db.close()
+    Store(copy).close()
+    expected = {pruned_key(k, epochs_run(r)) if is_pruned_result(r) else k for k, r in before.items()}
+    assert _store_keys(copy) == expected and len(expected) == len(before)
+    with sqlite3.connect(copy) as db:
+        assert db.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone() == ("2",)
+    db.close()
+    assert any(is_pruned_result(r) for r in before.values()) == store.startswith("tune_")

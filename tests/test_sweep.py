@@ -432,9 +432,12 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
             running = conn.execute("SELECT key, output_dir FROM runs WHERE status = 'running'").fetchall()
         return next((key for key, out in running if (tmp_path / out / "checkpoint" / "state.json").is_file()), None)
 
+    def finished() -> int:  # tiny-bert on 32 examples may never leave chance: no_learning is finished too
+        return _count(store_path, "ok") + _count(store_path, "no_learning")
+
     killed = None
     try:
-        _wait_for(lambda: _count(store_path, "ok") >= 3 or proc.poll() is not None, 150, "three finished runs")
+        _wait_for(lambda: finished() >= 3 or proc.poll() is not None, 150, "three finished runs")
         assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
         try:  # kill mid-run, after its first checkpoint (checkpoint_every: 1), to exercise the resume
             killed = _wait_for(in_flight_with_checkpoint, 30, "a run with a checkpoint")
@@ -444,20 +447,21 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
-    finished_before = _count(store_path, "ok")
+    finished_before = finished()
     assert 3 <= finished_before < 12
 
     rerun = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
-    assert "12 runs: 12 ok" in rerun.stdout
     with Store(store_path) as store:
         rows = store.rows()
     assert len(rows) == 12 and len({r["key"] for r in rows}) == 12
-    assert all(r["status"] == "ok" for r in rows)
+    assert all(r["status"] in ("ok", "no_learning") for r in rows)
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "no_learning")}
+    assert "12 runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + ";" in rerun.stdout
     assert sum(r["attempts"] for r in rows) <= 13  # only the run killed mid-way was started twice
     for row in rows:
         result = json.loads((tmp_path / row["output_dir"] / "result.json").read_text())
-        assert result["status"] == "ok" and config_key(result["config"]) == row["key"]
+        assert result["status"] == row["status"] and config_key(result["config"]) == row["key"]
         assert row["result"]["final"] == result["final"]
     if killed is not None:  # the killed run went on from its checkpoint
         assert {r["key"]: r["attempts"] for r in rows}[killed] == 2
@@ -469,7 +473,9 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
     from peftlab.lab.report import build_table
 
     table = build_table(rows)
-    assert [cell.n for row in table.rows for cell in row.cells.values()] == [3, 3, 3, 3]
+    # every run in one of the 4 cells, averaged or counted apart (a no_learning run is never averaged)
+    cells = [cell for row in table.rows if not row.reference for cell in row.cells.values()]
+    assert [cell.n + sum(cell.excluded.values()) for cell in cells] == [3, 3, 3, 3]
 
 
 def test_run_keys_survive_new_options_at_their_neutral_values():

@@ -118,6 +118,8 @@ class TrainConfig(MethodConfig, OptimConfig):
     """Also evaluate the untrained model before fine-tuning (the papers' "before" row; always on for gsm8k)."""
     eval_every: int | None = None
     """Evaluate after every N epochs, and always after the last; 0: only after the last. Default 1; gsm8k: 0 (generation costs about an epoch)."""
+    eval_steps: int = 0
+    """Also evaluate on the dev set every N optimizer steps during training (learning curves: result.json "curve", <run>/curve.jsonl); 0: off. Each evaluation is a full pass over the dev set (on a generation task, a full generation run), so a run pays its optimizer steps / N extra dev passes. The best epoch (and --save best) is still chosen among the epoch-end evaluations only."""
     max_new_tokens: int | None = None
     """Generation length limit; default 256 (gsm8k, math), 32 (commonsense, as LLM-Adapters), 64 (e2e). For GSM8K evaluation (and each MT-Bench answer; FastChat uses 1024)."""
     judge_url: str | None = None
@@ -146,6 +148,10 @@ class TrainConfig(MethodConfig, OptimConfig):
             self.lr = method.default_lr
         if self.head_lr is None:  # one rule for every method: --head-lr, else the method's default head lr
             self.head_lr = method.default_head_lr
+        if not method.adapts_projections:
+            # head-only: the head's rate is the only one (nothing trains at eta_QK or eta_V), and the config, the
+            # run key and result.json say so; a sweep's lr / lr_ratio axis cannot make distinct keys of one run
+            self.lr, self.lr_ratio = self.head_lr, 1.0
         OptimConfig.__post_init__(self)
         from peftlab.errors import unknown
         from peftlab.models.pooling import POOLINGS
@@ -155,6 +161,10 @@ class TrainConfig(MethodConfig, OptimConfig):
         if self.task not in TASKS:
             raise unknown("task", self.task, TASKS, where="--task")
         task = TASKS[self.task]
+        if not method.adapts_projections and task.head == "causal-lm":
+            raise PeftlabError(f"--method {self.method} trains only a task head, and task '{self.task}' has none (a "
+                               "causal LM is scored through its own language-model head)",
+                               fix=f"use an adapter method (e.g. --method lora) for --task {self.task}")
         if self.max_length is None:  # per-task defaults: a GSM8K worked answer needs ~350 tokens, GLUE 128
             self.max_length = task.default_max_length or 128
         if self.batch_size is None:
@@ -172,9 +182,9 @@ class TrainConfig(MethodConfig, OptimConfig):
         if self.pooling not in POOLINGS:
             raise unknown("pooling", self.pooling, POOLINGS, where="--pooling")
         for flag in ("epochs", "batch_size", "eval_batch_size", "max_length", "checkpoint_every", "log_every",
-                     "max_new_tokens", "eval_every", "eval_seed", "threads", "grad_accum", "max_steps"):
+                     "max_new_tokens", "eval_every", "eval_steps", "eval_seed", "threads", "grad_accum", "max_steps"):
             _require_count(getattr(self, flag), flag, zero_ok=flag in ("epochs", "checkpoint_every", "eval_every",
-                                                                       "eval_seed"),
+                                                                       "eval_steps", "eval_seed"),
                            none_ok=flag in ("checkpoint_every", "threads", "max_steps"))
         for flag in ("max_train_samples", "max_eval_samples"):
             _require_count(getattr(self, flag), flag, none_ok=True)

@@ -149,7 +149,7 @@ def summarize_task(runs: list[dict], task: str, setups: list[str]) -> dict[str, 
     from peftlab.tasks.table import TASKS
 
     metric = TASKS[task].primary_metric
-    ok = [r for r in runs if r["task"] == task and r.get("status") in ("ok", "collapsed")]
+    ok = [r for r in runs if r["task"] == task and r.get("status") in ("ok", "collapsed", "no_learning")]
     out: dict[str, Any] = {"task": task, "metric": metric, "setups": {}, "peftlab_vs": {}}
     for setup in setups:
         mine = [r for r in ok if r["setup"] == setup]

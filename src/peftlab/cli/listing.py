@@ -42,6 +42,7 @@ def run_methods(args) -> int:
     print(f"{'method':<10} {'lr':>8} {'head lr':>8}  {'SVD init':<8} {'fused QKV':<9} extra loss  summary")
     for m in METHODS.values():
         head = m.default_head_lr  # used whatever --lr is, unless --head-lr is given
-        print(f"{m.name:<10} {m.default_lr:>8.0e} {head:>8.0e}  {'yes' if m.svd_init else 'no':<8} "
+        lr = f"{m.default_lr:>8.0e}" if "lr" in m.options else f"{'-':>8}"  # head-only: nothing trains at --lr
+        print(f"{m.name:<10} {lr} {head:>8.0e}  {'yes' if m.svd_init else 'no':<8} "
               f"{'yes' if m.fused_qkv else 'no':<9} {'yes' if m.extra_loss else 'no':<10}  {m.summary}")
     return 0

@@ -1,25 +1,64 @@
-"""What every ``peftlab plot`` figure shares: matplotlib (Agg, constrained layout), panel grids, wrapped titles,
-one colour bar per group of panels, legends below, and the config keys the axes may use.
+"""What every ``peftlab plot`` figure shares: the paper style (fonts, a colour-blind-safe palette, embeddable
+vector text), the config keys the axes may use and how their values and metrics are labelled, and the layout
+helpers (panel grids, wrapped titles, legends below, colour bars).
 
 Figures are laid out at the resolution they are saved with (``DPI``); titles are wrapped to the width they
-are drawn at, so nothing is cropped or overlaps (``tests/test_plot_layout.py``).
+are drawn at, so nothing is cropped or overlaps (``tests/test_plot_layout.py``). Panels are sized for a paper:
+two or three fit the text width at 8-pt type.
 """
 
 from __future__ import annotations
 
-import textwrap
+import contextlib
+import functools
+import math
+import re
 from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.records import RunRecord, fmt_value, hashable, varying_keys
 
 DERIVED = {"v_lr": "lr * lr_ratio (eta_V)", "qk_lr": "lr (eta_QK)"}
-# Axis titles for config keys whose name alone does not say what they are (the papers' symbols).
-AXIS_TITLES = {"lr_ratio": "lambda = eta_V / eta_QK (lr_ratio)", "lr": "eta_QK (lr)", **DERIVED}
+# Axis titles for config keys whose name alone does not say what they are (the papers' symbols; mathtext
+# without spaces inside $...$, so that wrapping never splits a formula).
+AXIS_TITLES = {"lr_ratio": r"$\lambda{=}\eta_V/\eta_{QK}$ (lr_ratio)", "lr": r"$\eta_{QK}$ (lr)",
+               "qk_lr": r"$\eta_{QK}$ (lr)", "v_lr": r"$\eta_V{=}\lambda\eta_{QK}$ (lr × lr_ratio)",
+               "head_lr": "head learning rate (head_lr)"}
+LR_KEYS = ("lr", "v_lr", "qk_lr", "head_lr")  # learning rates: log axes, ticks written 5e-4
+LOG_KEYS = LR_KEYS + ("lr_ratio",)  # multiplicative keys: log axes when every value is > 0
+# Okabe & Ito's palette (distinguishable with every common colour-vision deficiency), black last; more lines
+# than colours cycle through line styles as well.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+LINESTYLES = ("-", "--", "-.")  # (dotted: runs drawn on their own, e.g. a seed that failed to learn)
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 MAX_PANELS = 36
 MAX_LINES = 12
-DPI = 150  # figures are laid out at the resolution they are saved with (a PNG is the figure's own canvas)
+DPI = 200  # figures are laid out at the resolution they are saved with (a PNG is the figure's own canvas)
 CHAR_EM = 0.6  # average glyph width in em (DejaVu Sans), a little generous, for wrapping titles to a width
+STYLE = {
+    "font.size": 8, "axes.titlesize": 8.5, "axes.labelsize": 8, "xtick.labelsize": 7.5, "ytick.labelsize": 7.5,
+    "legend.fontsize": 7.5, "figure.titlesize": 9, "axes.linewidth": 0.8, "lines.linewidth": 1.4,
+    "pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none",  # text stays text (editable, searchable)
+    "image.cmap": "viridis",
+}
+# The valid range of a metric (before --scale): what a band or a clipped value may never leave.
+UNIT_METRICS = ("accuracy", "f1", "precision", "recall", "exact_match", "bleu", "meteor", "rouge_l", "rouge1",
+                "rouge2", "rougeL")
+CORRELATIONS = ("pearson", "spearman", "spearmanr", "matthews_correlation", "mcc")
+PERCENT_METRICS = ("accuracy", "f1", "precision", "recall", "exact_match")  # ×100 is a percentage
+
+
+@dataclass
+class Drawn:
+    """A drawn figure, the data it shows (a kind's own dataclass, for tests and scripts) and the notes
+    ``peftlab plot`` prints (one line each: what was drawn instead, what was left out)."""
+
+    figure: Any
+    data: Any
+    notes: list[str] = field(default_factory=list)
+    path: Any = None  # where make_plot wrote it
 
 
 def pyplot():
@@ -29,6 +68,27 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+@contextlib.contextmanager
+def style():
+    """matplotlib's settings for a paper figure, for the figures drawn (and saved) inside this block."""
+    import matplotlib
+    from cycler import cycler
+
+    pyplot()
+    with matplotlib.rc_context({**STYLE, "axes.prop_cycle": cycler(color=PALETTE)}):
+        yield
+
+
+def line_style(index: int) -> dict:
+    """Colour, line style and marker of the ``index``-th line of a figure (colour first, then style)."""
+    return {"color": PALETTE[index % len(PALETTE)],
+            "linestyle": LINESTYLES[(index // len(PALETTE)) % len(LINESTYLES)],
+            "marker": MARKERS[index % len(MARKERS)]}
+
+
+# --------------------------------------------------------------------------- keys and values
 
 
 def key_value(config: dict, key: str):
@@ -58,17 +118,114 @@ def underlying(key: str) -> set[str]:
     return {"v_lr": {"lr", "lr_ratio"}, "qk_lr": {"lr"}}.get(key, {key})
 
 
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def log_axis(key: str, values) -> bool:
+    """Whether ``key``'s axis is logarithmic: a learning rate or lambda, every value a number > 0."""
+    values = list(values)
+    return key in LOG_KEYS and bool(values) and all(is_number(v) and v > 0 for v in values)
+
+
+def axis_title(key: str) -> str:
+    return AXIS_TITLES.get(key, key)
+
+
 def config_label(config: dict, keys: list[str]) -> str:
-    return " ".join(f"{k}={fmt_value(config.get(k))}" for k in keys) or "all runs"
+    """``method=lora lr=1e-3``: the keys that tell configs apart (learning rates as the ticks write them)."""
+    return " ".join(f"{k}={fmt_tick(config.get(k), k) if k in LR_KEYS else fmt_value(config.get(k))}"
+                    for k in keys) or "all runs"
+
+
+def fmt_tick(value, key: str | None = None) -> str:
+    """A tick label: learning rates as ``5e-4`` / ``1.6e-2``, other floats to 3 significant digits."""
+    if key in LR_KEYS and is_number(value) and value > 0:
+        mantissa, exponent = f"{float(value):.2e}".split("e")
+        mantissa = mantissa.rstrip("0").rstrip(".")
+        return f"{mantissa}e{int(exponent)}"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return fmt_value(value)
+
+
+def num_key(value):
+    if is_number(value):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
+
+
+def task_title(task: str) -> str:
+    from peftlab.tasks.table import TASKS
+
+    return (TASKS[task].glue_dir or task.upper()) if task in TASKS else task
+
+
+def status_summary(counts: dict[str, int]) -> str:
+    """``collapsed, diverged ×2``: the statuses of the runs left out, with their counts."""
+    return ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in sorted(counts.items()))
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def metric_label(names, scale: float) -> str:
+    """``accuracy (%)``, ``pearson ×100``, ``eval_loss``: the metric and the unit its numbers are in."""
+    names = list(names)
+    if scale == 100 and names and all(n in PERCENT_METRICS for n in names):
+        return "/".join(names) + " (%)"
+    return "/".join(names) + (f" ×{scale:g}" if scale != 1 else "")
+
+
+def metric_range(name: str | None, task: str | None = None) -> tuple[float, float] | None:
+    """The values ``name`` can take (unscaled): [0, 1] for accuracy-like scores, [-1, 1] for correlations, or
+    None when it has no fixed range (losses, judge scores, unknown metrics). ``combined`` is the mean of the
+    task's two metrics: a correlation's range on regression tasks, [0, 1] otherwise."""
+    from peftlab.tasks.table import TASKS
+
+    if name is None:
+        return None
+    if name == "combined":
+        return (-1.0, 1.0) if task in TASKS and TASKS[task].kind == "regression" else (0.0, 1.0)
+    if name in CORRELATIONS:
+        return (-1.0, 1.0)
+    if name in UNIT_METRICS:
+        return (0.0, 1.0)
+    return None
+
+
+def lower_is_better(names) -> bool:
+    from peftlab.tasks.table import LOWER_IS_BETTER
+
+    names = [n for n in names if n]
+    return bool(names) and all(n in LOWER_IS_BETTER for n in names)
+
+
+# --------------------------------------------------------------------------- groups of runs
+
+
+@functools.lru_cache(maxsize=1)
+def _option_defaults() -> dict:
+    from peftlab.config import TrainConfig, option_defaults
+
+    return {name: list(value) if isinstance(value, tuple) else value
+            for name, value in option_defaults(TrainConfig).items()}
+
+
+def with_defaults(config: dict) -> dict:
+    """``config`` with the options it lacks at their defaults: a run recorded before an option existed ran as
+    its default does (the store's run keys assume the same), so it groups with runs that record the default."""
+    return {**{k: v for k, v in _option_defaults().items() if k not in config}, **config}
 
 
 def split_by_config(records: list[RunRecord], drop: set[str]
                     ) -> tuple[dict[tuple, list[RunRecord]], dict[tuple, dict], list[str]]:
-    """Group records by their config minus ``drop``; returns groups, each group's config, varying keys."""
+    """Group records by their config (options it lacks at their defaults) minus ``drop``; returns groups, each
+    group's config, varying keys."""
     groups: dict[tuple, list[RunRecord]] = defaultdict(list)
     configs: dict[tuple, dict] = {}
     for rec in records:
-        config = {k: v for k, v in rec.config.items() if k not in drop}
+        config = {k: v for k, v in with_defaults(rec.config).items() if k not in drop}
         key = tuple(sorted((k, hashable(v)) for k, v in config.items()))
         groups[key].append(rec)
         configs[key] = config
@@ -82,47 +239,54 @@ def line_groups(records: list[RunRecord], drop: set[str]
     if len(groups) > MAX_LINES:
         raise PeftlabError(f"the selection has {len(groups)} configs (at most {MAX_LINES} lines)",
                            fix=f'narrow it with --where (they vary in {", ".join(varying)})')
-    order = sorted(groups, key=lambda g: config_label(configs[g], varying))
+    order = config_order(configs, varying)
     return {g: groups[g] for g in order}, configs, varying
 
 
-def line_colors(plt, n_lines: int):
-    return plt.get_cmap("tab10" if n_lines <= 10 else "tab20")
+def config_order(configs: dict[tuple, dict], varying: list[str]) -> list[tuple]:
+    """The groups' keys sorted by their varying values, numbers as numbers (lambda 2 before 16)."""
+    return sorted(configs, key=lambda g: tuple(num_key(hashable(configs[g].get(k))) for k in varying))
 
 
-def task_title(task: str) -> str:
-    from peftlab.tasks.table import TASKS
-
-    return (TASKS[task].glue_dir or task.upper()) if task in TASKS else task
+# --------------------------------------------------------------------------- layout
 
 
-def fmt_tick(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return fmt_value(value)
+def visible_length(text: str) -> int:
+    """About how many glyphs ``text`` draws: mathtext (``$\\eta_{QK}$``) counts its symbols, not its markup."""
+    parts = text.split("$")
+    plain = "".join(parts[0::2])
+    math_parts = "".join(re.sub(r"\\[a-zA-Z]+", "x", part).translate(MATH_MARKUP) for part in parts[1::2])
+    return len(plain) + len(math_parts)
 
 
-def status_summary(counts: dict[str, int]) -> str:
-    """``collapsed, diverged ×2``: the statuses of the runs left out, with their counts."""
-    return ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in sorted(counts.items()))
+MATH_MARKUP = str.maketrans("", "", "{}_^\\,")
 
 
 def wrap(text: str, width_in: float, fontsize: float) -> str:
-    """``text`` with each of its lines wrapped to fit ``width_in`` inches at ``fontsize`` points."""
+    """``text`` with each of its lines wrapped at spaces to fit ``width_in`` inches at ``fontsize`` points;
+    a word is never split (a formula stays whole) and is measured as drawn (:func:`visible_length`)."""
     chars = max(16, int(width_in * 72 / (CHAR_EM * fontsize)))
-    return "\n".join(textwrap.fill(line, chars, break_on_hyphens=False) if line else line
-                     for line in text.split("\n"))
+    out = []
+    for line in text.split("\n"):
+        current: list[str] = []
+        for word in line.split(" "):
+            if current and visible_length(" ".join(current + [word])) > chars:
+                out.append(" ".join(current))
+                current = []
+            current.append(word)
+        out.append(" ".join(current))
+    return "\n".join(out)
 
 
-def suptitle(fig, text: str, fontsize: float = 10) -> None:
+def suptitle(fig, text: str, fontsize: float = 9) -> None:
     fig.suptitle(wrap(text, 0.96 * fig.get_figwidth(), fontsize), fontsize=fontsize)
 
 
-def panel_title(ax, text: str, width_in: float, fontsize: float = 9) -> None:
+def panel_title(ax, text: str, width_in: float, fontsize: float = 8.5) -> None:
     ax.set_title(wrap(text, 0.9 * width_in, fontsize), fontsize=fontsize)
 
 
-def legend_below(fig, handles, labels, fontsize: float = 8) -> None:
+def legend_below(fig, handles, labels, fontsize: float = 7.5) -> None:
     """One legend for the figure, below the panels (constrained layout makes room for it)."""
     room = 0.95 * fig.get_figwidth()
     per_entry = (max(len(label) for label in labels) * CHAR_EM * fontsize + 48) / 72  # marker + padding
@@ -146,7 +310,7 @@ def legend_of(fig, axes) -> None:
         legend_below(fig, handles, labels)
 
 
-def panel_grid(n_rows: int, n_cols: int, *, width: float = 4.4, height: float = 3.6):
+def panel_grid(n_rows: int, n_cols: int, *, width: float = 3.0, height: float = 2.5):
     if n_rows * n_cols > MAX_PANELS:
         raise PeftlabError(f"the figure would have {n_rows * n_cols} panels (at most {MAX_PANELS})",
                            fix='select fewer runs with --where, e.g. --where "method=lora,targets=q,v"')
@@ -167,13 +331,22 @@ def colorbar(fig, image, axes: list, width: float, height: float):
     return bar
 
 
-def metric_label(names, scale: float) -> str:
-    return "/".join(names) + (" ×100" if scale == 100 else "")
+def set_log_ticks(axis, values, key: str) -> None:
+    """Ticks of a log axis at exactly ``values`` (written as :func:`fmt_tick` does), no minor ticks."""
+    from matplotlib.ticker import NullLocator
+
+    axis.set_ticks([float(v) for v in values], [fmt_tick(v, key) for v in values])
+    axis.set_minor_locator(NullLocator())
 
 
-
-def num_key(value):
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return (0, float(value), "")
-    return (1, 0.0, str(value))
-
+def log_edges(values) -> list[float]:
+    """Cell edges of a log axis through ``values`` (sorted, > 0): geometric midpoints, the outer cells as wide
+    (in log units) as their inner neighbours' half-gaps; one value: a factor sqrt(2) either side."""
+    logs = [math.log(float(v)) for v in values]
+    if len(logs) == 1:
+        half = [math.log(2) / 2]
+    else:
+        half = [(b - a) / 2 for a, b in zip(logs, logs[1:])]
+    edges = [logs[0] - half[0]] + [a + h for a, h in zip(logs, half)] + ([logs[-1] + half[-1]] if len(logs) > 1
+                                                                           else [])
+    return [math.exp(e) for e in edges]

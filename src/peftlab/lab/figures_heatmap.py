@@ -1,211 +1,241 @@
-"""``peftlab plot --kind heatmap``: a metric over two config keys, mean over seeds, one panel per task.
+"""``peftlab plot --kind heatmap`` and ``--kind lr-grid``: a metric over two config keys, one panel per task.
 
-``--x lr --y lr_ratio`` by default; ``--y v_lr`` is lr * lr_ratio, i.e. eta_QK x eta_V as in Yao et al. Figure 1.
-One panel per task (and per combination of any other key that varies), one colour scale per task; red box:
-the best cell (the lowest for metrics in ``peftlab.tasks.table.LOWER_IS_BETTER``). Cells with
-diverged/collapsed/failed runs are marked (``[status]``); a cell with only such runs is grey and names them.
-When --x or --y takes one value in every task, the panels fold into one per task with the configs as rows.
+* ``lr-grid``: eta_QK (``lr``) x eta_V (``lr * lr_ratio``) as in Yao et al. Figure 1, both on log axes with
+  ticks at the rates present, so the lambda = 1 control is the diagonal (dashed).
+* ``heatmap``: any two keys (``--x lr --y lr_ratio`` by default); learning rates and lambda on log axes.
+
+Every cell says the mean and ``(n)`` of its runs that ended ok and ``k/N ✗`` for those that did not (never in
+the mean; a cell of failures only is hatched); a cell no run reached is blank. One colour scale per task: each
+panel has its colour bar, and panels of a task share its limits. A box marks the best cell only where it is
+distinguishable from the runner-up (:func:`peftlab.lab.figures_cells.best_cell`); the panel title says so
+either way. A selection that would make a one-row or one-column heatmap is drawn as lines
+(:mod:`peftlab.lab.figures_points`) with a note saying so (:mod:`peftlab.lab.figures_cells`).
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
+import math
 from dataclasses import dataclass
-from typing import Any
 
-from peftlab.errors import PeftlabError
 from peftlab.lab.figures import (
-    AXIS_TITLES,
     CHAR_EM,
-    colorbar,
-    config_label,
-    fmt_tick,
-    key_value,
+    Drawn,
     metric_label,
-    num_key,
     panel_grid,
     panel_title,
-    split_by_config,
-    status_summary,
+    set_log_ticks,
     suptitle,
     task_title,
-    underlying,
     wrap,
 )
-from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
-from peftlab.lab.store import NOT_OK
+from peftlab.lab.figures_cells import HeatmapData, HeatPanel, LineInstead, heatmap_data
+from peftlab.lab.records import RunRecord
+
+ANNOT_PT = 7.0  # cell annotations; smaller only when a panel would otherwise grow past MAX_AXES_IN
+MIN_ANNOT_PT = 5.5
+MAX_AXES_IN = (4.2, 4.6)  # the largest axes (width, height) of one panel, inches
+MIN_AXES_IN = (1.5, 1.3)
+TICK_PT = 7.5
+TITLE_PT = 8.0
+TILT = 40  # degrees, x tick labels that would touch side by side
+FAILED = "✗"  # marks a cell's count of runs that did not end ok
 
 
-@dataclass
-class _HeatPanel:
-    row: int
-    col: int
-    task: str
-    values: Any  # (len(ys), len(xs)) means; NaN: no run that ended ok
-    cells: dict[tuple[int, int], list[float]]
-    bad: dict[tuple[int, int], dict[str, int]]
-    xticks: list[str]
-    yticks: list[str]
-    xlabel: str
-    ylabel: str
-    title: str
+def cell_texts(panel: HeatPanel, digits: int) -> dict[tuple[int, int], list[str]]:
+    """The lines written in each cell: the mean and ``(n)`` of its ok runs, ``k/N ✗`` when k of its N runs
+    failed; cells no run reached: none. Short lines, so that a 5 x 8 grid fits a third of a page."""
+    out = {}
+    rows, cols = panel.mean.shape
+    for yi in range(rows):
+        for xi in range(cols):
+            ok, bad = int(panel.n_ok[yi, xi]), int(panel.n_failed[yi, xi])
+            lines = [f"{panel.mean[yi, xi]:.{digits}f}", f"({ok})"] if ok else []
+            if bad:
+                lines.append(f"{bad}/{ok + bad} {FAILED}")
+            if lines:
+                out[(yi, xi)] = lines
+    return out
 
 
-def _heat_cells(recs: list[RunRecord], row_of, col_of, rows: list, cols: list, scale: float):
-    import numpy as np
-
-    values = np.full((len(rows), len(cols)), np.nan)
-    bad: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    cells: dict[tuple[int, int], list[float]] = defaultdict(list)
-    for rec in recs:
-        cell = (rows.index(row_of(rec)), cols.index(col_of(rec)))
-        if rec.status in NOT_OK or rec.value is None:
-            bad[cell][rec.status if rec.status in NOT_OK else "missing"] += 1
-        else:
-            cells[cell].append(rec.value * scale)
-    for (yi, xi), vals in cells.items():
-        values[yi, xi] = statistics.fmean(vals)
-    return values, cells, bad
+def _widths(axis) -> list[float]:
+    edges = axis.edges()
+    if axis.log:
+        return [math.log(b) - math.log(a) for a, b in zip(edges, edges[1:])]
+    return [1.0] * len(axis.values)
 
 
-def _row_labels(configs: dict[tuple, dict], rows: list[tuple], varying: list[str]) -> tuple[list[str], str]:
-    """Tick labels for rows that are configs, and the axis label: ``kasa`` + ``method``, or ``k=v ...`` + ''."""
-    if len(varying) == 1:
-        return [fmt_tick(configs[g].get(varying[0])) for g in rows], varying[0]
-    return [config_label(configs[g], varying) for g in rows], ""
+@dataclass(frozen=True)
+class Layout:
+    axes_w: float  # inches
+    axes_h: float
+    annot_pt: float
+    tilt_x: bool  # x tick labels at an angle (too close side by side)
+
+
+def _gaps(axis) -> list[float]:
+    """Distances between neighbouring ticks, in the axis' units (log units on a log axis)."""
+    if axis.log:
+        logs = [math.log(float(v)) for v in axis.values]
+        return [b - a for a, b in zip(logs, logs[1:])]
+    return [1.0] * (len(axis.values) - 1)
+
+
+def _layout(data: HeatmapData, digits: int) -> Layout:
+    """The panel size at which the narrowest cell holds its text at ANNOT_PT and neighbouring tick labels do
+    not touch, within MAX_AXES_IN (the cell text shrinks, down to MIN_ANNOT_PT, when it would not fit)."""
+    tick_h = TICK_PT * 1.3 / 72
+    cells_w = cells_h = ticks_h = ticks_flat = ticks_tilted = 0.0  # inches per axis unit each needs
+    units_w = units_h = 1.0
+    for p in data.panels:
+        widths, heights = _widths(p.x), _widths(p.y)
+        units_w, units_h = max(units_w, sum(widths)), max(units_h, sum(heights))
+        for (yi, xi), lines in cell_texts(p, digits).items():
+            cells_w = max(cells_w, (max(len(line) for line in lines) * CHAR_EM * ANNOT_PT + 6) / 72 / widths[xi])
+            cells_h = max(cells_h, (len(lines) * 1.3 * ANNOT_PT + 5) / 72 / heights[yi])
+        if len(p.y.values) > 1:
+            ticks_h = max(ticks_h, tick_h / min(_gaps(p.y)))
+        if len(p.x.values) > 1:
+            label_w = max(len(label) for label in p.x.labels) * CHAR_EM * TICK_PT / 72 + 0.05
+            ticks_flat = max(ticks_flat, label_w / min(_gaps(p.x)))
+            ticks_tilted = max(ticks_tilted, tick_h / math.sin(math.radians(TILT)) / min(_gaps(p.x)))
+    tilt_x = max(cells_w, ticks_flat) * units_w > MAX_AXES_IN[0]
+    want_w = max(cells_w, ticks_tilted if tilt_x else ticks_flat) * units_w
+    want_h = max(cells_h, ticks_h) * units_h
+    axes_w = min(MAX_AXES_IN[0], max(MIN_AXES_IN[0], want_w))
+    axes_h = min(MAX_AXES_IN[1], max(MIN_AXES_IN[1], want_h))
+    shrink = min(1.0, axes_w / (cells_w * units_w or 1.0), axes_h / (cells_h * units_h or 1.0))
+    return Layout(axes_w, axes_h, max(MIN_ANNOT_PT, ANNOT_PT * shrink), tilt_x)
+
+
+def _text_colour(cmap, norm, value: float) -> str:
+    r, g, b, _ = cmap(norm(value))
+    return "white" if 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45 else "black"
 
 
 def plot_heatmap(records: list[RunRecord], *, x: str = "lr", y: str = "lr_ratio", scale: float = 100.0,
-                 digits: int = 1, title: str | None = None):
-    """The heatmap figure. All panels of a task share one colour scale (one colour bar per task).
+                 title: str | None = None, fold: bool = True) -> Drawn:
+    """The heatmap figure (or, where it would be one row or column, the line figure that replaces it);
+    ``fold``: see :func:`peftlab.lab.figures_cells.heatmap_data`."""
+    data = heatmap_data(records, x=x, y=y, scale=scale, fold=fold)
+    if isinstance(data, LineInstead):
+        from peftlab.lab.figures_points import plot_points
 
-    When ``x`` or ``y`` takes a single value in every task while other keys vary (e.g. the default lr x
-    lr_ratio on a sweep over methods only), a grid of 1-cell panels would say nothing: the figure folds into
-    one panel per task whose rows are the configs and whose columns are the axis that does vary.
-    """
+        drawn = plot_points(records, x=data.vary, scale=scale, title=title, note=data.note)
+        drawn.notes.insert(0, data.note)
+        return drawn
+    return Drawn(draw_heatmap(data, title=title, scale=scale), data, list(data.notes))
+
+
+def draw_heatmap(data: HeatmapData, *, title: str | None, scale: float):
     import numpy as np
+    from matplotlib.colors import Normalize
 
-    from peftlab.tasks.table import LOWER_IS_BETTER
-
-    trained = [r for r in records if not r.before]
-    if not trained:
-        raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
-    per_task = task_determined_keys(trained)
-    drop = set(NON_RESULT_KEYS) | set(per_task) | underlying(x) | underlying(y)
-    groups, configs, varying = split_by_config(trained, drop)
-    order = sorted(configs, key=lambda g: config_label(configs[g], varying))
-    group_of = {id(rec): g for g, recs in groups.items() for rec in recs}
-    tasks = task_order(r.task for r in trained)
-    metrics = {t: sorted({r.metric for r in trained if r.task == t and r.metric}) for t in tasks}
-    lower = {t: bool(m) and all(name in LOWER_IS_BETTER for name in m) for t, m in metrics.items()}
-
-    def values_of(key: str, task: str) -> list:
-        return sorted({key_value(r.config, key) for r in trained if r.task == task}, key=num_key)
-
-    x_const = all(len(values_of(x, t)) == 1 for t in tasks)
-    y_const = all(len(values_of(y, t)) == 1 for t in tasks)
-    fold = len(order) > 1 and (x_const or y_const)
-    panels: list[_HeatPanel] = []
-    if fold:
-        col_key, const_key = (y, x) if x_const and not y_const else (x, y)
-        n_rows, n_cols = 1, len(tasks)
-        for j, task in enumerate(tasks):
-            recs = [r for r in trained if r.task == task]
-            rows = [g for g in order if any(group_of[id(r)] == g for r in recs)]
-            cols = values_of(col_key, task)
-            values, cells, bad = _heat_cells(recs, lambda r: group_of[id(r)], lambda r: key_value(r.config, col_key),
-                                             rows, cols, scale)
-            yticks, ylabel = _row_labels(configs, rows, varying)
-            const = ", ".join(fmt_tick(v) for v in values_of(const_key, task))
-            panels.append(_HeatPanel(0, j, task, values, cells, bad, [fmt_tick(v) for v in cols], yticks,
-                                     AXIS_TITLES.get(col_key, col_key), ylabel,
-                                     f"{task_title(task)}\n{const_key}={const} in all runs"))
-        n_cells_x = max(len(p.xticks) for p in panels)
-        n_cells_y = max(len(p.yticks) for p in panels)
-        longest = max(len(t) for p in panels for t in p.yticks)
-        width = max(3.6, 1.9 + 0.8 * n_cells_x + longest * CHAR_EM * 8 / 72)
-        height = max(2.6, 1.9 + 0.4 * n_cells_y)
-    else:
-        n_rows, n_cols = len(order), len(tasks)
-        for i, gkey in enumerate(order):
-            sub = config_label(configs[gkey], varying) if varying else ""
-            for j, task in enumerate(tasks):
-                recs = [r for r in groups[gkey] if r.task == task]
-                if not recs:
-                    continue
-                xs = sorted({key_value(r.config, x) for r in recs}, key=num_key)
-                ys = sorted({key_value(r.config, y) for r in recs}, key=num_key)
-                values, cells, bad = _heat_cells(recs, lambda r: key_value(r.config, y),
-                                                 lambda r: key_value(r.config, x), ys, xs, scale)
-                panels.append(_HeatPanel(i, j, task, values, cells, bad, [fmt_tick(v) for v in xs],
-                                         [fmt_tick(v) for v in ys], AXIS_TITLES.get(x, x), AXIS_TITLES.get(y, y),
-                                         task_title(task) + (f"\n{sub}" if sub else "")))
-        n_cells_x = max(len(p.xticks) for p in panels)
-        n_cells_y = max(len(p.yticks) for p in panels)
-        width = max(3.8, 2.0 + 0.8 * n_cells_x)
-        height = max(3.0, 1.9 + 0.55 * n_cells_y)
-    plt, fig, axes = panel_grid(n_rows, n_cols, width=width, height=height)
-    cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
-    limits: dict[str, tuple[float | None, float | None]] = {}
-    for task in tasks:
-        finite = np.concatenate([p.values[np.isfinite(p.values)] for p in panels if p.task == task] or [[]])
-        limits[task] = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
-    drawn: dict[str, list] = defaultdict(list)
+    digits = 1 if scale >= 10 else 3
+    layout = _layout(data, digits)
+    axes_w, axes_h, annot_pt = layout.axes_w, layout.axes_h, layout.annot_pt
+    longest_ytick = max(len(label) for p in data.panels for label in p.y.labels)
+    extra_w = longest_ytick * CHAR_EM * TICK_PT / 72 + 0.9  # y ticks + label, colour bar + its ticks and label
+    width = axes_w + extra_w
+    title_lines = max(len(wrap(_panel_text(p), 0.9 * width, TITLE_PT).split("\n")) for p in data.panels)
+    tilt = 0.3 if layout.tilt_x else 0.0  # tilted tick labels are taller
+    height = axes_h + 1.0 + tilt + title_lines * TITLE_PT * 1.3 / 72
+    plt, fig, axes = panel_grid(data.n_rows, data.n_cols, width=width, height=height)
+    cmap = plt.get_cmap("viridis").with_extremes(bad=(1, 1, 1, 0))  # empty cells: the white axes behind
     used = set()
-    for p in panels:
+    for p in data.panels:
         ax = axes[p.row][p.col]
         used.add((p.row, p.col))
-        lo, hi = limits[p.task]
-        image = ax.imshow(np.ma.masked_invalid(p.values), origin="upper" if fold else "lower", cmap=cmap,
-                          aspect="auto", vmin=lo, vmax=hi)
-        drawn[p.task].append((ax, image))
-        finite = np.isfinite(p.values)
-        best = None
-        if finite.any():
-            pick = np.nanargmin if lower[p.task] else np.nanargmax
-            best = tuple(int(v) for v in np.unravel_index(pick(p.values), p.values.shape))
-        for yi in range(p.values.shape[0]):
-            for xi in range(p.values.shape[1]):
-                lines = []
-                if finite[yi, xi]:
-                    lines.append(f"{p.values[yi, xi]:.{digits}f}")
-                if p.bad.get((yi, xi)):
-                    summary = status_summary(p.bad[(yi, xi)])
-                    lines.append(f"[{summary}]" if p.cells.get((yi, xi)) else summary)
-                    if not p.cells.get((yi, xi)):  # only runs that did not end ok: hatched
-                        ax.add_patch(plt.Rectangle((xi - 0.5, yi - 0.5), 1, 1, fill=False, hatch="//",
-                                                   edgecolor="#8c2d04", lw=0))
-                if not lines:
-                    continue
-                light = bool(finite[yi, xi]) and p.values[yi, xi] < lo + 0.5 * ((hi - lo) or 1)
-                ax.text(xi, yi, "\n".join(lines), ha="center", va="center", fontsize=7,
-                        color="white" if light else "black",
-                        fontweight="bold" if (yi, xi) == best else "normal",
-                        bbox=None if finite[yi, xi] else dict(facecolor="white", alpha=0.8, lw=0, pad=1.5))
-        if best is not None:
-            ax.add_patch(plt.Rectangle((best[1] - 0.5, best[0] - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
-        ax.set_xticks(range(len(p.xticks)), p.xticks, fontsize=8,
-                      **(dict(rotation=45, ha="right", rotation_mode="anchor") if len(p.xticks) > 3 else {}))
-        ax.set_yticks(range(len(p.yticks)), p.yticks, fontsize=8)
-        ax.set_xlabel(p.xlabel)
-        ax.set_ylabel(p.ylabel)
-        panel_title(ax, p.title, width)
-    for i in range(n_rows):
-        for j in range(n_cols):
+        lo, hi = data.limits[p.task]
+        norm = Normalize(lo, hi)
+        x_edges, y_edges = p.x.edges(), p.y.edges()
+        mesh = ax.pcolormesh(x_edges, y_edges, np.ma.masked_invalid(p.mean), cmap=cmap, norm=norm,
+                             edgecolors="white", linewidth=0.6)
+        if p.x.log:
+            ax.set_xscale("log")
+            set_log_ticks(ax.xaxis, p.x.values, p.x.key)
+        else:
+            ax.set_xticks(p.x.centres(), p.x.labels)
+        if p.y.log:
+            ax.set_yscale("log")
+            set_log_ticks(ax.yaxis, p.y.values, p.y.key)
+        else:
+            ax.set_yticks(p.y.centres(), p.y.labels)
+        ax.set_xlim(x_edges[0], x_edges[-1])
+        # a folded panel's rows are configs: they read top to bottom, as in a table
+        ax.set_ylim(*((y_edges[-1], y_edges[0]) if data.folded else (y_edges[0], y_edges[-1])))
+        ax.tick_params(length=2)
+        if layout.tilt_x:
+            for label in ax.get_xticklabels():
+                label.set(rotation=TILT, ha="right", rotation_mode="anchor")
+        if data.diagonal:  # lambda = 1: eta_V = eta_QK
+            lo_d, hi_d = max(x_edges[0], y_edges[0]), min(x_edges[-1], y_edges[-1])
+            if hi_d > lo_d:
+                ax.plot([lo_d, hi_d], [lo_d, hi_d], ls="--", lw=0.8, color="#444444", zorder=3)
+        xc, yc = p.x.cell_centres(), p.y.cell_centres()
+        for (yi, xi), lines in cell_texts(p, digits).items():
+            has_mean = bool(p.n_ok[yi, xi])
+            if not has_mean:  # only runs that did not end ok: hatched, the count on white
+                ax.add_patch(plt.Rectangle((x_edges[xi], y_edges[yi]), x_edges[xi + 1] - x_edges[xi],
+                                           y_edges[yi + 1] - y_edges[yi], fill=False, hatch="////",
+                                           edgecolor="#8c8c8c", lw=0, zorder=2))
+            colour = _text_colour(cmap, norm, p.mean[yi, xi]) if has_mean else "black"
+            # the text sits on a patch of its cell's own colour: the lambda = 1 line passes behind it
+            face = cmap(norm(p.mean[yi, xi])) if has_mean else "white"
+            ax.text(xc[xi], yc[yi], "\n".join(lines), ha="center", va="center", fontsize=annot_pt, color=colour,
+                    zorder=5, fontweight="bold" if p.best.marked and (yi, xi) == p.best.cell else "normal",
+                    bbox=dict(facecolor=face, alpha=1.0 if has_mean else 0.85, lw=0, pad=0.8))
+        if p.best.marked:
+            yi, xi = p.best.cell
+            for colour, lw in (("white", 3.2), ("black", 1.6)):  # visible on every colour of the map
+                ax.add_patch(plt.Rectangle((x_edges[xi], y_edges[yi]), x_edges[xi + 1] - x_edges[xi],
+                                           y_edges[yi + 1] - y_edges[yi], fill=False, edgecolor=colour, lw=lw,
+                                           zorder=4))
+        ax.set_xlabel(p.x.title)
+        if p.col == min(q.col for q in data.panels if q.row == p.row):  # the same key in every panel: once a row
+            ax.set_ylabel(p.y.title)
+        panel_title(ax, _panel_text(p), width, fontsize=TITLE_PT)
+        label = metric_label(data.metrics[p.task], scale) + (" (lower is better)" if data.lower[p.task] else "")
+        bar = fig.colorbar(mesh, ax=ax, fraction=0.07, pad=0.03, aspect=max(10.0, axes_h / 0.12))
+        bar.ax.tick_params(labelsize=7)
+        bar.set_label(wrap(label, 0.9 * axes_h, 8), fontsize=8)
+    for i in range(data.n_rows):
+        for j in range(data.n_cols):
             if (i, j) not in used:
                 axes[i][j].set_axis_off()
-    for task, pairs in drawn.items():
-        label = metric_label(metrics[task], scale) + (" (lower is better)" if lower[task] else "")
-        bar = colorbar(fig, pairs[0][1], [ax for ax, _ in pairs], width, height)
-        bar.set_label(wrap(label, 0.8 * height * len(pairs), 8), fontsize=8)
-    seed_axis = "seed" in (x, y)
-    lowest = sorted({m for t in tasks if lower[t] for m in metrics[t]})
-    best_text = "red box: best" + ((" (lowest)" if all(lower.values()) else f" (lowest for {', '.join(lowest)})")
-                                   if lowest else "")
-    what = "one run per cell (seed is an axis)" if seed_axis else "mean over seeds"
-    bad_text = "[..]: runs that did not end ok" + ("" if seed_axis else " (not in the mean)")
-    names = "/".join(sorted({m for ms in metrics.values() for m in ms}))
-    suptitle(fig, title or f"{names}, {what}; {best_text}; {bad_text}")
+    suptitle(fig, title or _caption(data))
+    _fit_axes(fig, [axes[p.row][p.col] for p in data.panels], layout, data.n_rows, data.n_cols)
     return fig
 
+
+def _fit_axes(fig, panels: list, layout: Layout, n_rows: int, n_cols: int) -> None:
+    """Resize the figure until constrained layout gives the panels the axes size the cells need (the space
+    its titles, ticks and colour bars take is measured, not guessed)."""
+    for _ in range(2):
+        fig.canvas.draw()  # runs the layout
+        width = min(ax.get_position().width for ax in panels) * fig.get_figwidth()
+        height = min(ax.get_position().height for ax in panels) * fig.get_figheight()
+        if abs(width - layout.axes_w) < 0.02 and abs(height - layout.axes_h) < 0.02:
+            return
+        new_w = fig.get_figwidth() + n_cols * (layout.axes_w - width)
+        new_h = fig.get_figheight() + n_rows * (layout.axes_h - height)
+        fig.set_size_inches(round(new_w * fig.dpi) / fig.dpi, round(new_h * fig.dpi) / fig.dpi)
+
+
+def _panel_text(p: HeatPanel) -> str:
+    return "\n".join(filter(None, [task_title(p.task), p.subtitle, p.best.note]))
+
+
+def _caption(data: HeatmapData) -> str:
+    names = "/".join(sorted({m for ms in data.metrics.values() for m in ms}))
+    what = ("one run per cell (seed is an axis)" if data.seed_axis
+            else "cells: mean over the runs that ended ok and (n) their number")
+    statuses = sorted({s for p in data.panels for counts in p.failed.values() for s in counts})
+    failed = (f"k/N {FAILED}: k of the cell's N runs ended {', '.join(statuses)} (not in the mean)"
+              if statuses else "")
+    marked = any(p.best.marked for p in data.panels)
+    unmarked = [task_title(p.task) for p in data.panels if not p.best.marked]
+    best = ("box: the best cell, where a paired 95\u00a0% t CI against the runner-up excludes 0" if marked else "")
+    if unmarked and not data.seed_axis:
+        best = "; ".join(filter(None, [best, f"best not distinguishable in {', '.join(dict.fromkeys(unmarked))}"]))
+    diagonal = r"dashed: $\lambda{=}1$ ($\eta_V{=}\eta_{QK}$)" if data.diagonal else ""
+    return f"{names}; " + "; ".join(filter(None, [what, failed, "blank: not run", best, diagonal, *data.notes]))

@@ -2,20 +2,33 @@
 
 Each run contributes result.json's ``kasa_sigma - kasa_sigma_init`` (learned minus initial values; the random
 init would otherwise dominate), averaged over the selected runs (seeds), one symmetric colour scale for all
-panels. Runs of an older peftlab without ``kasa_sigma_init`` are drawn as Delta_sigma itself, their panel
-titles saying so. Module names come from the records (``kasa_sigma``'s keys), never from model code.
+panels; the title sets the largest change against the mean |sigma_init|. A selection with runs of an older
+peftlab (no ``kasa_sigma_init``) is refused: their initial values are not what training learned. Module names
+come from the records (``kasa_sigma``'s keys), never from model code.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures import colorbar, config_label, panel_grid, panel_title, split_by_config, suptitle, task_title, wrap
-from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_order
+from peftlab.lab.figures import (
+    Drawn,
+    colorbar,
+    config_label,
+    panel_grid,
+    panel_title,
+    split_by_config,
+    suptitle,
+    task_title,
+    wrap,
+)
+from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
 
 _PROJ_NAMES = {"query": "q", "q_proj": "q", "q_lin": "q", "q": "q", "key": "k", "k_proj": "k", "k_lin": "k",
                "k": "k", "value": "v", "v_proj": "v", "v_lin": "v", "v": "v", "o_proj": "o", "out_proj": "o",
@@ -34,8 +47,9 @@ def parse_module(name: str) -> tuple[int | None, str]:
     return layer, _PROJ_NAMES.get(last, last)
 
 
-SIGMA_DELTA = "learned change Δσ − Δσ_init"
-SIGMA_NO_INIT = "(init not recorded: values include the random initialisation)"
+SIGMA_DELTA = "learned change of Δσ (kasa_sigma − kasa_sigma_init)"
+NO_INIT_FIX = ("re-run them with this peftlab (result.json records kasa_sigma_init since it), or leave them out "
+               "with --where")
 
 
 def _module_name(name: str) -> str:
@@ -61,48 +75,53 @@ def _proj_order(proj: str):
     return (known.index(proj), "") if proj in known else (len(known), proj)
 
 
-def plot_sigma(records: list[RunRecord], *, title: str | None = None):
-    """KaSA Figure 4: what training did to Δσ, per layer (rows) and singular value (columns), mean over seeds.
+@dataclass
+class SigmaPanel:
+    row: int
+    col: int
+    task: str
+    subtitle: str
+    projection: str
+    layers: list[int]
+    matrix: Any  # (len(layers), rank): mean over the runs of kasa_sigma - kasa_sigma_init
+    runs: int
 
-    Each run contributes ``kasa_sigma - kasa_sigma_init``; Δσ's random initialisation would otherwise dominate the
-    picture (two tasks would look alike). A panel whose runs did not record ``kasa_sigma_init`` (an older store)
-    shows Δσ itself and says so in its title; the colour limits are symmetric about 0 and shared by all panels of
-    the same quantity, so panels compare.
-    """
+
+@dataclass
+class SigmaData:
+    panels: list[SigmaPanel]
+    n_rows: int
+    n_cols: int
+    limit: float  # the symmetric colour limit shared by every panel
+    init_size: float  # mean |kasa_sigma_init| over the runs: what the change is small or large against
+
+
+def sigma_data(records: list[RunRecord]) -> SigmaData:
     import numpy as np
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     runs = [r for r in records if r.result and r.result.get("kasa_sigma")]
     if not runs:
         methods = sorted({str(r.config.get("method")) for r in records})
         raise PeftlabError("no run in the selection has kasa_sigma (KaSA's learned singular values)",
                            fix=f"select KaSA runs (--where method=kasa); the selection has {', '.join(methods)}")
-    drop = set(NON_RESULT_KEYS) - {"task"}
+    changes = {id(r): sigma_change(r.result) for r in runs}
+    lacking = [r for r in runs if changes[id(r)] is None]
+    if lacking:
+        shown = ", ".join(f"{r.task} seed {r.seed}" for r in lacking[:4]) + (" ..." if len(lacking) > 4 else "")
+        raise PeftlabError(f"{len(lacking)} of {len(runs)} selected KaSA runs lack kasa_sigma_init ({shown}): "
+                           "their learned change cannot be told from the initialisation", fix=NO_INIT_FIX)
+    drop = (set(NON_RESULT_KEYS) | set(task_determined_keys(runs))) - {"task"}
     groups, configs, varying = split_by_config(runs, drop)
     varying = [k for k in varying if k != "task"]
-    panels = sorted(configs, key=lambda g: (task_order([configs[g]["task"]])[0], config_label(configs[g], varying)))
+    rows = sorted(configs, key=lambda g: (task_order([configs[g]["task"]])[0], config_label(configs[g], varying)))
     projections = sorted({parse_module(m)[1] for r in runs for m in r.result["kasa_sigma"]}, key=_proj_order)
-    changes = {id(r): sigma_change(r.result) for r in runs}
-    width, height = 4.2, 3.4
-    _, fig, axes = panel_grid(len(panels), len(projections), width=width, height=height)
-    matrices: dict[tuple[int, int], tuple[Any, list[int]]] = {}
-    delta_panel: dict[int, bool] = {}
-    notes: dict[int, str] = {}
-    for i, gkey in enumerate(panels):
+    panels = []
+    for i, gkey in enumerate(rows):
         recs = groups[gkey]
-        with_init = [r for r in recs if changes[id(r)] is not None]
-        delta_panel[i] = bool(with_init)
-        if with_init:
-            used = [(r, changes[id(r)]) for r in with_init]
-            left_out = len(recs) - len(with_init)
-            notes[i] = f"mean of {len(used)} run(s)" + (f"; {left_out} without init left out" if left_out else "")
-        else:
-            used = [(r, {m: [float(v) for v in vals] for m, vals in r.result["kasa_sigma"].items()}) for r in recs]
-            notes[i] = f"mean of {len(used)} run(s) {SIGMA_NO_INIT}"
         for j, proj in enumerate(projections):
             per_layer: dict[int, list[list[float]]] = defaultdict(list)
-            for _, per_module in used:
-                for module, values in per_module.items():
+            for rec in recs:
+                for module, values in changes[id(rec)].items():
                     layer, p = parse_module(module)
                     if p == proj:
                         per_layer[layer if layer is not None else 0].append(values)
@@ -114,47 +133,48 @@ def plot_sigma(records: list[RunRecord], *, title: str | None = None):
             for li, layer in enumerate(layers):
                 vals = [v + [math.nan] * (n - len(v)) for v in per_layer[layer]]
                 matrix[li] = np.nanmean(np.array(vals, dtype=float), axis=0)
-            matrices[(i, j)] = (matrix, layers)
+            panels.append(SigmaPanel(i, j, configs[gkey]["task"],
+                                     config_label(configs[gkey], varying) if varying else "", proj, layers, matrix,
+                                     len(recs)))
+    peaks = [float(np.nanmax(np.abs(p.matrix))) for p in panels if np.isfinite(p.matrix).any()]
+    init = [abs(float(v)) for r in runs for vals in r.result["kasa_sigma_init"].values() for v in vals]
+    return SigmaData(panels, len(rows), len(projections), max(peaks, default=0.0) or 1.0,
+                     statistics.fmean(init) if init else math.nan)
 
-    def limit(delta: bool) -> float:
-        peaks = [float(np.nanmax(np.abs(m))) for (i, _), (m, _) in matrices.items()
-                 if delta_panel[i] == delta and np.isfinite(m).any()]
-        return max(peaks, default=0.0) or 1.0
 
-    limits = {True: limit(True), False: limit(False)}
-    images: dict[bool, list] = defaultdict(list)
-    for i, gkey in enumerate(panels):
-        sub = config_label(configs[gkey], varying) if varying else ""
-        for j, proj in enumerate(projections):
-            ax = axes[i][j]
-            if (i, j) not in matrices:
-                ax.set_axis_off()
-                continue
-            matrix, layers = matrices[(i, j)]
-            lim = limits[delta_panel[i]]
-            image = ax.imshow(matrix, origin="lower", cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto",
-                              interpolation="nearest")
-            images[delta_panel[i]].append((ax, image))
-            step = max(1, math.ceil(len(layers) / 12))
-            ax.set_yticks(range(0, len(layers), step), [str(layers[k]) for k in range(0, len(layers), step)],
-                          fontsize=7)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v)) + 1}"))
-            ax.tick_params(axis="x", labelsize=7)
-            ax.set_xlabel("singular value index i")
-            ax.set_ylabel("layer")
-            panel_title(ax, f"{task_title(configs[gkey]['task'])} · {proj} · {notes[i]}" + (f"\n{sub}" if sub else ""),
-                   width)
-    for delta, pairs in images.items():
-        label = SIGMA_DELTA if delta else f"Δσ {SIGMA_NO_INIT}"
-        bar = colorbar(fig, pairs[0][1], [ax for ax, _ in pairs], width, height)
-        n_rows = sum(1 for i in delta_panel if delta_panel[i] == delta)
-        bar.set_label(wrap(label, 0.8 * height * n_rows, 8), fontsize=8)
-    if title is None:
-        title = f"KaSA: {SIGMA_DELTA} per layer and projection, mean over seeds"
-        if not images.get(True):
-            title = f"KaSA: Δσ per layer and projection, mean over seeds {SIGMA_NO_INIT}"
-        elif images.get(False):
-            title += "; panels marked 'init not recorded' show Δσ itself"
-    suptitle(fig, title)
-    return fig
+def plot_sigma(records: list[RunRecord], *, title: str | None = None) -> Drawn:
+    """KaSA Figure 4: what training changed in Δσ, per layer (rows) and singular value (columns), mean over seeds.
+
+    Each run contributes ``kasa_sigma - kasa_sigma_init``; Δσ's random initialisation would otherwise dominate the
+    picture (two tasks would look alike). Runs without ``kasa_sigma_init`` are refused, never drawn as if their
+    values were learned. One diverging colour scale, symmetric about 0, for every panel.
+    """
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    data = sigma_data(records)
+    width, height = 2.9, 2.4
+    _, fig, axes = panel_grid(data.n_rows, data.n_cols, width=width, height=height)
+    used, images = set(), []
+    for p in data.panels:
+        ax = axes[p.row][p.col]
+        used.add((p.row, p.col))
+        image = ax.imshow(p.matrix, origin="lower", cmap="RdBu_r", vmin=-data.limit, vmax=data.limit,
+                          aspect="auto", interpolation="nearest")
+        images.append((ax, image))
+        step = max(1, math.ceil(len(p.layers) / 12))
+        ax.set_yticks(range(0, len(p.layers), step), [str(p.layers[k]) for k in range(0, len(p.layers), step)])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v)) + 1}"))
+        ax.set_xlabel("singular value index i")
+        ax.set_ylabel("layer")
+        panel_title(ax, f"{task_title(p.task)} · $W_{{{p.projection}}}$ · mean of {p.runs} run(s)"
+                    + (f"\n{p.subtitle}" if p.subtitle else ""), width)
+    for i in range(data.n_rows):
+        for j in range(data.n_cols):
+            if (i, j) not in used:
+                axes[i][j].set_axis_off()
+    bar = colorbar(fig, images[0][1], [ax for ax, _ in images], width, height)
+    bar.set_label(wrap(SIGMA_DELTA, 0.8 * height * data.n_rows, 8), fontsize=8)
+    suptitle(fig, title or f"KaSA: {SIGMA_DELTA} per layer and projection, mean over seeds; largest |change| "
+                           f"{data.limit:.3g} against a mean |Δσ_init| of {data.init_size:.3g}")
+    return Drawn(fig, data)

@@ -17,7 +17,8 @@ What happens when something dies:
 * the driver killed: its rows stay ``running`` with a dead owner, which the next sweep resets to pending
   (they resume from their checkpoints); Ray ends a dead driver's tasks with its job.
 
-A run is recorded once: only the driver writes, and a claim takes one outcome (``Store.finish``).
+A run is recorded once: only the driver writes, and a claim takes one outcome (``Store.finish``, which also
+moves a pruned tune trial off the complete run's key, as locally).
 
 A cluster: ``ray start --head`` on one machine, ``ray start --address HEAD:6379`` on the others, then the
 sweep on the head with ``--address HEAD:6379`` (or ``auto``). Every node needs peftlab installed and must
@@ -274,7 +275,7 @@ def execute_run(run: dict, train_fn_name: str, log_path: str | None, threads: in
     with _output_to(Path(log_path) if log_path else None):
         print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} in a Ray worker "
               f"(pid {os.getpid()}, host {os.uname().nodename})", flush=True)
-        run_one(run["config"], run["key"], train_fn, outcome)
+        run_one(run["config"], run["key"], train_fn, outcome, adopt_pruned=reporter is not None)
     return {"result": outcome.result, "error": outcome.error, "pid": os.getpid()}
 
 
@@ -346,11 +347,15 @@ class RayPool:
 
 
 def record(store, key: str, outcome: dict) -> str:
-    """Write a task's outcome into the driver's store; returns the status recorded."""
+    """Write a task's outcome into the driver's store; returns the status recorded. A pruned trial's row moves
+    to its pruned key and its folder is renamed (``Store.finish``; the folder must be visible to the driver,
+    as every run folder is on a cluster's shared file system); ``store.find(key)`` reads it back."""
+    from peftlab.lab.store import effective_status
+
     result = outcome.get("result")
     if result is not None:
         store.finish(key, result)
-        return result["status"]
+        return effective_status(result["status"], result)
     store.fail(key, outcome.get("error") or "the Ray task returned no result")
     return "failed"
 

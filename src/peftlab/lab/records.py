@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from peftlab.errors import PeftlabError, closest
-from peftlab.lab.store import FINISHED, STORE_NAME, Store, config_key, resolve_store_path
+from peftlab.lab.store import (FINISHED, RESULT_STATUSES, STORE_NAME, Store, config_key, epochs_run,
+                               is_pruned_result, pruned_key, resolve_store_path)
 
 RUN_RESULT = "result.json"  # a run folder written by ``peftlab train``
 RUN_CONFIG = "config.yaml"
 SOURCE_FIX = ("pass a sweep's results.sqlite (or its output folder), or run folders written by peftlab train "
               "(holding result.json), e.g. runs/*/")
-RUN_STATUSES = ("ok", "diverged", "collapsed", "failed")  # what a finished run's result.json may say
+RUN_STATUSES = RESULT_STATUSES  # what a finished run's result.json may say (lab/store_schema)
 
 # Never row-distinguishing: bookkeeping, the seed (averaged over) and the task (the columns).
 NON_RESULT_KEYS = ("output_dir", "resume", "overwrite", "seed", "task", "log_every", "checkpoint_every",
@@ -44,7 +45,8 @@ UNSCALED_HINTS = ("loss", "perplexity", "ppl", "mt_bench")  # mt_bench_*: judge 
 
 
 def load_rows(paths: Iterable[str | os.PathLike]) -> list[dict]:
-    """Rows of one or more stores and run folders (a key present in several: the finished row wins).
+    """Rows of one or more stores and run folders (a key present in several: the finished row wins, and a
+    complete run wins over a pruned tune trial that older stores kept under the same key).
 
     Each path is a store file, a sweep output folder holding ``results.sqlite``, or a run folder of
     ``peftlab train`` (``result.json``, optionally ``config.yaml``) read as one row of the same shape as a
@@ -54,9 +56,14 @@ def load_rows(paths: Iterable[str | os.PathLike]) -> list[dict]:
     for path in paths:
         for row in _source_rows(Path(path)):
             old = merged.get(row["key"])
-            if old is None or (old["status"] not in FINISHED and row["status"] in FINISHED):
+            if old is None or (old["status"] not in FINISHED and row["status"] in FINISHED) or (
+                    _row_pruned(old) and row["status"] in FINISHED and not _row_pruned(row)):
                 merged[row["key"]] = row
     return list(merged.values())
+
+
+def _row_pruned(row: dict) -> bool:
+    return pruned_status(row["status"], row["result"])
 
 
 def _source_rows(path: Path) -> list[dict]:
@@ -102,9 +109,13 @@ def run_folder_row(path: str | os.PathLike) -> dict:
     else:
         status = result.get("status")
         if status not in RUN_STATUSES:
-            raise PeftlabError(f"{result_file} has status {status!r}, not ok/diverged/collapsed/failed",
+            raise PeftlabError(f"{result_file} has status {status!r}, not {'/'.join(RUN_STATUSES)}",
                                fix="pass finished run folders written by peftlab train")
-    return {"key": config_key(config), "status": status, "config": config, "result": result,
+    key = config_key(config)
+    if is_pruned_result(result):  # a pruned trial's folder: never the key of the complete run of its config
+        key = pruned_key(key, epochs_run(result))
+        status = "collapsed" if status == "collapsed" else "pruned"
+    return {"key": key, "status": status, "config": config, "result": result,
             "output_dir": str(path), "started": None, "finished": None,
             "seconds": (result or {}).get("train_seconds"), "attempts": 1,
             "error": (result or {}).get("status_reason") if status == "failed" else None, "owner": None,
@@ -216,6 +227,31 @@ def collect(rows: Iterable[dict], *, which: str = "best", metric: str | None = N
     return records, skipped
 
 
+def pruned_status(status: str, result: dict | None) -> bool:
+    """A tune trial stopped before its last epoch: status ``pruned``, or (results written before that status
+    existed) ``ok`` with result.json ``stopped_early`` (lab/store_schema). Never a complete run of its config."""
+    return status == "pruned" or (status != "failed" and is_pruned_result(result))
+
+
+def is_pruned(rec: RunRecord) -> bool:
+    return pruned_status(rec.status, rec.result)
+
+
+def run_identity(rec: RunRecord) -> tuple:
+    """What a run computes: its config without bookkeeping (output folder, threads, ...), with task and seed."""
+    kept = tuple(sorted((k, hashable(v)) for k, v in rec.config.items() if k not in NON_RESULT_KEYS))
+    return rec.task, rec.seed, kept
+
+
+def drop_superseded_pruned(records: list[RunRecord]) -> tuple[list[RunRecord], int]:
+    """The records without the pruned trials whose config and seed also have a complete (non-pruned) run, so
+    that a (config, seed) appears once; and how many were dropped. A pruned trial alone stays (counted, never
+    averaged)."""
+    complete = {run_identity(rec) for rec in records if not is_pruned(rec)}
+    kept = [rec for rec in records if not (is_pruned(rec) and run_identity(rec) in complete)]
+    return kept, len(records) - len(kept)
+
+
 # --------------------------------------------------------------------------- what varies across records
 
 
@@ -279,3 +315,25 @@ def auto_scale(metric_names: Iterable[str]) -> float:
     if names and all(not any(h in m.lower() for h in UNSCALED_HINTS) for m in names):
         return 100.0
     return 1.0
+
+
+def parse_seeds(text: str) -> list[tuple[int, int]]:
+    """``"100-109,3"`` -> [(100, 109), (3, 3)]: ``--seeds`` of report and plot (inclusive ranges, never expanded)."""
+    seeds: list[tuple[int, int]] = []
+    for piece in (p.strip() for p in text.split(",")):
+        low, dash, high = piece.partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            raise PeftlabError(f"--seeds '{text}': '{piece}' is not a seed or a range A-B",
+                               fix="e.g. --seeds 100-109 or --seeds 0,1,2") from None
+        if first < 0 or last < first:
+            raise PeftlabError(f"--seeds '{text}': '{piece}' is not a range of seeds >= 0 (A-B with A <= B)",
+                               fix="e.g. --seeds 100-109")
+        seeds.append((first, last))
+    return seeds
+
+
+def rows_of_seeds(rows: Iterable[dict], seeds: list[tuple[int, int]]) -> list[dict]:
+    """The rows whose config's seed lies in one of the inclusive ``seeds`` ranges (:func:`parse_seeds`)."""
+    return [row for row in rows if any(lo <= int((row.get("config") or {}).get("seed", 0)) <= hi for lo, hi in seeds)]

@@ -1,4 +1,4 @@
-"""``peftlab report PATH...``: the papers' table from results stores or run folders, with honest statistics.
+"""``peftlab report PATH...``: the papers' table from results stores or run folders, with a reviewer's statistics.
 
 Inputs: each PATH is a sweep's ``results.sqlite`` (or the sweep's output folder holding it), or a run folder
 written by ``peftlab train`` (``result.json``, optionally ``config.yaml``), so ``peftlab report runs/*/``
@@ -6,28 +6,31 @@ works; a folder with only ``config.yaml`` is an unfinished run. Anything else is
 
 Rows are configs grouped without the seed (nor task, output folder, or settings that vary only with the
 task, such as a per-task epoch count), methods in the order the runs list them (a sweep's grid order), other
-keys by value; columns are tasks (their primary metric, ``best`` epoch by default),
-an Avg column (mean over tasks of the cell means, only for rows with every task, and left out when a column
-is a lower-is-better metric such as eval_loss) and #Param. A cell is
-``mean ± std (n)`` with the sample std (ddof=1) over seeds. Runs that diverged, collapsed or failed, and
-tune trials pruned before their last epoch (result.json ``stopped_early``), are never averaged in: they are counted in the cell (``71.2 ± 0.8 (3) [1 collapsed]``), and a cell with only
-such runs names them. Runs with ``epochs: 0`` form the before-fine-tuning row(s). A "majority class" row
-follows them: per task, the mean of the runs' ``majority_baseline`` (the primary metric of always
-predicting the evaluated dev set's most frequent class; 0 for correlation metrics: CoLA's
-MCC, STS-B's Pearson), for GLUE-style tasks scored on their primary metric; a note says when runs disagree.
-It is ``Table.majority`` (not one of ``Table.rows``, the groups of runs); in the CSV a row labelled
-"majority class" with ``before_fine_tuning`` 0 and the mean, std and count over the runs.
+keys by value; columns are tasks (their primary metric, ``best`` epoch by default), an Avg column (mean over
+tasks of the cell means, only for rows with every task, and left out when a column is a lower-is-better metric
+such as eval_loss) and #Param. A cell is ``mean ± std (n)`` with the sample std (ddof=1) over the seeds of its
+``ok`` runs. Runs that did not learn (``no_learning``, ``collapsed``, ``diverged``) or crashed (``failed``) are
+never averaged in: they are counted in [brackets]; where any seed failed to learn, the bracket also gives the
+median and range over all its seeds, those runs at their value (``71.2 ± 0.8 (3) [1 no_learning; median 70.9,
+range 2.5–72.0 over 4 seeds]``), so a bimodal cell never reads as a bare mean. Pruned tune trials (status
+``pruned``, or older ``ok`` rows with result.json ``stopped_early``) are counted, never averaged, and left out
+altogether where a complete run of the same config and seed exists (a (config, seed) appears once). Runs with
+``epochs: 0`` form the before-fine-tuning row(s). A "majority class" row follows them: per task, the mean of the
+runs' ``majority_baseline`` (always predicting the evaluated dev set's most frequent class; 0 for correlation
+metrics), for GLUE-style tasks scored on their primary metric; a note says when runs disagree. It is
+``Table.majority`` (not one of ``Table.rows``); in the CSV a row labelled "majority class".
 
-``--baseline "method=lora,targets=q,k,v,lr_ratio=1"`` picks a row (labelled "(baseline)"); every other cell
-is compared with the baseline's cell of the same task by a two-sided two-sample t-test over seeds:
-``--test welch`` (default; ``scipy.stats.ttest_ind(equal_var=False)``) or ``--test student`` (pooled
-variance, ``equal_var=True``, KaSA's "independent two-sample t-test"). ``--correction bh`` (default) adjusts
-the p-values of all comparisons in the table (every row × task cell with a p) together by
-Benjamini-Hochberg (``scipy.stats.false_discovery_control(method="bh")``); ``--correction none`` keeps them
-raw. A cell reads ``85.0 ± 1.0 (3)† p=0.0036 (adj 0.0072)``: † marks p < ``--alpha``, the adjusted p when a
-correction is on. The footnote names the test and the correction; the CSV carries ``{task}_p`` and
-``{task}_p_adj``. Two groups without any spread give p = 0 (different means) or an undefined p (``n/a``,
-left out of the correction); the footnote counts them.
+``--baseline "method=lora,targets=q,k,v,lr_ratio=1"`` picks a row (labelled "(baseline)"); every other cell is
+compared with the baseline's cell of its task (lab/stats.py: ``--test auto|paired|wilcoxon|welch|student``,
+``--ci t|bootstrap``, ``--correction bh|holm|none``, ``--equivalence-margin M``, ``--power``, ``--power-diff D``).
+The cell then reads ``85.0 ± 1.0 (3)† Δ +5.0 (CI +2.1, +7.9) p=0.0036 (adj 0.0072), 3 pairs``: † marks p (the
+adjusted p under a correction) < ``--alpha``; Δ is the difference to the baseline with its 95 % CI; paired tests
+say how many seeds they paired; ``equivalent within M`` is added only where the TOST passes after the correction.
+The CSV carries ``{task}_diff``, ``_ci_low``, ``_ci_high``, ``_n_pairs``, ``_p``, ``_p_adj`` (and ``_tost_p``,
+``_equivalent``; ``_detectable``, ``_seeds_needed`` with --power) unrounded.
+
+Code provenance (lab/provenance.py): under each table a line says how many commits and dirty runs it mixes; a
+table of runs from more than one commit is refused (PeftlabError, exit 2) unless ``--allow-mixed-code``.
 
 ``--params`` picks the #Param convention: ``total`` (default: every trainable parameter, the classification
 head included, once), ``adapter`` (the head left out) or ``yao`` (Yao et al.'s: adapter + 2 × head for every
@@ -38,24 +41,27 @@ adapter method, so their LoRA {q,v} r=8 on RoBERTa-base reads 1.48M = 294,912 + 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import pandas as pd
 
 from peftlab.errors import PeftlabError, closest
 from peftlab.io_utils import atomic_write_text
+from peftlab.lab.provenance import require_one_code, summarize
 from peftlab.lab.records import (
     NON_RESULT_KEYS,
     TRAINING_ONLY_KEYS,
     RunRecord,
     auto_scale,
     collect,
+    drop_superseded_pruned,
+    parse_seeds,
+    rows_of_seeds,
     fmt_value,
     hashable,
+    is_pruned,
     load_rows,
     matches,
     parse_filter,
@@ -63,98 +69,13 @@ from peftlab.lab.records import (
     task_order,
     varying_keys,
 )
-from peftlab.lab.stats import CORRECTIONS, TESTS, compare_with_baseline
-from peftlab.lab.store import NOT_OK
+from peftlab.lab.stats import CI_METHODS, CORRECTIONS, TESTS, compare_with_baseline
+from peftlab.lab.table_model import FAILED_TO_LEARN, Cell, Row, Table
 from peftlab.lab.tables import MAJORITY, PARAM_CONVENTIONS, RENDERERS
 
 # Task kinds with a majority class (the instruction tasks' majority_baseline is a placeholder 0).
 MAJORITY_KINDS = ("classification", "regression")
-
-
-# --------------------------------------------------------------------------- the table
-
-
-@dataclass
-class Cell:
-    values: list[float] = field(default_factory=list)
-    excluded: Counter = field(default_factory=Counter)  # status -> count (diverged, collapsed, failed, missing)
-    p: float | None = None
-    p_adj: float | None = None  # corrected over the table's comparisons (--correction), else None
-    marked: bool = False
-
-    @property
-    def n(self) -> int:
-        return len(self.values)
-
-    @property
-    def mean(self) -> float | None:
-        return statistics.fmean(self.values) if self.values else None
-
-    @property
-    def std(self) -> float | None:
-        return statistics.stdev(self.values) if len(self.values) >= 2 else None
-
-
-@dataclass
-class Row:
-    config: dict  # the grouping config (without seed, task, ...)
-    label: dict[str, Any]
-    before: bool = False
-    cells: dict[str, Cell] = field(default_factory=dict)
-    params: set[int] = field(default_factory=set)
-    name: str = ""  # "before fine-tuning" for before rows, "majority class" for the majority row
-    majority: bool = False  # the majority-class reference row (cells: each run's majority_baseline)
-
-    @property
-    def reference(self) -> bool:
-        """Not a trained config: the before-fine-tuning and majority-class rows."""
-        return self.before or self.majority
-
-    def avg(self, tasks: list[str]) -> float | None:
-        means = [self.cells[t].mean if t in self.cells else None for t in tasks]
-        if not means or any(m is None for m in means):
-            return None
-        return statistics.fmean(means)
-
-
-@dataclass
-class Table:
-    tasks: list[str]
-    label_keys: list[str]
-    rows: list[Row]  # groups of runs: the before-fine-tuning rows, then the trained configs
-    metrics: dict[str, str]  # task -> metric name
-    scale: float
-    which: str
-    params: str
-    alpha: float
-    baseline: Row | None = None
-    baseline_text: str = ""
-    notes: list[str] = field(default_factory=list)
-    test: str = "welch"
-    correction: str = "bh"
-    comparisons: list[tuple[Row, str]] = field(default_factory=list)  # (row, task) with a p, in table order
-    untested: int = 0  # non-baseline cells with values but no p (< 2 runs there or in the baseline)
-    constant: int = 0  # comparisons of two groups without any spread (p is 0 or nan)
-    majority: Row | None = None  # the majority-class reference row (not a group of runs: not in ``rows``)
-    datasets: dict[str, str] = field(default_factory=dict)  # task -> result.json "dataset" when not full GLUE
-
-    @property
-    def averageable(self) -> bool:
-        """Avg means something only over scores that all grow with quality (not accuracy with eval_loss)."""
-        from peftlab.tasks.table import LOWER_IS_BETTER
-
-        # nor over scores on different scales (MT-Bench's 1-10 with an accuracy in [0, 1])
-        return (not any(metric in LOWER_IS_BETTER for metric in self.metrics.values())
-                and len({auto_scale([metric]) for metric in self.metrics.values()}) <= 1)
-
-    def avg(self, row: Row) -> float | None:
-        return row.avg(self.tasks) if self.averageable else None
-
-    @property
-    def display_rows(self) -> list[Row]:
-        """The rows as rendered: before fine-tuning, majority class, then the trained configs."""
-        before = [r for r in self.rows if r.before]
-        return before + ([self.majority] if self.majority else []) + [r for r in self.rows if not r.before]
+__all__ = ["Cell", "Row", "Table", "build_table", "param_count", "add_parser", "run_cli"]
 
 
 def param_count(trainable: dict | None, convention: str, method: str | None) -> int | None:
@@ -173,8 +94,9 @@ def param_count(trainable: dict | None, convention: str, method: str | None) -> 
 
 def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> tuple[pd.DataFrame, list[dict]]:
     """One line per record: its group (the config without ``drop``; before-fine-tuning runs also pool over
-    TRAINING_ONLY_KEYS), task, seed, the value it contributes or why it is left out, #Param and the
-    majority-class score. Returns the frame and each group's config (index = the frame's ``group``)."""
+    TRAINING_ONLY_KEYS), task, seed, the value it contributes or why it is left out (with, for a run that failed
+    to learn, its metric for the cell's median and range), #Param and the majority-class score. Returns the frame
+    and each group's config (index = the frame's ``group``)."""
     group_ids: dict[tuple, int] = {}
     configs: list[dict] = []
     lines = []
@@ -185,11 +107,13 @@ def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> t
         if frozen not in group_ids:
             group_ids[frozen] = len(configs)
             configs.append(config)
-        if rec.status in NOT_OK:
-            value, excluded = math.nan, rec.status
-        elif (rec.result or {}).get("stopped_early"):  # a tune trial pruned after a few epochs: not a full run
+        finite = rec.value is not None and math.isfinite(rec.value)
+        failed_value = rec.value if rec.status in FAILED_TO_LEARN and finite else math.nan
+        if is_pruned(rec):  # a tune trial stopped after a few epochs: not a full run
             value, excluded = math.nan, "pruned"
-        elif rec.value is None or not math.isfinite(rec.value):
+        elif rec.status != "ok":  # diverged, collapsed, failed, no_learning: never averaged
+            value, excluded = math.nan, rec.status
+        elif not finite:
             value, excluded = math.nan, "missing metric"
         else:
             value, excluded = rec.value, None
@@ -197,7 +121,8 @@ def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> t
         count = param_count(result.get("trainable_params"), params, rec.config.get("method")) \
             if rec.result and not rec.before else None
         lines.append({"group": group_ids[frozen], "before": rec.before, "task": rec.task, "seed": rec.seed,
-                      "value": value, "excluded": excluded, "params": count, "majority": _majority_value(rec)})
+                      "value": value, "excluded": excluded, "failed_value": failed_value, "params": count,
+                      "majority": _majority_value(rec)})
     return pd.DataFrame(lines), configs
 
 
@@ -215,31 +140,36 @@ def _majority_value(rec: RunRecord) -> float | None:
 
 
 def _cells(frame: pd.DataFrame) -> pd.DataFrame:
-    """(group, task) -> the values averaged (in run order) and the runs left out, by reason."""
-    return frame.groupby(["group", "task"], sort=False).agg(
+    """(group, task) -> the values averaged and their seeds (in run order), the runs left out by reason, and
+    the metrics of the runs that failed to learn."""
+    averaged = frame["value"].notna()
+    return frame.assign(averaged_seed=frame["seed"].where(averaged)).groupby(["group", "task"], sort=False).agg(
         values=("value", lambda s: [float(v) for v in s.dropna()]),
-        excluded=("excluded", lambda s: Counter(s.dropna())))
+        seeds=("averaged_seed", lambda s: [int(v) for v in s.dropna()]),
+        excluded=("excluded", lambda s: Counter(s.dropna())),
+        failed_values=("failed_value", lambda s: [float(v) for v in s.dropna()]))
 
 
 def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None = None, params: str = "total",
                 baseline: str | None = None, alpha: float = 0.05, where: str | None = None,
-                scale: float | None = None, test: str = "welch", correction: str = "bh") -> Table:
-    if which not in ("best", "final"):
-        raise PeftlabError(f"--which must be best or final, got '{which}'")
-    if params not in PARAM_CONVENTIONS:
-        raise PeftlabError(f"--params must be {', '.join(PARAM_CONVENTIONS)}, got '{params}'")
-    if test not in TESTS:
-        raise PeftlabError(f"--test must be {' or '.join(TESTS)}, got '{test}'{closest(test, TESTS)}")
-    if correction not in CORRECTIONS:
-        raise PeftlabError(f"--correction must be {' or '.join(CORRECTIONS)}, got '{correction}'")
-    if not 0 < alpha < 1:
-        raise PeftlabError(f"--alpha must be in (0, 1), got {alpha}")
+                scale: float | None = None, test: str = "auto", correction: str = "bh", ci: str = "t",
+                equivalence_margin: float | None = None, power: bool = False, power_diff: float | None = None,
+                allow_mixed_code: bool = False) -> Table:
+    """The table of ``rows`` (store rows, :func:`~peftlab.lab.records.load_rows`); the module docstring says
+    what each option does. Raises PeftlabError on bad options and on runs of more than one commit (unless
+    ``allow_mixed_code``)."""
+    _check_options(which=which, params=params, test=test, correction=correction, ci=ci, alpha=alpha,
+                   baseline=baseline, equivalence_margin=equivalence_margin, power=power, power_diff=power_diff)
+    power = power or power_diff is not None
     filters = parse_filter(where)
     records, skipped = collect(rows, which=which, metric=metric, where=filters)
     if not records:
         detail = f" ({', '.join(f'{n} {s}' for s, n in skipped.items())})" if skipped else ""
         raise PeftlabError(f"no finished runs to report{detail}" + (" match --where" if filters else ""),
                            fix="run the sweep first (peftlab sweep SPEC.yaml), or loosen --where")
+    records, superseded = drop_superseded_pruned(records)
+    code = summarize(rec.result for rec in records)
+    require_one_code(code, allow_mixed=allow_mixed_code)
     per_task = task_determined_keys([r for r in records if not r.before])
     tasks = task_order(r.task for r in records)
     metrics: dict[str, str] = {}
@@ -254,7 +184,8 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
     groups = {gid: Row(config=configs[gid], label={}, before=bool(before))
               for gid, before in frame.groupby("group", sort=False)["before"].first().items()}
     for (gid, task), cell in _cells(frame).iterrows():
-        groups[gid].cells[task] = Cell(values=cell["values"], excluded=cell["excluded"])
+        groups[gid].cells[task] = Cell(values=cell["values"], seeds=cell["seeds"], excluded=cell["excluded"],
+                                       failed_values=cell["failed_values"])
     trained_frame = frame[~frame["before"]]
     for gid, counts in trained_frame.groupby("group", sort=False)["params"].agg(lambda s: set(s.dropna())).items():
         groups[gid].params = {int(c) for c in counts}
@@ -280,7 +211,9 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
 
     table = Table(tasks=tasks, label_keys=label_keys, rows=before_rows + trained_rows, metrics=metrics,
                   scale=scale if scale is not None else auto_scale(metrics.values()), which=which, params=params,
-                  alpha=alpha, test=test, correction=correction, majority=majority)
+                  alpha=alpha, test_requested=test, test=test, correction=correction, ci=ci,
+                  margin=equivalence_margin, power=power, power_diff=power_diff, majority=majority, code=code,
+                  superseded_pruned=superseded)
     for rec in records:
         dataset = (rec.result or {}).get("dataset")
         if dataset and dataset != "glue":
@@ -318,6 +251,32 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
     return table
 
 
+def _check_options(*, which, params, test, correction, ci, alpha, baseline, equivalence_margin, power,
+                   power_diff) -> None:
+    if which not in ("best", "final"):
+        raise PeftlabError(f"--which must be best or final, got '{which}'")
+    if params not in PARAM_CONVENTIONS:
+        raise PeftlabError(f"--params must be {', '.join(PARAM_CONVENTIONS)}, got '{params}'")
+    if test not in TESTS:
+        raise PeftlabError(f"--test must be {', '.join(TESTS)}, got '{test}'{closest(test, TESTS)}")
+    if correction not in CORRECTIONS:
+        raise PeftlabError(f"--correction must be {', '.join(CORRECTIONS)}, got '{correction}'"
+                           f"{closest(correction, CORRECTIONS)}")
+    if ci not in CI_METHODS:
+        raise PeftlabError(f"--ci must be {' or '.join(CI_METHODS)}, got '{ci}'{closest(ci, CI_METHODS)}")
+    if not 0 < alpha < 1:
+        raise PeftlabError(f"--alpha must be in (0, 1), got {alpha}")
+    for flag, value in (("--equivalence-margin", equivalence_margin), ("--power-diff", power_diff)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise PeftlabError(f"{flag} must be a positive number of metric points (the table's scale), "
+                               f"got {value}", fix=f"e.g. {flag} 1.0 for one accuracy point")
+    wanted = [flag for flag, on in (("--equivalence-margin", equivalence_margin is not None),
+                                    ("--power", power or power_diff is not None)) if on]
+    if wanted and not baseline:
+        raise PeftlabError(f"{' and '.join(wanted)} compare rows with a baseline, but no --baseline was given",
+                           fix='name the row to compare with, e.g. --baseline "method=lora,targets=q,k,v"')
+
+
 def _sort_value(key: str, value, method_order: list[str]):
     if key == "method":
         return (0, method_order.index(str(value)) if str(value) in method_order else len(method_order), str(value))
@@ -350,9 +309,12 @@ def _majority_row(frame: pd.DataFrame) -> tuple[Row | None, list[tuple]]:
 def add_parser(sub) -> None:
     parser = sub.add_parser(
         "report", help="table of results stores or run folders: mean ± std over seeds per config and task",
-        description="Rows: configs without the seed; columns: tasks (primary metric), Avg, #Param. Diverged, "
-                    "collapsed and failed runs are counted, never averaged in. With --baseline, every other cell "
-                    "shows its p-value (and the corrected one) against the baseline's cell of its task.")
+        description="Rows: configs without the seed; columns: tasks (primary metric), Avg, #Param. Runs that did "
+                    "not learn (no_learning, collapsed, diverged), crashed or were pruned are counted in "
+                    "[brackets], never averaged in; a cell where a seed failed to learn also shows the median and "
+                    "range over all its seeds. With --baseline, every other cell shows its difference to the "
+                    "baseline with a 95% CI, the p-value (and the corrected one) and, for paired tests, its "
+                    "number of pairs. Under the table: which code (commits, dirty trees) the runs ran.")
     parser.add_argument("stores", nargs="+", metavar="PATH",
                         help="results.sqlite of a sweep (or its output folder), or run folders of peftlab train "
                              "(holding result.json; e.g. runs/*/); several are merged")
@@ -367,20 +329,51 @@ def add_parser(sub) -> None:
                              "adapter = without the head; yao = Yao et al.'s: adapter + 2 x head for adapter "
                              "methods (LoRA {q,v} r=8 on RoBERTa-base: 294,912 + 2 x 592,130 = 1.48M), the total "
                              "for full fine-tuning")
-    parser.add_argument("--baseline", default=None, metavar="K=V,...",
-                        help='row to test every other against, e.g. "method=lora,targets=q,k,v,lr_ratio=1"')
-    parser.add_argument("--test", choices=tuple(TESTS), default="welch",
-                        help="two-sample t-test vs the baseline over seeds: welch (default; unequal variances, "
-                             "scipy ttest_ind equal_var=False) or student (pooled variance, equal_var=True; KaSA's)")
-    parser.add_argument("--correction", choices=CORRECTIONS, default="bh",
-                        help="multiple-comparison correction over all the table's comparisons: bh = "
-                             "Benjamini-Hochberg (default; the † marks use the adjusted p) or none")
-    parser.add_argument("--alpha", type=float, default=0.05,
-                        help="significance level of the † marks (default 0.05)")
     parser.add_argument("--where", default=None, metavar="K=V,...", help='only runs matching, e.g. "model=minilm-l6"')
+    parser.add_argument("--seeds", default=None, metavar="A-B,C",
+                        help="only runs of these seeds, e.g. 100-109 (a study's held-out seeds) or 0,1,2")
     parser.add_argument("--digits", type=int, default=1, help="decimals in md/latex (default 1)")
     parser.add_argument("--scale", type=float, default=None,
                         help="multiply metrics by this (default: 100 for accuracy-like metrics, else 1)")
+    stats = parser.add_argument_group(
+        "comparisons with a baseline row",
+        "Seeds pair the rows: at one seed every row trains on the same subset and is scored on the same dev set.")
+    stats.add_argument("--baseline", default=None, metavar="K=V,...",
+                       help='row to compare every other with, e.g. "method=lora,targets=q,k,v,lr_ratio=1"')
+    stats.add_argument("--test", choices=tuple(TESTS), default="auto",
+                       help="auto (default): paired when the compared rows share seeds, else welch (the footnote "
+                            "says which); paired = paired t-test over the seeds present in both cells, matched "
+                            "by seed (scipy ttest_rel; each cell states its number of pairs); wilcoxon = "
+                            "Wilcoxon signed-rank on the same pairs (non-parametric); welch = unpaired, unequal "
+                            "variances (ttest_ind equal_var=False); student = unpaired, pooled variance "
+                            "(equal_var=True; KaSA's)")
+    stats.add_argument("--ci", choices=tuple(CI_METHODS), default="t",
+                       help="95%% CI of each difference to the baseline: t (default; t interval of the paired "
+                            "differences, or of the difference of means for welch/student) or bootstrap "
+                            "(scipy.stats.bootstrap, BCa, 9,999 resamples, seeded: reproducible)")
+    stats.add_argument("--correction", choices=tuple(CORRECTIONS), default="bh",
+                       help="multiple-comparison correction over all the table's comparisons (and, apart, its "
+                            "equivalence tests): bh = Benjamini-Hochberg, false discovery rate (default); holm = "
+                            "Holm's step-down, family-wise error (for claims about every cell); none. The † "
+                            "marks use the adjusted p")
+    stats.add_argument("--alpha", type=float, default=0.05,
+                       help="significance level of the † marks, the equivalence tests and --power (default 0.05)")
+    stats.add_argument("--equivalence-margin", type=float, default=None, metavar="M",
+                       help="equivalence test (TOST) against +-M metric points in the table's scale (e.g. 1 = one "
+                            "accuracy point at x100): two one-sided tests of the --test kind (paired: ttest_rel "
+                            "alternative greater vs baseline-M and less vs baseline+M); a cell says 'equivalent "
+                            "within M' only when both pass after the correction, never otherwise")
+    stats.add_argument("--power", action="store_true",
+                       help="also print, per comparison, the smallest difference detectable with 80%% power "
+                            "(two-sided, at --alpha) from the observed sd of the paired differences and the number "
+                            "of pairs, and the seeds needed for --power-diff; exact, from scipy's noncentral t "
+                            "(scipy.stats.nct). Sizes a study from a pilot store")
+    stats.add_argument("--power-diff", type=float, default=None, metavar="D",
+                       help="the difference (metric points, table scale) --power gives the seeds needed for "
+                            "(default: each comparison's observed difference); implies --power")
+    parser.add_argument("--allow-mixed-code", action="store_true",
+                        help="build the table even when its runs come from more than one commit (or unrecorded "
+                             "code); without it such a table is refused. The footnote lists what it mixes")
     parser.set_defaults(func=run_cli)
 
 
@@ -391,9 +384,14 @@ def run_cli(args) -> int:
         fmt = {".tex": "latex", ".csv": "csv"}.get(suffix, "md")
     if args.digits < 0:
         raise PeftlabError(f"--digits must be >= 0, got {args.digits}")
-    table = build_table(load_rows(args.stores), which=args.which, metric=args.metric, params=args.params,
+    rows = load_rows(args.stores)
+    if args.seeds is not None:
+        rows = rows_of_seeds(rows, parse_seeds(args.seeds))
+    table = build_table(rows, which=args.which, metric=args.metric, params=args.params,
                         baseline=args.baseline, alpha=args.alpha, where=args.where, scale=args.scale,
-                        test=args.test, correction=args.correction)
+                        test=args.test, correction=args.correction, ci=args.ci,
+                        equivalence_margin=args.equivalence_margin, power=args.power, power_diff=args.power_diff,
+                        allow_mixed_code=args.allow_mixed_code)
     text = RENDERERS[fmt](table, args.digits)
     if args.out:
         atomic_write_text(args.out, text)
@@ -406,3 +404,4 @@ def run_cli(args) -> int:
             for summary in summaries_beside(args.stores):
                 print("\n" + summary, end="")
     return 0
+

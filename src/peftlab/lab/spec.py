@@ -19,8 +19,9 @@ Axes vary in the order written (grid keys, then zip groups), the last fastest. E
 ``<output_dir>/<readable name>-<first 12 hex digits of its key>``, e.g. ``rte-lora-qv-l4-s0-3f2a9c1b7d0e``
 (task, method, targets, lambda, seed; ``before`` for an epochs-0 run); the key is a hash of the resolved config without
 output_dir/resume/overwrite, so re-running a spec (or a spec that overlaps it) skips finished runs
-(ok, diverged, collapsed), reruns unfinished ones (resuming from their checkpoint) and, with
-``--retry-failed``, failed ones (:mod:`peftlab.lab.sweep` runs them).
+(ok, diverged, collapsed, no_learning), reruns unfinished ones (resuming from their checkpoint) and, with
+``--retry-failed``, failed ones (:mod:`peftlab.lab.sweep` runs them). A pruned tune trial is never a run's
+finished cell: the store keeps it under a key of its own (:func:`peftlab.lab.store.pruned_key`).
 
 :func:`load_spec` builds and checks every run's ``TrainConfig`` before anything trains, and writes nothing.
 """

@@ -1,35 +1,200 @@
-"""Significance against a baseline row: two-sample t-tests over seeds and a multiple-comparison correction.
+"""Every cell against the baseline's cell of its task: a test, the difference with its 95 % CI, equivalence
+(TOST), a multiple-comparison correction and power. All of it is scipy's; only Holm's step-down is written here
+(neither scipy nor any other dependency has it).
 
-``--test welch`` (default; ``scipy.stats.ttest_ind(equal_var=False)``) or ``student`` (pooled variance,
-``equal_var=True``, KaSA's "independent two-sample t-test"); ``--correction bh`` (default) adjusts all the
-table's p-values together by Benjamini-Hochberg (``scipy.stats.false_discovery_control``), ``none`` keeps
-them raw. Two groups without any spread give p = 0 (different means) or nan (equal means: left out of the
-correction).
+Tests (``--test``). Runs of different rows at the same seed train on the same subset and are scored on the same
+dev set, so rows are *paired* by seed:
+
+* ``paired``: ``scipy.stats.ttest_rel`` over the seeds present in both cells, matched by seed (a seed run twice
+  in one cell counts at its mean); each cell says its number of pairs.
+* ``wilcoxon``: ``scipy.stats.wilcoxon`` (signed-rank, exact for small n) on the same pairs.
+* ``welch`` / ``student``: ``scipy.stats.ttest_ind`` with ``equal_var`` False / True over all the seeds of each
+  cell (KaSA's "independent two-sample t-test" is Student's).
+* ``auto`` (default): ``paired`` when the compared rows share seeds (every comparison with 2+ runs on both sides
+  has 2+ seeds in common), else ``welch``; the footnote says which and why.
+
+The difference is cell minus baseline (the mean paired difference for the paired tests). Its 95 % CI: ``--ci t``
+(default) is the t interval of the test's own statistic (``ttest_rel`` / ``ttest_ind(...).confidence_interval``;
+the paired t interval for Wilcoxon too); ``--ci bootstrap`` is ``scipy.stats.bootstrap`` (BCa, 9,999 resamples,
+``rng=numpy.random.default_rng(0)`` per cell, so a table is reproducible) of the mean paired difference, or of the
+difference of means for the unpaired tests.
+
+Equivalence (``--equivalence-margin M``, in the table's scale): two one-sided tests of the same kind as
+``--test`` (paired: ``ttest_rel(cell, baseline - M, alternative="greater")`` and ``ttest_rel(cell, baseline + M,
+alternative="less")``); its p is the larger of the two (intersection-union: both must pass, no adjustment between
+them), corrected over the table's equivalence tests like the difference tests; a cell is "equivalent within M"
+only when that corrected p < alpha.
+
+Corrections (``--correction``) over all the table's comparisons together: ``bh`` (default;
+``scipy.stats.false_discovery_control(method="bh")``, false discovery rate), ``holm`` (Holm's step-down,
+family-wise error: :func:`holm`) or ``none``.
+
+Power (``--power``): per comparison, from the observed sd of the paired differences and the number of pairs, the
+smallest true difference a two-sided paired t-test at ``--alpha`` (uncorrected) detects with 80 % power, and the
+seeds needed for 80 % power at ``--power-diff`` (default: the observed difference). Exact, from the noncentral t
+distribution: power = P(|T| > t_crit) with T ~ ``scipy.stats.nct(df=n-1, nc=d * sqrt(n) / sd)``; no normal
+approximation. The unpaired tests use the two-sample t (pooled sd, df = n1 + n2 - 2, nc = d / (sd * sqrt(1/n1 +
+1/n2)), equal seeds per row for the seeds needed).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
 
-if TYPE_CHECKING:
-    from peftlab.lab.report import Table
+import numpy as np
 
-TESTS = {  # --test -> (equal_var of scipy.stats.ttest_ind, the footnote's name)
-    "welch": (False, "Welch's t-test (unequal variances; scipy.stats.ttest_ind equal_var=False)"),
-    "student": (True, "Student's t-test (pooled variance; scipy.stats.ttest_ind equal_var=True)"),
+from peftlab.lab.table_model import Cell, Comparison, Power, Table
+
+SHORT_NAMES = {"paired": "paired t", "wilcoxon": "Wilcoxon signed-rank", "welch": "Welch t", "student": "Student t"}
+TESTS = {  # --test -> the footnote's name
+    "auto": "paired when the rows share seeds, else Welch's",
+    "paired": "paired t-test over the seeds both cells ran, matched by seed (scipy.stats.ttest_rel)",
+    "wilcoxon": "Wilcoxon signed-rank test over the seeds both cells ran, matched by seed (scipy.stats.wilcoxon)",
+    "welch": "Welch's t-test (unequal variances; scipy.stats.ttest_ind equal_var=False)",
+    "student": "Student's t-test (pooled variance; scipy.stats.ttest_ind equal_var=True)",
 }
-CORRECTIONS = ("bh", "none")
+PAIRED_TESTS = ("paired", "wilcoxon")
+CORRECTIONS = {  # --correction -> the footnote's name
+    "bh": "Benjamini-Hochberg (BH; false discovery rate, scipy.stats.false_discovery_control)",
+    "holm": "Holm's step-down (family-wise error rate)",
+    "none": "no multiple-comparison correction",
+}
+CI_METHODS = {  # --ci -> the footnote's name
+    "t": "t interval",
+    "bootstrap": "BCa bootstrap (scipy.stats.bootstrap, 9,999 resamples, seed 0)",
+}
+CI_LEVEL = 0.95
+POWER_TARGET = 0.8
+BOOTSTRAP_RESAMPLES = 9999
+BOOTSTRAP_SEED = 0
+MAX_SEEDS = 10_000  # --power's seeds-needed search stops here ("> 10000")
 
 
-def t_test_p(values: list[float], reference: list[float], test: str) -> float:
-    """Two-sided p of ``values`` vs ``reference`` (nan when neither group has any spread and the means agree)."""
+# --------------------------------------------------------------------------- which test
+
+
+def choose_test(table: Table) -> None:
+    """``table.test`` from ``table.test_requested``; ``auto`` pairs when the compared rows share seeds."""
+    if table.test_requested != "auto":
+        table.test = table.test_requested
+        return
+    unshared = testable = 0
+    for cell, ref in _candidate_pairs(table):
+        if cell.n >= 2 and ref.n >= 2:
+            testable += 1
+            unshared += len(set(cell.seeds) & set(ref.seeds)) < 2
+    if unshared:
+        table.test = "welch"
+        table.test_reason = (f"--test auto chose Welch's: {unshared} of {testable} comparisons share fewer than 2 "
+                             "seeds with the baseline (--test paired pairs the others)")
+    else:
+        table.test = "paired"
+        table.test_reason = "--test auto chose it: the compared rows share seeds"
+
+
+def _candidate_pairs(table: Table):
+    base = table.baseline
+    for row in table.rows:
+        if row is base or row.reference:
+            continue
+        for task in table.tasks:
+            cell, ref = row.cells.get(task), base.cells.get(task)
+            if cell is not None and cell.values and ref is not None and ref.values:
+                yield cell, ref
+
+
+def paired_values(cell: Cell, reference: Cell) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The two cells' values at the seeds both ran (ascending seed order), and those seeds."""
+    mine, theirs = cell.per_seed(), reference.per_seed()
+    seeds = sorted(set(mine) & set(theirs))
+    return (np.array([mine[s] for s in seeds], dtype=float), np.array([theirs[s] for s in seeds], dtype=float),
+            seeds)
+
+
+def untestable(cell: Cell, reference: Cell | None, test: str) -> str | None:
+    """Why ``cell`` gets no p against ``reference`` under ``test`` (None: it gets one)."""
+    if reference is None or not reference.values:
+        return "no runs in the baseline's cell"
+    if test in PAIRED_TESTS:
+        if len(set(cell.seeds) & set(reference.seeds)) < 2:
+            return "fewer than 2 seeds in common with the baseline's cell"
+    elif cell.n < 2 or reference.n < 2:
+        return "fewer than 2 runs there or in the baseline's cell"
+    return None
+
+
+# --------------------------------------------------------------------------- one comparison
+
+
+@contextmanager
+def _quiet():
+    """Constant inputs make scipy warn ("precision loss", "sample size too small"); the footnote says so."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _p_value(test: str, x: np.ndarray, y: np.ndarray, alternative: str = "two-sided") -> float:
     from scipy import stats
 
-    with warnings.catch_warnings():  # constant groups: "precision loss"; their p is 0 or nan (footnote)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(stats.ttest_ind(values, reference, equal_var=TESTS[test][0]).pvalue)
+    with _quiet():
+        if test == "paired":
+            return float(stats.ttest_rel(x, y, alternative=alternative).pvalue)
+        if test == "wilcoxon":
+            try:
+                return float(stats.wilcoxon(x, y, alternative=alternative).pvalue)
+            except ValueError:  # every difference is zero
+                return math.nan
+        return float(stats.ttest_ind(x, y, equal_var=test == "student", alternative=alternative).pvalue)
+
+
+def _interval(test: str, ci: str, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    from scipy import stats
+
+    with _quiet():
+        if ci == "bootstrap":
+            rng = np.random.default_rng(BOOTSTRAP_SEED)
+            if test in PAIRED_TESTS:
+                result = stats.bootstrap((x - y,), np.mean, n_resamples=BOOTSTRAP_RESAMPLES,
+                                         confidence_level=CI_LEVEL, rng=rng)
+            else:
+                result = stats.bootstrap((x, y), _mean_difference, n_resamples=BOOTSTRAP_RESAMPLES,
+                                         confidence_level=CI_LEVEL, rng=rng)
+            low, high = result.confidence_interval
+        elif test in PAIRED_TESTS:
+            low, high = stats.ttest_rel(x, y).confidence_interval(CI_LEVEL)
+        else:
+            low, high = stats.ttest_ind(x, y, equal_var=test == "student").confidence_interval(CI_LEVEL)
+    return float(low), float(high)
+
+
+def _mean_difference(a, b, axis=-1):
+    return np.mean(a, axis=axis) - np.mean(b, axis=axis)
+
+
+def compare(cell: Cell, reference: Cell, *, test: str, ci: str = "t", margin: float | None = None) -> Comparison:
+    """``cell`` against ``reference`` (``margin`` in the metric's own scale, not the table's)."""
+    if test in PAIRED_TESTS:
+        x, y, seeds = paired_values(cell, reference)
+        differences = x - y
+        diff, n_pairs = float(np.mean(differences)), len(seeds)
+        constant = len(set(differences.tolist())) == 1
+    else:
+        x, y = np.array(cell.values, dtype=float), np.array(reference.values, dtype=float)
+        diff, n_pairs = float(np.mean(x) - np.mean(y)), None
+        constant = len(set(cell.values)) == 1 and len(set(reference.values)) == 1
+    low, high = _interval(test, ci, x, y)
+    out = Comparison(test=test, diff=diff, ci_low=low, ci_high=high, p=_p_value(test, x, y), n_pairs=n_pairs,
+                     constant=constant)
+    if margin is not None:
+        # H0: diff <= -M (rejected by "greater" against baseline - M) and H0: diff >= +M ("less" against + M)
+        out.tost_p = max(_p_value(test, x, y - margin, "greater"), _p_value(test, x, y + margin, "less"))
+    return out
+
+
+# --------------------------------------------------------------------------- corrections
 
 
 def benjamini_hochberg(p_values: list[float]) -> list[float]:
@@ -38,10 +203,104 @@ def benjamini_hochberg(p_values: list[float]) -> list[float]:
     return [float(p) for p in stats.false_discovery_control(p_values, method="bh")]
 
 
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979): with the m p-values sorted ascending, the i-th (from 0)
+    becomes min(1, max over j <= i of (m - j) * p_(j)); rejecting where it is < alpha keeps the family-wise error
+    rate at alpha under any dependence. Neither scipy nor a dependency of peftlab provides it."""
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p, kind="stable")
+    scaled = (len(p) - np.arange(len(p))) * p[order]
+    adjusted = np.empty_like(p)
+    adjusted[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
+    return [float(v) for v in adjusted]
+
+
+def adjust(p_values: list[float], correction: str) -> list[float] | None:
+    """Adjusted p-values (None for ``none``); nan p-values are left out of the family and stay nan."""
+    if correction == "none":
+        return None
+    defined = [i for i, p in enumerate(p_values) if math.isfinite(p)]
+    out = [math.nan] * len(p_values)
+    if defined:
+        method = benjamini_hochberg if correction == "bh" else holm
+        for i, value in zip(defined, method([p_values[i] for i in defined])):
+            out[i] = value
+    return out
+
+
+# --------------------------------------------------------------------------- power (noncentral t)
+
+
+def t_power(difference: float, sd: float, n1: int, n2: int | None, alpha: float) -> float:
+    """Power of the two-sided t-test at ``alpha`` for a true ``difference``: paired (``n2`` None: n1 pairs, sd of
+    the differences) or two-sample (n1 and n2 seeds, pooled sd), from ``scipy.stats.nct``."""
+    from scipy import stats
+
+    if n2 is None:
+        df, nc = n1 - 1, difference * math.sqrt(n1) / sd
+    else:
+        df, nc = n1 + n2 - 2, difference / (sd * math.sqrt(1 / n1 + 1 / n2))
+    critical, nc = stats.t.ppf(1 - alpha / 2, df), abs(nc)
+    # P(T > c) + P(T < -c); the lower tail as the upper tail of nct(-nc) (scipy's cdf far below a large nc is nan)
+    return float(stats.nct.sf(critical, df, nc) + stats.nct.sf(critical, df, -nc))
+
+
+def detectable_difference(sd: float, n1: int, n2: int | None, alpha: float, power: float = POWER_TARGET) -> float:
+    """The smallest true difference detected with ``power`` (root of :func:`t_power` by scipy's brentq)."""
+    from scipy import optimize
+
+    high = sd
+    while t_power(high, sd, n1, n2, alpha) < power:
+        high *= 2
+    return float(optimize.brentq(lambda d: t_power(d, sd, n1, n2, alpha) - power, 0.0, high, xtol=sd * 1e-10))
+
+
+def seeds_needed(difference: float, sd: float, *, paired: bool, alpha: float,
+                 power: float = POWER_TARGET) -> int | None:
+    """The fewest seeds (pairs; or per row, two-sample) with ``power`` at ``difference``; None past MAX_SEEDS.
+    Power grows with n, so a doubling search then bisection over integers finds it."""
+    def enough(n: int) -> bool:
+        return t_power(difference, sd, n, None if paired else n, alpha) >= power
+
+    low, high = 1, 2  # enough(low) is False by convention (one seed has no spread)
+    while not enough(high):
+        if high >= MAX_SEEDS:
+            return None
+        low, high = high, min(2 * high, MAX_SEEDS)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
+
+
+def power_of(cell: Cell, reference: Cell, comparison: Comparison, *, alpha: float,
+             target: float | None) -> Power:
+    """``--power`` for one comparison (``target`` in the metric's own scale; None: the observed difference)."""
+    wanted = abs(comparison.diff) if target is None else target
+    if comparison.test in PAIRED_TESTS:
+        x, y, _ = paired_values(cell, reference)
+        n1, n2, design = len(x), None, "paired"
+        sd = float(np.std(x - y, ddof=1))
+    else:
+        n1, n2, design = cell.n, reference.n, "two-sample"
+        sd = math.sqrt(((n1 - 1) * np.var(cell.values, ddof=1) + (n2 - 1) * np.var(reference.values, ddof=1))
+                       / (n1 + n2 - 2))
+    if not sd > 0:  # no spread: power is undefined
+        return Power(design, min(n1, n2 or n1), sd, None, wanted, None)
+    needed = seeds_needed(wanted, sd, paired=n2 is None, alpha=alpha) if wanted > 0 else None
+    return Power(design, min(n1, n2 or n1), sd, detectable_difference(sd, n1, n2, alpha), wanted, needed)
+
+
+# --------------------------------------------------------------------------- the table
+
+
 def compare_with_baseline(table: Table) -> None:
-    """p of every non-baseline trained cell vs the baseline's cell of its task (``table.test``), then the
-    correction over all of them together (``table.correction``) and the marks (p or adjusted p < alpha)."""
+    """Every non-baseline trained cell against the baseline's cell of its task (``table.test``, chosen first when
+    ``auto``), then the correction over all of them together, the marks, equivalence and power."""
+    choose_test(table)
     base = table.baseline
+    margin = None if table.margin is None else table.margin / table.scale
+    target = None if table.power_diff is None else table.power_diff / table.scale
     for row in table.rows:
         if row is base or row.reference:
             continue
@@ -49,18 +308,24 @@ def compare_with_baseline(table: Table) -> None:
             cell, ref = row.cells.get(task), base.cells.get(task)
             if cell is None or not cell.values:
                 continue
-            if ref is None or cell.n < 2 or ref.n < 2:
-                table.untested += 1
+            reason = untestable(cell, ref, table.test)
+            if reason:
+                table.untested[reason] += 1
                 continue
-            cell.p = t_test_p(cell.values, ref.values, table.test)
+            cell.comparison = compare(cell, ref, test=table.test, ci=table.ci, margin=margin)
+            if table.power:
+                cell.comparison.power = power_of(cell, ref, cell.comparison, alpha=table.alpha, target=target)
             table.comparisons.append((row, task))
-            if len(set(cell.values)) == 1 and len(set(ref.values)) == 1:
-                table.constant += 1
-    cells = [row.cells[task] for row, task in table.comparisons]
-    defined = [cell for cell in cells if math.isfinite(cell.p)]  # nan: no variance in either group
-    if table.correction == "bh" and defined:
-        for cell, p_adj in zip(defined, benjamini_hochberg([cell.p for cell in defined])):
-            cell.p_adj = p_adj
-    for cell in defined:
-        used = cell.p if table.correction == "none" else cell.p_adj
-        cell.marked = used < table.alpha
+            table.constant += cell.comparison.constant
+    found = [row.cells[task].comparison for row, task in table.comparisons]
+    adjusted = adjust([c.p for c in found], table.correction)
+    for i, comparison in enumerate(found):
+        comparison.p_adj = None if adjusted is None or not math.isfinite(comparison.p) else adjusted[i]
+        used = comparison.p if adjusted is None else adjusted[i]
+        comparison.marked = math.isfinite(used) and used < table.alpha
+    if margin is not None:
+        adjusted = adjust([c.tost_p for c in found], table.correction)
+        for i, comparison in enumerate(found):
+            used = comparison.tost_p if adjusted is None else adjusted[i]
+            comparison.tost_p_adj = None if adjusted is None else adjusted[i]
+            comparison.equivalent = math.isfinite(used) and used < table.alpha

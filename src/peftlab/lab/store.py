@@ -1,9 +1,19 @@
 """The results store: one SQLite row per run of a sweep, keyed by a hash of the run's resolved config.
 
 Columns: ``key`` (sha256 of the resolved config without output_dir/resume/overwrite), ``status``
-(pending, running, ok, diverged, collapsed, failed), ``config`` and ``result`` (JSON), ``output_dir``,
-``started``/``finished`` (ISO 8601 UTC), ``seconds``, ``attempts``, ``error`` and ``owner`` (the process
-that holds a running row: ``host|pid|process start time``).
+(pending, running, ok, diverged, collapsed, no_learning, pruned, failed), ``config`` and ``result`` (JSON),
+``output_dir``, ``started``/``finished`` (ISO 8601 UTC), ``seconds``, ``attempts``, ``error`` and ``owner``
+(the process that holds a running row: ``host|pid|process start time``).
+
+A pruned run (a ``peftlab tune`` trial its pruner stopped: result status ``pruned``, or ``ok`` with
+``stopped_early`` from before that status existed) is never kept under the key of the complete run of its
+config: :meth:`Store.finish` moves its row to :func:`pruned_key` (``<key>.pruned-e<epochs run>``, config and
+result kept) and renames its run folder to :func:`pruned_dir` (``<folder>.pruned-e<epochs run>``), so a later
+complete run of the same config (a sweep into the same store and folder) is pending and trains afresh.
+
+Schema 2 (this one) admits no_learning and pruned. A schema-1 store opened for writing is migrated in place
+in one transaction (rows and rowids kept; its pruned rows, stored ``ok`` then, move to their pruned keys);
+opened read-only it is left as it is, and its pruned rows read as status ``pruned`` (:func:`effective_status`).
 
 Concurrency: WAL journal, a busy timeout, and every read-modify-write in one ``BEGIN IMMEDIATE``
 transaction, so several worker processes can claim and record runs in one store without losing or
@@ -26,11 +36,12 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from peftlab.errors import PeftlabError
+from peftlab.lab.store_schema import (  # noqa: F401 - re-exported: the statuses and the pruned-run names
+    FINISHED, NOT_OK, PRUNED_MARK, RESULT_STATUSES, SCHEMA_VERSION, STATUSES, effective_status, epochs_run,
+    is_pruned_result, loads, migrate_v1, move_run_folder, pruned_dir, pruned_key, unpruned_key)
+from peftlab.lab.store_schema import COLUMNS as _COLUMNS
+from peftlab.lab.store_schema import SCHEMA as _SCHEMA
 
-SCHEMA_VERSION = 1
-STATUSES = ("pending", "running", "ok", "diverged", "collapsed", "failed")
-FINISHED = ("ok", "diverged", "collapsed")  # never rerun
-NOT_OK = ("diverged", "collapsed", "failed")
 # Config keys that do not change what a run computes: left out of the run's key.
 KEY_EXCLUDED = ("output_dir", "resume", "overwrite", "threads", "report_to")
 # The options a run's key was computed from when stores first existed (key schema 1). An option added to
@@ -49,30 +60,6 @@ KEY_FIELDS_V1 = frozenset((
 KEY_AS_BEFORE = {"checkpoint_every": (None, 0)}
 SHORT_KEY = 12
 STORE_NAME = "results.sqlite"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    key TEXT PRIMARY KEY,
-    status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'ok', 'diverged', 'collapsed', 'failed')),
-    config TEXT NOT NULL,
-    result TEXT,
-    output_dir TEXT,
-    started TEXT,
-    finished TEXT,
-    seconds REAL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    error TEXT,
-    owner TEXT,
-    created TEXT NOT NULL,
-    updated TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-
-_COLUMNS = ("key", "status", "config", "result", "output_dir", "started", "finished", "seconds", "attempts",
-            "error", "owner", "created", "updated")
-
 
 def config_key(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of a resolved config (``TrainConfig.to_dict()``), minus KEY_EXCLUDED and
@@ -203,6 +190,10 @@ class Store:
                         conn.execute(statement)
                     conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', ?)",
                                  (str(SCHEMA_VERSION),))
+                    version = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+                    moves = _migrations(conn) if version is not None and version[0] == "1" else []
+                for src, dst in moves:  # after the commit: a kill in between leaves the folder where it was,
+                    move_run_folder(src, dst)  # and sweep.run_one sets a pruned folder aside when it meets one
                 break
             except sqlite3.DatabaseError as err:
                 if "locked" not in str(err) or time.monotonic() > deadline:
@@ -216,6 +207,7 @@ class Store:
         if row is None or int(row[0]) > SCHEMA_VERSION:
             raise PeftlabError(f"{self.path} is not a results store this peftlab can read "
                                f"(schema {row[0] if row else 'missing'})")
+        self.schema = int(row[0])  # 1: an older store opened read-only (pruned rows still say ok in it)
 
     def close(self) -> None:
         self.conn.close()
@@ -303,10 +295,35 @@ class Store:
     def finish(self, key: str, result: dict, *, owner: str | None = None) -> bool:
         """Record a finished run's result (status from ``result['status']``); False if another process owns it."""
         status = result.get("status")
-        if status not in ("ok", "diverged", "collapsed", "failed"):
-            raise ValueError(f"result status must be ok/diverged/collapsed/failed, got {status!r}")
+        if status not in RESULT_STATUSES:
+            raise ValueError(f"result status must be one of {'/'.join(RESULT_STATUSES)}, got {status!r}")
+        if is_pruned_result(result):
+            return self._close_pruned(key, result, owner)
         error = result.get("status_reason") if status == "failed" else None
         return self._close(key, status, json.dumps(result, default=_json_default), error, owner)
+
+    def _close_pruned(self, key: str, result: dict, owner: str | None) -> bool:
+        """Record a pruned run under :func:`pruned_key` (the row moves, rowid kept) and rename its folder to
+        :func:`pruned_dir`; the complete run's key is then free (a sweep registers it pending)."""
+        owner = owner or self.owner
+        epochs = epochs_run(result)
+        new_key, stamp = pruned_key(key, epochs), now_iso()
+        with self.transaction() as conn:
+            row = conn.execute("SELECT status, owner, started, output_dir FROM runs WHERE key = ?", (key,)).fetchone()
+            if row is None or row["status"] != "running" or row["owner"] != owner:
+                return False
+            folder = row["output_dir"] or (result.get("config") or {}).get("output_dir")
+            new_dir = pruned_dir(folder, epochs) if folder else None
+            conn.execute("DELETE FROM runs WHERE key = ?", (new_key,))  # same config, same stop: replaced
+            status = "collapsed" if result.get("status") == "collapsed" else "pruned"  # what stopped it, kept
+            conn.execute(
+                "UPDATE runs SET key = ?, status = ?, result = ?, error = NULL, output_dir = ?, finished = ?, "
+                "seconds = ?, owner = NULL, updated = ? WHERE key = ?",
+                (new_key, status, json.dumps(result, default=_json_default), new_dir, stamp,
+                 _seconds_between(row["started"], stamp), stamp, key))
+        if folder:  # after the commit (see _init_schema for why that order)
+            move_run_folder(folder, new_dir)
+        return True
 
     def fail(self, key: str, error: str, *, owner: str | None = None) -> bool:
         return self._close(key, "failed", None, error, owner)
@@ -342,11 +359,17 @@ class Store:
             error: str | None = None, output_dir: str | None = None) -> str:
         """Insert or replace one finished row directly (import a standalone run, build a store in tests).
 
-        ``status`` defaults to ``result['status']``; a failed run may come without a result."""
+        ``status`` defaults to ``result['status']``; a failed run may come without a result. A pruned result is
+        stored as ``pruned`` under :func:`pruned_key` (its folder is not renamed: an import moves nothing)."""
         status = status or (result or {}).get("status")
-        if status not in ("ok", "diverged", "collapsed", "failed"):
-            raise ValueError(f"status must be ok/diverged/collapsed/failed, got {status!r}")
+        if status not in RESULT_STATUSES:
+            raise ValueError(f"status must be one of {'/'.join(RESULT_STATUSES)}, got {status!r}")
         key = config_key(config)
+        if is_pruned_result(result) or status == "pruned":
+            if result is None:
+                raise ValueError("a pruned run needs its result (the epochs it ran)")
+            status = "collapsed" if (result or {}).get("status") == "collapsed" else "pruned"
+            key = pruned_key(key, epochs_run(result))
         stamp = now_iso()
         with self.transaction() as conn:
             conn.execute(
@@ -361,16 +384,41 @@ class Store:
     # ----------------------------------------------------------------- reading
 
     def statuses(self) -> dict[str, str]:
-        return {row[0]: row[1] for row in self.conn.execute("SELECT key, status FROM runs")}
+        if self.schema >= 2:
+            return {row[0]: row[1] for row in self.conn.execute("SELECT key, status FROM runs")}
+        return {row[0]: effective_status(row[1], loads(row[2]) if row[1] in ("ok", "no_learning") else None)
+                for row in self.conn.execute("SELECT key, status, result FROM runs")}
 
     def get(self, key: str) -> dict | None:
         row = self.conn.execute("SELECT * FROM runs WHERE key = ?", (key,)).fetchone()
-        return None if row is None else _row_dict(row)
+        return None if row is None else self._row(row)
+
+    def pruned_rows(self, key: str) -> list[dict]:
+        """The rows moved off ``key`` (a complete run's key) when runs of its config were pruned, oldest first."""
+        prefix = unpruned_key(key) + PRUNED_MARK
+        rows = self.conn.execute("SELECT * FROM runs WHERE substr(key, 1, ?) = ? ORDER BY rowid",
+                                 (len(prefix), prefix)).fetchall()
+        return [self._row(row) for row in rows]
+
+    def find(self, key: str) -> dict | None:
+        """The row of a run registered under ``key``: there, or where it moved when it was pruned (the latest)."""
+        row = self.get(key)
+        if row is not None:
+            return row
+        moved = self.pruned_rows(key)
+        return moved[-1] if moved else None
 
     def rows(self, *, parse: bool = True) -> list[dict]:
         """All rows in insertion order; ``config``/``result`` parsed from JSON when ``parse``."""
         rows = self.conn.execute("SELECT * FROM runs ORDER BY rowid").fetchall()
-        return [_row_dict(row, parse=parse) for row in rows]
+        return [self._row(row, parse=parse) for row in rows]
+
+    def _row(self, row: sqlite3.Row, *, parse: bool = True) -> dict:
+        out = _row_dict(row, parse=parse)
+        if self.schema < 2 and out["status"] in ("ok", "no_learning"):
+            result = out["result"] if parse else loads(out["result"])
+            out["status"] = effective_status(out["status"], result)
+        return out
 
     def counts(self, keys: Iterable[str] | None = None) -> dict[str, int]:
         statuses = self.statuses()
@@ -388,6 +436,21 @@ def _row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
         out["config"] = json.loads(out["config"]) if out["config"] else None
         out["result"] = json.loads(out["result"]) if out["result"] else None
     return out
+
+
+def _migrations(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """Migrate a schema-1 store (in the caller's transaction); the folder renames it calls for, for folders
+    here that hold the run (relative paths are the cwd's, as the sweep that wrote them ran)."""
+    return [(src, dst) for src, dst, key in migrate_v1(conn, now_iso()) if _folder_holds(src, key)]
+
+
+def _folder_holds(folder: str, key: str) -> bool:
+    """Whether ``folder`` (relative paths: to the cwd) holds a result.json of the run ``key``."""
+    try:
+        result = json.loads((Path(folder) / "result.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(result, dict) and config_key(result.get("config") or {}) == key
 
 
 def _json_default(value):

@@ -2,8 +2,11 @@
 
 The spec (base config, grid, zip groups) and how it expands into runs, keys and output folders:
 :mod:`peftlab.lab.spec`. Re-running a spec (or a spec that overlaps it) skips finished runs (ok, diverged,
-collapsed), reruns unfinished ones (resuming from their checkpoint) and, with ``--retry-failed``, failed ones.
-A run that raises is recorded as failed and the sweep goes on.
+collapsed, no_learning), reruns unfinished ones (resuming from their checkpoint) and, with ``--retry-failed``,
+failed ones. A run that raises is recorded as failed and the sweep goes on. A pruned tune trial of the same
+config is never a finished cell: it is stored under another key (:func:`peftlab.lab.store.pruned_key`), and a
+pruned run's folder found where the cell's run goes is renamed aside (:func:`peftlab.lab.store.pruned_dir`)
+before the cell trains afresh.
 
 Runs execute in this process (default) or in ``--workers N`` spawned processes that claim runs from the
 store (``BEGIN IMMEDIATE``); a worker that dies marks its run failed and is replaced. Each run's output
@@ -25,7 +28,8 @@ from typing import Callable
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.spec import Sweep, add_output_flags, load_spec
-from peftlab.lab.store import FINISHED, Store, config_key, short_key
+from peftlab.lab.store import (
+    FINISHED, RESULT_STATUSES, Store, config_key, epochs_run, is_pruned_result, move_run_folder, pruned_dir, short_key)
 
 DEFAULT_TRAIN = "peftlab.training.loop:train"
 
@@ -60,11 +64,13 @@ def _dir_config_key(out: Path) -> str | None:
     return config_key(data) if isinstance(data, dict) else None
 
 
-def run_one(run_config: dict, key: str, train_fn: Callable, store: Store) -> str:
+def run_one(run_config: dict, key: str, train_fn: Callable, store: Store, *, adopt_pruned: bool = False) -> str:
     """Run a claimed run (already marked running by this process) and record its outcome; returns the status.
 
     An output folder from an earlier attempt is reused: a finished result.json is adopted, a checkpoint
-    is resumed, anything else (or a folder of another config) is replaced.
+    is resumed, anything else (or a folder of another config) is replaced. A pruned result there is adopted
+    only with ``adopt_pruned`` (a tune trial killed before it was recorded); otherwise (a sweep's cell: it
+    needs the complete run) that folder is renamed aside to its pruned name and the run trains afresh.
     """
     from peftlab.training import run_folder as runfiles
     from peftlab.config import TrainConfig, build_config
@@ -73,8 +79,12 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store: Store) -> str
     overrides = {k: v for k, v in run_config.items() if k not in ("resume", "overwrite")}
     try:
         existing = runfiles.read_result(out)
-        if (existing and existing.get("status") in FINISHED
-                and config_key(existing.get("config") or {}) == key):
+        same_run = bool(existing) and config_key(existing.get("config") or {}) == key
+        if same_run and is_pruned_result(existing) and not adopt_pruned:
+            aside = pruned_dir(out, epochs_run(existing))
+            move_run_folder(out, aside)
+            print(f"{out} held a pruned trial of this config (moved to {aside}): training the complete run")
+        elif same_run and existing.get("status") in FINISHED:
             print(f"adopting the finished result in {out}")
             store.finish(key, existing)
             return existing["status"]
@@ -85,7 +95,7 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store: Store) -> str
         if resume:
             print(f"resuming {out} from its checkpoint")
         result = train_fn(cfg)
-        if not isinstance(result, dict) or result.get("status") not in ("ok", "diverged", "collapsed", "failed"):
+        if not isinstance(result, dict) or result.get("status") not in RESULT_STATUSES:
             raise RuntimeError(f"the train function returned no valid result (status "
                                f"{result.get('status') if isinstance(result, dict) else type(result).__name__})")
         if result["status"] == "failed" and not result.get("status_reason"):
@@ -130,8 +140,10 @@ def _output_to(path: Path | None):
         os.close(saved[1])
 
 
-def _attempt(run: dict, store: Store, train_fn: Callable, log_path: Path | None) -> str | None:
-    """Claim ``run`` and run it; None when it was not claimable (finished, or another process has it)."""
+def _attempt(run: dict, store: Store, train_fn: Callable, log_path: Path | None, *,
+             adopt_pruned: bool = False) -> str | None:
+    """Claim ``run`` and run it (:func:`run_one`); None when it was not claimable (finished, or another process
+    has it)."""
     row = store.claim(run["key"])
     if row is None:
         return None
@@ -140,7 +152,7 @@ def _attempt(run: dict, store: Store, train_fn: Callable, log_path: Path | None)
             print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} attempt "
                   f"{row['attempts'] + 1} (pid {os.getpid()})", flush=True)
         try:
-            return run_one(run["config"], run["key"], train_fn, store)
+            return run_one(run["config"], run["key"], train_fn, store, adopt_pruned=adopt_pruned)
         except BaseException:  # Ctrl-C or SystemExit: hand the run back for the next sweep
             store.release(run["key"])
             raise
@@ -241,7 +253,8 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
     def refresh() -> dict[str, int]:
         now = store.counts(keys)
         bar.update(sum(now[s] for s in FINISHED) + now["failed"] - bar.n)
-        bar.set_postfix({s: now[s] for s in ("ok", "diverged", "collapsed", "failed") if now[s]}, refresh=True)
+        bar.set_postfix({s: now[s] for s in ("ok", "diverged", "collapsed", "no_learning", "failed") if now[s]},
+                        refresh=True)
         for row in store.rows(parse=False):
             if row["key"] not in to_run or row["key"] in reported or row["status"] not in (*FINISHED, "failed"):
                 continue
@@ -368,8 +381,10 @@ def dry_run(sweep: Sweep) -> None:
     width = len(str(len(sweep.runs)))
     for run in sweep.runs:
         status = statuses.get(run.key, "new")
-        print(f"{run.index:>{width}}  {run.short}  {status:<9}  {run.describe()}")
-    finished = sum(1 for run in sweep.runs if statuses.get(run.key) in FINISHED)
+        print(f"{run.index:>{width}}  {run.short}  {status:<11}  {run.describe()}")
+    # "pruned" under a cell's own key is only ever read from an unmigrated (schema-1) store: the sweep migrates
+    # it, which moves the trial off the key, and runs the cell
+    finished = sum(1 for run in sweep.runs if statuses.get(run.key) in FINISHED and statuses[run.key] != "pruned")
     failed = sum(1 for run in sweep.runs if statuses.get(run.key) == "failed")
     extra = f" ({sweep.duplicates} duplicate grid cells dropped)" if sweep.duplicates else ""
     print(f"{len(sweep.runs)} runs{extra}: {finished} finished, {failed} failed, "
@@ -395,8 +410,8 @@ def run_cli(args) -> int:
         outcome = run_sweep(sweep, workers=args.workers, retry_failed=args.retry_failed,
                             capture_output=not args.verbose)
     counts = outcome.counts
-    summary = ", ".join(f"{counts[s]} {s}" for s in ("ok", "diverged", "collapsed", "failed", "pending", "running")
-                        if counts[s])
+    summary = ", ".join(f"{counts[s]} {s}" for s in ("ok", "diverged", "collapsed", "no_learning", "pruned", "failed",
+                                                     "pending", "running") if counts[s])
     print(f"sweep {sweep.spec_path.name}: {outcome.total} runs: {summary or 'none'}; store {sweep.store_path}")
     if counts["failed"]:
         print(f"failed runs: see {sweep.log_dir}/<key>.log; rerun them with --retry-failed", file=sys.stderr)

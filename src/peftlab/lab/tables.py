@@ -1,7 +1,9 @@
-"""Rendering a report :class:`~peftlab.lab.report.Table`: Markdown, LaTeX (booktabs) and CSV, through pandas.
+"""Rendering a report :class:`~peftlab.lab.table_model.Table`: Markdown, LaTeX (booktabs) and CSV, through pandas.
 
-The cells are formatted here (``mean ± std (n)``, the † mark, p-values, the runs left out); pandas lays them
-out (``DataFrame.to_markdown`` via tabulate, ``to_latex``, ``to_csv``). The CSV carries unrounded numbers.
+The cells are formatted here (``mean ± std (n)``, the † mark, the difference to the baseline with its CI, p-values,
+pairs, equivalence, the runs left out with the median and range where seeds failed); pandas lays them out
+(``DataFrame.to_markdown`` via tabulate, ``to_latex``, ``to_csv``). The CSV carries unrounded numbers. With
+``--power`` a second table follows (md, latex) or power columns join the CSV (:mod:`peftlab.lab.tables_power`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from peftlab.lab.provenance import code_line
 from peftlab.lab.records import fmt_value
-from peftlab.lab.stats import TESTS
+from peftlab.lab.stats import CI_LEVEL, CI_METHODS, CORRECTIONS, PAIRED_TESTS, SHORT_NAMES, TESTS
+from peftlab.lab.table_model import FAILED_TO_LEARN
+from peftlab.lab.tables_power import POWER_COLUMNS, power_csv_values, power_footnote, power_frame
 
 if TYPE_CHECKING:
-    from peftlab.lab.report import Cell, Row, Table
+    from peftlab.lab.table_model import Cell, Comparison, Row, Table
 
 MARK = "†"
 BASELINE_SUFFIX = " (baseline)"
@@ -62,34 +67,56 @@ def format_p(p: float | None, alpha: float | None = None) -> str:
     return repr(p)
 
 
-def format_significance(cell: Cell, alpha: float | None = None) -> str:
-    """``p=0.0036 (adj 0.0072)``, ``p=0.0036`` without a correction, or '' for a cell without a test."""
-    if cell.p is None:
-        return ""
-    text = f"p{'' if format_p(cell.p, alpha).startswith('<') else '='}{format_p(cell.p, alpha)}"
-    if cell.p_adj is not None:
-        text += f" (adj {format_p(cell.p_adj, alpha)})"
+def _signed(value: float, scale: float, digits: int) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value * scale:+.{digits}f}"
+
+
+def format_comparison(comparison: Comparison, scale: float, digits: int, *, alpha: float | None = None,
+                      margin: float | None = None) -> str:
+    """``Δ +5.0 (CI +2.1, +7.9) p=0.0036 (adj 0.0072), 3 pairs[, equivalent within 1]``."""
+    text = (f"Δ {_signed(comparison.diff, scale, digits)} (CI {_signed(comparison.ci_low, scale, digits)}, "
+            f"{_signed(comparison.ci_high, scale, digits)})")
+    p_text = f"p{'' if format_p(comparison.p, alpha).startswith('<') else '='}{format_p(comparison.p, alpha)}"
+    if comparison.p_adj is not None:
+        p_text += f" (adj {format_p(comparison.p_adj, alpha)})"
+    text += " " + p_text
+    if comparison.n_pairs is not None:
+        text += f", {comparison.n_pairs} pair{'s' if comparison.n_pairs != 1 else ''}"
+    if comparison.equivalent and margin is not None:
+        text += f", equivalent within {margin:g}"
     return text
 
 
+def format_distribution(cell: Cell, scale: float, digits: int) -> str:
+    """``median 70.9, range 2.5–72.0 over 4 seeds``: every seed with a value, failures at theirs."""
+    values = cell.all_values
+    if not values:
+        return ""
+    return (f"median {cell.median * scale:.{digits}f}, range {min(values) * scale:.{digits}f}–"
+            f"{max(values) * scale:.{digits}f} over {len(values)} seed{'s' if len(values) != 1 else ''}")
+
+
 def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±", mark: str = MARK,
-                alpha: float | None = None) -> str:
-    """``mean ± std (n)``, then † when marked, the p-values vs the baseline, and the runs left out."""
+                alpha: float | None = None, margin: float | None = None) -> str:
+    """``mean ± std (n)``, then † when marked, the comparison with the baseline, and in [brackets] the runs left
+    out with, where any seed failed to learn, the median and range over all seeds."""
     if cell is None or (not cell.values and not cell.excluded):
         return "–"
     bad = ", ".join(f"{n} {status}" for status, n in sorted(cell.excluded.items()))
+    distribution = format_distribution(cell, scale, digits) if cell.failures else ""
     if not cell.values:
-        return ", ".join(f"{status} ({n})" if n > 1 else status for status, n in sorted(cell.excluded.items()))
+        text = ", ".join(f"{status} ({n})" if n > 1 else status for status, n in sorted(cell.excluded.items()))
+        return text + (f": {distribution}" if distribution else "")
     text = f"{cell.mean * scale:.{digits}f}"
     if cell.std is not None:
         text += f" {pm} {cell.std * scale:.{digits}f}"
     text += f" ({cell.n})"
     if cell.marked:
         text += mark
-    if cell.p is not None:
-        text += " " + format_significance(cell, alpha)
+    if cell.comparison is not None:
+        text += " " + format_comparison(cell.comparison, scale, digits, alpha=alpha, margin=margin)
     if bad:
-        text += f" [{bad}]"
+        text += f" [{bad}" + (f"; {distribution}" if distribution else "") + "]"
     return text
 
 
@@ -133,39 +160,69 @@ def footnote(table: Table) -> list[str]:
     metric_names = sorted(set(table.metrics.values()))
     scaled = " ×100" if table.scale == 100 else (f" ×{table.scale:g}" if table.scale != 1 else "")
     which = "best epoch" if table.which == "best" else "final epoch"
-    lines = [f"{'/'.join(metric_names) or 'metric'}{scaled} at the {which}: mean ± sample std (n seeds); "
-             "diverged/collapsed/failed runs (and pruned tune trials) are counted in [brackets] and excluded from the mean; "
-             "Avg is the mean over tasks of the cell means."]
+    lines = [f"{'/'.join(metric_names) or 'metric'}{scaled} at the {which}: mean ± sample std (n seeds) of the ok "
+             f"runs; runs that did not learn ({'/'.join(FAILED_TO_LEARN)}; no_learning: best dev metric never "
+             "clearly above chance), crashed (failed) or were pruned by a tune are counted in [brackets] and never "
+             "averaged in; where a seed failed to learn, the bracket adds the median and range (min–max) over all "
+             "seeds with a value, those runs at their value. Avg is the mean over tasks of the cell means."]
+    if table.superseded_pruned:
+        n = table.superseded_pruned
+        lines.append(f"{n} pruned tune trial{'s' if n != 1 else ''} not counted: a complete run of the same config "
+                     "and seed is in the table.")
     if table.baseline is not None:
         lines.append(_significance_footnote(table))
+        if table.margin is not None:
+            lines.append(_equivalence_footnote(table))
+        if table.power:
+            lines.append(power_footnote(table))
     if table.majority is not None:
         lines.append(f"{MAJORITY}: always predicting the dev set's most frequent class "
                      "(0 for correlation metrics: a constant prediction has none).")
     lines.append(PARAM_CONVENTIONS[table.params])
     lines.extend(table.notes)
+    lines.append(code_line(table.code))
     return lines
 
 
+def _correction_name(table: Table) -> str:
+    return {"bh": "BH-adjusted ", "holm": "Holm-adjusted ", "none": ""}[table.correction]
+
+
 def _significance_footnote(table: Table) -> str:
-    test = TESTS[table.test][1]
     m = len(table.comparisons)
-    where = f'vs the baseline ({table.baseline_text}; its row reads "{BASELINE_SUFFIX.strip()}")'
     plural = "s" if m != 1 else ""
-    if table.correction == "bh":
-        text = (f"{MARK} BH-adjusted p < {table.alpha:g} {where}; p: two-sided {test} over seeds; "
-                f"adj: Benjamini-Hochberg (BH) over the {m} comparison{plural} in the table "
-                "(scipy.stats.false_discovery_control).")
+    where = f'vs the baseline ({table.baseline_text}; its row reads "{BASELINE_SUFFIX.strip()}")'
+    paired = table.test in PAIRED_TESTS
+    text = (f"{MARK} {_correction_name(table)}p < {table.alpha:g} {where}. Δ: cell minus baseline"
+            f"{' (mean of the paired differences)' if paired else ' (difference of the means)'} with its "
+            f"{CI_LEVEL:.0%} CI ({CI_METHODS[table.ci]}"
+            f"{' of the paired differences' if paired else ''}). p: two-sided {TESTS[table.test]}")
+    text += f"; {table.test_reason}" if table.test_reason else ""
+    text += "; each cell states its number of pairs." if paired else "."
+    if table.correction == "none":
+        text += f" {CORRECTIONS['none'].capitalize()} over the {m} comparison{plural}."
     else:
-        text = (f"{MARK} p < {table.alpha:g} {where}; p: two-sided {test} over seeds; "
-                f"no multiple-comparison correction over the {m} comparison{plural}.")
+        text += f" adj: {CORRECTIONS[table.correction]} over the {m} comparison{plural} in the table."
     if table.constant:
-        text += (f" {table.constant} comparison{'s' if table.constant != 1 else ''} without any spread in either "
-                 "group: p is 0 where the means differ, n/a where they are equal"
-                 + (" (n/a left out of the correction)." if table.correction == "bh" else "."))
-    if table.untested:
-        text += f" {table.untested} cell{'s' if table.untested != 1 else ''} without p: fewer than 2 runs there " \
-                "or in the baseline's cell."
+        text += (f" {table.constant} comparison{'s' if table.constant != 1 else ''} without any spread "
+                 f"({'of the paired differences' if paired else 'in either group'}): p is 0 where they differ, "
+                 "n/a where they are equal" + (" (n/a left out of the correction)." if table.correction != "none"
+                                                else "."))
+    for reason, n in sorted(table.untested.items()):
+        text += f" {n} cell{'s' if n != 1 else ''} without p: {reason}."
     return text
+
+
+def _equivalence_footnote(table: Table) -> str:
+    m, margin = len(table.comparisons), table.margin
+    found = sum(row.cells[task].comparison.equivalent for row, task in table.comparisons)
+    kind = SHORT_NAMES[table.test]
+    adjusted = (f"{_correction_name(table)}over the {m} equivalence test{'s' if m != 1 else ''}"
+                if table.correction != "none" else "uncorrected")
+    return (f"equivalent within {margin:g}: TOST, two one-sided {kind}-tests (alternative 'greater' "
+            f"against baseline − {margin:g} and 'less' against baseline + {margin:g}, in the table's points); "
+            f"shown where the larger one-sided p, {adjusted}, is < {table.alpha:g} ({found} of {m} cells). No other "
+            "cell is shown equivalent: a difference that is not significant is not evidence of no difference.")
 
 
 # --------------------------------------------------------------------------- the three formats
@@ -178,18 +235,24 @@ def render_frame(table: Table, digits: int, *, pm: str = "±", mark: str = MARK)
         if row.majority:
             cells = [format_majority(row.cells.get(t), table.scale, digits) for t in table.tasks]
         else:
-            cells = [format_cell(row.cells.get(t), table.scale, digits, pm=pm, mark=mark, alpha=table.alpha)
-                     for t in table.tasks]
+            cells = [format_cell(row.cells.get(t), table.scale, digits, pm=pm, mark=mark, alpha=table.alpha,
+                                 margin=table.margin) for t in table.tasks]
         avg = table.avg(row)
         lines.append(_label_cells(table, row) + cells + ["–" if avg is None else f"{avg * table.scale:.{digits}f}",
                                                           "–" if row.reference else format_params(row.params)])
     return pd.DataFrame(lines, columns=header(table), dtype=object)
 
 
+def _markdown(frame: pd.DataFrame) -> str:
+    frame = frame.map(lambda text: text.replace("|", "\\|"))
+    return frame.to_markdown(index=False, tablefmt="github", disable_numparse=True)
+
+
 def render_markdown(table: Table, digits: int = 1) -> str:
-    frame = render_frame(table, digits).map(lambda text: text.replace("|", "\\|"))
-    body = frame.to_markdown(index=False, tablefmt="github", disable_numparse=True)
-    return body + "\n\n" + "\n".join(footnote(table)) + "\n"
+    text = _markdown(render_frame(table, digits)) + "\n\n" + "\n".join(footnote(table)) + "\n"
+    if table.power and table.comparisons:
+        text += "\nPower (--power):\n\n" + _markdown(power_frame(table, digits, _label_cells)) + "\n"
+    return text
 
 
 _LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
@@ -203,30 +266,48 @@ def latex_escape(text: str) -> str:
 
 def _latex_cell(text: str) -> str:
     # ± and † are rendered as placeholders first, so that escaping never touches the math they become
-    return latex_escape(text).replace("\x00", r"$\pm$").replace("\x01", r"$^\dagger$").replace("–", "--")
+    return (latex_escape(text).replace("\x00", r"$\pm$").replace("\x01", r"$^\dagger$").replace("–", "--")
+            .replace("Δ", r"$\Delta$").replace("−", "$-$"))
+
+
+def _latex_tabular(frame: pd.DataFrame, n_labels: int) -> list[str]:
+    frame = frame.map(_latex_cell)
+    frame.columns = [_latex_cell(name) for name in frame.columns]
+    spec = "l" * n_labels + "c" * (frame.shape[1] - n_labels)
+    return frame.to_latex(index=False, escape=False, column_format=spec).rstrip("\n").splitlines()
 
 
 def render_latex(table: Table, digits: int = 1) -> str:
-    """A booktabs tabular, the footnote as ``%`` comments above it, a rule below the reference rows."""
-    frame = render_frame(table, digits, pm="\x00", mark="\x01").map(_latex_cell)
-    frame.columns = [latex_escape(name) for name in frame.columns]
+    """A booktabs tabular, the footnote as ``%`` comments above it, a rule below the reference rows; with
+    --power a second tabular (the power of each comparison) after it."""
     n_labels = max(1, len(table.label_keys))
-    spec = "l" * n_labels + "c" * (frame.shape[1] - n_labels)
-    lines = frame.to_latex(index=False, escape=False, column_format=spec).rstrip("\n").splitlines()
+    lines = _latex_tabular(render_frame(table, digits, pm="\x00", mark="\x01"), n_labels)
     references = sum(row.reference for row in table.display_rows)
     if 0 < references < len(table.display_rows):  # the reference rows lead: a rule between them and the configs
         first = lines.index(r"\midrule") + 1
         lines.insert(first + references, r"\midrule")
-    return "\n".join([f"% {line}" for line in footnote(table)] + lines) + "\n"
+    lines = [f"% {line}" for line in footnote(table)] + lines
+    if table.power and table.comparisons:
+        lines += ["", "% Power (--power)"] + _latex_tabular(power_frame(table, digits, _label_cells), n_labels + 1)
+    return "\n".join(lines) + "\n"
+
+
+CELL_COLUMNS = ("mean", "std", "n", "excluded", "median", "min", "max", "diff", "ci_low", "ci_high", "n_pairs",
+                "p", "p_adj")
+TOST_COLUMNS = ("tost_p", "tost_p_adj", "equivalent")
 
 
 def render_csv(table: Table) -> str:
-    """Unrounded numbers (scaled like the table), one line per row; p-values vs the baseline (raw and, with a
-    correction, adjusted). The majority-class row: mean, std and count of the runs' majority_baseline."""
+    """Unrounded numbers (scaled like the table), one line per row: per task the mean, std, n, the runs left
+    out, the median and range over all seeds with a value (failures included), and against the baseline the
+    difference with its CI, the pairs and the p-values (raw and, with a correction, adjusted); the equivalence
+    test with --equivalence-margin, the power with --power. The majority-class row: mean, std and count of the
+    runs' majority_baseline."""
     label_keys = table.label_keys or ["row"]
+    extra = (TOST_COLUMNS if table.margin is not None else ()) + (POWER_COLUMNS if table.power else ())
     head = list(label_keys) + ["before_fine_tuning"]
     for task in table.tasks:
-        head += [f"{task}_mean", f"{task}_std", f"{task}_n", f"{task}_excluded", f"{task}_p", f"{task}_p_adj"]
+        head += [f"{task}_{name}" for name in CELL_COLUMNS + extra]
     head += ["avg", f"params_{table.params}", "baseline"]
     lines = []
     for row in table.display_rows:
@@ -236,18 +317,33 @@ def render_csv(table: Table) -> str:
             labels = [fmt_value(row.label.get(k)) for k in label_keys] if table.label_keys else [""]
         line = labels + [int(row.before)]
         for task in table.tasks:
-            cell = row.cells.get(task)
-            if cell is None:
-                line += ["", "", 0, "", "", ""]
-                continue
-            line += [_num(cell.mean, table.scale), _num(cell.std, table.scale), cell.n,
-                     "; ".join(f"{n} {s}" for s, n in sorted(cell.excluded.items())),
-                     "" if cell.p is None else repr(cell.p), "" if cell.p_adj is None else repr(cell.p_adj)]
+            line += _csv_cell(table, row.cells.get(task), extra)
         line += [_num(table.avg(row), table.scale), "" if row.reference or not row.params else max(row.params),
                  int(row is table.baseline)]
         lines.append(line)
-    # repr() keeps every digit of the floats (a p-value read back equals scipy's)
     return pd.DataFrame(lines, columns=head, dtype=object).to_csv(index=False, lineterminator="\n")
+
+
+def _csv_cell(table: Table, cell: Cell | None, extra: tuple[str, ...]) -> list:
+    if cell is None:
+        return ["", "", 0] + [""] * (len(CELL_COLUMNS) - 3 + len(extra))
+    everything = cell.all_values
+    out = [_num(cell.mean, table.scale), _num(cell.std, table.scale), cell.n,
+           "; ".join(f"{n} {s}" for s, n in sorted(cell.excluded.items())), _num(cell.median, table.scale),
+           _num(min(everything) if everything else None, table.scale),
+           _num(max(everything) if everything else None, table.scale)]
+    c = cell.comparison
+    if c is None:
+        return out + [""] * (len(CELL_COLUMNS) - len(out) + len(extra))
+    # repr() keeps every digit of the floats (a p-value read back equals scipy's)
+    out += [_num(c.diff, table.scale), _num(c.ci_low, table.scale), _num(c.ci_high, table.scale),
+            "" if c.n_pairs is None else c.n_pairs, repr(c.p), "" if c.p_adj is None else repr(c.p_adj)]
+    if table.margin is not None:
+        out += ["" if c.tost_p is None else repr(c.tost_p), "" if c.tost_p_adj is None else repr(c.tost_p_adj),
+                int(c.equivalent)]
+    if table.power:
+        out += power_csv_values(c.power, table.scale)
+    return out
 
 
 def _num(value: float | None, scale: float) -> str:

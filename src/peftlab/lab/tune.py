@@ -12,6 +12,13 @@ result.json as ``peftlab train``, so ``peftlab report``/``plot`` read them):
 2. **seeds**: the ``top_k`` complete trials are re-run with ``seeds`` seeds (the trial itself is the first),
    never pruned, and the candidate with the best mean over its seeds wins (see :mod:`peftlab.lab.tune_summary`),
    so one lucky seed cannot.
+3. **held-out**: the winner is re-run on ``heldout_seeds`` seeds that no trial or re-run used; their mean ±
+   std is its score (the selection seeds' mean is reported apart: it chose the winner, so it flatters it).
+   These epochs are counted apart from the budget (:func:`run_heldout` runs the same check for any point).
+
+A pruned trial is stored under its own key (:func:`peftlab.lab.store.pruned_key`), its folder renamed: the
+trial's Optuna attribute ``key`` and the summary follow it there, and a sweep of the same grid into the same
+store trains the complete runs of those configs afresh.
 
 Why Optuna (not Ray Tune): it runs in this process with nothing to start, its pruners (successive
 halving, Hyperband) take one ``report``/``should_prune`` per epoch from our own loop through a small
@@ -37,7 +44,7 @@ from typing import Callable, Iterator
 from peftlab.errors import PeftlabError
 from peftlab.lab.spec import add_output_flags
 from peftlab.lab.store import FINISHED, Store, short_key
-from peftlab.lab.tune_spec import TuneSpec, load_tune_spec, run_config
+from peftlab.lab.tune_spec import TuneSpec, heldout_runs, load_tune_spec, run_config
 from peftlab.lab.tune_summary import build_summary, render_summary, trial_outcome, write_summary
 
 LOCK_FILE = "tune.lock"
@@ -95,7 +102,9 @@ class LocalTrials:
         run, reporter = self.queue.pop(0)
         log = self.log_dir / f"{short_key(run['key'])}.log" if self.log_dir is not None else None
         fn = with_epoch_hook(self.train_fn, reporter.hook() if reporter is not None else None)
-        _attempt(run, self.store, fn, log)  # claims, runs and records (released again on Ctrl-C)
+        # claims, runs and records (released again on Ctrl-C); a trial's own pruned result.json, left by a kill
+        # before it was recorded, is its outcome (adopted), never that of a plain re-run
+        _attempt(run, self.store, fn, log, adopt_pruned=reporter is not None)
         return [run["key"]]
 
     def abort(self) -> None:
@@ -192,10 +201,15 @@ class Tuner:
                               "reason": f"same run as trial {self.running[run.key]}"})
             return
         self.keeper.call("set_attrs", ticket.number, {"key": run.key, "output_dir": run.output_dir})
-        self.store.register([(run.key, run.config, run.output_dir)])
-        status = self.store.get(run.key)["status"]
         self.running[run.key] = ticket.number
-        if status in (*FINISHED, "failed"):  # trained already (a trial told before a kill, or a duplicate)
+        row = self.store.get(run.key)
+        if (row is None or row["status"] not in (*FINISHED, "failed")) and self.store.pruned_rows(run.key):
+            # this point was trained and pruned already (by this trial before a kill, or an earlier trial of the
+            # same point): its pruned row is the outcome; its complete key stays free for a complete run
+            self.finish(run.key)
+            return
+        self.store.register([(run.key, run.config, run.output_dir)])
+        if self.store.get(run.key)["status"] in (*FINISHED, "failed"):  # trained already (told before a kill)
             self.finish(run.key)
             return
         reporter = TrialReporter(self.keeper.target, ticket.number, self.tune.metric, self.tune.pruner.kind)
@@ -203,11 +217,11 @@ class Tuner:
 
     def finish(self, key: str) -> None:
         number = self.running.pop(key)
-        row = self.store.get(key)
+        row = self.store.find(key)  # a pruned trial's row has moved to its pruned key: the trial follows it
         outcome = trial_outcome(row, self.tune.metric)
         self.keeper.call("tell", number, outcome["state"], outcome["value"],
-                         {"outcome": outcome["outcome"], "epochs": outcome["epochs"],
-                          "reason": outcome["reason"] or ""})
+                         {"key": row["key"] if row else key, "outcome": outcome["outcome"],
+                          "epochs": outcome["epochs"], "reason": outcome["reason"] or ""})
         trial = self.keeper.call("trials")[number]
         value = f"{self.tune.metric} {outcome['value']:.4f}" if outcome["value"] is not None else ""
         reason = f" ({outcome['reason']})" if outcome["reason"] and outcome["outcome"] != "pruned" else ""
@@ -220,32 +234,20 @@ class Tuner:
 
     def seed_runs(self) -> None:
         summary = self.summary()
-        runs = []
-        for cand in summary["candidates"]:
-            for seed in self.tune.seed_list:
-                run = run_config(self.tune, cand["params"], seed)
-                runs.append(run)
-        if not runs:
+        runs = [run_config(self.tune, cand["params"], seed)
+                for cand in summary["candidates"] for seed in self.tune.seed_list]
+        run_plain(runs, self.store, self.executor, self.tune.metric, self.say, poll=self.poll,
+                  what=f"seed re-runs of the top {len(summary['candidates'])} candidate(s) x seeds "
+                       f"{self.tune.seed_list}", after_each=self.write_summary)
+
+    def heldout_runs(self) -> None:
+        """The winner on the held-out seeds (once the seed re-runs have named it)."""
+        winner = self.summary()["winner"]
+        if winner is None or not self.tune.heldout_seeds:
             return
-        self.store.register((r.key, r.config, r.output_dir) for r in runs)
-        statuses = self.store.statuses()
-        todo = [r for r in runs if statuses.get(r.key) == "pending"]
-        if todo:
-            self.say(f"seed re-runs: {len(todo)} run(s) of the top {len(summary['candidates'])} candidate(s) "
-                     f"x seeds {self.tune.seed_list}")
-        pending = list(todo)
-        by_key = {r.key: r for r in todo}
-        while pending or len(self.executor):
-            while pending and len(self.executor) < self.executor.slots:
-                run = pending.pop(0)
-                self.executor.submit({"key": run.key, "config": run.config}, None)
-            for key in self.executor.wait(self.poll):
-                row = self.store.get(key)
-                cfg = by_key[key].config
-                outcome = trial_outcome(row, self.tune.metric)
-                value = f", {self.tune.metric} {outcome['value']:.4f}" if outcome["value"] is not None else ""
-                self.say(f"seed run {short_key(key)} (seed {cfg['seed']}): {row['status']}{value}")
-                self.write_summary()
+        run_plain(heldout_runs(self.tune, winner["params"]), self.store, self.executor, self.tune.metric, self.say,
+                  poll=self.poll, what=f"held-out check of the winner: {self.tune.describe_heldout()}",
+                  after_each=self.write_summary)
 
     # ----------------------------------------------------------------- summary
 
@@ -256,6 +258,31 @@ class Tuner:
         summary = self.summary()
         write_summary(self.tune.summary_path, summary)
         return summary
+
+
+def run_plain(runs: list, store: Store, executor, metric: str, say: Callable[[str], None], *, what: str,
+              poll: float = 1.0, after_each: Callable[[], object] | None = None) -> None:
+    """Register ``runs`` (TrialRuns) and train the pending ones through ``executor``, never pruned."""
+    if not runs:
+        return
+    store.register((r.key, r.config, r.output_dir) for r in runs)
+    statuses = store.statuses()
+    pending = [r for r in runs if statuses.get(r.key) == "pending"]
+    if pending:
+        say(f"{what}: {len(pending)} run(s) to train")
+    by_key = {r.key: r for r in pending}
+    while pending or len(executor):
+        while pending and len(executor) < executor.slots:
+            run = pending.pop(0)
+            executor.submit({"key": run.key, "config": run.config}, None)
+        for key in executor.wait(poll):
+            row = store.find(key)
+            outcome = trial_outcome(row, metric)
+            value = f", {metric} {outcome['value']:.4f}" if outcome["value"] is not None else ""
+            say(f"run {short_key(key)} (seed {by_key[key].config['seed']}): {row['status'] if row else 'lost'}"
+                f"{value}")
+            if after_each is not None:
+                after_each()
 
 
 def keeper_kwargs(tune: TuneSpec, *, create: bool = True) -> dict:
@@ -301,6 +328,7 @@ def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_
             tuner = Tuner(tune, keeper, store, executor, say)
             tuner.search()
             tuner.seed_runs()
+            tuner.heldout_runs()
             return tuner.write_summary()
         except BaseException:
             if executor is not None:
@@ -314,6 +342,28 @@ def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_
                 from peftlab.lab.ray_backend import disconnect
 
                 disconnect(connection)
+
+
+def run_heldout(tune: TuneSpec, points: list[dict], *, train_fn: Callable | str | None = None,
+                progress: bool = True, capture_output: bool = True) -> list[dict]:
+    """Train search ``points`` (e.g. the grid's best and the naive search's pick beside the tune's winner) on
+    ``tune``'s held-out seeds into its store, as the tune's own held-out check does (resumable: finished runs
+    are found by key); returns each point's scores (:func:`peftlab.lab.tune_summary.seed_scores`)."""
+    from peftlab.lab.tune_summary import seed_scores
+
+    if not tune.heldout_seeds:
+        raise PeftlabError(f"{tune.spec_path.name} has heldout_seeds: 0: there are no held-out seeds to run",
+                           where=str(tune.spec_path), fix="set heldout_seeds: N (e.g. 10) in the tune spec")
+    say = print if progress else (lambda *a, **k: None)
+    with exclusive(tune.output_root):
+        with Store(tune.store_path) as store:
+            store.prepare([run.key for point in points for run in heldout_runs(tune, point)])
+            executor = LocalTrials(store, train_fn, tune.output_root / "logs" if capture_output else None)
+            for point in points:
+                run_plain(heldout_runs(tune, point), store, executor, tune.metric, say,
+                          what=f"held-out check of {' '.join(f'{k}={v}' for k, v in point.items())}")
+            by_key = {row["key"]: row for row in store.rows()}
+    return [seed_scores(tune, point, tune.heldout_seed_list, by_key) for point in points]
 
 
 def load_summary(tune: TuneSpec) -> dict:
@@ -339,8 +389,9 @@ def add_parser(sub) -> None:
         "tune", help="choose lambda (and other keys) within a budget: pruned search, then seed re-runs",
         description="Search SPEC.yaml's space (base: config keys, search: key -> list or range, budget: epochs "
                     "or grid_fraction) with early stopping of poor trials on the dev metric (Optuna), re-run the "
-                    "top candidates with several seeds and name the winner by its mean. Every trial is a run "
-                    "in <output dir>/results.sqlite. Re-running resumes.")
+                    "top candidates with several seeds and name the winner by its mean, then score the winner on "
+                    "held-out seeds no choice used (heldout_seeds, default 10; outside the budget). Every trial is "
+                    "a run in <output dir>/results.sqlite. Re-running resumes.")
     parser.add_argument("spec", metavar="SPEC.yaml", help="tune spec (see configs/tune/)")
     parser.add_argument("--seeds", type=int, default=None, metavar="N",
                         help="seed re-runs of the top candidates (default: the spec's seeds, else 5)")
@@ -373,6 +424,9 @@ def run_cli(args) -> int:
     print(render_summary(summary), end="")
     print(f"runs: peftlab report {tune.store_path}")
     if summary["winner"] is None:
-        print("no winner: no trial completed (see the trials above and <output dir>/logs/)", file=sys.stderr)
+        from peftlab.lab.tune_summary import no_winner_reason
+
+        print(f"no winner: {no_winner_reason(summary)} (see the trials above and <output dir>/logs/)",
+              file=sys.stderr)
         return 1
     return 0

@@ -11,6 +11,8 @@ A spec is YAML, in the sweeps' format where it can be (``base`` is any ``peftlab
     budget: {grid_fraction: 0.35}      # or {epochs: 170}: epochs trained in all, search and seed re-runs
     seeds: 5                           # the top candidates are re-run with this many seeds (base seed + i)
     top_k: 2                           # how many candidates get the seed re-runs
+    heldout_seeds: 10                  # then the winner is re-run on this many held-out seeds (0: off) ...
+    heldout_seed_start: 1000           # ... heldout_seed_start + i, which no trial or re-run used
     pruner: {kind: asha, min_epochs: 1, reduction_factor: 3}   # asha | hyperband | none
     sampler_seed: 0                    # grid order / TPE seed
 
@@ -18,6 +20,12 @@ The full grid is every search point x ``seeds`` seeds x ``epochs`` epochs (what 
 would train); ``grid_fraction`` is the budget as a fraction of it. The seed re-runs are reserved out of
 the budget first (``top_k x (seeds - 1) x epochs``: each candidate's search trial is its first seed); the
 search spends the rest. A search with a range (not a list) has no finite grid: give ``budget: {epochs: N}``.
+
+The seeds that chose the winner (the *selection* seeds) flatter it: its mean over them is the best of several
+noisy means. So after the choice the winner is re-run on ``heldout_seeds`` seeds that nothing used to choose
+(``heldout_seed_start`` on; they may not overlap the selection seeds), and that mean ± std is its score. Those
+epochs (``heldout_seeds x epochs``) are counted apart, outside ``budget``: they check the pick, they do not
+make it, and a grid's pick checked the same way costs them too.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from peftlab.errors import PeftlabError, closest
 from peftlab.lab.tune_summary import SUMMARY_FILE
 
 SPEC_KEYS = ("description", "output_dir", "store", "base", "search", "budget", "seeds", "top_k", "pruner",
-             "sampler_seed", "metric")
+             "sampler_seed", "metric", "heldout_seeds", "heldout_seed_start")
 BUDGET_KEYS = ("epochs", "grid_fraction")
 PRUNER_KEYS = ("kind", "min_epochs", "reduction_factor")
 PRUNERS = ("asha", "hyperband", "none")
@@ -42,6 +50,8 @@ RANGE_KEYS = ("low", "high", "log", "step")
 # The tune sets these itself: the seed in the re-runs, the epochs as the pruner's resource.
 NOT_SEARCHABLE = ("seed", "epochs", "task", "output_dir", "resume", "overwrite")
 DEFAULT_GRID_FRACTION = 0.35
+DEFAULT_HELDOUT_SEEDS = 10
+DEFAULT_HELDOUT_SEED_START = 1000
 STUDY_FILE = "study.sqlite"
 
 
@@ -100,6 +110,8 @@ class TuneSpec:
     description: str = ""
     budget_source: str = ""  # how the budget was given, for the start-up line
     grid_size: int | None = field(default=None)
+    heldout_seeds: int = DEFAULT_HELDOUT_SEEDS  # the winner's re-runs on seeds no choice used (0: none)
+    heldout_seed_start: int = DEFAULT_HELDOUT_SEED_START
 
     @property
     def study_path(self) -> Path:
@@ -116,6 +128,15 @@ class TuneSpec:
     @property
     def seed_list(self) -> list[int]:
         return [self.base_seed + i for i in range(self.seeds)]
+
+    @property
+    def heldout_seed_list(self) -> list[int]:
+        return [self.heldout_seed_start + i for i in range(self.heldout_seeds)]
+
+    @property
+    def heldout_epochs(self) -> int:
+        """Epochs of the held-out check (outside the budget)."""
+        return self.heldout_seeds * self.epochs
 
     @property
     def grid_epochs(self) -> int | None:
@@ -159,13 +180,40 @@ class TuneSpec:
         return (f"tune {self.spec_path.name}: {space}; {grid}budget {self.budget_epochs:g} epochs "
                 f"({self.budget_source}): search {self.search_budget:g}, seed re-runs {self.seed_reserve} "
                 f"(top {self.top_k} x {self.seeds - 1} more seeds); pruner: {self.pruner.describe()}; "
-                f"objective: {self.metric} ({self.direction}, best epoch)")
+                f"objective: {self.metric} ({self.direction}, best epoch); {self.describe_heldout()}")
+
+    def describe_heldout(self) -> str:
+        if not self.heldout_seeds:
+            return "no held-out check (heldout_seeds: 0): the winner is scored on the seeds that chose it"
+        seeds = self.heldout_seed_list
+        return (f"then the winner on {self.heldout_seeds} held-out seed(s) {seeds[0]}..{seeds[-1]} "
+                f"({self.heldout_epochs} epochs, outside the budget)")
 
 
 def _positive_int(value, name: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PeftlabError(f"{name} must be a positive integer, got {value!r}", where=where)
     return value
+
+
+def _heldout(spec: dict, where: str, n_seeds: int, base_seed: int) -> tuple[int, int]:
+    """``heldout_seeds`` and ``heldout_seed_start``, checked: whole numbers >= 0, and the held-out seeds apart
+    from the selection seeds (base seed ... base seed + seeds - 1)."""
+    count = spec.get("heldout_seeds", DEFAULT_HELDOUT_SEEDS)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise PeftlabError(f"heldout_seeds must be a whole number >= 0, got {count!r}", where=where,
+                           fix="e.g. heldout_seeds: 10 (the winner's re-runs on unused seeds); 0 turns them off")
+    start = spec.get("heldout_seed_start", DEFAULT_HELDOUT_SEED_START)
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise PeftlabError(f"heldout_seed_start must be a whole number >= 0, got {start!r}", where=where,
+                           fix=f"e.g. heldout_seed_start: {DEFAULT_HELDOUT_SEED_START}")
+    selection = range(base_seed, base_seed + n_seeds)
+    if count and start < selection.stop and selection.start < start + count:
+        raise PeftlabError(f"the held-out seeds {start}..{start + count - 1} overlap the selection seeds "
+                           f"{selection.start}..{selection.stop - 1}", where=where,
+                           fix=f"set heldout_seed_start: {max(selection.stop, DEFAULT_HELDOUT_SEED_START)} "
+                               f"(held-out seeds must be seeds no trial or re-run used)")
+    return count, start
 
 
 def _mapping(value, name: str, where: str, keys: tuple[str, ...], example: str) -> dict:
@@ -263,6 +311,7 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
                            fix=f"one of {', '.join(PRUNERS)}")
     if pruner.kind != "none" and pruner.reduction_factor < 2:
         raise PeftlabError("pruner.reduction_factor must be >= 2", where=where)
+    heldout_seeds, heldout_start = _heldout(spec, where, n_seeds, int(base.get("seed") or 0))  # as TuneSpec.base_seed
     sampler_seed = spec.get("sampler_seed", 0)
     if isinstance(sampler_seed, bool) or not isinstance(sampler_seed, int):
         raise PeftlabError(f"sampler_seed must be an integer, got {sampler_seed!r}", where=where)
@@ -289,7 +338,8 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
     tune = TuneSpec(spec_path=path, output_root=root, store_path=store_path,
                     base=base, search=params, epochs=epochs, budget_epochs=float(budget_epochs), seeds=n_seeds,
                     top_k=top_k, pruner=pruner, sampler_seed=sampler_seed, metric=str(metric), direction=direction,
-                    description=str(spec.get("description") or ""), budget_source=source, grid_size=grid_size)
+                    description=str(spec.get("description") or ""), budget_source=source, grid_size=grid_size,
+                    heldout_seeds=heldout_seeds, heldout_seed_start=heldout_start)
     for point in tune.grid_points or []:  # every grid point's config is valid (ranges: checked per trial)
         run_config(tune, point, tune.base_seed, where=where)
     if tune.search_budget < epochs:
@@ -323,3 +373,8 @@ def run_config(tune: TuneSpec, params: dict[str, Any], seed: int, *, where: str 
     out = str(tune.output_root / f"{run_name(config)}-{short_key(key)}")
     config["output_dir"] = out
     return TrialRun(key=key, config=config, output_dir=out)
+
+
+def heldout_runs(tune: TuneSpec, params: dict[str, Any]) -> list[TrialRun]:
+    """The held-out check of one search point: its runs on ``tune.heldout_seed_list``."""
+    return [run_config(tune, params, seed) for seed in tune.heldout_seed_list]

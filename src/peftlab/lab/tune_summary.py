@@ -5,8 +5,15 @@ The summary is built from the study's trials and the results store (the runs' re
 ``peftlab report`` for a store that has a ``tune.json`` beside it.
 
 The winner: among the ``top_k`` complete trials (best dev metric of their best epoch), the one whose seed
-re-runs have the best mean; a candidate any of whose seeds diverged, collapsed or failed ranks below every
-candidate whose seeds all trained (a lambda that breaks one seed in five is not the one to pick).
+re-runs have the best mean; a candidate any of whose seeds diverged, collapsed, failed or never left chance
+ranks below every candidate whose seeds all trained (a lambda that breaks one seed in five is not the one to
+pick). A trial that ran every epoch but never rose above chance (``no_learning``) is told to Optuna with its
+value; as a candidate it counts as one such seed (its first), so it wins only where nothing learned, and then
+its seed runs give no value (only ``ok`` runs are averaged) and there is no winner.
+
+Its score: the mean over the selection seeds chose it, so it is optimistic; the summary reports it apart
+from the winner's mean ± std on the held-out seeds (``heldout``), whose epochs are counted apart from the
+search budget (``heldout_epochs``; ``spent_epochs`` is what the budget paid for).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
-from peftlab.lab.store import FINISHED
+from peftlab.lab.store import FINISHED, NOT_OK, effective_status
 
 SUMMARY_FILE = "tune.json"
 
@@ -25,8 +32,9 @@ SUMMARY_FILE = "tune.json"
 def epochs_trained(row: dict | None) -> int:
     """Epochs a finished run trained (a diverged run's last, partial epoch counts whole)."""
     result = (row or {}).get("result") or {}
-    epochs = len(result.get("epochs_log") or [])
-    return epochs + (1 if (row or {}).get("status") == "diverged" else 0)
+    logged = len(result.get("epochs_log") or []) + (1 if (row or {}).get("status") == "diverged" else 0)
+    ran = result.get("epochs_run")
+    return max(logged, ran) if isinstance(ran, int) and not isinstance(ran, bool) else logged
 
 
 def best_value(result: dict | None, metric: str) -> float | None:
@@ -37,8 +45,8 @@ def best_value(result: dict | None, metric: str) -> float | None:
 def trial_outcome(row: dict | None, metric: str) -> dict:
     """How a trial's run ended: outcome (complete, pruned, diverged, collapsed, failed), the Optuna state
     to tell, the objective value, epochs trained and the reason."""
-    status = (row or {}).get("status")
     result = (row or {}).get("result") or {}
+    status = effective_status((row or {}).get("status"), result)  # a schema-1 store's pruned "ok" is pruned
     epochs = epochs_trained(row)
     if status == "failed" or status not in FINISHED:
         return {"outcome": "failed", "state": "failed", "value": None, "epochs": epochs,
@@ -46,11 +54,38 @@ def trial_outcome(row: dict | None, metric: str) -> dict:
     if status in ("diverged", "collapsed"):
         return {"outcome": status, "state": "pruned", "value": None, "epochs": epochs,
                 "reason": result.get("status_reason")}
-    if result.get("stopped_early"):
+    if status == "pruned":
+        stopped = result.get("stopped_early") or {}
         return {"outcome": "pruned", "state": "pruned", "value": best_value(result, metric), "epochs": epochs,
-                "reason": result["stopped_early"].get("reason")}
+                "reason": stopped.get("reason") or result.get("status_reason")}
+    if status == "no_learning":  # every epoch ran: Optuna gets its value; the candidate counts it not ok
+        return {"outcome": "no_learning", "state": "complete", "value": best_value(result, metric),
+                "epochs": epochs, "reason": result.get("status_reason")}
     return {"outcome": "complete", "state": "complete", "value": best_value(result, metric), "epochs": epochs,
             "reason": None}
+
+
+def seed_scores(tune, params: dict, seeds: list[int], by_key: dict[str, dict]) -> dict[str, Any]:
+    """One search point's runs on ``seeds``: status per seed (``missing`` when not in the store), the values of
+    the ok ones (only those: never a diverged, collapsed or no-learning seed's metric), mean, std, epochs."""
+    from peftlab.lab.tune_spec import run_config
+
+    values, statuses, epochs, keys = [], {}, 0, []
+    for seed in seeds:
+        run = run_config(tune, params, seed)
+        row = by_key.get(run.key)
+        status = effective_status(row["status"], row.get("result")) if row else "missing"
+        statuses[str(seed)] = status
+        keys.append(run.key)
+        epochs += epochs_trained(row) if row else 0
+        value = best_value(row["result"], tune.metric) if status == "ok" else None
+        if value is not None:
+            values.append(value)
+    return {"params": params, "seeds": list(seeds), "statuses": statuses, "keys": keys, "values": values,
+            "n": len(values), "not_ok": sum(1 for st in statuses.values() if st in NOT_OK), "epochs": epochs,
+            "done": all(st in (*FINISHED, "failed") for st in statuses.values()),
+            "mean": statistics.fmean(values) if values else None,
+            "std": statistics.stdev(values) if len(values) > 1 else None}
 
 
 def rank_key(value: float | None, direction: str):
@@ -61,8 +96,6 @@ def rank_key(value: float | None, direction: str):
 
 def build_summary(tune, trials: list[dict], rows: Iterable[dict]) -> dict[str, Any]:
     """The summary as JSON-able data (``tune`` is a TuneSpec; ``trials`` from StudyKeeper.trials())."""
-    from peftlab.lab.tune_spec import run_config
-
     by_key = {row["key"]: row for row in rows}
     seen: set[str] = set()
     trial_rows, search_epochs = [], 0
@@ -84,44 +117,35 @@ def build_summary(tune, trials: list[dict], rows: Iterable[dict]) -> dict[str, A
         search_epochs += outcome["epochs"]
         trial_rows.append({"number": trial["number"], "params": trial["params"], "key": key, **outcome,
                            "state": trial["state"]})
-    complete = [t for t in trial_rows if t["outcome"] == "complete"]
+    complete = [t for t in trial_rows if t["outcome"] in ("complete", "no_learning")]
     complete.sort(key=lambda t: rank_key(t["value"], tune.direction))
-    candidates, seed_epochs, seed_runs_done = [], 0, True
+    candidates, seed_epochs = [], 0
     for trial in complete[:tune.top_k]:
-        values, statuses, runs = [], {}, []
-        for seed in tune.seed_list:
-            run = run_config(tune, trial["params"], seed)
-            row = by_key.get(run.key)
-            status = row["status"] if row else "missing"
-            statuses[str(seed)] = status
-            if run.key != trial["key"]:
-                seed_epochs += epochs_trained(row) if row else 0
-            if status == "ok":
-                value = best_value(row["result"], tune.metric)
-                if value is not None:
-                    values.append(value)
-            if status not in (*FINISHED, "failed"):
-                seed_runs_done = False
-            runs.append(run.key)
-        not_ok = sum(1 for s in statuses.values() if s in ("diverged", "collapsed", "failed"))
-        candidates.append({"trial": trial["number"], "params": trial["params"], "search_value": trial["value"],
-                           "values": values, "statuses": statuses, "n": len(values), "not_ok": not_ok,
-                           "mean": statistics.fmean(values) if values else None,
-                           "std": statistics.stdev(values) if len(values) > 1 else None})
+        scores = seed_scores(tune, trial["params"], tune.seed_list, by_key)
+        # the trial itself is the candidate's first seed: its epochs are the search's
+        seed_epochs += sum(epochs_trained(by_key.get(key)) for key in scores["keys"] if key != trial["key"])
+        candidates.append({"trial": trial["number"], "search_value": trial["value"], **scores})
     winner = None
-    if candidates and seed_runs_done:
+    if candidates and all(c["done"] for c in candidates):
         ranked = sorted(candidates, key=lambda c: (c["not_ok"], rank_key(c["mean"], tune.direction)))
         winner = ranked[0] if ranked[0]["mean"] is not None else None
+    heldout = None
+    if winner is not None and tune.heldout_seeds:
+        heldout = seed_scores(tune, winner["params"], tune.heldout_seed_list, by_key)
     spent = search_epochs + seed_epochs
+    heldout_epochs = heldout["epochs"] if heldout else 0
     grid = tune.grid_epochs
     return {
         "spec": str(tune.spec_path), "description": tune.description, "metric": tune.metric,
         "direction": tune.direction, "epochs_per_run": tune.epochs, "grid_size": tune.grid_size,
-        "seeds": tune.seeds, "top_k": tune.top_k, "pruner": tune.pruner.describe(),
-        "budget_epochs": tune.budget_epochs, "search_budget": tune.search_budget,
-        "trials": trial_rows, "candidates": candidates, "winner": winner, "finished": winner is not None,
+        "seeds": tune.seeds, "selection_seeds": tune.seed_list, "top_k": tune.top_k,
+        "pruner": tune.pruner.describe(), "budget_epochs": tune.budget_epochs, "search_budget": tune.search_budget,
+        "trials": trial_rows, "candidates": candidates, "winner": winner,
+        "heldout_seeds": tune.heldout_seeds, "heldout_seed_start": tune.heldout_seed_start, "heldout": heldout,
+        "finished": winner is not None and (heldout is None or heldout["done"]),
         "search_epochs": search_epochs, "seed_epochs": seed_epochs, "spent_epochs": spent, "grid_epochs": grid,
         "fraction_of_grid": (spent / grid) if grid else None,
+        "heldout_epochs": heldout_epochs, "total_epochs": spent + heldout_epochs,
     }
 
 
@@ -166,12 +190,12 @@ def render_summary(summary: dict) -> str:
         lines.append("")
     winner = summary.get("winner")
     if winner:
-        std = f" ± {winner['std']:.4f}" if winner["std"] is not None else ""
-        lines.append(f"winner: {_point(winner['params'])}: {metric} {_num(winner['mean'])}{std} "
-                     f"over {winner['n']} seed(s)")
+        bad = f"; {winner['not_ok']} seed(s) not ok" if winner.get("not_ok") else ""
+        lines.append(f"winner: {_point(winner['params'])}: {metric} {_mean_std(winner)} over {winner['n']} "
+                     f"selection seed(s){_seed_range(summary.get('selection_seeds'))} (the seeds that chose it{bad})")
+        lines.append(_heldout_line(summary, metric))
     else:
-        lines.append("winner: none yet" + (" (no trial completed)" if not summary["candidates"] else
-                                           " (seed re-runs unfinished)"))
+        lines.append("winner: " + no_winner_reason(summary))
     spent = summary["spent_epochs"]
     compute = (f"compute: {spent} epochs trained (search {summary['search_epochs']}, seed re-runs "
                f"{summary['seed_epochs']}); budget {summary['budget_epochs']:g}")
@@ -179,8 +203,44 @@ def render_summary(summary: dict) -> str:
         compute += (f"; the full grid ({summary['grid_size']} points x {summary['seeds']} seeds x "
                     f"{summary['epochs_per_run']} epochs) is {summary['grid_epochs']}: "
                     f"{100 * summary['fraction_of_grid']:.1f}% of it")
+    if summary.get("heldout_seeds"):
+        compute += f"; held-out check {summary.get('heldout_epochs', 0)} epochs more, outside the budget"
     lines.append(compute)
     return "\n".join(lines) + "\n"
+
+
+def no_winner_reason(summary: dict) -> str:
+    if not summary["candidates"]:
+        return "none yet (no trial completed)"
+    if not all(c.get("done", True) for c in summary["candidates"]):
+        return "none yet (seed re-runs unfinished)"
+    return "none (no candidate has a seed run that finished ok: see the seeds not ok above)"
+
+
+def _mean_std(scores: dict) -> str:
+    std = f" ± {scores['std']:.4f}" if scores.get("std") is not None else ""
+    return f"{_num(scores.get('mean'))}{std}"
+
+
+def _seed_range(seeds) -> str:
+    return f" {seeds[0]}..{seeds[-1]}" if seeds else ""
+
+
+def _heldout_line(summary: dict, metric: str) -> str:
+    """The winner's score on seeds nothing chose it on (or why there is none)."""
+    if "heldout_seeds" not in summary:  # a tune.json from before held-out seeds existed
+        return "held-out: none (this tune predates held-out seeds): the score above flatters the winner"
+    if not summary["heldout_seeds"]:
+        return "held-out: none (heldout_seeds: 0): the score above is on the seeds that chose the winner"
+    heldout = summary.get("heldout") or {}
+    asked = len(heldout.get("seeds") or []) or summary["heldout_seeds"]
+    seeds = heldout.get("seeds") or [summary["heldout_seed_start"] + i for i in range(asked)]
+    bad = ", ".join(f"seed {s}: {st}" for s, st in (heldout.get("statuses") or {}).items() if st != "ok")
+    if not heldout.get("n"):
+        return (f"held-out: no finished ok run yet of {asked} held-out seed(s){_seed_range(seeds)}"
+                + (f" ({bad})" if bad else ""))
+    return (f"held-out: {metric} {_mean_std(heldout)} over {heldout['n']} of {asked} held-out seed(s)"
+            f"{_seed_range(seeds)} (never used to choose)" + (f"; not ok or missing: {bad}" if bad else ""))
 
 
 def summaries_beside(paths: Iterable[str | os.PathLike]) -> list[str]:

@@ -5,10 +5,11 @@ Each :class:`Method` knows how to turn a base model plus a :class:`MethodConfig`
 its init is an SVD of the base weight (``svd_init``: rank must stay below min(in, out)), and whether it
 can adapt a fused QKV matrix (GPT-2's Conv1D ``c_attn``) as a whole (``fused_qkv``).
 
-Everything but ``full`` and MiLoRA's init is peft: LoRA, DoRA, PiSSA, KaSA (``LoraConfig(kasa_config=...)``),
-CorDA (``init_lora_weights="corda"``; its calibration runs through ``apply_method(..., calibration=...)``),
-VeRA and FourierFT. To add a method, write a builder and add one row to ``METHODS``; the test matrix in
-``tests/test_methods.py`` then checks it on every architecture and target set.
+``head`` trains the task head alone (no adapter, every base weight frozen): the baseline that says what an
+adapter adds. Everything but ``full``, ``head`` and MiLoRA's init is peft: LoRA, DoRA, PiSSA, KaSA
+(``LoraConfig(kasa_config=...)``), CorDA (``init_lora_weights="corda"``; its calibration runs through
+``apply_method(..., calibration=...)``), VeRA and FourierFT. To add a method, write a builder and add one row
+to ``METHODS``; the test matrix in ``tests/test_methods.py`` then checks it on every architecture and target set.
 
 :func:`apply_method` returns an :class:`AppliedMethod`: the adapted model together with everything its init
 decided that later steps need (resolved targets, head modules, KaSA's truncation plan, the initial adapter of
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 from peftlab.errors import PeftlabError, unknown
 from peftlab.methods.options import (CordaOptions, FourierFTOptions, KasaOptions, VeraOptions, as_options,
                                      require_finite, require_int)
-from peftlab.methods.targets import ResolvedTargets, head_module_names, parse_targets, resolve_targets
+from peftlab.methods.targets import NO_TARGETS, ResolvedTargets, head_module_names, parse_targets, resolve_targets
 
 if TYPE_CHECKING:  # torch and the SVD/KaSA/CorDA modules load when a model is adapted, not to list the table
     import torch
@@ -36,9 +37,9 @@ class MethodConfig:
     """Method: which attention projections to adapt, and how"""
 
     method: str = "lora"
-    """Fine-tuning method: full, lora, dora, pissa, milora, kasa, corda, vera, fourierft."""
+    """Fine-tuning method: full, lora, dora, pissa, milora, kasa, corda, vera, fourierft, or head (the task head alone, at --head-lr: no adapter, the base frozen)."""
     targets: tuple[str, ...] = ("q", "v")
-    """Projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v) and the MLP's gate, up, down (at --lr)."""
+    """Projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v) and the MLP's gate, up, down (at --lr). Not used by --method head."""
     layers: str | None = None
     """Adapt only these transformer blocks, e.g. 6-11 or 0,2,4 (0 = the first); default: all."""
     rank: int = 8
@@ -62,7 +63,10 @@ class MethodConfig:
         self.method = str(self.method).lower()
         if self.method not in METHODS:
             raise unknown("method", self.method, METHODS, where="--method")
-        self.targets = parse_targets(self.targets)
+        if METHODS[self.method].adapts_projections:
+            self.targets = parse_targets(self.targets)
+        else:  # head-only: no projection is adapted, and the config (run key, result.json) says so
+            self.targets, self.layers = (), None
         require_int(self.rank, "--rank", positive=True)
         if self.layers is not None:
             from peftlab.methods.targets import parse_layers
@@ -124,6 +128,12 @@ def build_full(model, cfg, targets, heads, task_type):
         if name in targets.all_modules or name in heads:
             module.requires_grad_(True)
     return model
+
+
+def build_head(model, cfg, targets, heads, task_type):
+    """Head-only fine-tuning: the task head trains, every base weight stays frozen, no adapter is added (``targets``
+    is empty). Saved like ``full``, as a standard transformers folder."""
+    return build_full(model, cfg, targets, heads, task_type)
 
 
 def build_lora(model, cfg, targets, heads, task_type):
@@ -203,6 +213,11 @@ class Built:
     kasa_dropped: dict | None = None  # KaSA with a plan: {module: (U_d S_d, Vh_d)} of the original weights
 
 
+# What a method that adapts attention/MLP projections reads: which ones (--targets, --layers) and their learning
+# rates (eta_QK = --lr, eta_V = --lr-ratio x --lr).
+PROJECTION_OPTIONS = frozenset({"targets", "layers", "lr", "lr_ratio"})
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -220,13 +235,19 @@ class Method:
     # The head's learning rate unless --head-lr is given; it does not follow --lr (one rule for every method,
     # shown by `peftlab methods` and recorded in result.json's group_lrs).
     default_head_lr: float = 5e-4
-    # The MethodConfig options this method reads; setting any other one explicitly is an error, never silence.
-    # Flat names, as users type them: kasa_beta is cfg.kasa.beta.
-    options: frozenset = frozenset({"rank", "alpha", "dropout"})
+    # The config options this method reads; setting any other one explicitly is an error, never silence.
+    # Flat names, as users type them: kasa_beta is cfg.kasa.beta. Every method that adapts projections reads
+    # PROJECTION_OPTIONS (--targets, --layers, their --lr and V's --lr-ratio); head-only reads none of them.
+    options: frozenset = frozenset({"rank", "alpha", "dropout"}) | PROJECTION_OPTIONS
 
     @property
     def uses_rank(self) -> bool:
         return "rank" in self.options
+
+    @property
+    def adapts_projections(self) -> bool:
+        """Trains something on the --targets projections (every method but head-only)."""
+        return "targets" in self.options
 
 
 def _kasa_regulariser(model: nn.Module, cfg: MethodConfig) -> torch.Tensor:
@@ -239,7 +260,7 @@ METHODS: dict[str, Method] = {
     m.name: m
     for m in [
         Method("full", "full fine-tuning of the selected projections and the head", build_full,
-               default_lr=5e-5, default_head_lr=5e-4, options=frozenset()),
+               default_lr=5e-5, default_head_lr=5e-4, options=PROJECTION_OPTIONS),
         Method("lora", "LoRA (Hu et al.)", build_lora),
         Method("dora", "DoRA: weight-decomposed LoRA (Liu et al.)", build_dora),
         Method("pissa", "PiSSA: LoRA initialised from the r largest singular components", build_pissa,
@@ -249,15 +270,20 @@ METHODS: dict[str, Method] = {
         Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,
                svd_init=True, fused_qkv=False, extra_loss=_kasa_regulariser,
                options=frozenset({"rank", "alpha", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction",
-                                  "kasa_truncate_rank", "kasa_mode"})),
+                                  "kasa_truncate_rank", "kasa_mode"}) | PROJECTION_OPTIONS),
         Method("corda", "CorDA: LoRA from a covariance-oriented SVD over task inputs (Yang et al.)", build_corda,
                svd_init=True, converts_to_lora=True, needs_calibration=True,
-               options=frozenset({"rank", "alpha", "dropout", "corda_mode", "corda_samples"})),
+               options=frozenset({"rank", "alpha", "dropout", "corda_mode", "corda_samples"}) | PROJECTION_OPTIONS),
         Method("vera", "VeRA: frozen shared random A/B, learned scaling vectors", build_vera,
-               default_lr=4e-3, default_head_lr=4e-3, options=frozenset({"rank", "dropout", "vera_d_initial"})),
+               default_lr=4e-3, default_head_lr=4e-3,
+               options=frozenset({"rank", "dropout", "vera_d_initial"}) | PROJECTION_OPTIONS),
         Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft,
                default_lr=5e-2, default_head_lr=5e-3,
-               options=frozenset({"fourierft_n_frequency", "fourierft_scaling"})),
+               options=frozenset({"fourierft_n_frequency", "fourierft_scaling"}) | PROJECTION_OPTIONS),
+        # The baseline of every adapter row: what the head alone learns (same head lr rule as the others).
+        # default_lr is never used: nothing trains at --lr, and TrainConfig sets lr to the head's rate.
+        Method("head", "head only: the task head trains, the base is frozen, no adapter", build_head,
+               options=frozenset()),
     ]
 }
 METHOD_OPTIONS = frozenset().union(*(m.options for m in METHODS.values()))
@@ -273,8 +299,10 @@ def check_explicit_options(cfg: MethodConfig, explicit) -> None:
         if key in METHOD_OPTIONS and key not in method.options:
             flag = "--" + key.replace("_", "-")
             users = ", ".join(m.name for m in METHODS.values() if key in m.options)
+            head_only = "" if method.adapts_projections else " (it trains the task head alone, at --head-lr)"
             raise PeftlabError(f"{flag} is set, but method '{cfg.method}' does not use it (it would be ignored)",
-                               fix=f"remove {flag} for --method {cfg.method}, or use a method that has it ({users})")
+                               fix=f"remove {flag} for --method {cfg.method}{head_only}, or use a method that has "
+                                   f"it ({users})")
     lr_ratio = getattr(cfg, "lr_ratio", 1.0)
     if "lr_ratio" in explicit and lr_ratio != 1 and "v" not in cfg.targets:
         raise PeftlabError(f"--lr-ratio {lr_ratio:g} sets eta_V = {lr_ratio:g} x eta_QK, but --targets "
@@ -367,14 +395,21 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
     wall time in ``init_stats.calibration_seconds``.
     """
     method = METHODS[cfg.method]
-    targets = resolve_targets(model, cfg.targets, layers=getattr(cfg, "layers", None))
+    # head-only adapts no projection: nothing to resolve (its config holds no targets)
+    targets = resolve_targets(model, cfg.targets, layers=getattr(cfg, "layers", None)) \
+        if method.adapts_projections else NO_TARGETS
     if targets.fused and not method.fused_qkv:
         raise PeftlabError(
             f"{cfg.method} cannot adapt this model's fused QKV matrix (Conv1D {targets.modules['qkv'][0]})",
             fix="use full, lora, dora, pissa, milora, vera or fourierft on this model, or a model with separate q/k/v",
         )
-    _check_rank(model, method, cfg, targets)
+    if method.adapts_projections:
+        _check_rank(model, method, cfg, targets)
     heads = head_module_names(model) if train_head else []
+    if not method.adapts_projections and not heads:  # nothing would train
+        raise PeftlabError(f"--method {cfg.method} trains only the task head, and this model has none to train"
+                           + ("" if train_head else " (a causal LM is scored through its language-model head)"),
+                           fix="use an adapter method (e.g. --method lora)")
     calibration_seconds = None
     # list(heads): a copy, since peft's SEQ_CLS wrapper extends modules_to_save in place
     if method.needs_calibration:

@@ -79,6 +79,9 @@ class ResolvedTargets:
         return None
 
 
+NO_TARGETS = ResolvedTargets({})  # a method that adapts no projection (head-only fine-tuning)
+
+
 def parse_targets(targets) -> tuple[str, ...]:
     """``"q,v"`` or ``["q", "v"]`` -> ``("q", "v")`` in canonical order, validated."""
     items = targets.split(",") if isinstance(targets, str) else list(targets)

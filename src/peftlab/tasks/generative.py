@@ -128,7 +128,7 @@ def training_pipeline(cfg, tokenizer, train_raw, *, evaluate: Callable, primary_
     by ``--max-train-samples`` (seeded by ``--seed``), tokenised with the loss on the response only."""
     from peftlab.tasks.data_files import subset
     from peftlab.tasks.instructions import SFTCollator, tokenize_instructions
-    from peftlab.tasks.prepare import Pipeline
+    from peftlab.tasks.prepare import Pipeline, train_examples_digest
 
     train_raw = subset(train_raw, cfg.max_train_samples, cfg.seed)
     train = tokenize_instructions(train_raw, tokenizer, cfg.max_length, task=cfg.task,
@@ -143,7 +143,9 @@ def training_pipeline(cfg, tokenizer, train_raw, *, evaluate: Callable, primary_
     extras = {**extras, "train_examples_used": len(train)}
     collate = SFTCollator(tokenizer, cfg.max_length if getattr(cfg, "pad_to_max", False) else None)
     return Pipeline(train, collate, evaluate, primary_metric, chance, num_eval_examples=num_eval_examples,
-                    extras=extras, eval_sets=eval_sets)
+                    extras=extras, eval_sets=eval_sets,
+                    # the drawn records, before tokenisation drops any (train_examples_used counts those kept)
+                    train_examples_digest=train_examples_digest(train_raw))
 
 
 def ensure_pad_token(cfg, tokenizer) -> None:

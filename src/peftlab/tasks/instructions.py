@@ -55,7 +55,7 @@ from typing import Any, Sequence
 import torch
 
 from peftlab.errors import PeftlabError
-from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest
+from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest, train_examples_digest
 from peftlab.tasks.generation import (  # noqa: F401 - moved there; importable from here too
     generate, generate_greedy, generation_evaluator, generation_file, read_generations, stop_token_ids,
     write_generations)
@@ -271,10 +271,11 @@ def build_pipeline(cfg, tokenizer, model=None):
                               "eval_examples_digest": examples_digest({"eval": eval_raw})}
     pad_to = cfg.max_length if getattr(cfg, "pad_to_max", False) else None
     collate = SFTCollator(tokenizer, pad_to)
+    digest = train_examples_digest(train_raw)  # the drawn records, before tokenisation drops any
     if cfg.task == "gsm8k":
         evaluate = gsm8k_evaluator(cfg, tokenizer, eval_raw)
         return Pipeline(train, collate, evaluate, "accuracy", 0.0, num_eval_examples=len(eval_raw), extras=extras,
-                        eval_sets={"test": eval_raw})
+                        eval_sets={"test": eval_raw}, train_examples_digest=digest)
     eval_tok = tokenize_instructions(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{prefix}-eval")
     _report_truncation(cfg, "eval", len(eval_raw), eval_tok)
     if len(eval_tok) == 0:
@@ -282,7 +283,8 @@ def build_pipeline(cfg, tokenizer, model=None):
                            fix="raise --max-length")
     extras["eval_examples"] = len(eval_tok)
     return Pipeline(train, collate, loss_evaluator(cfg, tokenizer, eval_tok), "eval_loss", 0.0,
-                    num_eval_examples=len(eval_tok), extras=extras, eval_sets={"eval": eval_raw})
+                    num_eval_examples=len(eval_tok), extras=extras, eval_sets={"eval": eval_raw},
+                    train_examples_digest=digest)
 
 
 def _report_truncation(cfg, split: str, n_raw: int, tokenised) -> None:

@@ -264,7 +264,7 @@ def build_pipeline(cfg, tokenizer, model=None):
 
     from peftlab.tasks import data_files as data
     from peftlab.tasks import instructions
-    from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest
+    from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest, train_examples_digest
 
     settings = judge_settings(cfg)  # first: a missing key is a one-line error before anything slow
     if tokenizer is None:
@@ -327,7 +327,8 @@ def build_pipeline(cfg, tokenizer, model=None):
 
     pad_to = cfg.max_length if getattr(cfg, "pad_to_max", False) else None
     return Pipeline(train, instructions.SFTCollator(tokenizer, pad_to), evaluate, "mt_bench_score", 0.0,
-                    num_eval_examples=len(questions), extras=extras, eval_sets={"mt_bench": questions})
+                    num_eval_examples=len(questions), extras=extras, eval_sets={"mt_bench": questions},
+                    train_examples_digest=train_examples_digest(train_raw))
 
 
 def _report_note(info: dict, max_new_tokens: int) -> str:

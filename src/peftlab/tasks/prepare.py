@@ -4,10 +4,11 @@ A :class:`Pipeline` is what the training loop needs from a task and nothing more
 (with a ``length`` column for length-grouped batching), a collator, and an ``evaluate(model, accelerator, tag)``
 function returning an :class:`Evaluation` (a flat metric dict, plus extras for result.json such as the
 generation files it wrote). ``tag`` says which evaluation it is: ``before`` (before fine-tuning), ``epoch<N>``
-(after epoch N) or ``evaluate`` (``peftlab evaluate`` of a saved run); a task that writes files names them by
-it. Classification/regression (GLUE) lives here; instruction tuning (GSM8K, Alpaca, JSON) in
-:mod:`peftlab.tasks.instructions`. Add a task kind by adding a builder ``(cfg, tokenizer, model) -> Pipeline``
-to ``BUILDERS``.
+(after epoch N), ``step<N>`` (after optimizer step N, ``--eval-steps``) or ``evaluate`` (``peftlab evaluate`` of a
+saved run); a task that writes files names them by it. ``train_examples_digest`` identifies the raw training
+examples the run draws (:func:`train_examples_digest`). Classification/regression (GLUE) lives here;
+instruction tuning (GSM8K, Alpaca, JSON) in :mod:`peftlab.tasks.instructions`. Add a task kind by adding a
+builder ``(cfg, tokenizer, model) -> Pipeline`` to ``BUILDERS``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ EVALUATE_TAG = "evaluate"  # `peftlab evaluate` of a saved run: never overwrites
 def epoch_tag(epoch: int) -> str:
     """The tag of the evaluation after epoch ``epoch`` (1-based): ``epoch1``, ``epoch2``..."""
     return f"epoch{epoch}"
+
+
+def step_tag(step: int) -> str:
+    """The tag of an ``--eval-steps`` evaluation after optimizer step ``step``: ``step100``..."""
+    return f"step{step}"
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,9 @@ class Pipeline:
     num_eval_examples: int = 0
     extras: dict = field(default_factory=dict)  # e.g. paths of generation logs; merged into result.json
     eval_sets: dict = field(default_factory=dict)  # split -> the raw (untokenised) examples it scores
+    # train_examples_digest() of the raw training examples drawn (after --max-train-samples, in that order);
+    # None only for a builder that does not say (result.json then records null).
+    train_examples_digest: str | None = None
 
 
 def examples_digest(datasets_by_split: dict) -> str:
@@ -75,6 +84,23 @@ def examples_digest(datasets_by_split: dict) -> str:
         for column in sorted(ds.column_names):
             h.update(json.dumps(ds[column], default=str).encode())
     return h.hexdigest()[:16]
+
+
+def train_examples_digest(dataset) -> str:
+    """SHA-256 (64 hex) of a run's raw training examples in the order drawn: one JSON line per example (its
+    columns, keys sorted, UTF-8), hashed in order. Equal for every run that draws the same examples (same data,
+    --max-train-samples and --seed), different when any example, or their order, differs. Raw content, not
+    tokens: the digest does not depend on the model's tokenizer or --max-length."""
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    columns = sorted(dataset.column_names)
+    for batch in dataset.iter(batch_size=4096):  # columnar batches: far faster than row by row
+        for values in zip(*(batch[c] for c in columns)):
+            row = json.dumps(dict(zip(columns, values)), sort_keys=True, ensure_ascii=False, default=str)
+            h.update(row.encode("utf-8") + b"\n")
+    return h.hexdigest()
 
 
 def _eval_loader(dataset, collate, batch_size: int):
@@ -140,7 +166,8 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
 
     return Pipeline(train, collate, evaluate, task.primary_metric, chance,
                     num_eval_examples=sum(len(t) for _, t in evals.values()), extras=extras,
-                    eval_sets={split: raw for split, (raw, _) in evals.items()})
+                    eval_sets={split: raw for split, (raw, _) in evals.items()},
+                    train_examples_digest=train_examples_digest(train_raw))
 
 
 BUILDERS: dict[str, str | Callable] = {

@@ -1,7 +1,9 @@
 """finish: the trained weights saved (the best epoch's with ``--save best``) and result.json written last.
 
 result.json (schemas/result.schema.json) is written atomically after the adapter; its presence with a
-final status is what marks a run finished. The checkpoint is removed only then.
+final status is what marks a run finished. The checkpoint is removed only then. The final status is decided
+here from what the loop recorded (:func:`peftlab.training.guards.final_status`: diverged / collapsed as the loop
+labelled them, pruned, no_learning, ok).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 import torch
 
 from peftlab.training import run_folder as runfiles
-from peftlab.training.guards import above_majority
+from peftlab.training.guards import above_majority, epochs_run, final_status
 from peftlab.training.setup import Run
 
 
@@ -29,10 +31,11 @@ def finish(run: Run) -> dict:
     saved_epoch = restore_best(run, unwrapped)  # --save best: adapter/ (and kasa_sigma) are the best epoch's
     before = state["before"]
     final_metrics = state["epochs_log"][-1]["metrics"] if state["epochs_log"] else (before or {})
+    status, status_reason = final_status(state, run.pipeline, cfg.task)
     result = {
         "schema_version": 1,
-        "status": state["status"],
-        "status_reason": state["status_reason"],
+        "status": status,
+        "status_reason": status_reason,
         "task": cfg.task, "model": cfg.model, "method": cfg.method, "targets": ",".join(cfg.targets),
         "rank": cfg.rank, "alpha": cfg.alpha, "lr": cfg.lr, "lr_ratio": cfg.lr_ratio, "head_lr": cfg.head_lr,
         "group_lrs": lr_by_group(run.groups), "seed": cfg.seed, "epochs": cfg.epochs,
@@ -52,6 +55,8 @@ def finish(run: Run) -> dict:
         "train_examples": state["train_examples"],
         "skipped_steps": state.get("skipped_steps", 0),
         "stopped_early": state.get("stopped_early"),  # an on_epoch_end hook (peftlab tune's pruner) stopped it
+        "epochs_run": epochs_run(state),  # < epochs when pruned or diverged
+        "curve": state.get("curve", []),  # every dev evaluation during training: --eval-steps and epoch ends
         "optimizer_steps": state.get("optimizer_steps", state["global_step"]),  # batches / --grad-accum  # fp16: steps the GradScaler skipped on overflow
         "train_seconds": state["train_seconds"],
         "train_examples_per_second": (state["train_examples"] / state["train_seconds"]
@@ -64,6 +69,8 @@ def finish(run: Run) -> dict:
         "num_processes": accelerator.num_processes,
         "versions": runfiles.versions(),
         "git_commit": runfiles.git_commit(),
+        "code": runfiles.code_record(),  # commit, dirty, version, source_digest
+        "train_examples_digest": run.pipeline.train_examples_digest,  # the raw training examples drawn
         **run.pipeline.extras,
         **state.get("eval_extras", {}),  # what the evaluations added (e.g. the generation files they wrote)
     }

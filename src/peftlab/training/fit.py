@@ -2,8 +2,14 @@
 
 Each step: ``loss = model(**batch).loss`` + the method's extra loss (KaSA's regulariser, logged apart),
 backward, clip, the divergence guard (a non-finite loss or gradient norm stops the run as ``diverged``;
-fp16 overflow is the GradScaler's skipped step), optimizer and scheduler steps. Each epoch: the task's
-evaluation (told its tag), the best epoch, the collapse label, epochs.jsonl, a checkpoint.
+fp16 overflow is the GradScaler's skipped step), optimizer and scheduler steps; every ``--eval-steps``
+optimizer steps a dev evaluation for the learning curve. Each epoch: the task's evaluation (told its tag), the
+best epoch, the collapse label, epochs.jsonl, a checkpoint.
+
+The learning curve (``state["curve"]``, result.json ``curve``, ``curve.jsonl`` with ``--eval-steps``) holds every
+evaluation during training in order: the ``--eval-steps`` ones and the epoch-end ones. It lives in the loop
+state, so a checkpoint carries it, and the file is rewritten whole from it: after a kill and ``--resume`` the
+curve has neither a duplicate nor a missing point. An evaluation runs before the checkpoint of its step.
 """
 
 from __future__ import annotations
@@ -16,11 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from peftlab.io_utils import atomic_write_text
-from peftlab.tasks.prepare import BEFORE_TAG, epoch_tag, merge_extras
+from peftlab.tasks.prepare import BEFORE_TAG, epoch_tag, merge_extras, step_tag
 from peftlab.training import run_folder as runfiles
 from peftlab.training.devices import uses_grad_scaler
 from peftlab.training.guards import FAULT_NAN_STEP_ENV, better, check_collapse
-from peftlab.training.schedule import checkpoint_interval, planned_epoch_count, reached_max_steps
+from peftlab.training.schedule import checkpoint_interval, evaluates_epoch, planned_epoch_count, reached_max_steps
 from peftlab.training.setup import Run
 
 
@@ -61,6 +67,7 @@ def fit(run: Run, on_epoch_end=None) -> None:
             loader = accelerator.skip_first_batches(run.train_loader, state["step_in_epoch"])
         progress = progress_bar(run.main, steps_per_epoch, state["step_in_epoch"], f"epoch {epoch + 1}/{planned_epochs}")
         epoch_start = time.perf_counter()  # the epoch's wall time: steps plus batch loading and collation
+        state["in_epoch"] = True  # until the epoch's end: a divergence or failure mid-epoch counts it in epochs_run
         for batch in loader:
             step_start = time.perf_counter()
             with accelerator.accumulate(model):  # --grad-accum: the optimizer steps every N batches
@@ -122,6 +129,11 @@ def fit(run: Run, on_epoch_end=None) -> None:
                 values.update({f"lr/{g.get('name', 'group')}": g["lr"] for g in optimizer.param_groups})
                 accelerator.log(values, step=state["global_step"])
             done = reached_max_steps(cfg, state)
+            if stepped and cfg.eval_steps and state["optimizer_steps"] % cfg.eval_steps == 0:
+                # not when the epoch-end evaluation follows at this very step (it is the curve's point there)
+                epoch_ends = done or state["step_in_epoch"] == steps_per_epoch
+                if not (epoch_ends and evaluates_epoch(cfg, epoch + 1, last=done or epoch + 1 == planned_epochs)):
+                    evaluate_step(run, steps_per_epoch)
             # Checkpoints only at an optimizer step: no half-accumulated gradient is ever lost or doubled.
             if stepped and checkpoint_every and state["optimizer_steps"] % checkpoint_every == 0 and not done:
                 checkpoint(run)
@@ -132,8 +144,10 @@ def fit(run: Run, on_epoch_end=None) -> None:
         add_time(state, "train_s", time.perf_counter() - epoch_start)
 
         last = epoch + 1 == planned_epochs or reached_max_steps(cfg, state)
-        evaluated = last or (cfg.eval_every > 0 and (epoch + 1) % cfg.eval_every == 0)
+        evaluated = evaluates_epoch(cfg, epoch + 1, last=last)
         metrics = evaluate(run, epoch_tag(epoch + 1)) if evaluated else {}  # {}: skipped by --eval-every
+        if evaluated:
+            add_curve_point(run, metrics, steps_per_epoch, epoch_end=True)
         record = {"epoch": epoch + 1, "train_loss": state["epoch_loss_sum"] / max(1, state["epoch_loss_count"]),
                   "metrics": metrics, "seconds": state.get("epoch_train_seconds", 0.0)}
         if "epoch_aux_sum" in state:  # the method's extra loss (KaSA's regulariser), mean per step
@@ -157,7 +171,7 @@ def fit(run: Run, on_epoch_end=None) -> None:
             print(f"epoch {epoch + 1}: train_loss={record['train_loss']:.4f} "
                   + (format_metrics(metrics) if evaluated else "(not evaluated: --eval-every)"))
         state.update(epoch=epoch + 1, step_in_epoch=0, epoch_loss_sum=0.0, epoch_loss_count=0,
-                     epoch_train_seconds=0.0)
+                     epoch_train_seconds=0.0, in_epoch=False)
         state.pop("epoch_aux_sum", None)
         checkpoint(run)
         stop = on_epoch_end(EpochEnd(epoch + 1, metrics, pipeline.primary_metric, state["status"])) \
@@ -175,13 +189,43 @@ def add_time(state: dict, key: str, seconds: float) -> None:
 
 
 def evaluate(run: Run, tag: str) -> dict:
-    """The task's evaluation ``tag`` (``before``, ``epoch<N>``): its metrics; its extras (e.g. the generation
-    file it wrote) are kept in the loop state, checkpointed, and written to result.json at the end."""
+    """The task's evaluation ``tag`` (``before``, ``epoch<N>``, ``step<N>``): its metrics; its extras (e.g. the
+    generation file it wrote) are kept in the loop state, checkpointed, and written to result.json at the end.
+    The model's train/eval mode is restored afterwards, whatever the task's evaluation left it in (training
+    must go on with dropout)."""
     start = time.perf_counter()
+    was_training = run.model.training
     evaluation = run.pipeline.evaluate(run.model, run.accelerator, tag)
+    run.model.train(was_training)
     add_time(run.state, "eval_s", time.perf_counter() - start)
     merge_extras(run.state.setdefault("eval_extras", {}), evaluation.extras)
     return evaluation.metrics
+
+
+def evaluate_step(run: Run, steps_per_epoch: int) -> None:
+    """An ``--eval-steps`` evaluation after the current optimizer step: a curve point (never a best epoch)."""
+    state = run.state
+    metrics = evaluate(run, step_tag(state["optimizer_steps"]))
+    point = add_curve_point(run, metrics, steps_per_epoch, epoch_end=False)
+    if run.main:
+        print(f"step {point['step']} (epoch {point['epoch']:.2f}): {format_metrics(metrics)}")
+
+
+def add_curve_point(run: Run, metrics: dict, steps_per_epoch: int, *, epoch_end: bool) -> dict:
+    """Append one evaluation to the learning curve: ``step`` (optimizer steps so far), ``epoch`` (epochs done, a
+    fraction of batches mid-epoch), ``metrics``, ``epoch_end``; with --eval-steps, ``curve.jsonl`` is rewritten
+    whole (atomically) from the loop state, like epochs.jsonl."""
+    state = run.state
+    point = {"step": state.get("optimizer_steps", 0),
+             "epoch": (state["epoch"] * steps_per_epoch + state["step_in_epoch"]) / max(1, steps_per_epoch),
+             "metrics": metrics, "epoch_end": epoch_end}
+    state.setdefault("curve", []).append(point)
+    if run.main:
+        if run.cfg.eval_steps:
+            atomic_write_text(run.out / runfiles.CURVE_FILE, "".join(json.dumps(p) + "\n" for p in state["curve"]))
+        if run.tracking and metrics:
+            run.accelerator.log({f"curve/{key}": value for key, value in metrics.items()}, step=state["global_step"])
+    return point
 
 
 def trainable_copy(model) -> dict:

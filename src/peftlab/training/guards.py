@@ -1,7 +1,9 @@
-"""What a run refuses, and how it labels itself: config checks, divergence and collapse, the majority bar.
+"""What a run refuses, and how it labels itself: config checks, divergence and collapse, the chance bar.
 
 Nothing is hidden: a diverged run stops with status ``diverged``, a collapsed one is labelled ``collapsed``
-and keeps its best epoch, a run not above the dev set's majority class is flagged in result.json.
+and keeps its best epoch, a run stopped by its ``on_epoch_end`` hook (a ``peftlab tune`` trial) is ``pruned``,
+and a finished run whose best dev metric never rose clearly above chance (or above its own before-fine-tuning
+metric) is ``no_learning`` (:func:`final_status`), with the bar and the numbers in its status_reason.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from pathlib import Path
 from peftlab.config import TrainConfig
 from peftlab.errors import PeftlabError
 from peftlab.tasks.metrics import LOWER_IS_BETTER  # best epoch: smaller eval_loss is better
+from peftlab.tasks.table import TASKS
 
 # Test seam for the divergence guard: make the loss NaN at this global step (documented in RELIABILITY.md).
 FAULT_NAN_STEP_ENV = "PEFTLAB_FAULT_NAN_AT_STEP"
 # A metric "clearly above" chance is this far above it (metrics are in [0, 1] or [-1, 1]).
 CLEARLY_ABOVE_CHANCE = 0.05
+# Task kinds whose primary metric has a chance bar (Pipeline.chance: the dev set's majority class for accuracy
+# and F1, 0 for correlations): a no_learning verdict is only given there (never for eval_loss, generation).
+CHANCE_BAR_KINDS = ("classification", "regression")
 
 
 def position_limit(model) -> int | None:
@@ -96,3 +102,46 @@ def check_collapse(state: dict, primary, chance: float, epoch: int, name: str) -
     elif state["clearly_above_chance"] and primary <= chance and state["status"] == "ok":
         state["status"] = "collapsed"
         state["status_reason"] = f"{name} fell to {primary:.4f} <= chance {chance:.4f} at epoch {epoch}"
+
+
+def no_learning_reason(state: dict, pipeline, task: str) -> str | None:
+    """Why a finished run learned nothing measurable, or None: its best (epoch-end) primary metric is not above
+    chance + CLEARLY_ABOVE_CHANCE, or not above the run's own before-fine-tuning metric when that was
+    evaluated. Only for tasks with a chance bar (:data:`CHANCE_BAR_KINDS`, higher-is-better metric); None for a
+    run that trained nothing (``--epochs 0``: there is no best epoch to judge)."""
+    name = pipeline.primary_metric
+    if TASKS[task].kind not in CHANCE_BAR_KINDS or name in LOWER_IS_BETTER or not state["best"]:
+        return None
+    value = state["best"]["metrics"].get(name)
+    if value is None:
+        return None
+    where = f"best {name} {value:.4f} (epoch {state['best']['epoch']})"
+    bar = pipeline.chance + CLEARLY_ABOVE_CHANCE
+    if value <= bar:
+        return (f"{where} is not clearly above chance: <= {bar:.4f} = chance {pipeline.chance:.4f} "
+                f"+ {CLEARLY_ABOVE_CHANCE}")
+    before = (state["before"] or {}).get(name)
+    if before is not None and value <= before:
+        return f"{where} is not above the model before fine-tuning: <= {before:.4f}"
+    return None
+
+
+def final_status(state: dict, pipeline, task: str) -> tuple[str, str | None]:
+    """(status, status_reason) of a run that ended in :func:`peftlab.training.fit.fit`, in this order:
+    diverged or collapsed (kept as the loop labelled it), pruned (an on_epoch_end hook stopped it before its
+    last epoch: it never finished, so no verdict on learning), no_learning (:func:`no_learning_reason`), ok."""
+    if state["status"] != "ok":
+        return state["status"], state["status_reason"]
+    if state.get("stopped_early"):
+        return "pruned", f"stopped after epoch {state['stopped_early']['epoch']}: {state['stopped_early']['reason']}"
+    reason = no_learning_reason(state, pipeline, task)
+    if reason is not None:
+        return "no_learning", reason
+    return "ok", None
+
+
+def epochs_run(state: dict) -> int:
+    """Epochs the loop entered (result.json ``epochs_run``): those finished, plus one cut short (a divergence or
+    failure mid-epoch). A partial last epoch of --max-steps ends normally and counts as one; a pruned run counts
+    the epochs before its stop."""
+    return state["epoch"] + (1 if state.get("in_epoch") else 0)

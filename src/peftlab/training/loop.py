@@ -21,7 +21,7 @@ from peftlab.training.devices import (  # noqa: F401
 from peftlab.training.finish import finish
 from peftlab.training.fit import EpochEnd, fit  # noqa: F401
 from peftlab.training.guards import (  # noqa: F401
-    CLEARLY_ABOVE_CHANCE, FAULT_NAN_STEP_ENV, RESUME_FREE_KEYS, check_same_config, position_limit)
+    CLEARLY_ABOVE_CHANCE, FAULT_NAN_STEP_ENV, RESUME_FREE_KEYS, check_same_config, epochs_run, position_limit)
 from peftlab.training.schedule import (  # noqa: F401
     DEFAULT_CHECKPOINT_EVERY, LengthGroupedBatchSampler, checkpoint_interval, optimizer_step_count,
     planned_epoch_count)
@@ -32,8 +32,9 @@ def train(cfg: TrainConfig, on_epoch_end=None) -> dict:
     """Run (or resume) one fine-tuning run into ``cfg.output_dir``; returns the result dict.
 
     ``on_epoch_end(EpochEnd) -> bool | str | None``: optional; a truthy answer stops the run after that epoch
-    (``peftlab tune`` prunes poor trials so); result.json then holds ``stopped_early`` (epoch, reason: the
-    answer when it is a string). The run finishes normally (adapter, result.json), so it is never resumed."""
+    (``peftlab tune`` prunes poor trials so); result.json then holds status ``pruned`` (unless the run had
+    collapsed: that label is kept), ``stopped_early`` (epoch, reason: the answer when it is a string) and
+    ``epochs_run``. The run finishes normally (adapter, result.json), so it is never resumed."""
     out = Path(cfg.output_dir)
     # Decide what to do with --output-dir first (cheap), but create nothing until setup has succeeded:
     # bad input found during setup (a data file, a rank) must not leave a half-made run folder behind.
@@ -49,7 +50,10 @@ def train(cfg: TrainConfig, on_epoch_end=None) -> dict:
         if run.main:
             runfiles.write_json(out / "result.json", {
                 "schema_version": 1, "status": "failed", "status_reason": f"{type(err).__name__}: {err}"[:2000],
-                "config": cfg.to_dict(), "epochs_log": run.state.get("epochs_log", [])})
+                "config": cfg.to_dict(), "epochs_log": run.state.get("epochs_log", []),
+                "epochs_run": epochs_run(run.state), "curve": run.state.get("curve", []),
+                "code": runfiles.code_record(), "git_commit": runfiles.git_commit(),
+                "train_examples_digest": run.pipeline.train_examples_digest})
         raise
     return finish(run)
 
@@ -78,7 +82,7 @@ def run_cli(args) -> int:
         return 0
     result = train(cfg)
     if int(os.environ.get("RANK", "0")) != 0:  # one summary per run under accelerate launch
-        return 0 if result["status"] in ("ok", "collapsed") else 1
+        return exit_code(result)
     best = result["best"]["metrics"].get(result["primary_metric"])
     final = result["final"]["metrics"].get(result["primary_metric"])
     print(f"status={result['status']} {result['primary_metric']}: best={_fmt(best)} "
@@ -89,7 +93,17 @@ def run_cli(args) -> int:
               f"{_fmt(result['majority_baseline'])} of the dev set: this run learned nothing measurable")
     if result["status_reason"]:
         print(f"reason: {result['status_reason']}")
-    return 0 if result["status"] in ("ok", "collapsed") else 1
+    return exit_code(result)
+
+
+# Statuses of a run that trained as asked and measured what it learned (even if nothing): exit 0. A diverged
+# run is an error of the run (exit 1); a failed one raises.
+MEASURED = ("ok", "collapsed", "no_learning", "pruned")
+
+
+def exit_code(result: dict) -> int:
+    return 0 if result["status"] in MEASURED else 1
+
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.4f}"

@@ -1,9 +1,10 @@
-"""A run's files: atomic writes, the output-directory guard, versions and git commit, checkpoints.
+"""A run's files: atomic writes, the output-directory guard, versions and the code that ran, checkpoints.
 
 Layout of ``--output-dir``::
 
     config.yaml        resolved config (written first)
     epochs.jsonl       one line per finished epoch (metrics, loss, seconds)
+    curve.jsonl        with --eval-steps: one line per dev evaluation during training (step, epoch, metrics)
     checkpoint/        last checkpoint: trainable tensors, optimizer, scheduler, RNG, loop state
     adapter/           the trained adapter (peft format) or full-FT tensors, safetensors
     result.json        written last, atomically: its presence with a final status marks a finished run
@@ -32,7 +33,9 @@ import torch
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import atomic_write_text  # noqa: F401 - re-exported: the run folder's writes are atomic
 
-FINISHED = ("ok", "diverged", "collapsed")
+# Final statuses: a result.json with one of them marks a run that is never resumed (failed is resumable).
+FINISHED = ("ok", "diverged", "collapsed", "no_learning", "pruned")
+CURVE_FILE = "curve.jsonl"
 
 
 def write_json(path: str | Path, data: Any) -> None:
@@ -115,8 +118,9 @@ def versions() -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def git_commit() -> str | None:
-    """The project's commit (where the package source lives), with '+dirty' for uncommitted changes.
+def git_state() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout the package source lives in; (None, None) outside a git checkout (an
+    installed wheel). Dirty: uncommitted changes to tracked files.
 
     Asked once per process: a process runs the code it imported at its start, and a sweep worker's runs then
     spawn no two git processes each."""
@@ -124,12 +128,52 @@ def git_commit() -> str | None:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True, timeout=5)
         if sha.returncode != 0:
-            return None
+            return None, None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
                                capture_output=True, text=True, timeout=5)
-        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+        if dirty.returncode != 0:
+            return sha.stdout.strip(), None
+        return sha.stdout.strip(), bool(dirty.stdout.strip())
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return None, None
+
+
+def git_commit() -> str | None:
+    """result.json's ``git_commit``: the commit, with '+dirty' for uncommitted changes (None outside git)."""
+    sha, dirty = git_state()
+    return None if sha is None else sha + ("+dirty" if dirty else "")
+
+
+SOURCE_SUFFIXES = (".py", ".json")
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest(root: Path | None = None) -> str:
+    """SHA-256 (64 hex) of the package's own sources: every ``.py`` and ``.json`` file under ``root`` (default:
+    the installed ``peftlab`` package; ``__pycache__`` left out), in sorted order of their POSIX paths relative
+    to ``root``; for each, its path (UTF-8), a NUL byte, its size in bytes as decimal text, a NUL byte and its
+    bytes are hashed. Equal digests = the same code ran, whether or not git knew it (a wheel, a dirty tree).
+    Computed once per process (a few hundred small files), like :func:`git_state`."""
+    import hashlib
+
+    base = Path(__file__).resolve().parents[1] if root is None else Path(root)
+    files = sorted((p.relative_to(base).as_posix(), p) for p in base.rglob("*")
+                   if p.suffix in SOURCE_SUFFIXES and p.is_file() and "__pycache__" not in p.parts)
+    h = hashlib.sha256()
+    for relative, path in files:
+        data = path.read_bytes()
+        h.update(relative.encode("utf-8") + b"\0" + str(len(data)).encode() + b"\0")
+        h.update(data)
+    return h.hexdigest()
+
+
+def code_record() -> dict:
+    """result.json's ``code``: the commit and whether the tree was dirty (None outside git), the package version,
+    and :func:`source_digest`."""
+    import peftlab
+
+    sha, dirty = git_state()
+    return {"commit": sha, "dirty": dirty, "version": peftlab.__version__, "source_digest": source_digest()}
 
 
 def peak_memory_mb(device: torch.device) -> float:

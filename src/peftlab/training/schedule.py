@@ -53,6 +53,11 @@ def reached_max_steps(cfg: TrainConfig, state: dict) -> bool:
     return bool(cfg.max_steps) and state.get("optimizer_steps", 0) >= cfg.max_steps
 
 
+def evaluates_epoch(cfg: TrainConfig, epoch: int, *, last: bool) -> bool:
+    """Whether epoch ``epoch`` (1-based) ends with a dev evaluation: every --eval-every epochs, and the last always."""
+    return last or (cfg.eval_every > 0 and epoch % cfg.eval_every == 0)
+
+
 def planned_epoch_count(cfg: TrainConfig, batches_per_epoch: int) -> int:
     """Epochs the loop runs: --epochs, or as many (the last maybe partial) as --max-steps needs (--epochs 0,
     the before-fine-tuning row, trains nothing whatever --max-steps says)."""

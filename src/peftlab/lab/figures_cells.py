@@ -1,0 +1,322 @@
+"""The data behind ``peftlab plot --kind heatmap`` and ``--kind lr-grid``: panels of cells over two config keys,
+and the one cell a figure may call best.
+
+A cell holds the runs of one (x, y) value pair: its mean over the runs that ended ok, how many those are, and
+how many did not end ok (diverged, collapsed, no_learning, failed: counted, never averaged). A cell no run
+reached is NaN and drawn blank. The best cell is marked only when it is *distinguishable* from the runner-up:
+the paired difference over the seeds both cells ran (matched by seed) has a 95 % t confidence interval
+(``scipy.stats.ttest_rel``) that excludes 0. Only cells whose runs all ended ok are candidates: a cell that
+breaks a seed is not the one to pick, whatever the mean of its other seeds.
+
+:func:`heatmap_data` refuses, or hands back a :class:`LineInstead`, rather than build a one-row or one-column
+heatmap (a grid with a single value on an axis says nothing a line would not say better); panels that are
+not grids beside panels that are are left out, with a note naming them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from peftlab.errors import PeftlabError
+from peftlab.lab.figures import (
+    axis_title,
+    config_label,
+    config_order,
+    fmt_tick,
+    key_value,
+    log_axis,
+    log_edges,
+    lower_is_better,
+    num_key,
+    split_by_config,
+    underlying,
+)
+from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, fmt_value, task_determined_keys, task_order
+
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class GridAxis:
+    """One axis of a heatmap panel: a config key's values (or, ``key == "config"``, the configs themselves)."""
+
+    key: str
+    title: str
+    values: tuple
+    labels: tuple[str, ...]
+    log: bool  # cells spaced by log(value): learning rates and lambda
+
+    def centres(self) -> list[float]:
+        """Where the ticks are: the values on a log axis, else 0, 1, ..."""
+        return [float(v) for v in self.values] if self.log else [float(i) for i in range(len(self.values))]
+
+    def cell_centres(self) -> list[float]:
+        """The middle of each cell (where its text goes): on a log axis the geometric mean of its edges, which
+        differs from the value when its neighbours lie unevenly far."""
+        if not self.log:
+            return self.centres()
+        edges = self.edges()
+        return [math.sqrt(a * b) for a, b in zip(edges, edges[1:])]
+
+    def edges(self) -> list[float]:
+        return log_edges(self.values) if self.log else [i - 0.5 for i in range(len(self.values) + 1)]
+
+
+@dataclass(frozen=True)
+class BestCell:
+    """Which cell is best, whether it is distinguishable from the runner-up, and the caption that says so."""
+
+    cell: tuple[int, int] | None  # (row, column) of the best candidate; None: fewer than two candidates
+    runner_up: tuple[int, int] | None
+    difference: float | None  # mean paired difference best - runner-up, oriented so that > 0 favours the best
+    ci: tuple[float, float] | None  # its 95 % t interval
+    pairs: int  # seeds both cells ran
+    marked: bool  # the interval excludes 0: the figure marks the best cell
+    note: str
+
+
+@dataclass
+class HeatPanel:
+    row: int
+    col: int
+    task: str
+    subtitle: str  # the other config keys of this panel ('' when nothing else varies)
+    x: GridAxis
+    y: GridAxis
+    mean: Any  # (len(y), len(x)) mean over the runs that ended ok; NaN: no such run (blank, or all failed)
+    n_ok: Any  # (len(y), len(x)) ints
+    n_failed: Any  # (len(y), len(x)) ints: runs that did not end ok
+    failed: dict[tuple[int, int], dict[str, int]]  # their statuses
+    seeds: dict[tuple[int, int], dict[int, float]]  # ok runs' values by seed (duplicates of a seed: their mean)
+    best: BestCell
+
+
+@dataclass
+class HeatmapData:
+    panels: list[HeatPanel]
+    n_rows: int
+    n_cols: int
+    metrics: dict[str, list[str]]  # task -> metric names
+    lower: dict[str, bool]  # task -> lower is better
+    limits: dict[str, tuple[float, float]]  # task -> colour limits, shared by all its panels
+    folded: bool  # rows are configs (x or y took one value everywhere)
+    seed_axis: bool
+    diagonal: bool  # x and y are both learning rates: lambda = 1 is the diagonal
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LineInstead:
+    """A heatmap would have a single value on one axis in every panel: draw ``vary`` as a line instead."""
+
+    vary: str  # the key with several values
+    constant: str  # the key with one value per panel
+    note: str
+
+
+def _cell_of(values: dict[tuple[int, int], list[tuple[int, float]]]) -> dict[tuple[int, int], dict[int, float]]:
+    out = {}
+    for cell, pairs in values.items():
+        by_seed: dict[int, list[float]] = defaultdict(list)
+        for seed, value in pairs:
+            by_seed[seed].append(value)
+        out[cell] = {seed: statistics.fmean(vals) for seed, vals in by_seed.items()}
+    return out
+
+
+def best_cell(mean, n_ok, n_failed, seeds: dict[tuple[int, int], dict[int, float]], *, lower: bool,
+              seed_axis: bool = False, unit: str = "") -> BestCell:
+    """The best candidate cell and whether a paired 95 % t interval against the runner-up excludes 0
+    (``unit``: "pt" when values are metric points, ×100, written to 2 decimals)."""
+    import numpy as np
+    from scipy import stats
+
+    if seed_axis:
+        return BestCell(None, None, None, None, 0, False, "no best marked: one run per cell (seed is an axis)")
+    candidates = [(int(i), int(j)) for i, j in zip(*np.nonzero((n_ok >= 2) & (n_failed == 0)))]
+    candidates.sort(key=lambda c: mean[c], reverse=not lower)
+    if len(candidates) < 2:
+        return BestCell(candidates[0] if candidates else None, None, None, None, 0, False,
+                        "no best marked: fewer than two cells with 2+ runs, all ok")
+    best, runner_up = candidates[0], candidates[1]
+    common = sorted(set(seeds[best]) & set(seeds[runner_up]))
+    if len(common) < 2:
+        return BestCell(best, runner_up, None, None, len(common), False,
+                        f"best not distinguishable: {len(common)} seed(s) shared with the runner-up, 2 needed")
+    better = [seeds[best][s] for s in common]
+    other = [seeds[runner_up][s] for s in common]
+    if lower:
+        better, other = other, better  # differences > 0 favour the best
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # identical differences: scipy warns, the interval holds
+        result = stats.ttest_rel(better, other)
+        low, high = (float(v) for v in result.confidence_interval(CONFIDENCE))
+    difference = statistics.fmean(b - o for b, o in zip(better, other))
+    marked = math.isfinite(low) and low > 0
+    shown = _num(difference, unit, sign=True) + (f" {unit}" if unit else "")
+    interval = f", 95\u00a0% CI [{_num(low, unit)}, {_num(high, unit)}]" if math.isfinite(low) else ""
+    head = "best, distinguishable from runner-up" if marked else "best not distinguishable from runner-up"
+    note = f"{head}:\n{shown}{interval}, {len(common)} pairs"
+    return BestCell(best, runner_up, difference, (low, high), len(common), marked, note)
+
+
+def _num(value: float, unit: str, *, sign: bool = False) -> str:
+    """A difference in metric points to 2 decimals (``+0.07``), else to 3 significant digits; never rounded to
+    a zero that hides which side of 0 it lies on."""
+    plus = "+" if sign else ""
+    text = f"{value:{plus}.2f}" if unit and (abs(value) >= 0.005 or value == 0) else f"{value:{plus}.2g}"
+    return text.replace("-", "−")
+
+
+def _fill(recs: list[RunRecord], row_of, col_of, rows: list, cols: list, scale: float):
+    import numpy as np
+
+    n_ok = np.zeros((len(rows), len(cols)), dtype=int)
+    n_failed = np.zeros((len(rows), len(cols)), dtype=int)
+    failed: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    values: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
+    for rec in recs:
+        cell = (rows.index(row_of(rec)), cols.index(col_of(rec)))
+        if rec.status != "ok" or rec.value is None:
+            n_failed[cell] += 1
+            failed[cell][rec.status if rec.status != "ok" else "missing"] += 1
+        else:
+            n_ok[cell] += 1
+            values[cell].append((rec.seed, rec.value * scale))
+    mean = np.full((len(rows), len(cols)), np.nan)
+    for cell, pairs in values.items():
+        mean[cell] = statistics.fmean(v for _, v in pairs)
+    return mean, n_ok, n_failed, {c: dict(v) for c, v in failed.items()}, _cell_of(values)
+
+
+def _axis(key: str, values: list) -> GridAxis:
+    log = log_axis(key, values)
+    return GridAxis(key, axis_title(key), tuple(values), tuple(fmt_tick(v, key) for v in values), log)
+
+
+def _where_text(config: dict, keys: list[str]) -> str:
+    return ",".join(f"{k}={fmt_value(config.get(k))}" for k in keys)
+
+
+def heatmap_data(records: list[RunRecord], *, x: str, y: str, scale: float, fold: bool = True
+                 ) -> HeatmapData | LineInstead:
+    """Panels of cells (one per task, and per combination of any other key that varies); see the module doc.
+
+    With ``fold``, when x or y takes one value in every task while other keys vary, the panels fold into one
+    per task whose rows are the configs (a methods x lambda table, say); without it (``--kind lr-grid``, whose
+    axes are the point) such a selection is drawn as lines."""
+    import numpy as np
+
+    trained = [r for r in records if not r.before]
+    if not trained:
+        raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
+    per_task = task_determined_keys(trained)
+    drop = set(NON_RESULT_KEYS) | set(per_task) | underlying(x) | underlying(y)
+    groups, configs, varying = split_by_config(trained, drop)
+    order = config_order(configs, varying)
+    group_of = {id(rec): g for g, recs in groups.items() for rec in recs}
+    tasks = task_order(r.task for r in trained)
+    metrics = {t: sorted({r.metric for r in trained if r.task == t and r.metric}) for t in tasks}
+    lower = {t: lower_is_better(m) for t, m in metrics.items()}
+    seed_axis = "seed" in (x, y)
+    unit = "pt" if scale == 100 else ""
+
+    def values_of(key: str, recs: list[RunRecord]) -> list:
+        return sorted({key_value(r.config, key) for r in recs}, key=num_key)
+
+    x_const = all(len(values_of(x, [r for r in trained if r.task == t])) == 1 for t in tasks)
+    y_const = all(len(values_of(y, [r for r in trained if r.task == t])) == 1 for t in tasks)
+    panels: list[HeatPanel] = []
+    notes: list[str] = []
+    folded = fold and len(order) > 1 and (x_const or y_const)
+    if folded and x_const and y_const:
+        raise PeftlabError(f"every run of a task has one {x} and one {y}: there is no grid to draw",
+                           fix=f"compare the configs with --kind rank --x {varying[0]} (or peftlab report)")
+    if folded:  # rows: the configs; columns: the key that does vary
+        col_key = y if x_const else x
+        for j, task in enumerate(tasks):
+            recs = [r for r in trained if r.task == task]
+            rows = [g for g in order if any(group_of[id(r)] == g for r in recs)]
+            cols = values_of(col_key, recs)
+            filled = _fill(recs, lambda r: group_of[id(r)], lambda r: key_value(r.config, col_key), rows, cols, scale)
+            labels = [config_label(configs[g], varying) if len(varying) != 1 else
+                      fmt_tick(configs[g].get(varying[0])) for g in rows]
+            row_axis = GridAxis("config", varying[0] if len(varying) == 1 else "", tuple(rows), tuple(labels), False)
+            const_key = x if x_const else y
+            const = ", ".join(fmt_tick(v, const_key) for v in values_of(const_key, recs))
+            panels.append(HeatPanel(0, j, task, f"{const_key}={const} in all runs", _axis(col_key, cols), row_axis,
+                                    *filled, best=best_cell(*filled[:3], filled[4], lower=lower[task],
+                                                            seed_axis=seed_axis, unit=unit)))
+        n_rows, n_cols = 1, len(tasks)
+    else:
+        for i, gkey in enumerate(order):
+            sub = config_label(configs[gkey], varying) if varying else ""
+            for j, task in enumerate(tasks):
+                recs = [r for r in groups[gkey] if r.task == task]
+                if not recs:
+                    continue
+                xs, ys = values_of(x, recs), values_of(y, recs)
+                filled = _fill(recs, lambda r: key_value(r.config, y), lambda r: key_value(r.config, x), ys, xs, scale)
+                panels.append(HeatPanel(i, j, task, sub, _axis(x, xs), _axis(y, ys), *filled,
+                                        best=best_cell(*filled[:3], filled[4], lower=lower[task],
+                                                       seed_axis=seed_axis, unit=unit)))
+        line = _degenerate(panels, x, y, varying)
+        if line is not None:
+            return line
+        panels, notes = _grids_only(panels, x, y, configs, order, varying)
+        rows = sorted({p.row for p in panels})
+        cols = [t for t in tasks if any(p.task == t for p in panels)]
+        for p in panels:  # no empty row or column of panels where flat ones were left out
+            p.row, p.col = rows.index(p.row), cols.index(p.task)
+        tasks = cols
+        n_rows, n_cols = len(rows), len(cols)
+    limits = {}
+    for task in tasks:
+        finite = np.concatenate([p.mean[np.isfinite(p.mean)] for p in panels if p.task == task] or [[]])
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        limits[task] = (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
+    diagonal = not folded and x in ("lr", "qk_lr") and y == "v_lr"
+    return HeatmapData(panels, n_rows, n_cols, metrics, lower, limits, folded, seed_axis, diagonal, notes)
+
+
+def _flat(panel: HeatPanel) -> bool:
+    return len(panel.x.values) < 2 or len(panel.y.values) < 2
+
+
+def _degenerate(panels: list[HeatPanel], x: str, y: str, varying: list[str]) -> LineInstead | None:
+    """None when some panel is a real grid (2+ values on both axes); a LineInstead when every panel has one
+    value on the same axis; refuses when every panel is one cell."""
+    if not all(_flat(p) for p in panels):
+        return None
+    single_x = all(len(p.x.values) < 2 for p in panels)
+    single_y = all(len(p.y.values) < 2 for p in panels)
+    if single_x and single_y:
+        key = varying[0] if varying else "<a key that varies>"
+        raise PeftlabError(f"every panel would be a single cell (one {x}, one {y} per config and task)",
+                           fix=f"compare the configs with --kind rank --x {key} (or peftlab report)")
+    if not (single_x or single_y):
+        raise PeftlabError(f"every panel has a single {x} or a single {y}, not the same one: no grid to draw",
+                           fix=f"select runs with --where, or draw lines with --kind rank --x {x} (or {y})")
+    vary, const = (y, x) if single_x else (x, y)
+    values = sorted({v for p in panels for v in (p.x if const == x else p.y).values}, key=num_key)
+    shown = ", ".join(fmt_tick(v, const) for v in values)
+    return LineInstead(vary, const, f"one {const} per panel ({shown}): drawn as lines over {vary}, "
+                                    f"not as a one-{'column' if const == x else 'row'} heatmap")
+
+
+def _grids_only(panels: list[HeatPanel], x: str, y: str, configs: dict, order: list, varying: list[str]
+                ) -> tuple[list[HeatPanel], list[str]]:
+    """The panels that are grids, and a note naming those left out (a single x or y: not a heatmap)."""
+    flat = [p for p in panels if _flat(p)]
+    if not flat:
+        return panels, []
+    by_task = bool({p.row for p in flat} & {p.row for p in panels if not _flat(p)}) or not varying
+    keys = varying + ["task"] if by_task else varying
+    shown = "; ".join(dict.fromkeys(_where_text({**configs[order[p.row]], "task": p.task}, keys) for p in flat))
+    return [p for p in panels if not _flat(p)], [
+        f"left out, one {x} or {y} (no grid): {shown}; draw them with --kind rank --x {y}"]

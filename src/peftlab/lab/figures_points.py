@@ -1,0 +1,145 @@
+"""``peftlab plot --kind rank`` (and what a one-row / one-column heatmap is drawn as): the metric against one
+config key, one line per other varying config, one panel per task.
+
+The line joins the means over the runs that ended ok (the number a report's cell shows); every such run is a
+dot beside it, so the spread and any bimodality stay visible; a run that did not end ok is a cross at its
+value (never in the mean). Learning rates and lambda lie on log axes, ticks at the values present.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from peftlab.errors import PeftlabError
+from peftlab.lab.figures import (
+    Drawn,
+    axis_title,
+    config_label,
+    fmt_tick,
+    is_number,
+    key_value,
+    legend_of,
+    line_groups,
+    line_style,
+    log_axis,
+    metric_label,
+    num_key,
+    panel_grid,
+    panel_title,
+    set_log_ticks,
+    suptitle,
+    task_title,
+    underlying,
+)
+from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
+
+
+@dataclass
+class PointsLine:
+    task: str
+    label: str
+    xs: list  # the key's values this config ran, sorted
+    means: list[float | None]  # mean over the ok runs at each x (None: none ended ok)
+    ok: dict = field(default_factory=dict)  # x -> [(seed, value)] of the ok runs
+    failed: dict = field(default_factory=dict)  # x -> [(seed, status, value or None)]
+
+
+@dataclass
+class PointsData:
+    x: str
+    xs: list  # every value of the key, sorted
+    log: bool
+    lines: list[PointsLine]
+    tasks: list[str]
+
+
+def points_data(records: list[RunRecord], *, x: str, scale: float) -> PointsData:
+    trained = [r for r in records if not r.before]
+    if not trained:
+        raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
+    per_task = task_determined_keys(trained)
+    drop = set(NON_RESULT_KEYS) | set(per_task) | underlying(x)
+    groups, configs, varying = line_groups(trained, drop)
+    tasks = task_order(r.task for r in trained)
+    all_x = sorted({key_value(r.config, x) for r in trained}, key=num_key)
+    lines = []
+    for task in tasks:
+        for gkey, recs in groups.items():
+            recs = [r for r in recs if r.task == task]
+            if not recs:
+                continue
+            ok: dict = defaultdict(list)
+            failed: dict = defaultdict(list)
+            for rec in recs:
+                xv = key_value(rec.config, x)
+                if rec.status == "ok" and rec.value is not None:
+                    ok[xv].append((rec.seed, rec.value * scale))
+                else:
+                    failed[xv].append((rec.seed, rec.status, None if rec.value is None else rec.value * scale))
+            xs = sorted(set(ok) | set(failed), key=num_key)
+            means = [statistics.fmean(v for _, v in ok[v_]) if ok.get(v_) else None for v_ in xs]
+            lines.append(PointsLine(task, config_label(configs[gkey], varying) if varying else "runs", xs, means,
+                                    dict(ok), dict(failed)))
+    return PointsData(x, all_x, log_axis(x, all_x), lines, tasks)
+
+
+def plot_points(records: list[RunRecord], *, x: str = "rank", scale: float = 100.0, title: str | None = None,
+                note: str | None = None) -> Drawn:
+    data = points_data(records, x=x, scale=scale)
+    labels = list(dict.fromkeys(line.label for line in data.lines))
+    numeric = all(is_number(v) for v in data.xs)
+    width = max(2.8 if len(data.tasks) > 1 else 4.2, min(4.2, 1.4 + 0.45 * len(data.xs)))
+    plt, fig, axes = panel_grid(1, len(data.tasks), width=width, height=2.6)
+
+    def position(value, index: int):
+        """Where a line's points sit: beside the value, each line a little apart, so dots do not hide dots."""
+        shift = (index - (len(labels) - 1) / 2) * min(0.08, 0.3 / max(len(labels), 1))
+        if data.log:
+            return float(value) * (1 + 0.6 * shift)
+        if numeric:
+            spread = (float(data.xs[-1]) - float(data.xs[0])) or 1.0
+            return float(value) + shift * spread / max(len(data.xs), 2)
+        return data.xs.index(value) + shift
+
+    any_failed = False
+    for j, task in enumerate(data.tasks):
+        ax = axes[0][j]
+        for line in (ln for ln in data.lines if ln.task == task):
+            index = labels.index(line.label)
+            look = line_style(index)
+            drawn = [(position(v, index), m) for v, m in zip(line.xs, line.means) if m is not None]
+            if drawn:
+                ax.plot(*zip(*drawn), color=look["color"], ls=look["linestyle"], marker=look["marker"], ms=4,
+                        lw=1.3, label=line.label if labels != ["runs"] else None, zorder=3)  # one line: no legend
+            for v, runs in line.ok.items():
+                ax.scatter([position(v, index)] * len(runs), [value for _, value in runs], s=7, color=look["color"],
+                           alpha=0.45, lw=0, zorder=2)
+            for v, runs in line.failed.items():
+                shown = [value for _, _, value in runs if value is not None]
+                if shown:
+                    any_failed = True
+                    ax.scatter([position(v, index)] * len(shown), shown, marker="x", s=18, color=look["color"],
+                               lw=1.0, zorder=4)
+        if data.log:
+            ax.set_xscale("log")
+            set_log_ticks(ax.xaxis, data.xs, x)
+        elif numeric:
+            ax.set_xticks([float(v) for v in data.xs], [fmt_tick(v, x) for v in data.xs])
+        else:
+            ax.set_xticks(range(len(data.xs)), [fmt_tick(v, x) for v in data.xs])
+        if len(data.xs) > 4 and max(len(fmt_tick(v, x)) for v in data.xs) > 4:
+            for label in ax.get_xticklabels():
+                label.set(rotation=35, ha="right", rotation_mode="anchor")
+        ax.set_xlabel(axis_title(x))
+        metric = sorted({r.metric for r in records if r.task == task and r.metric})
+        ax.set_ylabel(metric_label(metric, scale))
+        panel_title(ax, task_title(task), width)
+        ax.grid(alpha=0.3, lw=0.5)
+    if any_failed:
+        axes[0][0].scatter([], [], marker="x", color="black", s=18, lw=1.0, label="run not ok (not in the mean)")
+    legend_of(fig, axes[0])
+    what = f"line: mean of the runs that ended ok; dots: each run{'; ×: runs not ok' if any_failed else ''}"
+    suptitle(fig, title or "; ".join(filter(None, [note, what])))
+    return Drawn(fig, data)

@@ -1,0 +1,137 @@
+"""The results store's schema (version 2) and how a pruned run is named, apart from :mod:`peftlab.lab.store`.
+
+Statuses: a run row is pending or running, then one of RESULT_STATUSES. FINISHED rows are never rerun under
+their key; NOT_OK rows are never averaged into a mean. A pruned trial (result status ``pruned``, or ``ok``
+with ``stopped_early`` from before that status) lives under :func:`pruned_key`, its folder at
+:func:`pruned_dir`: the complete run of the same config keeps its own key and folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+SCHEMA_VERSION = 2
+STATUSES = ("pending", "running", "ok", "diverged", "collapsed", "no_learning", "pruned", "failed")
+RESULT_STATUSES = ("ok", "diverged", "collapsed", "no_learning", "pruned", "failed")  # what a run can end as
+FINISHED = ("ok", "diverged", "collapsed", "no_learning", "pruned")  # never rerun under its key
+NOT_OK = ("diverged", "collapsed", "failed", "no_learning", "pruned")  # never averaged into a mean
+PRUNED_MARK = ".pruned-e"  # <key>.pruned-e<N>, <run folder>.pruned-e<N>: a trial stopped after N epochs
+
+RUNS_TABLE = """
+CREATE TABLE IF NOT EXISTS {name} (
+    key TEXT PRIMARY KEY,
+    status TEXT NOT NULL CHECK (status IN ({statuses})),
+    config TEXT NOT NULL,
+    result TEXT,
+    output_dir TEXT,
+    started TEXT,
+    finished TEXT,
+    seconds REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    owner TEXT,
+    created TEXT NOT NULL,
+    updated TEXT NOT NULL
+)"""
+SCHEMA = (RUNS_TABLE.format(name="runs", statuses=", ".join(f"'{s}'" for s in STATUSES)) + ";" + """
+CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+""")
+
+COLUMNS = ("key", "status", "config", "result", "output_dir", "started", "finished", "seconds", "attempts",
+            "error", "owner", "created", "updated")
+
+
+def is_pruned_result(result: dict | None) -> bool:
+    """A run its ``on_epoch_end`` hook stopped before its last epoch (a tune trial), so never the complete run
+    of its config: status ``pruned``; or ``stopped_early`` with status ``ok`` / ``no_learning`` (results written
+    before ``pruned`` existed) or ``collapsed`` (the tune stops a collapsed trial at once, where the complete run
+    would have trained on: it keeps its status, but not the complete run's key)."""
+    if not isinstance(result, dict):
+        return False
+    status = result.get("status")
+    return status == "pruned" or (status in ("ok", "no_learning", "collapsed") and bool(result.get("stopped_early")))
+
+
+def effective_status(status: str, result: dict | None) -> str:
+    """A row's status as it should read: ``pruned`` for a pruned trial a schema-1 store recorded as ``ok``."""
+    return "pruned" if status in ("ok", "no_learning") and is_pruned_result(result) else status
+
+
+def epochs_run(result: dict | None) -> int:
+    """Epochs a run trained: result.json ``epochs_run``, else (older results) the epoch the hook stopped it
+    at, else the epochs it logged."""
+    result = result or {}
+    if isinstance(result.get("epochs_run"), int):
+        return result["epochs_run"]
+    stopped = result.get("stopped_early")
+    if isinstance(stopped, dict) and isinstance(stopped.get("epoch"), int):
+        return stopped["epoch"]
+    return len(result.get("epochs_log") or [])
+
+
+def pruned_key(key: str, epochs: int) -> str:
+    """Where a run of ``key`` stopped after ``epochs`` epochs is stored: never the complete run's key."""
+    return f"{unpruned_key(key)}{PRUNED_MARK}{int(epochs)}"
+
+
+def unpruned_key(key: str) -> str:
+    """The key of the complete run of a (possibly pruned) row's config."""
+    return key.split(PRUNED_MARK, 1)[0]
+
+
+def pruned_dir(folder: str | os.PathLike, epochs: int) -> str:
+    """The folder a pruned run's folder is renamed to (beside it), freeing its own for the complete run."""
+    return f"{Path(folder)}{PRUNED_MARK}{int(epochs)}"
+
+
+def move_run_folder(src: str | os.PathLike, dst: str | os.PathLike) -> bool:
+    """Rename run folder ``src`` to ``dst``; a folder already at ``dst`` is replaced (a trial of the same config
+    stopped at the same epoch: the same computation). False when ``src`` is not there (nothing to move)."""
+    src, dst = Path(src), Path(dst)
+    if not src.is_dir() or src.resolve() == dst.resolve():
+        return False
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(src, dst)
+    return True
+
+
+def loads(text: str | None):
+    """A JSON column's value (None when empty or unreadable)."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def migrate_v1(conn: sqlite3.Connection, stamp: str) -> list[tuple[str, str, str]]:
+    """Schema 1 -> 2 inside the caller's transaction: the runs table rebuilt with the new statuses (SQLite
+    cannot alter a CHECK constraint), every row copied with its rowid; then each pruned trial a schema-1 store
+    recorded as ``ok`` moves to its pruned key (status pruned, output_dir its pruned folder). Returns
+    ``(folder, pruned folder, the run's key)`` for the folder renames the caller does after the commit."""
+    columns = ", ".join(COLUMNS)
+    conn.execute(RUNS_TABLE.format(name="runs_v2", statuses=", ".join(f"'{s}'" for s in STATUSES)))
+    conn.execute(f"INSERT INTO runs_v2 (rowid, {columns}) SELECT rowid, {columns} FROM runs")
+    conn.execute("DROP TABLE runs")
+    conn.execute("ALTER TABLE runs_v2 RENAME TO runs")
+    conn.execute("CREATE INDEX IF NOT EXISTS runs_status ON runs (status)")
+    moves = []
+    for rowid, key, result, folder in conn.execute(
+            "SELECT rowid, key, result, output_dir FROM runs WHERE status IN ('ok', 'no_learning') "
+            "AND result IS NOT NULL").fetchall():
+        result = loads(result)
+        if not is_pruned_result(result):
+            continue
+        epochs = epochs_run(result)
+        new_dir = pruned_dir(folder, epochs) if folder else None
+        conn.execute("UPDATE runs SET key = ?, status = 'pruned', output_dir = ?, updated = ? WHERE rowid = ?",
+                     (pruned_key(key, epochs), new_dir, stamp, rowid))
+        if new_dir:
+            moves.append((folder, new_dir, key))
+    conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
+    return moves

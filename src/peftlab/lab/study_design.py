@@ -1,0 +1,338 @@
+"""What `peftlab study` runs: the designs a reviewer accepts, as data, and the picks made from their results.
+
+A design is a list of *stages*; a stage is a set of run configs (one sweep spec per task), some of which
+depend on what earlier stages found. Everything here is pure: configs in, configs or picks out; the driver
+(:mod:`peftlab.lab.study`) runs the stages through the sweep / tune machinery into one results store.
+
+**lambda** (Yao et al.'s eta_V = lambda * eta_QK, checked against its own control):
+
+1. ``search`` (optional): `peftlab tune` (ASHA) over the eta_QK x lambda sub-grid at the naive search's
+   budget, so that "how to choose lambda" is answered with the compute each answer costs.
+2. ``grid``: every cell x the *selection seeds*: lambda in ``ratios`` at every eta_QK of ``lr_grid``, and
+   the diagonal lambda = 1 at every rate of ``diagonal`` (which should cover the off-diagonal cells' eta_V,
+   so that "a larger eta_V" can be told apart from "a larger learning rate").
+3. ``heldout``: the best diagonal cell and the best off-diagonal cell of each task (by the mean over the
+   selection seeds; a cell that broke a seed ranks below every cell whose seeds all trained: it is not the one
+   to pick), the off-diagonal pick's lambda-1 controls at its eta_QK and at its eta_V, and the tune's and the
+   naive search's picks, re-run on *held-out seeds* that no selection used.
+4. ``key``: W_k trained as well ({q,k,v} when the design tunes {q,v}) at the best diagonal cell's rate, on the
+   held-out seeds: the "freezing W_k loses nothing" claim, tested for equivalence (TOST) by the report.
+5. ``plateau``: the two picks trained ``plateau_epochs`` epochs with ``evals_per_epoch`` dev evaluations per
+   epoch, on the first ``plateau_seeds`` held-out seeds: final quality and speed of learning, apart.
+
+With ``selection_seeds = 0`` there is no selection: every cell runs on the held-out seeds (a confirmatory
+design, e.g. full fine-tuning at lambda 1 and 8 with the lambda-1 control at the larger rate).
+
+**kasa** (KaSA against its baselines at equal budget, and at the paper's own hyper-parameters): the rows
+of ``KASA_ROWS`` (head only, LoRA, PiSSA, MiLoRA, KaSA at the common settings, KaSA at the authors'
+per-task settings) and the before-fine-tuning row, on the held-out seeds; with ``long_epochs`` also LoRA and
+paper-KaSA trained that long (on the first ``plateau_seeds`` held-out seeds), so a slower method is not
+judged only at an arbitrary early point.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable
+
+from peftlab.errors import PeftlabError
+
+STAGES = {"lambda": ("search", "grid", "heldout", "key", "plateau"), "kasa": ("rows",)}
+# KaSA authors' per-task GLUE settings (configs/kasa_glue_roberta/, from their run scripts): module lr = head lr.
+KASA_PAPER = {"cola": (4e-4, 1e-4, 1e-3), "mrpc": (4e-4, 0.1, 1e-3), "qnli": (4e-4, 0.01, 1e-5),
+              "rte": (4e-4, 0.24, 2.4e-4), "sst2": (5e-4, 1e-4, 1e-3), "stsb": (3e-4, 1e-4, 1e-5)}
+KASA_PAPER_DEFAULT = (5e-4, 1e-4, 1e-3)  # (lr = head_lr, beta, gamma) for a task the authors did not run
+# name -> the config keys of the row (on top of the design's base); "paper" rows take KASA_PAPER per task.
+KASA_ROWS = {
+    "head": {"method": "head"},
+    "lora": {"method": "lora"},
+    "pissa": {"method": "pissa"},
+    "milora": {"method": "milora"},
+    "kasa": {"method": "kasa"},
+    "kasa-paper": {"method": "kasa", "alpha": 16.0, "weight_decay": 0.0},
+}
+
+
+def float_list(values: Iterable, what: str) -> tuple[float, ...]:
+    out = []
+    for value in values:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise PeftlabError(f"{what}: '{value}' is not a number", fix=f"e.g. {what} 5e-4,1e-3,2e-3") from None
+        if not math.isfinite(number) or number <= 0:
+            raise PeftlabError(f"{what}: {value} must be a finite number > 0")
+        out.append(number)
+    if len(set(out)) != len(out):
+        raise PeftlabError(f"{what}: a value is given twice ({', '.join(map(str, out))})")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Design:
+    """One study: its kind, tasks, the base config every run shares, and the design's knobs."""
+
+    kind: str  # lambda | kasa
+    tasks: tuple[str, ...]
+    base: dict[str, Any]  # train keys shared by every run (model, method, targets, epochs, data ...)
+    lr_grid: tuple[float, ...] = (5e-4, 1e-3, 2e-3)
+    ratios: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0)
+    diagonal: tuple[float, ...] = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
+    selection_seeds: int = 3
+    heldout_seeds: int = 10
+    heldout_seed_start: int = 100
+    plateau_epochs: int = 6
+    plateau_seeds: int = 5
+    evals_per_epoch: int = 4
+    key_ablation: bool = True
+    search_comparison: bool = True
+    top_k: int = 2
+    rows: tuple[str, ...] = tuple(KASA_ROWS)
+    long_epochs: int = 0
+    equivalence_margin: float = 1.0  # in the table's points (x100 for accuracy-like metrics)
+    notes: tuple[str, ...] = field(default=())  # what budget fitting changed, for the plan and REPORT.md
+
+    def __post_init__(self):
+        if self.kind not in STAGES:
+            raise PeftlabError(f"unknown study '{self.kind}'", fix="use peftlab study lambda or peftlab study kasa")
+        for name in ("selection_seeds", "plateau_epochs", "plateau_seeds", "long_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PeftlabError(f"--{name.replace('_', '-')} must be an integer >= 0, got {value!r}")
+        for name in ("heldout_seeds", "evals_per_epoch", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PeftlabError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        if self.kind == "lambda" and self.selection_seeds == 1:
+            raise PeftlabError("--selection-seeds 1 picks on a single seed",
+                               fix="use 2 or more (3 is the default), or 0 to run every cell on the held-out seeds")
+        if not (isinstance(self.heldout_seed_start, int) and 0 <= self.heldout_seed_start < 2**31 - 1000):
+            raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), "
+                               f"got {self.heldout_seed_start!r}")
+        if self.heldout_seed_start < self.selection_seeds:
+            raise PeftlabError(f"--heldout-seed-start {self.heldout_seed_start} overlaps the selection seeds "
+                               f"0-{self.selection_seeds - 1}", fix="held-out seeds must be seeds no selection used")
+        if self.plateau_seeds > self.heldout_seeds:
+            raise PeftlabError(f"--plateau-seeds {self.plateau_seeds} exceeds --heldout-seeds {self.heldout_seeds}",
+                               fix="the plateau arm runs on the first held-out seeds")
+        if not math.isfinite(self.equivalence_margin) or self.equivalence_margin <= 0:
+            raise PeftlabError(f"--equivalence-margin must be > 0, got {self.equivalence_margin}")
+        unknown_rows = [r for r in self.rows if r not in KASA_ROWS]
+        if unknown_rows:
+            from peftlab.errors import unknown
+
+            raise unknown("kasa study row", unknown_rows[0], KASA_ROWS, where="--rows")
+        if self.kind == "lambda" and not (self.ratios or self.diagonal):
+            raise PeftlabError("the lambda grid is empty", fix="give --ratios and/or --diagonal")
+        if self.kind == "lambda" and any(r == 1 for r in self.ratios):
+            raise PeftlabError("--ratios lists lambda 1, which is the diagonal",
+                               fix="put lambda-1 rates in --diagonal; --ratios holds lambda > 1")
+
+    @property
+    def epochs(self) -> int:
+        return int(self.base["epochs"])
+
+    @property
+    def selection_seed_list(self) -> list[int]:
+        return list(range(self.selection_seeds))
+
+    @property
+    def heldout_seed_list(self) -> list[int]:
+        return list(range(self.heldout_seed_start, self.heldout_seed_start + self.heldout_seeds))
+
+    @property
+    def plateau_seed_list(self) -> list[int]:
+        return self.heldout_seed_list[:self.plateau_seeds]
+
+    def with_changes(self, note: str, **changes) -> "Design":
+        return replace(self, notes=self.notes + (note,), **changes)
+
+
+# --------------------------------------------------------------------------- cells
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A point of the lambda grid: eta_QK (the config's lr) and lambda (lr_ratio)."""
+
+    lr: float
+    ratio: float
+
+    @property
+    def eta_v(self) -> float:
+        return self.lr * self.ratio
+
+    @property
+    def diagonal(self) -> bool:
+        return self.ratio == 1
+
+    def keys(self) -> dict[str, float]:
+        return {"lr": self.lr, "lr_ratio": self.ratio}
+
+    def describe(self) -> str:
+        return f"eta_QK={self.lr:g} lambda={self.ratio:g} (eta_V={self.eta_v:g})"
+
+
+def grid_cells(design: Design) -> list[Cell]:
+    """The diagonal first (lambda 1, by rate), then lambda > 1 by eta_QK and lambda."""
+    cells = [Cell(lr, 1.0) for lr in sorted(design.diagonal)]
+    cells += [Cell(lr, float(r)) for lr in sorted(design.lr_grid) for r in sorted(design.ratios)]
+    return list(dict.fromkeys(cells))
+
+
+def search_space(design: Design) -> dict[str, list[float]]:
+    """The tune's (and the naive search's) space: eta_QK in lr_grid x lambda in {1} + ratios. A cartesian
+    grid, as a tune searches one; the diagonal's extra rates stay out of it."""
+    return {"lr": sorted(design.lr_grid), "lr_ratio": [1.0] + sorted(float(r) for r in design.ratios)}
+
+
+def cell_of(config: dict) -> Cell:
+    return Cell(float(config["lr"]), float(config.get("lr_ratio") or 1.0))
+
+
+# --------------------------------------------------------------------------- run configs per stage
+
+
+def task_base(design: Design, task: str) -> dict[str, Any]:
+    return {**design.base, "task": task}
+
+
+def grid_configs(design: Design, task: str) -> list[dict]:
+    seeds = design.selection_seed_list or design.heldout_seed_list
+    return [{**task_base(design, task), **cell.keys(), "seed": seed} for seed in seeds for cell in grid_cells(design)]
+
+
+def heldout_configs(design: Design, task: str, cells: Iterable[Cell]) -> list[dict]:
+    return [{**task_base(design, task), **cell.keys(), "seed": seed}
+            for seed in design.heldout_seed_list for cell in cells]
+
+
+def key_ablation_targets(targets: str) -> str | None:
+    """{q,v} -> {q,k,v}: the same update with W_k trained too; None when k is already trained (or no q/v)."""
+    names = [t.strip() for t in str(targets).split(",") if t.strip()]
+    if "k" in names or not {"q", "v"} <= set(names):
+        return None
+    order = ["q", "k", "v", "o"]
+    return ",".join(sorted(set(names) | {"k"}, key=lambda t: (order.index(t) if t in order else 9, t)))
+
+
+def key_configs(design: Design, task: str, diagonal_pick: Cell) -> list[dict]:
+    targets = key_ablation_targets(design.base.get("targets", "q,v"))
+    if targets is None:
+        return []
+    return [{**config, "targets": targets} for config in heldout_configs(design, task, [diagonal_pick])]
+
+
+def plateau_steps(steps_per_epoch: int, evals_per_epoch: int) -> int:
+    """--eval-steps giving about ``evals_per_epoch`` dev evaluations per epoch."""
+    return max(1, math.ceil(steps_per_epoch / evals_per_epoch))
+
+
+def plateau_configs(design: Design, task: str, cells: Iterable[Cell], eval_steps: int) -> list[dict]:
+    return [{**task_base(design, task), **cell.keys(), "seed": seed, "epochs": design.plateau_epochs,
+             "eval_steps": eval_steps} for seed in design.plateau_seed_list for cell in cells]
+
+
+def kasa_row_config(design: Design, task: str, row: str) -> dict:
+    config = {**task_base(design, task), **KASA_ROWS[row]}
+    if row == "head":  # no adapter: projections and their rates do not apply (and are refused if given)
+        for key in ("targets", "layers", "lr", "lr_ratio"):
+            config.pop(key, None)
+    if row == "kasa-paper":
+        lr, beta, gamma = KASA_PAPER.get(task, KASA_PAPER_DEFAULT)
+        config.update(lr=lr, head_lr=lr, kasa_beta=beta, kasa_gamma=gamma)
+    return config
+
+
+def long_rows(design: Design) -> tuple[str, ...]:
+    """The rows trained ``long_epochs`` too: LoRA and KaSA at the paper's settings (the paper trains long)."""
+    return tuple(row for row in ("lora", "kasa-paper") if row in design.rows) if design.long_epochs else ()
+
+
+def long_seed_list(design: Design) -> list[int]:
+    """The long rows' seeds: the first ``plateau_seeds`` held-out seeds (all of them when 0)."""
+    return design.heldout_seed_list[:design.plateau_seeds or design.heldout_seeds]
+
+
+def kasa_configs(design: Design, task: str) -> list[dict]:
+    rows = [kasa_row_config(design, task, row) for row in design.rows]
+    rows.append({**task_base(design, task), "method": "lora", "epochs": 0})  # before fine-tuning
+    configs = [{**row, "seed": seed} for seed in design.heldout_seed_list for row in rows]
+    configs += [{**kasa_row_config(design, task, row), "epochs": design.long_epochs, "seed": seed}
+                for seed in long_seed_list(design) for row in long_rows(design)]
+    return configs
+
+
+# --------------------------------------------------------------------------- picks
+
+
+@dataclass(frozen=True)
+class CellScore:
+    cell: Cell
+    mean: float
+    values: tuple[float, ...]
+    failed: int  # seeds that did not train (no_learning, collapsed, diverged, failed)
+
+
+@dataclass(frozen=True)
+class Picks:
+    """What the selection seeds chose for one task: the best lambda-1 cell and the best lambda > 1 cell."""
+
+    task: str
+    diagonal: CellScore | None
+    off_diagonal: CellScore | None
+    scores: tuple[CellScore, ...]
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [s.cell for s in (self.diagonal, self.off_diagonal) if s is not None]
+
+
+FAILED = ("no_learning", "collapsed", "diverged", "failed")
+
+
+def run_value(row: dict) -> float:
+    """A grid run's score for selection: its best dev metric. A run that did not train counts at chance
+    (the dev set's majority class; 0 for correlations), whatever its best epoch was, so a cell's mean
+    carries its failures instead of hiding them (a collapsed run keeps a good best epoch)."""
+    result = row.get("result") or {}
+    chance = float(result.get("majority_baseline") or 0.0)
+    value = ((result.get("best") or {}).get("metrics") or {}).get(result.get("primary_metric"))
+    if row.get("status") in FAILED or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return chance
+    return float(value)
+
+
+def score_cells(runs: Iterable[tuple[dict, dict | None]], seeds: list[int]) -> list[CellScore]:
+    """Mean over ``seeds`` of every grid cell whose runs on all of them finished (higher is better: the driver
+    refuses lower-is-better metrics). ``runs``: (config, store row or None) pairs of one task's grid stage."""
+    by_cell: dict[Cell, dict[int, tuple[float, bool]]] = {}
+    for config, row in runs:
+        if row is None or row.get("status") in ("pending", "running") or config["seed"] not in seeds:
+            continue
+        by_cell.setdefault(cell_of(config), {})[config["seed"]] = (run_value(row), row.get("status") in FAILED)
+    scores = []
+    for cell, by_seed in by_cell.items():
+        if any(seed not in by_seed for seed in seeds):
+            continue
+        values = tuple(by_seed[s][0] for s in seeds)
+        scores.append(CellScore(cell, statistics.fmean(values), values, sum(by_seed[s][1] for s in seeds)))
+    return scores
+
+
+def pick_cells(task: str, scores: list[CellScore]) -> Picks:
+    """The best diagonal and best off-diagonal cell: a cell any of whose seeds failed ranks below every cell
+    whose seeds all trained (as the tune's winner and :mod:`peftlab.lab.tune_compare` rank), then by mean
+    (failed seeds at chance), then the smaller eta_V."""
+
+    def best(candidates: list[CellScore]) -> CellScore | None:
+        return max(candidates, key=lambda s: (-s.failed, s.mean, -s.cell.eta_v), default=None)
+
+    return Picks(task, best([s for s in scores if s.cell.diagonal]),
+                 best([s for s in scores if not s.cell.diagonal]), tuple(scores))
+
+
+def count_epochs(configs: Iterable[dict]) -> int:
+    return sum(int(c.get("epochs") or 0) for c in configs)

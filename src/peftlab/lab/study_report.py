@@ -1,0 +1,393 @@
+"""What a `peftlab study` found: tables (md, csv, tex), figures and REPORT.md, from its results store alone.
+
+Every number comes from the store (``peftlab study ... --report-only`` rewrites all of it; each table is also a
+``peftlab report`` of the same store, whose command REPORT.md prints beside it). Comparisons are paired by
+seed (:func:`peftlab.lab.stats.compare`), each with its difference, 95 % CI and Holm-adjusted p over the
+task's family of comparisons; a "loses nothing" claim needs TOST equivalence within the design's margin; where
+nothing is found the smallest difference the design detects with 80 % power is stated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+from peftlab.io_utils import atomic_write_text
+from peftlab.lab import study_design as sd
+from peftlab.lab.records import matches
+from peftlab.lab.study_arms import (Arm, arm, compare_arms, describe_arm, describe_comparison,
+                                    design_summary, direction, first_epoch_value, holm_family, load_store_rows,
+                                    metric_scale, write_json)
+from peftlab.lab.table_model import Comparison
+
+
+# --------------------------------------------------------------------------- the lambda study
+
+
+def task_match(design: sd.Design, task: str, **extra) -> dict:
+    """The config keys that identify one arm of the task (the design's base, the task, and ``extra``)."""
+    keys = ("model", "method", "targets", "epochs", "max_train_samples", "rank", "alpha", "head_lr", "pooling")
+    match = {k: v for k, v in design.base.items() if k in keys}
+    return {**match, "task": task, **extra}
+
+
+def cell_arm(design: sd.Design, rows: list[dict], task: str, name: str, cell: sd.Cell, seeds: list[int],
+             **extra) -> Arm:
+    return arm(name, rows, task_match(design, task, lr=cell.lr, lr_ratio=cell.ratio, **extra), seeds)
+
+
+def cell_name(cell: sd.Cell) -> str:
+    if cell.diagonal:
+        return f"lambda 1 at eta {cell.lr:g}"
+    return f"lambda {cell.ratio:g} at eta_QK {cell.lr:g} (eta_V {cell.eta_v:g})"
+
+
+def lambda_verdict(off: Arm, diag: Arm, family: dict, scale: float) -> str:
+    """Which of "a larger eta_V" (the ratio) and "a larger learning rate" the held-out comparisons support."""
+    vs_best = family.get("off_vs_diag", (None,))[0]
+    vs_qk = family.get("off_vs_same_eta_qk", (None,))[0]
+    vs_v = family.get("off_vs_same_eta_v", (None,))[0]
+    best, at_qk, at_v = direction(vs_best), direction(vs_qk), direction(vs_v)
+    if best == "better":
+        claim = ("**the ratio**: lambda > 1 beats the best lambda-1 rate on held-out seeds, so a larger eta_V at "
+                 "fixed eta_QK is not just a larger learning rate")
+        if at_v == "better":
+            claim += ", and it beats lambda 1 at the same eta_V too"
+    elif best == "worse":
+        claim = "**a larger learning rate**: the best lambda-1 rate beats the best lambda > 1 cell on held-out seeds"
+    elif at_qk == "better":
+        claim = ("**a larger learning rate**: lambda > 1 beats lambda 1 at the same eta_QK, but not the best "
+                 "lambda-1 rate; what the ratio gives, a larger shared rate gives too")
+    else:
+        claim = ("**neither**: on held-out seeds lambda > 1 differs neither from lambda 1 at its eta_QK nor from "
+                 "the best lambda-1 rate")
+    return f"Verdict: {claim}."
+
+
+def lambda_task_section(design: sd.Design, rows: list[dict], task: str, root: Path) -> tuple[list[str], dict]:
+    scale = metric_scale([r for r in rows if (r.get("config") or {}).get("task") == task])
+    margin = design.equivalence_margin / scale
+    heldout, epochs = design.heldout_seed_list, design.epochs
+    lines = [f"## {task}", ""]
+    data: dict = {"task": task}
+    picks_file = root / f"picks-{task}.json"
+    grid_seeds = design.selection_seed_list or heldout
+    grid = [(c, cell_arm(design, rows, task, cell_name(c), c, grid_seeds, epochs=epochs))
+            for c in sd.grid_cells(design)]
+    lines += [f"Grid on {'the selection seeds' if design.selection_seeds else 'the held-out seeds'} "
+              f"({len(grid_seeds)} per cell; a cell with a failed seed ranks below every cell whose seeds all "
+              "trained):", "",
+              "| cell | eta_QK | lambda | eta_V | mean ± std (n) | failed |", "|---|---|---|---|---|---|"]
+    for c, a in grid:
+        lines.append(f"| {cell_name(c)} | {c.lr:g} | {c.ratio:g} | {c.eta_v:g} | {describe_arm(a, scale)} | "
+                     f"{a.failed}/{a.n + a.failed} |")
+    by_ratio: dict[float, list[int]] = {}
+    for c, a in grid:
+        total = by_ratio.setdefault(c.ratio, [0, 0])
+        total[0] += a.failed
+        total[1] += a.failed + a.n
+    data["failed_by_lambda"] = {f"{r:g}": f"{f}/{n}" for r, (f, n) in sorted(by_ratio.items())}
+    lines += ["", "Runs that failed to learn, by lambda: "
+              + ", ".join(f"lambda {r}: {v}" for r, v in data["failed_by_lambda"].items()) + ".", ""]
+    if not design.selection_seeds:  # confirmatory: every lambda > 1 cell against its lambda-1 controls
+        family = {}
+        arms = {c: a for c, a in grid}
+        for c, a in grid:
+            if c.diagonal:
+                continue
+            for label, rate in (("same_eta_qk", c.lr), ("same_eta_v", c.eta_v)):
+                control = next((d for d in arms if d.diagonal and math.isclose(d.lr, rate)), None)
+                if control is not None:
+                    family[f"{cell_name(c)} vs {label}"] = (compare_arms(a, arms[control], margin), a, arms[control])
+        holm_family(family, margin)
+        lines += ["Held-out comparisons (paired by seed, Holm over this task's family):", ""]
+        for name, (c, a, b) in family.items():
+            lines.append(f"- {a.name} − {b.name}: {describe_comparison(c, scale, design.equivalence_margin)}")
+        data["comparisons"] = {k: _comparison_data(v[0], scale) for k, v in family.items()}
+        return lines + [""], data
+    if not picks_file.is_file():
+        return lines + ["(no picks yet: the grid has not finished)", ""], data
+    picks = json.loads(picks_file.read_text())
+    diag_cell = sd.Cell(**picks["diagonal"]["cell"]) if picks.get("diagonal") else None
+    off_cell = sd.Cell(**picks["off_diagonal"]["cell"]) if picks.get("off_diagonal") else None
+    lines.append(f"Picks on the selection seeds: best lambda-1 cell **{cell_name(diag_cell) if diag_cell else '–'}**, "
+                 f"best lambda > 1 cell **{cell_name(off_cell) if off_cell else '–'}**.")
+    lines.append("")
+    family: dict = {}
+    if diag_cell and off_cell:
+        diag = cell_arm(design, rows, task, "best lambda 1", diag_cell, heldout, epochs=epochs)
+        off = cell_arm(design, rows, task, "best lambda > 1", off_cell, heldout, epochs=epochs)
+        family["off_vs_diag"] = (compare_arms(off, diag, margin), off, diag)
+        for label, control in (picks.get("controls") or {}).items():
+            c = sd.Cell(**control)
+            if c == diag_cell:  # the control is the best lambda-1 cell itself: one comparison, counted once
+                same = {"same_eta_qk": "eta_QK", "same_eta_v": "eta_V"}[label]
+                lines += [f"(The lambda-1 control at the same {same} is the best lambda-1 cell itself.)", ""]
+                continue
+            what = {"same_eta_qk": "lambda 1 at the same eta_QK", "same_eta_v": "lambda 1 at the same eta_V"}[label]
+            ctrl = cell_arm(design, rows, task, what, c, heldout, epochs=epochs)
+            family[f"off_vs_{label}"] = (compare_arms(off, ctrl, margin), off, ctrl)
+        holm_family(family, margin)
+        lines += [f"On the {len(heldout)} held-out seeds: best lambda 1 {describe_arm(diag, scale)}; best lambda > 1 "
+                  f"{describe_arm(off, scale)}.", ""]
+        for key, (c, a, b) in family.items():
+            lines.append(f"- {a.name} ({cell_name(off_cell)}) − {b.name} ({_arm_cell(key, diag_cell, picks)}): "
+                         f"{describe_comparison(c, scale)}")
+        lines += ["", lambda_verdict(off, diag, family, scale), ""]
+        data["verdict"] = lambda_verdict(off, diag, family, scale)
+    data["picks"] = {"diagonal": picks.get("diagonal"), "off_diagonal": picks.get("off_diagonal")}
+    data["comparisons"] = {k: _comparison_data(v[0], scale) for k, v in family.items()}
+    lines += key_section(design, rows, task, diag_cell, scale, margin, data)
+    lines += plateau_section(design, rows, task, diag_cell, off_cell, scale, data)
+    lines += search_section(design, rows, task, picks, scale, data)
+    return lines, data
+
+
+def _arm_cell(key: str, diag_cell: sd.Cell, picks: dict) -> str:
+    if key == "off_vs_diag":
+        return cell_name(diag_cell)
+    control = (picks.get("controls") or {}).get(key[len("off_vs_"):])
+    return cell_name(sd.Cell(**control)) if control else "?"
+
+
+def _comparison_data(c: Comparison | None, scale: float) -> dict | None:
+    if c is None:
+        return None
+    return {"diff": c.diff * scale, "ci": [c.ci_low * scale, c.ci_high * scale], "n_pairs": c.n_pairs, "p": c.p,
+            "p_holm": c.p_adj, "significant": c.marked, "tost_p_holm": c.tost_p_adj, "equivalent": c.equivalent,
+            "detectable_80": None if c.power is None or c.power.detectable is None else c.power.detectable * scale}
+
+
+def key_section(design, rows, task, diag_cell, scale, margin, data) -> list[str]:
+    targets = sd.key_ablation_targets(design.base.get("targets", "q,v"))
+    if not (design.key_ablation and targets and diag_cell):
+        return []
+    heldout = design.heldout_seed_list
+    qv = cell_arm(design, rows, task, design.base.get("targets", "q,v"), diag_cell, heldout, epochs=design.epochs)
+    match = {**task_match(design, task, lr=diag_cell.lr, lr_ratio=1.0, epochs=design.epochs), "targets": targets}
+    qkv = arm(targets, rows, match, heldout)
+    if not qkv.n:
+        return ["W_k ablation: not run (skipped or unfinished).", ""]
+    family = {"freeze_wk": (compare_arms(qv, qkv, margin), qv, qkv)}
+    holm_family(family, margin)
+    c = family["freeze_wk"][0]
+    data["freeze_wk"] = _comparison_data(c, scale)
+    if c is not None and c.equivalent:
+        verdict = f"freezing W_k loses nothing beyond ±{design.equivalence_margin:g} points (TOST)"
+    elif c is not None and c.marked:
+        verdict = f"freezing W_k {'gains' if c.diff > 0 else 'loses'} significantly"
+    else:
+        verdict = (f"no significant difference, but equivalence within ±{design.equivalence_margin:g} is not "
+                   "shown either: absence of evidence, not evidence of absence")
+    return [f"W_k frozen ({qv.name}) − W_k trained ({targets}), both at {cell_name(diag_cell)}, held-out seeds: "
+            f"{describe_comparison(c, scale, design.equivalence_margin)}. Verdict: {verdict}.", ""]
+
+
+def plateau_section(design, rows, task, diag_cell, off_cell, scale, data) -> list[str]:
+    if not (design.plateau_epochs and diag_cell and off_cell):
+        return []
+    seeds, epochs = design.plateau_seed_list, design.plateau_epochs
+    lines = [f"Plateau arm ({epochs} epochs, dev evaluations during training, seeds {seeds[0]}-{seeds[-1]}):", ""]
+    arms = {}
+    for key, cell in (("diag", diag_cell), ("off", off_cell)):
+        match = task_match(design, task, lr=cell.lr, lr_ratio=cell.ratio, epochs=epochs)
+        arms[key] = (arm(cell_name(cell), rows, match, seeds), arm(cell_name(cell), rows, match, seeds,
+                                                                    first_epoch_value))
+    if not arms["diag"][0].n or not arms["off"][0].n:
+        return lines + ["(not run: skipped or unfinished)", ""]
+    family = {"quality": (compare_arms(arms["off"][0], arms["diag"][0], None), arms["off"][0], arms["diag"][0]),
+              "speed": (compare_arms(arms["off"][1], arms["diag"][1], None), arms["off"][1], arms["diag"][1])}
+    holm_family(family, None)
+    for key in ("diag", "off"):
+        best, first = arms[key]
+        lines.append(f"- {best.name}: best over {epochs} epochs {describe_arm(best, scale)}; after epoch 1 "
+                     f"{describe_arm(first, scale)}")
+    lines += [f"- final quality (best epoch of {epochs}), lambda > 1 − lambda 1: "
+              f"{describe_comparison(family['quality'][0], scale)}",
+              f"- speed (after epoch 1), lambda > 1 − lambda 1: {describe_comparison(family['speed'][0], scale)}", ""]
+    data["plateau"] = {k: _comparison_data(v[0], scale) for k, v in family.items()}
+    return lines
+
+
+def search_section(design, rows, task, picks, scale, data) -> list[str]:
+    search = picks.get("search") or {}
+    if not search:
+        return []
+    heldout = design.heldout_seed_list
+    arms = {name: cell_arm(design, rows, task, name, sd.Cell(**p["cell"]), heldout, epochs=design.epochs)
+            for name, p in search.items() if p.get("cell")}
+    if "grid" not in arms:
+        return []
+    lines = ["Choosing lambda within a budget, judged on the held-out seeds:", "",
+             "| search | pick | epochs spent | held-out mean ± std (n) | − grid's pick |", "|---|---|---|---|---|"]
+    family = {name: (compare_arms(a, arms["grid"], None), a, arms["grid"]) for name, a in arms.items()
+              if name != "grid" and search[name]["cell"] != search["grid"]["cell"]}
+    holm_family(family, None)
+    for name, a in arms.items():
+        p = search[name]
+        same = name != "grid" and p["cell"] == search["grid"]["cell"]
+        versus = "–" if name == "grid" else "the grid's pick" if same else describe_comparison(family[name][0], scale)
+        lines.append(f"| {name} | {cell_name(sd.Cell(**p['cell']))} | {p.get('epochs', '?')} | "
+                     f"{describe_arm(a, scale)} | {versus} |")
+    data["search"] = {name: {"pick": search[name]["cell"], "epochs": search[name].get("epochs"),
+                             "vs_grid": _comparison_data(family[name][0], scale) if name in family else None}
+                      for name in arms}
+    return lines + [""]
+
+
+# --------------------------------------------------------------------------- the kasa study
+
+
+def before_value(result: dict) -> float | None:
+    section = result.get("before") or result.get("final") or {}
+    return (section.get("metrics") or {}).get(result.get("primary_metric"))
+
+
+def sigma_movement(rows: list[dict], match: dict, seeds: list[int]) -> float | None:
+    """Median over runs of |learned sigma - its init| / |init| (KaSA's singular values: does the method engage?)."""
+    import statistics
+
+    ratios = []
+    for row in rows:
+        config, result = row.get("config") or {}, row.get("result") or {}
+        if config.get("seed") not in seeds or row.get("status") != "ok" or not matches(config, match):
+            continue
+        learned, init = result.get("kasa_sigma"), result.get("kasa_sigma_init")
+        if not isinstance(learned, dict) or not isinstance(init, dict):
+            continue
+        for name, values in learned.items():
+            start = init.get(name)
+            if isinstance(values, list) and isinstance(start, list) and len(start) == len(values):
+                norm = math.sqrt(sum(v * v for v in start))
+                if norm:
+                    ratios.append(math.sqrt(sum((a - b) ** 2 for a, b in zip(values, start))) / norm)
+    return statistics.median(ratios) if ratios else None
+
+
+def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[list[str], dict]:
+    scale = metric_scale([r for r in rows if (r.get("config") or {}).get("task") == task])
+    seeds, margin = design.heldout_seed_list, design.equivalence_margin / scale
+    arms: dict[str, Arm] = {}
+    for name in design.rows:
+        config = sd.kasa_row_config(design, task, name)
+        arms[name] = arm(name, rows, {k: v for k, v in config.items() if k not in ("report_to",)}, seeds)
+    for name in sd.long_rows(design):
+        config = {**sd.kasa_row_config(design, task, name), "epochs": design.long_epochs}
+        arms[f"{name}@{design.long_epochs}ep"] = arm(f"{name} ({design.long_epochs} epochs)", rows,
+                                                     {k: v for k, v in config.items() if k != "report_to"},
+                                                     sd.long_seed_list(design))
+    before = arm("before fine-tuning", rows, {"task": task, "model": design.base["model"], "epochs": 0}, seeds,
+                 before_value)
+    lines = [f"## {task}", "", f"On seeds {seeds[0]}-{seeds[-1]} (paired by seed; Holm over this task's family):", "",
+             "| row | mean ± std (n) |", "|---|---|", f"| before fine-tuning | {describe_arm(before, scale)} |"]
+    lines += [f"| {a.name} | {describe_arm(a, scale)} |" for a in arms.values()]
+    family = {}
+    if "kasa" in arms:
+        for name in ("lora", "pissa", "milora", "head"):
+            if name in arms:
+                family[f"kasa − {name}"] = (compare_arms(arms["kasa"], arms[name], margin), arms["kasa"], arms[name])
+    if "kasa-paper" in arms and "lora" in arms:
+        family["kasa-paper − lora"] = (compare_arms(arms["kasa-paper"], arms["lora"], margin), arms["kasa-paper"],
+                                       arms["lora"])
+    if "lora" in arms and "head" in arms:
+        family["lora − head (what the adapter adds)"] = (compare_arms(arms["lora"], arms["head"], margin),
+                                                         arms["lora"], arms["head"])
+    long_k, long_l = f"kasa-paper@{design.long_epochs}ep", f"lora@{design.long_epochs}ep"
+    if long_k in arms and long_l in arms:
+        family[f"kasa-paper − lora, {design.long_epochs} epochs"] = (compare_arms(arms[long_k], arms[long_l], margin),
+                                                                      arms[long_k], arms[long_l])
+    holm_family(family, margin)
+    lines += ["", "Comparisons:", ""]
+    lines += [f"- {name}: {describe_comparison(c, scale, design.equivalence_margin)}"
+              for name, (c, _, _) in family.items()]
+    data = {"task": task, "comparisons": {k: _comparison_data(v[0], scale) for k, v in family.items()}}
+    movement = {}
+    for name in ("kasa", "kasa-paper"):
+        if name in arms:
+            config = {k: v for k, v in sd.kasa_row_config(design, task, name).items() if k != "report_to"}
+            movement[name] = sigma_movement(rows, config, seeds)
+    if any(v is not None for v in movement.values()):
+        lines += ["", "KaSA's learned singular values, median relative change ||sigma - sigma_init|| / "
+                      "||sigma_init|| per adapted module: "
+                  + ", ".join(f"{k} {v:.3g}" for k, v in movement.items() if v is not None) + "."]
+        data["sigma_movement"] = movement
+    better = [k for k, (c, _, _) in family.items() if k.startswith("kasa") and direction(c) == "better"]
+    worse = [k for k, (c, _, _) in family.items() if k.startswith("kasa") and direction(c) == "worse"]
+    verdict = ("KaSA is significantly better in: " + ", ".join(better) if better else "KaSA is significantly better "
+               "in none of its comparisons") + ("; significantly worse in: " + ", ".join(worse) if worse else "") + "."
+    lines += ["", f"Verdict: {verdict}", ""]
+    data["verdict"] = verdict
+    return lines, data
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def write_report(paths, design: sd.Design, *, skipped: Iterable[str] = (), seconds: float | None = None) -> Path:
+    """REPORT.md (+ verdicts.json, tables/, figures/) in the study folder, from its store; returns REPORT.md."""
+    from peftlab.lab import provenance
+
+    rows = load_store_rows(paths.store)
+    summary = provenance.summarize(r.get("result") for r in rows)
+    title = {"lambda": "Yao et al.'s lambda, against its learning-rate control",
+             "kasa": "KaSA against its baselines"}[design.kind]
+    finished = [r for r in rows if r.get("status") not in ("pending", "running")]
+    run_seconds = sum(float(r.get("seconds") or 0) for r in finished)
+    lines = [f"# Study: {title}", "", f"Model {design.base['model']}; reproduce: `peftlab study {design.kind} ... "
+             f"--output-dir {paths.root} --report-only` (every number below is read from `{paths.store.name}`).",
+             "", *design_summary(design), "",
+             f"Compute: {len(finished)} runs, {run_seconds / 3600:.2f} h of run time"
+             + (f", {seconds / 3600:.2f} h wall for this invocation" if seconds else "") + ".",
+             f"{provenance.code_line(summary)[:1].upper()}{provenance.code_line(summary)[1:]}.", ""]
+    lines += [f"Skipped: {s}." for s in skipped]
+    verdicts = {"kind": design.kind, "tasks": {}}
+    for task in design.tasks:
+        section, data = (lambda_task_section(design, rows, task, paths.root) if design.kind == "lambda"
+                         else kasa_task_section(design, rows, task))
+        lines += section
+        verdicts["tasks"][task] = data
+    lines += ["## Figures", ""]
+    for name, command in write_figures(paths, design, rows):
+        lines += ([f"![{name}](figures/{name})", "", f"`{command}`", ""] if command.startswith("peftlab")
+                  else [f"{name}: {command}", ""])
+    report = paths.root / "REPORT.md"
+    atomic_write_text(report, "\n".join(lines).rstrip() + "\n")
+    write_json(paths.root / "verdicts.json", verdicts)
+    return report
+
+
+def write_figures(paths, design: sd.Design, rows: list[dict]) -> list[str]:
+    """The study's figures, each also a `peftlab plot` of the store (the command is in REPORT.md): the
+    eta_QK x eta_V grid per task and the plateau arm's learning curves (lambda), KaSA's learned change of its
+    singular values (kasa). Returns (file name, command) pairs of the figures written."""
+    from peftlab.errors import PeftlabError
+    from peftlab.lab.plot import make_plot
+    from peftlab.lab.records import rows_of_seeds
+
+    out = paths.root / "figures"
+    store = paths.store
+    made: list[tuple[str, str]] = []
+    targets = design.base.get("targets", "q,v")
+
+    def plot(name: str, kind: str, seeds: list[int], where: str, **options) -> None:
+        chosen = rows_of_seeds(rows, [(min(seeds), max(seeds))])
+        try:
+            make_plot(chosen, kind=kind, out=out / name, where=where, **options)
+        except PeftlabError as err:  # e.g. nothing finished yet: the report says so instead of a figure
+            made.append((name, f"not drawn: {err.what}"))
+            return
+        extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in options.items())
+        made.append((name, f"peftlab plot {store} --kind {kind} --seeds {min(seeds)}-{max(seeds)} "
+                           f'--where "{where}"{extra} --out {name}'))
+
+    if design.kind == "lambda":
+        seeds = design.selection_seed_list or design.heldout_seed_list
+        plot("lr_grid.png", "lr-grid", seeds, f"targets={targets},epochs={design.epochs}")
+        if design.plateau_epochs and design.selection_seeds:
+            plot("plateau_curves.png", "curves", design.plateau_seed_list,
+                 f"targets={targets},epochs={design.plateau_epochs}")
+    else:
+        plot("kasa_sigma.png", "sigma", design.heldout_seed_list, f"method=kasa,epochs={design.epochs}")
+    return made

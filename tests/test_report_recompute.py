@@ -1,0 +1,159 @@
+"""One report table recomputed without report's code path: the store read with sqlite3 + json, the rows matched by
+the CSV's label columns, the seeds paired by hand, and the paired t-test's p-value and 95 % CI computed with plain
+numpy (the t distribution integrated numerically; no scipy). Any mismatch with `peftlab report --format csv`
+fails.
+
+``CASES`` lists the tables checked. The first builds a small store here; a committed study store is checked by
+adding a case naming it (path relative to the repository root), its baseline and any --where / flags, e.g.
+``Case("docs/study/results.sqlite", "method=lora,targets=q,k,v,lr_ratio=1")``.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from peftlab.cli.main import main
+from peftlab.config import TrainConfig, build_config
+from peftlab.lab.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILT = "built here"
+
+
+@dataclass(frozen=True)
+class Case:
+    store: str  # relative to the repository root, or BUILT
+    baseline: str
+    flags: tuple[str, ...] = field(default_factory=tuple)  # e.g. ("--where", "model=minilm-l6")
+
+
+CASES = [Case(BUILT, "method=lora,lr_ratio=1")]
+
+
+# --------------------------------------------------------------------------- the store built here
+
+
+def build_store(path: Path) -> Path:
+    """Three configs x two tasks; seeds shared (0-3), except that kasa misses seed 3 (3 pairs there)."""
+    rng = np.random.default_rng(7)
+    seed_effect = {seed: rng.normal(0, 0.03) for seed in range(4)}  # what pairs the rows
+    shift = {("lora", 1.0): 0.0, ("lora", 4.0): 0.012, ("kasa", 1.0): -0.006}
+    with Store(path) as store:
+        for (method, ratio), delta in shift.items():
+            for task, level in (("rte", 0.65), ("mrpc", 0.80)):
+                for seed in range(3 if method == "kasa" else 4):
+                    cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", task=task, method=method,
+                                                                   lr_ratio=ratio, seed=seed, epochs=2)).to_dict()
+                    value = float(level + delta + seed_effect[seed] + rng.normal(0, 0.004))
+                    store.add(cfg, result={"status": "ok", "config": cfg, "primary_metric": "accuracy",
+                                           "best": {"metrics": {"accuracy": value}}})
+    return path
+
+
+# --------------------------------------------------------------------------- plain numpy
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """2 P(T > |t|) for Student's t with ``df`` degrees of freedom: the density integrated from |t| to infinity
+    by Simpson's rule after x = tan(theta), where it reads c cos^(df-1) (cos^2 + sin^2 / df)^(-(df+1)/2)."""
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    theta = np.linspace(math.atan(abs(t)), math.pi / 2, 20_001)
+    cos, sin = np.cos(theta), np.sin(theta)
+    density = c * cos ** (df - 1) * (cos ** 2 + sin ** 2 / df) ** (-(df + 1) / 2)
+    h = theta[1] - theta[0]
+    tail = h / 3 * (density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
+    return float(2 * tail)
+
+
+@functools.lru_cache(maxsize=None)
+def t_critical(df: int, level: float = 0.95) -> float:
+    """The t with two-sided p = 1 - level, by bisection."""
+    low, high = 0.0, 1000.0
+    for _ in range(64):
+        middle = (low + high) / 2
+        low, high = (middle, high) if t_two_sided_p(middle, df) > 1 - level else (low, middle)
+    return (low + high) / 2
+
+
+def label(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def store_runs(path: Path) -> list[tuple[dict, dict]]:
+    """(config, result) of the finished, complete, ok runs, read with sqlite3 and json only."""
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT status, config, result FROM runs").fetchall()
+    runs = []
+    for status, config, result in rows:
+        result = json.loads(result) if result else None
+        if status == "ok" and result and not result.get("stopped_early"):
+            config = result.get("config") or json.loads(config)
+            if int(config.get("epochs", 1)) > 0:
+                runs.append((config, result))
+    return runs
+
+
+def per_seed(runs, labels: dict[str, str], task: str) -> dict[int, float]:
+    out = {}
+    for config, result in runs:
+        if config["task"] == task and all(label(config.get(k)) == v for k, v in labels.items()):
+            seed = int(config.get("seed", 0))
+            assert seed not in out, f"two runs of {labels} {task} at seed {seed}: pairing is ambiguous"
+            out[seed] = float(result["best"]["metrics"][result["primary_metric"]])
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.store)
+def test_paired_p_values_and_cis_recomputed_with_numpy(case, tmp_path, capsys):
+    path = build_store(tmp_path / "results.sqlite") if case.store == BUILT else ROOT / case.store
+    out = tmp_path / "table.csv"
+    assert main(["report", str(path), "--baseline", case.baseline, "--test", "paired", "--correction", "none",
+                 "--scale", "1", "--format", "csv", "--out", str(out), *case.flags]) == 0
+    lines = list(csv.DictReader(io.StringIO(out.read_text())))
+    head = list(lines[0])
+    label_keys = head[:head.index("before_fine_tuning")]
+    tasks = [name[:-len("_mean")] for name in head if name.endswith("_mean")]
+    runs = store_runs(path)
+    base_line = next(line for line in lines if line["baseline"] == "1")
+    base_labels = {k: base_line[k] for k in label_keys}
+    checked = 0
+    for line in lines:
+        if line["baseline"] == "1" or line["before_fine_tuning"] == "1":
+            continue
+        labels = {k: line[k] for k in label_keys}
+        for task in tasks:
+            if not line[f"{task}_p"]:
+                continue
+            mine, base = per_seed(runs, labels, task), per_seed(runs, base_labels, task)
+            seeds = sorted(set(mine) & set(base))
+            d = np.array([mine[s] - base[s] for s in seeds])
+            n = len(d)
+            mean = d.sum() / n
+            sd = math.sqrt(((d - mean) ** 2).sum() / (n - 1))
+            half = t_critical(n - 1) * sd / math.sqrt(n)
+            assert int(line[f"{task}_n_pairs"]) == n, (labels, task)
+            assert float(line[f"{task}_diff"]) == pytest.approx(mean, rel=1e-9, abs=1e-12), (labels, task)
+            assert float(line[f"{task}_ci_low"]) == pytest.approx(mean - half, rel=1e-6, abs=1e-9), (labels, task)
+            assert float(line[f"{task}_ci_high"]) == pytest.approx(mean + half, rel=1e-6, abs=1e-9), (labels, task)
+            p = t_two_sided_p(mean / (sd / math.sqrt(n)), n - 1)
+            assert float(line[f"{task}_p"]) == pytest.approx(p, rel=1e-6, abs=1e-12), (labels, task)
+            checked += 1
+    assert checked >= 4  # the case really compares something
+    if case.store == BUILT:
+        assert checked == 4 and {line["rte_n_pairs"] for line in lines if line["method"] == "kasa"} == {"3"}

@@ -1,0 +1,233 @@
+"""`peftlab study`: the design's stages, the picks made on selection seeds and judged on held-out seeds, the
+controls, budget fitting, resuming, and the report. A fake train function (made-up metrics of eta_QK, eta_V,
+seed and epoch through the real store and sweep) keeps it instant; the real loop runs in test_study_real.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from peftlab.errors import PeftlabError
+from peftlab.lab import study_design as sd
+from peftlab.lab.store import Store
+from peftlab.lab.study import run_study
+from peftlab.lab.study_plan import Plan, StudyPaths, fit_to_budget, naive_budget, plan_stages
+
+FAKE = "test_study:fake_train"
+BASE = {"model": "tiny-bert", "method": "lora", "targets": "q,v", "epochs": 2, "max_train_samples": 64,
+        "report_to": "none"}
+
+
+def world(lr: float, ratio: float, seed: int) -> float:
+    """Accuracy of a cell in a world where eta_V matters (best near 3e-3) and lambda 4 adds a point on top:
+    the best diagonal rate is 4e-3, lambda 4 at 1e-3 (eta_V 4e-3) the best off-diagonal cell, and
+    eta_V >= 1.6e-2 never learns."""
+    eta_v = lr * ratio
+    if eta_v >= 1.6e-2:
+        return 0.5
+    quality = 0.80 - 4.0 * (math.log10(eta_v) - math.log10(3e-3)) ** 2 * 0.1 + (0.01 if ratio == 4 else 0.0)
+    return round(quality + 0.003 * ((seed * 7919) % 5), 6)
+
+
+def fake_train(cfg, on_epoch_end=None) -> dict:
+    """Trains nothing: a result.json with the contract's fields, a curve when --eval-steps is set."""
+    from peftlab.training.loop import EpochEnd
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    with open(out.parent / "calls.jsonl", "a") as handle:
+        handle.write(json.dumps({"lr": cfg.lr, "ratio": cfg.lr_ratio, "seed": cfg.seed, "targets": ",".join(cfg.targets),
+                                 "epochs": cfg.epochs}) + "\n")
+    final = world(cfg.lr, cfg.lr_ratio, cfg.seed) - (0.004 if "k" in cfg.targets else 0.0)
+    log, curve, stopped, status = [], [], None, "ok"
+    for epoch in range(1, cfg.epochs + 1):
+        accuracy = 0.5 if final <= 0.5 else final - 0.1 / epoch
+        log.append({"epoch": epoch, "metrics": {"accuracy": accuracy}, "train_loss": 1.0 / epoch})
+        if getattr(cfg, "eval_steps", 0):
+            curve += [{"step": 4 * (epoch - 1) + s, "epoch": epoch - 1 + s / 4, "metrics": {"accuracy": accuracy}}
+                      for s in (2, 4)]
+        stop = on_epoch_end(EpochEnd(epoch, {"accuracy": accuracy}, "accuracy", "ok")) if on_epoch_end else None
+        if stop and epoch < cfg.epochs:
+            stopped, status = {"epoch": epoch, "reason": str(stop)}, "pruned"
+            break
+    best = max(log, key=lambda r: r["metrics"]["accuracy"]) if cfg.epochs else None
+    if cfg.epochs == 0:
+        log, best = [], {"epoch": 0, "metrics": {"accuracy": 0.5}}
+    elif status == "ok" and best["metrics"]["accuracy"] <= 0.55:
+        status = "no_learning"
+    result = {"schema_version": 1, "status": status, "status_reason": None, "task": cfg.task, "seed": cfg.seed,
+              "epochs": cfg.epochs, "epochs_run": len(log), "config": cfg.to_dict(), "primary_metric": "accuracy",
+              "epochs_log": log, "best": best, "final": {"metrics": (log[-1] if log else best)["metrics"]},
+              "before": {"metrics": {"accuracy": 0.5}} if cfg.epochs == 0 else None,
+              "stopped_early": stopped, "majority_baseline": 0.5, "train_examples": 64 * len(log),
+              "curve": curve, "trainable_params": {"adapter": 10, "head": 2, "total": 12},
+              "code": {"commit": "f" * 40, "dirty": False, "version": "0", "source_digest": "d" * 64}}
+    (out / "result.json").write_text(json.dumps(result))
+    return result
+
+
+def calls(root: Path) -> list[dict]:
+    path = root / "runs" / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def small_design(**overrides) -> sd.Design:
+    knobs = dict(kind="lambda", tasks=("rte",), base=dict(BASE), lr_grid=(1e-3, 2e-3), ratios=(2.0, 4.0, 8.0),
+                 diagonal=(1e-3, 2e-3, 4e-3, 8e-3), selection_seeds=2, heldout_seeds=3, heldout_seed_start=100,
+                 plateau_epochs=3, plateau_seeds=2, search_comparison=False)
+    knobs.update(overrides)
+    return sd.Design(**knobs)
+
+
+def test_grid_has_the_diagonal_control_at_every_eta_v():
+    design = small_design()
+    cells = sd.grid_cells(design)
+    eta_v = {c.eta_v for c in cells if not c.diagonal}
+    diagonal = {c.lr for c in cells if c.diagonal}
+    assert {v for v in eta_v if v <= max(design.diagonal)} <= diagonal  # every eta_V up to 8e-3 has its lambda 1
+    assert len(cells) == 4 + 2 * 3 and cells[:4] == [sd.Cell(r, 1.0) for r in (1e-3, 2e-3, 4e-3, 8e-3)]
+
+
+def test_picks_count_failed_seeds_at_chance():
+    rows = [({"lr": 1e-3, "lr_ratio": 8.0, "seed": s}, {"status": st, "result": {
+        "primary_metric": "accuracy", "majority_baseline": 0.5, "best": {"metrics": {"accuracy": v}}}})
+        for s, st, v in ((0, "ok", 0.90), (1, "collapsed", 0.88))]
+    rows += [({"lr": 2e-3, "lr_ratio": 1.0, "seed": s}, {"status": "ok", "result": {
+        "primary_metric": "accuracy", "majority_baseline": 0.5, "best": {"metrics": {"accuracy": 0.8}}}})
+        for s in (0, 1)]
+    scores = sd.score_cells(rows, [0, 1])
+    by_cell = {s.cell: s for s in scores}
+    assert by_cell[sd.Cell(1e-3, 8.0)].mean == pytest.approx((0.90 + 0.5) / 2)  # the collapsed seed at chance
+    assert by_cell[sd.Cell(1e-3, 8.0)].failed == 1
+    picks = sd.pick_cells("rte", scores)
+    assert picks.diagonal.cell == sd.Cell(2e-3, 1.0) and picks.off_diagonal.cell == sd.Cell(1e-3, 8.0)
+
+
+def test_lambda_study_stages_picks_and_heldout_seeds(tmp_path):
+    paths = StudyPaths(tmp_path / "study", tmp_path / "study" / "results.sqlite")
+    design = run_study(small_design(), paths, workers=0, train_fn=FAKE, progress=False, report=False,
+                       say=lambda *a: None)
+    picks = json.loads((paths.root / "picks-rte.json").read_text())
+    assert picks["diagonal"]["cell"] == {"lr": 4e-3, "ratio": 1.0}
+    assert picks["off_diagonal"]["cell"] == {"lr": 1e-3, "ratio": 4.0}
+    # the off-diagonal pick's controls: lambda 1 at its eta_QK (1e-3) and at its eta_V (4e-3, the diagonal pick)
+    assert picks["controls"] == {"same_eta_qk": {"lr": 1e-3, "ratio": 1.0}, "same_eta_v": {"lr": 4e-3, "ratio": 1.0}}
+    made = calls(paths.root)
+    selection = {(c["lr"], c["ratio"]) for c in made if c["seed"] in (0, 1) and c["epochs"] == 2}
+    assert len(selection) == len(sd.grid_cells(design))
+    heldout = [c for c in made if c["seed"] >= 100]
+    assert {c["seed"] for c in heldout} == {100, 101, 102}  # never a selection seed
+    assert {(c["lr"], c["ratio"]) for c in heldout if c["epochs"] == 2 and c["targets"] == "q,v"} == {
+        (1e-3, 4.0), (1e-3, 1.0), (4e-3, 1.0)}
+    key = [c for c in heldout if c["targets"] == "q,k,v"]
+    assert {(c["lr"], c["ratio"], c["seed"]) for c in key} == {(4e-3, 1.0, s) for s in (100, 101, 102)}
+    plateau = [c for c in heldout if c["epochs"] == 3]
+    assert {(c["lr"], c["ratio"], c["seed"]) for c in plateau} == {
+        (lr, r, s) for lr, r in ((4e-3, 1.0), (1e-3, 4.0)) for s in (100, 101)}
+    with Store(paths.store, create=False) as store:
+        statuses = [row["status"] for row in store.rows()]
+    assert statuses.count("no_learning") == 2  # eta_V 1.6e-2 (2e-3 x 8) never learns: both selection seeds
+    # rerun: nothing trains again, the same picks
+    before = len(made)
+    run_study(small_design(), paths, workers=0, train_fn=FAKE, progress=False, report=False, say=lambda *a: None)
+    assert len(calls(paths.root)) == before
+
+
+def test_a_rerun_with_other_settings_is_refused(tmp_path):
+    paths = StudyPaths(tmp_path / "s", tmp_path / "s" / "results.sqlite")
+    run_study(small_design(plateau_epochs=0), paths, workers=0, train_fn=FAKE, progress=False, report=False,
+              say=lambda *a: None)
+    with pytest.raises(PeftlabError, match="planned with other settings .*heldout_seeds"):
+        run_study(small_design(plateau_epochs=0, heldout_seeds=4), paths, workers=0, train_fn=FAKE,
+                  progress=False, report=False, say=lambda *a: None)
+
+
+def test_confirmatory_design_runs_every_cell_on_heldout_seeds(tmp_path):
+    paths = StudyPaths(tmp_path / "c", tmp_path / "c" / "results.sqlite")
+    design = small_design(selection_seeds=0, lr_grid=(2e-4,), ratios=(8.0,), diagonal=(2e-4, 1.6e-3),
+                          plateau_epochs=0, key_ablation=False)
+    run_study(design, paths, workers=0, train_fn=FAKE, progress=False, report=False, say=lambda *a: None)
+    made = calls(paths.root)
+    assert {(c["lr"], c["ratio"]) for c in made} == {(2e-4, 1.0), (1.6e-3, 1.0), (2e-4, 8.0)}
+    assert {c["seed"] for c in made} == {100, 101, 102}
+
+
+def test_budget_fitting_cuts_in_order_and_refuses_the_impossible():
+    design = small_design(search_comparison=True, selection_seeds=3, heldout_seeds=10, plateau_seeds=5)
+    full = Plan(plan_stages(design), 10.0, 1).seconds()
+    fitted = fit_to_budget(design, 10.0, 1, full * 0.75)
+    assert fitted.plateau_epochs == 0 and "plateau" in fitted.notes[0]
+    assert Plan(plan_stages(fitted), 10.0, 1).seconds() <= full * 0.75
+    smaller = fit_to_budget(design, 10.0, 1, full * 0.3)
+    assert not smaller.search_comparison and smaller.heldout_seeds < 10
+    with pytest.raises(PeftlabError, match="smallest design .* needs"):
+        fit_to_budget(design, 10.0, 1, 60.0)
+    assert naive_budget(design) == (2 * 4 + 2 * 2) * 2  # 2 x (1 + 3 ratios) points, top 2 re-seeded twice
+
+
+def test_kasa_rows_use_the_papers_settings_per_task():
+    design = sd.Design("kasa", tasks=("stsb", "qqp"), base=dict(BASE), selection_seeds=0, heldout_seeds=2,
+                       plateau_epochs=0, plateau_seeds=0, long_epochs=6)
+    stsb = sd.kasa_configs(design, "stsb")
+    paper = [c for c in stsb if c.get("alpha") == 16.0 and c["epochs"] == 2]
+    assert {(c["lr"], c["head_lr"], c["kasa_gamma"]) for c in paper} == {(3e-4, 3e-4, 1e-5)}
+    assert {c["method"] for c in stsb} == {"head", "lora", "pissa", "milora", "kasa"}
+    assert sorted({c["epochs"] for c in stsb}) == [0, 2, 6]
+    assert {c["seed"] for c in stsb} == {100, 101}
+    qqp_paper = [c for c in sd.kasa_configs(design, "qqp") if c.get("alpha") == 16.0]
+    assert {c["lr"] for c in qqp_paper} == {sd.KASA_PAPER_DEFAULT[0]}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(selection_seeds=1), "picks on a single seed"),
+    (dict(heldout_seed_start=1), "overlaps the selection seeds"),
+    (dict(plateau_seeds=5), "exceeds --heldout-seeds"),
+    (dict(ratios=(1.0, 2.0)), "lists lambda 1"),
+])
+def test_bad_designs_are_one_line_errors(overrides, message):
+    with pytest.raises(PeftlabError, match=message) as info:
+        small_design(**overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_lambda_study_with_search_comparison_and_report(tmp_path):
+    paths = StudyPaths(tmp_path / "full", tmp_path / "full" / "results.sqlite")
+    design = small_design(search_comparison=True, plateau_epochs=3)
+    run_study(design, paths, workers=0, train_fn=FAKE, progress=False, report=True, say=lambda *a: None)
+    picks = json.loads((paths.root / "picks-rte.json").read_text())
+    assert set(picks["search"]) == {"grid", "naive", "tune"}
+    # every search's pick was re-run on the held-out seeds
+    heldout_cells = {(c["lr"], c["ratio"]) for c in picks["heldout_cells"]}
+    assert {(p["cell"]["lr"], p["cell"]["ratio"]) for p in picks["search"].values()} <= heldout_cells
+    with Store(paths.store, create=False) as store:
+        rows = store.rows()
+    pruned = [r for r in rows if r["status"] == "pruned"]
+    assert pruned and all(".pruned-e" in r["key"] for r in pruned)  # never under a complete run's key
+    report = (paths.root / "REPORT.md").read_text()
+    verdicts = json.loads((paths.root / "verdicts.json").read_text())
+    task = verdicts["tasks"]["rte"]
+    # the fake world: lambda 4 adds exactly one point at every eta_V, so the held-out paired differences are exact;
+    # the control at the same eta_V (4e-3) is the diagonal pick itself: compared once, not twice
+    assert task["comparisons"]["off_vs_diag"]["diff"] == pytest.approx(1.0)
+    assert task["comparisons"]["off_vs_diag"]["n_pairs"] == 3
+    assert "off_vs_same_eta_v" not in task["comparisons"] and "is the best lambda-1 cell itself" in report
+    assert "Verdict:" in report and "W_k frozen" in report and "Plateau arm" in report
+    assert (paths.root / "figures" / "lr_grid.png").is_file()
+    assert (paths.root / "figures" / "plateau_curves.png").is_file()
+    assert "peftlab plot" in report and "--seeds 0-1" in report
+
+
+def test_kasa_study_runs_every_row_on_the_same_seeds_and_reports(tmp_path):
+    paths = StudyPaths(tmp_path / "k", tmp_path / "k" / "results.sqlite")
+    design = sd.Design("kasa", tasks=("rte",), base=dict(BASE), selection_seeds=0, heldout_seeds=3,
+                       plateau_epochs=0, plateau_seeds=0, rows=("head", "lora", "kasa"))
+    run_study(design, paths, workers=0, train_fn=FAKE, progress=False, report=True, say=lambda *a: None)
+    made = calls(paths.root)
+    assert {c["seed"] for c in made} == {100, 101, 102}
+    report = (paths.root / "REPORT.md").read_text()
+    assert "kasa − lora" in report and "lora − head (what the adapter adds)" in report
