@@ -26,7 +26,7 @@ for method in $methods; do
   fi
   echo "install check: $method ok ($(tail -1 "$work/$method.log" | cut -c1-60))" >&2
 done
-# The other runtime paths whose packages only they import: E2E's scorers (sacrebleu, nltk, rouge-score,
+# The other runtime paths whose packages only they import: E2E's scorers (sacrebleu, nltk,
 # pycocoevalcap), the judge client (openai), the judge server (fastapi, uvicorn), tune (optuna), reports (pandas).
 if ! "$venv/bin/python" - > "$work/imports.log" 2>&1 <<'PY'
 from peftlab.tasks.nlg_metrics import corpus_scores
@@ -41,6 +41,28 @@ then
   exit 1
 fi
 echo "install check: E2E scorers, judge client/server, tune, report import and run" >&2
+# --lm-eval: without the extra, one line naming the pip command; the extra installs beside the CPU torch (never a
+# CUDA build in its place) and the harness's model wrapper imports.
+if "$venv/bin/python" -c 'from peftlab.tasks.lm_eval_tasks import require_harness; require_harness()' \
+     > "$work/lm_eval_missing.log" 2>&1 || ! grep -q 'pip install "peftlab\[lm-eval\]"' "$work/lm_eval_missing.log"; then
+  echo "install check: FAILED: without lm-eval, --lm-eval does not name its pip command:" >&2
+  tail -3 "$work/lm_eval_missing.log" >&2
+  exit 1
+fi
+torch_before="$("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+"$venv/bin/python" -m pip install -q "$root[lm-eval]"
+torch_after="$("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+if [ "$torch_before" != "$torch_after" ]; then
+  echo "install check: FAILED: pip install 'peftlab[lm-eval]' replaced torch $torch_before with $torch_after" >&2
+  exit 1
+fi
+if ! "$venv/bin/python" -c 'from peftlab.tasks.lm_eval_tasks import require_harness; require_harness()
+from lm_eval.models.huggingface import HFLM  # noqa: F401' > "$work/lm_eval.log" 2>&1; then
+  echo "install check: FAILED: lm-eval does not import after pip install 'peftlab[lm-eval]':" >&2
+  tail -5 "$work/lm_eval.log" >&2
+  exit 1
+fi
+echo "install check: peftlab[lm-eval] installs beside torch $torch_after and imports" >&2
 rm -rf "$work"
 [ -n "${1:-}" ] || rm -rf "$(dirname "$venv")"
 echo "install check: every method trains with 'pip install .' alone" >&2

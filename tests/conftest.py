@@ -55,26 +55,31 @@ TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermed
 TINY_VOCAB = 128  # small embedding tables keep model construction in milliseconds
 PAD_ID = 0  # decoders need a pad token for sequence classification; test inputs never contain it
 
-# model_type -> extra config overrides. GPT-2 fuses q, k, v into one Conv1D (``attn.c_attn``).
+# model_type -> extra config overrides. GPT-2 (Conv1D ``attn.c_attn``), Phi-3, Falcon and ModernBERT fuse q, k, v.
 TINY_OVERRIDES: dict[str, dict] = {
     "bert": {},
     "llama": dict(num_key_value_heads=2),  # GQA: k and v are 32 -> 16
     "deberta-v2": {},
     "qwen2": dict(num_key_value_heads=2),  # like Llama, but q/k/v carry biases
+    "qwen3": dict(num_key_value_heads=2, head_dim=8),  # q/k norms; its default head_dim is 128
+    "gemma3_text": dict(num_key_value_heads=2, head_dim=8),  # default head_dim 256
     "mpnet": {},
     "gpt2": dict(n_inner=64),
+    "phi3": dict(num_key_value_heads=2),  # fused qkv_proj with GQA widths 32 | 16 | 16
+    "falcon": {},  # multi-query by default: query_key_value is [q | one k head | one v head]
 }
 
 
-def build_tiny(model_type: str, *, num_labels: int = 2, seed: int = 0):
-    """A tiny random ``AutoModelForSequenceClassification`` of ``model_type`` in eval mode, from ``seed``."""
+def build_tiny(model_type: str, *, num_labels: int = 2, seed: int = 0, **overrides):
+    """A tiny random ``AutoModelForSequenceClassification`` of ``model_type`` in eval mode, from ``seed``;
+    ``overrides`` go into its config after ``TINY_OVERRIDES`` (e.g. Falcon's ``new_decoder_architecture=True``)."""
     import transformers
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     transformers.logging.set_verbosity_error()
     config = AutoConfig.for_model(
         model_type, vocab_size=TINY_VOCAB, num_labels=num_labels, pad_token_id=PAD_ID,
-        **TINY, **TINY_OVERRIDES.get(model_type, {}),
+        **{**TINY, **TINY_OVERRIDES.get(model_type, {}), **overrides},
     )
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_config(config)

@@ -61,6 +61,12 @@ def test_micro_bench_writes_every_row_with_ratios(tmp_path, capsys):
             assert row["ratios"][key]["median"] > 0 and row["ratios"][key]["n"] == 2
         assert row["memory"]["peak_mb"] >= row["memory"]["weights_mb"] > 0
         assert row["trainable_params"]["total"] > 0
+        # model FLOP utilisation: FLOPs counted from the architecture, over the median step, against the probe
+        assert row["model_flops_unavailable"] is None and row["model_flops"]["tokens"] == 2 * 16
+        assert row["model_flops"]["total"] == row["model_flops"]["forward"] + row["model_flops"]["backward"] > 0
+        rate = row["model_flops"]["total"] / row["train_step_s"]["median"] / 1e9
+        assert row["utilisation"]["model_gflops"] == pytest.approx(rate)
+        assert row["utilisation"]["of_peak"] == pytest.approx(rate / result["gemm_peak"]["peak_gflops"])
         assert f"| {row['label']} |" in markdown
         if row["method"] == "base":
             assert row["init_s"] is None
@@ -76,7 +82,14 @@ def test_micro_bench_writes_every_row_with_ratios(tmp_path, capsys):
     # KaSA learns one singular value per rank on each adapted matrix on top of LoRA's A and B
     kasa_rows = {row["targets"]: row for row in result["rows"] if row["method"] == "kasa"}
     assert kasa_rows["q,v"]["trainable_params"]["adapter"] == lora["q,v"]["trainable_params"]["adapter"] + 2 * 2 * 8
-    assert "× LoRA" in markdown and "merged × base" in markdown
+    assert "× LoRA" in markdown and "merged × base" in markdown and "of GEMM peak" in markdown
+    peak = result["gemm_peak"]
+    assert peak["dtype"] == "float32" and peak["threads"] == 1 and [s["n"] for s in peak["sizes"]] == [512, 1024, 2048]
+    assert f"GEMM peak: {peak['peak_gflops']:.1f} GFLOP/s" in markdown
+    # LoRA does less backward work than full fine-tuning would, more than the frozen base with its head
+    flops = {row["label"]: row["model_flops"] for row in result["rows"]}
+    assert flops["base"]["backward"] < flops["lora[q,v]"]["backward"] < flops["lora[q,k,v]"]["backward"]
+    assert flops["base"]["forward"] < flops["lora[q,v]"]["forward"] and flops["base"]["adapter"] == 0
     assert "wrote" in capsys.readouterr().out
     assert torch.get_num_threads() == threads_before  # --threads is restored afterwards
 

@@ -98,11 +98,13 @@ def test_sweep_overhead_breakdown_adds_up():
     assert math.isclose(sum(phases.values()), 25.0)  # every second of the wall time is in one phase
 
 
-def test_modes_are_exclusive_and_against_needs_e2e(capsys):
+def test_modes_are_exclusive_and_against_implies_e2e(capsys):
     assert main(["bench", "--decode", "--sweep-overhead"]) == 2
     assert "separate benchmarks" in capsys.readouterr().err
-    assert main(["bench", "--against", "trainer"]) == 2
-    assert "add --e2e" in capsys.readouterr().err
+    assert main(["bench", "--against", "trainer", "--decode"]) == 2  # --against is an end-to-end comparison
+    assert "--against and --decode are separate benchmarks" in capsys.readouterr().err
+    assert main(["bench", "--against", "trainer", "--setups", "pad128,fast"]) == 2  # no --e2e needed
+    assert "fast" in capsys.readouterr().err
     assert main(["bench", "--e2e", "--against", "trainer", "--setups", "pad128,fast"]) == 2
     assert "fast" in capsys.readouterr().err
 

@@ -10,9 +10,9 @@ import json
 import yaml
 
 from peftlab.cli.main import main
-from peftlab.training.loop import FAULT_NAN_STEP_ENV
 
 from conftest import needs_data as _needs_data  # noqa: E402
+from faults import inject_nan_at_step  # noqa: E402  (test-only fault injection)
 needs_data = _needs_data("gsm8k", "test.jsonl")
 
 TINY_DECODER = {"model": "tiny-llama", "method": "lora", "targets": "q,v", "rank": 4, "epochs": 1, "batch_size": 8,
@@ -48,7 +48,7 @@ def test_decoder_sweep_and_report(tmp_path, capsys):
 
 @needs_data
 def test_non_finite_causal_lm_loss_is_diverged(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(FAULT_NAN_STEP_ENV, "0")
+    inject_nan_at_step(monkeypatch, 0)
     out = tmp_path / "run"
     argv = ["train", "--task", "alpaca", "--output-dir", str(out)]
     for key, value in TINY_DECODER.items():

@@ -6,7 +6,9 @@ method puts on each adapted projection, and a method missing from them fails wit
 
 Expectations are written independently of the library: the module names of each projection come from
 ``ARCHS`` (not from ``peftlab.methods.targets``), a tensor's group and learning rate from those names, and parameter
-counts from the weight shapes.
+counts from the weight shapes. GPT-2 fuses q, k, v into one Conv1D (``attn.c_attn``), which ``apply_method`` splits
+into linear ``c_attn.q_proj/k_proj/v_proj`` layers (the split layouts themselves are checked family by family in
+``tests/test_families.py``); its ``c_proj`` (o) stays a Conv1D, which KaSA cannot adapt.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from peftlab.methods import kasa
+from peftlab.methods.fused_qkv import split_for_adapter
 from peftlab.methods.saving import is_peft, load_trained, merged, save_trained
 from peftlab.errors import PeftlabError
 from peftlab.methods.options import FourierFTOptions, KasaOptions
@@ -41,12 +44,10 @@ PEFT_PREFIX = "base_model.model."
 class Arch:
     model_type: str
     layer: str  # module path of attention layer i, with {i}
-    projections: dict  # projection -> module name relative to the layer ("qkv" for a fused matrix)
+    projections: dict  # projection -> module name relative to the layer (a fused matrix's split part: c_attn.q_proj)
     heads: tuple  # the task-head modules that a run trains in full (output layer, and BERT's pooler)
-
-    @property
-    def fused(self) -> bool:
-        return "qkv" in self.projections
+    fused: str | None = None  # the fused QKV module (relative to the layer) that apply_method splits
+    conv1d: tuple = ()  # projections stored as a Conv1D (weights (in, out))
 
     def modules(self, projection: str, n_layers: int = 2) -> tuple[str, ...]:
         return tuple(f"{self.layer.format(i=i)}.{self.projections[projection]}" for i in range(n_layers))
@@ -63,7 +64,9 @@ ARCHS = {
                        ("pooler", "classifier")),
     "qwen2": Arch("qwen2", "model.layers.{i}.self_attn",
                   {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}, ("score",)),
-    "gpt2": Arch("gpt2", "transformer.h.{i}.attn", {"qkv": "c_attn", "o": "c_proj"}, ("score",)),
+    "gpt2": Arch("gpt2", "transformer.h.{i}.attn",
+                 {"q": "c_attn.q_proj", "k": "c_attn.k_proj", "v": "c_attn.v_proj", "o": "c_proj"}, ("score",),
+                 fused="c_attn", conv1d=("o",)),
 }
 TARGET_SETS = [("q", "v"), ("q", "k", "v"), ("v",), ("q", "k")]
 
@@ -148,17 +151,28 @@ def strip(name: str) -> str:
 
 
 def expected_modules(arch: Arch, targets) -> dict[str, tuple[str, ...]]:
-    if not targets:
-        return {}
-    if arch.fused:
-        return {"qkv": arch.modules("qkv")} | ({"o": arch.modules("o")} if "o" in targets else {})
     return {p: arch.modules(p) for p in targets}
 
 
+def splits(arch: Arch, targets) -> bool:
+    """Whether apply_method splits the fused QKV matrix: the model has one and --targets names q, k or v."""
+    return arch.fused is not None and bool({"q", "k", "v"} & set(targets))
+
+
 def is_accepted(method: str, arch: Arch, targets) -> bool:
-    if not arch.fused or not targets:
-        return True
-    return METHODS[method].fused_qkv and {"q", "k", "v"} <= set(targets)
+    if splits(arch, targets) and not METHODS[method].fused_qkv:
+        return False
+    return METHODS[method].conv1d or not set(targets) & set(arch.conv1d)
+
+
+def split_copy(model: nn.Module) -> nn.Module:
+    """A copy of the unadapted model with its fused QKV split as apply_method splits it (to read the split
+    layers' shapes and weights; a model without fused QKV is copied as it is)."""
+    from peftlab.methods.fused_qkv import split_fused_qkv
+
+    reference = copy.deepcopy(model)
+    split_fused_qkv(reference)
+    return reference
 
 
 def owner_of(name: str, modules: dict[str, tuple[str, ...]], heads) -> tuple[str, str, str]:
@@ -221,7 +235,10 @@ def target_sets(method: str) -> list[tuple]:
 
 CASES = [(m, a, t) for m in METHODS for a in ARCHS for t in target_sets(m)]
 ACCEPTED = [c for c in CASES if is_accepted(c[0], ARCHS[c[1]], c[2])]
-REFUSED = [c for c in CASES if not is_accepted(c[0], ARCHS[c[1]], c[2])]
+# what is refused: a method that cannot adapt a Conv1D, asked for GPT-2's o (c_proj) beside its split q, v
+REFUSED = [c for c in CASES if not is_accepted(c[0], ARCHS[c[1]], c[2])] + [
+    (m, a, ("q", "v", "o")) for m in METHODS for a, arch in ARCHS.items()
+    if m not in NO_TARGET_METHODS and not is_accepted(m, arch, ("q", "v", "o"))]
 
 
 def _case_id(case) -> str:
@@ -233,7 +250,9 @@ def test_every_method_has_expectations():
     missing = sorted(set(METHODS) - set(ADAPTER_TENSORS) | set(METHODS) - set(ADAPTER_NUMEL))
     assert not missing, f"add the trainable tensors and counts of {missing} to ADAPTER_TENSORS/ADAPTER_NUMEL"
     assert any(a.fused for a in ARCHS.values()) and sum(not a.fused for a in ARCHS.values()) >= 3
-    assert REFUSED and all(ARCHS[a].fused for _, a, _ in REFUSED)
+    # every method adapts the split q/k/v of a fused matrix (`peftlab methods` says so: fused QKV "yes")
+    assert all(METHODS[m].fused_qkv for m in METHODS if m not in NO_TARGET_METHODS)
+    assert REFUSED and all(set(t) & set(ARCHS[a].conv1d) for _, a, t in REFUSED)
 
 
 @pytest.mark.parametrize("case", ACCEPTED, ids=_case_id)
@@ -241,15 +260,17 @@ def test_trainable_set_groups_and_counts(case, tiny_model):
     method, arch_name, target_set = case
     arch = ARCHS[arch_name]
     model = tiny_model(arch.model_type)
-    original = copy.deepcopy(model)
+    original = split_copy(model)  # the shapes of the layers the method adapts (a fused QKV's split parts)
     applied = adapt(model, method_config(method, target_set))
     model, targets, heads = applied.model, applied.targets, applied.heads
 
-    # targets and heads resolve to the architecture's modules
+    # targets and heads resolve to the architecture's modules (split q/k/v of a fused matrix included)
     modules = expected_modules(arch, target_set)
-    fused = arch.fused and bool(modules)  # head-only adapts nothing, fused or not
     assert targets.modules == modules
-    assert targets.fused == fused
+    assert set(targets.conv1d) == {n for p in arch.conv1d if p in target_set for n in arch.modules(p)}
+    assert (applied.split is not None) == splits(arch, target_set)
+    if applied.split is not None:
+        assert [m.name for m in applied.split.modules] == [f"{arch.layer.format(i=i)}.{arch.fused}" for i in range(2)]
     assert heads == list(arch.heads)
     assert is_peft(model) == (method not in PEFT_FREE)
 
@@ -272,7 +293,7 @@ def test_trainable_set_groups_and_counts(case, tiny_model):
         assert got == head_numel, f"head {head}: {got} trainable parameters, expected {head_numel}"
 
     # optimizer groups: each trainable tensor in exactly one group, with its projection's learning rate
-    for lr_ratio, head_lr in ((1.0 if fused else LR_RATIO, HEAD_LR), (1.0, None)):
+    for lr_ratio, head_lr in ((LR_RATIO, HEAD_LR), (1.0, None)):  # fused or not: v at lr_ratio x lr
         groups = param_groups(model, targets, heads, OptimConfig(lr=LR, lr_ratio=lr_ratio, head_lr=head_lr,
                                                                  weight_decay=0.01), verbose=False)
         seen: dict[int, int] = {}
@@ -289,10 +310,6 @@ def test_trainable_set_groups_and_counts(case, tiny_model):
                     assert g["weight_decay"] == 0.0, f"bias {name} is decayed"
         for name, param in params.items():
             assert seen.get(id(param), 0) == 1, f"{name} is in {seen.get(id(param), 0)} optimizer groups"
-    if fused:
-        with pytest.raises(PeftlabError) as err:
-            param_groups(model, targets, heads, OptimConfig(lr=LR, lr_ratio=2.0), verbose=False)
-        assert "--lr-ratio 2" in one_line(err)
 
     # parameter counts: head = the head's trainable tensors; adapter = the rest, as the method's formula says
     counts = count_trainable(model, targets, heads)
@@ -308,17 +325,26 @@ def test_trainable_set_groups_and_counts(case, tiny_model):
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=_case_id)
-def test_fused_qkv_refusals(case, tiny_model):
+def test_conv1d_refusals(case, tiny_model):
     method, arch_name, target_set = case
-    model = tiny_model(ARCHS[arch_name].model_type)
+    arch = ARCHS[arch_name]
+    model = tiny_model(arch.model_type)
     with pytest.raises(PeftlabError) as err:
         adapt(model, method_config(method, target_set))
     message = one_line(err)
-    assert "c_attn" in message
-    if not {"q", "k", "v"} <= set(target_set):
-        assert "{" + ",".join(target_set) + "}" in message  # names the subset that cannot be adapted alone
-    else:
-        assert method in message
+    assert method in message and "Conv1D" in message
+    assert any(name in message for p in arch.conv1d for name in arch.modules(p))  # names the layer it cannot adapt
+
+
+def test_a_fused_matrix_left_fused_is_refused_in_one_line(tiny_model):
+    """resolve_targets on a GPT-2 that nobody split: {q,v} of c_attn cannot be adapted; it says how to split it."""
+    from peftlab.methods.targets import resolve_targets
+
+    with pytest.raises(PeftlabError) as err:
+        resolve_targets(tiny_model("gpt2"), ("q", "v"))
+    message = one_line(err)
+    assert "c_attn" in message and "{q,v}" in message and "split_fused_qkv" in message
+    assert resolve_targets(tiny_model("gpt2"), ("o",)).modules == {"o": ARCHS["gpt2"].modules("o")}  # nothing fused
 
 
 @pytest.mark.parametrize("method", list(METHODS))
@@ -344,10 +370,11 @@ def test_no_head_when_head_not_trained(method, tiny_model):
 
 # --------------------------------------------------------------------------- merge and save/load round trip
 
-# (arch, targets) per architecture for the round-trip tests: Llama adds o and GQA shapes, GPT-2 the fused matrix
+# (arch, targets) per architecture for the round-trip tests: Llama adds o and GQA shapes, GPT-2 the split fused
+# matrix beside a Conv1D o (KaSA, which cannot adapt the Conv1D, is checked there without o)
 ROUND_TRIP = [("bert", ("q", "v")), ("llama", ("q", "k", "v", "o")), ("gpt2", ("q", "k", "v", "o"))]
-ROUND_TRIP_CASES = [(m, a, () if m in NO_TARGET_METHODS else t) for m in METHODS for a, t in ROUND_TRIP
-                    if is_accepted(m, ARCHS[a], t)]
+ROUND_TRIP_CASES = [(m, a, () if m in NO_TARGET_METHODS else t if is_accepted(m, ARCHS[a], t) else ("q", "k", "v"))
+                    for m in METHODS for a, t in ROUND_TRIP]
 
 
 def _trained(method, arch_name, target_set, tiny_model, inputs, **overrides):
@@ -361,21 +388,26 @@ def _trained(method, arch_name, target_set, tiny_model, inputs, **overrides):
     return applied, original, out
 
 
-def _assert_merged_equivalent(model, unmerged, inputs) -> None:
-    plain = merged(model)
+def _assert_merged_equivalent(model, unmerged, inputs, split=None, original=None) -> None:
+    plain = merged(model, split=split)
     assert not is_peft(plain)
     leftovers = [n for n, _ in plain.named_parameters()
                  if any(k in n for k in ("lora_", "vera_", "fourierft_", "modules_to_save", "original_module"))]
     assert not leftovers, f"merged model still has adapter tensors: {leftovers[:3]}"
     assert not any("Wrapper" in type(m).__name__ for m in plain.modules())
     torch.testing.assert_close(logits(plain, inputs), unmerged, atol=1e-5, rtol=0)
+    if original is not None:  # fused back: the original architecture's parameter names, shapes and module types
+        shapes = {n: tuple(p.shape) for n, p in original.named_parameters()}
+        assert {n: tuple(p.shape) for n, p in plain.named_parameters()} == shapes
+        assert [type(m).__name__ for m in plain.modules()] == [type(m).__name__ for m in original.modules()]
 
 
 @pytest.mark.parametrize("case", ROUND_TRIP_CASES, ids=_case_id)
 def test_merge_equivalence(case, tiny_model, inputs):
     method, arch_name, target_set = case
-    applied, _, unmerged = _trained(method, arch_name, target_set, tiny_model, inputs)
-    _assert_merged_equivalent(applied.model, unmerged, inputs)
+    applied, original, unmerged = _trained(method, arch_name, target_set, tiny_model, inputs)
+    _assert_merged_equivalent(applied.model, unmerged, inputs, split=applied.split,
+                              original=original if applied.split is not None else None)
 
 
 # Task heads that are composite modules without a .weight: RoBERTa's classification head (dense + out_proj) and
@@ -424,7 +456,7 @@ def test_pissa_and_milora_convert():
 def test_svd_init_step0_output_unchanged(case, tiny_model, inputs):
     method, arch_name, target_set = case
     model = tiny_model(ARCHS[arch_name].model_type)
-    original = copy.deepcopy(model)
+    original = split_copy(model)
     applied = adapt(model, method_config(method, target_set))
     model, targets = applied.model, applied.targets
     # the adapter plus the residual base weight reproduce the original model at step 0
@@ -441,9 +473,10 @@ def test_svd_init_step0_output_unchanged(case, tiny_model, inputs):
 @pytest.mark.parametrize("arch_name,target_set", SVD_ARCHS, ids=[a for a, _ in SVD_ARCHS])
 @pytest.mark.parametrize("method", ["pissa", "milora"])
 def test_svd_init_components(method, arch_name, target_set, tiny_model):
-    """PiSSA's adapter holds the r largest singular components of W, MiLoRA's the r smallest."""
+    """PiSSA's adapter holds the r largest singular components of W, MiLoRA's the r smallest (of each split
+    q/k/v weight on GPT-2)."""
     model = tiny_model(ARCHS[arch_name].model_type)
-    original = copy.deepcopy(model)
+    original = split_copy(model)
     applied = adapt(model, method_config(method, target_set))
     model, targets = applied.model, applied.targets
     for name, layer in adapted_layers(model, targets.all_modules).items():
@@ -485,7 +518,9 @@ def test_svd_methods_save_converted_lora(case, tiny_model, inputs, tmp_path):
     # the converted adapter on a fresh copy of the ORIGINAL base reproduces the trained model
     loaded = load_trained(copy.deepcopy(original), tmp_path / "adapter")
     torch.testing.assert_close(logits(loaded, inputs), out, atol=1e-5, rtol=0)
-    direct = PeftModel.from_pretrained(copy.deepcopy(original), str(tmp_path / "adapter"))
+    base = copy.deepcopy(original)
+    split_for_adapter(base, tmp_path / "adapter")  # plain peft on a split base (a no-op without fused_qkv.json)
+    direct = PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
     torch.testing.assert_close(logits(direct, inputs), out, atol=1e-5, rtol=0)
 
 

@@ -22,9 +22,10 @@ import torch
 
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.training.loop import FAULT_NAN_STEP_ENV, train
+from peftlab.training.loop import train
 
 from conftest import DATA_DIR, needs_data  # noqa: E402  (tests/ is on sys.path)
+from faults import inject_nan_at_step  # noqa: E402
 from test_train import validate  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,10 +141,11 @@ def test_no_learning_is_never_given_to_loss_scored_tasks_or_runs_that_trained_no
     from types import SimpleNamespace
 
     from peftlab.training.guards import no_learning_reason
+    from peftlab.training.state import LoopState
 
-    state = {"best": {"epoch": 1, "metrics": {"eval_loss": 9.0}}, "before": {"eval_loss": 1.0}}
+    state = LoopState(best={"epoch": 1, "metrics": {"eval_loss": 9.0}}, before={"eval_loss": 1.0})
     assert no_learning_reason(state, SimpleNamespace(primary_metric="eval_loss", chance=0.0), "alpaca") is None
-    flat = {"best": {"epoch": 1, "metrics": {"accuracy": 0.0}}, "before": None}
+    flat = LoopState(best={"epoch": 1, "metrics": {"accuracy": 0.0}})
     assert no_learning_reason(flat, SimpleNamespace(primary_metric="accuracy", chance=0.0), "gsm8k") is None
     assert no_learning_reason(flat, SimpleNamespace(primary_metric="accuracy", chance=0.0), "rte") is not None
     before_row = train(tiny_cfg(tmp_path / "before", epochs=0))  # the before-fine-tuning row: nothing trained
@@ -152,7 +154,7 @@ def test_no_learning_is_never_given_to_loss_scored_tasks_or_runs_that_trained_no
 
 
 def test_a_diverged_run_keeps_its_status_and_counts_its_cut_epoch(tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_NAN_STEP_ENV, "4")  # 3 batches per epoch: step 4 is in epoch 2
+    inject_nan_at_step(monkeypatch, 4)  # 3 batches per epoch: step 4 is in epoch 2
     result = train(tiny_cfg(tmp_path / "run"))
     assert result["status"] == "diverged" and "non-finite loss at step 4" in result["status_reason"]
     assert result["epochs_run"] == 2 and len(result["epochs_log"]) == 1
@@ -416,7 +418,7 @@ def test_a_kill_between_an_evaluation_and_its_checkpoint_loses_and_doubles_no_po
         pass
 
     def checkpoint(run):
-        if run.state["optimizer_steps"] == 4 and run.state["step_in_epoch"]:
+        if run.state.optimizer_steps == 4 and run.state.step_in_epoch:
             raise Killed
         real(run)
 

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,8 @@ from peftlab.lab.study import run_study
 from peftlab.lab.study_plan import Plan, StudyPaths, fit_to_budget, naive_budget, plan_stages
 
 FAKE = "test_study:fake_train"
+SLEEP_ENV = "PEFTLAB_TEST_STUDY_SLEEP"  # seconds per fake run (the kill test needs time to kill)
+TESTS = Path(__file__).resolve().parent
 BASE = {"model": "tiny-bert", "method": "lora", "targets": "q,v", "epochs": 2, "max_train_samples": 64,
         "report_to": "none"}
 
@@ -40,6 +47,7 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    time.sleep(float(os.environ.get(SLEEP_ENV, "0")))
     with open(out.parent / "calls.jsonl", "a") as handle:
         handle.write(json.dumps({"lr": cfg.lr, "ratio": cfg.lr_ratio, "seed": cfg.seed, "targets": ",".join(cfg.targets),
                                  "epochs": cfg.epochs}) + "\n")
@@ -231,3 +239,46 @@ def test_kasa_study_runs_every_row_on_the_same_seeds_and_reports(tmp_path):
     assert {c["seed"] for c in made} == {100, 101, 102}
     report = (paths.root / "REPORT.md").read_text()
     assert "kasa − lora" in report and "lora − head (what the adapter adds)" in report
+
+
+DRIVER = """
+import sys
+from pathlib import Path
+from test_study import FAKE, small_design
+from peftlab.lab.study import run_study
+from peftlab.lab.study_plan import StudyPaths
+root = Path(sys.argv[1])
+run_study(small_design(), StudyPaths(root, root / "results.sqlite"), workers=1, train_fn=FAKE, progress=False,
+          report=True)
+"""
+
+
+def test_a_killed_study_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           SLEEP_ENV: "0.15"}
+    root = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(root)], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(calls(root)) < 25:  # in the held-out stage (20 grid runs)
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    first = calls(root)
+    rerun = subprocess.run([sys.executable, "-c", DRIVER, str(root)], env={**env, SLEEP_ENV: "0"}, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    made = [json.dumps(c, sort_keys=True) for c in calls(root)]
+    # at most the run in flight when the kill came trains twice; every finished run is reused
+    assert len(made) - len(set(made)) <= 1
+    assert len(made) > len(first)
+    whole = tmp_path / "whole"
+    run_study(small_design(), StudyPaths(whole, whole / "results.sqlite"), workers=1, train_fn=FAKE, progress=False,
+              report=True, say=lambda *a: None)
+    assert set(made) == {json.dumps(c, sort_keys=True) for c in calls(whole)}
+    for name in ("picks-rte.json", "verdicts.json"):
+        assert json.loads((root / name).read_text()) == json.loads((whole / name).read_text())

@@ -1,5 +1,5 @@
 """Decoder tasks scored on generated text (commonsense, math, e2e): answer extraction, the E2E metrics against
-the libraries called directly, batched generation, bad input, and tiny runs through `peftlab train`, `sweep`
+the official E2E script's values, batched generation, bad input, and tiny runs through `peftlab train`, `sweep`
 and `report` on a random tiny Llama."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ import yaml
 from peftlab.cli.main import main
 from peftlab.config import TrainConfig, build_config
 from peftlab.errors import PeftlabError
-from peftlab.tasks import commonsense, e2e, generation, generative, math_tasks
+from peftlab.tasks import commonsense, e2e, generation, generative, math_tasks, nlg_metrics
 from peftlab.tasks.nlg_metrics import corpus_scores
+from peftlab.tasks.nlg_score import score_files
 
 from conftest import DATA_DIR, needs_data  # noqa: E402
 
@@ -111,58 +113,46 @@ REFERENCES = [["The Eagle is a low-priced coffee shop near Burger King.",
                "Blue Spice, a family friendly pub."]]
 
 
-def test_e2e_metrics_equal_the_libraries_own_output():
-    import sacrebleu
-    from nltk.translate.nist_score import corpus_nist
-    from pycocoevalcap.cider.cider import Cider
-    from rouge_score import rouge_scorer
-    from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
-
-    scores = corpus_scores(HYPOTHESES, REFERENCES)
-    # sacrebleu directly: reference streams padded with None where an MR has fewer references.
-    streams = [[refs[k] if k < len(refs) else None for refs in REFERENCES] for k in range(3)]
-    assert scores.metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, streams).score / 100)
-    assert 0 < scores.metrics["bleu"] < 1
-    # A single-reference BLEU of the same outputs is lower: every reference counts.
-    assert sacrebleu.corpus_bleu(HYPOTHESES, [streams[0]]).score / 100 < scores.metrics["bleu"]
-    tok = Tokenizer13a()
-    ref_tokens = [[tok(r).split() for r in refs] for refs in REFERENCES]
-    hyp_tokens = [tok(h).split() for h in HYPOTHESES]
-    assert scores.metrics["nist"] == pytest.approx(corpus_nist(ref_tokens, hyp_tokens, n=5))
-    scorer = rouge_scorer.RougeScorer(["rougeL"])
-    best = [max(scorer.score(r, h)["rougeL"].fmeasure for r in refs) for h, refs in zip(HYPOTHESES, REFERENCES)]
-    assert scores.metrics["rouge_l"] == pytest.approx(sum(best) / 3)
-    cider, _ = Cider().compute_score({i: [" ".join(t).lower() for t in refs] for i, refs in enumerate(ref_tokens)},
-                                     {i: [" ".join(t).lower()] for i, t in enumerate(hyp_tokens)})
-    assert scores.metrics["cider"] == pytest.approx(cider) and cider > 0
-    # METEOR: nltk's with WordNet when the corpus is installed, else recorded as unavailable with the reason.
-    if "meteor" in scores.metrics:
-        from nltk.corpus import wordnet
-        from nltk.translate.meteor_score import meteor_score
-
-        direct = [meteor_score(refs, hyp, wordnet=wordnet) for refs, hyp in zip(ref_tokens, hyp_tokens)]
-        assert scores.metrics["meteor"] == pytest.approx(sum(direct) / 3)
-    else:
-        assert "WordNet" in scores.unavailable["meteor"]
-    for name in scores.metrics:
-        assert name in scores.implementations and scores.implementations[name].split()[0] in (
-            "sacrebleu", "nltk", "rouge-score", "pycocoevalcap")
+# The official E2E script's values (tuetschek/e2e-metrics @ 1b9c4d87fd0bbb171ea966741cdc012588581ed4,
+# measure_scores.py -p, unrounded) on these references, for these outputs, the first references ("perfect") and
+# degenerate ones (two empty outputs and a two-token one: mteval's n-gram totals go negative, which the script
+# takes as they are). Agreement to 1e-9 relative leaves room for float summation order only (see test_nlg_score).
+OFFICIAL_SMALL = {
+    "outputs": {"bleu": 0.7045300514618555, "nist": 5.563453970358034, "meteor": 0.49218001068849665,
+                "rouge_l": 0.7786871270247229, "cider": 5.639699031682042},
+    "perfect": {"bleu": 1.0, "nist": 5.762250676008356, "meteor": 1.0, "rouge_l": 1.0, "cider": 7.017963427953312},
+    "degenerate": {"bleu": 1.6233119629655864e-06, "nist": 1.578707894876075e-07, "meteor": 0.02954755309325946,
+                   "rouge_l": 0.15288220551378445, "cider": 0.29986390932925894},
+}
+SMALL_OUTPUTS = {"outputs": HYPOTHESES, "perfect": [refs[0] for refs in REFERENCES], "degenerate": ["", "", "a pub"]}
+needs_java = pytest.mark.skipif(shutil.which("java") is None,
+                                reason="java: no `java` on PATH; METEOR 1.5 and the PTB tokenizer need it")
 
 
-def test_e2e_metrics_of_perfect_and_degenerate_outputs(monkeypatch):
-    perfect = corpus_scores([refs[0] for refs in REFERENCES], REFERENCES)
-    assert perfect.metrics["bleu"] == pytest.approx(1.0) and perfect.metrics["rouge_l"] == pytest.approx(1.0)
-    empty = corpus_scores(["", "", "a pub"], REFERENCES)
-    assert empty.metrics["bleu"] == 0.0
-    assert "nist" not in empty.metrics and "5 tokens" in empty.unavailable["nist"]  # not a guessed 0
-    import nltk
+@needs_java
+@pytest.mark.parametrize("name", list(OFFICIAL_SMALL))
+def test_e2e_metrics_equal_the_official_script(name):
+    scores = corpus_scores(SMALL_OUTPUTS[name], REFERENCES)
+    assert scores.metrics == pytest.approx(OFFICIAL_SMALL[name], rel=1e-9, abs=1e-15)
+    assert scores.unavailable == {} and scores.notes == ()
+    assert set(scores.implementations) == set(scores.metrics)
 
-    def no_corpus(resource, *args, **kwargs):
-        raise LookupError(resource)
 
-    monkeypatch.setattr(nltk.data, "find", no_corpus)
-    without = corpus_scores(HYPOTHESES, REFERENCES)
-    assert "meteor" not in without.metrics and "WordNet" in without.unavailable["meteor"]
+def test_e2e_bleu_and_nist_need_no_java(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java there
+    for name, outputs in SMALL_OUTPUTS.items():
+        scores = corpus_scores(outputs, REFERENCES)
+        assert {k: scores.metrics[k] for k in ("bleu", "nist")} == pytest.approx(
+            {k: OFFICIAL_SMALL[name][k] for k in ("bleu", "nist")}, rel=1e-9, abs=1e-15)
+        assert "meteor" not in scores.metrics and "no `java` on PATH" in scores.unavailable["meteor"]
+        assert "nltk" in scores.implementations["rouge_l"] and scores.notes
+
+
+def test_e2e_nist_left_out_where_the_script_divides_by_zero():
+    no_java = nlg_metrics.JavaRuntime(None, None, "not needed here")
+    scores = corpus_scores(["a b c d", "w x y z"], [["a b c d e"], ["w x"]], java=no_java)  # 5-gram total: 0
+    assert "nist" not in scores.metrics and "divides by it" in scores.unavailable["nist"]
+    assert scores.metrics["bleu"] > 0
 
 
 def test_e2e_csv_groups_every_reference_per_mr(tmp_path):
@@ -365,14 +355,25 @@ def test_e2e_train_scores_generations_against_all_references(tmp_path):
         refs.setdefault(row["mr"], []).append(row["ref"])
     assert all(r["references"] == refs[r["mr"]] for r in records)  # every reference of each MR
     assert result["eval_references"] == sum(len(r["references"]) for r in records)
-    # The metrics are those of the logged generations, and each names the package that computed it.
-    again = corpus_scores([r["generated"] for r in records], [r["references"] for r in records])
+    # The metrics are `peftlab nlg-score`'s on the logged generations written in the official script's formats
+    # (one output per line; references one per line, a blank line between MRs), and each names its package.
+    (tmp_path / "hyps.txt").write_text("".join(nlg_metrics.one_line(r["generated"]) + "\n" for r in records))
+    (tmp_path / "refs.txt").write_text("\n\n".join("\n".join(r["references"]) for r in records) + "\n")
+    again = score_files(tmp_path / "refs.txt", tmp_path / "hyps.txt").scores
     assert result["final"]["metrics"] == pytest.approx(again.metrics)
     assert set(again.metrics) <= set(result["metric_implementations"])
-    assert {"bleu", "rouge_l", "cider"} <= set(result["final"]["metrics"])
-    if "meteor" not in result["final"]["metrics"]:
-        assert "WordNet" in result["metrics_unavailable"]["meteor"]
-        assert any("METEOR not computed" in n for n in result["report_notes"])
+    assert result["metrics_reproduce"] == nlg_metrics.OFFICIAL
+    # A metric one evaluation cannot give (NIST on a tiny model's short outputs, where the script divides by
+    # zero) is explained in that evaluation's metric_notes.
+    explained = {name for notes in result.get("metric_notes", {}).values() for name in notes}
+    assert set(nlg_metrics.METRICS) <= set(result["final"]["metrics"]) | explained
+    if shutil.which("java"):  # METEOR 1.5 and the PTB tokenizer, as the official script
+        assert "meteor" in result["final"]["metrics"] and result["java"]
+        assert result["metrics_unavailable"] == {} and "PTBTokenizer" in result["metric_implementations"]["cider"]
+    else:  # said in result.json and in every report, never silently
+        assert "meteor" not in result["final"]["metrics"] and result["java"] is None
+        assert "needs Java" in result["metrics_unavailable"]["meteor"]
+        assert any("Java unavailable" in n for n in result["report_notes"])
     # `peftlab evaluate` re-scores the saved adapter into its own generations file.
     from peftlab.training.evaluation import evaluate_run
 

@@ -238,9 +238,9 @@ def test_an_fp16_overflow_step_is_skipped_not_a_divergence(tmp_path, monkeypatch
         return torch.tensor(float("inf")) if calls["n"] == 1 else norm
 
     monkeypatch.setattr(accelerate.Accelerator, "clip_grad_norm_", overflow_once)
-    import peftlab.training.fit as fit_mod  # where the loop's steps call it
+    import peftlab.training.step as step_mod  # where the loop's steps call it
 
-    monkeypatch.setattr(fit_mod, "uses_grad_scaler", lambda accelerator: True)
+    monkeypatch.setattr(step_mod, "uses_grad_scaler", lambda accelerator: True)
     monkeypatch.setattr(accelerate.Accelerator, "optimizer_step_was_skipped",
                         property(lambda self: calls["n"] == 1), raising=False)
     result = train(tiny_cfg(tmp_path, epochs=1, max_train_samples=24))
@@ -248,7 +248,7 @@ def test_an_fp16_overflow_step_is_skipped_not_a_divergence(tmp_path, monkeypatch
     assert result["skipped_steps"] == 1
     # without a scaler (fp32/bf16) the same infinite norm is a divergence
     calls["n"] = 0
-    monkeypatch.setattr(fit_mod, "uses_grad_scaler", lambda accelerator: False)
+    monkeypatch.setattr(step_mod, "uses_grad_scaler", lambda accelerator: False)
     diverged = train(tiny_cfg(tmp_path / "fp32", epochs=1, max_train_samples=24))
     assert diverged["status"] == "diverged" and "gradient norm" in diverged["status_reason"]
 
@@ -334,13 +334,14 @@ def test_a_run_not_above_the_dev_majority_is_flagged(tmp_path, capsys, monkeypat
 
     import peftlab.training.guards as guards
     import peftlab.training.loop as train_mod
+    from peftlab.training.state import LoopState
 
     pipeline = SimpleNamespace(primary_metric="accuracy", chance=0.6)
-    assert guards.above_majority({"best": {"metrics": {"accuracy": 0.6}}}, None, pipeline) is False
-    assert guards.above_majority({"best": {"metrics": {"accuracy": 0.61}}}, None, pipeline) is True
-    assert guards.above_majority({"best": None}, {"accuracy": 0.7}, pipeline) is True  # epochs 0: before
-    assert guards.above_majority({"best": None}, None, SimpleNamespace(primary_metric="eval_loss",
-                                                                        chance=0.0)) is None
+    assert guards.above_majority(LoopState(best={"metrics": {"accuracy": 0.6}}), None, pipeline) is False
+    assert guards.above_majority(LoopState(best={"metrics": {"accuracy": 0.61}}), None, pipeline) is True
+    assert guards.above_majority(LoopState(), {"accuracy": 0.7}, pipeline) is True  # epochs 0: before
+    assert guards.above_majority(LoopState(), None, SimpleNamespace(primary_metric="eval_loss",
+                                                                     chance=0.0)) is None
     result = train(tiny_cfg(tmp_path / "real", max_eval_samples=64))
     validate(result)
     assert result["above_majority"] == (result["best"]["metrics"]["accuracy"] > result["majority_baseline"])

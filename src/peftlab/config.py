@@ -49,7 +49,7 @@ class TrainConfig(MethodConfig, OptimConfig):
     head_lr: float | None = None
     """Learning rate of the task head; default: the method's head rate (`peftlab methods`), whatever --lr is."""
     task: str = "rte"
-    """Task: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte wnli) or an instruction task (gsm8k, alpaca, json, mt-bench), or a decoder task scored on generated text (commonsense, math, e2e)."""
+    """Task: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte wnli) or an instruction task (gsm8k, alpaca, json, mt-bench), or a decoder task scored on generated text (commonsense, math, e2e), or your own labelled data: classify (class labels) or regress (numbers), from --train-file or --dataset."""
     model: str = "minilm-l6"
     """Model: a registered name (`peftlab models`), a local folder or a Hugging Face id."""
     epochs: int = 3
@@ -64,6 +64,8 @@ class TrainConfig(MethodConfig, OptimConfig):
     """Encoder classifiers: what feeds the head. native (default): the architecture's ([CLS] for BERT), which plain transformers + peft reproduce from the saved adapter; mean: masked mean of the tokens (peftlab's own: the adapter alone does not carry it); auto: the checkpoint's declared sentence-transformers pooling (mean for minilm-l6, mpnet-base), else native."""
     pad_to_max: bool = False
     """Pad every batch to --max-length (the papers' setup) instead of dynamic padding with length-grouped batches."""
+    packing: bool = False
+    """Decoder training (instruction tuning, commonsense, math, e2e, mt-bench): put each batch's examples into one row without padding (transformers' DataCollatorWithFlattening: position_ids restart per example, no example attends across a boundary, the prompt stays masked), batches drawn at random instead of length-grouped. --batch-size still counts examples, and the loss is the mean over the batch's response tokens, as when padded. Off by default: on a CPU, attention has no variable-length kernel, so a packed row's block-diagonal mask makes attention quadratic in the whole row, which costs more (about 7-28 % more model FLOPs on math/commonsense with SmolLM2 at batch 4-8) than the 1-2 % of padding that length-grouped batches leave (docs/BENCHMARKS.md)."""
     warmup_ratio: float = 0.06
     """Fraction of the optimizer steps with linear learning-rate warm-up."""
     scheduler: Literal["linear", "cosine", "constant"] = "linear"
@@ -107,9 +109,21 @@ class TrainConfig(MethodConfig, OptimConfig):
     instruction_fields: str = "instruction,input,output"
     """For --task json: the prompt, optional input and response field names of a JSON/JSONL file."""
     train_file: str | None = None
-    """For --task json (and mt-bench, instead of Alpaca): the training JSON/JSONL file."""
+    """For --task json (and mt-bench, instead of Alpaca): the training JSON/JSONL file. For --task classify/regress: the labelled training file: CSV, TSV (tab-separated, no quoting), JSON, JSONL or Parquet (datasets' csv/json/parquet builders); the digest of its bytes is recorded (data_digest), so the run key changes with its content."""
     eval_file: str | None = None
-    """For --task json: the evaluation JSON/JSONL file (default: a held-out 10% of --train-file)."""
+    """For --task json: the evaluation JSON/JSONL file (default: a held-out 10% of --train-file). For --task classify/regress: the labelled evaluation file (same formats); default: a held-out 10% of the training data (stratified by class for classify), drawn with a fixed seed (0) that never moves with --seed, so every seed trains and is scored on the same split."""
+    dataset: str | None = None
+    """For --task classify/regress, instead of --train-file: a folder written by datasets' save_to_disk (offline), else a Hugging Face Hub dataset NAME[:CONFIG] (online only). Its train split trains; --eval-split evaluates."""
+    eval_split: str | None = None
+    """For --task classify/regress with --dataset: the split to evaluate on; default: validation when it has one, else a held-out 10% of train (as without --eval-file)."""
+    text_fields: str | None = None
+    """For --task classify/regress: the one or two text columns, A[,B] (two are encoded as a sentence pair); default: text."""
+    label_field: str = "label"
+    """For --task classify/regress: the label column. classify: strings or integers, mapped to class ids in sorted order (saved as the model's id2label); regress: numbers (one output, MSE)."""
+    metric: str | None = None
+    """For --task classify/regress: the primary metric (best epoch, reports, the chance bar). classify: accuracy (default), f1 (binary: the second of the two sorted classes is positive), f1_macro, matthews; regress: pearson (default), spearman. All of them are computed and recorded."""
+    data_digest: str | None = None
+    """Set by peftlab for --task classify/regress: sha256 of the bytes of --train-file/--eval-file (or of the --dataset folder's files), so a run's key changes when its data does. A run's config.yaml keeps it; evaluating that run on data that changed since is refused."""
     eval_sets: str | None = None
     """For --task commonsense or math: the test sets to evaluate, comma-separated (default: all seven; commonsense: boolq piqa social_i_qa winogrande ARC-Easy ARC-Challenge openbookqa; math: gsm8k AQuA AddSub MultiArith SVAMP SingleEq mawps). --max-eval-samples applies to each set."""
     train_sets: str | None = None
@@ -120,6 +134,8 @@ class TrainConfig(MethodConfig, OptimConfig):
     """Evaluate after every N epochs, and always after the last; 0: only after the last. Default 1; gsm8k: 0 (generation costs about an epoch)."""
     eval_steps: int = 0
     """Also evaluate on the dev set every N optimizer steps during training (learning curves: result.json "curve", <run>/curve.jsonl); 0: off. Each evaluation is a full pass over the dev set (on a generation task, a full generation run), so a run pays its optimizer steps / N extra dev passes. The best epoch (and --save best) is still chosen among the epoch-end evaluations only."""
+    lm_eval: str | None = None
+    """Decoder runs: after training, also score the saved weights with lm-evaluation-harness (pip install "peftlab[lm-eval]"), offline on the local data, on these tasks (comma-separated): gsm8k gsm8k_cot arc_easy arc_challenge openbookqa piqa social_iqa winogrande, or commonsense (the six multiple-choice sets; BoolQ's local copy has no passages). The harness's own prompts and metrics; multiple-choice sets by the log-likelihood of each choice. --max-eval-samples / --eval-seed draw the items (the same as the run's own evaluation), --eval-batch-size batches them. Results: result.json "lm_eval" (peftlab report --metric lm_eval/<task>/<metric>)."""
     max_new_tokens: int | None = None
     """Generation length limit; default 256 (gsm8k, math), 32 (commonsense, as LLM-Adapters), 64 (e2e). For GSM8K evaluation (and each MT-Bench answer; FastChat uses 1024)."""
     judge_url: str | None = None
@@ -161,6 +177,12 @@ class TrainConfig(MethodConfig, OptimConfig):
         if self.task not in TASKS:
             raise unknown("task", self.task, TASKS, where="--task")
         task = TASKS[self.task]
+        if self.packing and task.head != "causal-lm":
+            raise PeftlabError(f"--packing packs decoder training examples; task '{self.task}' trains an encoder head",
+                               fix="drop --packing (encoder batches are length-grouped and dynamically padded)")
+        if self.packing and self.pad_to_max:
+            raise PeftlabError("--packing and --pad-to-max ask for opposite batches (no padding, padding to T)",
+                               fix="pass one of them")
         if not method.adapts_projections and task.head == "causal-lm":
             raise PeftlabError(f"--method {self.method} trains only a task head, and task '{self.task}' has none (a "
                                "causal LM is scored through its own language-model head)",
@@ -179,6 +201,17 @@ class TrainConfig(MethodConfig, OptimConfig):
 
         self.eval_sets = canonical_sets(self.eval_sets, self.task, "eval_sets")
         self.train_sets = canonical_sets(self.train_sets, self.task, "train_sets")
+        if self.lm_eval is not None:  # names checked here; the harness and its data before training starts
+            from peftlab.tasks.lm_eval_tasks import task_names
+
+            if task.head != "causal-lm":
+                raise PeftlabError(f"--lm-eval scores decoder runs; task '{self.task}' trains an encoder head",
+                                   fix="use --lm-eval with a decoder task (commonsense, math, gsm8k, alpaca, json)")
+            self.lm_eval = ",".join(task_names(self.lm_eval))
+        from peftlab.tasks.labelled_data import resolve_options
+
+        data = resolve_options(self)  # classify/regress: the data options checked, defaults and the data digest
+        self.text_fields, self.metric, self.data_digest = data.text_fields, data.metric, data.data_digest
         if self.pooling not in POOLINGS:
             raise unknown("pooling", self.pooling, POOLINGS, where="--pooling")
         for flag in ("epochs", "batch_size", "eval_batch_size", "max_length", "checkpoint_every", "log_every",

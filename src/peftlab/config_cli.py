@@ -247,18 +247,44 @@ def _validated(cls, name: str, value: Any, where: str, option: str) -> Any:
     raise PeftlabError(f"{flag} must be {getattr(kind, '__name__', kind)}, got {value!r}", where=where)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (``safe_load`` keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep) if key_node.tag != "tag:yaml.org,2002:merge" else None
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key '{key}' is given twice (first on line "
+                                                        f"{seen[key] + 1})", key_node.start_mark)
+            seen.setdefault(key, key_node.start_mark.line)
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """A YAML mapping; a file that is not one (unreadable, not UTF-8, bad syntax, a key twice) is one line
+    naming the file and the line."""
     path = Path(path)
     if not path.is_file():
         raise PeftlabError(f"config file not found: {path}", fix="check the --config path")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        raw = path.read_bytes()
+        data = yaml.load(raw.decode("utf-8"), Loader=_UniqueKeyLoader) or {}  # noqa: S506 - a SafeLoader
+    except OSError as err:
+        raise PeftlabError(f"cannot read {path}: {err.strerror or err}", fix="check the file's permissions") from None
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise PeftlabError(f"not UTF-8 text (byte 0x{raw[err.start]:02x})", where=f"{path}:{line}",
+                           fix="save the file as UTF-8") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise PeftlabError(f"invalid YAML: {getattr(err, 'problem', err)}", where=where) from None
+        raise PeftlabError(f"invalid YAML: {getattr(err, 'problem', err)}", where=where,
+                           fix="correct that line (indent with spaces, not tabs; quote a value holding ': ' or "
+                               "'#'; give each key once)") from None
     if not isinstance(data, dict):
-        raise PeftlabError("a config file must be a mapping of keys to values", where=str(path))
+        raise PeftlabError("a config file must be a mapping of keys to values", where=str(path),
+                           fix="write one 'key: value' per line")
     return data
 
 

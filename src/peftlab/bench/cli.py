@@ -14,9 +14,13 @@ Five benchmarks, each writing ``<name>.json`` and ``<name>.md`` into ``--out-dir
   path (dynamic padding, length-grouped batches, cached tokenisation) and with the papers' setup
   (``--pad-to-max``, T = ``--seq-len`` = 128): train seconds per epoch and the final dev metric of each.
 
-* **against trainer** (``--e2e --against trainer``): the same LoRA run through ``transformers.Trainer`` (pad to T;
-  ``group_by_length`` + ``DataCollatorWithPadding``) and through ``peftlab train``, each run its own process,
+* **against trainer** (``--against trainer``): GLUE tasks: the same LoRA run through ``transformers.Trainer`` (pad
+  to T; ``group_by_length`` + ``DataCollatorWithPadding``) and through ``peftlab train``, each run its own process,
   setups round-robin: train s/epoch, ex/s, peak RSS, dev metric, paired ratios (:mod:`~peftlab.bench.against_trainer`).
+  Decoder tasks (``--task math``, ``commonsense``, ``e2e``): the papers' decoder pipeline (LLM-Adapters / KaSA:
+  Trainer + ``DataCollatorForSeq2Seq``, padding to the longest, random batches) against ``peftlab train``
+  (length-grouped, and ``--packing``), pairs side by side on one core each, cores swapped: training tokens/s,
+  losses, model FLOP/s (:mod:`~peftlab.bench.against_trainer_decoder`).
 * **sweep overhead** (``--sweep-overhead``): a small ``peftlab sweep`` split into training and fixed costs per
   phase from each run's result.json ``timings`` (:mod:`~peftlab.bench.sweep_overhead`).
 * **decode** (``--decode``): GSM8K evaluation's greedy loop against ``model.generate``, fp32 / bf16 autocast,
@@ -131,8 +135,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="the same precision on every side (bf16: CPU autocast; Trainer bf16=True, use_cpu=True); "
                           "default: no (with --against trainer and --sweep-overhead), auto on CUDA in plain --e2e")
     e2e.add_argument("--against", choices=("trainer",), default=None,
-                     help="with --e2e: the same work through transformers.Trainer (pad to T; group_by_length + "
-                          "DataCollatorWithPadding) beside peftlab's run, each run its own process, round-robin")
+                     help="the same work through transformers.Trainer beside peftlab's run (implies --e2e). GLUE "
+                          "tasks: pad to T; group_by_length + DataCollatorWithPadding; each run its own process, "
+                          "round-robin. Decoder tasks (--task math, commonsense, e2e): LLM-Adapters' pipeline "
+                          "(DataCollatorForSeq2Seq, padding to the longest, random batches) against peftlab padded "
+                          "and packed, in pairs side by side on one core each (default model smollm2-135m, "
+                          "--batch-size 4, --seq-len 512, 256 examples, lr 3e-4)")
+    e2e.add_argument("--pairs", default=None,
+                     help="with --against trainer on decoder tasks: comma list of A:B setup pairs run side by side "
+                          "(setups llm-adapters, peftlab, peftlab-packed; default every pair of the three)")
     e2e.add_argument("--setups", default=None,
                      help="with --against trainer: comma list of pad128, grouped, peftlab (default all three)")
     e2e.add_argument("--lr-ratio", type=float, default=2.0,
@@ -173,10 +184,11 @@ def rerender(path: str | Path) -> str:
     except (OSError, json.JSONDecodeError) as err:
         raise PeftlabError(f"cannot read bench results {path}: {err}", fix="pass a .json written by peftlab bench") from None
     kind = result.get("kind")
-    if kind in ("against_trainer", "sweep_overhead", "decode"):
+    if kind in ("against_trainer", "against_trainer_decoder", "sweep_overhead", "decode"):
         import importlib
 
         module = importlib.import_module({"against_trainer": "peftlab.bench.against_trainer",
+                                          "against_trainer_decoder": "peftlab.bench.against_trainer_decoder",
                                           "sweep_overhead": "peftlab.bench.sweep_overhead",
                                           "decode": "peftlab.bench.decode"}[kind])
         text = module.rerender(result)
@@ -210,18 +222,26 @@ def run_cli(args) -> int:
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft -> transformers, every build
     modes = [flag for flag, on in (("--e2e", args.e2e), ("--sweep-overhead", args.sweep_overhead),
                                    ("--decode", args.decode)) if on]
+    if args.against and not args.e2e:  # --against trainer compares end-to-end runs: --e2e is implied
+        args.e2e = True
+        modes.insert(0, "--against")
     if len(modes) > 1:
         raise PeftlabError(f"{' and '.join(modes)} are separate benchmarks", fix="pass one of them per run")
-    if args.against and not args.e2e:
-        raise PeftlabError("--against trainer compares end-to-end runs", fix="add --e2e")
+    if args.pairs and args.against != "trainer":
+        raise PeftlabError("--pairs chooses the setups of --against trainer on decoder tasks",
+                           fix="add --against trainer --task math (or drop --pairs)")
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         if args.e2e and args.against == "trainer":
             from peftlab.bench.against_trainer import run_against_trainer
+            from peftlab.bench.against_trainer_decoder import is_decoder_request, run_against_trainer_decoder
 
-            result = run_against_trainer(args)
+            decoder = is_decoder_request(args.task)
+            if args.pairs and not decoder:
+                raise PeftlabError("--pairs applies to decoder tasks (math, commonsense, e2e)", fix="drop --pairs")
+            result = run_against_trainer_decoder(args) if decoder else run_against_trainer(args)
         elif args.e2e:
             result = run_e2e(args)
         elif args.sweep_overhead:

@@ -6,7 +6,9 @@ the median train step (forward + the method's extra loss + backward + AdamW over
 :func:`peftlab.methods.optim_groups.param_groups`), examples/s, peak memory (:mod:`peftlab.bench.memory`), and
 inference latency unmerged and merged (:func:`peftlab.methods.saving.merged`), each measured round-robin
 (:mod:`peftlab.bench.timing`). Ratios against LoRA (same targets) and against the base model are medians of
-per-round paired ratios.
+per-round paired ratios. Model FLOP utilisation: each configuration's train-step FLOPs counted from its architecture
+(:mod:`peftlab.bench.flops`) over its median step time, against the GEMM peak measured in the same process at the
+same dtype and thread count (:mod:`peftlab.bench.peak`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import torch
 
 from peftlab.bench.machine import (
     autocast_for, environment, loadavg, method_list, precision_name, resolve_device, write_result)
+from peftlab.bench.flops import step_flops
 from peftlab.bench.memory import cpu_tensor_peak_mb, cuda_step_peak_mb, memory_method, resident_mb, rss_step_delta_mb
 from peftlab.bench.models import load_bench_model, make_batch, shared_frozen
+from peftlab.bench.peak import gemm_peak, utilisation
 from peftlab.bench.render import KASA_PEFT, markdown_micro, slug
 from peftlab.bench.timing import Clock, first_line, paired_ratio, rotated, round_robin, summarize
 
@@ -56,6 +60,8 @@ class Row:
     merge_max_abs_diff: float | None = None
     memory: dict = field(default_factory=dict)
     trainable: dict = field(default_factory=dict)
+    flops: dict | None = None  # peftlab.bench.flops.StepFlops of one train step, as a dict
+    flops_unavailable: str | None = None  # why the architecture's FLOPs are not counted
 
     @property
     def label(self) -> str:
@@ -259,6 +265,13 @@ def run_micro(args) -> dict[str, Any]:
     rounds = result["settings"]["rounds_timed"] = {}
     rounds["train"] = round_robin(rows, lambda row: _train_step_fn(row, batch, autocast), "train", args.repeats,
                                    args.warmup, clock, args.inner, say, deadline)
+    for row in rows:  # model FLOPs of a step on this batch (no padding: every token is real)
+        if row.error is None:
+            counted, row.flops_unavailable = step_flops(row.model, [seq_len] * batch_size)
+            row.flops = counted.to_dict() if counted else None
+    say("GEMM peak probe")  # right after the train rounds: the same threads, dtype and machine state
+    result["gemm_peak"] = gemm_peak(peak_dtype(device, args.precision), device=device,
+                                    sizes=GPU_PEAK_SIZES if device.type == "cuda" else CPU_PEAK_SIZES)
     for row in rows:
         if row.error is not None:
             continue
@@ -305,7 +318,16 @@ def run_micro(args) -> dict[str, Any]:
     return result
 
 
-def _row_dict(row: Row, rows: list[Row], batch_size: int) -> dict[str, Any]:
+CPU_PEAK_SIZES = (512, 1024, 2048)
+GPU_PEAK_SIZES = (2048, 4096, 8192)  # a GPU's peak needs larger products
+
+
+def peak_dtype(device: torch.device, precision: str) -> torch.dtype:
+    """The dtype the train step's matrix products run in: bf16 under bf16 autocast, else fp32."""
+    return torch.bfloat16 if precision_name(device, precision).startswith("bf16") else torch.float32
+
+
+def _row_dict(row: Row, rows: list[Row], batch_size: int, peak: dict | None = None) -> dict[str, Any]:
     lora = next((r for r in rows if r.method == "lora" and r.targets == row.targets and r.error is None), None)
     base = next((r for r in rows if r.method == "base" and r.error is None), None)
     train = summarize(row.train)
@@ -325,6 +347,9 @@ def _row_dict(row: Row, rows: list[Row], batch_size: int) -> dict[str, Any]:
         "merge_s": row.merge_seconds,
         "merge_max_abs_logit_diff": row.merge_max_abs_diff,
         "memory": row.memory or None,
+        "model_flops": row.flops,
+        "model_flops_unavailable": row.flops_unavailable,
+        "utilisation": utilisation((row.flops or {}).get("total"), train["median"], peak),
         "ratios": {
             "train_vs_lora": paired_ratio(row.train, lora.train) if lora else None,
             "train_vs_base": paired_ratio(row.train, base.train) if base else None,
@@ -346,5 +371,6 @@ def _plain_ratio(a, b):
 
 def _save(result: dict, rows: list[Row], out_dir: Path, name: str, *, partial: bool) -> None:
     result["partial"] = partial
-    result["rows"] = [_row_dict(row, rows, result["settings"]["batch_size"]) for row in rows]
+    result["rows"] = [_row_dict(row, rows, result["settings"]["batch_size"], result.get("gemm_peak"))
+                      for row in rows]
     write_result(result, out_dir, name, markdown_micro)

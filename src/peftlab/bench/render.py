@@ -56,12 +56,12 @@ def markdown_micro(result: dict) -> str:
         f"ratios [q25, q75].",
         "",
         "| config | trainable | init s | train step ms | ex/s | × LoRA | × base | peak MB | infer ms | "
-        "infer × base | merged ms | merged × base |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "infer × base | merged ms | merged × base | model GFLOP/s | of GEMM peak |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         if row["error"]:
-            lines.append(f"| {row['label']} | error: {row['error'][:80]} |" + " - |" * 11)
+            lines.append(f"| {row['label']} | error: {row['error'][:80]} |" + " - |" * 13)
             continue
         ratios = row["ratios"]
         trainable = (row["trainable_params"] or {}).get("total")
@@ -71,8 +71,9 @@ def markdown_micro(result: dict) -> str:
             f"{'-' if eps is None else f'{eps:.1f}'} | {_x(ratios['train_vs_lora'])} | {_x(ratios['train_vs_base'])} | "
             f"{_mb((row['memory'] or {}).get('peak_mb'))} | {_ms(row['infer_unmerged_s'])} | "
             f"{_x(ratios['infer_unmerged_vs_base'])} | {_ms(row['infer_merged_s'])} | "
-            f"{_x(ratios['infer_merged_vs_base'])} |")
+            f"{_x(ratios['infer_merged_vs_base'])} | {_utilisation(row.get('utilisation'))} |")
     lines += ["", f"Memory: {result['memory_method']}."]
+    lines += _peak_lines(result)
     by_note: dict[str, list[str]] = {}
     for row in result["rows"]:
         for note in filter(None, (row.get("note") or "").split("; ")):
@@ -85,6 +86,27 @@ def markdown_micro(result: dict) -> str:
         lines += ["", "Notes: " + "; ".join(notes) + "."]
     lines.append("")
     return "\n".join(lines)
+
+
+def _utilisation(value: dict | None) -> str:
+    """The two MFU cells: model GFLOP/s of the median train step, and its share of the GEMM peak."""
+    if not value or value.get("model_gflops") is None:
+        return "- | -"
+    share = value.get("of_peak")
+    return f"{value['model_gflops']:.1f} | " + ("-" if share is None else f"{100 * share:.0f} %")
+
+
+def _peak_lines(result: dict) -> list[str]:
+    peak = result.get("gemm_peak")
+    if not peak:
+        return []
+    sizes = ", ".join(f"{s['n']}: {s['gflops_best']:.1f}" for s in peak["sizes"])
+    missing = sorted({row["model_flops_unavailable"] for row in result["rows"] if row.get("model_flops_unavailable")})
+    return ["", f"Model FLOP/s: the train step's model FLOPs counted from the architecture (peftlab.bench.flops: "
+                f"projections, MLP, attention scores and values, the head, LoRA's A and B; backward without frozen "
+                f"weights' gradients) over its median time. GEMM peak: {peak['peak_gflops']:.1f} GFLOP/s "
+                f"({peak['dtype']}, {peak['threads']} thread(s); {peak['method']}; best GFLOP/s by n: {sizes})."
+                + (f" Not counted: {'; '.join(missing)}." if missing else "")]
 
 
 def _num(value, fmt=".3f") -> str:

@@ -39,10 +39,18 @@ def add_methods_parser(sub) -> None:
 def run_methods(args) -> int:
     from peftlab.methods.table import METHODS
 
-    print(f"{'method':<10} {'lr':>8} {'head lr':>8}  {'SVD init':<8} {'fused QKV':<9} extra loss  summary")
+    print(f"{'method':<10} {'lr':>8} {'head lr':>8}  {'SVD init':<8} {'fused QKV':<9} {'Conv1D':<6} extra loss  summary")
     for m in METHODS.values():
         head = m.default_head_lr  # used whatever --lr is, unless --head-lr is given
         lr = f"{m.default_lr:>8.0e}" if "lr" in m.options else f"{'-':>8}"  # head-only: nothing trains at --lr
-        print(f"{m.name:<10} {lr} {head:>8.0e}  {'yes' if m.svd_init else 'no':<8} "
-              f"{'yes' if m.fused_qkv else 'no':<9} {'yes' if m.extra_loss else 'no':<10}  {m.summary}")
+        # head-only adapts no projection: neither a fused matrix nor a Conv1D concerns it
+        fused, conv1d = (("yes" if m.fused_qkv else "no"), ("yes" if m.conv1d else "no")) if m.adapts_projections \
+            else ("-", "-")
+        print(f"{m.name:<10} {lr} {head:>8.0e}  {'yes' if m.svd_init else 'no':<8} {fused:<9} {conv1d:<6} "
+              f"{'yes' if m.extra_loss else 'no':<10}  {m.summary}")
+    print("\nfused QKV: on GPT-2 (c_attn), Phi-3 (qkv_proj), Falcon (query_key_value) and ModernBERT (Wqkv) the fused "
+          "matrix is split into q, k, v linear layers when the model is loaded for training, so any subset of q,k,v "
+          "trains at its own rate (k frozen unless named); merge and export fuse it back into the original layout.")
+    print("Conv1D: GPT-2 keeps c_proj (o) and the MLP's c_fc/c_proj (up, down) as Conv1D layers (weights stored "
+          "(in, out)); a method with 'no' refuses them in --targets.")
     return 0

@@ -47,6 +47,8 @@ SUBCOMMANDS = (
                "choose lambda (and other keys) within a budget: pruned search, then seed re-runs"),
     Subcommand("study", "peftlab.lab.study",
                "check the lambda or KaSA claim on your model and data as a reviewer would, in one command"),
+    Subcommand("store", "peftlab.lab.store_check",
+               "check a results store (integrity, every status against its result, stale runs); --repair"),
     Subcommand("report", "peftlab.lab.report",
                "table of results stores or run folders: paired tests, CIs, equivalence and power vs a baseline"),
     Subcommand("plot", "peftlab.lab.plot",
@@ -54,6 +56,8 @@ SUBCOMMANDS = (
     Subcommand("bench", "peftlab.bench.cli", "benchmark every method's cost, and the data path end to end"),
     Subcommand("serve-judge", "peftlab.tasks.judge_server",
                "serve a local model as an OpenAI-compatible MT-Bench judge (a weak judge, offline)"),
+    Subcommand("nlg-score", "peftlab.tasks.nlg_score",
+               "score outputs against references as the official E2E NLG script does (BLEU ... CIDEr)"),
 )
 
 

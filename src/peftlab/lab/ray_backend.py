@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import signal
 import sys
@@ -44,6 +45,11 @@ from peftlab.errors import PeftlabError
 
 INSTALL_HINT = 'pip install "peftlab[ray]"  (or: pip install "ray[default]")'
 DEFAULT_MAX_RETRIES = 2
+# Seconds --address gets to answer before the command ends with one line: Ray's own join retries for minutes
+# (its GCS client waits 30 s per attempt, 20 attempts) on an address where nothing, or something silent, listens.
+DEFAULT_RAY_TIMEOUT = 30.0
+UNREACHABLE_FIX = ("start the cluster (`ray start --head` on the head node), check HOST:PORT (the head's GCS port, "
+                   "6379 by default), or raise --ray-timeout; drop --address to start a local Ray instead")
 # Test seam (like PEFTLAB_FAULT_NAN_AT_STEP): "EPOCH:MARKER" makes the first Ray task to end epoch EPOCH
 # SIGKILL its own worker process (once: it creates MARKER first), as the OOM killer or a lost node would.
 FAULT_KILL_ENV = "PEFTLAB_FAULT_KILL_AFTER_EPOCH"
@@ -68,8 +74,12 @@ class RayOptions:
     cpus_per_run: float = 1.0
     gpus_per_run: float | None = None  # None: 1 when the cluster has GPUs, else 0
     max_retries: int = DEFAULT_MAX_RETRIES
+    timeout: float = DEFAULT_RAY_TIMEOUT  # seconds --address gets to answer
 
     def __post_init__(self):
+        if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout) and self.timeout > 0):
+            raise PeftlabError(f"--ray-timeout must be a number of seconds > 0, got {self.timeout!r}",
+                               fix=f"e.g. --ray-timeout {DEFAULT_RAY_TIMEOUT:g}")
         if not self.cpus_per_run > 0:
             raise PeftlabError(f"--cpus-per-run must be > 0, got {self.cpus_per_run}")
         if self.gpus_per_run is not None and self.gpus_per_run < 0:
@@ -81,7 +91,7 @@ class RayOptions:
     @classmethod
     def from_args(cls, args) -> "RayOptions":
         return cls(address=args.address, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
-                   max_retries=args.max_retries)
+                   max_retries=args.max_retries, timeout=args.ray_timeout)
 
 
 def add_backend_flags(parser) -> None:
@@ -92,6 +102,9 @@ def add_backend_flags(parser) -> None:
     parser.add_argument("--address", default=None,
                         help="--backend ray: the Ray cluster to use (HEAD:6379 or auto; default: start a "
                              "local Ray for this command)")
+    parser.add_argument("--ray-timeout", type=float, default=DEFAULT_RAY_TIMEOUT, metavar="SECONDS",
+                        help="--backend ray --address: seconds the cluster gets to answer before the command ends "
+                             f"with one line saying so (default {DEFAULT_RAY_TIMEOUT:g})")
     parser.add_argument("--cpus-per-run", type=float, default=1.0, metavar="N",
                         help="--backend ray: CPUs each run reserves (default 1)")
     parser.add_argument("--gpus-per-run", type=float, default=None, metavar="F",
@@ -109,7 +122,8 @@ def check_backend_args(args) -> None:
     given = [flag for flag, value, default in (("--address", args.address, None),
                                                 ("--cpus-per-run", args.cpus_per_run, 1.0),
                                                 ("--gpus-per-run", args.gpus_per_run, None),
-                                                ("--max-retries", args.max_retries, DEFAULT_MAX_RETRIES))
+                                                ("--max-retries", args.max_retries, DEFAULT_MAX_RETRIES),
+                                                ("--ray-timeout", args.ray_timeout, DEFAULT_RAY_TIMEOUT))
              if value != default]
     if given:
         raise PeftlabError(f"{given[0]} only applies to --backend ray", fix="add --backend ray, or drop it")
@@ -130,6 +144,55 @@ class Connection:
         return f"Ray: {self.slots} run(s) at a time ({self.cpus_per_run:g} CPU{gpus} each)"
 
 
+def probe_address(address: str, timeout: float) -> None:
+    """Make sure something answers as a Ray cluster at ``address`` within ``timeout`` seconds, else one line.
+
+    Ray's own join (``ray.init(address=...)``) retries for minutes where nothing listens, or where a listener
+    accepts and never answers. Here: a TCP connection to the address as written (``auto``: the running
+    cluster's recorded address), then gRPC's channel handshake (Ray's GCS speaks gRPC), both within the timeout.
+    No proxy is used for it, so only that address is contacted."""
+    import socket
+    from urllib.parse import urlsplit
+
+    import grpc
+
+    target = address.split("://", 1)[-1]  # ray://HOST:PORT (Ray Client) is gRPC too
+    if target == "auto":
+        from ray._private.services import get_ray_address_from_environment
+
+        target = get_ray_address_from_environment("auto", None)
+        if target is None:
+            return  # no cluster recorded here: ray.init says so at once
+    parts = urlsplit(f"//{target}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if not host or not port:
+        raise PeftlabError(f"--address {address} is not HOST:PORT", fix="e.g. --address 10.0.0.5:6379, or auto")
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except ConnectionRefusedError:
+        raise PeftlabError(f"cannot reach Ray at --address {address}: nothing listens there (connection refused)",
+                           fix=UNREACHABLE_FIX) from None
+    except TimeoutError:
+        raise PeftlabError(f"cannot reach Ray at --address {address}: no connection within --ray-timeout "
+                           f"{timeout:g} s", fix=UNREACHABLE_FIX) from None
+    except OSError as err:  # an unknown host name, an unreachable network
+        raise PeftlabError(f"cannot reach Ray at --address {address}: {err.strerror or err}",
+                           fix=UNREACHABLE_FIX) from None
+    channel = grpc.insecure_channel(f"{host}:{port}", options=[("grpc.enable_http_proxy", 0)])
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(0.1, deadline - time.monotonic()))
+    except grpc.FutureTimeoutError:
+        raise PeftlabError(f"cannot reach Ray at --address {address}: it accepts connections but did not answer as "
+                           f"a Ray cluster within --ray-timeout {timeout:g} s", fix=UNREACHABLE_FIX) from None
+    finally:
+        channel.close()
+
+
 def connect(options: RayOptions, *, show_output: bool = False) -> Connection:
     """Join ``options.address`` (or a Ray this process already joined), else start a local Ray.
     ``show_output`` (``--verbose``): the tasks' output is printed here instead of only in the run logs."""
@@ -138,6 +201,7 @@ def connect(options: RayOptions, *, show_output: bool = False) -> Connection:
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": show_output}
         if options.address:
+            probe_address(options.address, options.timeout)
             kwargs["address"] = options.address
         else:
             kwargs["include_dashboard"] = False

@@ -39,6 +39,7 @@ TRAINING_ONLY_KEYS = ("lr", "lr_ratio", "head_lr", "weight_decay", "warmup_ratio
 LABEL_ORDER = ("model", "method", "targets", "rank", "alpha", "lr", "lr_ratio", "head_lr", "epochs", "batch_size",
                "max_length", "weight_decay", "dropout")
 UNSCALED_HINTS = ("loss", "perplexity", "ppl", "mt_bench")  # mt_bench_*: judge scores on a 1-10 scale
+LM_EVAL_PREFIX = "lm_eval/"  # --metric lm_eval/<task>/<metric>: lm-evaluation-harness's numbers (lm_eval_value)
 
 
 # --------------------------------------------------------------------------- rows: stores and run folders
@@ -198,7 +199,10 @@ class RunRecord:
 
 def collect(rows: Iterable[dict], *, which: str = "best", metric: str | None = None,
             where: dict[str, Any] | None = None) -> tuple[list[RunRecord], Counter]:
-    """Finished/failed runs as records; also counts of the rows left out (pending, running)."""
+    """Finished/failed runs as records; also counts of the rows left out (pending, running). A record's task is
+    its column's name: the task, or for a user task (classify, regress) its file's or dataset's name."""
+    from peftlab.tasks.table import task_label
+
     records, skipped = [], Counter()
     for row in rows:
         config = (row["result"] or {}).get("config") or row["config"] or {}
@@ -218,13 +222,22 @@ def collect(rows: Iterable[dict], *, which: str = "best", metric: str | None = N
                 section = result.get("before") or result.get("final") or {}
             else:
                 section = result.get(which) or {}
-            value = (section.get("metrics") or {}).get(name)
+            value = (lm_eval_value(result, name) if str(name).startswith(LM_EVAL_PREFIX)
+                     else (section.get("metrics") or {}).get(name))
             if value is not None:
                 value = float(value)
         records.append(RunRecord(key=row["key"], status=row["status"], config=config, result=result,
-                                 task=str(config.get("task")), seed=int(config.get("seed", 0)), metric=name,
+                                 task=task_label(config), seed=int(config.get("seed", 0)), metric=name,
                                  value=value, before=before))
     return records, skipped
+
+
+def lm_eval_value(result: dict, path: str):
+    """``--metric lm_eval/<task>/<metric>`` (e.g. ``lm_eval/arc_easy/acc``, ``lm_eval/gsm8k/exact_match,strict-match``):
+    the harness's number in result.json's ``lm_eval`` section, or None. It scores the weights adapter/ holds,
+    so it is the same for --which best and final."""
+    task, _, metric = path[len(LM_EVAL_PREFIX):].partition("/")
+    return (((result.get("lm_eval") or {}).get("results") or {}).get(task) or {}).get(metric)
 
 
 def pruned_status(status: str, result: dict | None) -> bool:

@@ -131,7 +131,8 @@ def _majority_value(rec: RunRecord) -> float | None:
     from peftlab.tasks.table import TASKS
 
     result = rec.result or {}
-    value, task = result.get("majority_baseline"), TASKS.get(rec.task)
+    # the config's task, not rec.task: a user task's column is named after its data (tickets), not "classify"
+    value, task = result.get("majority_baseline"), TASKS.get(str(rec.config.get("task")))
     if (value is None or task is None or task.kind not in MAJORITY_KINDS
             or rec.metric != result.get("primary_metric", task.primary_metric)):
         return None
@@ -323,7 +324,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--out", default=None, help="write to this file instead of stdout")
     parser.add_argument("--which", choices=("best", "final"), default="best",
                         help="the best epoch's metrics (default, as the papers report) or the final epoch's")
-    parser.add_argument("--metric", default=None, help="report this metric instead of each task's primary metric")
+    parser.add_argument("--metric", default=None, help="report this metric instead of each task's primary metric "
+                                                     "(lm_eval/<task>/<metric>: lm-evaluation-harness's, e.g. "
+                                                     "lm_eval/arc_easy/acc, from result.json \"lm_eval\")")
     parser.add_argument("--params", choices=tuple(PARAM_CONVENTIONS), default="total",
                         help="#Param convention: total = all trainable parameters, head included (default); "
                              "adapter = without the head; yao = Yao et al.'s: adapter + 2 x head for adapter "

@@ -170,7 +170,10 @@ def read_spec(path: str | os.PathLike, kind: str, keys: tuple[str, ...], *, exam
     path = Path(path)
     if not path.is_file():
         raise PeftlabError(f"{kind} spec not found: {path}", fix=f"pass the path of a {kind} YAML (see {examples})")
-    spec = load_yaml(path)
+    spec = load_yaml(path)  # a bad file (syntax, encoding, a key twice) is one line naming its line
+    if not spec:
+        raise PeftlabError(f"the {kind} spec is empty", where=str(path),
+                           fix=f"give its config keys under {config_keys} (see {examples})")
     for key in spec:
         if key not in keys:
             raise PeftlabError(f"unknown {kind} spec key '{key}'{closest(str(key), keys)}", where=str(path),

@@ -30,7 +30,7 @@ import os
 import socket
 import sqlite3
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -155,6 +155,16 @@ def owner_alive(owner: str | None) -> bool:
 # --------------------------------------------------------------------------- the store
 
 
+class StoreWriteError(PeftlabError):
+    """A write the results store refused (full disk, I/O error, lock timeout); the store is as before it."""
+    def __init__(self, path, error: sqlite3.Error):
+        self.error = error
+        fix = ("another process held the store's write lock too long: let it finish, then rerun the same command"
+               if "locked" in str(error) else "free disk space (or raise the quota or file-size limit), then rerun "
+               "the same command: finished runs are kept and unfinished ones resume")
+        super().__init__(f"cannot write the results store {path}: {error}", fix=fix)
+
+
 class Store:
     """An SQLite results store; cheap to open, one connection per process (do not share across fork)."""
 
@@ -195,8 +205,10 @@ class Store:
                 for src, dst in moves:  # after the commit: a kill in between leaves the folder where it was,
                     move_run_folder(src, dst)  # and sweep.run_one sets a pruned folder aside when it meets one
                 break
-            except sqlite3.DatabaseError as err:
+            except (sqlite3.DatabaseError, StoreWriteError) as err:
                 if "locked" not in str(err) or time.monotonic() > deadline:
+                    if isinstance(err, (StoreWriteError, sqlite3.OperationalError)):  # full disk, I/O, lock
+                        raise StoreWriteError(self.path, getattr(err, "error", err)) from None
                     raise PeftlabError(f"cannot open results store {self.path}: {err}") from None
                 time.sleep(0.05)
         self.journal_mode = mode
@@ -220,14 +232,19 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (ROLLBACK on error): takes the write lock up front."""
-        self.conn.execute("BEGIN IMMEDIATE")
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``, taking the write lock up front. Any error rolls it back (never left
+        open, holding the lock); a write SQLite refuses (full disk, I/O, lock timeout) is a :class:`StoreWriteError`."""
         try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+                self.conn.execute("COMMIT")
+            finally:
+                if self.conn.in_transaction:  # the body raised, or COMMIT failed (it may leave it open)
+                    with suppress(sqlite3.Error):
+                        self.conn.execute("ROLLBACK")
+        except sqlite3.OperationalError as err:
+            raise StoreWriteError(self.path, err) from None
 
     # ----------------------------------------------------------------- writing
 
@@ -433,8 +450,12 @@ class Store:
 def _row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
     out = {name: row[name] for name in _COLUMNS}
     if parse:
-        out["config"] = json.loads(out["config"]) if out["config"] else None
-        out["result"] = json.loads(out["result"]) if out["result"] else None
+        for column in ("config", "result"):
+            try:
+                out[column] = json.loads(out[column]) if out[column] else None
+            except ValueError as err:  # a torn or hand-edited row: one line, not a traceback
+                raise PeftlabError(f"row {short_key(out['key'])}'s {column} is not JSON ({err})",
+                                   fix="run `peftlab store check STORE --repair`") from None
     return out
 
 

@@ -52,6 +52,7 @@ class Study:
     progress: bool = True
     say: Callable[[str], None] = print
     skipped: list[str] = field(default_factory=list)
+    ray_options: object | None = None  # RayOptions: every run a Ray task (--backend ray), else local processes
 
     def rows_by_key(self) -> dict[str, dict]:
         if not self.paths.store.is_file():
@@ -84,10 +85,14 @@ class Study:
         sweep = load_spec(path)
         todo = sum(1 for _, row in self.stage_rows(configs) if row is None or row["status"] in ("pending", "running"))
         self.say(f"stage {name}: {len(sweep.runs)} runs ({todo} to run){self.eta_text(configs, todo)}")
-        if workers is None:  # one worker runs in this process; more are spawned processes claiming from the store
-            workers = 0 if self.workers <= 1 else self.workers
-        outcome = run_sweep(sweep, workers=workers, train_fn=self.train_fn,
-                            progress=self.progress)
+        if self.ray_options is not None and workers is None:
+            from peftlab.lab.ray_backend import run_sweep_ray
+
+            outcome = run_sweep_ray(sweep, self.ray_options, train_fn=self.train_fn, progress=self.progress)
+        else:
+            if workers is None:  # one worker runs in this process; more are spawned processes claiming the store
+                workers = 0 if self.workers <= 1 else self.workers
+            outcome = run_sweep(sweep, workers=workers, train_fn=self.train_fn, progress=self.progress)
         if not outcome.all_finished:
             raise PeftlabError(f"stage {name} did not finish ({outcome.counts})", fix="rerun the same command")
 
@@ -241,7 +246,8 @@ def run_search(study: Study, task: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, yaml.safe_dump(spec, sort_keys=False))
     study.say(f"stage search-{task}: peftlab tune {path} (budget {naive_budget(design)} epochs)")
-    summary = run_tune(load_tune_spec(path), train_fn=study.train_fn, progress=study.progress)
+    summary = run_tune(load_tune_spec(path), backend="ray" if study.ray_options is not None else "local",
+                       ray_options=study.ray_options, train_fn=study.train_fn, progress=study.progress)
     if summary.get("winner") is None:
         study.skipped.append(f"search-{task}: the tune named no winner")
 
@@ -280,12 +286,12 @@ def run_kasa(study: Study) -> dict[str, dict]:
 
 def run_study(design: sd.Design, paths: StudyPaths, *, workers: int, budget_hours: float | None = None,
               train_fn: Callable | str | None = None, progress: bool = True, report: bool = True,
-              say: Callable[[str], None] = print) -> sd.Design:
+              say: Callable[[str], None] = print, ray_options=None) -> sd.Design:
     """Plan (pilot, fit to the budget), run every stage, then write the report; returns the design run."""
     start = time.monotonic()
     deadline = start + budget_hours * 3600 if budget_hours else None
     study = Study(design, paths, workers=max(1, workers), deadline=deadline, train_fn=train_fn,
-                  progress=progress, say=say)
+                  progress=progress, say=say, ray_options=ray_options)
 
     def fitted() -> sd.Design:
         if budget_hours is None:
@@ -358,6 +364,9 @@ def add_parser(sub) -> None:
         p.add_argument("--output-dir", default=None, help="the study folder (default runs/study/<kind>-<model>-<tasks>)")
         p.add_argument("--dry-run", action="store_true", help="print the design and plan; run nothing")
         p.add_argument("--report-only", action="store_true", help="rewrite the tables, figures and REPORT.md")
+        from peftlab.lab.ray_backend import add_backend_flags
+
+        add_backend_flags(p)  # --backend ray: every run a Ray task (a cluster); --workers is then Ray's to place
     lam.add_argument("--method", default="lora", help="lora (default), dora or full, or any method with q/v")
     lam.add_argument("--lr-grid", default="5e-4,1e-3,2e-3", help="eta_QK of the lambda > 1 cells")
     lam.add_argument("--ratios", default="2,4,8,16", help="lambda > 1 values")
@@ -426,7 +435,7 @@ def check_configs(design: sd.Design) -> None:
     """Every distinct run config of the design built once (bad keys and values fail here, before anything
     runs), and a task whose metric is lower-is-better refused (picks and verdicts assume higher is better)."""
     from peftlab.config import TrainConfig, normalise_keys
-    from peftlab.tasks.table import LOWER_IS_BETTER, TASKS
+    from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
 
     for task in design.tasks:
         if design.kind == "lambda":
@@ -435,7 +444,7 @@ def check_configs(design: sd.Design) -> None:
             configs = sd.kasa_configs(design, task)[:len(design.rows) + 1]
         for config in configs:
             cfg = TrainConfig.from_dict(normalise_keys(TrainConfig, config, f"study {task}"))
-        metric = TASKS[cfg.task].primary_metric
+        metric = primary_metric(cfg.task, getattr(cfg, "metric", None))  # a user task's --metric
         if metric in LOWER_IS_BETTER:
             raise PeftlabError(f"task '{task}' is scored by {metric} (lower is better), which a study cannot pick on",
                                fix="study a task with a higher-is-better metric (accuracy, F1, correlation)")
@@ -469,5 +478,9 @@ def run_cli(args) -> int:
             raise PeftlabError(f"no study in {root} yet (no {paths.plan.name})", fix="run the study first")
         print(f"report: {write_report(paths, saved)}")
         return 0
-    run_study(design, paths, workers=args.workers, budget_hours=args.budget_hours)
+    from peftlab.lab import ray_backend
+
+    ray_backend.check_backend_args(args)
+    options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
+    run_study(design, paths, workers=args.workers, budget_hours=args.budget_hours, ray_options=options)
     return 0

@@ -9,16 +9,21 @@ pruned run's folder found where the cell's run goes is renamed aside (:func:`pef
 before the cell trains afresh.
 
 Runs execute in this process (default) or in ``--workers N`` spawned processes that claim runs from the
-store (``BEGIN IMMEDIATE``); a worker that dies marks its run failed and is replaced. Each run's output
+store (``BEGIN IMMEDIATE``; :mod:`peftlab.lab.sweep_workers`); a worker that dies marks its run failed and is
+replaced. Another process training runs of the same spec (a second sweep, a tune) is waited for, so a sweep
+returns when every run it sees is settled. A full disk is the machine's fault, not the run's: the run is handed
+back (pending, resumed next time) and the sweep stops with one line; so does a write the store refuses. Each run's output
 (stdout/stderr, also of C code) goes to ``<output_dir>/logs/<short key>.log``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import importlib
 import os
+import sqlite3
 import sys
 import time
 import traceback
@@ -29,9 +34,11 @@ from typing import Callable
 from peftlab.errors import PeftlabError
 from peftlab.lab.spec import Sweep, add_output_flags, load_spec
 from peftlab.lab.store import (
-    FINISHED, RESULT_STATUSES, Store, config_key, epochs_run, is_pruned_result, move_run_folder, pruned_dir, short_key)
+    FINISHED, RESULT_STATUSES, Store, StoreWriteError, config_key, epochs_run, is_pruned_result, move_run_folder,
+    pruned_dir, short_key)
 
 DEFAULT_TRAIN = "peftlab.training.loop:train"
+OUT_OF_SPACE = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # a full disk, a file-size limit, a quota
 
 
 # --------------------------------------------------------------------------- one run
@@ -102,8 +109,14 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store: Store, *, ado
             result = {**result, "status_reason": "the run reported status failed"}
         store.finish(key, result)
         return result["status"]
+    except StoreWriteError:
+        raise  # the store refused a write: nothing more can be recorded; the caller hands the run back
     except Exception as err:  # noqa: BLE001 - any failure of one run is recorded; the sweep goes on
-        traceback.print_exc()
+        full = out_of_space(err)
+        if full is not None:  # the machine's fault, not the run's: never recorded failed (the caller releases it)
+            raise no_space_error(full, key) from None
+        with contextlib.suppress(OSError):  # the log may be on the full disk too
+            traceback.print_exc()
         message = str(err) if isinstance(err, PeftlabError) else f"{type(err).__name__}: {err}"
         store.fail(key, " ".join(message.split())[:2000] or type(err).__name__)
         return "failed"
@@ -141,67 +154,63 @@ def _output_to(path: Path | None):
 
 
 def _attempt(run: dict, store: Store, train_fn: Callable, log_path: Path | None, *,
-             adopt_pruned: bool = False) -> str | None:
-    """Claim ``run`` and run it (:func:`run_one`); None when it was not claimable (finished, or another process
-    has it)."""
+             adopt_pruned: bool = False, wait_if_held: bool = True, poll_seconds: float = 1.0) -> str | None:
+    """Claim ``run`` and run it (:func:`run_one`); None when it was not claimable: finished, failed, or held by
+    another live process. With ``wait_if_held`` (a tune's trial or seed re-run, whose outcome the caller reads
+    next) a run another process on this machine holds is waited for: then its outcome is in the store, or it
+    is pending again (its holder died or gave it back) and is claimed here. A sweep's own rounds pass False
+    and wait for such runs after every other run (:func:`_next_round`)."""
     row = store.claim(run["key"])
+    while row is None and wait_if_held and _held_on_this_host(store, run["key"]):
+        time.sleep(poll_seconds)
+        store.prepare([run["key"]])  # a holder that died meanwhile: pending again
+        row = store.claim(run["key"])
     if row is None:
         return None
-    with _output_to(log_path):
-        if log_path is not None:
-            print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} attempt "
-                  f"{row['attempts'] + 1} (pid {os.getpid()})", flush=True)
-        try:
+    try:
+        with _output_to(log_path):
+            if log_path is not None:
+                print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} attempt "
+                      f"{row['attempts'] + 1} (pid {os.getpid()})", flush=True)
             return run_one(run["config"], run["key"], train_fn, store, adopt_pruned=adopt_pruned)
-        except BaseException:  # Ctrl-C or SystemExit: hand the run back for the next sweep
+    except BaseException as err:  # Ctrl-C, SystemExit, a full disk: hand the run back for the next sweep
+        with contextlib.suppress(PeftlabError):  # if even that write fails, its dead owner frees it later
             store.release(run["key"])
-            raise
+        full = None if isinstance(err, PeftlabError) else out_of_space(err)
+        if full is not None:  # e.g. the run's log could not be written
+            raise no_space_error(full, run["key"]) from None
+        raise
 
 
-# --------------------------------------------------------------------------- workers
+def out_of_space(err: BaseException | None) -> str | None:
+    """What the full disk behind ``err`` says (no space, file too large, quota exceeded; or SQLite's disk error
+    under any database layer, e.g. Optuna's SQLAlchemy), or None when ``err`` is not one."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in OUT_OF_SPACE:
+            return (err.strerror or str(err)) + (f" ({err.filename})" if err.filename else "")
+        if isinstance(err, sqlite3.OperationalError) and ("disk I/O error" in str(err) or "disk is full" in str(err)):
+            return str(err)
+        err = err.__cause__ or err.__context__
+    return None
 
 
-def _set_parent_death_signal() -> None:
-    """Linux: die with the parent (a SIGKILLed sweep must not leave workers training in the background)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+DISK_FIX = ("free disk space (or raise the quota or file-size limit), then rerun the same command: unfinished "
+            "runs are pending again and resume from their last checkpoint; finished runs are kept")
 
 
-def _worker_main(store_path: str, runs: list[dict], train_fn_name: str, log_dir: str | None, threads: int,
-                 parent_pid: int) -> None:
-    _set_parent_death_signal()
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, str(threads))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    train_fn = resolve_train_fn(train_fn_name)
-    try:
-        import torch
+def no_space_error(why: str, key: str) -> PeftlabError:
+    return PeftlabError(f"no space left for run {short_key(key)}: {why}", fix=DISK_FIX)
 
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    except ImportError:  # pragma: no cover - a fake train function in tests
-        pass
-    store = Store(store_path)
-    order = [run["key"] for run in runs]
-    by_key = {run["key"]: run for run in runs}
-    while True:
-        statuses = store.statuses()
-        candidates = [key for key in order if statuses.get(key) == "pending"]
-        if not candidates:
-            break
-        for key in candidates:  # a run another worker took first is skipped by _attempt
-            log = Path(log_dir) / f"{short_key(key)}.log" if log_dir else None
-            _attempt(by_key[key], store, train_fn, log)
-    store.close()
+
+def _held_on_this_host(store: Store, key: str) -> bool:
+    import socket
+
+    row = store.get(key)
+    owner = (row or {}).get("owner") or ""
+    return bool(row) and row["status"] == "running" and owner != store.owner and owner.startswith(
+        socket.gethostname() + "|")
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -245,7 +254,8 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
     if reset["failed"]:
         note(f"retrying {reset['failed']} failed run(s)")
     if counts["running"] - reset["running"] > 0:
-        note(f"{counts['running'] - reset['running']} run(s) are running in another live process: not touched")
+        note(f"{counts['running'] - reset['running']} run(s) are running in another live process: left to it "
+             "(this sweep waits for those on this machine)")
     by_key = {run.key: run for run in sweep.runs}
     to_run = {k for k, s in store.statuses().items() if s == "pending" and k in by_key}
     reported: set[str] = set()
@@ -267,18 +277,25 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
                 note(f"run {short_key(row['key'])} ({run.describe()}): {row['status']}, {finished_summary(row)}")
         return now
 
-    payload = [{"key": run.key, "config": run.config} for run in sweep.runs if run.key in to_run]
     try:
-        if workers <= 0:
-            fn = resolve_train_fn(train_fn)
-            for run in payload:
-                log = log_dir / f"{short_key(run['key'])}.log" if log_dir else None
-                _attempt(run, store, fn, log)
-                refresh()
-        elif payload:
-            _run_workers(sweep, store, payload, workers=min(workers, len(payload)),
-                         train_fn_name=_train_fn_name(train_fn), log_dir=log_dir, refresh=refresh, note=note,
-                         poll_seconds=poll_seconds)
+        fn = resolve_train_fn(train_fn) if workers <= 0 else None
+        round_keys: set[str] | None = set(to_run)
+        while round_keys is not None:  # a round runs what is pending; then what others left (see _next_round)
+            to_run |= round_keys
+            payload = [{"key": run.key, "config": run.config} for run in sweep.runs if run.key in round_keys]
+            if workers <= 0:
+                for run in payload:
+                    log = log_dir / f"{short_key(run['key'])}.log" if log_dir else None
+                    _attempt(run, store, fn, log, wait_if_held=False)
+                    refresh()
+            elif payload:
+                from peftlab.lab.sweep_workers import run_workers
+
+                run_workers(sweep, store, payload, workers=min(workers, len(payload)),
+                            train_fn_name=_train_fn_name(train_fn), log_dir=log_dir, refresh=refresh, note=note,
+                            poll_seconds=poll_seconds)
+            counts = refresh()
+            round_keys = _next_round(sweep, store, note, poll_seconds=poll_seconds)
         counts = refresh()
         statuses = store.statuses()
     finally:
@@ -288,6 +305,34 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
         store.close()
     failed = [k for k in sweep.keys if k in to_run and statuses.get(k) == "failed"]
     return SweepOutcome(total=len(keys), counts=counts, ran=len(to_run), failed_keys=failed)
+
+
+def _next_round(sweep: Sweep, store: Store, note, *, poll_seconds: float) -> set[str] | None:
+    """After a round, what the sweep runs next; None when each of its runs is finished, failed or held on another
+    machine. A run another live process on this machine holds (a second sweep, a tune) is waited for: if that
+    process dies the run is pending again and this sweep resumes it; if it was a tune trial that the tune
+    pruned, its row has moved to the trial's pruned key and the cell is registered again, to train the
+    complete run. So a sweep returns only when every run it could see through is settled."""
+    waited: set[str] = set()
+    while True:
+        statuses = store.statuses()
+        gone = [run for run in sweep.runs if run.key not in statuses]
+        if gone:
+            note(f"{len(gone)} run(s) of this sweep were pruned tune trials of the same config: training the "
+                 "complete run(s)")
+            store.register((run.key, run.config, run.output_dir) for run in gone)
+        store.prepare(sweep.keys)  # runs whose holder died since are pending again
+        statuses = store.statuses()
+        pending = {key for key in sweep.keys if statuses.get(key) == "pending"}
+        if pending:
+            return pending
+        held = {key for key in sweep.keys if statuses.get(key) == "running" and _held_on_this_host(store, key)}
+        if not held:
+            return None
+        if held - waited:
+            note(f"waiting for {len(held)} run(s) of this sweep that another process on this machine is training")
+            waited |= held
+        time.sleep(poll_seconds)
 
 
 def finished_summary(row: dict) -> str:
@@ -309,47 +354,6 @@ def finished_summary(row: dict) -> str:
         return f"{name} missing"
     text = f"{name} best {value:.4f} (epoch {best.get('epoch')})"
     return text + (f", final {final:.4f}" if isinstance(final, (int, float)) else "")
-
-
-def _run_workers(sweep: Sweep, store: Store, payload: list[dict], *, workers: int, train_fn_name: str,
-                 log_dir: Path | None, refresh, note, poll_seconds: float) -> None:
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    args = (str(sweep.store_path), payload, train_fn_name, str(log_dir) if log_dir else None, threads, os.getpid())
-
-    def start():
-        proc = ctx.Process(target=_worker_main, args=args, daemon=True, name="peftlab-sweep-worker")
-        proc.start()
-        return proc
-
-    procs = [start() for _ in range(workers)]
-    deaths = 0
-    try:
-        while procs:
-            time.sleep(poll_seconds)
-            for proc in list(procs):
-                if proc.is_alive():
-                    continue
-                proc.join()
-                procs.remove(proc)
-                if proc.exitcode != 0:
-                    deaths += 1
-                    how = f"signal {-proc.exitcode}" if proc.exitcode < 0 else f"exit status {proc.exitcode}"
-                    lost = store.fail_owned_by(proc.pid, f"worker process died ({how})")
-                    note(f"a sweep worker died ({how}); {len(lost)} run(s) marked failed")
-                    if store.counts([p["key"] for p in payload])["pending"] and deaths < len(payload):
-                        procs.append(start())
-            refresh()
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
 
 
 # --------------------------------------------------------------------------- CLI

@@ -419,7 +419,14 @@ def run_cli(args) -> int:
         print(render_summary(load_summary(tune)), end="")
         return 0
     options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
-    summary = run_tune(tune, backend=args.backend, ray_options=options, capture_output=not args.verbose)
+    try:
+        summary = run_tune(tune, backend=args.backend, ray_options=options, capture_output=not args.verbose)
+    except Exception as err:  # a full disk under the study's own database (Optuna's SQLAlchemy) too: one line
+        from peftlab.lab.sweep import DISK_FIX, out_of_space
+
+        if isinstance(err, PeftlabError) or out_of_space(err) is None:
+            raise
+        raise PeftlabError(f"cannot write the tune in {tune.output_root}: {out_of_space(err)}", fix=DISK_FIX) from None
     print()
     print(render_summary(summary), end="")
     print(f"runs: peftlab report {tune.store_path}")

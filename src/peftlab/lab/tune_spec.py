@@ -268,7 +268,7 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
     from peftlab.lab.spec import check_spec_keys as _check_keys
     from peftlab.lab.spec import output_paths, read_spec
     from peftlab.tasks.metrics import LOWER_IS_BETTER
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import primary_metric
 
     path, spec = read_spec(path, "tune", SPEC_KEYS, examples="configs/tune/", config_keys="base:")
     where = str(path)
@@ -295,7 +295,7 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
     if epochs < 1:
         raise PeftlabError("base epochs must be >= 1 for a tune (each trial trains up to that many epochs)",
                            where=where)
-    metric = spec.get("metric") or TASKS[defaults.task].primary_metric
+    metric = spec.get("metric") or primary_metric(defaults.task, defaults.metric)  # a user task's --metric
     direction = "minimize" if metric in LOWER_IS_BETTER else "maximize"
 
     n_seeds = seeds if seeds is not None else spec.get("seeds", 5)

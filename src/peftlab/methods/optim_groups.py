@@ -2,7 +2,8 @@
 
 Every trainable tensor goes to the group of the projection it adapts, whatever the method: lora_A/B,
 lora_diag (KaSA), lora_magnitude_vector (DoRA), VeRA's lambda vectors, FourierFT's spectrum, or the full
-weight and bias. Groups: q, k, v, o (or qkv for a fused matrix), head, other. Weight decay is decided by
+weight and bias. Groups: q, k, v, o, the MLP's gate, up, down, head, other (a fused QKV matrix is split into q, k
+and v layers before, :mod:`peftlab.methods.fused_qkv`, so its slices are groups like any). Weight decay is decided by
 tensor rank, as nanoGPT's ``configure_optimizers`` does: matrices (``p.dim() >= 2``: LoRA's A and B, full
 weights) decay; vectors (biases, norms, DoRA's magnitude, KaSA's singular values, VeRA's scaling vectors,
 FourierFT's spectrum) never do, so ``--weight-decay`` cannot pull a method's learned scales towards 0. Each
@@ -20,7 +21,7 @@ from torch import nn
 from peftlab.errors import PeftlabError
 from peftlab.methods.targets import ResolvedTargets
 
-GROUP_ORDER = ("q", "k", "v", "o", "qkv", "gate", "up", "down", "head", "other")
+GROUP_ORDER = ("q", "k", "v", "o", "gate", "up", "down", "head", "other")
 _PEFT_PREFIX = "base_model.model."
 
 
@@ -68,12 +69,6 @@ def group_of(param_name: str, targets: ResolvedTargets, heads: list[str]) -> str
 def param_groups(model: nn.Module, targets: ResolvedTargets, heads: list[str], cfg: OptimConfig,
                  *, verbose: bool = True) -> list[dict]:
     """AdamW parameter groups by projection; prints a size table (like nanoGPT's configure_optimizers)."""
-    if targets.fused and cfg.lr_ratio != 1:
-        raise PeftlabError(
-            f"--lr-ratio {cfg.lr_ratio} needs separate q/k/v matrices, but this model fuses them "
-            f"({targets.modules['qkv'][0]})",
-            fix="use --lr-ratio 1 on this model, or a model with separate projections",
-        )
     buckets: dict[tuple[str, bool], list[tuple[str, torch.Tensor]]] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:

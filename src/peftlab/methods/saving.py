@@ -6,6 +6,12 @@
 * ``full``: there is no adapter, so the trained tensors (the selected projections and the head) are saved
   as ``trained_weights.safetensors`` with the base model's name in the metadata; :func:`load_trained`
   puts them back into a freshly loaded base model.
+* A sequence classifier's head (``num_labels``, ``id2label``/``label2id``: the class names of a user's
+  ``--task classify``) is also written to ``labels.json``, which an adapter folder otherwise lacks.
+* A fused-QKV model (``applied.split``, :mod:`peftlab.methods.fused_qkv`): a peft adapter targets the split
+  ``...q_proj/k_proj/v_proj`` layers and is saved with ``fused_qkv.json`` (and a README.md section) saying so;
+  :func:`load_trained` splits the fresh base the same way first. Full fine-tuning is saved fused back, as a
+  standard folder of the original architecture. :func:`merged` fuses back when given the split.
 """
 
 from __future__ import annotations
@@ -45,6 +51,36 @@ def _portable_base(out_dir: Path, base_model: str) -> None:
                                                            "local_path": local}, indent=2) + "\n")
 
 
+LABELS_FILE = "labels.json"  # a sequence classifier's head: num_labels, id2label, label2id, problem_type
+
+
+def write_head_labels(model: nn.Module, out_dir: Path) -> None:
+    """A sequence classifier's ``labels.json``: the transformers config values its head needs (``num_labels``,
+    ``id2label``, ``label2id``, ``problem_type``), read from ``model.config``. A peft adapter folder has no
+    config.json to carry them, so plain transformers loads it as
+    ``AutoModelForSequenceClassification.from_pretrained(adapter_dir, **json.load(open(adapter_dir/"labels.json")))``
+    and names the classes; ``peftlab evaluate`` / ``predict`` / ``export`` rebuild the head from it."""
+    config = getattr(model, "config", None)
+    if getattr(config, "problem_type", None) not in ("single_label_classification", "regression"):
+        return
+    values = {"num_labels": int(config.num_labels), "problem_type": config.problem_type,
+              "id2label": {str(i): str(name) for i, name in sorted(config.id2label.items())},
+              "label2id": {str(name): int(i) for name, i in config.label2id.items()}}
+    (out_dir / LABELS_FILE).write_text(json.dumps(values, indent=2) + "\n")
+
+
+def saved_head_labels(adapter_dir: str | Path) -> dict | None:
+    """What :func:`write_head_labels` wrote into ``adapter_dir`` (a run folder's ``adapter/`` is found too), or
+    None (a causal LM, or an adapter saved before labels.json existed)."""
+    adapter_dir = Path(adapter_dir)
+    for folder in (adapter_dir / "adapter", adapter_dir):
+        try:
+            return json.loads((folder / LABELS_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "", applied=None) -> Path:
     """Write the trained part of ``model`` to ``out_dir`` (created). Returns ``out_dir``.
 
@@ -53,11 +89,17 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "",
     CorDA: from its initial adapter) and which KaSA truncations to save; without it the adapter is saved as
     peft holds it.
     """
+    from peftlab.methods import fused_qkv
     from peftlab.methods.table import METHODS
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_head_labels(model, out_dir)
     stats = applied.init_stats if applied is not None else None
+    split = applied.split if applied is not None else None
+    if split is None and any(isinstance(m, fused_qkv.SplitQKV) for m in model.modules()):
+        raise PeftlabError("this model's fused QKV projections are split, but save_trained was not told how",
+                           fix="pass applied= (what apply_method returned: it records the split)")
     if is_peft(model):
         if applied is not None and METHODS[applied.method.method].converts_to_lora:
             from peftlab.methods.svd_lora import save_converted
@@ -71,10 +113,14 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "",
         else:
             model.save_pretrained(out_dir, safe_serialization=True)
         _portable_base(out_dir, base_model)
+        if split:  # the adapter names q/k/v layers that only a split base has
+            fused_qkv.write_note(out_dir, split)
         return out_dir
     # Full fine-tuning: a standard transformers folder (config.json + model.safetensors) that
-    # AutoModelFor*.from_pretrained loads as it is; peftlab_base.json says which registry model it came from.
-    model.save_pretrained(out_dir, safe_serialization=True)
+    # AutoModelFor*.from_pretrained loads as it is (split q/k/v saved fused back into the original layout);
+    # peftlab_base.json says which registry model it came from.
+    model.save_pretrained(out_dir, safe_serialization=True,
+                          **({"state_dict": fused_qkv.fused_state_dict(model, split)} if split else {}))
     if base_model:
         from peftlab.models.registry import hub_id
 
@@ -111,6 +157,9 @@ def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool
         raise PeftlabError(f"corrupt adapter config {config_file}: {err}", fix="re-save the adapter") from None
     from peft import PeftModel
 
+    from peftlab.methods.fused_qkv import split_for_adapter
+
+    split_for_adapter(base, adapter_dir)  # an adapter of split q/k/v: the same split first (fused_qkv.json)
     plan, originals = kasa.load_plan(adapter_dir, base)  # reads the original weights before peft truncates
     try:
         loaded = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
@@ -159,9 +208,10 @@ def _load_full(base: nn.Module, path: Path, base_model: str | None) -> nn.Module
     return base
 
 
-def merged(model: nn.Module) -> nn.Module:
+def merged(model: nn.Module, split=None) -> nn.Module:
     """A plain model with the adapter folded into the weights (inference at base-model cost). In place:
-    ``model`` is consumed.
+    ``model`` is consumed. ``split`` (a :class:`~peftlab.methods.fused_qkv.FusedSplit`: ``AppliedMethod.split``,
+    or ``fused_qkv.read_split(adapter_dir)``): the split q/k/v are fused back into the original layout.
 
     The trained task head (peft's ``modules_to_save``) is unwrapped first, by peft's own
     ``ModulesToSaveWrapper.unload_and_optionally_merge_module``. ``merge_and_unload`` alone fails for VeRA and
@@ -172,10 +222,14 @@ def merged(model: nn.Module) -> nn.Module:
     adapted layers have already been merged in place. Present in peft 0.21.2; a ``hasattr`` guard for it was
     proposed upstream in huggingface/peft PR #3213.
     """
-    if not is_peft(model):
-        return model
-    _unwrap_saved_modules(model)
-    return model.merge_and_unload()
+    if is_peft(model):
+        _unwrap_saved_modules(model)
+        model = model.merge_and_unload()
+    if split:
+        from peftlab.methods.fused_qkv import fuse_qkv
+
+        model = fuse_qkv(model, split)
+    return model
 
 
 def _unwrap_saved_modules(model: nn.Module) -> None:

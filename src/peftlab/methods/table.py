@@ -2,8 +2,10 @@
 
 Each :class:`Method` knows how to turn a base model plus a :class:`MethodConfig` into a trainable model
 (``build``), which extra loss the training loop must add (``extra_loss``, e.g. KaSA's regulariser), whether
-its init is an SVD of the base weight (``svd_init``: rank must stay below min(in, out)), and whether it
-can adapt a fused QKV matrix (GPT-2's Conv1D ``c_attn``) as a whole (``fused_qkv``).
+its init is an SVD of the base weight (``svd_init``: rank must stay below min(in, out)), whether it works on
+fused-QKV models (``fused_qkv``: GPT-2, Phi-3, Falcon, ModernBERT, whose fused matrix ``apply_method`` splits into
+linear q, k, v layers, :mod:`peftlab.methods.fused_qkv`) and whether it can adapt a Conv1D layer (``conv1d``:
+GPT-2's ``c_proj``, ``c_fc``).
 
 ``head`` trains the task head alone (no adapter, every base weight frozen): the baseline that says what an
 adapter adds. Everything but ``full``, ``head`` and MiLoRA's init is peft: LoRA, DoRA, PiSSA, KaSA
@@ -30,6 +32,8 @@ from peftlab.methods.targets import NO_TARGETS, ResolvedTargets, head_module_nam
 if TYPE_CHECKING:  # torch and the SVD/KaSA/CorDA modules load when a model is adapted, not to list the table
     import torch
     from torch import nn
+
+    from peftlab.methods.fused_qkv import FusedSplit
 
 
 @dataclass
@@ -110,7 +114,7 @@ def _lora_config(cfg: MethodConfig, targets: ResolvedTargets, heads: list[str], 
         target_modules=targets.all_modules,
         modules_to_save=heads or None,
         task_type=task_type,
-        fan_in_fan_out=targets.fused,  # GPT-2's Conv1D stores (in, out)
+        fan_in_fan_out=bool(targets.conv1d),  # GPT-2's Conv1D stores (in, out); peft flips it per layer type
         **extra,
     )
 
@@ -185,7 +189,7 @@ def build_vera(model, cfg, targets, heads, task_type):
         d_initial=cfg.vera.d_initial,
         save_projection=True,  # the frozen random A/B travel with the adapter: loading needs no PRNG replay
         task_type=task_type,
-        fan_in_fan_out=targets.fused,
+        fan_in_fan_out=bool(targets.conv1d),
     )
     return _peft(model, config)
 
@@ -199,7 +203,7 @@ def build_fourierft(model, cfg, targets, heads, task_type):
         target_modules=targets.all_modules,
         modules_to_save=heads or None,
         task_type=task_type,
-        fan_in_fan_out=targets.fused,
+        fan_in_fan_out=bool(targets.conv1d),
     )
     return _peft(model, config)
 
@@ -224,7 +228,8 @@ class Method:
     summary: str
     build: Callable
     svd_init: bool = False  # rank must be < min(in_features, out_features) of every target
-    fused_qkv: bool = True  # can adapt a fused QKV Conv1D (GPT-2 c_attn) as a whole
+    fused_qkv: bool = True  # works on a fused-QKV model: its q/k/v split into nn.Linear layers (methods.fused_qkv)
+    conv1d: bool = True  # can adapt a Conv1D layer (GPT-2's c_proj, c_fc: weights stored (in, out))
     extra_loss: Callable[[nn.Module, MethodConfig], torch.Tensor] | None = None
     converts_to_lora: bool = False  # saved adapter is converted to plain LoRA on the original base weights
     needs_calibration: bool = False  # build(..., calibration=callable): runs the model over task inputs (CorDA)
@@ -268,7 +273,7 @@ METHODS: dict[str, Method] = {
         Method("milora", "MiLoRA: LoRA initialised from the r smallest singular components", build_milora,
                svd_init=True, converts_to_lora=True),
         Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,
-               svd_init=True, fused_qkv=False, extra_loss=_kasa_regulariser,
+               svd_init=True, conv1d=False, extra_loss=_kasa_regulariser,  # peft's KaSA refuses fan_in_fan_out
                options=frozenset({"rank", "alpha", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction",
                                   "kasa_truncate_rank", "kasa_mode"}) | PROJECTION_OPTIONS),
         Method("corda", "CorDA: LoRA from a covariance-oriented SVD over task inputs (Yang et al.)", build_corda,
@@ -378,6 +383,7 @@ class AppliedMethod:
     heads: list[str]  # task-head modules trained in full (empty for causal LMs)
     method: MethodConfig  # the options it was built with (the extra-loss hook and the savers read them)
     init_stats: InitStats = field(default_factory=InitStats)
+    split: FusedSplit | None = None  # fused QKV projections split into q/k/v layers (save, merge, export fuse back)
 
     def extra_loss(self, model: nn.Module | None = None) -> torch.Tensor | None:
         """The method's auxiliary loss on ``model`` (default: the adapted model; pass the unwrapped one)."""
@@ -395,14 +401,14 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
     wall time in ``init_stats.calibration_seconds``.
     """
     method = METHODS[cfg.method]
+    split = _split_fused_qkv(model, method, cfg)
     # head-only adapts no projection: nothing to resolve (its config holds no targets)
     targets = resolve_targets(model, cfg.targets, layers=getattr(cfg, "layers", None)) \
         if method.adapts_projections else NO_TARGETS
-    if targets.fused and not method.fused_qkv:
-        raise PeftlabError(
-            f"{cfg.method} cannot adapt this model's fused QKV matrix (Conv1D {targets.modules['qkv'][0]})",
-            fix="use full, lora, dora, pissa, milora, vera or fourierft on this model, or a model with separate q/k/v",
-        )
+    if targets.conv1d and not method.conv1d:
+        raise PeftlabError(f"{cfg.method} cannot adapt Conv1D layers such as {targets.conv1d[0]} (weights stored "
+                           "(in, out))", fix=f"drop the projections on them from --targets, or use another method "
+                                             f"({', '.join(n for n, m in METHODS.items() if m.conv1d and m.adapts_projections)})")
     if method.adapts_projections:
         _check_rank(model, method, cfg, targets)
     heads = head_module_names(model) if train_head else []
@@ -438,7 +444,21 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
         initial_adapter=svd_init.initial_adapter_state(model) if method.converts_to_lora else None,
         kasa_sigma=kasa.singular_values(model),
     )
-    return AppliedMethod(model, targets, heads, cfg, stats)
+    return AppliedMethod(model, targets, heads, cfg, stats, split)
+
+
+def _split_fused_qkv(model: nn.Module, method: Method, cfg: MethodConfig) -> FusedSplit | None:
+    """A fused QKV matrix split into linear q, k, v layers (in place) when --targets names any of them, so each
+    trains in its own group (k frozen when not named); None when nothing was split."""
+    if not method.adapts_projections or not {"q", "k", "v"} & set(cfg.targets):
+        return None
+    from peftlab.methods.fused_qkv import fused_modules, split_fused_qkv
+
+    if not method.fused_qkv and fused_modules(model):
+        raise PeftlabError(f"{cfg.method} cannot adapt the q/k/v of a fused QKV matrix ({fused_modules(model)[0]})",
+                           fix="use " + ", ".join(n for n, m in METHODS.items() if m.fused_qkv and m.adapts_projections)
+                               + " on this model, or a model with separate q/k/v")
+    return split_fused_qkv(model) or None
 
 
 class _Timed:

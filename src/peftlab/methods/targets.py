@@ -1,12 +1,15 @@
 """Resolve logical attention projections (q, k, v, o) to module names by inspecting a model.
 
-Families covered by the alias table: BERT/RoBERTa (``attention.self.query``, ``attention.output.dense``),
-DeBERTa-v2 (``query_proj``), MPNet (``attn.q``), DistilBERT (``q_lin``), Llama/Mistral/Qwen2/Gemma
-(``self_attn.q_proj``), OPT/BART (``q_proj``, ``out_proj``) and GPT-2 (fused ``attn.c_attn`` + ``attn.c_proj``).
+Families covered by the alias table: BERT/RoBERTa/XLM-R/ELECTRA (``attention.self.query``,
+``attention.output.dense``), DeBERTa-v2 (``query_proj``), MPNet (``attn.q``), DistilBERT (``q_lin``),
+Llama/Mistral/Qwen2/Qwen3/Gemma (``self_attn.q_proj``), OPT/BART (``q_proj``, ``out_proj``), and the fused-QKV
+families once :func:`peftlab.methods.fused_qkv.split_fused_qkv` has split them (``apply_method`` does):
+GPT-2 (``attn.c_attn.q_proj`` + ``attn.c_proj``), Phi-3 (``self_attn.qkv_proj.q_proj`` + ``o_proj``), Falcon
+(``self_attention.query_key_value.q_proj`` + ``self_attention.dense``) and ModernBERT (``attn.Wqkv.q_proj`` +
+``attn.Wo``).
 
-A fused QKV matrix (GPT-2's ``c_attn``) can only be adapted as a whole: asking for all of q, k and v maps
-to it (projection ``qkv``); a strict subset such as {q, v} on it is refused (slicing a fused matrix is not
-implemented).
+A fused QKV matrix that is still fused is refused for q, k or v in one line (split it first; a family whose
+layout peftlab does not know is named as such).
 """
 
 from __future__ import annotations
@@ -29,14 +32,16 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "q": (r"attention\.self\.query", r"attention\.self\.query_proj", r"attn\.q", r"q_lin", r"q_proj", r"attention\.q"),
     "k": (r"attention\.self\.key", r"attention\.self\.key_proj", r"attn\.k", r"k_lin", r"k_proj", r"attention\.k"),
     "v": (r"attention\.self\.value", r"attention\.self\.value_proj", r"attn\.v", r"v_lin", r"v_proj", r"attention\.v"),
-    "o": (r"attention\.output\.dense", r"attn\.o", r"out_lin", r"o_proj", r"self_attn\.out_proj", r"attn\.c_proj"),
+    "o": (r"attention\.output\.dense", r"attn\.o", r"out_lin", r"o_proj", r"self_attn\.out_proj", r"attn\.c_proj",
+          r"self_attention\.dense", r"attn\.Wo"),  # ... GPT-2, Falcon, ModernBERT
     # MLP: BERT/RoBERTa/MPNet/DeBERTa (intermediate.dense, then the block's own output.dense, not the attention's),
-    # Llama/Mistral/Qwen2 (gate/up/down_proj), GPT-2 (mlp.c_fc, mlp.c_proj), DistilBERT (ffn.lin1/lin2)
+    # Llama/Mistral/Qwen2/Phi-3 (gate/up/down_proj), GPT-2 (mlp.c_fc, mlp.c_proj), DistilBERT (ffn.lin1/lin2),
+    # Falcon (dense_h_to_4h, dense_4h_to_h), ModernBERT (mlp.Wo; its mlp.Wi fuses gate and up, so it is neither).
     "gate": (r"mlp\.gate_proj",),
-    "up": (r"intermediate\.dense", r"mlp\.up_proj", r"mlp\.c_fc", r"ffn\.lin1"),
-    "down": (r"(?<!attention\.)output\.dense", r"mlp\.down_proj", r"mlp\.c_proj", r"ffn\.lin2"),
+    "up": (r"intermediate\.dense", r"mlp\.up_proj", r"mlp\.c_fc", r"ffn\.lin1", r"mlp\.dense_h_to_4h"),
+    "down": (r"(?<!attention\.)output\.dense", r"mlp\.down_proj", r"mlp\.c_proj", r"ffn\.lin2", r"mlp\.dense_4h_to_h",
+             r"mlp\.Wo"),
 }
-_FUSED = (r"attn\.c_attn", r"self_attention\.query_key_value", r"attn\.Wqkv", r"qkv_proj")
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -61,10 +66,11 @@ def _match(names: list[str], patterns: tuple[str, ...]) -> list[str]:
 
 @dataclass(frozen=True)
 class ResolvedTargets:
-    """Module names per projection group. ``fused`` is True when q, k and v share one matrix (group ``qkv``)."""
+    """Module names per projection group. ``conv1d``: the targets stored transposed (GPT-2's Conv1D ``c_proj``,
+    ``c_fc``), for peft's ``fan_in_fan_out``."""
 
-    modules: dict[str, tuple[str, ...]]  # projection group ("q", "k", "v", "o" or "qkv") -> module names
-    fused: bool = False
+    modules: dict[str, tuple[str, ...]]  # projection group ("q", "k", "v", "o", "gate", "up", "down") -> names
+    conv1d: tuple[str, ...] = ()
 
     @property
     def all_modules(self) -> list[str]:
@@ -143,21 +149,24 @@ def resolve_targets(model: nn.Module, targets, layers=None) -> ResolvedTargets:
         layers = parse_layers(layers)
     names = linear_layer_names(model)
     found: dict[str, tuple[str, ...]] = {}
-    fused = _match(names, _FUSED)
     separate = {p: _match(names, _ALIASES[p]) for p in ("q", "k", "v")}
-    if fused and not any(separate.values()):
-        qkv = [p for p in wanted if p in ("q", "k", "v")]
-        if qkv and set(qkv) != {"q", "k", "v"}:
+    qkv = [p for p in wanted if p in ("q", "k", "v")]
+    if qkv and not any(separate.values()):
+        from peftlab.methods.fused_qkv import FAMILIES, fused_modules
+
+        fused = fused_modules(model)
+        if fused:
+            model_type = getattr(getattr(model, "config", None), "model_type", "")
+            known = model_type in FAMILIES
             raise PeftlabError(
                 f"this model fuses q, k and v into one matrix ({fused[0]}), so {{{','.join(qkv)}}} cannot be "
-                "adapted alone",
-                fix="target all of q,k,v together (adapts the fused matrix as a whole) or use a model with separate projections",
+                "adapted " + ("before it is split" if known else
+                              f"(peftlab does not know the layout of model type '{model_type}'; it splits "
+                              f"{', '.join(FAMILIES)})"),
+                fix="split it with peftlab.methods.fused_qkv.split_fused_qkv(model) (apply_method does)" if known else
+                    "use a model with separate q/k/v projections, or add its layout to peftlab.methods.fused_qkv.FAMILIES",
             )
-        if qkv:
-            found["qkv"] = tuple(fused)
     for projection in wanted:
-        if "qkv" in found and projection in ("q", "k", "v"):
-            continue
         modules = separate.get(projection) if projection in separate else _match(names, _ALIASES[projection])
         if not modules:
             shown = ", ".join(sorted({re.sub(r"\.\d+\.", ".N.", n) for n in names}))
@@ -168,7 +177,9 @@ def resolve_targets(model: nn.Module, targets, layers=None) -> ResolvedTargets:
         found[projection] = tuple(modules)
     if layers is not None:
         found = {group: tuple(_keep_layers(list(mods), layers)) for group, mods in found.items()}
-    return ResolvedTargets(found, fused="qkv" in found)
+    conv1d = tuple(n for n, m in model.named_modules() if type(m).__name__ == "Conv1D"
+                   and n in {name for mods in found.values() for name in mods})
+    return ResolvedTargets(found, conv1d=conv1d)
 
 
 HEAD_NAMES = ("classifier", "score", "pre_classifier", "pooler", "qa_outputs")

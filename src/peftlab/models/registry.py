@@ -16,7 +16,8 @@ Named models load with no network:
   The GGUF's own metadata names it "Qwen2.5 Coder 0.5B Instruct AWQ": it is likely a re-quantisation of the
   AWQ upload, so expect somewhat lower quality than the bf16 model.
 * ``tiny-*`` and ``*-random``: architectures built from a config with random weights, for unit tests and
-  speed benchmarks (no real weights of RoBERTa-base or Llama-3.1-8B are available offline).
+  speed benchmarks (:mod:`peftlab.models.random_models`; ``tiny-gpt2``, ``tiny-phi3``, ``tiny-falcon`` and
+  ``tiny-modernbert`` fuse q, k and v into one matrix).
 
 Anything else is passed to ``from_pretrained`` as a Hub id or a local path (the online path).
 """
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from peftlab.errors import PeftlabError, closest
+from peftlab.models.hub import bound_hub_calls, hub_error
+from peftlab.models.random_models import RANDOM_MODELS
 
 HEADS = ("classification", "regression", "causal-lm")
 
@@ -241,21 +244,6 @@ def _qwen_coder_path() -> Path | None:
     return _build_from_parts(QWEN_CODER_WHEELS, _qwen_coder_parts(), target, gguf_to_safetensors)
 
 
-# --------------------------------------------------------------------------- random-config models
-
-
-def _random_config(model_type: str, **overrides: Any) -> Callable[[], Any]:
-    def build():
-        from transformers import AutoConfig
-
-        return AutoConfig.for_model(model_type, **overrides)
-
-    return build
-
-
-_TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-
-
 @dataclass(frozen=True)
 class ModelSpec:
     """One registry entry."""
@@ -323,45 +311,10 @@ MODELS: dict[str, ModelSpec] = {
                    # the GGUF's general.name: it was likely converted from the AWQ (int4) upload, not the bf16 one
                    "gguf_name": "Qwen2.5 Coder 0.5B Instruct AWQ"},
         ),
-        ModelSpec(
-            "tiny-bert",
-            "random BERT, 2 layers, 32 wide (tests)",
-            "encoder",
-            random_config=_random_config("bert", vocab_size=30522, **_TINY),
-            tokenizer_from="minilm-l6",
-        ),
-        ModelSpec(
-            "tiny-llama",
-            "random Llama, 2 layers, 32 wide, GQA (tests)",
-            "decoder",
-            random_config=_random_config(
-                "llama", vocab_size=49152, num_key_value_heads=2, tie_word_embeddings=True, **_TINY
-            ),
-            tokenizer_from="smollm2-135m",
-        ),
-        ModelSpec(
-            "roberta-base-random",
-            "RoBERTa-base shape with random weights (speed benchmarks)",
-            "encoder",
-            random_config=_random_config("roberta", vocab_size=50265, max_position_embeddings=514, type_vocab_size=1),
-            tokenizer_from="minilm-l6",
-        ),
-        ModelSpec(
-            "llama3-8b-2l-random",
-            "Llama-3.1-8B layer shape (4096 wide, GQA 32/8, 14336 FFN), 2 layers, random (speed benchmarks)",
-            "decoder",
-            random_config=_random_config(
-                "llama",
-                vocab_size=128256,
-                hidden_size=4096,
-                intermediate_size=14336,
-                num_hidden_layers=2,
-                num_attention_heads=32,
-                num_key_value_heads=8,
-            ),
-            tokenizer_from="smollm2-135m",
-        ),
     ]
+} | {  # random-config models (tests, speed benchmarks): peftlab.models.random_models
+    m.name: ModelSpec(m.name, m.description, m.family, random_config=m.config_builder(), tokenizer_from=m.tokenizer_from)
+    for m in RANDOM_MODELS
 }
 
 
@@ -400,7 +353,13 @@ def load_tokenizer(name: str):
         if spec.tokenizer_from is None:
             return None
         return load_tokenizer(spec.tokenizer_from)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    bound_hub_calls()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except Exception as err:
+        if hub_error(name, err) is None:
+            raise
+        raise hub_error(name, err) from None
     if tokenizer.pad_token is None:  # decoders: pad with eos, as both papers' Llama runs do
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -459,14 +418,17 @@ def load_model_with_pooling(
             setattr(config, key, value)
         model = auto.from_config(config)
     else:
+        bound_hub_calls()
         try:
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
             model = auto.from_pretrained(
                 source, config=config, trust_remote_code=trust_remote_code, dtype=dtype or torch.float32
             )
-        except (OSError, ValueError) as err:
+        except Exception as err:  # a bad name or path, or the Hub out of reach (any error type): one line
+            if not isinstance(err, (OSError, ValueError)) and hub_error(name, err) is None:
+                raise
             first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise PeftlabError(
+            raise hub_error(name, err) or PeftlabError(
                 f"could not load model '{name}': {first_line}",
                 fix="check the name or path; offline, use a registered model (`peftlab models`)",
             ) from None
@@ -484,7 +446,8 @@ def family_of(model) -> str:
 
 
 def _is_causal_arch(model) -> bool:
-    return model.config.model_type in {"llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma", "gemma2", "phi3"}
+    return model.config.model_type in {"llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma", "gemma2", "gemma3_text",
+                                       "phi3", "falcon"}
 
 
 def describe_models() -> list[dict]:

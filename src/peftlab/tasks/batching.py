@@ -1,7 +1,9 @@
-"""Tokenisation (cached), collation and length-grouped batching of a task's examples.
+"""Tokenisation (cached), collation, length-grouped batching and packing (--packing) of a task's examples.
 
 :func:`tokenize` is GLUE's (``text_a``/``text_b`` -> token ids); instruction data reuses its cache folder
 and hash (:func:`tokenize_hash`, keyed on the rows' :func:`content_digest`). :func:`length_grouped_batches` is what the training loop's sampler draws.
+:class:`PackingCollator` (``--packing``, decoder training) puts a batch's examples into one unpadded row;
+:func:`prepare_packed_attention` makes the run's model attend within each packed example and verifies it.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -159,3 +162,103 @@ def length_grouped_batches(lengths: Sequence[int], batch_size: int, seed: int, e
     rest = batches[1:]
     random.Random(derived).shuffle(rest)
     return [batches[0]] + rest
+
+
+# --------------------------------------------------------------------------- packing (--packing)
+
+
+class PackingCollator:
+    """``--packing``: a batch's examples concatenated into ONE row, no padding (transformers'
+    ``DataCollatorWithFlattening``).
+
+    The row holds exactly the examples the sampler drew (``--batch-size`` still counts examples): ``input_ids``
+    and ``labels`` of shape (1, sum of lengths), ``position_ids`` restarting at 0 for every example, the examples'
+    boundaries (``cu_seq_lens_q``/``_k``, ``max_length_q``/``_k``: flash-attention's variable-length arguments)
+    and no ``attention_mask``. ``labels`` keep each example's own -100 on its prompt; the collator also sets each
+    example's FIRST label to -100 (the prompt's anyway), so the last token of one example is never trained to
+    predict the first token of the next. The model's loss is then the mean over the same response tokens as the
+    padded batch's.
+
+    What keeps examples apart on a CPU: transformers' ``masking_utils.create_causal_mask`` reads the restarting
+    ``position_ids`` (``find_packed_sequence_indices``) and builds a block-diagonal causal mask, but only when
+    there is no attention mask AND no cache (``_preprocess_mask_arguments``). A causal LM whose config says
+    ``use_cache=True`` (Llama's, Qwen2's, SmolLM2's default) creates an empty ``DynamicCache`` even in a training
+    forward, which turns that detection off and lets every token attend across the whole row. So the batch
+    carries ``use_cache=False``. :func:`prepare_packed_attention` also moves an SDPA model to attention over
+    each example alone (:mod:`peftlab.models.packed_attention`, using the boundaries) and verifies the result.
+    """
+
+    KEEP = ("input_ids", "labels")
+
+    def __init__(self):
+        from transformers import DataCollatorWithFlattening
+
+        self.inner = DataCollatorWithFlattening(return_position_ids=True, separator_id=-100, return_tensors="pt",
+                                                return_flash_attn_kwargs=True)
+
+    def __call__(self, features: Sequence[dict]):
+        batch = self.inner([{k: f[k] for k in self.KEEP} for f in features])
+        batch["use_cache"] = False  # no cache: the packed rows' block-diagonal mask is built (see above)
+        return batch
+
+
+def examples_in_batch(batch) -> int:
+    """Training examples in a collated batch: a packed row (:class:`PackingCollator`) counts its examples by
+    their ``position_ids`` restarting at 0; a padded batch has one example per row."""
+    positions = batch.get("position_ids") if hasattr(batch, "get") else None
+    if positions is not None:
+        return int((positions == 0).sum())
+    return int(batch["input_ids"].shape[0])
+
+
+PACKING_CHECK_LENGTHS = (7, 5, 1)  # three short examples (one of a single token), one row
+
+
+@dataclass(frozen=True)
+class PackedAttention:
+    """How a model attends within packed rows (:func:`prepare_packed_attention`)."""
+
+    per_example: bool  # each example attends on its own (models.packed_attention); False: a block-diagonal mask
+    implementation: str  # the model's attention implementation now
+    max_difference: float  # largest |packed - alone| logit of the check's examples
+
+
+def prepare_packed_attention(model, tolerance: float = 1e-3) -> PackedAttention:
+    """Make ``model`` attend within each example of a packed row, and verify it: an SDPA model is switched to
+    per-example attention (:func:`peftlab.models.packed_attention.use_packed_attention`), any other keeps
+    transformers' block-diagonal mask. Then the logits of three short random examples packed into one row
+    (:class:`PackingCollator`) must equal each example's logits run alone with the model's original attention,
+    within ``tolerance`` x their scale; else :class:`PeftlabError`. Four forwards of a few tokens (no grad, eval
+    mode; the model's mode is restored)."""
+    import torch
+
+    from peftlab.models.packed_attention import use_packed_attention
+
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    if vocab < 2:
+        raise PeftlabError("--packing: cannot check the model's attention (its config has no vocab_size)",
+                           fix="drop --packing for this model")
+    generator = torch.Generator().manual_seed(0)
+    examples = [torch.randint(1, vocab, (n,), generator=generator).tolist() for n in PACKING_CHECK_LENGTHS]
+    batch = PackingCollator()([{"input_ids": ids, "labels": [-100] * len(ids)} for ids in examples])
+    device = next(model.parameters()).device
+    inputs = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items() if k != "labels"}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            alone = torch.cat([model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0].float()
+                               for ids in examples])
+            per_example = use_packed_attention(model)
+            packed = model(**inputs).logits[0].float()
+    finally:
+        model.train(was_training)
+    difference = float((packed - alone).abs().max())
+    scale = max(1.0, float(alone.abs().max()))
+    if not difference <= tolerance * scale:
+        raise PeftlabError(
+            f"--packing: {type(model).__name__} lets packed examples attend to each other (packed vs alone logits "
+            f"differ by up to {difference:.3g}): its attention ignores the restarting position_ids",
+            fix="drop --packing for this model (dynamic padding with length-grouped batches is the default)")
+    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", None))
+    return PackedAttention(per_example, implementation, difference)

@@ -8,10 +8,13 @@
 * **Format**: instruction :data:`INSTRUCTION`, input the MR, response the reference, with the tokenizer's chat
   template like every instruction task (loss on the response only).
 * **Metrics** (:mod:`peftlab.tasks.nlg_metrics`): ``bleu`` (the primary metric, a fraction: ×100 in reports),
-  ``nist``, ``meteor`` (only when NLTK's WordNet corpus is installed), ``rouge_l`` and ``cider``, from sacrebleu,
-  nltk, rouge-score and pycocoevalcap; result.json's ``metric_implementations`` names the package, version and
-  settings of each, and ``metrics_unavailable`` says why a metric is missing. Generation is greedy up to EOS /
-  end of turn or ``--max-new-tokens`` (default 64).
+  ``nist``, ``meteor``, ``rouge_l`` and ``cider``, equal to the official E2E NLG Challenge script's
+  (tuetschek/e2e-metrics ``measure_scores.py -p``, the papers' tables) on the generated texts written one per
+  line (``peftlab nlg-score`` scores such files). METEOR 1.5 and the PTB tokenizer that ROUGE-L and CIDEr use
+  need Java: without it result.json's ``metrics_unavailable`` and ``report_notes`` say that METEOR is not
+  computed and that ROUGE-L/CIDEr use nltk's tokens instead (approximations), and ``java`` is null.
+  ``metric_implementations`` names the package, version and settings of each metric, ``metrics_reproduce``
+  the script. Generation is greedy up to EOS / end of turn or ``--max-new-tokens`` (default 64).
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ def build_pipeline(cfg, tokenizer, model=None):
     from peftlab.tasks.data_files import subset
     from peftlab.tasks.generation import generation_evaluator
     from peftlab.tasks.instructions import encode_prompt
-    from peftlab.tasks.nlg_metrics import corpus_scores, implementations, wordnet_status
+    from peftlab.tasks.nlg_metrics import OFFICIAL, corpus_scores, implementations, java_runtime, meteor_missing, \
+        no_java_note
     from peftlab.tasks.prepare import examples_digest
 
     generative.ensure_pad_token(cfg, tokenizer)
@@ -87,27 +91,32 @@ def build_pipeline(cfg, tokenizer, model=None):
     mrs, references = list(test["mr"]), [list(r) for r in test["references"]]
     prompts = [encode_prompt(tokenizer, INSTRUCTION, mr) for mr in mrs]
 
-    def score(texts: list[str]):
-        scores = corpus_scores(texts, references)
-        records = [{"mr": mr, "references": refs, "generated": text} for mr, refs, text in zip(mrs, references, texts)]
-        return records, scores.metrics, scores.unavailable  # why a metric is missing from this evaluation
+    java = java_runtime()  # once per run: every evaluation scores the same way
 
-    _, meteor_missing = wordnet_status()
+    def score(texts: list[str]):
+        scores = corpus_scores(texts, references, java)
+        records = [{"mr": mr, "references": refs, "generated": text} for mr, refs, text in zip(mrs, references, texts)]
+        notes = dict(scores.unavailable)  # why a metric is missing from this evaluation (result.json metric_notes)
+        if scores.notes:
+            notes["scorer"] = " ".join(scores.notes)
+        return records, scores.metrics, notes
+
+    meteor_reason = meteor_missing(java)
     extras: dict[str, Any] = {
         "dataset": DATASET,
         "report_notes": [DATASET_NOTE.format(n_train=len(train_rows), n_mrs=len(mrs))]
-        + ([f"METEOR not computed: {meteor_missing}"] if meteor_missing else []),  # lab/report.py prints them
+        + ([no_java_note(java)] if not java.available else []),  # lab/report.py prints them
         "data_files": {"train": str(train_path), "test": str(test_path)},
         "eval_examples": len(mrs),
         "eval_references": sum(len(r) for r in references),
         "eval_examples_digest": examples_digest({"test": test}),
-        "metric_implementations": implementations(),
-        # Known before any generation; a metric that one evaluation cannot compute (NIST when no text has 5
-        # tokens) is absent from that evaluation's metrics, with the reason in metric_notes[tag].
-        "metrics_unavailable": {"meteor": meteor_missing} if meteor_missing else {},
+        "metrics_reproduce": OFFICIAL,
+        "java": java.version if java.available else None,
+        "metric_implementations": implementations(java),
+        # Known before any generation; a metric that one evaluation cannot compute (NIST on degenerate outputs)
+        # is absent from that evaluation's metrics, with the reason in metric_notes[tag].
+        "metrics_unavailable": {"meteor": meteor_reason} if meteor_reason else {},
     }
-    if meteor_missing:
-        extras["metric_implementations"].pop("meteor")
     return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=generation_evaluator(
         cfg, tokenizer, prompts, score), primary_metric="bleu", chance=0.0, num_eval_examples=len(mrs),
         extras=extras, eval_sets={"test": test})

@@ -11,7 +11,8 @@ data files and the prompt-masked training set. Generation and its evaluation are
 * **Training.** Prompt and response are formatted and tokenised exactly as for the instruction tasks
   (:func:`peftlab.tasks.instructions.tokenize_instructions`: the chat template when the tokenizer has one, the
   loss on the response only, the prompt cut first), so generation at evaluation time starts from the same
-  prompt tokens; batches are right-padded by :class:`peftlab.tasks.instructions.SFTCollator`.
+  prompt tokens; batches are right-padded by :class:`peftlab.tasks.instructions.SFTCollator`, or with
+  ``--packing`` packed into one unpadded row (:class:`peftlab.tasks.batching.PackingCollator`).
 * **Evaluation.** :func:`peftlab.tasks.generation.generation_evaluator`: greedy ``model.generate``, optionally
   with a per-row stopping rule on the text so far (commonsense stops at the first answer word, after which
   nothing can change the extracted answer), the family's ``score(texts) -> (records, metrics)``, and every
@@ -127,7 +128,7 @@ def training_pipeline(cfg, tokenizer, train_raw, *, evaluate: Callable, primary_
     """The :class:`~peftlab.tasks.prepare.Pipeline`: ``train_raw`` (``instruction``/``input``/``output``) subset
     by ``--max-train-samples`` (seeded by ``--seed``), tokenised with the loss on the response only."""
     from peftlab.tasks.data_files import subset
-    from peftlab.tasks.instructions import SFTCollator, tokenize_instructions
+    from peftlab.tasks.instructions import tokenize_instructions, training_collator
     from peftlab.tasks.prepare import Pipeline, train_examples_digest
 
     train_raw = subset(train_raw, cfg.max_train_samples, cfg.seed)
@@ -141,7 +142,7 @@ def training_pipeline(cfg, tokenizer, train_raw, *, evaluate: Callable, primary_
         print(f"{cfg.task} train: {truncated} of {len(train_raw)} examples truncated to --max-length "
               f"{cfg.max_length} (prompt first), {len(train_raw) - len(train)} dropped")
     extras = {**extras, "train_examples_used": len(train)}
-    collate = SFTCollator(tokenizer, cfg.max_length if getattr(cfg, "pad_to_max", False) else None)
+    collate = training_collator(cfg, tokenizer)  # right-padded, or one unpadded row per batch (--packing)
     return Pipeline(train, collate, evaluate, primary_metric, chance, num_eval_examples=num_eval_examples,
                     extras=extras, eval_sets=eval_sets,
                     # the drawn records, before tokenisation drops any (train_examples_used counts those kept)

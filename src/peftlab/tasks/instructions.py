@@ -26,7 +26,8 @@
   cut from the right. An example left with no response token is dropped. Tokenisation is a cached
   ``datasets.map`` in the same cache folder and with the same hash as :func:`peftlab.tasks.data_files.tokenize`.
   The truncation happens there; :class:`SFTCollator` (transformers' ``DataCollatorForSeq2Seq``) only pads, on
-  the right, ``labels`` with -100.
+  the right, ``labels`` with -100. With ``--packing`` a batch is one unpadded row instead
+  (:class:`peftlab.tasks.batching.PackingCollator`, :func:`training_collator`).
 * **Evaluation.** GSM8K: batched greedy ``model.generate`` (:func:`peftlab.tasks.generation.generate_greedy`;
   left padding, stop at EOS/end of turn, once the answer is final, or at ``--max-new-tokens``), exact match of
   the final number
@@ -180,6 +181,17 @@ class SFTCollator:
         return self.inner([{k: f[k] for k in self.KEEP if k in f} for f in features])
 
 
+def training_collator(cfg, tokenizer):
+    """The training batches' collator: :class:`peftlab.tasks.batching.PackingCollator` with ``--packing`` (one
+    unpadded row per batch), else :class:`SFTCollator` (right-padded to the batch's longest, or to --max-length
+    with ``--pad-to-max``)."""
+    if getattr(cfg, "packing", False):
+        from peftlab.tasks.batching import PackingCollator
+
+        return PackingCollator()
+    return SFTCollator(tokenizer, cfg.max_length if getattr(cfg, "pad_to_max", False) else None)
+
+
 def score_generations(questions, golds, generated) -> list[dict]:
     from peftlab.tasks.math_answers import answers_match, extract_answer
 
@@ -269,8 +281,7 @@ def build_pipeline(cfg, tokenizer, model=None):
     _report_truncation(cfg, "train", len(train_raw), train)
     extras: dict[str, Any] = {"train_examples_used": len(train), "eval_examples": len(eval_raw),
                               "eval_examples_digest": examples_digest({"eval": eval_raw})}
-    pad_to = cfg.max_length if getattr(cfg, "pad_to_max", False) else None
-    collate = SFTCollator(tokenizer, pad_to)
+    collate = training_collator(cfg, tokenizer)
     digest = train_examples_digest(train_raw)  # the drawn records, before tokenisation drops any
     if cfg.task == "gsm8k":
         evaluate = gsm8k_evaluator(cfg, tokenizer, eval_raw)

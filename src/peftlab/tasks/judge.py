@@ -8,7 +8,16 @@ top: **no judgment ever raises**. Each request ends as a :class:`Verdict`, judge
 unjudged with the reason (timeout, HTTP status, connection refused, a reply without ``[[N]]``), so a
 flaky judge costs scores, never the run. After ``max_consecutive_failures`` transport failures in a row the
 remaining requests are not sent (an unreachable judge would otherwise cost minutes of retries per answer);
-they are recorded as unjudged too, saying why.
+they are recorded as unjudged too, saying why, and the judging stage ends with one line on stderr naming
+the judge, what failed and the fix.
+
+Every request is bounded: connecting and each read wait at most ``timeout`` seconds (``--judge-timeout``),
+each request is tried ``retries + 1`` times, and a dead or silent judge is given up on after
+``max_consecutive_failures`` failures (a dead judge gets at most ``max(max_consecutive_failures, parallel)``
+requests), so judging against a judge that never answers takes at most about
+``ceil(max_consecutive_failures / parallel) * (retries + 1) * timeout`` seconds (plus the client's back-off,
+at most 8 s between tries) before every remaining answer is recorded unjudged: 16 minutes with the defaults
+(8 failures, 4 in parallel, 3 retries, 120 s), seconds for a closed port.
 
 The rating is parsed as FastChat's ``fastchat/llm_judge/common.py`` does: the first ``[[N]]`` (N an integer
 or decimal), else the first ``[N]``; a reply with neither is unjudged. A rating outside 1-10 is unjudged as
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -124,29 +134,54 @@ class JudgeClient:
         from openai import OpenAI
 
         self.settings = settings
+        from openai import Timeout
+
+        # connect, each read, each write and the wait for a pooled connection: each bounded by the timeout
+        bound = Timeout(settings.timeout, connect=settings.timeout, read=settings.timeout)
         self.client = OpenAI(base_url=normalise_url(settings.url), api_key=settings.api_key,
-                             timeout=settings.timeout, max_retries=settings.retries)
-        self._lock = threading.Lock()
+                             timeout=bound, max_retries=settings.retries)
+        self._lock = threading.Condition()
         self._failures_in_a_row = 0
+        self._in_flight = 0
         self._last_failure = ""
+
+    def _may_send(self) -> bool:
+        """Whether a request may go out now. After a failure, no more requests are in flight than could still
+        succeed before the cap: a dead judge gets at most max(max_consecutive_failures, parallel) requests,
+        and a request is held (not dropped) while those in flight may yet reset the count."""
+        cap = self.settings.max_consecutive_failures
+        with self._lock:
+            while self._failures_in_a_row and self._failures_in_a_row < cap \
+                    and self._failures_in_a_row + self._in_flight >= cap:
+                self._lock.wait()
+            if self._failures_in_a_row >= cap:
+                return False
+            self._in_flight += 1
+            return True
+
+    def _done(self, failure: str | None) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            if failure is None:
+                self._failures_in_a_row = 0
+            else:
+                self._failures_in_a_row += 1
+                self._last_failure = failure
+            self._lock.notify_all()
 
     def judge(self, system: str, user: str) -> Verdict:
         """One judgment; a transport failure (after the client's retries) is an unjudged Verdict."""
-        with self._lock:
-            if self._failures_in_a_row >= self.settings.max_consecutive_failures:
-                return Verdict(False, reason=f"not sent: the judge failed {self._failures_in_a_row} times in a row "
-                                             f"(last: {self._last_failure})")
+        if not self._may_send():
+            return Verdict(False, reason=f"not sent: the judge failed {self._failures_in_a_row} times in a row "
+                                         f"(last: {self._last_failure})")
         started = time.monotonic()
         try:
             reply = self._complete(system, user)
         except Exception as err:  # noqa: BLE001 - every failure becomes a recorded reason, never a crash
             reason = describe_error(err, self.settings)
-            with self._lock:
-                self._failures_in_a_row += 1
-                self._last_failure = reason
+            self._done(reason)
             return Verdict(False, reason=reason, attempts_seconds=time.monotonic() - started)
-        with self._lock:
-            self._failures_in_a_row = 0
+        self._done(None)
         verdict = verdict_from_reply(reply)
         verdict.attempts_seconds = time.monotonic() - started
         return verdict
@@ -166,7 +201,22 @@ class JudgeClient:
             return []
         workers = max(1, min(self.settings.parallel, len(prompts)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(lambda p: self.judge(*p), prompts))
+            verdicts = list(pool.map(lambda p: self.judge(*p), prompts))
+        note = self.gave_up_note(verdicts)
+        if note:
+            print(note, file=sys.stderr, flush=True)
+        return verdicts
+
+    def gave_up_note(self, verdicts: Sequence[Verdict]) -> str | None:
+        """The one line that says the judge was given up on (dead or silent), or None when it was not."""
+        if self._failures_in_a_row < self.settings.max_consecutive_failures:
+            return None
+        unjudged = sum(1 for v in verdicts if not v.judged)
+        return (f"peftlab: warning: judge {normalise_url(self.settings.url)} given up after "
+                f"{self._failures_in_a_row} failed requests in a row (last: {self._last_failure}): {unjudged} of "
+                f"{len(verdicts)} answers unjudged; "
+                "fix: start the judge (e.g. peftlab serve-judge) or correct --judge-url, or raise --judge-timeout "
+                "for a slow one; then `peftlab evaluate` the run again")
 
 
 def describe_error(err: Exception, settings: JudgeSettings) -> str:

@@ -325,8 +325,7 @@ def build_pipeline(cfg, tokenizer, model=None):
         model.train()
         return Evaluation(metrics[0], files)
 
-    pad_to = cfg.max_length if getattr(cfg, "pad_to_max", False) else None
-    return Pipeline(train, instructions.SFTCollator(tokenizer, pad_to), evaluate, "mt_bench_score", 0.0,
+    return Pipeline(train, instructions.training_collator(cfg, tokenizer), evaluate, "mt_bench_score", 0.0,
                     num_eval_examples=len(questions), extras=extras, eval_sets={"mt_bench": questions},
                     train_examples_digest=train_examples_digest(train_raw))
 

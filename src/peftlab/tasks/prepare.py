@@ -7,7 +7,8 @@ generation files it wrote). ``tag`` says which evaluation it is: ``before`` (bef
 (after epoch N), ``step<N>`` (after optimizer step N, ``--eval-steps``) or ``evaluate`` (``peftlab evaluate`` of a
 saved run); a task that writes files names them by it. ``train_examples_digest`` identifies the raw training
 examples the run draws (:func:`train_examples_digest`). Classification/regression (GLUE) lives here;
-instruction tuning (GSM8K, Alpaca, JSON) in :mod:`peftlab.tasks.instructions`. Add a task kind by adding a
+the user's own labelled data (classify, regress) in :mod:`peftlab.tasks.labelled_data`; instruction tuning
+(GSM8K, Alpaca, JSON) in :mod:`peftlab.tasks.instructions`. Add a task kind by adding a
 builder ``(cfg, tokenizer, model) -> Pipeline`` to ``BUILDERS``.
 """
 
@@ -82,7 +83,8 @@ def examples_digest(datasets_by_split: dict) -> str:
         ds = datasets_by_split[split]
         h.update(split.encode())
         for column in sorted(ds.column_names):
-            h.update(json.dumps(ds[column], default=str).encode())
+            # [:]: the values; datasets >= 4 returns a lazy Column, whose str() shows only its first five
+            h.update(json.dumps(ds[column][:], default=str).encode())
     return h.hexdigest()[:16]
 
 
@@ -109,6 +111,24 @@ def _eval_loader(dataset, collate, batch_size: int):
     order = np.argsort(-np.asarray(dataset["length"]), kind="stable")
     return torch.utils.data.DataLoader(dataset.select(order), batch_size=batch_size, collate_fn=collate,
                                        generator=torch.Generator())  # leaves the global RNG (dropout) alone
+
+
+@torch.no_grad()
+def gather_predictions(model, accelerator, tokenised, collate, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Logits and labels of one tokenised eval set, gathered over processes (classification and regression)."""
+    loader = accelerator.prepare(_eval_loader(tokenised, collate, batch_size))
+    logits, labels = [], []
+    for batch in loader:
+        out = model(**batch)
+        step_logits, step_labels = accelerator.gather_for_metrics((out.logits.float(), batch["labels"]))
+        logits.append(step_logits.cpu())
+        labels.append(step_labels.cpu())
+    # Forget this loader only: accelerator.free_memory(loader) would also drop the model, optimizer and
+    # scheduler it tracks (fp16: clip_grad_norm_ then clips still-scaled gradients, skipped steps go
+    # unnoticed) and run gc.collect() after every evaluation.
+    if loader in accelerator._dataloaders:
+        accelerator._dataloaders.remove(loader)
+    return torch.cat(logits).numpy(), torch.cat(labels).numpy()
 
 
 def build_glue(cfg, tokenizer, model=None) -> Pipeline:
@@ -142,19 +162,8 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
         model.eval()
         results: dict[str, dict[str, float]] = {}
         for split, (_, tokenised) in evals.items():
-            loader = accelerator.prepare(_eval_loader(tokenised, collate, cfg.eval_batch_size))
-            logits, labels = [], []
-            for batch in loader:
-                out = model(**batch)
-                step_logits, step_labels = accelerator.gather_for_metrics((out.logits.float(), batch["labels"]))
-                logits.append(step_logits.cpu())
-                labels.append(step_labels.cpu())
-            # Forget this loader only: accelerator.free_memory(loader) would also drop the model, optimizer and
-            # scheduler it tracks (fp16: clip_grad_norm_ then clips still-scaled gradients, skipped steps go
-            # unnoticed) and run gc.collect() after every evaluation.
-            if loader in accelerator._dataloaders:
-                accelerator._dataloaders.remove(loader)
-            results[split] = compute_metrics(cfg.task, torch.cat(logits).numpy(), torch.cat(labels).numpy())
+            logits, labels = gather_predictions(model, accelerator, tokenised, collate, cfg.eval_batch_size)
+            results[split] = compute_metrics(cfg.task, logits, labels)
         model.train()
         if len(results) == 1:
             return Evaluation(next(iter(results.values())))
@@ -180,6 +189,9 @@ BUILDERS: dict[str, str | Callable] = {
     "commonsense": "peftlab.tasks.commonsense:build_pipeline",
     "math": "peftlab.tasks.math_tasks:build_pipeline",
     "e2e": "peftlab.tasks.e2e:build_pipeline",
+    # The user's own labelled files and datasets (--train-file / --dataset).
+    "classify": "peftlab.tasks.labelled_data:build_pipeline",
+    "regress": "peftlab.tasks.labelled_data:build_pipeline",
 }
 
 

@@ -83,8 +83,44 @@ TASKS: dict[str, Task] = {
         # E2E test references: 30 tokens on average, p99 51, longest 92 (SmolLM2's tokenizer).
         Task("e2e", "e2e", "bleu", eval_before=True, default_max_length=256, default_batch_size=8, default_eval_every=0,
              default_max_new_tokens=64),
+        # The user's own labelled data (peftlab.tasks.labelled_data): --train-file / --eval-file or --dataset,
+        # --text-fields, --label-field, --metric. The label names, text fields and metric come from the data and
+        # the flags (labelled_data.head_labels), not from this row; primary_metric is the default --metric.
+        Task("classify", "classification", "accuracy"),
+        Task("regress", "regression", "pearson"),
     ]
 }
+
+# Tasks whose data, labels and metric the user brings (--train-file or --dataset).
+USER_TASKS = ("classify", "regress")
+# --metric choices of the user tasks (the first is the default), as result.json and reports name them.
+USER_METRICS = {"classify": ("accuracy", "f1", "f1_macro", "matthews_correlation"), "regress": ("pearson", "spearman")}
+METRIC_ALIASES = {"matthews": "matthews_correlation", "mcc": "matthews_correlation", "macro_f1": "f1_macro"}
+
+
+def primary_metric(task: str, metric: str | None = None) -> str:
+    """The metric a run of ``task`` is judged by: ``metric`` (a user task's --metric) when given, else the
+    table's."""
+    return metric if metric and task in USER_TASKS else TASKS[task].primary_metric
+
+
+def task_label(config: dict) -> str:
+    """The name reports and plots give a run's task (its column): the task itself, or for a user task the
+    training file's stem (``tickets`` for tickets.csv), the save_to_disk folder's name or the Hub dataset's
+    (``ag_news``, ``glue:sst2``). A name that is also a table task's keeps its file suffix (``sst2.csv``) so
+    that a user's file is never reported as that task."""
+    from pathlib import PurePath
+
+    task = str(config.get("task"))
+    if task not in USER_TASKS:
+        return task
+    if config.get("train_file"):
+        path = PurePath(str(config["train_file"]))
+        return path.name if path.stem.lower() in TASKS else path.stem
+    source = str(config.get("dataset") or task).rstrip("/\\")
+    name, _, subset = source.partition(":") if not PurePath(source).is_absolute() else (source, "", "")
+    label = PurePath(name).name + (f":{subset}" if subset else "")
+    return source if label.lower() in TASKS else label
 
 GLUE_TASKS = tuple(name for name, t in TASKS.items() if t.glue_dir)
 

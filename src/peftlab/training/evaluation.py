@@ -55,13 +55,15 @@ class LoadedRun:
     tokenizer: object
     precision: str  # the run's recorded (or re-resolved) --mixed-precision
     pooling: str  # the saved config's --pooling as the model loader resolved it (native or mean)
+    label_names: tuple[str, ...] = ()  # a classifier's class names by id (id2label); () for regression / LMs
 
 
 def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
              allow_pickle: bool = False, overrides: dict | None = None) -> LoadedRun:
-    from peftlab.methods.saving import load_trained, merged
+    from peftlab.methods.saving import load_trained, merged, saved_head_labels
     from peftlab.config import TrainConfig, build_config
     from peftlab.models.registry import load_model_with_pooling
+    from peftlab.tasks.labelled_data import head_labels
     from peftlab.tasks.table import TASKS
     from peftlab.training.devices import resolve_precision
 
@@ -73,8 +75,11 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
     if adapter is not None:
         adapter = _check_adapter_matches(Path(adapter), cfg, run_dir)
     task = TASKS[cfg.task]
-    loaded = load_model_with_pooling(cfg.model, head=task.head, num_labels=task.num_labels, seed=cfg.seed,
+    # The head as the run saved it (labels.json: a user task's classes), else as its task defines it.
+    labels = head_labels(cfg, saved=saved_head_labels(adapter or run_dir / "adapter"))
+    loaded = load_model_with_pooling(cfg.model, head=task.head, num_labels=labels.num_labels, seed=cfg.seed,
                                      trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)
+    loaded.model.config.update(labels.config_values())  # id2label/label2id: predict and export name the classes
     model = load_trained(loaded.model, adapter or run_dir / "adapter", allow_pickle=allow_pickle or cfg.allow_pickle,
                          base_model=cfg.model)
     if merge:
@@ -83,7 +88,7 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
     # a run without one (older, or killed before its result) resolves the saved config's setting again.
     recorded = _recorded_precision(run_dir)
     precision = recorded or resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))[0]
-    return LoadedRun(cfg, model, loaded.tokenizer, precision, loaded.pooling)
+    return LoadedRun(cfg, model, loaded.tokenizer, precision, loaded.pooling, labels.names)
 
 
 def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
@@ -109,10 +114,31 @@ def add_parser(sub) -> None:
     parser.add_argument("--allow-pickle", action="store_true",
                         help="allow a pickle (.bin) adapter, which can run arbitrary code when loaded")
     parser.add_argument("--max-eval-samples", type=int, help="evaluate on a deterministic subset")
+    parser.add_argument("--lm-eval", metavar="TASKS",
+                        help="instead: score the run with lm-evaluation-harness on these tasks (gsm8k, gsm8k_cot, "
+                             "arc_easy, arc_challenge, openbookqa, piqa, social_iqa, winogrande, commonsense), offline "
+                             "on the local data, items drawn by --max-eval-samples (default: the run's own, so the "
+                             "same items as its evaluation); adds result.json \"lm_eval\" (pip install "
+                             "\"peftlab[lm-eval]\")")
+    parser.add_argument("--lm-eval-fewshot", type=int, metavar="K",
+                        help="with --lm-eval: few-shot examples per prompt (default: each task's own, gsm8k 5)")
+    parser.add_argument("--lm-eval-max-new-tokens", type=int, metavar="N",
+                        help="with --lm-eval: generation limit of GSM8K (default: the harness's, 256)")
     parser.set_defaults(func=run_cli)
 
 
 def run_cli(args) -> int:
+    if getattr(args, "lm_eval", None):  # lm-evaluation-harness: training/lm_eval_run.py
+        from peftlab.training.lm_eval_run import evaluate_with_harness
+
+        print(json.dumps(evaluate_with_harness(
+            args.run_dir, args.lm_eval, adapter=args.adapter, merge=args.merge, allow_pickle=args.allow_pickle,
+            max_eval_samples=args.max_eval_samples, num_fewshot=args.lm_eval_fewshot,
+            max_new_tokens=args.lm_eval_max_new_tokens), indent=2))
+        return 0
+    if getattr(args, "lm_eval_fewshot", None) is not None or getattr(args, "lm_eval_max_new_tokens", None) is not None:
+        raise PeftlabError("--lm-eval-fewshot / --lm-eval-max-new-tokens apply only with --lm-eval",
+                           fix="add --lm-eval TASKS, or drop them")
     metrics = evaluate_run(args.run_dir, adapter=args.adapter, merge=args.merge, allow_pickle=args.allow_pickle,
                            max_eval_samples=args.max_eval_samples)
     print(json.dumps(metrics, indent=2))

@@ -5,7 +5,9 @@ needs no merge), and the model and its tokenizer are written with ``save_pretrai
 Before that folder is renamed to ``OUT_DIR``, it is loaded back with plain
 ``AutoModelForSequenceClassification`` / ``AutoModelForCausalLM.from_pretrained`` and its logits are compared
 with peftlab's own on a few dev examples: an export that would predict differently is refused, and nothing
-is left behind. Mean pooling (``--pooling mean``, minilm-l6's and mpnet-base's default) is peftlab's, not the
+is left behind. A fused-QKV model trained on split q/k/v layers (the adapter's ``fused_qkv.json``) is fused back
+into its original layout after the merge (:mod:`peftlab.methods.fused_qkv`), so the folder is a model of the
+original architecture. Mean pooling (``--pooling mean``, minilm-l6's and mpnet-base's default) is peftlab's, not the
 architecture's: plain transformers would read [CLS] instead, so such a run is refused with a clear message.
 ``--push-to-hub REPO`` uploads the checked folder (online only; not exercised by the tests).
 """
@@ -41,6 +43,7 @@ def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool =
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    from peftlab.methods.fused_qkv import read_split
     from peftlab.methods.saving import merged
     from peftlab.training.evaluation import load_run
     from peftlab.tasks.table import TASKS
@@ -53,11 +56,11 @@ def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool =
         raise PeftlabError(f"{run_dir} was trained with mean pooling, which plain transformers would not apply "
                            "(it reads [CLS]): the exported model would predict differently",
                            fix="export a run trained with --pooling native, or use peftlab evaluate/predict")
-    model = merged(run.model)
-    model.eval()
     batch = _sample_batch(run)
-    with torch.no_grad():
-        expected = model(**batch).logits.float()
+    with torch.no_grad():  # peftlab's own model, before the merge: the check covers merging and fusing back
+        expected = run.model.eval()(**batch).logits.float()
+    model = merged(run.model, split=read_split(Path(run_dir) / "adapter"))  # split q/k/v fused back
+    model.eval()
     head = TASKS[run.cfg.task].head
     auto = AutoModelForCausalLM if head == "causal-lm" else AutoModelForSequenceClassification
     out.parent.mkdir(parents=True, exist_ok=True)

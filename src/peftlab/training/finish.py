@@ -13,24 +13,40 @@ import time
 import torch
 
 from peftlab.training import run_folder as runfiles
-from peftlab.training.guards import above_majority, epochs_run, final_status
+from peftlab.training.guards import above_majority, final_status
 from peftlab.training.setup import Run
 
 
 def finish(run: Run) -> dict:
     """Save the adapter and write result.json (last: its presence marks the run finished)."""
-    from peftlab.methods.kasa import singular_values
-    from peftlab.methods.optim_groups import lr_by_group
     from peftlab.methods.saving import save_trained
+
+    finish_start = time.perf_counter()
+    unwrapped = run.accelerator.unwrap_model(run.model)
+    saved_epoch = restore_best(run, unwrapped)  # --save best: adapter/ (and kasa_sigma) are the best epoch's
+    result = result_record(run, unwrapped, saved_epoch)
+    timings = result["timings"]
+    timings["result_s"] = time.perf_counter() - finish_start
+    if run.main:
+        save_start = time.perf_counter()
+        save_trained(unwrapped, run.out / "adapter", base_model=run.cfg.model, applied=run.applied)
+        timings["save_s"] = time.perf_counter() - save_start
+        timings["finished_unix"] = time.time()
+        runfiles.write_json(run.out / "result.json", result)
+        runfiles.remove_checkpoint(run.out)  # the run is finished; its adapter and result are what count
+    run.accelerator.wait_for_everyone()
+    run.accelerator.end_training()
+    return result
+
+
+def result_record(run: Run, unwrapped, saved_epoch: int | None) -> dict:
+    """result.json (schemas/result.schema.json) from the config, the loop state and the pipeline."""
+    from peftlab.methods.optim_groups import lr_by_group
     from peftlab.methods.table import InitStats
 
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
-    finish_start = time.perf_counter()
     init_stats = run.applied.init_stats if run.applied is not None else InitStats()
-    unwrapped = accelerator.unwrap_model(run.model)
-    saved_epoch = restore_best(run, unwrapped)  # --save best: adapter/ (and kasa_sigma) are the best epoch's
-    before = state["before"]
-    final_metrics = state["epochs_log"][-1]["metrics"] if state["epochs_log"] else (before or {})
+    before = state.before
     status, status_reason = final_status(state, run.pipeline, cfg.task)
     result = {
         "schema_version": 1,
@@ -48,19 +64,18 @@ def finish(run: Run) -> dict:
         "above_majority": above_majority(state, before, run.pipeline),
         "saved_epoch": saved_epoch,  # the epoch whose weights adapter/ holds (--save best|last)
         "num_eval_examples": run.pipeline.num_eval_examples or None,
-        "epochs_log": state["epochs_log"],
+        "epochs_log": state.epochs_log,
         "before": {"metrics": before} if before is not None else None,
-        "best": state["best"] or {"epoch": 0, "metrics": before or {}},
-        "final": {"metrics": final_metrics},
-        "train_examples": state["train_examples"],
-        "skipped_steps": state.get("skipped_steps", 0),
-        "stopped_early": state.get("stopped_early"),  # an on_epoch_end hook (peftlab tune's pruner) stopped it
-        "epochs_run": epochs_run(state),  # < epochs when pruned or diverged
-        "curve": state.get("curve", []),  # every dev evaluation during training: --eval-steps and epoch ends
-        "optimizer_steps": state.get("optimizer_steps", state["global_step"]),  # batches / --grad-accum  # fp16: steps the GradScaler skipped on overflow
-        "train_seconds": state["train_seconds"],
-        "train_examples_per_second": (state["train_examples"] / state["train_seconds"]
-                                      if state["train_seconds"] else None),
+        "best": state.best or {"epoch": 0, "metrics": before or {}},
+        "final": {"metrics": state.epochs_log[-1]["metrics"] if state.epochs_log else (before or {})},
+        "train_examples": state.train_examples,
+        "skipped_steps": state.skipped_steps,  # fp16: steps the GradScaler skipped on overflow
+        "stopped_early": state.stopped_early,  # an on_epoch_end hook (peftlab tune's pruner) stopped it
+        "epochs_run": state.epochs_run,  # < epochs when pruned or diverged
+        "curve": state.curve,  # every dev evaluation during training: --eval-steps and epoch ends
+        "optimizer_steps": state.optimizer_steps,  # batches / --grad-accum
+        "train_seconds": state.train_seconds,
+        "train_examples_per_second": state.train_examples / state.train_seconds if state.train_seconds else None,
         "init_seconds": run.init_seconds,
         "pooling": run.pooling,  # --pooling resolved (peftlab.models.pooling)
         "calibration_seconds": init_stats.calibration_seconds,  # CorDA's forward passes
@@ -72,34 +87,32 @@ def finish(run: Run) -> dict:
         "code": runfiles.code_record(),  # commit, dirty, version, source_digest
         "train_examples_digest": run.pipeline.train_examples_digest,  # the raw training examples drawn
         **run.pipeline.extras,
-        **state.get("eval_extras", {}),  # what the evaluations added (e.g. the generation files they wrote)
+        **state.eval_extras,  # what the evaluations added (e.g. the generation files they wrote)
     }
-    sigma = singular_values(unwrapped)
-    if sigma:
-        result["kasa_sigma"] = sigma
-        if state.get("kasa_sigma_init"):  # absent only in a checkpoint written by an older peftlab
-            result["kasa_sigma_init"] = state["kasa_sigma_init"]
+    result.update(kasa_record(state, unwrapped))
     # Per-phase wall times (setup_s, model_load_s, data_s, init_s, train_s, eval_s, checkpoint_s, save_s,
     # result_s: versions, git commit, peak memory); peftlab bench --sweep-overhead reads them.
-    timings = result["timings"] = dict(state.get("timings", {}))
-    timings["result_s"] = time.perf_counter() - finish_start
-    if run.main:
-        save_start = time.perf_counter()
-        save_trained(unwrapped, run.out / "adapter", base_model=cfg.model, applied=run.applied)
-        timings["save_s"] = time.perf_counter() - save_start
-        timings["finished_unix"] = time.time()
-        runfiles.write_json(run.out / "result.json", result)
-        runfiles.remove_checkpoint(run.out)  # the run is finished; its adapter and result are what count
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    result["timings"] = dict(state.timings)
     return result
+
+
+def kasa_record(state, model) -> dict:
+    """KaSA's learned singular values (the saved epoch's) and their values before any step; {} otherwise."""
+    from peftlab.methods.kasa import singular_values
+
+    sigma = singular_values(model)
+    if not sigma:
+        return {}
+    if not state.kasa_sigma_init:  # absent only in a checkpoint written by an older peftlab
+        return {"kasa_sigma": sigma}
+    return {"kasa_sigma": sigma, "kasa_sigma_init": state.kasa_sigma_init}
 
 
 def restore_best(run: Run, model) -> int | None:
     """--save best: put the best epoch's weights back before saving; returns the epoch adapter/ holds."""
     state = run.state
-    last = state["epochs_log"][-1]["epoch"] if state["epochs_log"] else None
-    best = (state["best"] or {}).get("epoch")
+    last = state.epochs_log[-1]["epoch"] if state.epochs_log else None
+    best = (state.best or {}).get("epoch")
     if run.cfg.save != "best" or run.best_weights is None or best is None or best == last:
         return last
     params = dict(model.named_parameters())

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from peftlab.config import TrainConfig
 from peftlab.errors import PeftlabError
 from peftlab.tasks.metrics import LOWER_IS_BETTER  # best epoch: smaller eval_loss is better
 from peftlab.tasks.table import TASKS
 
-# Test seam for the divergence guard: make the loss NaN at this global step (documented in RELIABILITY.md).
-FAULT_NAN_STEP_ENV = "PEFTLAB_FAULT_NAN_AT_STEP"
+if TYPE_CHECKING:
+    from peftlab.training.state import LoopState
+
 # A metric "clearly above" chance is this far above it (metrics are in [0, 1] or [-1, 1]).
 CLEARLY_ABOVE_CHANCE = 0.05
 # Task kinds whose primary metric has a chance bar (Pipeline.chance: the dev set's majority class for accuracy
@@ -75,13 +78,13 @@ def check_same_config(cfg: TrainConfig, out: Path) -> None:
                            fix="resume with the run's own config, or use --overwrite / another --output-dir")
 
 
-def above_majority(state: dict, before: dict | None, pipeline) -> bool | None:
+def above_majority(state: LoopState, before: dict | None, pipeline) -> bool | None:
     """Whether the best dev metric beats always predicting the dev set's majority class (None: no such bar,
     e.g. eval_loss of instruction tasks)."""
     name = pipeline.primary_metric
     if name in LOWER_IS_BETTER:
         return None
-    metrics = (state["best"] or {}).get("metrics") or before or {}
+    metrics = (state.best or {}).get("metrics") or before or {}
     value = metrics.get(name)
     return None if value is None else bool(value > pipeline.chance)
 
@@ -93,55 +96,48 @@ def better(value: float, incumbent: float | None, metric: str) -> bool:
     return value < incumbent if metric in LOWER_IS_BETTER else value > incumbent
 
 
-def check_collapse(state: dict, primary, chance: float, epoch: int, name: str) -> None:
+def check_collapse(state: LoopState, primary, chance: float, epoch: int, name: str) -> None:
     """Label (never hide) a run whose dev metric fell to chance after having been clearly above it."""
     if primary is None:
         return
     if primary > chance + CLEARLY_ABOVE_CHANCE:
-        state["clearly_above_chance"] = True
-    elif state["clearly_above_chance"] and primary <= chance and state["status"] == "ok":
-        state["status"] = "collapsed"
-        state["status_reason"] = f"{name} fell to {primary:.4f} <= chance {chance:.4f} at epoch {epoch}"
+        state.clearly_above_chance = True
+    elif state.clearly_above_chance and primary <= chance and state.status == "ok":
+        state.status = "collapsed"
+        state.status_reason = f"{name} fell to {primary:.4f} <= chance {chance:.4f} at epoch {epoch}"
 
 
-def no_learning_reason(state: dict, pipeline, task: str) -> str | None:
+def no_learning_reason(state: LoopState, pipeline, task: str) -> str | None:
     """Why a finished run learned nothing measurable, or None: its best (epoch-end) primary metric is not above
     chance + CLEARLY_ABOVE_CHANCE, or not above the run's own before-fine-tuning metric when that was
     evaluated. Only for tasks with a chance bar (:data:`CHANCE_BAR_KINDS`, higher-is-better metric); None for a
     run that trained nothing (``--epochs 0``: there is no best epoch to judge)."""
     name = pipeline.primary_metric
-    if TASKS[task].kind not in CHANCE_BAR_KINDS or name in LOWER_IS_BETTER or not state["best"]:
+    if TASKS[task].kind not in CHANCE_BAR_KINDS or name in LOWER_IS_BETTER or not state.best:
         return None
-    value = state["best"]["metrics"].get(name)
+    value = state.best["metrics"].get(name)
     if value is None:
         return None
-    where = f"best {name} {value:.4f} (epoch {state['best']['epoch']})"
+    where = f"best {name} {value:.4f} (epoch {state.best['epoch']})"
     bar = pipeline.chance + CLEARLY_ABOVE_CHANCE
     if value <= bar:
         return (f"{where} is not clearly above chance: <= {bar:.4f} = chance {pipeline.chance:.4f} "
                 f"+ {CLEARLY_ABOVE_CHANCE}")
-    before = (state["before"] or {}).get(name)
+    before = (state.before or {}).get(name)
     if before is not None and value <= before:
         return f"{where} is not above the model before fine-tuning: <= {before:.4f}"
     return None
 
 
-def final_status(state: dict, pipeline, task: str) -> tuple[str, str | None]:
+def final_status(state: LoopState, pipeline, task: str) -> tuple[str, str | None]:
     """(status, status_reason) of a run that ended in :func:`peftlab.training.fit.fit`, in this order:
     diverged or collapsed (kept as the loop labelled it), pruned (an on_epoch_end hook stopped it before its
     last epoch: it never finished, so no verdict on learning), no_learning (:func:`no_learning_reason`), ok."""
-    if state["status"] != "ok":
-        return state["status"], state["status_reason"]
-    if state.get("stopped_early"):
-        return "pruned", f"stopped after epoch {state['stopped_early']['epoch']}: {state['stopped_early']['reason']}"
+    if state.status != "ok":
+        return state.status, state.status_reason
+    if state.stopped_early:
+        return "pruned", f"stopped after epoch {state.stopped_early['epoch']}: {state.stopped_early['reason']}"
     reason = no_learning_reason(state, pipeline, task)
     if reason is not None:
         return "no_learning", reason
     return "ok", None
-
-
-def epochs_run(state: dict) -> int:
-    """Epochs the loop entered (result.json ``epochs_run``): those finished, plus one cut short (a divergence or
-    failure mid-epoch). A partial last epoch of --max-steps ends normally and counts as one; a pruned run counts
-    the epochs before its stop."""
-    return state["epoch"] + (1 if state.get("in_epoch") else 0)

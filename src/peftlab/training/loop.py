@@ -4,8 +4,9 @@
 :func:`~peftlab.training.fit.fit` (epochs of steps, evaluation each epoch, checkpoints) ->
 :func:`~peftlab.training.finish.finish` (adapter, result.json). Accelerate supplies the device, mixed
 precision (:mod:`peftlab.training.devices`), DDP under ``accelerate launch`` and gradient clipping; nothing
-else is hidden. The guards (config on resume, divergence, collapse) are in :mod:`peftlab.training.guards`,
-the step / epoch / checkpoint counts in :mod:`peftlab.training.schedule`.
+else is hidden. The guards (config on resume, collapse, the chance bar) are in :mod:`peftlab.training.guards`
+(divergence: :mod:`peftlab.training.step`), the step / epoch / checkpoint counts in
+:mod:`peftlab.training.schedule`, the loop state in :mod:`peftlab.training.state`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from peftlab.training.devices import (  # noqa: F401
 from peftlab.training.finish import finish
 from peftlab.training.fit import EpochEnd, fit  # noqa: F401
 from peftlab.training.guards import (  # noqa: F401
-    CLEARLY_ABOVE_CHANCE, FAULT_NAN_STEP_ENV, RESUME_FREE_KEYS, check_same_config, epochs_run, position_limit)
+    CLEARLY_ABOVE_CHANCE, RESUME_FREE_KEYS, check_same_config, position_limit)
 from peftlab.training.schedule import (  # noqa: F401
     DEFAULT_CHECKPOINT_EVERY, LengthGroupedBatchSampler, checkpoint_interval, optimizer_step_count,
     planned_epoch_count)
@@ -43,6 +44,10 @@ def train(cfg: TrainConfig, on_epoch_end=None) -> dict:
         check_same_config(cfg, out)
     if mode == "finished":
         return runfiles.read_result(out)
+    if cfg.lm_eval:  # --lm-eval: the harness installed and every task's data found, before anything trains
+        from peftlab.training.lm_eval_run import check_request
+
+        check_request(cfg)
     run = setup(cfg, mode)
     try:
         fit(run, on_epoch_end)
@@ -50,12 +55,17 @@ def train(cfg: TrainConfig, on_epoch_end=None) -> dict:
         if run.main:
             runfiles.write_json(out / "result.json", {
                 "schema_version": 1, "status": "failed", "status_reason": f"{type(err).__name__}: {err}"[:2000],
-                "config": cfg.to_dict(), "epochs_log": run.state.get("epochs_log", []),
-                "epochs_run": epochs_run(run.state), "curve": run.state.get("curve", []),
+                "config": cfg.to_dict(), "epochs_log": run.state.epochs_log,
+                "epochs_run": run.state.epochs_run, "curve": run.state.curve,
                 "code": runfiles.code_record(), "git_commit": runfiles.git_commit(),
                 "train_examples_digest": run.pipeline.train_examples_digest})
         raise
-    return finish(run)
+    result = finish(run)
+    if cfg.lm_eval:  # lm-evaluation-harness on the saved weights, still in memory (result.json "lm_eval")
+        from peftlab.training.lm_eval_run import after_training
+
+        result = after_training(run, result)
+    return result
 
 
 # --------------------------------------------------------------------------- CLI

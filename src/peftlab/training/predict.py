@@ -1,11 +1,13 @@
 """``peftlab predict RUN_DIR --input FILE``: batch inference of a trained classifier to JSONL.
 
 The run is rebuilt exactly as ``peftlab evaluate`` does (its config, its pooling, its adapter on a fresh
-base model, its precision). Input: JSON, JSONL, CSV or TSV read with ``datasets``; each record holds the
-task's text fields: the GLUE column names (``sentence``; ``sentence1``/``sentence2``, ``question1``/...), or
-``text_a``/``text_b``, or ``--fields A[,B]``. Output (one JSON line per input record, in input order):
-``{"index", "label", "label_id", "probabilities"}`` for classification, ``{"index", "score"}`` for STS-B.
-The output file is written to a temporary name and renamed when complete.
+base model with its saved head labels, its precision). Input: JSON, JSONL, CSV, TSV or Parquet, read with
+``datasets`` as a user task's files are (:mod:`peftlab.tasks.labelled_files`: a bad line is named); each
+record holds the task's text fields: a user task's own ``--text-fields`` (``classify``/``regress``), the GLUE
+column names (``sentence``; ``sentence1``/``sentence2``, ``question1``/...), or ``text_a``/``text_b``, or
+``--fields A[,B]``. Output (one JSON line per input record, in input order): ``{"index", "label", "label_id",
+"probabilities"}`` for classification (``label``: the class name the run was trained with, e.g. ``billing``),
+``{"index", "score"}`` for regression. The output file is written to a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -15,39 +17,30 @@ from pathlib import Path
 
 from peftlab.errors import PeftlabError
 
-READERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv"}
-
 
 def read_inputs(path: Path):
-    import datasets
+    """The input file as a :class:`~peftlab.tasks.labelled_files.RawTable` (one-line errors)."""
+    from peftlab.tasks.labelled_files import check_file, read_file
 
-    kind = READERS.get(path.suffix.lower())
-    if kind is None:
-        raise PeftlabError(f"--input {path}: unknown file type '{path.suffix}'", fix="use .jsonl, .json, .csv or .tsv")
-    if not path.is_file():
-        raise PeftlabError(f"--input {path} not found", fix="pass a JSONL/JSON/CSV/TSV file of texts")
-    extra = {"delimiter": "\t", "quoting": 3} if path.suffix.lower() == ".tsv" else {}  # 3: csv.QUOTE_NONE
-    try:
-        return datasets.load_dataset(kind, data_files=str(path), split="train", **extra)
-    except Exception as err:  # noqa: BLE001 - a malformed file becomes one line
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise PeftlabError(f"cannot read --input {path}: {first}", fix="check the file's format") from None
+    return read_file(check_file(str(path), "--input"))
 
 
-def text_fields(task, columns: list[str], fields: str | None) -> list[str]:
-    """The one or two input columns: --fields, else the task's GLUE names, else text_a/text_b (sentence/text)."""
-    wanted = len(task.text_fields)
+def text_fields(task, columns: list[str], fields: str | None, own: tuple[str, ...] = ()) -> list[str]:
+    """The one or two input columns: --fields, else the run's own (a user task's --text-fields, or the task's
+    GLUE names), else text_a/text_b (sentence/text)."""
+    own = tuple(own) or tuple(task.text_fields)
+    wanted = len(own)
     if fields:
         names = [f.strip() for f in fields.split(",") if f.strip()]
         candidates = [names]
     else:
-        candidates = [list(task.text_fields), ["text_a", "text_b"][:wanted], ["sentence", "text"][:1],
+        candidates = [list(own), ["text_a", "text_b"][:wanted], ["sentence", "text"][:1],
                       ["text"], ["sentence1", "sentence2"][:wanted]]
     for names in candidates:
         if len(names) == wanted and all(n in columns for n in names):
             return names
     raise PeftlabError(f"--input has columns {', '.join(columns)}, none of which give the {wanted} text field(s) "
-                       f"of task '{task.name}' ({', '.join(task.text_fields)})",
+                       f"of task '{task.name}' ({', '.join(own)})",
                        fix="rename the columns or pass --fields A" + (",B" if wanted > 1 else ""))
 
 
@@ -58,6 +51,7 @@ def predict_run(run_dir: str | Path, input_path: str | Path, output_path: str | 
 
     from peftlab.training.evaluation import load_run
     from peftlab.io_utils import atomic_write_text
+    from peftlab.tasks.labelled_data import column_texts
     from peftlab.tasks.table import TASKS
     from peftlab.training.devices import make_accelerator
 
@@ -69,15 +63,17 @@ def predict_run(run_dir: str | Path, input_path: str | Path, output_path: str | 
     if task.head == "causal-lm":
         raise PeftlabError(f"predict serves classification and regression runs; {run_dir} is the instruction task "
                            f"'{task.name}'", fix="generate with the model through transformers instead")
-    names = text_fields(task, records.column_names, fields)
+    own = tuple(run.cfg.text_fields.split(",")) if run.cfg.text_fields else ()
+    names = text_fields(task, list(records.columns), fields, own)
+    columns = [column_texts(records, n) for n in names]
+    label_names = run.label_names or task.label_names
     accelerator = make_accelerator(run.precision)
     model = accelerator.prepare(run.model)
     model.eval()
     lines = []
     with torch.no_grad():
         for start in range(0, len(records), batch_size):
-            chunk = records[start:start + batch_size]
-            texts = [[str(t) for t in chunk[n]] for n in names]
+            texts = [column[start:start + batch_size] for column in columns]
             batch = run.tokenizer(*texts, truncation=True, max_length=run.cfg.max_length, padding=True,
                                   return_tensors="pt").to(accelerator.device)
             logits = model(**batch).logits.float().cpu()
@@ -88,22 +84,23 @@ def predict_run(run_dir: str | Path, input_path: str | Path, output_path: str | 
                     continue
                 probabilities = torch.softmax(row, dim=-1)
                 label_id = int(probabilities.argmax())
-                lines.append({"index": index, "label": task.label_names[label_id], "label_id": label_id,
+                lines.append({"index": index, "label": label_names[label_id], "label_id": label_id,
                               "probabilities": [round(float(p), 6) for p in probabilities]})
     atomic_write_text(output_path, "".join(json.dumps(line) + "\n" for line in lines))
     return len(lines)
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser("predict", help="predict labels (or STS-B scores) for a file of texts with a trained run",
+    parser = sub.add_parser("predict", help="predict labels (or regression scores) for a file of texts with a run",
                             description="Rebuild RUN_DIR's model (as peftlab evaluate does) and write one JSON line "
                                         "per input record: label, label id and class probabilities (or a score).")
     parser.add_argument("run_dir", help="a folder written by peftlab train (holds config.yaml and adapter/)")
-    parser.add_argument("--input", required=True, help="JSONL, JSON, CSV or TSV file of texts")
+    parser.add_argument("--input", required=True, help="JSONL, JSON, CSV, TSV or Parquet file of texts")
     parser.add_argument("--output", default=None, help="JSONL to write (default: <input stem>.predictions.jsonl)")
     parser.add_argument("--adapter", default=None, help="adapter folder to use instead of RUN_DIR/adapter")
     parser.add_argument("--fields", default=None, metavar="A[,B]",
-                        help="input column(s) holding the text(s) (default: the task's GLUE names or text_a,text_b)")
+                        help="input column(s) holding the text(s) (default: the run's --text-fields, the task's GLUE "
+                             "names, or text_a,text_b)")
     parser.add_argument("--batch-size", type=int, default=64, help="records per forward pass (default 64)")
     parser.set_defaults(func=run_cli)
 

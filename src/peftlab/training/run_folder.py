@@ -5,25 +5,26 @@ Layout of ``--output-dir``::
     config.yaml        resolved config (written first)
     epochs.jsonl       one line per finished epoch (metrics, loss, seconds)
     curve.jsonl        with --eval-steps: one line per dev evaluation during training (step, epoch, metrics)
-    checkpoint/        last checkpoint: trainable tensors, optimizer, scheduler, RNG, loop state
+    checkpoint/        last checkpoint (peftlab.training.checkpoint): Accelerate's save_state (trainable
+                       tensors, optimizer, scheduler, grad scaler, every process's RNG), the loop state
+                       (state.json, state_<rank>.json), best.safetensors with --save best
     adapter/           the trained adapter (peft format) or full-FT tensors, safetensors
     result.json        written last, atomically: its presence with a final status marks a finished run
     tb/                TensorBoard logs
 
 Checkpoints hold only what training changes (trainable tensors + optimizer state), not the frozen base:
 the base (incl. KaSA's truncation and PiSSA/MiLoRA residuals, which are deterministic) is rebuilt on resume.
+A checkpoint is written into ``.checkpoint-new/`` and swapped in with ``os.replace``: a kill at any moment
+leaves a complete ``checkpoint/`` (or ``.checkpoint-old/``), never a half-written one that loads.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 import platform
-import random
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,11 @@ CURVE_FILE = "curve.jsonl"
 
 
 def write_json(path: str | Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, default=_json_default) + "\n")
+    atomic_write_text(path, json.dumps(data, indent=2, default=json_default) + "\n")
 
 
-def _json_default(value):
+def json_default(value):
+    """JSON for the NumPy scalars, tuples, sets and paths a run record may hold."""
     if isinstance(value, (np.floating, np.integer)):
         return value.item()
     if isinstance(value, (tuple, set)):
@@ -78,7 +80,7 @@ def inspect_output_dir(output_dir: str | Path, *, overwrite: bool, resume: bool)
         raise PeftlabError(f"{out} already holds a finished run (status {result.get('status')})",
                            fix="choose another --output-dir, or pass --overwrite to replace it")
     if resume:
-        return "resume" if _checkpoint_dir(out) is not None else "restart"
+        return "resume" if has_checkpoint(out) else "restart"
     if out.exists() and any(out.iterdir()):
         raise PeftlabError(f"{out} holds an unfinished run",
                            fix="pass --resume to continue it, --overwrite to start over, or another --output-dir")
@@ -91,11 +93,6 @@ def init_output_dir(output_dir: str | Path, mode: str) -> None:
     if mode in ("overwrite", "restart") and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-
-
-def remove_checkpoint(output_dir: str | Path) -> None:
-    for name in ("checkpoint", ".checkpoint-old"):
-        shutil.rmtree(Path(output_dir) / name, ignore_errors=True)
 
 
 def versions() -> dict[str, str]:
@@ -184,98 +181,27 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-# --------------------------------------------------------------------------- checkpoints
+# --------------------------------------------------------------------------- checkpoint folders
+# What a checkpoint holds and how it is written is peftlab.training.checkpoint; here: where it lies.
+
+CHECKPOINT = "checkpoint"  # the last complete checkpoint
+CHECKPOINT_OLD = ".checkpoint-old"  # the one before, while a new one is swapped in
+CHECKPOINT_NEW = ".checkpoint-new"  # a checkpoint being written (never read)
+CHECKPOINT_MARKER = "state.json"  # the loop state of process 0: in every complete checkpoint
 
 
-def rng_state() -> dict:
-    # Plain containers and tensors only, so that torch.load(weights_only=True) can read it back.
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": random.getstate(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
-                                                    cached], "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-BEST_WEIGHTS = "best.safetensors"
-
-
-def save_checkpoint(output_dir: str | Path, model, optimizer, scheduler, loop_state: dict,
-                    best_weights: dict | None = None) -> None:
-    """Write checkpoint/ atomically: build it in a temporary folder, then swap it in. ``best_weights``: the
-    trainable tensors of the best epoch so far (``--save best``), so a resumed run still saves them."""
-    from safetensors.torch import save_file
-
-    out = Path(output_dir)
-    staging = Path(tempfile.mkdtemp(prefix=".checkpoint-", dir=out))
-    try:
-        trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-        save_file(trainable, str(staging / "trainable.safetensors"))
-        if best_weights:
-            save_file({n: t.contiguous() for n, t in best_weights.items()}, str(staging / BEST_WEIGHTS))
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-                   staging / "training_state.pt")
-        (staging / "state.json").write_text(json.dumps(loop_state, default=_json_default))
-        final = out / "checkpoint"
-        old = out / ".checkpoint-old"
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(staging, final)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _checkpoint_dir(out: Path) -> Path | None:
-    """The complete checkpoint folder; a kill during the swap in save_checkpoint leaves the old one."""
-    for name in ("checkpoint", ".checkpoint-old"):
-        if (out / name / "state.json").is_file():
-            return out / name
+def checkpoint_dir(output_dir: str | Path) -> Path | None:
+    """The complete checkpoint folder, or None; a kill during the swap leaves the old one, which is used."""
+    for name in (CHECKPOINT, CHECKPOINT_OLD):
+        if (Path(output_dir) / name / CHECKPOINT_MARKER).is_file():
+            return Path(output_dir) / name
     return None
 
 
 def has_checkpoint(output_dir: str | Path) -> bool:
-    return _checkpoint_dir(Path(output_dir)) is not None
+    return checkpoint_dir(output_dir) is not None
 
 
-def load_checkpoint(output_dir: str | Path, model, optimizer, scheduler) -> dict:
-    from safetensors.torch import load_file
-
-    ckpt = _checkpoint_dir(Path(output_dir))
-    tensors = load_file(str(ckpt / "trainable.safetensors"))
-    params = dict(model.named_parameters())
-    missing = [n for n in tensors if n not in params]
-    if missing:
-        raise PeftlabError(f"checkpoint in {ckpt} does not match this run's model ({missing[0]} missing)",
-                           fix="resume with the same config, or pass --overwrite to start over")
-    with torch.no_grad():
-        for name, value in tensors.items():
-            params[name].copy_(value)
-    training = torch.load(ckpt / "training_state.pt", weights_only=True)  # no pickled code runs
-    optimizer.load_state_dict(training["optimizer"])
-    scheduler.load_state_dict(training["scheduler"])
-    state = json.loads((ckpt / "state.json").read_text())
-    state["rng"] = training["rng"]
-    return state
-
-
-def load_best_weights(output_dir: str | Path) -> dict | None:
-    """The best epoch's trainable tensors saved with the checkpoint, if any."""
-    from safetensors.torch import load_file
-
-    ckpt = _checkpoint_dir(Path(output_dir))
-    path = None if ckpt is None else ckpt / BEST_WEIGHTS
-    return load_file(str(path)) if path is not None and path.is_file() else None
+def remove_checkpoint(output_dir: str | Path) -> None:
+    for name in (CHECKPOINT, CHECKPOINT_OLD, CHECKPOINT_NEW):
+        shutil.rmtree(Path(output_dir) / name, ignore_errors=True)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from peftlab.config import TrainConfig
+
+if TYPE_CHECKING:
+    from peftlab.training.state import LoopState
 
 
 class LengthGroupedBatchSampler:
@@ -49,8 +53,8 @@ def checkpoint_interval(cfg: TrainConfig, batches_per_epoch: int) -> int:
     return DEFAULT_CHECKPOINT_EVERY if steps > DEFAULT_CHECKPOINT_EVERY else 0
 
 
-def reached_max_steps(cfg: TrainConfig, state: dict) -> bool:
-    return bool(cfg.max_steps) and state.get("optimizer_steps", 0) >= cfg.max_steps
+def reached_max_steps(cfg: TrainConfig, state: LoopState) -> bool:
+    return bool(cfg.max_steps) and state.optimizer_steps >= cfg.max_steps
 
 
 def evaluates_epoch(cfg: TrainConfig, epoch: int, *, last: bool) -> bool:

@@ -1,0 +1,238 @@
+"""One run of ``peftlab bench --against trainer --task math`` (decoders), in its own process, pinned to one core.
+
+``python -m peftlab.bench.decoder_worker SPEC.json OUT.json`` runs the spec's ``setup``:
+
+* ``llm-adapters``: the papers' decoder pipeline (LLM-Adapters' ``finetune.py``, which KaSA's code follows):
+  ``transformers.Trainer`` + peft ``LoraConfig`` (CAUSAL_LM, q_proj and v_proj) + ``DataCollatorForSeq2Seq(
+  padding=True, pad_to_multiple_of=8)``: every batch padded to its longest example (rounded up to 8), batches drawn
+  at random (``group_by_length`` off, its default there). AdamW with the linear warm-up/decay schedule, passed as
+  ``Trainer(optimizers=...)`` with peftlab's settings. Two departures from their script, neither changing what a
+  step computes: it pads on the right (theirs on the left; with rotary positions the loss is the same), and it
+  trains on the token sequences peftlab trains on (peftlab's prompt template and its -100 prompt labels, the same
+  seeded draw of examples), so both sides train the same examples and their losses compare.
+* ``peftlab``: :func:`peftlab.training.loop.train`: length-grouped batches padded to their longest.
+* ``peftlab-packed``: the same with ``--packing`` (one unpadded row per batch, random batches).
+
+Every side reports the same numbers, counted the same way: ``train_s`` (the wall time of the epochs' batch loops;
+a ``TrainerCallback`` on the Trainer side, result.json's ``timings.train_s`` on peftlab's), the real tokens trained
+(the examples' lengths, prompt and response), the token slots its batches computed, the mean training loss
+(each batch's mean over its response tokens, averaged over batches: Trainer's ``training_loss``, peftlab's
+``train_loss``), the loss after training on a fixed probe (the first ``probe_examples`` training examples, the
+same function on both sides), the model FLOPs of the examples trained (:mod:`peftlab.bench.flops`) and this
+core's GEMM peak (:mod:`peftlab.bench.peak`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TRAINER_SETUP, GROUPED_SETUP, PACKED_SETUP = "llm-adapters", "peftlab", "peftlab-packed"
+SETUPS = (TRAINER_SETUP, GROUPED_SETUP, PACKED_SETUP)
+LORA_TARGETS = "q,v"  # LLM-Adapters' LoRA default for LLaMA-style models: q_proj, v_proj
+PEAK_SIZES, PEAK_REPEATS = (512, 1024, 2048), 3
+
+
+def peftlab_config(spec: dict[str, Any], *, packing: bool):
+    """The TrainConfig of peftlab's side; the Trainer side reads its data through it too."""
+    from peftlab.config import TrainConfig, build_config
+
+    return build_config(TrainConfig, overrides=dict(
+        task=spec["task"], model=spec["model"], method="lora", targets=LORA_TARGETS, rank=spec["rank"],
+        alpha=spec["alpha"], dropout=spec["dropout"], epochs=spec["epochs"], batch_size=spec["batch_size"],
+        max_length=spec["max_length"], seed=spec["seed"], max_train_samples=spec["train_examples"], lr=spec["lr"],
+        lr_ratio=1.0, warmup_ratio=spec["warmup_ratio"], max_grad_norm=spec["max_grad_norm"], threads=1,
+        mixed_precision=spec["mixed_precision"], packing=packing, report_to="none", log_every=10**6,
+        checkpoint_every=0, save="last", output_dir=spec["run_dir"], overwrite=True, data_dir=spec["data_dir"],
+        # the run's own generation-scored evaluation costs nothing here: one item of one set, one new token
+        eval_every=0, eval_sets=spec["eval_set"], max_eval_samples=1, max_new_tokens=1))
+
+
+def training_set(cfg, tokenizer, model):
+    """The tokenised training examples of ``cfg`` (peftlab's pipeline: the seeded draw, prompt-masked labels)."""
+    from peftlab.tasks.prepare import build_pipeline
+    from peftlab.training.guards import capped_max_length
+
+    return build_pipeline(capped_max_length(cfg, model), tokenizer, model).train_dataset
+
+
+def probe_loss(model, tokenizer, dataset, count: int, batch_size: int = 4) -> float:
+    """Mean next-token cross-entropy over the response tokens of the first ``count`` examples (eval mode)."""
+    import torch
+
+    from peftlab.tasks.instructions import SFTCollator, response_loss_sums
+
+    collate = SFTCollator(tokenizer)
+    rows = [dataset[i] for i in range(min(count, len(dataset)))]
+    total, tokens = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = collate(rows[start:start + batch_size])
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            sums, counts = response_loss_sums(logits, batch["labels"])
+            total, tokens = total + float(sums.sum()), tokens + int(counts.sum())
+    model.train(was_training)
+    return total / max(1, tokens)
+
+
+def model_flops(model, lengths: list[int], epochs: int) -> dict | None:
+    from peftlab.bench.flops import step_flops
+
+    counted, why_not = step_flops(model, list(lengths) * epochs)  # additive over examples: every batch together
+    return counted.to_dict() if counted else {"unavailable": why_not}
+
+
+def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+    from transformers import (DataCollatorForSeq2Seq, Trainer, TrainerCallback, TrainingArguments,
+                              get_linear_schedule_with_warmup)
+
+    from peftlab.bench.trainer_worker import PadCounter
+    from peftlab.models.registry import load_model
+
+    setup_start = time.perf_counter()
+    transformers.logging.set_verbosity_error()
+    transformers.set_seed(spec["seed"])
+    model, tokenizer = load_model(spec["model"], head="causal-lm", seed=spec["seed"])
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    train_ds = training_set(peftlab_config(spec, packing=False), tokenizer, model)
+    lengths = [int(n) for n in train_ds["length"]]
+    columns = train_ds.select_columns(["input_ids", "attention_mask", "labels"])
+    right = copy.copy(tokenizer)  # shallow: shares the vocabulary; pads on the right (see the module docstring)
+    right.padding_side = "right"
+    collator = PadCounter(DataCollatorForSeq2Seq(right, padding=True, pad_to_multiple_of=8, label_pad_token_id=-100,
+                                                 return_tensors="pt"))
+    lora = LoraConfig(task_type="CAUSAL_LM", r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=spec["dropout"],
+                      target_modules=["q_proj", "v_proj"], bias="none")
+    model = get_peft_model(model, lora)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec["lr"], weight_decay=0.0)
+    steps = math.ceil(len(columns) / spec["batch_size"]) * spec["epochs"]
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(spec["warmup_ratio"] * steps), max(1, steps))
+
+    class EpochClock(TrainerCallback):
+        def __init__(self):
+            self.seconds, self.start, self.losses = 0.0, None, []
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            self.seconds += time.perf_counter() - self.start
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.losses.append(float(logs["loss"]))
+
+    clock = EpochClock()
+    args = TrainingArguments(
+        output_dir=spec["run_dir"], per_device_train_batch_size=spec["batch_size"], num_train_epochs=spec["epochs"],
+        max_grad_norm=spec["max_grad_norm"], seed=spec["seed"], use_cpu=True, bf16=spec["mixed_precision"] == "bf16",
+        train_sampling_strategy="random", eval_strategy="no", save_strategy="no", report_to="none",
+        disable_tqdm=True, logging_strategy="steps", logging_steps=spec["logging_steps"], dataloader_num_workers=0)
+    trainer = Trainer(model=model, args=args, train_dataset=columns, data_collator=collator,
+                      optimizers=(optimizer, scheduler), callbacks=[clock])
+    setup_s = time.perf_counter() - setup_start
+    output = trainer.train()
+    return {
+        "train_s": clock.seconds, "setup_s": setup_s, "optimizer_steps": output.global_step,
+        "examples": len(columns) * spec["epochs"], "train_loss": output.training_loss, "logged_losses": clock.losses,
+        "train_real_tokens": collator.slots - collator.pads, "train_token_slots": collator.slots,
+        "lengths_real_tokens": sum(lengths) * spec["epochs"],
+        "probe_loss": probe_loss(model, tokenizer, train_ds, spec["probe_examples"]),
+        "model_flops": model_flops(model, lengths, spec["epochs"]),
+        "lora_b_abs_sum": float(sum(p.detach().abs().sum() for n, p in model.named_parameters() if "lora_B" in n)),
+    }
+
+
+def trained_as(cfg):
+    """A fresh model adapted as the run trained it (a loaded run's adapter is frozen: no backward to count)."""
+    from peftlab.methods.table import apply_method
+    from peftlab.models.registry import load_model
+
+    model, _ = load_model(cfg.model, head="causal-lm", seed=cfg.seed)
+    return apply_method(model, cfg, train_head=False, task_type="CAUSAL_LM").model
+
+
+def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
+    from peftlab.tasks.batching import length_grouped_batches
+    from peftlab.training.evaluation import load_run
+    from peftlab.training.loop import train
+
+    packing = spec["setup"] == PACKED_SETUP
+    cfg = peftlab_config(spec, packing=packing)
+    result = train(cfg)
+    timings = result.get("timings") or {}
+    run = load_run(cfg.output_dir)  # the trained adapter on a fresh base model
+    train_ds = training_set(run.cfg, run.tokenizer, run.model)  # the cached tokenisation the run used
+    lengths = [int(n) for n in train_ds["length"]]
+    real = sum(lengths) * cfg.epochs
+    if packing:
+        slots = real  # one row per batch, no padding
+    else:  # the run's own batches (training.schedule.LengthGroupedBatchSampler, grouped), recomputed
+        slots = sum(len(b) * max(lengths[i] for i in b) for epoch in range(cfg.epochs)
+                    for b in length_grouped_batches(lengths, cfg.batch_size, cfg.seed, epoch))
+    return {
+        "train_s": timings.get("train_s", result["train_seconds"]), "setup_s": timings.get("setup_s"),
+        "optimizer_steps": result.get("optimizer_steps"), "examples": result["train_examples"],
+        "status": result["status"], "train_loss": result["epochs_log"][-1]["train_loss"],
+        "logged_losses": [e["train_loss"] for e in result["epochs_log"]],
+        "train_real_tokens": real, "train_token_slots": slots, "lengths_real_tokens": real,
+        "probe_loss": probe_loss(run.model, run.tokenizer, train_ds, spec["probe_examples"]),
+        "model_flops": model_flops(trained_as(cfg), lengths, cfg.epochs),
+        "packing": result["config"].get("packing"),
+    }
+
+
+def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from peftlab.bench.peak import gemm_peak
+
+    torch.set_num_threads(1)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    out = run_trainer(spec) if spec["setup"] == TRAINER_SETUP else run_peftlab(spec)
+    out.setdefault("status", "ok")
+    seconds = out["train_s"]
+    out["tokens_per_s"] = out["train_real_tokens"] / seconds if seconds else None
+    out["examples_per_s"] = out["examples"] / seconds if seconds else None
+    total = (out.get("model_flops") or {}).get("total")
+    out["model_gflops"] = total / seconds / 1e9 if total and seconds else None
+    out["gemm_peak"] = gemm_peak(torch.bfloat16 if spec["mixed_precision"] == "bf16" else torch.float32,
+                                 sizes=PEAK_SIZES, repeats=PEAK_REPEATS)  # this core, after training
+    out["in_process_s"] = time.perf_counter() - start
+    out["cpu_s"] = time.process_time() - cpu_start
+    out["torch_threads"] = torch.get_num_threads()
+    out["affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    from peftlab.bench.trainer_worker import peak_rss_mb
+
+    out["peak_rss_mb"] = peak_rss_mb()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m peftlab.bench.decoder_worker SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    spec = json.loads(Path(argv[0]).read_text())
+    result = run_spec(spec)
+    from peftlab.io_utils import atomic_write_text
+
+    atomic_write_text(argv[1], json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Attention over each example of a packed row on its own (``--packing``): the CPU's stand-in for flash-attention's
+variable-length kernel, which is CUDA-only.
+
+A packed row (:class:`peftlab.tasks.batching.PackingCollator`) holds several examples back to back. transformers
+keeps them apart with a block-diagonal causal mask (``masking_utils.create_causal_mask``, from the restarting
+``position_ids``), but SDPA then computes the scores of the whole row, (sum of lengths)² per head, most of them
+masked; padding to the longest costs only batch x longest². :func:`packed_sdpa_attention` runs
+transformers' own ``sdpa_attention_forward`` once per example instead, causal, on the example's slice of the
+row (the boundaries are the collator's ``cu_seq_lens_q``), which is the sum of the examples' own squares, what
+the padded batch's real tokens cost. Without those boundaries (an evaluation or generation batch, padded, with its
+mask) it is plain SDPA, so a model switched to it evaluates and generates as before.
+
+:func:`use_packed_attention` switches a model that runs SDPA to it (``model.set_attn_implementation``; the setting
+is not saved with the model's config), registering it first with transformers' ``AttentionInterface`` and, for
+the masks of unpacked batches, SDPA's mask function. Left alone: models on another attention (flash-attention
+handles packed rows natively; eager is the user's choice) and sliding-window attention (a window inside a long
+example would be lost); their packed rows keep transformers' block-diagonal mask.
+"""
+
+from __future__ import annotations
+
+IMPLEMENTATION = "peftlab_packed_sdpa"
+BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                          is_causal=None, **kwargs):
+    """transformers' attention-function signature: ``query``/``key``/``value`` (batch, heads, length, head dim)
+    -> (attention output (batch, length, heads, head dim), None)."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = kwargs.get("cu_seq_lens_q")
+    kwargs = {k: v for k, v in kwargs.items() if k not in BOUNDARY_KWARGS}
+    if bounds is None or query.shape[0] != 1:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    edges = [int(e) for e in bounds.tolist()]
+    pieces = [sdpa_attention_forward(module, query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
+                                     None, dropout=dropout, scaling=scaling, is_causal=True, **kwargs)[0]
+              for start, end in zip(edges[:-1], edges[1:])]
+    return torch.cat(pieces, dim=1), None
+
+
+def register() -> None:
+    """Make :data:`IMPLEMENTATION` known to transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, packed_sdpa_attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)  # unpacked batches get SDPA's masks
+
+
+def _sliding(config) -> bool:
+    return bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
+
+
+def use_packed_attention(model) -> bool:
+    """Switch ``model`` (a transformers model running SDPA) to per-example attention for packed rows; False, and
+    nothing changed, for any other attention or a sliding window."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) == IMPLEMENTATION:
+        return config is not None
+    if config._attn_implementation != "sdpa" or _sliding(config) or not hasattr(model, "set_attn_implementation"):
+        return False
+    register()
+    model.set_attn_implementation(IMPLEMENTATION)
+    return config._attn_implementation == IMPLEMENTATION

@@ -1,0 +1,304 @@
+"""The user's labelled data as read: CSV, TSV, JSON, JSONL, Parquet files, save_to_disk folders and Hub datasets.
+
+Files are read with datasets' builders: ``csv`` (``,``; TSV: tab-separated with quoting off, as GLUE's and
+``peftlab predict`` read them), ``json`` (through :func:`peftlab.tasks.json_files.read_json_records`: a JSON list
+or JSONL) and ``parquet``; CSV cells are read as written (``keep_default_na=False``: the text "NA" or "None" stays
+text, an empty cell is ""). A ``--dataset`` is a folder written by ``Dataset``/``DatasetDict.save_to_disk``
+(``datasets.load_from_disk``, offline) or else a Hub dataset ``NAME[:CONFIG]`` (``datasets.load_dataset``, online
+only: with HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set it is an error, never a silent fall-back).
+
+Every source becomes a :class:`RawTable`: its columns as read and a ``locate(row)`` that names a row the way a
+user finds it: ``file:line`` (CSV/TSV/JSONL), ``file, record n`` (a JSON list), ``file, row n`` (Parquet) or
+``folder [split], row n``. When a builder fails (datasets says only "An error occurred while generating the
+dataset"), the file is re-read with the stdlib :mod:`csv` / :mod:`json` module, only to name the line at fault.
+:func:`data_digest` hashes the bytes of the files (or of a folder's files) a run reads; the run key carries it.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import io
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from peftlab.errors import PeftlabError
+
+FILE_KINDS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+FORMATS = "CSV, TSV, JSON, JSONL or Parquet"
+_READ_FIX = "fix the file (or export it again from its source)"
+
+
+@dataclass(frozen=True)
+class RawTable:
+    """One labelled source as read: ``columns`` (name -> values, in row order), ``class_names`` (a column the
+    source declares as datasets ``ClassLabel``: its names by id) and where each row is."""
+
+    name: str  # for messages: the file, or "folder [split]"
+    columns: dict[str, list]
+    locate: Callable[[int], str]  # 0-based row -> "file:line" / "file, record n" / "file, row n"
+    class_names: dict[str, tuple[str, ...]]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values()))) if self.columns else 0
+
+
+# --------------------------------------------------------------------------- checks before reading
+
+
+def check_file(value: str, flag: str) -> Path:
+    """``--train-file`` / ``--eval-file``: an existing, non-empty file of a known format (one line otherwise)."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        hint = (f"pass it as --dataset {value}" if _is_saved_dataset(path) else
+                f"pass one {FORMATS} file (a folder written by save_to_disk goes to --dataset)")
+        raise PeftlabError(f"{flag} {value} is a folder, not a file", fix=hint)
+    if not path.is_file():
+        raise PeftlabError(f"{flag} {value} not found", fix=f"pass an existing {FORMATS} file")
+    if path.suffix.lower() not in FILE_KINDS:
+        raise PeftlabError(f"{flag} {value}: unknown file type '{path.suffix}'",
+                           fix="use a .csv, .tsv, .json, .jsonl or .parquet file")
+    if path.stat().st_size == 0:
+        raise PeftlabError(f"{flag} {value} is empty (0 bytes)", fix="pass a file with a header and data rows")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise PeftlabError(f"{flag} {value} cannot be read: {err.strerror}",
+                           fix="check the file's permissions") from None
+    return path
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json"))
+
+
+def is_dataset_folder(value: str) -> bool:
+    """``--dataset`` names a local folder (read with load_from_disk) rather than a Hub dataset."""
+    return Path(value).expanduser().is_dir()
+
+
+# --------------------------------------------------------------------------- digests
+
+
+@functools.lru_cache(maxsize=256)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:  # size, mtime: a changed file is hashed again
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    stat = path.stat()
+    return _file_sha256(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def data_digest(parts: list[tuple[str, Path]]) -> str:
+    """SHA-256 (64 hex) of the bytes a run's data comes from: per role (train, eval), a file's bytes or every
+    file of a folder (sorted relative paths and bytes). Content only: a moved copy hashes the same."""
+    h = hashlib.sha256()
+    for role, path in parts:
+        h.update(f"{role}\n".encode())
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if path.is_dir():
+                h.update(f"{file.relative_to(path).as_posix()}\n".encode())
+            h.update(file_sha256(file).encode())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- files
+
+
+def read_file(path: Path, text_fields: tuple[str, ...] = ()) -> RawTable:
+    """A labelled file as a :class:`RawTable` (one-line errors that name the line for CSV/TSV/JSON/JSONL).
+    ``text_fields``: JSON/JSONL columns that must stay text (json_files re-reads a file pyarrow would mistype)."""
+    kind = FILE_KINDS[path.suffix.lower()]
+    if kind == "json":
+        return _read_json(path, text_fields)
+    options: dict = {"keep_default_na": False} if kind in ("csv", "tsv") else {}
+    if kind == "tsv":
+        options.update(delimiter="\t", quoting=csv.QUOTE_NONE)
+    try:
+        ds = _load_builder("parquet" if kind == "parquet" else "csv", path, options)
+    except Exception as err:  # noqa: BLE001 - "An error occurred while generating the dataset": find the line
+        if kind == "parquet":
+            raise PeftlabError(f"cannot read Parquet file: {_cause_line(err)}", where=str(path),
+                               fix=_READ_FIX) from None
+        raise _csv_problem(path, kind) or PeftlabError(f"cannot read {kind.upper()} file: {_cause_line(err)}",
+                                                       where=str(path), fix=_READ_FIX) from None
+    if len(ds) == 0 or not ds.column_names:
+        raise PeftlabError("file has no data rows", where=str(path), fix="add rows below the header")
+    columns = ds.to_dict()  # plain lists: iterating datasets' lazy Column is ~100x slower
+    if kind == "parquet":
+        return RawTable(str(path), columns, lambda i: f"{path}, row {i + 1}", _class_names(ds))
+    lines = _LineIndex(path, kind, len(ds))
+    return RawTable(str(path), columns, lines.locate, {})
+
+
+def _load_builder(builder: str, path: Path, options: dict):
+    import datasets
+
+    from peftlab.models.registry import cache_dir
+    from peftlab.tasks.json_files import _datasets_quiet
+
+    root = cache_dir() / "datasets-tables"
+    root.mkdir(parents=True, exist_ok=True)
+    # A private cache folder per read: nothing is written next to the data, nothing stale is reused.
+    with tempfile.TemporaryDirectory(dir=root) as tmp, _datasets_quiet():
+        return datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=tmp,
+                                     keep_in_memory=True, **options)
+
+
+def _cause_line(err: BaseException) -> str:
+    """The first line of the innermost cause (datasets wraps the parser's error in its own)."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
+
+
+def _decoded(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=f"{path}:{line}",
+                           fix="save the file as UTF-8") from None
+
+
+def _csv_rows(path: Path, kind: str):
+    """(first line, fields) of every non-blank record, with the stdlib reader (strict: a stray quote is an error)."""
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {"delimiter": ","}
+    reader = csv.reader(io.StringIO(_decoded(path), newline=""), strict=True, **dialect)
+    end = 0
+    while True:
+        start = end + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise PeftlabError(f"malformed {kind.upper()} record: {err}", where=f"{path}:{start}",
+                               fix="close the quote (or quote the field), or remove the line") from None
+        end = reader.line_num
+        if row:
+            yield start, row
+
+
+def _csv_problem(path: Path, kind: str) -> PeftlabError | None:
+    """Why the csv builder failed, at its line (None when the stdlib reader sees nothing wrong)."""
+    header = None
+    data_rows = 0
+    try:
+        for line, row in _csv_rows(path, kind):
+            if header is None:
+                header = row
+            elif len(row) > len(header):
+                sep = "tab-separated" if kind == "tsv" else "comma-separated"
+                return PeftlabError(f"row has {len(row)} {sep} fields, the header has {len(header)}",
+                                    where=f"{path}:{line}", fix="quote fields that contain the separator, "
+                                    "or remove the extra fields" if kind == "csv" else "remove the extra tabs")
+            else:
+                data_rows += 1
+    except PeftlabError as err:
+        return err
+    if header is None or data_rows == 0:
+        return PeftlabError("file has a header but no data rows" if header else "file has no header",
+                            where=str(path), fix="add a header line and data rows")
+    return None
+
+
+class _LineIndex:
+    """Row -> ``file:line`` of a CSV/TSV, read by hand only when an error needs a line number."""
+
+    def __init__(self, path: Path, kind: str, rows: int):
+        self.path, self.kind, self.rows = path, kind, rows
+
+    @functools.cached_property
+    def starts(self) -> list[int] | None:
+        try:
+            starts = [line for line, _ in _csv_rows(self.path, self.kind)][1:]  # the header is not a row
+        except PeftlabError:
+            return None
+        return starts if len(starts) == self.rows else None  # the stdlib reader disagrees: say the row instead
+
+    def locate(self, row: int) -> str:
+        return f"{self.path}:{self.starts[row]}" if self.starts else f"{self.path}, row {row + 1}"
+
+
+def _read_json(path: Path, text_fields: tuple[str, ...]) -> RawTable:
+    from peftlab.tasks.json_files import read_json_records
+
+    records = read_json_records(path, text_fields,
+                                fix="fix the JSON (one object per line for JSONL, or a list of objects)")
+    if not records:
+        raise PeftlabError("file has no records", where=str(path), fix="add one JSON object per labelled example")
+    names: dict[str, None] = {}
+    for record in records:
+        if not isinstance(record.value, dict):
+            raise PeftlabError(f"record is a JSON {type(record.value).__name__}, not an object", where=record.where,
+                               fix='write each example as an object, e.g. {"text": "...", "label": "..."}')
+        names.update(dict.fromkeys(record.value))
+    columns = {name: [record.value.get(name) for record in records] for name in names}
+    wheres = [record.where for record in records]
+    return RawTable(str(path), columns, wheres.__getitem__, {})
+
+
+# --------------------------------------------------------------------------- folders and the Hub
+
+
+def read_dataset(value: str) -> dict[str, RawTable]:
+    """``--dataset``: split -> :class:`RawTable`, from a save_to_disk folder (a single Dataset is split
+    ``train``) or, online, from the Hub."""
+    import datasets
+
+    if is_dataset_folder(value):
+        folder = Path(value).expanduser()
+        try:
+            loaded = datasets.load_from_disk(str(folder), keep_in_memory=True)
+        except Exception as err:  # noqa: BLE001 - any loader complaint is one line
+            raise PeftlabError(f"--dataset {value} is a folder, but not one written by save_to_disk: "
+                               f"{_cause_line(err)}", fix="pass a folder written by Dataset.save_to_disk or "
+                               "DatasetDict.save_to_disk, or a file as --train-file") from None
+    else:
+        from peftlab.tasks.data_files import hub_offline
+
+        if Path(value).expanduser().is_file():
+            raise PeftlabError(f"--dataset {value} is a file", fix=f"pass it as --train-file {value}")
+        if hub_offline():
+            raise PeftlabError(f"--dataset {value}: no such folder, and the Hub is not tried offline "
+                               "(HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)",
+                               fix="pass a folder written by save_to_disk, a --train-file, or run online")
+        name, _, config = value.partition(":")
+        try:  # online only; never exercised by the tests
+            loaded = datasets.load_dataset(name, config or None)
+        except Exception as err:  # noqa: BLE001 - a missing dataset, a network failure: one line
+            raise PeftlabError(f"cannot load Hub dataset '{value}': {_cause_line(err)}",
+                               fix="check the name (NAME or NAME:CONFIG, as datasets.load_dataset takes it)") from None
+    splits = {"train": loaded} if isinstance(loaded, datasets.Dataset) else dict(loaded)
+    return {split: _dataset_table(f"{value} [{split}]", ds) for split, ds in splits.items()}
+
+
+def _dataset_table(name: str, ds) -> RawTable:
+    if len(ds) == 0:
+        raise PeftlabError("split has no rows", where=name, fix="pass a dataset whose splits hold examples")
+    columns = ds.to_dict()
+    return RawTable(name, columns, lambda i: f"{name}, row {i + 1}", _class_names(ds))
+
+
+def _class_names(ds) -> dict[str, tuple[str, ...]]:
+    from datasets import ClassLabel
+
+    return {name: tuple(f.names) for name, f in ds.features.items() if isinstance(f, ClassLabel)}
+
+
+def hub_or_folder_parts(value: str) -> list[tuple[str, Path]]:
+    """The digest parts of a ``--dataset``: the folder's files; none for a Hub dataset (it has no local bytes)."""
+    return [("dataset", Path(value).expanduser())] if is_dataset_folder(value) else []

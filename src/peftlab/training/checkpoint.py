@@ -1,0 +1,188 @@
+"""Checkpoints through Accelerate: ``accelerator.save_state`` / ``load_state`` write and restore the trainable
+tensors, the optimizer, the scheduler, the fp16 grad scaler and the RNG states of every process; peftlab adds
+the loop state (:class:`~peftlab.training.state.LoopState`, JSON, one file per process), ``--save best``'s
+weights, and the atomic swap.
+
+A checkpoint folder (Accelerate's file names, then ours)::
+
+    trainable.safetensors      the tensors that train (save_state's model part, through a pre-hook)
+    optimizer.bin, scheduler.bin, scaler.pt (fp16)
+    random_states_<rank>.pkl   Python, NumPy, torch (CUDA) RNG of each process, and Accelerate's step counter
+    state.json                 process 0's loop state (what a reader watching a run sees: global_step, ...)
+    state_<rank>.json          each other process's loop state (its own loss sums, timings)
+    best.safetensors           --save best: the trainable tensors of the best epoch so far
+
+Only the tensors that train are saved: the frozen base (KaSA's truncation, PiSSA/MiLoRA residuals included,
+all deterministic) is rebuilt by setup. The pre-hooks are Accelerate's documented way to replace its model
+saving (:func:`save_only_trainable`).
+
+Atomic: every process writes into ``.checkpoint-new/`` (cleared first); once all have, process 0 swaps it in
+(:func:`swap_in`), so a kill at any moment leaves a complete checkpoint that loads, never half of one.
+Loading runs no pickled code: safetensors, and Accelerate's ``load`` (``torch.load(weights_only=True)``).
+A checkpoint written by a peftlab before this (``training_state.pt`` beside ``trainable.safetensors``; process
+0's RNG only) still resumes: :func:`load_legacy`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from peftlab.errors import PeftlabError
+from peftlab.training import run_folder as runfiles
+from peftlab.training.state import LoopState
+
+TRAINABLE_FILE = "trainable.safetensors"
+BEST_WEIGHTS = "best.safetensors"
+LEGACY_TRAINING_STATE = "training_state.pt"  # optimizer, scheduler and RNG before Accelerate's save_state
+
+
+def state_file(process_index: int) -> str:
+    """The loop state's file of one process: state.json for process 0 (the marker of a complete checkpoint)."""
+    return runfiles.CHECKPOINT_MARKER if process_index == 0 else f"state_{process_index}.json"
+
+
+def trainable_tensors(model, *, copy: bool = False) -> dict:
+    """The tensors that train, on the CPU; ``copy``: never sharing memory with the live parameters."""
+    return {n: (p.detach().cpu().clone() if copy else p.detach().cpu()).contiguous()
+            for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable(model, path: Path) -> None:
+    """Copy a checkpoint's trainable tensors into ``model``; refused when they are another model's."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    params = dict(model.named_parameters())
+    missing = [n for n in tensors if n not in params]
+    if missing:
+        raise PeftlabError(f"checkpoint in {path.parent} does not match this run's model ({missing[0]} missing)",
+                           fix="resume with the same config, or pass --overwrite to start over")
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value)
+
+
+def save_only_trainable(accelerator) -> None:
+    """Make ``save_state`` / ``load_state`` write and read the trainable tensors in place of the whole state
+    dict (the frozen base is most of a model's bytes, and setup rebuilds it)."""
+    from safetensors.torch import save_file
+
+    def save(models, weights, output_dir):
+        if accelerator.is_main_process:
+            tensors = {}
+            for model in models:
+                tensors.update(trainable_tensors(accelerator.unwrap_model(model)))
+            save_file(tensors, str(Path(output_dir) / TRAINABLE_FILE))
+        weights.clear()  # Accelerate writes no model file of its own ...
+
+    def load(models, input_dir):
+        for model in models:
+            load_trainable(accelerator.unwrap_model(model), Path(input_dir) / TRAINABLE_FILE)
+        models.clear()  # ... and reads none
+
+    accelerator.register_save_state_pre_hook(save)
+    accelerator.register_load_state_pre_hook(load)
+
+
+def save_checkpoint(run) -> None:
+    """Write the run's checkpoint (every process takes part: each saves its RNG and loop state)."""
+    from safetensors.torch import save_file
+
+    accelerator, staging = run.accelerator, run.out / runfiles.CHECKPOINT_NEW
+    if run.main:
+        shutil.rmtree(staging, ignore_errors=True)  # what a killed save left
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))
+    loop_state = json.dumps(run.state.to_dict(), default=runfiles.json_default)
+    (staging / state_file(accelerator.process_index)).write_text(loop_state)
+    if run.main and run.best_weights:
+        save_file({n: t.contiguous() for n, t in run.best_weights.items()}, str(staging / BEST_WEIGHTS))
+    accelerator.wait_for_everyone()
+    if run.main:
+        swap_in(run.out)
+    accelerator.wait_for_everyone()
+
+
+def swap_in(output_dir: Path) -> None:
+    """``.checkpoint-new`` becomes ``checkpoint``; at every moment a complete ``checkpoint`` or
+    ``.checkpoint-old`` exists (:func:`peftlab.training.run_folder.checkpoint_dir` takes it)."""
+    new, final, old = (output_dir / name for name in
+                       (runfiles.CHECKPOINT_NEW, runfiles.CHECKPOINT, runfiles.CHECKPOINT_OLD))
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(new, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a checkpoint gives back beyond the accelerator's objects (restored in place)."""
+
+    state: LoopState  # this process's loop state
+    best_weights: dict | None  # --save best: the best epoch's trainable tensors
+
+
+def load_checkpoint(run) -> Restored:
+    """Restore model, optimizer, scheduler, scaler and this process's RNG in place; return its loop state."""
+    from safetensors.torch import load_file
+
+    ckpt, accelerator = runfiles.checkpoint_dir(run.out), run.accelerator
+    if (ckpt / LEGACY_TRAINING_STATE).is_file():
+        load_legacy(ckpt, run)
+        name = runfiles.CHECKPOINT_MARKER  # such a checkpoint kept process 0's loop state only
+    else:
+        check_process_count(ckpt, accelerator.num_processes)
+        accelerator.load_state(str(ckpt))
+        check_rng_restored(ckpt, accelerator.process_index)
+        name = state_file(accelerator.process_index)
+    state = LoopState.from_dict(json.loads((ckpt / name).read_text()), where=str(ckpt / name))
+    best = ckpt / BEST_WEIGHTS
+    return Restored(state, load_file(str(best)) if best.is_file() else None)
+
+
+def check_process_count(ckpt: Path, num_processes: int) -> None:
+    """A checkpoint resumes with the processes that wrote it: each has its RNG, loop state and data shard."""
+    from accelerate.utils import RNG_STATE_NAME
+
+    written = len(list(ckpt.glob(f"{RNG_STATE_NAME}_*.pkl")))
+    if written != num_processes:
+        raise PeftlabError(f"the checkpoint in {ckpt} was written by {written} process(es), this run has "
+                           f"{num_processes}", fix="resume with the same accelerate launch --num_processes, "
+                           "or pass --overwrite to start over")
+
+
+def check_rng_restored(ckpt: Path, process_index: int) -> None:
+    """Accelerate's load_state only logs a random state it could not restore: a resumed run would then train
+    on another random stream (dropout) without a word. Refused instead."""
+    from accelerate.utils import RNG_STATE_NAME, load
+
+    saved = load(ckpt / f"{RNG_STATE_NAME}_{process_index}.pkl")
+    if not torch.equal(saved["torch_manual_seed"], torch.get_rng_state()):
+        raise PeftlabError(f"the random state of process {process_index} in {ckpt} was not restored",
+                           fix="resume with the accelerate version that wrote it, or pass --overwrite")
+
+
+def load_legacy(ckpt: Path, run) -> None:
+    """A checkpoint written before Accelerate's save_state: ``trainable.safetensors``, ``training_state.pt``
+    (optimizer, scheduler, process 0's RNG as plain containers), ``state.json``."""
+    load_trainable(run.accelerator.unwrap_model(run.model), ckpt / TRAINABLE_FILE)
+    training = torch.load(ckpt / LEGACY_TRAINING_STATE, weights_only=True)  # no pickled code runs
+    run.optimizer.load_state_dict(training["optimizer"])
+    run.scheduler.load_state_dict(training["scheduler"])
+    rng = training["rng"]
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])

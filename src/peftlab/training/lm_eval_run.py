@@ -1,0 +1,469 @@
+"""lm-evaluation-harness on a decoder run's in-memory model: ``--lm-eval`` of ``peftlab train`` and ``evaluate``.
+
+:func:`run_harness` wraps the adapted model (peft or merged) and its tokenizer in the harness's ``HFLM``
+(``backend="causal"``, ``batch_size`` = ``--eval-batch-size``, the run's device; ``--mixed-precision`` bf16/fp16
+as HFLM's ``mixed_precision_dtype`` autocast with fp32 log-softmax) and runs the task definitions of
+:mod:`peftlab.tasks.lm_eval_tasks` (the harness's own configs on the local files) through
+:func:`evaluate_tasks` (``simple_evaluate``'s task preparation, then the harness's ``evaluate``).
+Multiple-choice tasks are scored the harness's way: batched forwards over the (context, choice) requests, the
+log-likelihood of each choice's tokens summed, ``acc`` = argmax of the sums, ``acc_norm`` = argmax
+per byte of the choice; GSM8K generates (the harness's prompt, few-shot examples, stop strings) and scores
+``exact_match`` after its ``strict-match`` and ``flexible-extract`` filters.
+
+Offline: the harness runs inside :func:`offline` (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` in the
+environment and in huggingface_hub's and datasets' own constants, which they read at import), on
+``dataset_path: json`` data files only; nothing it runs downloads.
+
+``--max-eval-samples N`` draws the same items as peftlab's own evaluation (``--eval-seed``): a commonsense
+set's items in LLM-Adapters' order; GSM8K's by question text from the math task's draw of its LLM-Adapters
+copy. So a commonsense run's generate-and-extract ``<set>_accuracy`` and the harness's ``acc`` score the same
+items. Results go to result.json's ``lm_eval`` section (:func:`record`; a later call adds its tasks and replaces
+the same tasks', :func:`merge_section`)::
+
+    "lm_eval": {"version": "0.4.13",
+                "results": {task: {metric: value}},           # e.g. {"arc_easy": {"acc": .., "acc_norm": ..}}
+                "n_samples": {task: items}, "n_shot": {task: k},
+                "configs": {task: {"sha256", "harness_yaml", "data_sha256", "config"}},  # what ran, its digest
+                "settings": {task: {"batch_size", "precision", "max_eval_samples", "eval_seed", "num_fewshot",
+                                    "max_new_tokens", "harness_version"}},
+                "generate_and_extract": {task: {"metric", "value", "epoch", "same_items"}},  # peftlab's, beside
+                "gsm8k_agreement": {...},                      # a math run: its generations scored both ways
+                "calls": [{"tag", "tasks", "seconds", "items_per_second", "model_seconds",
+                           "model_items_per_second", "samples_file", "version"}]}
+
+Metric names are the harness's (``acc``, ``acc_norm``, ``acc_stderr``, ``exact_match,strict-match``): its
+``<metric>,<filter>`` keys with the filter ``none`` dropped. ``peftlab report RUN_DIRS --metric
+lm_eval/<task>/<metric>`` tables them (:func:`peftlab.lab.records.lm_eval_value`, result.json only; a sweep's
+store keeps the result.json of when the run finished, so numbers added later by ``evaluate`` are read from the
+run folders). Each item's requests, responses and scores: ``<run>/lm_eval_samples_<train|evaluate>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from peftlab.errors import PeftlabError
+
+SAMPLES_FILE = "lm_eval_samples_{tag}.jsonl"
+MATH_GSM8K = "math/gsm8k/test.json"  # the math task's (LLM-Adapters') copy of the GSM8K test set
+AFTER_TRAINING = ("ok", "no_learning", "collapsed")  # statuses whose saved weights are worth scoring
+_PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+@contextmanager
+def offline():
+    """No network for whatever runs inside: the variables, and the constants the hub and datasets read them into."""
+    import datasets.config
+    import huggingface_hub.constants as hub
+
+    names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    saved_env = {name: os.environ.get(name) for name in names}
+    saved = [(hub, "HF_HUB_OFFLINE", hub.HF_HUB_OFFLINE)] + [
+        (datasets.config, name, getattr(datasets.config, name)) for name in names]
+    os.environ.update({name: "1" for name in names})
+    for module, name, _ in saved:
+        setattr(module, name, True)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def draw_samples(definitions, n: int | None, seed: int, data_dir: str | None) -> dict[str, list[int]] | None:
+    """``--max-eval-samples``: per task, the document indices of peftlab's own draw (module docstring)."""
+    if n is None:
+        return None
+    from datasets import Dataset
+
+    from peftlab.tasks.data_files import subset
+    from peftlab.tasks.generative import find_data_file
+    from peftlab.tasks.lm_eval_tasks import count_documents
+
+    drawn = {}
+    for task in definitions:
+        test = task.data_files["test"]
+        if task.name.startswith("gsm8k"):
+            native = [json.loads(line)["question"].strip() for line in Path(test).read_text().splitlines()
+                      if line.strip()]
+            position = {question: i for i, question in enumerate(native)}
+            try:
+                copy = json.loads(find_data_file(data_dir, MATH_GSM8K, "the math task's GSM8K").read_text())
+            except PeftlabError:  # no math data: the harness's own order, drawn the same way
+                copy = []
+            draw = subset(Dataset.from_dict({"q": [r["instruction"].strip() for r in copy]}), n, seed)["q"]
+            if copy and all(q in position for q in draw):
+                drawn[task.name] = [position[q] for q in draw]
+                continue
+        indices = Dataset.from_dict({"i": list(range(count_documents(test)))})
+        drawn[task.name] = list(subset(indices, n, seed)["i"])
+    return drawn
+
+
+def harness_model(model, tokenizer, *, batch_size: int, precision: str = "no"):
+    """The harness's ``HFLM`` around an in-memory model (never loaded by name: nothing to fetch)."""
+    from lm_eval.models.huggingface import HFLM
+
+    dtype = _PRECISION_DTYPES.get(precision)
+    return HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+                mixed_precision_dtype=dtype, softmax_dtype="float32" if dtype else None)
+
+
+def run_harness(model, tokenizer, names: list[str], *, data_dir: str | None = None, batch_size: int = 16,
+                precision: str = "no", max_eval_samples: int | None = None, eval_seed: int = 0,
+                num_fewshot: int | None = None, max_new_tokens: int | None = None,
+                samples_path: str | Path | None = None) -> dict:
+    """The harness's numbers for ``names`` on ``model`` (the ``lm_eval`` section of result.json)."""
+    from peftlab.tasks.lm_eval_tasks import harness_index, task_configs
+
+    lm_eval, manager = harness_index(names)
+    definitions = task_configs(names, data_dir, task_manager=manager)
+    samples = draw_samples(definitions, max_eval_samples, eval_seed, data_dir)
+    gen_kwargs = {"max_gen_toks": int(max_new_tokens)} if max_new_tokens else None
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    try:
+        with offline(), _quiet_harness():
+            lm = harness_model(model, tokenizer, batch_size=batch_size, precision=precision)
+            model_seconds = time_requests(lm)
+            out = evaluate_tasks(lm, [d.config for d in definitions], manager, num_fewshot=num_fewshot,
+                                 samples=samples, gen_kwargs=gen_kwargs)
+    finally:
+        if was_training:
+            model.train()
+    seconds = time.perf_counter() - start
+    items = sum(out["n-samples"][d.name]["effective"] for d in definitions)
+    by_type = {}  # the harness's request types: multiple_choice -> loglikelihood, gsm8k -> generate_until
+    for d in definitions:
+        kind = "loglikelihood" if d.config.get("output_type") == "multiple_choice" else d.config.get("output_type")
+        by_type[kind] = by_type.get(kind, 0) + out["n-samples"][d.name]["effective"]
+    section = {
+        "version": lm_eval.__version__,
+        "results": {d.name: harness_metrics(out["results"][d.name]) for d in definitions},
+        "n_samples": {d.name: out["n-samples"][d.name]["effective"] for d in definitions},
+        "n_shot": {d.name: out.get("n-shot", {}).get(d.name) for d in definitions},
+        "configs": {d.name: {"sha256": d.sha256, "harness_yaml": d.harness_yaml, "data_sha256": d.data_sha256,
+                             "config": json_safe(out["configs"].get(d.name))} for d in definitions},
+        "seconds": seconds,  # everything: data files read, documents built, requests, metrics
+        "items_per_second": items / seconds if seconds else None,
+        # the model's part alone, per request type: items scored per second of the harness's model calls
+        "model_seconds": dict(model_seconds),
+        "model_items_per_second": {kind: n / model_seconds[kind] for kind, n in by_type.items()
+                                   if model_seconds.get(kind)},
+        "settings": {"batch_size": batch_size, "precision": precision, "max_eval_samples": max_eval_samples,
+                     "eval_seed": eval_seed, "num_fewshot": num_fewshot, "max_new_tokens": max_new_tokens},
+    }
+    if samples_path is not None:
+        _write_samples(samples_path, out["samples"], definitions)
+        section["samples_file"] = Path(samples_path).name
+    return section
+
+
+def evaluate_tasks(lm, configs: list[dict], manager, *, num_fewshot: int | None, samples: dict | None,
+                   gen_kwargs: dict | None) -> dict:
+    """``lm_eval.simple_evaluate``'s preparation of the tasks, then ``lm_eval.evaluator.evaluate``: the seeds
+    (the harness's defaults: python 0, numpy / torch / few-shot 1234), generation settings laid over each
+    generating task's, ``num_fewshot`` (a task's own when None, 0 if it has none) and its few-shot seed.
+    simple_evaluate itself would also collect the environment (``pip``, ``git`` subprocesses; "fatal: not a git
+    repository" outside one) and ask the Hub for the model's revision: nothing peftlab records (result.json has
+    its own versions and code). The global random states are restored afterwards."""
+    import random
+
+    import numpy as np
+    import torch
+    from lm_eval.defaults import DEFAULT_OTHER_SEED, DEFAULT_RANDOM_SEED
+    from lm_eval.evaluator import evaluate
+
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    random.seed(DEFAULT_RANDOM_SEED)
+    np.random.seed(DEFAULT_OTHER_SEED)
+    torch.manual_seed(DEFAULT_OTHER_SEED)
+    try:
+        loaded = manager.load(configs)
+        for task in loaded["tasks"].values():
+            if gen_kwargs and task.get_config("output_type") == "generate_until":
+                task.set_config(key="generation_kwargs", value=gen_kwargs, update=True)
+            if num_fewshot is not None and task.get_config("num_fewshot") != 0:
+                task.set_config(key="num_fewshot", value=num_fewshot)
+            elif task.get_config("num_fewshot") is None:
+                task.set_config(key="num_fewshot", value=0)
+            task.set_fewshot_seed(seed=DEFAULT_OTHER_SEED)
+        return evaluate(lm=lm, task_dict=loaded, samples=samples, log_samples=True)
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+
+
+def time_requests(lm) -> dict[str, float]:
+    """Seconds the harness spends in ``lm``'s request methods, by type, filled in as it calls them (the
+    evaluator calls ``getattr(lm, request_type)(requests)``)."""
+    seconds: dict[str, float] = {}
+    for kind in ("loglikelihood", "loglikelihood_rolling", "generate_until"):
+        def timed(requests, *args, _call=getattr(lm, kind), _kind=kind, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _call(requests, *args, **kwargs)
+            finally:
+                seconds[_kind] = seconds.get(_kind, 0.0) + time.perf_counter() - start
+        setattr(lm, kind, timed)
+    return seconds
+
+
+def harness_metrics(values: dict) -> dict[str, float]:
+    """The harness's ``{"acc,none": .., "exact_match,strict-match": ..}`` -> ``{"acc": .., "exact_match,strict-match":
+    ..}`` (numbers only; a stderr it could not compute, "N/A", is left out)."""
+    out = {}
+    for key, value in values.items():
+        if key in ("alias", "sample_len") or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        metric, _, filter_name = key.partition(",")
+        out[metric if filter_name in ("", "none") else key] = float(value)
+    return out
+
+
+def json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=repr))
+
+
+def _write_samples(path, samples: dict, definitions) -> None:
+    from peftlab.io_utils import atomic_write_text
+
+    lines = []
+    for task in definitions:
+        for row in samples.get(task.name, []):
+            lines.append(json.dumps(json_safe({"task": task.name, **{k: row.get(k) for k in (
+                "doc_id", "target", "arguments", "resps", "filtered_resps", "filter")},
+                **{k: v for k, v in row.items() if k in ("acc", "acc_norm", "exact_match")}}), ensure_ascii=False))
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+@contextmanager
+def _quiet_harness():
+    """The harness logs every request batch at INFO, datasets a progress bar per file read; peftlab prints its own
+    summary (the harness's own progress bars over the requests stay)."""
+    import logging
+
+    import datasets
+
+    logger = logging.getLogger("lm_eval")
+    level, bars_were_on = logger.level, not datasets.utils.are_progress_bars_disabled()
+    logger.setLevel(logging.WARNING)
+    expected, sources = _ExpectedWarnings(), [logging.getLogger(f"lm_eval.{n}") for n in _ExpectedWarnings.LOGGERS]
+    for source in sources:
+        source.addFilter(expected)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        for source in sources:
+            source.removeFilter(expected)
+        if bars_were_on:
+            datasets.enable_progress_bars()
+
+
+# --------------------------------------------------------------------------- a run's result.json
+
+
+def merge_section(old: dict | None, new: dict) -> dict:
+    """result.json's ``lm_eval`` after another harness call: its tasks replace the same tasks' entries, other
+    tasks' stay; ``version`` and ``settings`` are kept per task (``calls`` lists every call in order)."""
+    merged = {key: dict((old or {}).get(key) or {}) for key in PER_TASK}
+    for key in PER_TASK:
+        merged[key].update(new.get(key) or {})
+    call = {key: new.get(key) for key in ("version", "seconds", "items_per_second", "model_seconds",
+                                          "model_items_per_second", "samples_file", "tag")}
+    call["tasks"] = sorted(new.get("results") or {})
+    merged["version"] = new.get("version")
+    merged["calls"] = [*((old or {}).get("calls") or []), call]
+    agreement = new.get("gsm8k_agreement", (old or {}).get("gsm8k_agreement"))  # the latest math-run check
+    if agreement is not None:
+        merged["gsm8k_agreement"] = agreement
+    return merged
+
+
+PER_TASK = ("results", "n_samples", "n_shot", "configs", "settings", "generate_and_extract")
+
+
+def saved_epoch_metrics(result: dict) -> dict:
+    """The metrics of the epoch whose weights adapter/ holds (``saved_epoch``): what the harness scored too."""
+    epoch = result.get("saved_epoch")
+    for entry in result.get("epochs_log") or []:
+        if entry.get("epoch") == epoch:
+            return entry.get("metrics") or {}
+    return ((result.get("final") or {}).get("metrics")) or {}
+
+
+def beside(result: dict, names: list[str], max_eval_samples: int | None, eval_seed: int) -> dict:
+    """Per multiple-choice task: peftlab's generate-and-extract accuracy of the same set in this run, if it has
+    it, and whether the harness scored the same items (the same --max-eval-samples draw)."""
+    from peftlab.tasks.commonsense import metric_key
+    from peftlab.tasks.lm_eval_tasks import PEFTLAB_SET
+
+    metrics = saved_epoch_metrics(result)
+    config = result.get("config") or {}
+    same = config.get("max_eval_samples") == max_eval_samples and config.get("eval_seed", 0) == eval_seed
+    out = {}
+    for name in names:
+        key = f"{metric_key(PEFTLAB_SET[name])}_accuracy" if name in PEFTLAB_SET else None
+        if key and key in metrics:
+            out[name] = {"metric": key, "value": metrics[key], "epoch": result.get("saved_epoch"), "same_items": same}
+    return out
+
+
+def agreement_on_run(out_dir: Path, result: dict, data_dir: str | None) -> dict | None:
+    """A math run's GSM8K generations (its latest generations file) scored by peftlab and by the harness."""
+    from peftlab.tasks.generation import read_generations
+    from peftlab.tasks.lm_eval_tasks import gsm8k_agreement
+
+    name = result.get("generations_file")
+    if result.get("task") != "math" or not name or not (out_dir / name).is_file():
+        return None
+    records = [r for r in read_generations(out_dir / name) if r.get("set") == "gsm8k"]
+    if not records:
+        return None
+    return {"generations_file": name, **gsm8k_agreement(records, data_dir)}
+
+
+def notes(section: dict) -> list[str]:
+    """What every report says about these numbers (result.json ``report_notes``)."""
+    tasks = ", ".join(f"{t} ({n} items)" for t, n in sorted(section["n_samples"].items()))
+    out = [f"lm_eval: lm-evaluation-harness {section['version']} on {tasks}; multiple-choice sets scored by the "
+           "log-likelihood of each choice (acc; acc_norm per byte), GSM8K by the harness's own prompt and filters; "
+           "table them with --metric lm_eval/<task>/<metric>"]
+    agreement = section.get("gsm8k_agreement")
+    if agreement:
+        items = agreement["per_item"]
+        out.append(f"GSM8K on the run's own generations ({items['items']} items): peftlab strict_match "
+                   f"{agreement['peftlab']['strict_match']:.4f} / flexible_extract "
+                   f"{agreement['peftlab']['flexible_extract']:.4f}, the harness's gsm8k strict-match "
+                   f"{agreement['harness']['gsm8k/strict-match']:.4f} (gsm8k_cot "
+                   f"{agreement['harness']['gsm8k_cot/strict-match']:.4f}) / flexible-extract "
+                   f"{agreement['harness']['gsm8k/flexible-extract']:.4f}. By design peftlab's strict match also "
+                   f"reads gsm8k_cot's 'The answer is N' where a text has no '#### N' ({items['strict_read_as_gsm8k_cot']} "
+                   f"items; strict differs from gsm8k's on {items['strict_differs_from_gsm8k']}), and compares "
+                   f"numbers where the harness compares strings (18.0 for 18: {items['strict_number_format']} strict, "
+                   f"{items['flexible_number_format']} flexible); other differences: {len(agreement['unexplained'])}. "
+                   "Compare lm_eval's gsm8k numbers with papers")
+    return out
+
+
+def record(out_dir: Path | None, result: dict, section: dict) -> dict:
+    """``result`` with ``section`` merged in (and its report notes), written to ``out_dir/result.json`` (None:
+    not written)."""
+    from peftlab.training.run_folder import write_json
+
+    updated = dict(result)
+    updated["lm_eval"] = merge_section(result.get("lm_eval"), section)
+    kept = [n for n in result.get("report_notes") or [] if not n.startswith(("lm_eval:", "GSM8K on the run's"))]
+    updated["report_notes"] = kept + notes(updated["lm_eval"])
+    if out_dir is not None:
+        write_json(out_dir / "result.json", updated)
+    return updated
+
+
+def score_run(model, tokenizer, cfg, result: dict, out_dir: Path, names: list[str], *, precision: str, tag: str,
+              max_eval_samples: int | None, num_fewshot: int | None = None, max_new_tokens: int | None = None,
+              write: bool = True) -> dict:
+    """The harness on a run's model, recorded in its result.json (and its items in
+    ``lm_eval_samples_<tag>.jsonl``) unless not ``write``; returns the updated result."""
+    from peftlab.tasks.generative import ensure_pad_token
+
+    ensure_pad_token(cfg, tokenizer)
+    section = run_harness(model, tokenizer, names, data_dir=cfg.data_dir, batch_size=cfg.eval_batch_size,
+                          precision=precision, max_eval_samples=max_eval_samples, eval_seed=cfg.eval_seed,
+                          num_fewshot=num_fewshot, max_new_tokens=max_new_tokens,
+                          samples_path=out_dir / SAMPLES_FILE.format(tag=tag) if write else None)
+    section["tag"] = tag
+    section["settings"] = {name: {**section["settings"], "harness_version": section["version"]} for name in names}
+    section["generate_and_extract"] = beside(result, names, max_eval_samples, cfg.eval_seed)
+    if any(name.startswith("gsm8k") for name in names):
+        agreement = agreement_on_run(out_dir, result, cfg.data_dir)
+        if agreement is not None:
+            section["gsm8k_agreement"] = agreement
+    return record(out_dir if write else None, result, section)
+
+
+def check_request(cfg) -> list[str]:
+    """Before a run trains: the harness is installed and every task's data is found (one line otherwise)."""
+    from peftlab.tasks.lm_eval_tasks import harness_index, task_configs, task_names
+
+    names = task_names(cfg.lm_eval)
+    task_configs(names, cfg.data_dir, task_manager=harness_index(names)[1])
+    return names
+
+
+def after_training(run, result: dict) -> dict:
+    """``peftlab train --lm-eval``: the harness on the trained model in memory (the saved weights: --save best
+    put the best epoch's back), recorded in result.json. A run that did not finish measurably is not scored."""
+    from peftlab.models.registry import load_tokenizer
+    from peftlab.tasks.lm_eval_tasks import task_names
+
+    cfg = run.cfg
+    if not run.main or result.get("status") not in AFTER_TRAINING:
+        return result
+    model = run.accelerator.unwrap_model(run.model)
+    return score_run(model, load_tokenizer(cfg.model), cfg, result, Path(run.out), task_names(cfg.lm_eval),
+                     precision=run.accelerator.mixed_precision, tag="train", max_eval_samples=cfg.max_eval_samples)
+
+
+def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merge: bool = False,
+                          allow_pickle: bool = False, max_eval_samples: int | None = None,
+                          num_fewshot: int | None = None, max_new_tokens: int | None = None) -> dict:
+    """``peftlab evaluate RUN --lm-eval TASKS``: the saved run's model through the harness; its numbers are
+    added to RUN/result.json (not with ``--adapter``: another adapter's numbers are not this run's)."""
+    from peftlab.tasks.lm_eval_tasks import harness_index, task_configs, task_names
+    from peftlab.tasks.table import TASKS
+    from peftlab.training.devices import make_accelerator
+    from peftlab.training.evaluation import load_run
+    from peftlab.training.run_folder import FINISHED, read_result
+
+    run_dir = Path(run_dir)
+    names = task_names(tasks)
+    for flag, value, least in (("--lm-eval-fewshot", num_fewshot, 0), ("--lm-eval-max-new-tokens", max_new_tokens, 1),
+                               ("--max-eval-samples", max_eval_samples, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise PeftlabError(f"{flag} must be an integer >= {least}, got {value!r}")
+    result = read_result(run_dir)
+    if result is None or result.get("status") not in FINISHED:
+        raise PeftlabError(f"{run_dir} holds no finished run (result.json with a final status)",
+                           fix="evaluate a folder written by a finished peftlab train")
+    task = TASKS.get(str(result.get("task")))
+    if task is None or task.head != "causal-lm":
+        raise PeftlabError(f"--lm-eval scores decoder runs; {run_dir} is a '{result['task']}' run of an encoder head",
+                           fix="use it on a run of --task commonsense, math, gsm8k, alpaca, json, e2e or mt-bench")
+    task_configs(names, (result.get("config") or {}).get("data_dir"), task_manager=harness_index(names)[1])
+    run = load_run(run_dir, adapter=adapter, merge=merge, allow_pickle=allow_pickle)
+    accelerator = make_accelerator(run.precision)
+    model = run.model.to(accelerator.device)
+    if max_eval_samples is None:
+        max_eval_samples = run.cfg.max_eval_samples
+    updated = score_run(model, run.tokenizer, run.cfg, result, run_dir, names, precision=run.precision,
+                        tag="evaluate", max_eval_samples=max_eval_samples, num_fewshot=num_fewshot,
+                        max_new_tokens=max_new_tokens, write=adapter is None)["lm_eval"]
+    return {"version": updated["version"], "results": {n: updated["results"][n] for n in names},
+            "n_samples": {n: updated["n_samples"][n] for n in names},
+            "recorded_in": str(run_dir / "result.json") if adapter is None else None,
+            **({"gsm8k_agreement": updated["gsm8k_agreement"]} if "gsm8k_agreement" in updated else {})}
+
+
+class _ExpectedWarnings:
+    """The harness warns that a model object, not a name, was passed: that is how peftlab uses it."""
+
+    LOGGERS = ("models.huggingface", "evaluator")
+    PREFIXES = ("`pretrained` model kwarg is not of type `str`", "Passed an already-initialized model")
+
+    def filter(self, record) -> bool:
+        return not str(record.getMessage()).startswith(self.PREFIXES)

@@ -1,0 +1,118 @@
+"""LoopState: everything the loop knows about its run, as named fields, and its checkpoint form (state.json).
+
+The loop (:mod:`peftlab.training.fit`, :mod:`peftlab.training.step`) owns it; :mod:`peftlab.training.finish`
+and :mod:`peftlab.training.guards` read it. A checkpoint holds it as JSON (``checkpoint/state.json``, one file
+per process: ``state_<rank>.json`` beside it under DDP), written by :meth:`LoopState.to_dict` and read back by
+:meth:`LoopState.from_dict`, which accepts the state.json of any earlier peftlab: a field it lacks takes its
+default (see :data:`LEGACY_DEFAULTS` for the one that is derived), a key it has that is no field is ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from peftlab.errors import PeftlabError
+
+# Keys every peftlab checkpoint has had: without them a state.json is not a loop state.
+REQUIRED_KEYS = ("epoch", "step_in_epoch", "global_step")
+
+
+@dataclass
+class LoopState:
+    """Position, counters, measurements and labels of one run (seeded by setup, carried by checkpoints)."""
+
+    # where the run is
+    epoch: int = 0  # epochs finished
+    step_in_epoch: int = 0  # batches done in the current epoch (per process under DDP)
+    global_step: int = 0  # batches done in all
+    optimizer_steps: int = 0  # optimizer steps (batches / --grad-accum): --max-steps, --eval-steps, the curve
+    skipped_steps: int = 0  # fp16: optimizer steps the GradScaler skipped on overflow
+    in_epoch: bool = False  # inside an epoch: a divergence or failure there counts it in epochs_run
+    # throughput
+    train_examples: int = 0  # examples trained on, all processes together
+    train_seconds: float = 0.0  # the steps' own time (no loading, evaluation or checkpoints)
+    # the current epoch's sums (reset by finish_epoch)
+    epoch_loss_sum: float = 0.0  # task loss of this process's batches
+    epoch_loss_count: int = 0
+    epoch_aux_sum: float | None = None  # the method's extra loss (KaSA's regulariser); None: it adds none
+    epoch_train_seconds: float = 0.0
+    # what the run measured (written to result.json as they are)
+    before: dict | None = None  # dev metrics before fine-tuning, if evaluated
+    best: dict | None = None  # {"epoch": 1-based, "metrics": {...}}: the best epoch-end evaluation so far
+    epochs_log: list[dict] = field(default_factory=list)  # one record per finished epoch (epochs.jsonl)
+    curve: list[dict] = field(default_factory=list)  # every dev evaluation during training, in order
+    eval_extras: dict = field(default_factory=dict)  # what the evaluations added (e.g. generation files)
+    kasa_sigma_init: dict | None = None  # KaSA's singular values before any step
+    timings: dict = field(default_factory=dict)  # per-phase wall times (result.json "timings")
+    # labels
+    status: str = "ok"  # ok, diverged or collapsed while the loop runs; finish decides the final one
+    status_reason: str | None = None
+    clearly_above_chance: bool = False  # the dev metric has been above chance + CLEARLY_ABOVE_CHANCE
+    stopped_early: dict | None = None  # {"epoch", "reason"}: the on_epoch_end hook stopped the run
+
+    def to_dict(self) -> dict:
+        """The JSON form a checkpoint holds (every field, under its own name)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "state.json") -> LoopState:
+        """A state read back from a checkpoint, written by this or any earlier peftlab (see the module doc)."""
+        missing = [key for key in REQUIRED_KEYS if key not in data] if isinstance(data, dict) else ["a mapping"]
+        if missing:
+            raise PeftlabError(f"{where} is not a peftlab loop state ({missing[0]!r} missing)",
+                               fix="resume a folder written by peftlab train, or pass --overwrite to start over")
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        for key, derive in LEGACY_DEFAULTS.items():
+            values.setdefault(key, derive(data))
+        return cls(**values)
+
+    def add_time(self, key: str, seconds: float) -> None:
+        """Accumulate a phase's wall time in :attr:`timings` (over resumed attempts too)."""
+        self.timings[key] = self.timings.get(key, 0.0) + seconds
+
+    def count_batch(self, *, examples: int, seconds: float, loss: float, aux: float | None, stepped: bool) -> None:
+        """One batch trained: positions, throughput and the epoch's loss sums move on."""
+        self.global_step += 1
+        self.step_in_epoch += 1
+        self.optimizer_steps += int(stepped)
+        self.train_examples += examples
+        self.train_seconds += seconds
+        self.epoch_train_seconds += seconds
+        self.epoch_loss_sum += loss
+        self.epoch_loss_count += 1
+        if aux is not None:
+            self.epoch_aux_sum = (self.epoch_aux_sum or 0.0) + aux
+
+    def epoch_record(self, metrics: dict) -> dict:
+        """epochs.jsonl's line for the epoch now ending (before :meth:`finish_epoch`)."""
+        count = max(1, self.epoch_loss_count)
+        record = {"epoch": self.epoch + 1, "train_loss": self.epoch_loss_sum / count, "metrics": metrics,
+                  "seconds": self.epoch_train_seconds}
+        if self.epoch_aux_sum is not None:  # the method's extra loss, mean per batch
+            record["train_regulariser"] = self.epoch_aux_sum / count
+        return record
+
+    def finish_epoch(self) -> None:
+        """The epoch is over: the next one starts at its first batch with empty sums."""
+        self.epoch += 1
+        self.step_in_epoch = self.epoch_loss_count = 0
+        self.epoch_loss_sum = self.epoch_train_seconds = 0.0
+        self.epoch_aux_sum = None
+        self.in_epoch = False
+
+    def epochs_done(self, steps_per_epoch: int) -> float:
+        """Epochs trained so far, a fraction of batches mid-epoch (the curve's ``epoch``)."""
+        return (self.epoch * steps_per_epoch + self.step_in_epoch) / max(1, steps_per_epoch)
+
+    @property
+    def epochs_run(self) -> int:
+        """Epochs the loop entered (result.json ``epochs_run``): those finished, plus one cut short (a divergence
+        or failure mid-epoch). A partial last epoch of --max-steps ends normally and counts as one; a pruned run
+        counts the epochs before its stop."""
+        return self.epoch + (1 if self.in_epoch else 0)
+
+
+# Fields whose default for an older state.json is derived from it: optimizer_steps came with --grad-accum, so
+# a state without it stepped the optimizer once per batch.
+LEGACY_DEFAULTS = {"optimizer_steps": lambda data: data["global_step"]}

@@ -1,0 +1,272 @@
+"""Every outside call bounded: a Ray address, a judge endpoint and the Hugging Face Hub that are dead (a closed
+port), silent (a listener that accepts and never answers) or full (a listener whose backlog is full, so that
+connecting hangs) end within their timeout with one line saying what was unreachable and how to fix it.
+
+Only 127.0.0.1 is ever contacted: the commands run in a child process whose audit hook refuses (and records)
+any connection to, or name lookup of, another address, and the test asserts that nothing was refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+import pytest
+import yaml
+
+from peftlab.tasks import judge as judge_mod
+from peftlab.tasks import mt_bench
+
+LOOPBACK = "127.0.0.1"
+# Runs `peftlab ARGS...` under an audit hook that refuses every non-loopback connection or lookup, and prints
+# one JSON line: the exit status, the seconds main() took and what the hook refused.
+GUARDED = r"""
+import json, sys, time
+refused = []
+LOCAL = (None, "127.0.0.1", "localhost", "::1", "::ffff:127.0.0.1")
+def hook(event, args):
+    if event == "socket.connect" and isinstance(args[1], tuple) and args[1][0] not in LOCAL:
+        refused.append(f"connect {args[1]}")
+        raise PermissionError(f"test network guard: connect to {args[1]} refused")
+    if event in ("socket.getaddrinfo", "socket.gethostbyname") and args[0] not in LOCAL:
+        refused.append(f"lookup {args[0]}")
+        raise PermissionError(f"test network guard: lookup of {args[0]} refused")
+sys.addaudithook(hook)
+import importlib, os
+for name in filter(None, os.environ.get("GUARDED_PREIMPORT", "").split(",")):  # outside the timing
+    importlib.import_module(name)
+from peftlab.cli.main import main
+start = time.monotonic()
+code = main(sys.argv[1:])
+print("GUARDED " + json.dumps({"code": code, "seconds": time.monotonic() - start, "refused": refused}))
+"""
+
+
+@contextmanager
+def silent_listener():
+    """A port on 127.0.0.1 that accepts every connection and never sends a byte."""
+    server = socket.socket()
+    server.bind((LOOPBACK, 0))
+    server.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+@contextmanager
+def full_listener():
+    """A port on 127.0.0.1 whose accept queue is full (listen(0), one connection parked): connecting hangs."""
+    server = socket.socket()
+    server.bind((LOOPBACK, 0))
+    server.listen(0)
+    parked = socket.create_connection(server.getsockname())
+    try:
+        yield server.getsockname()[1]
+    finally:
+        parked.close()
+        server.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def no_listener():
+    """A port on 127.0.0.1 where nothing listens: connecting is refused at once."""
+    yield closed_port()
+
+
+def endpoint(where: str):
+    return {"closed": no_listener, "silent": silent_listener, "full": full_listener}[where]()
+
+
+def guarded(args: list[str], *, env: dict | None = None, timeout: float = 240) -> tuple[dict, str]:
+    proc = subprocess.run([sys.executable, "-c", GUARDED, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    marker = [line for line in proc.stdout.splitlines() if line.startswith("GUARDED ")]
+    assert marker, proc.stdout[-2000:] + proc.stderr[-3000:]
+    outcome = json.loads(marker[-1].removeprefix("GUARDED "))
+    assert outcome["refused"] == [], f"something tried to reach another address: {outcome['refused']}"
+    return outcome, proc.stderr
+
+
+def the_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("peftlab: error: ")]
+    assert len(errors) == 1 and stderr.rstrip().endswith(errors[0]), stderr[-3000:]
+    return errors[0]
+
+
+# --------------------------------------------------------------------------- Ray addresses
+
+
+@pytest.fixture
+def specs(tmp_path):
+    base = {"model": "tiny-bert", "task": "rte", "epochs": 1}
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "sweep"), "base": base, "grid": {"seed": [0, 1]}}))
+    tune = tmp_path / "tune.yaml"
+    tune.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "tune"), "base": base,
+                                    "search": {"lr_ratio": [1, 2]}, "budget": {"grid_fraction": 1.0},
+                                    "seeds": 1, "top_k": 1, "heldout_seeds": 0}))
+    return {"sweep": sweep, "tune": tune}
+
+
+@pytest.mark.parametrize("command, where, phrase", [
+    ("sweep", "closed", "nothing listens there (connection refused)"),
+    ("sweep", "silent", "it accepts connections but did not answer as a Ray cluster within --ray-timeout 2 s"),
+    ("sweep", "full", "no connection within --ray-timeout 2 s"),
+    ("tune", "silent", "it accepts connections but did not answer as a Ray cluster within --ray-timeout 2 s"),
+])
+def test_an_unreachable_ray_address_ends_within_its_timeout_with_one_line(specs, command, where, phrase):
+    pytest.importorskip("ray")
+    with endpoint(where) as port:
+        outcome, stderr = guarded([command, str(specs[command]), "--backend", "ray", "--address",
+                                   f"{LOOPBACK}:{port}", "--ray-timeout", "2"],
+                                  env={"GUARDED_PREIMPORT": f"ray,grpc,peftlab.lab.{command},peftlab.config"})
+    line = the_error_line(stderr)
+    assert outcome["code"] == 2 and outcome["seconds"] < 2 + 3, outcome  # the timeout, plus start-up slack
+    assert f"cannot reach Ray at --address {LOOPBACK}:{port}: {phrase}" in line
+    assert "fix: start the cluster" in line and "--ray-timeout" in line
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--backend", "ray", "--address", "127.0.0.1:1", "--ray-timeout", "0"], "--ray-timeout must be a number of seconds > 0"),
+    (["--backend", "ray", "--address", "127.0.0.1:1", "--ray-timeout", "nan"], "--ray-timeout must be a number"),
+    (["--ray-timeout", "5"], "--ray-timeout only applies to --backend ray"),
+])
+def test_ray_timeout_values_are_checked(specs, capsys, args, phrase):
+    pytest.importorskip("ray")
+    from peftlab.cli.main import main
+
+    assert main(["sweep", str(specs["sweep"]), *args]) == 2
+    err = capsys.readouterr().err
+    assert phrase in err and len(err.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- judge endpoints
+
+
+def stage(url: str, **overrides):
+    """MT-Bench's judging stage (mt_bench.judge_answers) over 4 questions x 2 turns against ``url``."""
+    templates = {"system_prompt": "You are a judge.", "prompt_template": "{question} {answer}"}
+    turn2 = {"system_prompt": "You are a judge.", "prompt_template": "{question_1} {answer_1} {question_2} {answer_2}"}
+    prompts = {name: (turn2 if turn == 2 else templates) for (_, turn), name in mt_bench.PROMPT_NAMES.items()}
+    questions = [{"question_id": i, "category": "writing", "turn_1": f"q{i}", "turn_2": f"q{i}b"} for i in range(4)]
+    values = dict(url=url, model="stub", api_key="EMPTY", timeout=1.0, retries=1, parallel=2,
+                  max_consecutive_failures=2)
+    settings = judge_mod.JudgeSettings(**{**values, **overrides})
+    started = time.monotonic()
+    judgments = mt_bench.judge_answers(settings, prompts, questions, [["a", "b"]] * 4)
+    return judgments, time.monotonic() - started
+
+
+@pytest.mark.parametrize("where, reason", [
+    ("closed", "connection failed (2 attempt(s))"),
+    ("silent", "timeout: no reply within 1 s (2 attempt(s))"),
+    ("full", "timeout: no reply within 1 s (2 attempt(s))"),  # connecting itself is bounded
+])
+def test_a_dead_or_silent_judge_ends_the_stage_within_its_bound_with_one_line(capsys, where, reason):
+    with endpoint(where) as port:
+        url = f"http://{LOOPBACK}:{port}/v1"
+        judgments, seconds = stage(url)
+    # bound: ceil(2 failures / 2 in parallel) rounds x 2 attempts x 1 s, plus the client's back-off (< 1 s here)
+    assert seconds < 2 * 1.0 + 3, seconds
+    assert len(judgments) == 8 and not any(j["judged"] for j in judgments)
+    assert all(j["reason"].startswith(reason) for j in judgments[:2]), [j["reason"] for j in judgments]
+    assert all(j["reason"].startswith("not sent: the judge failed 2 times in a row") for j in judgments[2:])
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if line.strip()]
+    assert len(notes) == 1, err
+    assert notes[0].startswith(f"peftlab: warning: judge {url} given up after 2 failed requests in a row")
+    assert "8 of 8 answers unjudged" in notes[0] and "fix: start the judge" in notes[0]
+
+
+def test_a_judge_that_answers_says_nothing_extra(capsys):
+    """The one line is for a judge given up on: failures below the cap (then a reply) print nothing."""
+    from test_mt_bench import StubJudge  # the suite's stub OpenAI-compatible server
+    from http.server import ThreadingHTTPServer
+    from collections import Counter
+
+    handler = type("Handler", (StubJudge,), {"requests": Counter(), "bodies": []})
+    server = ThreadingHTTPServer((LOOPBACK, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        judgments, _ = stage(f"http://{LOOPBACK}:{server.server_address[1]}/v1")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert all(j["judged"] and j["score"] == 7.0 for j in judgments)
+    assert capsys.readouterr().err == ""
+
+
+# --------------------------------------------------------------------------- the Hub
+
+
+def test_an_unreachable_hub_ends_with_one_line_naming_the_model_and_the_offline_fix(tmp_path):
+    """HF_ENDPOINT points at a silent listener and HF_HUB_OFFLINE is unset: without bounded Hub calls,
+    `from_pretrained` waits for ever on repo_info (no timeout) and then 60 s per retried HEAD."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                                                            "TRANSFORMERS_OFFLINE")}
+    with silent_listener() as port:
+        env.update(HF_ENDPOINT=f"http://{LOOPBACK}:{port}", HF_HOME=str(tmp_path / "hf"),
+                   HF_HUB_DOWNLOAD_TIMEOUT="1", HF_HUB_DISABLE_TELEMETRY="1")
+        proc = subprocess.run([sys.executable, "-c", GUARDED, "train", "--model", "nobody/no-such-model",
+                               "--task", "rte", "--output-dir", str(tmp_path / "run"), "--epochs", "1"],
+                              capture_output=True, text=True, timeout=240, env=env)
+    marker = [line for line in proc.stdout.splitlines() if line.startswith("GUARDED ")]
+    assert marker, proc.stderr[-3000:]
+    outcome = json.loads(marker[-1].removeprefix("GUARDED "))
+    assert outcome["refused"] == [] and outcome["code"] == 2, outcome
+    # 1 s a try; huggingface_hub's five retries with back-off (1+2+4+8+8 s) are most of it
+    assert outcome["seconds"] < 120, outcome
+    line = the_error_line(proc.stderr)
+    assert f"cannot reach the Hugging Face Hub (http://{LOOPBACK}:{port}) to load model 'nobody/no-such-model'" in line
+    assert "HF_HUB_OFFLINE=1" in line and "peftlab models" in line
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_hub_calls_keep_the_users_timeouts_and_client(monkeypatch):
+    from peftlab.models import hub
+
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "7")
+    assert hub.hub_timeout() == 7
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "oops")
+    assert hub.hub_timeout() == hub.HUB_TIMEOUT_SECONDS
+
+    class Inner:
+        def handle_request(self, request):
+            return request.extensions["timeout"]
+
+    class Request:
+        extensions = {"timeout": {"connect": None, "read": 60, "write": 2}}
+
+    capped = hub._TimeoutCapping(Inner(), 10).handle_request(Request())
+    assert capped == {"connect": 10, "read": 10, "write": 2, "pool": 10}
+
