@@ -1,7 +1,7 @@
 """docs/RESULTS.md "Choosing lambda within a budget": the full grid's best, the naive search's pick and
 `peftlab tune`'s pick, each scored on the seeds that chose it and on held-out seeds that did not.
 
-Reads only data (peftlab.lab.tune_compare does the work): the grid's runs (configs/sweeps/lambda_grid_minilm.yaml)
+Reads only data (peftlab.lab.tune.compare does the work): the grid's runs (configs/sweeps/lambda_grid_minilm.yaml)
 in a results store, each tune's spec and its output (tune.json + results.sqlite, which holds its winner's
 held-out runs), and any further stores (e.g. a sweep of the other picks' held-out seeds). Prints one Markdown table.
 
@@ -21,9 +21,8 @@ from pathlib import Path
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import STORE_NAME
-from peftlab.lab.tune_compare import compare_files, render_comparison
-from peftlab.lab.tune_spec import load_tune_spec
-from peftlab.lab.tune_summary import SUMMARY_FILE
+from peftlab.lab.tune.compare import compare_files, render_comparison
+from peftlab.lab.tune.spec import SUMMARY_FILE, load_tune_spec
 
 
 def comparison_for(item: str, grid_store: str, stores: list[str], naive_top_k: int | None, equal_budget: bool):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
 
@@ -14,7 +15,7 @@ STEPS_PER_EPOCH = 4
 
 def config(**overrides) -> dict:
     base = dict(model="tiny-bert", task="rte", method="lora", epochs=2)
-    return build_config(TrainConfig, overrides={**base, **overrides}).to_dict()
+    return build_run_config(overrides={**base, **overrides}).to_dict()
 
 
 def curve_of(points: list[float], metric: str, *, evals_per_epoch: int = 2) -> list[dict]:

@@ -20,7 +20,7 @@ def _named_in_table() -> set[str]:
     """``x.py`` names in the sub-package table, qualified by their row's package."""
     named = set()
     for line in DOC.read_text().splitlines():
-        row = re.match(r"\| `(\w+)/` \|", line)
+        row = re.match(r"\| `([\w/]+)/` \|", line)  # a package, or a sub-package of one (`lab/tune/`)
         package = row.group(1) + "/" if row else "" if line.startswith("| top level |") else None
         if package is None:
             continue

@@ -17,7 +17,7 @@ from peftlab.bench import timing
 from peftlab.bench.cli import rerender
 from peftlab.methods import kasa
 from peftlab.cli.main import main
-from peftlab.methods.options import KasaOptions
+from peftlab.config import KasaOptions
 from peftlab.methods.table import MethodConfig, apply_method
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -56,6 +56,8 @@ def test_cli_refuses_mixed_tasks_and_stray_pairs(capsys):
     assert "--against trainer" in capsys.readouterr().err
     assert main(["bench", "--against", "trainer", "--task", "rte", "--pairs", "llm-adapters:peftlab"]) == 2
     assert "decoder tasks" in capsys.readouterr().err
+    assert main(["bench", "--against", "trainer", "--task", "math", "--threads", "2"]) == 2
+    assert "one thread each" in capsys.readouterr().err
 
 
 def test_summary_pairs_only_runs_made_together():
@@ -109,6 +111,10 @@ def test_every_setup_trains_the_same_examples_and_tokens(tmp_path, monkeypatch, 
     assert slots["llm-adapters"] % 8 == 0 and slots["llm-adapters"] > slots["peftlab-packed"]
     assert slots["peftlab"] >= slots["peftlab-packed"] == runs["peftlab-packed"]["train_real_tokens"]
     assert runs["peftlab-packed"]["packing"] is True and runs["peftlab"]["packing"] is False
+    executed = {setup: r["model_flops"]["executed_per_model_flop"] for setup, r in runs.items()}
+    assert executed["peftlab-packed"] == 1.0  # no padding, each example attending on its own
+    for setup in ("llm-adapters", "peftlab"):  # padding costs FLOPs where it adds slots
+        assert (executed[setup] > 1.0) == (slots[setup] > runs[setup]["train_real_tokens"]), setup
     assert runs["llm-adapters"]["lora_b_abs_sum"] > 0  # the Trainer really stepped
     # Losses compare: the same examples, the same loss definition; after 3 tiny steps every side is still near
     # the random model's ln(vocabulary) and within a hair of the others.

@@ -61,23 +61,27 @@ def test_pad_counter_counts_pad_slots():
     assert (counter.slots, counter.pads, counter.batches) == (6, 3, 1)
 
 
-def test_summary_ratios_pair_runs_of_the_same_repeat():
+def test_summary_ratios_pair_runs_made_together():
     from peftlab.bench.against_trainer import summarize_task
 
-    def run(setup, repeat, train_s, metric):
-        return {"task": "rte", "setup": setup, "repeat": repeat, "status": "ok", "train_s": train_s, "epochs": 1,
-                "examples": 100, "examples_per_s": 100 / train_s, "peak_rss_mb": 500.0, "process_wall_s": train_s + 5,
-                "dev_metrics": {"accuracy": metric}, "train_token_slots": 1000, "train_real_tokens": 500}
+    def run(pair, setup, round_, orientation, train_s, metric, digest="d"):
+        return {"task": "rte", "pair": pair, "setup": setup, "round": round_, "orientation": orientation,
+                "status": "ok", "train_s": train_s, "epochs": 1, "examples": 100, "examples_per_s": 100 / train_s,
+                "optimizer_steps": 25, "train_examples_digest": digest, "dev_metrics": {"accuracy": metric}}
 
-    runs = [run("pad128", 0, 30.0, 0.6), run("peftlab", 0, 10.0, 0.62), run("pad128", 1, 40.0, 0.6),
-            run("peftlab", 1, 10.0, 0.58), run("grouped", 0, 20.0, 0.6)]
-    summary = summarize_task(runs, "rte", ["pad128", "grouped", "peftlab"])
-    ratio = summary["peftlab_vs"]["pad128"]["examples_per_s_ratio"]
-    assert ratio["n"] == 2 and math.isclose(ratio["geomean"], math.sqrt(3.0 * 4.0))
-    assert summary["peftlab_vs"]["grouped"]["examples_per_s_ratio"]["n"] == 1  # repeat 1 has no grouped run
-    assert summary["setups"]["peftlab"]["train_s_per_epoch"] == 10.0
-    assert math.isclose(summary["setups"]["peftlab"]["metric_mean"], 0.60)
-    assert summary["setups"]["pad128"]["real_token_share"] == 0.5
+    runs = [run("pad128:peftlab", "pad128", 0, 0, 30.0, 0.6), run("pad128:peftlab", "peftlab", 0, 0, 10.0, 0.62),
+            run("pad128:peftlab", "pad128", 0, 1, 40.0, 0.6), run("pad128:peftlab", "peftlab", 0, 1, 10.0, 0.58),
+            run("longest:peftlab", "longest", 0, 0, 20.0, 0.6),  # its partner never finished: no ratio from it
+            run("longest:peftlab", "peftlab", 1, 0, 10.0, 0.6, digest="other")]
+    summary = summarize_task(runs, "rte", ["pad128:peftlab", "longest:peftlab"])
+    pad = summary["pairs"]["pad128:peftlab"]
+    assert pad["runs"] == 2 and pad["examples_per_s_ratio"]["n"] == 2
+    assert math.isclose(pad["examples_per_s_ratio"]["geomean"], math.sqrt(3.0 * 4.0))  # 30/10 and 40/10, paired
+    assert pad["same_examples_and_steps"] is True
+    assert math.isclose(pad["sides"]["peftlab"]["dev_metric"], 0.60) and pad["sides"]["pad128"]["train_s"] == 35.0
+    longest = summary["pairs"]["longest:peftlab"]
+    assert longest["runs"] == 0 and longest["examples_per_s_ratio"] is None  # runs of different rounds never pair
+    assert longest["same_examples_and_steps"] is None
 
 
 def test_sweep_overhead_breakdown_adds_up():
@@ -103,10 +107,12 @@ def test_modes_are_exclusive_and_against_implies_e2e(capsys):
     assert "separate benchmarks" in capsys.readouterr().err
     assert main(["bench", "--against", "trainer", "--decode"]) == 2  # --against is an end-to-end comparison
     assert "--against and --decode are separate benchmarks" in capsys.readouterr().err
-    assert main(["bench", "--against", "trainer", "--setups", "pad128,fast"]) == 2  # no --e2e needed
+    assert main(["bench", "--against", "trainer", "--pairs", "pad128:fast"]) == 2  # no --e2e needed
     assert "fast" in capsys.readouterr().err
-    assert main(["bench", "--e2e", "--against", "trainer", "--setups", "pad128,fast"]) == 2
+    assert main(["bench", "--e2e", "--against", "trainer", "--pairs", "pad128:fast"]) == 2
     assert "fast" in capsys.readouterr().err
+    assert main(["bench", "--e2e", "--against", "trainer", "--pairs", "pad128"]) == 2  # a pair needs two sides
+    assert "not two different setups" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- end to end (subprocesses)
@@ -114,7 +120,7 @@ def test_modes_are_exclusive_and_against_implies_e2e(capsys):
 
 @pytest.mark.slow
 @needs_data("glue", "RTE", "train.tsv")
-def test_against_trainer_runs_every_setup(tmp_path):
+def test_against_trainer_runs_every_pair_both_ways(tmp_path):
     status = main(["bench", "--e2e", "--against", "trainer", "--model", "tiny-bert", "--tasks", "rte",
                    "--train-examples", "48", "--batch-size", "4", "--seq-len", "64", "--rank", "4",
                    "--repeats", "1", "--threads", "1", "--lr", "1e-3", "--lr-ratio", "4",
@@ -123,30 +129,39 @@ def test_against_trainer_runs_every_setup(tmp_path):
     result = json.loads(_only(tmp_path, "against-trainer-*.json").read_text())
     markdown = _only(tmp_path, "against-trainer-*.md").read_text()
     assert result["kind"] == "against_trainer"
-    runs = {r["setup"]: r for r in result["runs"]}
-    assert set(runs) == {"pad128", "grouped", "peftlab"}
-    for setup, run in runs.items():
+    runs = result["runs"]
+    # the default pairs, each run side by side on one core each and then with the cores swapped
+    assert sorted((r["pair"], r["orientation"], r["setup"]) for r in runs) == sorted(
+        (pair, orientation, setup) for pair in ("pad128:peftlab", "longest:peftlab")
+        for orientation in (0, 1) for setup in pair.split(":"))
+    for run in runs:
         assert run["status"] in ("ok", "no_learning"), run.get("error")
         assert run["examples"] == 48 and run["train_s"] > 0 and run["peak_rss_mb"] > 0
-        assert run["torch_threads"] == 1
+        assert run["torch_threads"] == 1 and run["optimizer_steps"] == 12
         assert run["dev_metrics"]["accuracy"] is not None
         lrs = {g["name"]: g["initial_lr"] for g in run["optimizer_groups"]}
-        assert math.isclose(lrs["q"], 1e-3) and math.isclose(lrs["v"], 4e-3), (setup, lrs)
-        assert math.isclose(lrs["head"], 5e-4), (setup, lrs)  # LoRA's default head lr on both sides
-    for setup in ("pad128", "grouped"):  # the Trainer really trained: the loss moved, LoRA's B left zero
-        run = runs[setup]
-        assert run["optimizer_steps"] == 12 and len(run["logged_losses"]) >= 2
-        assert run["logged_losses"][0] != run["logged_losses"][-1]
+        assert math.isclose(lrs["q"], 1e-3) and math.isclose(lrs["v"], 4e-3), (run["setup"], lrs)
+        assert math.isclose(lrs["head"], 5e-4), (run["setup"], lrs)  # LoRA's default head lr on both sides
+    for first, second in [(a, b) for a in runs for b in runs if a is not b and a["pair"] == b["pair"]
+                          and a["orientation"] == b["orientation"]]:
+        assert first["core"] != second["core"]  # the two sides of a pair never share a core
+    trainer = [r for r in runs if r["setup"] in ("pad128", "longest")]
+    for run in trainer:  # the Trainer really trained: the loss moved, LoRA's B left zero
+        assert len(run["logged_losses"]) >= 2 and run["logged_losses"][0] != run["logged_losses"][-1]
         assert run["lora_b_abs_sum"] > 0
-    assert runs["pad128"]["train_token_slots"] == 48 * 64  # every example padded to T
-    assert runs["grouped"]["train_pad_tokens"] < runs["pad128"]["train_pad_tokens"]
-    assert runs["grouped"]["train_real_tokens"] == runs["pad128"]["train_real_tokens"] == \
-        runs["peftlab"]["train_real_tokens"]  # the same examples, the same truncation
-    assert set(runs["peftlab"]["timings"]) >= TIMING_KEYS
+    pad128 = next(r for r in runs if r["setup"] == "pad128")
+    longest = next(r for r in runs if r["setup"] == "longest")
+    peftlab_run = next(r for r in runs if r["setup"] == "peftlab")
+    assert pad128["train_token_slots"] == 48 * 64  # every example padded to T
+    assert longest["train_pad_tokens"] < pad128["train_pad_tokens"]
+    assert pad128["train_real_tokens"] == longest["train_real_tokens"] == peftlab_run["train_real_tokens"]
+    assert set(peftlab_run["timings"]) >= TIMING_KEYS
     (summary,) = result["summary"]
-    for setup in ("pad128", "grouped"):
-        assert summary["peftlab_vs"][setup]["examples_per_s_ratio"]["n"] == 1
-    assert "| rte | pad128 | 1 |" in markdown and "| rte | peftlab | 1 |" in markdown
+    for pair in ("pad128:peftlab", "longest:peftlab"):
+        entry = summary["pairs"][pair]
+        assert entry["runs"] == 2 and entry["examples_per_s_ratio"]["n"] == 2
+        assert entry["same_examples_and_steps"] is True
+    assert "| rte | pad128:peftlab | 2 |" in markdown and "| rte | longest:peftlab | 2 |" in markdown
     assert rerender(_only(tmp_path, "against-trainer-*.json")) == markdown
 
 
@@ -215,12 +230,13 @@ def test_decode_bench_writes_every_configuration(tmp_path):
 def test_glue_evaluation_leaves_the_accelerator_tracking_the_optimizer():
     """GLUE's evaluate once called accelerator.free_memory(loader), which also forgets the prepared model,
     optimizer and scheduler (fp16: clip_grad_norm_ would then clip still-scaled gradients) and runs gc."""
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.config import TrainConfig
+    from peftlab.resolve import build_run_config
     from peftlab.models.registry import load_model
     from peftlab.tasks.prepare import build_pipeline
     from peftlab.training.devices import make_accelerator
 
-    cfg = build_config(TrainConfig, overrides=dict(task="rte", model="tiny-bert", max_train_samples=8,
+    cfg = build_run_config(overrides=dict(task="rte", model="tiny-bert", max_train_samples=8,
                                                    max_eval_samples=8, max_length=32, report_to="none"))
     model, tokenizer = load_model("tiny-bert", num_labels=2)
     pipeline = build_pipeline(cfg, tokenizer, model)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -34,8 +33,7 @@ def test_building_the_top_level_parser_imports_no_torch():
                                      "print(build_parser([]).format_help())")
     assert heavy == []
     for entry in SUBCOMMANDS:
-        if importlib.util.find_spec(entry.module) is not None:
-            assert entry.name in out  # listed with its help line, without importing its module
+        assert entry.name in out  # listed with its help line, without importing its module
 
 
 def test_peftlab_help_exits_0_without_torch():
@@ -77,8 +75,7 @@ def test_chosen_command_is_the_first_word_that_is_not_a_flag():
     assert chosen_command(["-h", "report", "x.sqlite"]) == "report"
 
 
-@pytest.mark.parametrize("entry", [e for e in SUBCOMMANDS if importlib.util.find_spec(e.module) is not None],
-                         ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", SUBCOMMANDS, ids=lambda e: e.name)  # a row whose module is missing fails here
 def test_every_subcommand_registers_the_parser_its_row_names(entry):
     sub = argparse.ArgumentParser().add_subparsers(dest="command")
     getattr(importlib.import_module(entry.module), entry.register)(sub)

@@ -11,12 +11,13 @@ import pytest
 import yaml
 
 from peftlab.cli.main import main
-from peftlab.config import REPORT_TO, SCHEDULERS, TrainConfig, build_config, coerce, field_docs, save_config
-from peftlab.config import _coerce
-from peftlab.config_cli import choices_of, field_types, normalise_keys, option_names
+from peftlab.config import (REPORT_TO, SCHEDULERS, CordaOptions, FourierFTOptions, KasaOptions, MethodConfig,
+                            TrainConfig, build_config, coerce, field_docs, save_config)
+from peftlab.config_cli import field_types, normalise_keys
+from peftlab.config_roles import choices_of, option_names
 from peftlab.errors import PeftlabError
-from peftlab.methods.options import CordaOptions, FourierFTOptions, KasaOptions
-from peftlab.methods.table import METHOD_OPTIONS, MethodConfig
+from peftlab.methods.table import METHOD_OPTIONS
+from peftlab.resolve import build_run_config
 
 
 def one_line(call, *args, **kwargs) -> str:
@@ -33,10 +34,11 @@ def test_print_config_prints_the_resolved_yaml_and_creates_nothing(tmp_path, cap
                  "--scheduler", "cosine", "--pad-to-max", "--output-dir", str(out), "--print-config"])
     printed = capsys.readouterr().out
     assert code == 0 and not out.exists() and not any(tmp_path.iterdir())
-    expected = build_config(TrainConfig, overrides=dict(model="tiny-bert", rank=4, lr_ratio=2.0, targets="q,k,v",
-                                                        scheduler="cosine", pad_to_max=True, output_dir=str(out)))
+    expected = build_run_config(overrides=dict(model="tiny-bert", rank=4, lr_ratio=2.0, targets="q,k,v",
+                                               scheduler="cosine", pad_to_max=True, output_dir=str(out)))
     assert yaml.safe_load(printed) == expected.to_dict()
     assert yaml.safe_load(printed)["lr"] == expected.lr > 0  # resolved: the method's default rate filled in
+    assert build_config(TrainConfig, overrides=dict(model="tiny-bert")).lr is None  # the schema alone: not yet
     save_config(expected, tmp_path / "config.yaml")  # what the run would write, byte for byte
     assert (tmp_path / "config.yaml").read_text() == printed
 
@@ -88,7 +90,8 @@ def test_help_texts_are_the_field_docstrings_through_the_bases():
     docs = field_docs(Child)
     assert docs == {"width": "How wide.", "name": "Which one, on two lines."}
     assert coerce(Child, "width", "7", "test") == 7
-    assert "unknown --name 'c'" in one_line(coerce, Child, "name", "c", "test")
+    assert coerce(Child, "name", "c", "test") == "c"  # typed only: the choice is the declaration's to check
+    assert choices_of(field_types(Child)["name"]) == ("a", "b")
 
 
 @pytest.mark.parametrize("name, value, typed", [
@@ -104,6 +107,7 @@ def test_help_texts_are_the_field_docstrings_through_the_bases():
     ("overwrite", False, False),
     ("max_steps", "null", None),
     ("scheduler", "cosine", "cosine"),
+    ("scheduler", "cosin", "cosin"),  # typed only: the declaration refuses it when the config is built
 ])
 def test_values_are_typed_like_before(name, value, typed):
     assert coerce(TrainConfig, name, value, "test") == typed
@@ -114,6 +118,8 @@ def test_non_finite_numbers_reach_the_config_check():
     assert math.isnan(coerce(TrainConfig, "lr", "nan", "test")) and coerce(TrainConfig, "alpha", "inf", "t") == math.inf
     assert "--lr must be a finite number > 0, got nan" in one_line(build_config, TrainConfig,
                                                                    flag_values={"lr": "nan"})
+    assert "--alpha must be a finite number > 0, got inf" in one_line(build_config, TrainConfig,
+                                                                      overrides={"alpha": "inf"})
 
 
 @pytest.mark.parametrize("name, value, phrase", [
@@ -123,11 +129,18 @@ def test_non_finite_numbers_reach_the_config_check():
     ("lr", "fast", "--lr must be float, got 'fast'"),
     ("overwrite", "maybe", "--overwrite must be bool"),
     ("targets", {"q": 1}, "--targets must be tuple"),
-    ("scheduler", "cosin", "unknown --scheduler 'cosin' (did you mean 'cosine'?) (where); fix: use one of: linear"),
-    ("mixed_precision", "fp8", "unknown --mixed-precision 'fp8'"),
 ])
 def test_bad_values_are_one_line_naming_the_flag(name, value, phrase):
     assert phrase in one_line(coerce, TrainConfig, name, value, "where")
+
+
+@pytest.mark.parametrize("name, value, phrase", [
+    ("scheduler", "cosin", "unknown --scheduler 'cosin' (did you mean 'cosine'?); fix: use one of: constant, cosine"),
+    ("mixed_precision", "fp8", "unknown --mixed-precision 'fp8'"),
+    ("method", "LoRRA", "unknown method 'lorra' (did you mean 'lora'?) (--method)"),
+])
+def test_bad_choices_are_one_line_with_a_suggestion(name, value, phrase):
+    assert phrase in one_line(build_config, TrainConfig, flag_values={name: value})
 
 
 def test_flags_yaml_and_overrides_give_the_same_config(tmp_path):
@@ -143,10 +156,6 @@ def test_flags_yaml_and_overrides_give_the_same_config(tmp_path):
     assert from_flags["layers"] == "6,7,8,9,10,11" and from_flags["lr"] == 1e-3
     # precedence: defaults < YAML < flags
     assert build_config(TrainConfig, yaml_path=str(path), flag_values={"rank": "2"}).rank == 2
-
-
-def test_former_private_name_still_works():
-    assert _coerce is coerce
 
 
 def test_every_option_has_help_text():
@@ -168,7 +177,7 @@ def test_method_options_nest_like_peft_and_keep_their_flat_flags():
     # the flag's help is the docstring under the nested field; errors name the flat flag
     assert field_docs(TrainConfig)["kasa_beta"] == "KaSA: weight of ||Delta_sigma||^2 in the loss."
     assert "--kasa-beta must be float, got 'x'" in one_line(coerce, TrainConfig, "kasa_beta", "x", "w")
-    assert "--kasa-beta must be >= 0" in one_line(build_config, TrainConfig, overrides={"kasa_beta": -1})
+    assert "--kasa-beta must be a finite number >= 0" in one_line(build_config, TrainConfig, overrides={"kasa_beta": -1})
     assert "did you mean 'kasa_beta'" in one_line(normalise_keys, TrainConfig, {"kasa_bta": 1}, "w")
     assert not {"kasa", "corda", "vera", "fourierft"} & set(option_names(TrainConfig))  # groups are not keys
     assert METHOD_OPTIONS <= set(option_names(TrainConfig))  # Method.options name real flat options
@@ -192,7 +201,7 @@ def test_flat_and_nested_yaml_give_the_same_config(tmp_path):
     lora = tmp_path / "lora.yaml"
     lora.write_text("method: lora\nkasa: {beta: 0.01}\n")
     assert "--kasa-beta is set, but method 'lora' does not use it" in one_line(
-        build_config, TrainConfig, yaml_path=str(lora), check_explicit=True)
+        build_run_config, yaml_path=str(lora), check_explicit=True)
 
 
 @pytest.mark.parametrize("text, phrase", [
@@ -215,12 +224,13 @@ def test_to_dict_stays_flat_so_run_keys_and_config_yaml_do_not_change(tmp_path):
     from peftlab.lab.store import config_key
 
     # Recorded before the options were nested (pooling pinned: its default changed separately, and it is hashed).
-    default = build_config(TrainConfig, overrides={"pooling": "auto"})
+    default = build_run_config(overrides={"pooling": "auto"})
     assert config_key(default.to_dict()) == "98a58c7dab8afae73e49bf3f1c629d350894339dc83a27d8dae5ecb0112ebee7"
-    kasa = build_config(TrainConfig, overrides={"pooling": "auto", "method": "kasa", "kasa_beta": 0.01,
-                                                "kasa_mode": "reference", "kasa_truncate_rank": 4})
+    kasa = build_run_config(overrides={"pooling": "auto", "method": "kasa", "kasa_beta": 0.01,
+                                       "kasa_mode": "reference", "kasa_truncate_rank": 4})
     assert config_key(kasa.to_dict()) == "32035bae22f885cf64f93b8b5ece736235bd3a0929baf1e0fab97006a0e5ea89"
     keys = list(default.to_dict())
+    assert keys[:5] == ["lr", "lr_ratio", "head_lr", "weight_decay", "method"]  # cfg.optim's lead, as before
     assert keys[keys.index("dropout") + 1: keys.index("task")] == [
         "kasa_beta", "kasa_gamma", "kasa_reduction", "kasa_truncate_rank", "kasa_mode", "corda_mode",
         "corda_samples", "vera_d_initial", "fourierft_n_frequency", "fourierft_scaling"]  # same order as before
@@ -237,3 +247,23 @@ def test_the_config_layer_does_not_import_torch():
 
     code = "import sys, peftlab.config_cli; assert 'torch' not in sys.modules, 'torch imported'"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_optimizer_part_is_composed_and_spelled_flat(tmp_path):
+    from peftlab.config import OptimConfig
+
+    cfg = build_config(TrainConfig, flag_values={"lr": "1e-3", "lr_ratio": "4", "weight_decay": "0.1"})
+    assert cfg.optim == OptimConfig(lr=1e-3, lr_ratio=4.0, weight_decay=0.1) and (cfg.lr, cfg.lr_ratio) == (1e-3, 4.0)
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg and "optim" not in option_names(TrainConfig)
+    assert [f.name for f in dataclasses.fields(OptimConfig)] == ["lr", "lr_ratio", "head_lr", "weight_decay"]
+    assert "lr" not in {f.name for f in dataclasses.fields(TrainConfig)}  # declared once, in OptimConfig
+    assert "unknown config key 'optim'" in one_line(normalise_keys, TrainConfig, {"optim": {"lr": 1}}, "w")
+
+
+def test_flags_are_grouped_by_the_part_that_declares_them(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    run, method, optim = (text.index(title) for title in ("Run: task", "Method: which", "Optimizer: per-projection"))
+    assert run < method < optim
+    assert method < text.index("\n  --kasa-beta") < optim < text.index("\n  --lr-ratio")

@@ -20,6 +20,7 @@ from conftest import TINY_VOCAB
 from peftlab.methods import corda
 from peftlab.methods.saving import load_trained, save_trained
 from peftlab.errors import PeftlabError
+from peftlab.config import CordaOptions
 from peftlab.methods.table import METHODS, MethodConfig, apply_method
 
 RANK = 4
@@ -48,7 +49,7 @@ def corda_model(arch: str, mode: str, tiny_model, **overrides):
     examples = calibration_examples()
     calibration = corda.calibration_from_examples(model, lambda: iter(examples))
     cfg = MethodConfig(method="corda", targets=TARGETS[arch], rank=RANK, alpha=8.0,
-                       corda=corda.CordaOptions(mode=mode), **overrides)
+                       corda=CordaOptions(mode=mode), **overrides)
     applied = apply_method(model, cfg, task_type="SEQ_CLS", calibration=calibration)
     return applied, original, examples
 
@@ -188,10 +189,11 @@ def test_unpadded_handles_left_padding():
 
 
 def test_train_corda_records_calibration_cost(tmp_path):
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.config import TrainConfig
+    from peftlab.resolve import build_run_config
     from peftlab.training.loop import train
 
-    cfg = build_config(TrainConfig, overrides=dict(
+    cfg = build_run_config(overrides=dict(
         task="rte", model="tiny-bert", method="corda", corda_mode="kpm", corda_samples=4, targets="q,v", rank=4,
         epochs=1, batch_size=8, max_length=32, max_train_samples=16, max_eval_samples=16,
         output_dir=str(tmp_path / "run")))

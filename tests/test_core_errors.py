@@ -74,7 +74,7 @@ def test_no_projection(targets):
 @pytest.mark.parametrize("rank", [0, -1])
 def test_rank_not_positive(rank):
     message = message_of(MethodConfig, rank=rank)
-    assert f"--rank must be > 0, got {rank}" in message
+    assert f"--rank must be a positive integer, got {rank}" in message
 
 
 @pytest.mark.parametrize("rank", [2.5, "8", True])

@@ -12,7 +12,8 @@ import jsonschema
 import pytest
 import torch
 
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.training.loop import train
 
 SCHEMA = json.loads(resources.files("peftlab").joinpath("schemas/result.schema.json").read_text())
@@ -24,7 +25,7 @@ def decoder_cfg(tmp_path, **overrides) -> TrainConfig:
                   epochs=1, batch_size=8, max_length=32, max_train_samples=16, max_eval_samples=16,
                   output_dir=str(tmp_path / "run"), log_every=1)
     values.update(overrides)
-    return build_config(TrainConfig, overrides=values)
+    return build_run_config(overrides=values)
 
 
 @pytest.mark.parametrize("task", ["rte", "sst2", "stsb"])

@@ -71,10 +71,11 @@ def test_micro_bench_on_a_decoder(tmp_path):
 
 @needs_data
 def test_gsm8k_generates_only_before_and_after_by_default(tmp_path):
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.config import TrainConfig
+    from peftlab.resolve import build_run_config
     from peftlab.training.loop import train
 
-    cfg = build_config(TrainConfig, overrides={**TINY_DECODER, "task": "gsm8k", "epochs": 2,
+    cfg = build_run_config(overrides={**TINY_DECODER, "task": "gsm8k", "epochs": 2,
                                                "output_dir": str(tmp_path / "run")})
     assert cfg.eval_every == 0
     result = train(cfg)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.training.loop import train
 
 
@@ -14,7 +15,7 @@ def _run(tmp_path, **overrides):
     values = dict(task="rte", model="tiny-bert", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8,
                   max_length=32, max_train_samples=16, max_eval_samples=16, output_dir=str(tmp_path / "run"))
     values.update(overrides)
-    train(build_config(TrainConfig, overrides=values))
+    train(build_run_config(overrides=values))
     return tmp_path / "run"
 
 

@@ -14,9 +14,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
-from peftlab.methods.options import KasaOptions
+from peftlab.config import KasaOptions
 from peftlab.methods.table import MethodConfig, apply_method, extra_loss
 
 RANK = 4
@@ -112,7 +113,7 @@ def test_knob_validation_and_flags():
     with pytest.raises(PeftlabError, match="did you mean 'paper'"):
         MethodConfig(method="kasa", kasa=KasaOptions(mode="papr"))
     # flags (strings) and sweep keys reach the config fields
-    cfg = build_config(TrainConfig, flag_values={"method": "kasa", "kasa_truncate_rank": "6",
+    cfg = build_run_config(flag_values={"method": "kasa", "kasa_truncate_rank": "6",
                                                  "kasa_mode": "REFERENCE", "corda_mode": "kpm", "corda_samples": "32"})
     assert (cfg.kasa.truncate_rank, cfg.kasa.mode, cfg.corda.mode, cfg.corda.samples) == (6, "reference", "kpm", 32)
     assert TrainConfig(method="kasa").kasa.truncate_rank is None and TrainConfig().kasa.mode == "paper"
@@ -222,7 +223,7 @@ def test_reference_penalty_floor_is_sqrt_d_minus_r(tiny_model):
 def test_train_kasa_reference_and_truncate_rank(tmp_path):
     from peftlab.training.loop import train
 
-    cfg = build_config(TrainConfig, overrides=dict(
+    cfg = build_run_config(overrides=dict(
         task="rte", model="tiny-bert", method="kasa", targets="q,v", rank=4, kasa_mode="reference",
         kasa_truncate_rank=6, epochs=1, batch_size=8, max_length=32, max_train_samples=16, max_eval_samples=16,
         output_dir=str(tmp_path / "run")))

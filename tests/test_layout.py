@@ -20,7 +20,7 @@ CONFIGS = ROOT / "configs"
 MAX_LINES = 500
 
 # lab/ modules that run training (the sweep and its runners); every other lab module only reads run records.
-LAB_RUNNERS = ("peftlab.lab.sweep", "peftlab.lab.ray_backend", "peftlab.lab.tune")
+LAB_RUNNERS = ("peftlab.lab.sweep", "peftlab.lab.runner", "peftlab.lab.ray_backend", "peftlab.lab.tune")
 LAB_READERS = "peftlab.lab.* except " + ", ".join(LAB_RUNNERS)
 
 # (who imports, what it must not import, why). Prefixes of dotted module names; "*" is every module.
@@ -114,6 +114,8 @@ def applies(who: str, module: str) -> bool:
         if any(module == e or module.startswith(e + ".") for e in excluded):
             return False
         return applies(scope.strip(), module)
+    if "," in who:
+        return any(applies(one.strip(), module) for one in who.split(","))
     prefix = who.removesuffix(".*")
     return module == prefix or module.startswith(prefix + ".")
 
@@ -161,6 +163,226 @@ def test_the_rules_see_imports_inside_functions():
     assert applies("* except peftlab.cli", "peftlab.lab.report") and not applies("* except peftlab.cli", "peftlab.cli.main")
 
 
+# --------------------------------------------------------------------------- transitive rules
+
+CONFIG_LAYER = "peftlab.config, peftlab.config_cli, peftlab.config_roles"
+HEAVY = ("torch", "transformers", "peft", "accelerate", "datasets")
+
+# (who, what it must not reach, how imports are followed, why). "every import" follows also the imports inside
+# functions (what the module may end up running); "on import" follows what `import module` itself loads, with
+# third-party packages (what a reader pays for before it does anything).
+TRANSITIVE_RULES: list[tuple[str, tuple[str, ...], str, str]] = [
+    (CONFIG_LAYER, ("peftlab.methods", "peftlab.tasks", "peftlab.models", "peftlab.training", "peftlab.lab",
+                    "peftlab.bench", "peftlab.cli", "peftlab.resolve"), "every import",
+     "the config is the leaf everything reads: method and task defaults are resolved above it (peftlab.resolve)"),
+    (CONFIG_LAYER, HEAVY, "on import", "flags, YAML and the run key are checked without torch"),
+    ("peftlab.training", ("peftlab.lab", "peftlab.bench", "peftlab.cli"), "every import",
+     "one run knows nothing of the lab that runs many, of bench or of the CLI"),
+    ("peftlab.bench", ("peftlab.lab", "peftlab.cli"), "every import",
+     "bench measures methods and the data path; it neither runs sweeps nor goes through the CLI"),
+    (LAB_READERS, ("peftlab.methods", "peftlab.models", "peftlab.training", *HEAVY), "on import",
+     "reports and plots start without torch: not directly, and not through config or the store"),
+]
+
+
+def owner(target: str) -> str:
+    """The module an import target lives in (``peftlab.config.TrainConfig`` is ``peftlab.config``)."""
+    while target not in package_modules() and "." in target:
+        target = target.rsplit(".", 1)[0]
+    return target
+
+
+def followed(module: str, how: str) -> list[tuple[str, int | None]]:
+    if how == "on import":
+        return [(target, None) for target in sorted(loads_on_import(module))]
+    return sorted({(owner(imp.target), imp.line) for imp in imports_of(module)})
+
+
+def import_chain(start: str, forbidden: tuple[str, ...], how: str) -> list[str] | None:
+    """The shortest chain of imports from ``start`` to a forbidden module (``[start:line, ..., target]``), or None;
+    the start's own sub-package is not forbidden to it (the direct rules' convention)."""
+    came_from: dict[str, tuple[str, int | None] | None] = {start: None}
+    queue = [start]
+    while queue:
+        module = queue.pop(0)
+        if module != start and any(under(module, f) for f in forbidden) and subpackage(module) != subpackage(start):
+            chain, step = [module], came_from[module]
+            while step is not None:
+                chain.append(f"{step[0]}:{step[1]}" if step[1] else step[0])
+                step = came_from[step[0]]
+            return chain[::-1]
+        if module not in package_modules():
+            continue
+        for target, line in followed(module, how):
+            if target not in came_from:
+                came_from[target] = (module, line)
+                queue.append(target)
+    return None
+
+
+@pytest.mark.parametrize("who, forbidden, how, why", TRANSITIVE_RULES,
+                         ids=[f"{who.split(',')[0]} -/->> {f[0]}... ({how})" for who, f, how, _ in TRANSITIVE_RULES])
+def test_transitive_import_rules(who, forbidden, how, why):
+    chains = [import_chain(module, forbidden, how) for module in package_modules() if applies(who, module)]
+    bad = sorted(" -> ".join(chain) for chain in chains if chain)
+    assert not bad, f"{why}:\n  " + "\n  ".join(bad)
+
+
+def test_the_transitive_rules_follow_chains():
+    """Able to fail: config_cli reaches peftlab.errors through config_roles too; records reaches the store on
+    import; the resolve layer reaches the method table only through a function-level import."""
+    assert import_chain("peftlab.config", ("peftlab.errors",), "every import")[0].startswith("peftlab.config:")
+    assert import_chain("peftlab.lab.records", ("peftlab.lab.store",), "on import") is None  # own sub-package
+    assert import_chain("peftlab.lab.records", ("peftlab.errors",), "on import") == ["peftlab.lab.records",
+                                                                                     "peftlab.errors"]
+    assert import_chain("peftlab.resolve", ("peftlab.methods",), "on import") is None
+    assert import_chain("peftlab.resolve", ("peftlab.methods",), "every import")[-1] == "peftlab.methods.table"
+    assert "yaml" in loads_on_import("peftlab.config_cli")  # third-party packages count on import
+
+
+# --------------------------------------------------------------------------- what importing a module loads
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def runs_on_import(body: list[ast.stmt]):
+    """The statements of a module body that run when it is imported: also inside module-level ``if`` / ``try``
+    blocks, but not under ``if TYPE_CHECKING:`` and not inside functions or classes' methods."""
+    for node in body:
+        if isinstance(node, ast.If):
+            if not is_type_checking(node.test):
+                yield from runs_on_import(node.body)
+            yield from runs_on_import(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                yield from runs_on_import(block)
+        elif isinstance(node, ast.ClassDef):
+            yield from runs_on_import([n for n in node.body
+                                       if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))])
+        else:
+            yield node
+
+
+def import_targets(importer: str, node: ast.stmt, is_package: bool) -> list[str]:
+    """The modules an import statement loads: ``from peftlab.x import y`` is ``peftlab.x.y`` when y is a module,
+    else ``peftlab.x``; outside peftlab, the top-level package (``torch`` for ``from torch.nn import Module``)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        target = resolve_from(importer, node, is_package)
+        if not target.startswith("peftlab"):
+            return [target.split(".")[0]]
+        names = [f"{target}.{a.name}" if is_module(f"{target}.{a.name}") else target for a in node.names]
+    else:
+        return []
+    return [name if name.startswith("peftlab") else name.split(".")[0] for name in names]
+
+
+@lru_cache(maxsize=None)
+def loads_on_import(module: str) -> frozenset[str]:
+    """What ``import module`` imports itself (module level): peftlab modules and other top-level packages."""
+    path = package_modules()[module]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return frozenset(target for node in runs_on_import(tree.body)
+                     for target in import_targets(module, node, path.name == "__init__.py")) - {module}
+
+
+def import_graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """peftlab module -> the peftlab modules it imports at module level (the graph an import cycle lives in)."""
+    modules = package_modules() if modules is None else modules
+    graph = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        targets = {t for node in runs_on_import(tree.body)
+                   for t in import_targets(module, node, path.name == "__init__.py")}
+        graph[module] = {t for t in targets if t in modules and t != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) through every group of modules that import each other (Tarjan's strongly
+    connected components; a module alone is no cycle, as self-imports are dropped)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [cycle_through(graph, group) for group in sorted(groups)]
+
+
+def cycle_through(graph: dict[str, set[str]], group: list[str]) -> list[str]:
+    """A shortest path from the group's first module back to itself, inside the group."""
+    start, members = group[0], set(group)
+    paths = {nxt: [start, nxt] for nxt in sorted(graph[start] & members)}
+    queue = list(paths)
+    while start not in paths:
+        node = queue.pop(0)
+        for nxt in sorted(graph[node] & members):
+            if nxt not in paths:
+                paths[nxt] = paths[node] + [nxt]
+                queue.append(nxt)
+    return paths[start]
+
+
+def test_no_import_cycle_between_modules():
+    """Module-level imports only (a cycle through them fails or half-initialises a module, depending on which
+    side is imported first); imports inside functions run after both modules are loaded."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, "modules that import each other (move what both need into a module of its own):\n  " + (
+        "\n  ".join(" -> ".join(cycle) for cycle in cycles))
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path):
+    """The checker is able to fail: a synthetic package whose a -> b -> c -> a (``from pkg import c`` names a
+    module, ``from pkg.a import X`` a name) is reported, a function-level and a TYPE_CHECKING import are not."""
+    pkg = tmp_path / "peftlab"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "from peftlab.sub import b\n",
+        "sub/__init__.py": "",
+        "sub/b.py": "from peftlab import c\n",
+        "c.py": "from peftlab.a import X\n",
+        "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from peftlab import e\n",
+        "e.py": "def f():\n    from peftlab import d\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    global PACKAGE
+    real = PACKAGE
+    PACKAGE = pkg  # is_module and module_name read the package root
+    try:
+        modules = {module_name(path): path for path in sorted(pkg.rglob("*.py"))}
+        graph = import_graph(modules)
+    finally:
+        PACKAGE = real
+    assert graph["peftlab.a"] == {"peftlab.sub.b"} and graph["peftlab.c"] == {"peftlab.a"}
+    assert graph["peftlab.d"] == set() and graph["peftlab.e"] == set()
+    assert import_cycles(graph) == [["peftlab.a", "peftlab.sub.b", "peftlab.c", "peftlab.a"]]
+
+
 def test_every_module_is_small():
     sizes = {module: len(path.read_text().splitlines()) for module, path in package_modules().items()}
     big = {module: n for module, n in sizes.items() if n > MAX_LINES}
@@ -200,7 +422,7 @@ def test_shipped_yaml_loads_and_validates(path, tmp_path):
         assert sweep.runs and all(run.config["output_dir"].startswith(str(tmp_path)) for run in sweep.runs)
         assert not (tmp_path / "runs").exists()  # validating writes nothing
     elif kind_of(path) == "tune":
-        from peftlab.lab.tune_spec import load_tune_spec
+        from peftlab.lab.tune.spec import load_tune_spec
 
         load_tune_spec(path, output_dir=str(tmp_path / "runs"))
         assert not (tmp_path / "runs").exists()

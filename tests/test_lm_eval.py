@@ -328,13 +328,14 @@ def test_loglikelihood_and_generation_items_per_second_on_the_commonsense_sets(t
 
     from accelerate import Accelerator
 
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.config import TrainConfig
+    from peftlab.resolve import build_run_config
     from peftlab.models.registry import load_model
     from peftlab.tasks.commonsense import build_pipeline
     from peftlab.training.lm_eval_run import run_harness
 
     model, tokenizer = load_model("tiny-llama", head="causal-lm")
-    cfg = build_config(TrainConfig, overrides={"task": "commonsense", "model": "tiny-llama", "max_eval_samples": 2,
+    cfg = build_run_config(overrides={"task": "commonsense", "model": "tiny-llama", "max_eval_samples": 2,
                                                "eval_batch_size": 16, "output_dir": str(tmp_path)})
     pipeline = build_pipeline(cfg, tokenizer, model)
     start = time.perf_counter()
@@ -404,8 +405,10 @@ def test_lm_eval_on_an_encoder_task_is_refused(tmp_path, capsys):
 def test_evaluate_harness_options_without_lm_eval_are_refused(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path), "--lm-eval-fewshot", "3"]) == 2
     assert "apply only with --lm-eval" in capsys.readouterr().err
-    assert main(["evaluate", str(tmp_path), "--lm-eval", "gsm8k", "--lm-eval-max-new-tokens", "0"]) == 2
-    assert "--lm-eval-max-new-tokens must be an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # refused while parsing, before anything is loaded
+        main(["evaluate", str(tmp_path), "--lm-eval", "gsm8k", "--lm-eval-max-new-tokens", "0"])
+    assert refused.value.code == 2
+    assert "argument --lm-eval-max-new-tokens: expected a positive integer" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path), "--lm-eval", "gsm8k"]) == 2  # no finished run there
     assert "holds no finished run" in capsys.readouterr().err
 

@@ -26,7 +26,7 @@ from peftlab.methods import kasa
 from peftlab.methods.fused_qkv import split_for_adapter
 from peftlab.methods.saving import is_peft, load_trained, merged, save_trained
 from peftlab.errors import PeftlabError
-from peftlab.methods.options import FourierFTOptions, KasaOptions
+from peftlab.config import FourierFTOptions, KasaOptions
 from peftlab.methods.table import METHODS, MethodConfig, apply_method, extra_loss
 from peftlab.methods.optim_groups import OptimConfig, count_trainable, param_groups
 
@@ -608,17 +608,18 @@ def test_a_missing_package_in_a_builder_is_one_line_exit_2(tmp_path, capsys, mon
 def test_weight_decay_goes_by_tensor_rank_never_to_learned_vectors(method):
     """--weight-decay decays matrices only: DoRA's magnitude, KaSA's singular values, VeRA's vectors and
     FourierFT's spectrum (all 1-D) are never pulled towards 0."""
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.config import TrainConfig
+    from peftlab.resolve import build_run_config
     from peftlab.methods.table import apply_method
     from peftlab.models.registry import load_model
     from peftlab.methods.optim_groups import param_groups
 
-    cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", method=method, targets="q,v", rank=4,
+    cfg = build_run_config(overrides=dict(model="tiny-bert", method=method, targets="q,v", rank=4,
                                                    weight_decay=0.1))
     model, _ = load_model("tiny-bert")
     applied = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
     model, targets, heads = applied.model, applied.targets, applied.heads
-    groups = param_groups(model, targets, heads, cfg, verbose=False)
+    groups = param_groups(model, targets, heads, cfg.optim, verbose=False)
     decayed = {n for g in groups if g["weight_decay"] > 0 for n in g["param_names"]}
     kept = {n for g in groups if g["weight_decay"] == 0 for n in g["param_names"]}
     shapes = dict((n, p.dim()) for n, p in model.named_parameters())
@@ -639,13 +640,14 @@ def test_parse_layers(text, expected):
 
 
 def test_layers_restrict_the_adapted_blocks(tmp_path):
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.config import TrainConfig
+    from peftlab.resolve import build_run_config
     from peftlab.errors import PeftlabError
     from peftlab.methods.table import apply_method
     from peftlab.models.registry import load_model
     from peftlab.methods.targets import layer_of, parse_layers
 
-    cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", method="lora", targets="q,v", rank=4,
+    cfg = build_run_config(overrides=dict(model="tiny-bert", method="lora", targets="q,v", rank=4,
                                                    layers="1"))
     assert cfg.layers == "1"
     model, _ = load_model("tiny-bert")
@@ -655,7 +657,7 @@ def test_layers_restrict_the_adapted_blocks(tmp_path):
     lora = [n for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
     assert lora and all(".layer.1." in n for n in lora)
     with pytest.raises(PeftlabError, match="--layers asks for layer 5, but this model's blocks are 0-1"):
-        apply_method(load_model("tiny-bert")[0], build_config(TrainConfig, overrides=dict(
+        apply_method(load_model("tiny-bert")[0], build_run_config(overrides=dict(
             model="tiny-bert", method="lora", layers="5")), train_head=True, task_type="SEQ_CLS")
     with pytest.raises(PeftlabError, match="is not a layer index or range"):
         parse_layers("3-1")
@@ -666,13 +668,14 @@ def test_layers_restrict_the_adapted_blocks(tmp_path):
     ("tiny-llama", "gate,up,down", {"gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}),
 ])
 def test_mlp_projections_are_targets_too(tmp_path, model_name, targets, expected):
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.config import TrainConfig
+    from peftlab.resolve import build_run_config
     from peftlab.methods.table import apply_method
     from peftlab.models.registry import load_model
     from peftlab.methods.optim_groups import param_groups
     from peftlab.training.loop import train
 
-    cfg = build_config(TrainConfig, overrides=dict(model=model_name, method="lora", targets=targets, rank=4,
+    cfg = build_run_config(overrides=dict(model=model_name, method="lora", targets=targets, rank=4,
                                                    lr=1e-3, lr_ratio=2))
     model, _ = load_model(model_name)
     applied = apply_method(model, cfg, train_head=True, task_type="SEQ_CLS")
@@ -680,13 +683,13 @@ def test_mlp_projections_are_targets_too(tmp_path, model_name, targets, expected
     for group, suffix in expected.items():
         assert resolved.modules[group] and all(n.endswith(suffix) for n in resolved.modules[group])
     assert not any("attention.output" in n for n in resolved.modules.get("down", ()))  # that is o, not the MLP
-    groups = {g["name"]: g["lr"] for g in param_groups(model, resolved, heads, cfg, verbose=False)}
+    groups = {g["name"]: g["lr"] for g in param_groups(model, resolved, heads, cfg.optim, verbose=False)}
     for group in expected:
         assert groups[group] == pytest.approx(1e-3)  # MLP projections train at eta_QK (lambda is V's alone)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    in_groups = sum(p.numel() for g in param_groups(model, resolved, heads, cfg, verbose=False) for p in g["params"])
+    in_groups = sum(p.numel() for g in param_groups(model, resolved, heads, cfg.optim, verbose=False) for p in g["params"])
     assert in_groups == trainable  # nothing trainable is left out of the optimizer
-    result = train(build_config(TrainConfig, overrides=dict(
+    result = train(build_run_config(overrides=dict(
         task="rte", model=model_name, method="lora", targets=targets, rank=4, epochs=1, batch_size=8, max_length=32,
         max_train_samples=16, max_eval_samples=8, output_dir=str(tmp_path / "run"))))
     assert_trained(result)
@@ -727,12 +730,13 @@ def test_head_only_refuses_the_options_it_would_ignore(tmp_path, capsys, flag, v
 
 
 def test_head_only_config_has_no_targets_and_refuses_causal_lm_tasks():
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.config import TrainConfig
+    from peftlab.resolve import build_run_config
 
-    cfg = build_config(TrainConfig, overrides=dict(method="head", targets="q,k", layers="1", lr=1e-3, lr_ratio=4,
+    cfg = build_run_config(overrides=dict(method="head", targets="q,k", layers="1", lr=1e-3, lr_ratio=4,
                                                    head_lr=2e-3))  # a sweep cell's values it has no use for
     assert cfg.targets == () and cfg.layers is None and cfg.to_dict()["targets"] == ""
     assert (cfg.lr, cfg.lr_ratio, cfg.head_lr) == (2e-3, 1.0, 2e-3)  # the head's rate is the run's only one
     assert TrainConfig.from_dict(cfg.to_dict()).targets == ()  # config.yaml reads back
     with pytest.raises(PeftlabError, match="trains only a task head, and task 'alpaca' has none"):
-        build_config(TrainConfig, overrides=dict(method="head", task="alpaca", model="tiny-llama"))
+        build_run_config(overrides=dict(method="head", task="alpaca", model="tiny-llama"))

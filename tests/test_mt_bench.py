@@ -20,7 +20,8 @@ import jsonschema
 import pytest
 
 from conftest import DATA_DIR, needs_data
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.tasks import judge as judge_mod
 from peftlab.tasks import mt_bench
@@ -199,16 +200,16 @@ def test_second_turn_prompt_holds_the_first_answer():
 
 def test_judge_options_are_checked_before_any_work(tmp_path, monkeypatch):
     monkeypatch.delenv("PEFTLAB_TEST_NO_KEY", raising=False)
-    cfg = build_config(TrainConfig, overrides=dict(task="mt-bench", model="tiny-llama", judge_url="http://x/v1",
+    cfg = build_run_config(overrides=dict(task="mt-bench", model="tiny-llama", judge_url="http://x/v1",
                                                    judge_api_key_env="PEFTLAB_TEST_NO_KEY",
                                                    output_dir=str(tmp_path / "run")))
     with pytest.raises(PeftlabError, match="PEFTLAB_TEST_NO_KEY .* is empty") as err:
         mt_bench.build_pipeline(cfg, object())
     assert "export PEFTLAB_TEST_NO_KEY=" in err.value.fix
     with pytest.raises(PeftlabError, match="task 'rte' has no judge"):
-        build_config(TrainConfig, overrides=dict(task="rte", judge_url="http://x/v1"))
+        build_run_config(overrides=dict(task="rte", judge_url="http://x/v1"))
     with pytest.raises(PeftlabError, match="--judge-timeout"):
-        build_config(TrainConfig, overrides=dict(task="mt-bench", judge_timeout=0))
+        build_run_config(overrides=dict(task="mt-bench", judge_timeout=0))
     assert not (tmp_path / "run").exists()
 
 
@@ -270,7 +271,7 @@ def test_tiny_run_is_judged_by_the_stub_and_reported(tmp_path, stub_judge, monke
 def test_without_a_judge_the_answers_are_saved_and_marked_not_judged(tmp_path):
     from peftlab.training.loop import train
 
-    cfg = build_config(TrainConfig, overrides=dict(
+    cfg = build_run_config(overrides=dict(
         task="mt-bench", model="tiny-llama", epochs=0, max_train_samples=4, max_length=64, max_eval_samples=2,
         max_new_tokens=4, report_to="none", output_dir=str(tmp_path / "run")))
     result = train(cfg)

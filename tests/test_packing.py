@@ -14,7 +14,8 @@ import math
 import pytest
 import torch
 
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.tasks import instructions as sft
 from peftlab.models.packed_attention import BOUNDARY_KWARGS, IMPLEMENTATION, use_packed_attention
@@ -182,12 +183,15 @@ def test_per_example_attention_is_plain_sdpa_for_padded_batches_and_generation(t
     assert not use_packed_attention(AutoModelForCausalLM.from_config(config))
 
 
-def test_packing_is_for_decoder_tasks_and_excludes_pad_to_max(tmp_path):
-    with pytest.raises(PeftlabError, match="encoder head"):
-        build_config(TrainConfig, overrides=dict(task="rte", packing=True, output_dir=str(tmp_path)))
-    with pytest.raises(PeftlabError, match="pad-to-max"):
-        build_config(TrainConfig, overrides=dict(task="json", model="tiny-llama", packing=True, pad_to_max=True,
-                                                 output_dir=str(tmp_path)))
+def test_packing_is_for_decoder_tasks_and_excludes_pad_to_max(tmp_path, capsys):
+    from peftlab.cli.main import main
+
+    assert main(["train", "--task", "rte", "--packing", "--output-dir", str(tmp_path / "a")]) == 2
+    assert "encoder head" in capsys.readouterr().err
+    assert main(["train", "--task", "gsm8k", "--model", "tiny-llama", "--packing", "--pad-to-max",
+                 "--output-dir", str(tmp_path / "b")]) == 2
+    assert "--pad-to-max" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # refused before anything was made
 
 
 def _json_cfg(tmp_path, **overrides) -> TrainConfig:
@@ -198,7 +202,7 @@ def _json_cfg(tmp_path, **overrides) -> TrainConfig:
                   targets="q,v", rank=4, epochs=1, batch_size=4, max_length=64, eval_batch_size=4, log_every=1,
                   output_dir=str(tmp_path / "run"), report_to="none")
     values.update(overrides)
-    return build_config(TrainConfig, overrides=values)
+    return build_run_config(overrides=values)
 
 
 def test_packing_runs_through_the_loop_counting_examples(tmp_path):

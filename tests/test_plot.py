@@ -13,10 +13,11 @@ import pytest
 
 from _plot_helpers import close, make_store
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures import fmt_tick, key_value, metric_label, metric_range, with_defaults
-from peftlab.lab.figures_sigma import SIGMA_DELTA, parse_module
+from peftlab.lab.figures.paper import fmt_tick, key_value, metric_label, metric_range, with_defaults
+from peftlab.lab.figures.sigma import SIGMA_DELTA, parse_module
 from peftlab.lab.plot import KINDS, draw, make_figure, make_plot
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
@@ -53,7 +54,7 @@ def add_grid(store, rng, make_result, *, tasks, lrs, epochs: int, bad_status: st
                 for ratio in (1.0, 4.0):
                     for rank in (4, 8):
                         for seed in range(2):
-                            cfg = build_config(TrainConfig, overrides=dict(
+                            cfg = build_run_config(overrides=dict(
                                 model="tiny-bert", task=task, method=method, lr=lr, lr_ratio=ratio, rank=rank,
                                 seed=seed, epochs=epochs)).to_dict()
                             acc = 0.6 + 0.02 * math.log2(ratio) + rng.gauss(0, 0.01)
@@ -67,7 +68,7 @@ def store_path(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("plot") / "results.sqlite"
     with Store(path) as store:
         add_grid(store, rng, _result, tasks=("rte", "mrpc"), lrs=(1e-4, 1e-3), epochs=2, bad_status="collapsed")
-        failed = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="rte", lr=1e-3, lr_ratio=4.0,
+        failed = build_run_config(overrides=dict(model="tiny-bert", task="rte", lr=1e-3, lr_ratio=4.0,
                                                           rank=8, seed=1, epochs=2, method="dora")).to_dict()
         store.add(failed, status="failed", error="RuntimeError: boom")
     return path
@@ -128,7 +129,7 @@ def test_helpers():
     assert metric_label(["accuracy"], 100) == "accuracy (%)" and metric_label(["pearson"], 100) == "pearson ×100"
     assert metric_label(["eval_loss"], 1) == "eval_loss"
     # an option a run predates counts as its default: old and new runs of one config group together
-    new = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="rte")).to_dict()
+    new = build_run_config(overrides=dict(model="tiny-bert", task="rte")).to_dict()
     old = {k: v for k, v in new.items() if k != "eval_steps"}
     assert "eval_steps" in new and with_defaults(old) == with_defaults(new)
 

@@ -9,7 +9,7 @@ import pytest
 
 from _plot_helpers import close, make_store
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures_curves import run_points
+from peftlab.lab.figures.curves import run_points
 from peftlab.lab.plot import draw
 from peftlab.lab.records import collect
 

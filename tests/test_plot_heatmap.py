@@ -12,8 +12,8 @@ from scipy import stats
 
 from _plot_helpers import close, make_store
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures_cells import HeatmapData
-from peftlab.lab.figures_points import PointsData
+from peftlab.lab.figures.cells import HeatmapData
+from peftlab.lab.figures.points import PointsData
 from peftlab.lab.plot import draw
 
 LRS = (5e-4, 1e-3, 2e-3)

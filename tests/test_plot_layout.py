@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.lab.plot import make_figure, save_figure
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
@@ -49,7 +50,7 @@ def rows(tmp_path_factory) -> list[dict]:
         for method in ("lora", "dora", "kasa", "pissa"):  # one epoch, one lr: a heatmap only when folded
             for ratio in (1.0, 2.0, 4.0):
                 for seed in range(3):
-                    cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="sst2", method=method,
+                    cfg = build_run_config(overrides=dict(model="tiny-bert", task="sst2", method=method,
                                                                    lr=5e-4, lr_ratio=ratio, rank=8, seed=seed,
                                                                    epochs=1)).to_dict()
                     store.add(cfg, result=_result(cfg, 0.8 + rng.gauss(0, 0.01), "ok", rng))

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.models.registry import load_model, load_model_with_pooling
 from peftlab.models.pooling import MaskedMeanPooler, declared_pooling
 
@@ -76,7 +77,7 @@ def test_pooling_is_recorded_and_evaluate_rebuilds_it(tmp_path):
     from peftlab.training.evaluation import evaluate_run
     from peftlab.training.loop import train
 
-    cfg = build_config(TrainConfig, overrides=dict(
+    cfg = build_run_config(overrides=dict(
         task="rte", model="tiny-bert", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8, max_length=32,
         max_train_samples=16, max_eval_samples=32, pooling="mean", lr=1e-2, output_dir=str(tmp_path / "run")))
     result = train(cfg)
@@ -102,9 +103,9 @@ def test_bad_pooling_is_one_line(tmp_path, capsys, argv, message):
 
 @pytest.mark.parametrize("task, max_length, batch_size", [("rte", 128, 16), ("gsm8k", 512, 8), ("alpaca", 512, 8)])
 def test_task_defaults_for_length_and_batch(task, max_length, batch_size):
-    cfg = build_config(TrainConfig, overrides={"task": task})
+    cfg = build_run_config(overrides={"task": task})
     assert (cfg.max_length, cfg.batch_size) == (max_length, batch_size)
-    given = build_config(TrainConfig, overrides={"task": task, "max_length": 64, "batch_size": 4})
+    given = build_run_config(overrides={"task": task, "max_length": 64, "batch_size": 4})
     assert (given.max_length, given.batch_size) == (64, 4)
 
 
@@ -148,12 +149,12 @@ def test_mpnet_base_declares_mean_pooling_and_trains(tmp_path):
     assert type(model).__name__ == "MPNetForSequenceClassification" and loaded.pooling == "mean"
     # 109.5M with the sentence-transformers pooler (590,592), which the sequence classifier does not load
     assert sum(p.numel() for n, p in model.named_parameters() if not n.startswith("classifier")) == 108_895_872
-    cfg = build_config(TrainConfig, overrides=dict(
+    cfg = build_run_config(overrides=dict(
         task="sst2", model="mpnet-base", pooling="auto", method="lora", targets="q,v", rank=4, epochs=1, batch_size=8,
         max_length=32, max_train_samples=16, max_eval_samples=16, output_dir=str(tmp_path / "run")))
     result = train(cfg)
     assert result["status"] in ("ok", "no_learning") and result["pooling"] == "mean"  # trained to its end
-    from peftlab.training.loop import cpu_has_native_bf16
+    from peftlab.training.devices import cpu_has_native_bf16
 
     assert result["mixed_precision"] == ("bf16" if cpu_has_native_bf16() else "no")  # auto: a 109M model
     assert result["trainable_params"]["adapter"] == 12 * 2 * 4 * (768 + 768)  # r x (in + out), q and v, 12 layers

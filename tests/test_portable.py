@@ -15,7 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.methods.table import METHODS
 from peftlab.training.loop import train
 
@@ -38,7 +39,7 @@ def test_peft_free_methods_are_saved_as_a_standard_transformers_folder(tmp_path,
     from peftlab.training.evaluation import load_run
 
     options = dict(targets="q,v", lr=1e-3) if method == "full" else {}
-    cfg = build_config(TrainConfig, overrides=dict(**ARCHS[arch], method=method, epochs=1, batch_size=8,
+    cfg = build_run_config(overrides=dict(**ARCHS[arch], method=method, epochs=1, batch_size=8,
                                                    max_length=32, max_train_samples=16, max_eval_samples=8,
                                                    pooling="native", head_lr=1e-2, output_dir=str(tmp_path / "run"),
                                                    **options))
@@ -73,7 +74,7 @@ def test_plain_peft_loading_reproduces_peftlabs_logits(tmp_path, method, arch):
     from peftlab.training.evaluation import load_run
     from peftlab.models.registry import load_model
 
-    cfg = build_config(TrainConfig, overrides=dict(**ARCHS[arch], method=method, targets="q,v", rank=4, epochs=1,
+    cfg = build_run_config(overrides=dict(**ARCHS[arch], method=method, targets="q,v", rank=4, epochs=1,
                                                    batch_size=8, max_length=32, max_train_samples=16,
                                                    max_eval_samples=8, pooling="native", lr=1e-2,
                                                    output_dir=str(tmp_path / "run"),
@@ -122,7 +123,7 @@ def test_kasa_with_a_truncation_peft_would_not_redo_is_saved_as_plain_lora(tmp_p
     overrides = {**ARCHS[arch], **dict(method="kasa", targets="q,v", rank=4, epochs=1, batch_size=8, max_length=32,
                                        max_train_samples=16, max_eval_samples=8, pooling="native", lr=1e-2,
                                        output_dir=str(tmp_path / "run")), **options}
-    cfg = build_config(TrainConfig, overrides=overrides)
+    cfg = build_run_config(overrides=overrides)
     base, tokenizer = load_model(cfg.model, num_labels=2, seed=cfg.seed, pooling="native")
     if variant == "reference-mode" and not apply_method(base, cfg).init_stats.kasa_plan:
         pytest.fail("reference mode should truncate otherwise than peft on this model (wide layers)")

@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.training.loop import train
 
 
 @pytest.fixture(scope="module")
 def sst2_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("predict") / "run"
-    train(build_config(TrainConfig, overrides=dict(task="sst2", model="tiny-bert", method="lora", targets="q,v", rank=4,
+    train(build_run_config(overrides=dict(task="sst2", model="tiny-bert", method="lora", targets="q,v", rank=4,
                                                    epochs=1, batch_size=8, max_length=32, max_train_samples=16,
                                                    max_eval_samples=16, output_dir=str(out))))
     return out
@@ -72,7 +73,7 @@ def test_predict_of_a_head_only_run_matches_plain_transformers(tmp_path):
     from peftlab.models.registry import load_tokenizer
 
     run_dir = tmp_path / "head"
-    train(build_config(TrainConfig, overrides=dict(task="sst2", model="tiny-bert", method="head", epochs=1,
+    train(build_run_config(overrides=dict(task="sst2", model="tiny-bert", method="head", epochs=1,
                                                    batch_size=8, max_length=32, max_train_samples=16,
                                                    max_eval_samples=16, head_lr=1e-2, output_dir=str(run_dir))))
     texts = ["a moving and wonderful film .", "dull , flat and far too long ."]

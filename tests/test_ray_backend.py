@@ -130,8 +130,8 @@ def test_a_ray_worker_killed_past_its_retries_is_failed_with_the_reason(tmp_path
 
 @pytest.mark.slow  # ~15 s: a study actor and five trials in Ray workers
 def test_tune_on_ray(tmp_path, local_ray):
-    from peftlab.lab.tune import run_tune
-    from peftlab.lab.tune_spec import load_tune_spec
+    from peftlab.lab.tune.run import run_tune
+    from peftlab.lab.tune.spec import load_tune_spec
 
     tune = load_tune_spec(spec_for(tmp_path, seeds=2))
     summary = run_tune(tune, backend="ray", ray_options=RayOptions(), train_fn=FAKE_TUNE_TRAIN, progress=False)

@@ -389,8 +389,8 @@ BAD_TRAIN_INPUTS = [
     ("fourierft-too-many-frequencies", ["--method", "fourierft", "--fourierft-n-frequency", "5000"],
      "--fourierft-n-frequency 5000 is more than the 1024 entries of the smallest adapted weight"),
     ("rank-above-width", ["--rank", "1000"], "--rank 1000 is larger than min(in, out) = 32"),
-    ("rank-zero", ["--rank", "0"], "--rank must be > 0"),
-    ("rank-negative", ["--rank", "-3"], "--rank must be > 0"),
+    ("rank-zero", ["--rank", "0"], "--rank must be a positive integer, got 0"),
+    ("rank-negative", ["--rank", "-3"], "--rank must be a positive integer, got -3"),
     ("rank-not-int", ["--rank", "eight"], "--rank must be int"),
     ("rank-too-large-kasa", ["--method", "kasa", "--rank", "32"], "--rank 32 is too large for kasa"),
     ("rank-too-large-pissa", ["--method", "pissa", "--rank", "40"], "--rank 40 is too large for pissa"),
@@ -406,7 +406,7 @@ BAD_TRAIN_INPUTS = [
     ("unknown-flag-typo", ["--max-lenght", "64"], "unknown flag '--max-lenght' (did you mean '--max-length'?)"),
     ("unknown-yaml-key", _yaml("learning_rate: 1.0e-3\n"), "unknown config key 'learning_rate' (did you mean 'lr'?)"),
     ("unknown-yaml-key-hf", _yaml("num_train_epochs: 3\n"), "unknown config key 'num_train_epochs' (did you mean 'epochs'?)"),
-    ("warmup-too-big", ["--warmup-ratio", "1.5"], "--warmup-ratio must be < 1"),
+    ("warmup-too-big", ["--warmup-ratio", "1.5"], "--warmup-ratio must be a finite number >= 0 and < 1"),
     ("precision-unknown", ["--mixed-precision", "fp8"], "unknown --mixed-precision 'fp8'"),
     ("yaml-unknown-key", _yaml("lr_ratoi: 2\n"), "unknown config key 'lr_ratoi' (did you mean 'lr_ratio'?)"),
     ("yaml-syntax", _yaml("rank: [8\n"), "invalid YAML"),
@@ -512,7 +512,7 @@ BAD_ADAPTERS = [
     ("truncated", _truncated, "corrupt or truncated safetensors"),
     ("pickle", _pickle, "is a pickle"),
     ("other-base", _other_base, "does not fit this base model"),
-    ("missing", _missing, "adapter folder not found"),
+    ("missing", _missing, "not found; fix: pass an adapter folder"),
     ("other-task", _other_task, "was trained with task='mrpc', but"),
 ]
 
@@ -561,7 +561,7 @@ def test_sweep_records_a_diverged_run_and_goes_on(tmp_path):
 def test_atomic_writes_get_ordinary_file_permissions(tmp_path):
     import stat
 
-    from peftlab.training.run_folder import atomic_write_text
+    from peftlab.io_utils import atomic_write_text
 
     old = os.umask(0o022)
     try:
@@ -622,16 +622,12 @@ BAD_INPUTS = [
      "", "not a string"),
     ("open-quote", "in.csv", 'sentence1,sentence2\na,b\n"c,d\ne,f\n', ":3", "malformed CSV record"),
     ("extra-field", "in.tsv", "sentence1\tsentence2\na\tb\nc\td\te\n", ":3", "the header has 2"),
-    pytest.param("not-utf8", "in.jsonl", b'{"sentence1": "a", "sentence2": "\xff"}\n', ":1", "not valid UTF-8",
-                 marks=pytest.mark.xfail(strict=True, raises=UnicodeDecodeError, reason=(
-                     "tasks/json_files.py: `rows = ds.to_list()` decodes the strings outside the try, so a non-UTF-8 "
-                     "byte inside a value escapes as UnicodeDecodeError; move it into the try (return None) and the "
-                     "by-hand pass names the line. Remove this mark then.")), id="not-utf8"),
+    ("not-utf8", "in.jsonl", b'{"sentence1": "a", "sentence2": "\xff"}\n', ":1", "not valid UTF-8"),
 ]
 
 
 @pytest.mark.parametrize("case, name, text, line, phrase", BAD_INPUTS,
-                         ids=[c[0] if isinstance(c, tuple) else c.id for c in BAD_INPUTS])
+                         ids=[c[0] for c in BAD_INPUTS])
 def test_a_malformed_predict_input_is_one_line_naming_file_and_line(trained_run, tmp_path, capsys, case, name,
                                                                     text, line, phrase):
     path = tmp_path / name

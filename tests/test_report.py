@@ -13,8 +13,10 @@ import pytest
 from scipy import stats
 
 from _report_helpers import markdown, squash
+from fake_results import checked
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.lab.records import load_rows, parse_filter
 from peftlab.lab.report import build_table
@@ -34,18 +36,22 @@ PER_TASK_SAMPLES = {"rte": 500, "mrpc": 400}  # a per-task setting (zipped with 
 def config(**overrides) -> dict:
     values = dict(model="tiny-bert", epochs=3, rank=8, max_train_samples=PER_TASK_SAMPLES[overrides["task"]])
     values.update(overrides)
-    return build_config(TrainConfig, overrides=values).to_dict()
+    return build_run_config(overrides=values).to_dict()
+
+
+MAJORITY = {"rte": 0.527, "mrpc": 0.684}  # the GLUE dev sets' most frequent class
 
 
 def result(cfg: dict, accuracy: float, *, status: str = "ok", final: float | None = None) -> dict:
     adapter = 1000 if cfg["method"] == "lora" else 1016
     before = {"metrics": {"accuracy": accuracy}} if cfg["epochs"] == 0 else None
-    return {"schema_version": 1, "status": status, "status_reason": None if status == "ok" else f"{status} at 2",
+    return checked({"schema_version": 1, "status": status, "status_reason": None if status == "ok" else f"{status} at 2",
             "task": cfg["task"], "method": cfg["method"], "seed": cfg["seed"], "config": cfg,
+            "majority_baseline": MAJORITY[cfg["task"]],
             "primary_metric": "accuracy", "best": {"epoch": 2, "metrics": {"accuracy": accuracy, "f1": 0.5}},
             "final": {"metrics": {"accuracy": accuracy if final is None else final}}, "before": before,
             "trainable_params": {"adapter": adapter, "head": 600 if cfg["task"] == "rte" else 602,
-                                 "total": adapter + (600 if cfg["task"] == "rte" else 602)}}
+                                 "total": adapter + (600 if cfg["task"] == "rte" else 602)}})
 
 
 @pytest.fixture
@@ -189,7 +195,8 @@ def test_renderings(store_path):
     lines = md.splitlines()
     assert lines[0] == "| method | targets | lr_ratio | MRPC | RTE | Avg | #Param |"
     assert lines[1] == "|---|---|---|---|---|---|---|"
-    assert len([line for line in lines if line.startswith("| ")]) == 1 + 5
+    assert len([line for line in lines if line.startswith("| ")]) == 1 + 5 + 1  # and the majority-class row
+    assert "| majority class |  |  | 68.4 | 52.7 | 60.6 | – |" in md
     assert "| lora (baseline) | q,k,v | 1 | 80.0 ± 1.0 (3) | 61.0 ± 1.0 (3) | 70.5 | 1.6K |" in md
     assert "† BH-adjusted p < 0.05 vs the baseline" in md and "mean ± sample std" in md
     assert "84.0 ± 1.0 (3)†" not in md  # kasa mrpc is 85.0 ± 1.0
@@ -205,7 +212,7 @@ def test_renderings(store_path):
     rows = list(csv.reader(io.StringIO(render_csv(table))))
     assert rows[0][:4] == ["method", "targets", "lr_ratio", "before_fine_tuning"]
     assert "mrpc_mean" in rows[0] and "rte_p" in rows[0] and rows[0][-2:] == ["params_total", "baseline"]
-    assert len(rows) == 1 + 5
+    assert len(rows) == 1 + 5 + 1
     by_method = {tuple(r[:3]): dict(zip(rows[0], r)) for r in rows[1:]}
     lora = by_method[("lora", "q,k,v", "1")]
     assert float(lora["rte_mean"]) == pytest.approx(61.0) and float(lora["rte_std"]) == pytest.approx(1.0)
@@ -243,7 +250,7 @@ def test_cli_writes_each_format(store_path, tmp_path, capsys):
 def test_methods_keep_the_order_the_runs_list_them():
     """The table needs no method code: rows follow the order the runs name their methods (a sweep's grid order)."""
     def row(method, seed):
-        cfg = {"model": "tiny-bert", "task": "rte", "method": method, "seed": seed, "epochs": 3, "targets": "q,v"}
+        cfg = config(task="rte", method=method, seed=seed, targets="q,v")
         return {"key": f"{method}{seed}", "status": "ok", "config": cfg, "result": result(cfg, 0.6 + seed / 100)}
 
     rows = [row(m, s) for m in ("vera", "kasa", "lora") for s in range(2)]

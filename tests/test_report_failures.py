@@ -11,7 +11,8 @@ import pytest
 
 from _report_helpers import markdown
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.lab.records import load_rows
 from peftlab.lab.report import build_table
@@ -24,7 +25,7 @@ SHA_A, SHA_B = "a" * 40, "b" * 40
 def config(**overrides) -> dict:
     values = dict(model="tiny-bert", task="stsb", epochs=2, rank=8, method="lora")
     values.update(overrides)
-    return build_config(TrainConfig, overrides=values).to_dict()
+    return build_run_config(overrides=values).to_dict()
 
 
 def result(cfg: dict, value: float, *, status: str = "ok", **extra) -> dict:

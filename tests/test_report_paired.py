@@ -14,7 +14,8 @@ from scipy import stats
 
 from _report_helpers import markdown
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.lab.records import load_rows
 from peftlab.lab.report import build_table
@@ -33,7 +34,7 @@ TASKS = ["mrpc", "qnli", "rte"]  # the table's (GLUE) order
 def config(**overrides) -> dict:
     values = dict(model="tiny-bert", epochs=3, rank=8, method="lora")
     values.update(overrides)
-    return build_config(TrainConfig, overrides=values).to_dict()
+    return build_run_config(overrides=values).to_dict()
 
 
 def result(cfg: dict, value: float, **extra) -> dict:

@@ -4,8 +4,8 @@ numpy (the t distribution integrated numerically; no scipy). Any mismatch with `
 fails.
 
 ``CASES`` lists the tables checked. The first builds a small store here; a committed study store is checked by
-adding a case naming it (path relative to the repository root), its baseline and any --where / flags, e.g.
-``Case("docs/study/results.sqlite", "method=lora,targets=q,k,v,lr_ratio=1")``.
+adding a case naming it (path relative to the repository root), its baseline, --where and --seeds, e.g.
+``Case("docs/study/lambda/results.sqlite", "lr=0.001,lr_ratio=1,targets=q,v", "task=stsb,epochs=2", HELDOUT)``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.lab.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,10 +35,26 @@ BUILT = "built here"
 class Case:
     store: str  # relative to the repository root, or BUILT
     baseline: str
-    flags: tuple[str, ...] = field(default_factory=tuple)  # e.g. ("--where", "model=minilm-l6")
+    where: str = ""  # --where K=V,...: applied by report, and here by hand to the runs read with sqlite3
+    seeds: tuple[int, ...] = ()  # --seeds: likewise
+    at_least: int = 4  # comparisons the table must hold (so that a case that compares nothing fails)
+
+    @property
+    def flags(self) -> list[str]:
+        return ([*("--where", self.where)] if self.where else []) + \
+            (["--seeds", ",".join(map(str, self.seeds))] if self.seeds else [])
+
+    def keeps(self, config: dict) -> bool:
+        pairs = [piece.split("=", 1) for piece in self.where.split(",") if piece]
+        return all(label(config.get(k)) == v for k, v in pairs) and \
+            (not self.seeds or int(config.get("seed", 0)) in self.seeds)
 
 
-CASES = [Case(BUILT, "method=lora,lr_ratio=1")]
+LAMBDA_STUDY = "docs/study/lambda/results.sqlite"  # the redone study of docs/RESULTS.md
+HELDOUT = tuple(range(100, 110))
+CASES = [Case(BUILT, "method=lora,lr_ratio=1"),
+         Case(LAMBDA_STUDY, "lr=0.001,lr_ratio=1,targets=q,v", "task=stsb,epochs=2", HELDOUT, at_least=3),
+         Case(LAMBDA_STUDY, "lr=0.008,lr_ratio=1,targets=q,v", "task=sst2,epochs=2", HELDOUT, at_least=3)]
 
 
 # --------------------------------------------------------------------------- the store built here
@@ -52,7 +69,7 @@ def build_store(path: Path) -> Path:
         for (method, ratio), delta in shift.items():
             for task, level in (("rte", 0.65), ("mrpc", 0.80)):
                 for seed in range(3 if method == "kasa" else 4):
-                    cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", task=task, method=method,
+                    cfg = build_run_config(overrides=dict(model="tiny-bert", task=task, method=method,
                                                                    lr_ratio=ratio, seed=seed, epochs=2)).to_dict()
                     value = float(level + delta + seed_effect[seed] + rng.normal(0, 0.004))
                     store.add(cfg, result={"status": "ok", "config": cfg, "primary_metric": "accuracy",
@@ -129,7 +146,7 @@ def test_paired_p_values_and_cis_recomputed_with_numpy(case, tmp_path, capsys):
     head = list(lines[0])
     label_keys = head[:head.index("before_fine_tuning")]
     tasks = [name[:-len("_mean")] for name in head if name.endswith("_mean")]
-    runs = store_runs(path)
+    runs = [(config, result) for config, result in store_runs(path) if case.keeps(config)]
     base_line = next(line for line in lines if line["baseline"] == "1")
     base_labels = {k: base_line[k] for k in label_keys}
     checked = 0
@@ -154,6 +171,6 @@ def test_paired_p_values_and_cis_recomputed_with_numpy(case, tmp_path, capsys):
             p = t_two_sided_p(mean / (sd / math.sqrt(n)), n - 1)
             assert float(line[f"{task}_p"]) == pytest.approx(p, rel=1e-6, abs=1e-12), (labels, task)
             checked += 1
-    assert checked >= 4  # the case really compares something
+    assert checked >= case.at_least  # the case really compares something
     if case.store == BUILT:
         assert checked == 4 and {line["rte_n_pairs"] for line in lines if line["method"] == "kasa"} == {"3"}

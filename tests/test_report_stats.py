@@ -17,7 +17,8 @@ from scipy import stats
 
 from _report_helpers import markdown, squash
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.lab.records import load_rows
 from peftlab.lab.report import build_table
@@ -44,7 +45,7 @@ ROBERTA_FULL_QV = {"adapter": 14_174_208, "head": 592_130, "total": 14_174_208 +
 def config(**overrides) -> dict:
     values = dict(model="tiny-bert", epochs=3, rank=8)
     values.update(overrides)
-    return build_config(TrainConfig, overrides=values).to_dict()
+    return build_run_config(overrides=values).to_dict()
 
 
 def result(cfg: dict, value: float, *, majority: float | None = None, params: dict | None = None) -> dict:
@@ -382,7 +383,7 @@ def test_a_glue_subset_task_is_labelled_in_the_header_and_notes(tmp_path):
     path = tmp_path / "results.sqlite"
     with Store(path) as store:
         for seed in range(2):
-            cfg = build_config(TrainConfig, overrides=dict(model="tiny-bert", task="qqp", seed=seed)).to_dict()
+            cfg = build_run_config(overrides=dict(model="tiny-bert", task="qqp", seed=seed)).to_dict()
             result = {"schema_version": 1, "status": "ok", "status_reason": None, "task": "qqp", "config": cfg,
                       "primary_metric": "accuracy", "best": {"epoch": 1, "metrics": {"accuracy": 0.7 + seed / 100}},
                       "final": {"metrics": {"accuracy": 0.7}}, "dataset": "glue_subsets", "majority_baseline": 0.6,

@@ -15,12 +15,14 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.training.loop import train
 
@@ -36,7 +38,7 @@ def tiny_cfg(out: Path, **overrides) -> TrainConfig:
     values = dict(task="rte", model="tiny-bert", method="lora", targets="q,v", rank=4, epochs=2, batch_size=8,
                   max_length=32, max_train_samples=24, max_eval_samples=16, output_dir=str(out), report_to="none")
     values.update(overrides)
-    return build_config(TrainConfig, overrides=values)
+    return build_run_config(overrides=values)
 
 
 def toy_sst2(root: Path, *, signal_in_dev: bool = True, n_train: int = 64, n_dev: int = 32) -> Path:
@@ -67,7 +69,7 @@ def toy_cfg(out: Path, data: Path, **overrides) -> TrainConfig:
                   max_length=32, lr=1e-2, head_lr=1e-2, pooling="mean", data_dir=str(data), output_dir=str(out),
                   report_to="none")
     values.update(overrides)
-    return build_config(TrainConfig, overrides=values)
+    return build_run_config(overrides=values)
 
 
 def scripted_glue(monkeypatch, values: dict, chance: float | None = None):
@@ -219,7 +221,6 @@ def _independent_source_digest(root: Path) -> str:
 
 
 def test_result_records_the_code_it_ran(tmp_path):
-    import peftlab
     from peftlab.training.run_folder import source_digest
 
     first = train(tiny_cfg(tmp_path / "a", epochs=1))
@@ -227,7 +228,7 @@ def test_result_records_the_code_it_ran(tmp_path):
     validate(first)
     code = first["code"]
     assert set(code) == {"commit", "dirty", "version", "source_digest"}
-    assert code["version"] == peftlab.__version__
+    assert code["version"] == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert HEX64.match(code["source_digest"]) and second["code"]["source_digest"] == code["source_digest"]
     assert code["source_digest"] == source_digest()  # once per process
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
@@ -315,7 +316,7 @@ def test_instruction_and_generation_tasks_record_their_training_examples(tmp_pat
     def pipeline(**overrides):
         values = dict(task=task, model="tiny-llama", max_length=64, max_train_samples=8, max_eval_samples=2,
                       output_dir=str(tmp_path / "run"), **extra)
-        cfg = build_config(TrainConfig, overrides={**values, **overrides})
+        cfg = build_run_config(overrides={**values, **overrides})
         return build_pipeline(cfg, tokenizer, None)
 
     first = pipeline()
@@ -438,7 +439,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_curve(tmp_path):
     args = ["--model", "tiny-bert", "--task", "rte", "--max-train-samples", "64", "--max-eval-samples", "32",
             "--max-length", "32", "--batch-size", "8", "--epochs", "2", "--rank", "4", "--eval-steps", "3",
             "--report-to", "none"]
-    reference = train(build_config(TrainConfig, overrides=dict(
+    reference = train(build_run_config(overrides=dict(
         task="rte", model="tiny-bert", max_train_samples=64, max_eval_samples=32, max_length=32, batch_size=8,
         epochs=2, rank=4, eval_steps=3, report_to="none", output_dir=str(tmp_path / "reference"))))
     assert [p["step"] for p in reference["curve"]] == [3, 6, 8, 9, 12, 15, 16]

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from peftlab.bench.decode import greedy_loop
 from peftlab.tasks import instructions as sft
 from peftlab.tasks.math_answers import answers_match, extract_answer, normalize_number
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.training.loop import train
 
@@ -210,22 +212,22 @@ def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, cha
 
     plain = [reference(p, [2]) for p in prompts]
     assert len({text for text, _ in plain}) == len(prompts)  # the model says different things
-    assert sft.generate(chatty_model, tokenizer, prompts, max_new_tokens=12, batch_size=4) == [t for t, _ in plain]
+    assert greedy_loop(chatty_model, tokenizer, prompts, max_new_tokens=12, batch_size=4) == [t for t, _ in plain]
     # Make a token that the second prompt emits at step 4 a stop token: that row leaves the batch early and
     # the rows left in the (pruned) KV cache must still decode exactly as alone.
     stop = plain[1][1][4]
     from peftlab.tasks import generation
 
-    monkeypatch.setattr(generation, "stop_token_ids", lambda tok: [2, stop])  # generate's own module
+    monkeypatch.setattr(generation, "stop_token_ids", lambda tok: [2, stop])  # the stop tokens both paths look up
     expected = [reference(p, [2, stop])[0] for p in prompts]
     assert expected[1] == tokenizer.decode(plain[1][1][:4], skip_special_tokens=True).strip()
-    assert sft.generate(chatty_model, tokenizer, prompts, max_new_tokens=12, batch_size=4) == expected
-    assert sft.generate(chatty_model, tokenizer, prompts, max_new_tokens=12, batch_size=3) == expected
+    assert greedy_loop(chatty_model, tokenizer, prompts, max_new_tokens=12, batch_size=4) == expected
+    assert greedy_loop(chatty_model, tokenizer, prompts, max_new_tokens=12, batch_size=3) == expected
 
 
 def test_gsm8k_evaluation_generates_what_the_old_greedy_loop_did(tokenizer, chatty_model, tmp_path, monkeypatch):
     """GSM8K's evaluation runs model.generate (generate_greedy); its generations are the hand-written loop's
-    (sft.generate, the path it ran before), also when rows stop at different steps."""
+    (bench's greedy_loop, the path it ran before), also when rows stop at different steps."""
     from types import SimpleNamespace
 
     import datasets
@@ -237,7 +239,7 @@ def test_gsm8k_evaluation_generates_what_the_old_greedy_loop_did(tokenizer, chat
                  "Tom has 3 apples and eats one. How many are left?", "Why?", "A train goes 60 miles an hour. How far "
                  "does it go in 3 hours?"]
     eval_raw = datasets.Dataset.from_dict({"instruction": questions, "gold": ["48", "4", "2", "1", "180"]})
-    cfg = build_config(TrainConfig, overrides=dict(task="gsm8k", model="tiny-llama", output_dir=str(tmp_path),
+    cfg = build_run_config(overrides=dict(task="gsm8k", model="tiny-llama", output_dir=str(tmp_path),
                                                    max_new_tokens=14, eval_batch_size=3))
     accelerator = SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu"), is_main_process=True,
                                   unwrap_model=lambda model: model)
@@ -247,7 +249,7 @@ def test_gsm8k_evaluation_generates_what_the_old_greedy_loop_did(tokenizer, chat
         evaluation = sft.gsm8k_evaluator(cfg, tokenizer, eval_raw)(chatty_model, accelerator, "before")
         assert evaluation.extras["generations_file"] == "generations_before.jsonl"
         new = [r["generated"] for r in sft.read_generations(tmp_path / "generations_before.jsonl")]
-        old = sft.generate(chatty_model, tokenizer, prompts, max_new_tokens=14, batch_size=3, stop_when=answer_is_final)
+        old = greedy_loop(chatty_model, tokenizer, prompts, max_new_tokens=14, batch_size=3, stop_when=answer_is_final)
         return new, old
 
     new, old = both_paths()
@@ -355,7 +357,7 @@ def test_bad_instruction_files(tmp_path, name, text, fields, where, what):
 def test_bad_fields_flag_and_missing_train_file(tmp_path):
     with pytest.raises(PeftlabError, match="instruction-fields"):
         sft.parse_fields("only_one")
-    cfg = build_config(TrainConfig, overrides=dict(task="json", model="tiny-llama", output_dir=str(tmp_path / "r")))
+    cfg = build_run_config(overrides=dict(task="json", model="tiny-llama", output_dir=str(tmp_path / "r")))
     with pytest.raises(PeftlabError, match="--train-file"):
         sft.load_instruction_data(cfg)
 
@@ -371,7 +373,7 @@ def test_offline_without_data_names_the_paths_tried(tmp_path, monkeypatch):
 def test_json_task_pipeline_with_held_out_split(tmp_path, tokenizer):
     records = [{"q": f"What is {i} plus {i}?", "a": f"{2 * i}"} for i in range(20)]
     path = write(tmp_path / "train.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    cfg = build_config(TrainConfig, overrides=dict(task="json", model="tiny-llama", train_file=str(path),
+    cfg = build_run_config(overrides=dict(task="json", model="tiny-llama", train_file=str(path),
                                                    instruction_fields="q,,a", max_length=64,
                                                    output_dir=str(tmp_path / "r")))
     train_raw, eval_raw = sft.load_instruction_data(cfg)
@@ -393,7 +395,7 @@ def tiny_cfg(tmp_path, **overrides) -> TrainConfig:
                   max_length=64, max_train_samples=16, max_eval_samples=4, max_new_tokens=8, eval_batch_size=4,
                   output_dir=str(tmp_path / "run"), log_every=1)
     values.update(overrides)
-    return build_config(TrainConfig, overrides=values)
+    return build_run_config(overrides=values)
 
 
 @needs_data

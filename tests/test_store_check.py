@@ -17,7 +17,8 @@ import yaml
 
 from peftlab.cli.main import main
 from peftlab.lab.spec import load_spec
-from peftlab.lab.store import Store, pruned_key, short_key
+from peftlab.lab.store import Store, short_key
+from peftlab.lab.store_schema import pruned_key
 from peftlab.lab.store_check import check_store
 from peftlab.lab.sweep import run_sweep
 
@@ -102,7 +103,7 @@ def test_each_deliberate_corruption_is_found_and_repaired(swept, capsys):
     with Store(swept.store_path) as store:
         rows = {r["key"]: r for r in store.rows()}
     assert len(rows) == 4  # nothing deleted
-    assert rows[bad_json["key"]]["status"] == "failed" and "does not parse" in rows[bad_json["key"]]["error"]
+    assert rows[bad_json["key"]]["status"] == "failed" and "its result was unreadable" in rows[bad_json["key"]]["error"]
     assert rows[mismatch["key"]]["status"] == "collapsed"
     assert rows[failed["key"]]["status"] == "pending" and rows[failed["key"]]["owner"] is None
     assert json.loads(ok_folder.read_text())["status"] == "collapsed"  # rewritten from the store's copy

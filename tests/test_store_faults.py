@@ -82,10 +82,10 @@ def drive(argv: list[str]) -> int:
         _kill_at_write(int(os.environ[KILL_AT_WRITE_ENV]))
     if os.environ.get(KILL_AFTER_RESULT_ENV):
         _kill_after_result(int(os.environ[KILL_AFTER_RESULT_ENV]))
-    import peftlab.lab.sweep as sweep_module
+    import peftlab.lab.runner as runner_module
     from peftlab.cli.main import main
 
-    sweep_module.DEFAULT_TRAIN = FAKE  # what `peftlab sweep` / `peftlab tune` train with, in this process only
+    runner_module.DEFAULT_TRAIN = FAKE  # what `peftlab sweep` / `peftlab tune` train with, in this process only
     return main(argv)
 
 
@@ -98,7 +98,8 @@ if __name__ == "__main__":
 import pytest  # noqa: E402
 
 from peftlab.lab.spec import load_spec  # noqa: E402
-from peftlab.lab.store import PRUNED_MARK, Store, config_key, unpruned_key  # noqa: E402
+from peftlab.lab.store import Store, config_key  # noqa: E402
+from peftlab.lab.store_schema import PRUNED_MARK, unpruned_key  # noqa: E402
 from peftlab.lab.store_check import check_store  # noqa: E402
 
 
@@ -214,9 +215,9 @@ def test_a_tune_trial_held_by_another_process_is_waited_for_not_failed(tmp_path)
     import threading
 
     from peftlab.config import TrainConfig, build_config
-    from peftlab.lab.store import process_identity
-    from peftlab.lab.tune import run_tune
-    from peftlab.lab.tune_spec import load_tune_spec, run_config
+    from peftlab.lab.store_owner import process_identity
+    from peftlab.lab.tune.run import run_tune
+    from peftlab.lab.tune.spec import load_tune_spec, run_config
     from test_tune import fake_train
 
     spec = tmp_path / "tune.yaml"
@@ -253,6 +254,26 @@ def test_a_tune_trial_held_by_another_process_is_waited_for_not_failed(tmp_path)
     assert trial["outcome"] == "complete", trial
     assert summary["winner"]["params"] == {"lr_ratio": 4.0}
     assert epoch_one_calls(tmp_path / "runs") == {Path(run.output_dir).name: 1}  # trained once, by the other
+
+
+def test_a_pruned_trial_is_found_after_a_sweep_queued_the_complete_run(tmp_path):
+    """The race behind a tune trial read as failed beside a sweep: between the trial's pruning (its row moves to
+    the pruned key) and the tune reading the outcome, the sweep registers the cell's complete run under the
+    key. The trial's outcome is its pruned row, not that pending (or running) complete run."""
+    from peftlab.lab.store_schema import pruned_key
+
+    key, config = "ab" * 32, {"model": "tiny-bert"}
+    with Store(tmp_path / "results.sqlite") as store:
+        store.register([(key, config, str(tmp_path / "run"))])
+        store.claim(key)
+        assert store.finish(key, {"status": "pruned", "epochs_run": 1, "stopped_early": {"epoch": 1}})
+        store.register([(key, config, str(tmp_path / "run"))])  # the sweep's next round
+        assert store.find(key, settled=True)["key"] == pruned_key(key, 1)
+        assert store.find(key)["status"] == "pending"  # (the row under the key, for everyone else)
+        store.claim(key)  # and while the sweep trains it
+        assert store.find(key, settled=True)["key"] == pruned_key(key, 1)
+        assert store.finish(key, {"status": "ok"})  # once the complete run is recorded, it is the one found
+        assert store.find(key, settled=True)["key"] == key
 
 
 # --------------------------------------------------------------------------- SIGKILL while writing
@@ -294,6 +315,26 @@ def test_sweep_killed_after_a_result_is_written_adopts_it(tmp_path):
     assert set(epoch_one_calls(tmp_path / "runs").values()) == {1}  # the finished run was adopted, not retrained
 
 
+def test_a_commit_that_fails_leaves_no_transaction_open(tmp_path):
+    """A COMMIT SQLite refuses (a full disk, here an authorizer) used to leave the transaction open, holding
+    the store's write lock for as long as the process lived: every other driver then waited, then failed."""
+    key = "cd" * 32
+    store = Store(tmp_path / "results.sqlite")
+    store.register([(key, {"model": "tiny-bert"}, str(tmp_path / "run"))])
+
+    def deny_commit(action, arg, *rest):
+        return sqlite3.SQLITE_DENY if action == sqlite3.SQLITE_TRANSACTION and arg == "COMMIT" else sqlite3.SQLITE_OK
+
+    store.conn.set_authorizer(deny_commit)
+    with pytest.raises(sqlite3.DatabaseError):
+        store.claim(key)
+    store.conn.set_authorizer(None)
+    assert not store.conn.in_transaction  # rolled back, the lock released
+    with Store(tmp_path / "results.sqlite", timeout=2) as other:
+        assert other.claim(key) is not None  # another process can write at once
+    store.close()
+
+
 # --------------------------------------------------------------------------- a full disk
 
 
@@ -331,7 +372,7 @@ def test_a_full_disk_ends_with_one_line_and_the_next_run_completes(tmp_path, wha
     calls.write_text("".join(line for line in calls.read_text().splitlines(True) if '"padding"' not in line))
     # then the store's own writes (its WAL) meet the limit, at a different point at each limit
     failures = 0
-    for limit in (12_000, 40_000, 70_000, 100_000, 140_000):
+    for limit in (12_000, 70_000, 100_000):  # the store cannot open; fails mid-sweep; fails late
         code, out, err = finish(driver(what, str(spec), preexec_fn=_file_size_limit(limit)))
         if code == 0:
             continue

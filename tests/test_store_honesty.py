@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from peftlab.lab.store import (
-    FINISHED, NOT_OK, SCHEMA_VERSION, Store, config_key, effective_status, pruned_dir, pruned_key)
+from peftlab.lab.store import Store, config_key
+from peftlab.lab.store_schema import FINISHED, NOT_OK, SCHEMA_VERSION, effective_status, pruned_dir, pruned_key
 
 from test_tune import BASE, FAKE, epoch_calls, fake_train, spec_for  # noqa: E402
 
@@ -178,8 +178,8 @@ def test_a_pruned_result_moves_to_its_own_key_and_frees_the_folder(tmp_path, leg
         assert store.add(other, result=result(other, epochs=1, stopped=True)) == pruned_key(config_key(other), 1)
 
 
-def test_rays_record_path_rekeys_a_pruned_trial(tmp_path):
-    from peftlab.lab.ray_backend import record
+def test_the_detached_record_path_rekeys_a_pruned_trial(tmp_path):
+    from peftlab.lab.runner import record
 
     cfg = {**config(0), "output_dir": str(tmp_path / "trial")}
     key = config_key(cfg)
@@ -217,9 +217,9 @@ def test_tune_then_sweep_of_the_same_grid_reruns_the_pruned_cells(tmp_path):
     complete run (the pruned ones among them), skips the finished ones, and every cell ends complete."""
     from peftlab.lab.spec import load_spec
     from peftlab.lab.sweep import dry_run, run_sweep
-    from peftlab.lab.tune import load_summary, run_tune
-    from peftlab.lab.tune_spec import load_tune_spec
-    from peftlab.lab.tune_study import StudyKeeper
+    from peftlab.lab.tune.run import load_summary, run_tune
+    from peftlab.lab.tune.spec import load_tune_spec
+    from peftlab.lab.tune.study import StudyKeeper
 
     tune = load_tune_spec(spec_for(tmp_path, heldout_seeds=0))
     summary = run_tune(tune, train_fn=FAKE, progress=False)
@@ -233,7 +233,7 @@ def test_tune_then_sweep_of_the_same_grid_reruns_the_pruned_cells(tmp_path):
         assert row["status"] == "pruned" and trial["key"] == pruned_key(config_key(row["config"]), trial["epochs"])
         assert config_key(row["config"]) not in by_key and Path(row["output_dir"]).is_dir()
         assert not Path(row["config"]["output_dir"]).exists()  # the complete run's folder is free
-    from peftlab.lab.tune import keeper_kwargs
+    from peftlab.lab.tune.run import keeper_kwargs
 
     keeper = StudyKeeper(**keeper_kwargs(tune, create=False))
     attrs = {t["number"]: t["attrs"]["key"] for t in keeper.trials()}

@@ -51,7 +51,8 @@ def test_a_migrated_copy_of_a_committed_store_keeps_every_complete_runs_key(stor
     import json
     import shutil
 
-    from peftlab.lab.store import Store, epochs_run, is_pruned_result, pruned_key
+    from peftlab.lab.store import Store
+    from peftlab.lab.store_schema import epochs_run, is_pruned_result, pruned_key
 
     monkeypatch.chdir(tmp_path)  # the rows' relative run folders resolve here (none exist): nothing is renamed
     copy = tmp_path / store
@@ -67,3 +68,32 @@ def test_a_migrated_copy_of_a_committed_store_keeps_every_complete_runs_key(stor
         assert db.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone() == ("2",)
     db.close()
     assert any(is_pruned_result(r) for r in before.values()) == store.startswith("tune_")
+
+
+STUDY_SPECS = sorted((ROOT / "docs" / "study").glob("*/specs/*.yaml"))
+
+
+def test_the_committed_studies_have_specs():
+    assert {p.parent.parent.name for p in STUDY_SPECS} >= {"lambda", "kasa"}
+
+
+@pytest.mark.parametrize("spec", STUDY_SPECS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_every_run_of_a_committed_study_spec_is_in_its_store(spec, tmp_path):
+    """What `peftlab study` wrote is what it ran: each stage's spec, expanded now, names runs its store holds."""
+    store = spec.parent.parent / "results.sqlite"
+    sweep = load_spec(spec, output_dir=str(tmp_path), store=str(store))
+    keys = {run.key for run in sweep.runs}
+    assert keys and keys <= _store_keys(store), sorted(keys - _store_keys(store))[:3]
+
+
+def test_a_null_in_a_zip_leaves_the_key_at_its_default(tmp_path):
+    """Rows that set different keys (study kasa's head row has no alpha, its paper row has): null = not set."""
+    spec = tmp_path / "rows.yaml"
+    spec.write_text("base: {model: tiny-bert, task: rte, epochs: 1}\n"
+                    "zip:\n- method: [lora, kasa]\n  alpha: [null, 16.0]\n")
+    first, second = load_spec(spec, output_dir=str(tmp_path / "runs")).runs
+    from peftlab.resolve import build_run_config
+
+    default_alpha = build_run_config(overrides=dict(model="tiny-bert", task="rte", method="lora", epochs=1)).alpha
+    assert first.cell == {"method": "lora"} and first.config["alpha"] == default_alpha
+    assert second.cell == {"method": "kasa", "alpha": 16.0} and second.config["alpha"] == 16.0

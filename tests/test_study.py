@@ -22,6 +22,8 @@ from peftlab.lab.store import Store
 from peftlab.lab.study import run_study
 from peftlab.lab.study_plan import Plan, StudyPaths, fit_to_budget, naive_budget, plan_stages
 
+from fake_results import checked
+
 FAKE = "test_study:fake_train"
 SLEEP_ENV = "PEFTLAB_TEST_STUDY_SLEEP"  # seconds per fake run (the kill test needs time to kill)
 TESTS = Path(__file__).resolve().parent
@@ -42,7 +44,7 @@ def world(lr: float, ratio: float, seed: int) -> float:
 
 def fake_train(cfg, on_epoch_end=None) -> dict:
     """Trains nothing: a result.json with the contract's fields, a curve when --eval-steps is set."""
-    from peftlab.training.loop import EpochEnd
+    from peftlab.training.fit import EpochEnd
 
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -55,10 +57,10 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
     log, curve, stopped, status = [], [], None, "ok"
     for epoch in range(1, cfg.epochs + 1):
         accuracy = 0.5 if final <= 0.5 else final - 0.1 / epoch
-        log.append({"epoch": epoch, "metrics": {"accuracy": accuracy}, "train_loss": 1.0 / epoch})
+        log.append({"epoch": epoch, "metrics": {"accuracy": accuracy}, "train_loss": 1.0 / epoch, "seconds": 0.0})
         if getattr(cfg, "eval_steps", 0):
-            curve += [{"step": 4 * (epoch - 1) + s, "epoch": epoch - 1 + s / 4, "metrics": {"accuracy": accuracy}}
-                      for s in (2, 4)]
+            curve += [{"step": 4 * (epoch - 1) + s, "epoch": epoch - 1 + s / 4, "metrics": {"accuracy": accuracy},
+                       "epoch_end": s == 4} for s in (2, 4)]
         stop = on_epoch_end(EpochEnd(epoch, {"accuracy": accuracy}, "accuracy", "ok")) if on_epoch_end else None
         if stop and epoch < cfg.epochs:
             stopped, status = {"epoch": epoch, "reason": str(stop)}, "pruned"
@@ -75,6 +77,7 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
               "stopped_early": stopped, "majority_baseline": 0.5, "train_examples": 64 * len(log),
               "curve": curve, "trainable_params": {"adapter": 10, "head": 2, "total": 12},
               "code": {"commit": "f" * 40, "dirty": False, "version": "0", "source_digest": "d" * 64}}
+    result = checked(result)
     (out / "result.json").write_text(json.dumps(result))
     return result
 
@@ -196,6 +199,7 @@ def test_kasa_rows_use_the_papers_settings_per_task():
     (dict(heldout_seed_start=1), "overlaps the selection seeds"),
     (dict(plateau_seeds=5), "exceeds --heldout-seeds"),
     (dict(ratios=(1.0, 2.0)), "lists lambda 1"),
+    (dict(heldout_seeds=2**31), "goes past seed"),
 ])
 def test_bad_designs_are_one_line_errors(overrides, message):
     with pytest.raises(PeftlabError, match=message) as info:
@@ -282,3 +286,27 @@ def test_a_killed_study_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
     assert set(made) == {json.dumps(c, sort_keys=True) for c in calls(whole)}
     for name in ("picks-rte.json", "verdicts.json"):
         assert json.loads((root / name).read_text()) == json.loads((whole / name).read_text())
+
+
+@pytest.mark.parametrize("argv", [
+    ["study", "lambda", "--task", "sst2,stsb", "--model", "tiny-bert", "--max-train-samples", "40",
+     "--set", "max_length=32,rank=4", "--selection-seeds", "2", "--plateau-seeds", "3", "--no-search",
+     "--ratios", "2,8", "--diagonal", "5e-4,4e-3"],
+    ["study", "kasa", "--task", "stsb", "--model", "tiny-bert", "--rows", "head,lora,kasa-paper", "--lr", "3e-4",
+     "--long-epochs", "6", "--long-seeds", "2", "--heldout-seeds", "4", "--no-key-ablation"][:-1],
+])
+def test_the_reports_command_gives_the_design_back(argv, tmp_path):
+    """REPORT.md's "reproduce" command, parsed again, is the same design: the command beside the numbers works."""
+    import shlex
+
+    from peftlab.cli.main import build_parser
+    from peftlab.lab.study import design_from_args
+    from peftlab.lab.study_report import study_command
+
+    design = design_from_args(build_parser(argv).parse_args(argv))
+    command = study_command(design, tmp_path / "study")
+    words = shlex.split(command)
+    assert words[0] == "peftlab"
+    again = design_from_args(build_parser(words[1:]).parse_args(words[1:]))
+    assert again == design
+    assert f"--output-dir {tmp_path / 'study'}" in command

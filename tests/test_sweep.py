@@ -18,13 +18,15 @@ import pytest
 import yaml
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.store import Store, _proc_state, config_key, owner_alive, process_identity, short_key
+from peftlab.lab.store import Store, config_key, short_key
+from peftlab.lab.store_owner import _proc_state, owner_alive, process_identity
 from peftlab.lab.spec import expand, load_spec, run_name
 from peftlab.lab.sweep import run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 from conftest import DATA_DIR as DATA, needs_data  # noqa: E402
+from fake_results import checked  # noqa: E402
 
 
 def write_spec(path: Path, spec: dict) -> Path:
@@ -67,9 +69,18 @@ def fake_train(cfg) -> dict:
               "status_reason": "fell to chance" if cfg.lr_ratio == 16 else None, "task": cfg.task,
               "method": cfg.method, "seed": cfg.seed, "epochs": cfg.epochs, "config": cfg.to_dict(),
               "primary_metric": "accuracy", "best": {"epoch": 1, "metrics": {"accuracy": accuracy}},
-              "final": {"metrics": {"accuracy": accuracy}}, "trainable_params": {"adapter": 10, "head": 2, "total": 12}}
+              "final": {"metrics": {"accuracy": accuracy}}, "trainable_params": {"adapter": 10, "head": 2, "total": 12},
+              "majority_baseline": 0.5}
+    result = checked(result)
     result_file.write_text(json.dumps(result))
     return result
+
+
+def killed_worker_train(cfg) -> dict:
+    """fake_train, except that lr_ratio 32 kills its own process mid-run (as the OOM killer would)."""
+    if cfg.lr_ratio == 32:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return fake_train(cfg)
 
 
 def calls(root: Path) -> list[dict]:
@@ -366,6 +377,23 @@ def _count(store_path: Path, status: str) -> int:
         return 0
 
 
+def test_a_worker_killed_mid_run_fails_that_run_only(tmp_path):
+    """--workers 2, one run per fresh process: the run whose process dies is recorded failed with why, the runs
+    beside and after it finish, and only the sweep's process writes the store."""
+    root = tmp_path / "runs"
+    spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE,
+                                            "grid": {"lr_ratio": [1, 32, 2]}})
+    outcome = run_sweep(load_spec(spec), workers=2, train_fn="test_sweep:killed_worker_train", progress=False,
+                        poll_seconds=0.1)
+    assert outcome.counts["ok"] == 2 and outcome.counts["failed"] == 1 and len(outcome.failed_keys) == 1
+    with Store(root / "results.sqlite") as store:
+        rows = {row["config"]["lr_ratio"]: row for row in store.rows()}
+    assert {ratio: row["status"] for ratio, row in rows.items()} == {1: "ok", 32: "failed", 2: "ok"}
+    assert rows[32]["error"].startswith("worker process died") and all(r["attempts"] == 1 for r in rows.values())
+    pids = [c["pid"] for c in calls(root)]
+    assert len(set(pids)) == len(pids) == 2 and os.getpid() not in pids  # a fresh process per run
+
+
 @pytest.mark.slow
 def test_worker_sweep_killed_leaves_no_orphans_and_reruns_cleanly(tmp_path):
     """--workers 2: runs spread over two processes, failures recorded; SIGKILL of the sweep takes its workers
@@ -385,9 +413,10 @@ def test_worker_sweep_killed_leaves_no_orphans_and_reruns_cleanly(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    # the workers die with their parent (PR_SET_PDEATHSIG): nothing keeps training in the background
+    # each run trained in a fresh process, and the workers die with their parent (they watch it): nothing keeps
+    # training in the background
     worker_pids = {c["pid"] for c in calls(root)}
-    assert len(worker_pids) == 2 and os.getpid() not in worker_pids
+    assert len(worker_pids) == len(calls(root)) >= 2 and os.getpid() not in worker_pids
     _wait_for(lambda: not any(_proc_state(pid) not in (None, "Z", "X") for pid in worker_pids), 10, "workers to exit")
     first = calls(root)
 

@@ -15,7 +15,8 @@ import torch
 import yaml
 
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.tasks import commonsense, e2e, generation, generative, math_tasks, nlg_metrics
 from peftlab.tasks.nlg_metrics import corpus_scores
@@ -195,11 +196,11 @@ def test_batched_left_padded_generation_equals_one_prompt_at_a_time(chatty_llama
     expected = [alone(p) for p in prompts]
     assert len(set(expected)) == len(prompts)  # the model says different things
     for batch_size in (4, 3):
-        assert generative.generate_greedy(model, tokenizer, prompts, max_new_tokens=10,
+        assert generation.generate_greedy(model, tokenizer, prompts, max_new_tokens=10,
                                           batch_size=batch_size) == expected
     # Per-row stop rules: row 1 stops as soon as it has any text; the others are unaffected.
     rules = [lambda t: False, lambda t: bool(t.strip()), lambda t: False, lambda t: False]
-    stopped = generative.generate_greedy(model, tokenizer, prompts, max_new_tokens=10, batch_size=4,
+    stopped = generation.generate_greedy(model, tokenizer, prompts, max_new_tokens=10, batch_size=4,
                                          stop_when=rules)
     assert stopped[0] == expected[0] and stopped[2:] == expected[2:]
     assert stopped[1] and expected[1].startswith(stopped[1]) and len(stopped[1]) < len(expected[1])
@@ -219,17 +220,17 @@ def test_batched_left_padded_generation_equals_one_prompt_at_a_time(chatty_llama
 ])
 def test_bad_set_names_are_one_line_errors(overrides, message):
     with pytest.raises(PeftlabError) as err:
-        build_config(TrainConfig, overrides={"model": "tiny-llama", **overrides})
+        build_run_config(overrides={"model": "tiny-llama", **overrides})
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_set_names_are_canonicalised_and_defaults_per_task():
-    cfg = build_config(TrainConfig, overrides={"model": "tiny-llama", "task": "commonsense",
+    cfg = build_run_config(overrides={"model": "tiny-llama", "task": "commonsense",
                                                "eval_sets": "arc-easy, BOOLQ,arc-easy", "train_sets": "boolq"})
     assert cfg.eval_sets == "ARC-Easy,boolq" and cfg.train_sets == "boolq"
     assert cfg.max_new_tokens == 32 and cfg.eval_every == 0 and cfg.max_length == 256
-    assert build_config(TrainConfig, overrides={"model": "tiny-llama", "task": "e2e"}).max_new_tokens == 64
-    assert build_config(TrainConfig, overrides={"model": "tiny-llama", "task": "math",
+    assert build_run_config(overrides={"model": "tiny-llama", "task": "e2e"}).max_new_tokens == 64
+    assert build_run_config(overrides={"model": "tiny-llama", "task": "math",
                                                 "max_new_tokens": 9}).max_new_tokens == 9
 
 
@@ -257,7 +258,7 @@ def test_malformed_llm_adapters_files_name_the_record(tmp_path):
     for split in ("train", "test"):
         (tmp_path / "commonsense" / "boolq" / f"{split}.json").write_text(json.dumps(
             [{"instruction": "Is it?", "input": "", "output": "the correct answer is true", "answer": "maybe"}]))
-    cfg = build_config(TrainConfig, overrides={"model": "tiny-llama", "task": "commonsense", "train_sets": "boolq",
+    cfg = build_run_config(overrides={"model": "tiny-llama", "task": "commonsense", "train_sets": "boolq",
                                                "eval_sets": "boolq", "data_dir": str(tmp_path)})
     with pytest.raises(PeftlabError, match=r"gold answer 'maybe' is not one of true/false.*record 1"):
         commonsense.build_pipeline(cfg, _tokenizer())
@@ -274,7 +275,7 @@ def _tokenizer():
 
 @needs_commonsense
 def test_commonsense_train_scores_each_set_and_their_mean(tmp_path, monkeypatch):
-    real = generative.generate_greedy
+    real = generation.generate_greedy
 
     def answer_true(*args, **kwargs):  # the real generation, then a BoolQ answer word the random model lacks
         return [text + " the correct answer is true" for text in real(*args, **kwargs)]

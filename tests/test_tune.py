@@ -17,14 +17,16 @@ import pytest
 import yaml
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.store import Store, pruned_dir, pruned_key
-from peftlab.lab.tune import load_summary, run_tune
-from peftlab.lab.tune_spec import load_tune_spec, run_config
-from peftlab.lab.tune_summary import render_summary, summaries_beside
+from peftlab.lab.store import Store
+from peftlab.lab.store_schema import pruned_dir, pruned_key
+from peftlab.lab.tune.run import load_summary, run_tune
+from peftlab.lab.tune.spec import load_tune_spec, run_config
+from peftlab.lab.tune.summary import render_summary, summaries_beside
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 from conftest import DATA_DIR as DATA, needs_data  # noqa: E402
+from fake_results import checked  # noqa: E402
 
 FAKE = "test_tune:fake_train"
 SLEEP_ENV = "PEFTLAB_TEST_TUNE_SLEEP"  # seconds per fake epoch (the kill test needs time to kill)
@@ -49,7 +51,7 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
     """Trains nothing: epochs of made-up metrics, with a checkpoint after each (resumable), honouring stop."""
     import shutil
 
-    from peftlab.training.loop import EpochEnd
+    from peftlab.training.fit import EpochEnd
 
     out = Path(cfg.output_dir)
     result_file, state_file = out / "result.json", out / "checkpoint" / "state.json"
@@ -76,7 +78,7 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
             accuracy = 0.5 + 0.001 * epoch
             if epoch == cfg.epochs:
                 status, reason = "no_learning", "best accuracy 0.504 <= chance 0.5 + 0.05"
-        state["log"].append({"epoch": epoch, "metrics": {"accuracy": accuracy}})
+        state["log"].append({"epoch": epoch, "train_loss": 1.0 / epoch, "metrics": {"accuracy": accuracy}, "seconds": 0.0})
         state_file.parent.mkdir(parents=True, exist_ok=True)
         state_file.write_text(json.dumps(state))
         stop = on_epoch_end(EpochEnd(epoch, {"accuracy": accuracy}, "accuracy", status)) if on_epoch_end else None
@@ -89,6 +91,7 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
               "epochs": cfg.epochs, "config": cfg.to_dict(), "primary_metric": "accuracy", "epochs_log": log,
               "best": best, "final": {"metrics": log[-1]["metrics"] if log else {}}, "stopped_early": stopped,
               "majority_baseline": 0.5, "trainable_params": {"adapter": 10, "head": 2, "total": 12}}
+    result = checked(result)
     result_file.write_text(json.dumps(result))
     shutil.rmtree(out / "checkpoint", ignore_errors=True)
     return result
@@ -208,7 +211,7 @@ def test_heldout_seeds_zero_runs_no_check_and_says_so(tmp_path):
 
 
 def test_run_heldout_scores_any_point_on_the_tunes_heldout_seeds(tmp_path):
-    from peftlab.lab.tune import run_heldout
+    from peftlab.lab.tune.run import run_heldout
 
     tune = load_tune_spec(spec_for(tmp_path, heldout_seeds=3))
     (two, eight) = run_heldout(tune, [{"lr_ratio": 2.0}, {"lr_ratio": 8.0}], train_fn=FAKE, progress=False)
@@ -356,8 +359,8 @@ def test_ray_backend_without_ray_is_one_line(tmp_path, monkeypatch, capsys):
 
 DRIVER = """
 import sys
-from peftlab.lab.tune import run_tune
-from peftlab.lab.tune_spec import load_tune_spec
+from peftlab.lab.tune.run import run_tune
+from peftlab.lab.tune.spec import load_tune_spec
 run_tune(load_tune_spec(sys.argv[1]), train_fn="test_tune:fake_train", progress=True)
 """
 
@@ -407,7 +410,7 @@ def test_killed_tune_resumes_without_rerunning_finished_trials(tmp_path):
 def test_a_tune_killed_after_a_pruned_trial_was_recorded_but_not_told_resumes(tmp_path, monkeypatch):
     """The store has moved the pruned trial's row to its pruned key, the study still has the trial running:
     the rerun tells it from the moved row and trains nothing of it again."""
-    from peftlab.lab import tune as tune_module
+    from peftlab.lab.tune import run as tune_module
 
     real_finish = tune_module.Tuner.finish
     killed = []

@@ -1,4 +1,4 @@
-"""The tune-vs-grid comparison (lab/tune_compare.py): the grid's best, the naive search's pick and the tune's
+"""The tune-vs-grid comparison (lab/tune/compare.py): the grid's best, the naive search's pick and the tune's
 winner from a store built here with known metrics, each recomputed in the test with plain Python/numpy; only
 finished ok runs count; missing held-out runs are named; and the committed lambda grid gives the issue's
 naive cost (36 epochs)."""
@@ -17,9 +17,9 @@ import yaml
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store, config_key
-from peftlab.lab.tune_compare import (
+from peftlab.lab.tune.compare import (
     compare, compare_files, grid_best, index_rows, load_rows, naive_pick, naive_top_k_within, render_comparison)
-from peftlab.lab.tune_spec import load_tune_spec, run_config
+from peftlab.lab.tune.spec import load_tune_spec, run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 2

@@ -12,8 +12,8 @@ from wsgiref.util import setup_testing_defaults
 
 import pytest
 
-from peftlab.lab.tune import run_tune
-from peftlab.lab.tune_spec import load_tune_spec
+from peftlab.lab.tune.run import run_tune
+from peftlab.lab.tune.spec import load_tune_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_tune import FAKE, spec_for  # noqa: E402

@@ -19,7 +19,8 @@ import torch
 import yaml
 
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig, build_config
+from peftlab.config import TrainConfig
+from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 
 KEYWORDS = {"billing": ("refund", "invoice"), "login": ("password", "locked"), "shipping": ("parcel", "courier")}
@@ -54,7 +55,7 @@ def write_reviews(path: Path, n: int = 180, seed: int = 0) -> Path:
 
 
 def cfg_for(**values) -> TrainConfig:
-    return build_config(TrainConfig, overrides={"model": "tiny-bert", **values})
+    return build_run_config(overrides={"model": "tiny-bert", **values})
 
 
 @pytest.fixture(scope="module")

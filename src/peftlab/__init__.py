@@ -38,15 +38,15 @@ _EXPORTS = {
     "load_model_with_pooling": "peftlab.models.registry",
     "LoadedModel": "peftlab.models.registry",
     "METHODS": "peftlab.methods.table",
-    "MethodConfig": "peftlab.methods.table",
-    "KasaOptions": "peftlab.methods.options",  # MethodConfig(kasa=KasaOptions(beta=...)), as peft's kasa_config
-    "CordaOptions": "peftlab.methods.options",
-    "VeraOptions": "peftlab.methods.options",
-    "FourierFTOptions": "peftlab.methods.options",
+    "MethodConfig": "peftlab.config",  # the config schema: every option declared once (torch-free)
+    "KasaOptions": "peftlab.config",  # MethodConfig(kasa=KasaOptions(beta=...)), as peft's kasa_config
+    "CordaOptions": "peftlab.config",
+    "VeraOptions": "peftlab.config",
+    "FourierFTOptions": "peftlab.config",
     "apply_method": "peftlab.methods.table",
     "AppliedMethod": "peftlab.methods.table",
     "InitStats": "peftlab.methods.table",
-    "OptimConfig": "peftlab.methods.optim_groups",
+    "OptimConfig": "peftlab.config",
     "configure_optimizer": "peftlab.methods.optim_groups",
     "save_trained": "peftlab.methods.saving",
     "load_trained": "peftlab.methods.saving",

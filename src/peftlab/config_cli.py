@@ -1,32 +1,32 @@
 """Config dataclasses <-> command-line flags <-> YAML, on jsonargparse (re-exported by :mod:`peftlab.config`).
 
 jsonargparse (as in litgpt) reads the schema from the dataclasses themselves: each field's ``--help`` text is the
-docstring under it (``docstring_parse_attribute_docstrings``, through docstring-parser), and every value, from a
-flag, a ``--config`` YAML file, a sweep spec or a ``key=value`` filter, is converted and validated by its type
-hint there (one validation style: ``int``, ``float``, ``bool``, ``X | None``, ``Literal[...]`` choices, tuples).
-Nothing here evaluates annotations or parses source by hand. Precedence: defaults < ``--config`` YAML <
-``overrides`` < flags; every bad input is a one-line :class:`~peftlab.errors.PeftlabError` naming the key or flag.
+docstring under it (``docstring_parse_attribute_docstrings``, through docstring-parser), and it turns a flag's or
+a YAML file's value into the field's type (``int``, ``float``, ``bool``, ``X | None``: ``"1e-4"``, ``"yes"``,
+``"null"``). What a value may be beyond its type (a choice, a range, a pattern) is the field's declaration
+(:mod:`peftlab.config_roles`), checked when the config is built: here every value is only typed, so a value out
+of range is refused by the same line whether it came from a flag, a YAML file, a sweep or tune spec or Python.
+Precedence: defaults < ``--config`` YAML < ``overrides`` < flags; every bad input is a one-line
+:class:`~peftlab.errors.PeftlabError` naming the key or flag.
 
 What stays hand-written, and why (measured with jsonargparse 4.53.0):
 
 - The flags are argparse's: ``peftlab train`` is a subcommand of the plain argparse parser of
   :mod:`peftlab.cli.main` (a jsonargparse parser cannot hang there: it has no ``parse_known_args``), and
-  jsonargparse names its options after the attributes only: ``--lr-ratio 3`` gave "unrecognized arguments",
-  and a bare ``--overwrite`` gave "argument --overwrite: expected one argument" (it wants ``--overwrite true``).
-  So :func:`add_dataclass_flags` keeps today's dashed flags and ``--x/--no-x`` switches (``Literal`` choices
-  shown as ``{a,b}``) and passes the raw strings to jsonargparse.
-- Its errors are several lines ('Parser key "rank":\\n  Expected a <class 'int'>. Got value: x', unknown keys
-  "Option 'lr_rato' is not accepted" without a suggestion), so the messages are ours, with ``errors.closest``.
+  jsonargparse names its options after the attributes only (``--lr-ratio 3``: "unrecognized arguments"; a bare
+  ``--overwrite``: "expected one argument"). So :func:`add_dataclass_flags` keeps the dashed flags and
+  ``--x/--no-x`` switches (``Literal`` choices shown as ``{a,b}``) and passes the raw strings on.
+- Its errors are several lines ('Parser key "rank":\\n  Expected a <class 'int'>...', unknown keys without a
+  suggestion), so the messages are ours, with ``errors.closest``.
 - :func:`_peftlab_spelling` keeps the spellings peftlab has always accepted that jsonargparse rejects: ``q,k,v``
   for a tuple, ``8.0`` for an int, a YAML number for a text option, Python's ``nan``/``inf`` for a float (then
-  refused by the config's own "finite" check); text options keep their text as given (jsonargparse reads
-  ``~``, ``null`` or ``#x`` given to a ``str | None`` as null).
-- Option groups (``MethodConfig.kasa: KasaOptions``, nested like peft's ``LoraConfig(kasa_config=...)``) are
-  nested in Python only: every other spelling is flat, ``<group>_<option>`` (``--kasa-beta``, ``kasa_beta:``,
-  config.yaml, result.json, run keys), as before the groups existed. :func:`option_names` lists the flat
-  names, :func:`flat_dict` / :func:`from_flat` convert; a YAML file may also nest (``kasa: {beta: 0.01}``).
-- ``config.yaml`` is ``yaml.safe_dump`` of ``to_dict()`` as before (jsonargparse's ``dump`` re-validates,
-  rejecting the ``targets: q,v`` spelling, and writes non-ASCII text unescaped): the bytes stay the same.
+  refused by the declaration's "finite"); text and choices keep their text as given (jsonargparse reads ``~``,
+  ``null`` or ``#x`` given to a ``str | None`` as null).
+- Option groups (``MethodConfig.kasa``, ``TrainConfig.optim``) are nested in Python only: every other spelling
+  is flat (``--kasa-beta``, ``kasa_beta:``, ``--lr``; :mod:`peftlab.config_roles` names them); a YAML file may
+  also nest a prefixed group (``kasa: {beta: 0.01}``).
+- ``config.yaml`` is ``yaml.safe_dump`` of ``to_dict()`` (jsonargparse's ``dump`` re-validates, rejecting the
+  ``targets: q,v`` spelling, and writes non-ASCII text unescaped): the bytes stay the same.
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ import dataclasses
 import functools
 import math
 import os
-import types
 import typing
 from collections.abc import Mapping
-from dataclasses import fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable
 
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser, set_parsing_settings
 
+from peftlab.config_roles import (choices_of, flat_dict, from_flat, hints, kind_of, option_defaults, option_groups,
+                                  option_names, options)
 from peftlab.errors import PeftlabError, closest
 
 # The string literal under each field is its documentation (the litgpt convention); jsonargparse parses it.
@@ -64,130 +64,56 @@ def schema_parser(cls) -> ArgumentParser:
 
 
 @functools.lru_cache(maxsize=None)
-def _hints(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)  # resolves the postponed annotations
-
-
-class Option(NamedTuple):
-    """Where the option of a flat name lives: ``owner``'s field ``name``, inside the field ``group`` (or None)."""
-
-    owner: type
-    name: str
-    group: str | None
-
-
-@functools.lru_cache(maxsize=None)
-def option_groups(cls) -> dict[str, type]:
-    """The fields of ``cls`` that hold a nested dataclass of options (``kasa: KasaOptions``): name -> class."""
-    return {f.name: _hints(cls)[f.name] for f in fields(cls) if dataclasses.is_dataclass(_hints(cls)[f.name])}
-
-
-@functools.lru_cache(maxsize=None)
-def options(cls) -> dict[str, Option]:
-    """Every option of ``cls`` by its flat name, in field order: a plain field by its own name, a group's
-    option as ``<group>_<option>`` (``kasa_beta`` for ``cls.kasa.beta``), the way flags, YAML and
-    config.yaml spell it."""
-    groups = option_groups(cls)
-    out: dict[str, Option] = {}
-    for f in fields(cls):
-        inner = [(f"{f.name}_{g.name}", Option(groups[f.name], g.name, f.name)) for g in fields(groups[f.name])] \
-            if f.name in groups else [(f.name, Option(cls, f.name, None))]
-        for flat, option in inner:
-            if flat in out:
-                raise TypeError(f"{cls.__name__}: option name '{flat}' is declared twice (flat and in a group)")
-            out[flat] = option
-    return out
-
-
-def option_names(cls) -> list[str]:
-    """The flat option names of ``cls`` (the keys of ``to_dict()``, YAML and sweep specs; flags dashed)."""
-    return list(options(cls))
-
-
-def option_defaults(cls) -> dict[str, Any]:
-    """Each option's default by flat name (options without a default are left out)."""
-    out = {}
-    for flat, option in options(cls).items():
-        spec = option.owner.__dataclass_fields__[option.name]
-        if spec.default is not dataclasses.MISSING:
-            out[flat] = spec.default
-        elif spec.default_factory is not dataclasses.MISSING:
-            out[flat] = spec.default_factory()
-    return out
-
-
-@functools.lru_cache(maxsize=None)
 def _own_docs(cls) -> dict[str, str]:
     return {action.dest: " ".join(str(action.help).split()) for action in schema_parser(cls)._actions
             if action.dest in cls.__dataclass_fields__ and action.help}
 
 
 def field_docs(cls) -> dict[str, str]:
-    """The docstring under each option of ``cls`` (its dataclass bases and option groups included), by flat
-    name, as jsonargparse read it."""
+    """The docstring under each option of ``cls`` (its bases and option groups included), by flat name."""
     return {flat: _own_docs(o.owner)[o.name] for flat, o in options(cls).items() if o.name in _own_docs(o.owner)}
 
 
 @functools.lru_cache(maxsize=None)
 def field_types(cls) -> dict[str, Any]:
     """Each option's resolved type hint, by flat name (``kasa_beta``: ``KasaOptions.beta``'s)."""
-    return {flat: _hints(o.owner)[o.name] for flat, o in options(cls).items()}
-
-
-def _without_none(hint) -> Any:
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
-        return args[0]
-    return hint
-
-
-def _kind(hint) -> Any:
-    """``int`` for ``int | None``, ``tuple`` for ``tuple[str, ...]``, ``typing.Literal`` for choices."""
-    hint = _without_none(hint)
-    origin = typing.get_origin(hint)
-    return origin if origin is not None else hint
-
-
-def choices_of(hint) -> tuple | None:
-    """A ``Literal[...]`` field's allowed values, else None."""
-    hint = _without_none(hint)
-    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+    return {flat: hints(o.owner)[o.name] for flat, o in options(cls).items()}
 
 
 # --------------------------------------------------------------------------- argparse flags
 
 
+def _section(cls, where) -> type:
+    """The dataclass whose ``--help`` group lists an option: a prefix-less group's own (Optimizer), else the
+    class that declares the field (a prefixed group's options sit with it: --kasa-* under Method)."""
+    if where.group is not None and not option_groups(cls)[where.group].PREFIX:
+        return where.owner
+    field_name = where.group or where.name
+    return next(k for k in reversed(cls.__mro__) if field_name in k.__dict__.get("__annotations__", {}))
+
+
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = ()) -> None:
     """One kebab-case flag per option (flat names: ``--kasa-beta`` for ``cls.kasa.beta``), grouped by the
-    dataclass that declares the field; defaults are None so that only the flags given override YAML. Values
-    stay strings here: :func:`coerce` types them."""
-    docs = field_docs(cls)
-    hints = field_types(cls)
-    defaults = option_defaults(cls)
-    flat_of: dict[str, list[str]] = {}  # field -> its flat option names (a group has several)
-    for flat, option in options(cls).items():
-        flat_of.setdefault(option.group or flat, []).append(flat)
-    done: set[str] = set()  # a field redeclared in a subclass (e.g. lr) gets the subclass's flag only
-    for klass in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)]:
-        title = (klass.__doc__ or klass.__name__).strip().splitlines()[0]
-        group = parser.add_argument_group(title)
-        declared = [name for name in klass.__dict__.get("__annotations__", {}) if name in flat_of and name not in done]
-        done.update(declared)
-        for name in [flat for field_name in declared for flat in flat_of[field_name]]:
-            if name in skip:
-                continue
-            default = defaults.get(name)
-            shown = ",".join(default) if isinstance(default, tuple) else default
-            help_text = docs.get(name, "") + (f" (default: {shown})" if shown is not None else "")
-            help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
-            flag = "--" + name.replace("_", "-")
-            if _kind(hints[name]) is bool:
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-                continue
-            choices = choices_of(hints[name])
-            metavar = "{" + ",".join(map(str, choices)) + "}" if choices else name.upper()
-            # no argparse `choices=`: a wrong value must be one line with a suggestion (coerce), not a usage dump
-            group.add_argument(flag, type=str, default=None, metavar=metavar, help=help_text, dest=name)
+    dataclass that declares it; defaults are None so that only the flags given override YAML. Values stay
+    strings here: :func:`coerce` types them."""
+    docs, types_, defaults = field_docs(cls), field_types(cls), option_defaults(cls)
+    flat_groups = [g for g in option_groups(cls).values() if not g.PREFIX]
+    sections = {k: parser.add_argument_group((k.__doc__ or k.__name__).strip().splitlines()[0])
+                for k in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)] + flat_groups}
+    for name, where in options(cls).items():
+        if name in skip:
+            continue
+        default = defaults.get(name)
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        help_text = (docs.get(name, "") + (f" (default: {shown})" if shown is not None else "")).replace("%", "%%")
+        flag, group = "--" + name.replace("_", "-"), sections[_section(cls, where)]
+        if kind_of(types_[name]) is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            continue
+        choices = choices_of(types_[name])
+        metavar = "{" + ",".join(map(str, choices)) + "}" if choices else name.upper()
+        # no argparse `choices=`: a wrong value is the declaration's one line with a suggestion, not a usage dump
+        group.add_argument(flag, type=str, default=None, metavar=metavar, help=help_text, dest=name)
 
 
 # --------------------------------------------------------------------------- values
@@ -195,17 +121,17 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str
 
 def _peftlab_spelling(hint, value: Any) -> Any:
     """Spellings peftlab has always accepted that jsonargparse 4.53 rejects, turned into what it accepts."""
-    kind = _kind(hint)
+    kind = kind_of(hint)
     if kind is tuple and isinstance(value, str):  # --targets q,k,v and config.yaml's `targets: q,v`
         return tuple(value.split(","))
     if kind is tuple and isinstance(value, list):  # YAML lists: hashable for the cache below
         return tuple(value)
     if kind is int and isinstance(value, float) and value.is_integer():  # pandas makes int columns with gaps float
         return int(value)
-    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):  # YAML reads `layers: 6`
-        return str(value)
+    if kind in (str, typing.Literal) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # YAML reads `layers: 6` and `save: 1` as numbers
     if kind is float and isinstance(value, str):
-        try:  # Python's nan/inf (jsonargparse reads only YAML's .nan/.inf): the config's check says "finite"
+        try:  # Python's nan/inf (jsonargparse reads only YAML's .nan/.inf): the declaration says "finite"
             number = float(value)
         except ValueError:
             return value
@@ -214,20 +140,25 @@ def _peftlab_spelling(hint, value: Any) -> Any:
 
 
 def coerce(cls, name: str, value: Any, where: str) -> Any:
-    """Turn a flag string or YAML value of option ``name`` (flat: ``kasa_beta``) into its type (jsonargparse);
-    one-line error naming the flag when it can't."""
+    """A flag string or YAML value of option ``name`` (flat: ``kasa_beta``) in its type; one line naming the
+    flag when it has none. Choices, ranges and patterns are the declaration's, checked when the config is built."""
     if value is None:
         return None
     hint = field_types(cls)[name]
     value = _peftlab_spelling(hint, value)
-    if _kind(hint) is str and isinstance(value, str):
+    kind = kind_of(hint)
+    if kind is typing.Literal or (kind is str and isinstance(value, str)):
         return value  # text as given: jsonargparse would read `~`, `null` or `#x` of a `str | None` as null
+    if kind is tuple:  # a set of choices: each one checked by the declaration (unknown projection 'x')
+        if not isinstance(value, tuple):
+            raise PeftlabError(f"--{name.replace('_', '-')} must be tuple, got {value!r}", where=where)
+        return tuple(str(v) for v in value)
     owner, field_name, _ = options(cls)[name]  # a group's option is typed by its own dataclass
     try:
         hash(value)
     except TypeError:
         return _validated.__wrapped__(owner, field_name, value, where, name)
-    # Sweeps type every cell's values again for each run: validation is cached per (field, value, type).
+    # Sweeps type every cell's values again for each run: typing is cached per (field, value, type).
     return _validated(owner, field_name, value, where, name)
 
 
@@ -237,14 +168,9 @@ def _validated(cls, name: str, value: Any, where: str, option: str) -> Any:
         return schema_parser(cls).parse_object({name: value}, defaults=False)[name]
     except ArgumentError:
         pass
-    flag = "--" + option.replace("_", "-")
-    choices = choices_of(field_types(cls)[name])
-    if choices:
-        listed = [str(c) for c in choices]
-        raise PeftlabError(f"unknown {flag} '{value}'{closest(str(value), listed)}", where=where,
-                           fix=f"use one of: {', '.join(listed)}")
-    kind = _kind(field_types(cls)[name])
-    raise PeftlabError(f"{flag} must be {getattr(kind, '__name__', kind)}, got {value!r}", where=where)
+    kind = kind_of(hints(cls)[name])
+    raise PeftlabError(f"--{option.replace('_', '-')} must be {getattr(kind, '__name__', kind)}, got {value!r}",
+                       where=where)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -291,11 +217,11 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
 def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
     """Keys with dashes or underscores (``lr-ratio`` = ``lr_ratio``) -> typed values, by flat option name.
 
-    An option group may also be nested (``kasa: {beta: 0.01}`` = ``kasa_beta: 0.01``); one option spelled two
-    ways in the same mapping is an error, as is an unknown key, which names the closest one (jsonargparse's
+    A prefixed option group may also be nested (``kasa: {beta: 0.01}`` = ``kasa_beta: 0.01``); one option spelled
+    two ways in the same mapping is an error, as is an unknown key, which names the closest one (jsonargparse's
     own message, "Option 'x' is not accepted", suggests none)."""
     names = option_names(cls)
-    groups = option_groups(cls)
+    nested = {name: group for name, group in option_groups(cls).items() if group.PREFIX}
     out: dict[str, Any] = {}
     spelled: dict[str, str] = {}
 
@@ -307,8 +233,8 @@ def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
 
     for key, value in data.items():
         name = str(key).replace("-", "_")
-        if name in groups:
-            for sub_key, sub_value in _group_items(groups[name], key, value, where).items():
+        if name in nested:
+            for sub_key, sub_value in _group_items(nested[name], key, value, where).items():
                 put(f"{name}_{str(sub_key).replace('-', '_')}", sub_value, f"{key}: {{{sub_key}: ...}}")
         elif name in names:
             put(name, value, str(key))
@@ -320,7 +246,7 @@ def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _group_items(group_cls, key, value, where: str) -> dict[str, Any]:
     """The options of a nested group as given (``kasa: {beta: 0.01}``), each checked to exist in it."""
-    subs = [f.name for f in fields(group_cls)]
+    subs = [f.name for f in dataclasses.fields(group_cls)]
     if value is None:
         return {}  # `kasa:` with nothing under it sets nothing
     if isinstance(value, group_cls):
@@ -336,47 +262,15 @@ def _group_items(group_cls, key, value, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def from_flat(cls, values: Mapping[str, Any]):
-    """``cls`` built from options keyed by flat name (``kasa_beta``, already typed: :func:`normalise_keys`, a
-    sweep cell, ``to_dict()``), the groups nested (``kasa=KasaOptions(beta=...)``). A whole group
-    (``kasa=KasaOptions(...)`` or a mapping) passes through, but not together with its own flat options."""
-    known = options(cls)
-    kwargs: dict[str, Any] = {}
-    grouped: dict[str, dict[str, Any]] = {}
-    for name, value in values.items():
-        option = known.get(name)
-        if option is None or option.group is None:  # a plain field, a whole group, or unknown (cls says so)
-            kwargs[name] = value
-        else:
-            grouped.setdefault(option.group, {})[option.name] = value
-    for group, given in grouped.items():
-        if group in kwargs:
-            flat = ", ".join(f"{group}_{k}" for k in given)
-            raise PeftlabError(f"'{group}' is given as a whole and by its options ({flat})",
-                               fix=f"give {group} one way")
-        kwargs[group] = option_groups(cls)[group](**given)
-    return cls(**kwargs)
-
-
-def flat_dict(cfg) -> dict[str, Any]:
-    """``cfg`` keyed by flat option name in field order (``kasa_beta`` for ``cfg.kasa.beta``), tuples of text
-    as comma lists (``targets: q,v``, as :func:`coerce` reads them back): what config.yaml holds."""
-    out = {}
-    for flat, option in options(type(cfg)).items():
-        value = getattr(getattr(cfg, option.group), option.name) if option.group else getattr(cfg, flat)
-        if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
-            value = ",".join(value)
-        out[flat] = value
-    return out
-
-
 def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
-                 flag_values: dict[str, Any] | None = None, check_explicit: bool = False):
+                 flag_values: dict[str, Any] | None = None,
+                 check_explicit: Callable[[Any, set[str]], None] | None = None):
     """defaults < YAML file < ``overrides`` (already typed, e.g. a sweep cell) < command-line flags.
 
-    ``check_explicit`` (``peftlab train``): an option set in the YAML or by a flag that the run would ignore
-    (e.g. ``--alpha`` with VeRA) is an error (:func:`peftlab.methods.table.check_explicit_options`).
-    The cross-field checks are the dataclass's own ``__post_init__``."""
+    ``check_explicit(cfg, names)``: called with the options set in the YAML or by a flag (``peftlab train``
+    refuses one its method would ignore: :func:`peftlab.methods.table.check_explicit_options`). Every value is
+    checked against its declaration by the dataclass's ``__post_init__``. The result is the schema: a run's
+    method and task defaults are :func:`peftlab.resolve.resolve_config`'s."""
     values: dict[str, Any] = {}
     explicit: set[str] = set()
     if yaml_path:
@@ -390,15 +284,13 @@ def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any]
             values[name] = coerce(cls, name, value, "command line")
             explicit.add(name)
     cfg = from_flat(cls, values)
-    if check_explicit:
-        from peftlab.methods.table import check_explicit_options
-
-        check_explicit_options(cfg, explicit)
+    if check_explicit is not None:
+        check_explicit(cfg, explicit)
     return cfg
 
 
 def config_yaml(cfg) -> str:
-    """The resolved config as YAML: what ``config.yaml`` holds and ``peftlab train --print-config`` prints."""
+    """The config as YAML: what ``config.yaml`` holds and ``peftlab train --print-config`` prints."""
     data = cfg.to_dict() if hasattr(cfg, "to_dict") else flat_dict(cfg)
     return yaml.safe_dump(data, sort_keys=False)
 

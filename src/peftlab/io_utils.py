@@ -1,7 +1,8 @@
-"""File writing shared by every sub-package (like :mod:`peftlab.errors`, it imports nothing from peftlab).
+"""File reading and writing shared by every sub-package (it imports only :mod:`peftlab.errors`).
 
 A file is written to a temporary name in its folder and renamed over the target, so a reader (or a run
-killed mid-write) never sees half of it.
+killed mid-write) never sees half of it. A text file that is not UTF-8 is one line naming the file and the line
+of the first bad byte (:func:`read_text_utf8`), whoever reads it.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+
+from peftlab.errors import PeftlabError
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -28,3 +31,14 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_text_utf8(path: str | os.PathLike, *, what: str = "file", fix: str = "save it as UTF-8") -> str:
+    """``path``'s text (UTF-8, a BOM dropped); not UTF-8: one line with ``path:line`` of the first bad byte."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise PeftlabError(f"{what} is not valid UTF-8 ({err.reason} at byte {err.start})", where=f"{path}:{line}",
+                           fix=fix) from None

@@ -1,47 +1,71 @@
-"""``peftlab bench --e2e --against trainer``: peftlab side by side with ``transformers.Trainer`` on the same work.
+"""``peftlab bench --against trainer`` on GLUE tasks: peftlab side by side with the papers' Trainer pipelines.
 
-Setups (``--setups``, default all three): ``pad128`` (Trainer, every example padded to T as the papers'
-pipelines), ``grouped`` (Trainer's best: length-grouped sampling and ``DataCollatorWithPadding``) and
-``peftlab`` (``peftlab train``: dynamic padding, length-grouped batches); what each runs is in
-:mod:`peftlab.bench.trainer_worker`. Same model, LoRA on q, v, rank, batch, T, training subset, epochs, optimizer
-groups and schedule, precision (``--mixed-precision``) and thread count on every side; the dev metric on the
-full dev set.
+Setups (:mod:`peftlab.bench.trainer_worker` says what each runs): ``pad128`` (Yao et al.'s pipeline:
+``transformers.Trainer``, every example padded to T, random batches), ``longest`` (the KaSA authors' pipeline:
+Trainer, each batch padded to its longest example, random batches), ``grouped`` (Trainer's best:
+``group_by_length`` and ``DataCollatorWithPadding``), ``peftlab`` (``peftlab train --compile off``: dynamic
+padding, length-grouped batches) and ``peftlab-compiled`` (the same with ``--compile on``). Same model, LoRA on q,
+v, rank, batch, T, training subset, epochs, optimizer groups and schedule, precision (``--mixed-precision``) on
+every side, one thread each; the dev metric on the full dev set.
 
-Every run is its own subprocess (its peak RSS is its own, nothing is warm from an earlier run). Repeat r of a
-task visits the setups in an order rotated by r (:func:`peftlab.bench.timing.rotated`), so slow drift of a
-shared machine hits every setup alike; the speed-ups are per-repeat paired ratios of train time (= peftlab's
-examples/s over Trainer's: both see the same examples) and their geometric mean over repeats.
+How they are measured (:mod:`peftlab.bench.pairs`, as the decoder comparison): the pairs A:B of ``--pairs``
+(default ``pad128:peftlab,longest:peftlab``; ``--compile`` adds ``pad128:peftlab-compiled``,
+``longest:peftlab-compiled`` and ``peftlab:peftlab-compiled``) run two at a time, each pinned to its own core
+with one thread, then again with the cores swapped; ``--repeats`` rounds of that, round r with the r-th
+``--seeds`` seed (cyclically). A pair's ratio is B's examples/s over A's (= A's train s / B's: both train the
+same examples) for each run made together, and their geometric mean: the side-by-side table prints both
+orientations' ratios and the mean, as docs/BENCHMARKS.md quotes them, with each side's dev metric beside it and
+whether both sides trained the same examples (digest) for the same optimizer steps. For the
+``peftlab:peftlab-compiled`` pair the summary also estimates the compile's break-even: the compile time (the
+compiled run's first step over the eager run's) over the per-step time it saves (mean steps after the first),
+which is what :data:`peftlab.training.compile.AUTO_BREAK_EVEN_STEPS` is set from.
+
+An older result of this benchmark (each setup run alone, round-robin: no ``pairs`` in its settings) is still
+re-rendered as it was (:func:`rerender`).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from peftlab.bench.machine import environment, loadavg, write_result
-from peftlab.bench.render import markdown_against_trainer, slug
-from peftlab.bench.timing import paired_geomean, rotated
-from peftlab.bench.trainer_worker import PEFTLAB_SETUP, TRAINER_SETUPS
+from peftlab.bench.pairs import pair_schedule, run_pair, two_cores
+from peftlab.bench.render import _env_line, _num, markdown_against_trainer, slug
+from peftlab.bench.timing import paired_geomean
+from peftlab.bench.trainer_worker import COMPILED_SETUP, PEFTLAB_SETUP, PEFTLAB_SETUPS, TRAINER_SETUPS
 from peftlab.errors import PeftlabError
-from peftlab.io_utils import atomic_write_text
 
-SETUPS = (*TRAINER_SETUPS, PEFTLAB_SETUP)
+WORKER = "peftlab.bench.trainer_worker"
+SETUPS = (*TRAINER_SETUPS, *PEFTLAB_SETUPS)
 DEFAULT_TASKS = "rte,mrpc"
-DEFAULT_REPEATS = 2
+DEFAULT_REPEATS = 1
 DEFAULT_TRAIN_EXAMPLES = 1000
+DEFAULT_PAIRS = "pad128:peftlab,longest:peftlab"
+COMPILE_PAIRS = "pad128:peftlab-compiled,longest:peftlab-compiled,peftlab:peftlab-compiled"
 SETUP_TEXT = {
     "pad128": "transformers.Trainer, tokenised with padding=\"max_length\" (every example T tokens), random batches "
-              "(the papers' pipelines)",
+              "(Yao et al.'s pipeline)",
+    "longest": "transformers.Trainer with DataCollatorWithPadding (each batch padded to its longest example), random "
+               "batches (the KaSA authors' GLUE pipeline)",
     "grouped": "transformers.Trainer with train_sampling_strategy=\"group_by_length\" (group_by_length=True) and "
                "DataCollatorWithPadding (Trainer's best)",
-    "peftlab": "peftlab train: dynamic padding, length-grouped batches, cached tokenisation (--pooling native)",
+    PEFTLAB_SETUP: "peftlab train --compile off: dynamic padding, length-grouped batches, cached tokenisation "
+                   "(--pooling native)",
+    COMPILED_SETUP: "peftlab train --compile on: the same, the train step's model compiled (torch.compile, inductor, "
+                    "dynamic shapes)",
 }
+# How the side-by-side table names a setup (the issue's wording); pad128's T is filled in.
+SETUP_NAMES = {
+    "pad128": "Yao et al.'s pipeline (HF Trainer, pad to {T})",
+    "longest": "the KaSA authors' pipeline (pad to the batch's longest, random batches)",
+    "grouped": "HF Trainer with group_by_length",
+    PEFTLAB_SETUP: "peftlab",
+    COMPILED_SETUP: "peftlab --compile on",
+}
+OK_STATUSES = ("ok", "collapsed", "no_learning")
 
 
 def _choices(text: str | None, default: str, allowed, what: str, flag: str) -> list[str]:
@@ -56,20 +80,46 @@ def _choices(text: str | None, default: str, allowed, what: str, flag: str) -> l
     return list(dict.fromkeys(names))
 
 
+def parse_pairs(text: str | None, compile_pairs: bool = False) -> list[tuple[str, str]]:
+    """``--pairs A:B,...`` (default :data:`DEFAULT_PAIRS`). ``--compile`` adds the compiled setup against every
+    Trainer setup of those pairs and against eager peftlab (the default pairs: :data:`COMPILE_PAIRS`)."""
+    from peftlab.bench.decoder_worker import SETUPS as DECODER_SETUPS
+    from peftlab.errors import unknown
+
+    pairs = []
+    for piece in (text or DEFAULT_PAIRS).split(","):
+        parts = [p.strip().lower() for p in piece.split(":")]
+        if len(parts) != 2 or parts[0] == parts[1]:
+            raise PeftlabError(f"--pairs: '{piece}' is not two different setups A:B", fix=f"e.g. --pairs {DEFAULT_PAIRS}")
+        for part in parts:
+            if part in DECODER_SETUPS and part not in SETUPS:
+                raise PeftlabError(f"--pairs: '{part}' is a setup of the decoder tasks (math, commonsense, e2e), not "
+                                   "of GLUE tasks", fix=f"GLUE setups: {', '.join(SETUPS)}")
+            if part not in SETUPS:
+                raise unknown("setup", part, list(SETUPS), where="--pairs")
+        pairs.append((parts[0], parts[1]))
+    if compile_pairs:
+        trainers = [s for s in dict.fromkeys(s for pair in pairs for s in pair) if s in TRAINER_SETUPS]
+        pairs += [(s, COMPILED_SETUP) for s in trainers] + [(PEFTLAB_SETUP, COMPILED_SETUP)]
+    return list(dict.fromkeys(pairs))
+
+
 def settings_from_args(args) -> dict[str, Any]:
     from peftlab.methods.table import METHODS
     from peftlab.tasks.table import TASKS
 
+    if args.threads not in (None, 1):
+        raise PeftlabError(f"--threads {args.threads}: the pairs run one thread each, on one core each",
+                           fix="drop --threads")
     tasks = _choices(args.task, DEFAULT_TASKS, [n for n, t in TASKS.items() if t.kind in ("classification",
                                                                                              "regression")],
                      "GLUE task", "--tasks")
     lora = METHODS["lora"]
-    threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     seeds = [int(s) for s in str(args.seeds or "0").split(",") if s.strip()]
     return {
         "model": args.model or "minilm-l6", "tasks": tasks,
-        "setups": _choices(args.setups, ",".join(SETUPS), SETUPS, "setup", "--setups"),
-        "repeats": args.repeats or DEFAULT_REPEATS, "seeds": seeds, "threads": int(threads),
+        "pairs": [f"{a}:{b}" for a, b in parse_pairs(args.pairs, getattr(args, "compile", False))],
+        "repeats": args.repeats or DEFAULT_REPEATS, "seeds": seeds, "threads": 1,
         "train_examples": args.max_train_samples or DEFAULT_TRAIN_EXAMPLES, "epochs": args.epochs,
         "max_length": args.seq_len or 128, "batch_size": args.batch_size or 32, "eval_batch_size": 64,
         "rank": args.rank, "alpha": args.alpha, "dropout": 0.0, "lr": args.lr or lora.default_lr,
@@ -79,59 +129,43 @@ def settings_from_args(args) -> dict[str, Any]:
     }
 
 
-def _run_child(spec: dict, work: Path, label: str) -> dict[str, Any]:
-    """One setup in a fresh ``python -m peftlab.bench.trainer_worker``; its output goes to ``<label>.log``."""
-    spec_path, out_path, log_path = work / f"{label}.spec.json", work / f"{label}.json", work / f"{label}.log"
-    atomic_write_text(spec_path, json.dumps(spec, indent=2))
-    out_path.unlink(missing_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "MKL_NUM_THREADS": str(spec["threads"]),
-           "TOKENIZERS_PARALLELISM": "false"}
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, "-m", "peftlab.bench.trainer_worker", str(spec_path), str(out_path)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0 or not out_path.is_file():
-        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
-        return {"status": "failed", "error": f"exit {proc.returncode}: {lines[-1][:300] if lines else ''}",
-                "process_wall_s": wall, "log": str(log_path)}
-    result = json.loads(out_path.read_text())
-    result.update(process_wall_s=wall, log=str(log_path))
-    return result
-
-
 def run_against_trainer(args) -> dict[str, Any]:
     import torch
 
     say = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
     settings = settings_from_args(args)
+    cores = two_cores()
+    pairs = [tuple(p.split(":")) for p in settings["pairs"]]
     out_dir = Path(args.out_dir)
     work = out_dir / "against-trainer-runs"
     work.mkdir(parents=True, exist_ok=True)
     name = args.name or f"against-trainer-{slug(settings['model'])}"
+    used = list(dict.fromkeys(s for pair in pairs for s in pair))
     result: dict[str, Any] = {"kind": "against_trainer", "environment": environment(torch.device("cpu")),
-                              "settings": settings, "setups": {s: SETUP_TEXT[s] for s in settings["setups"]},
+                              "settings": settings, "setups": {s: SETUP_TEXT[s] for s in used}, "cores": list(cores),
                               "runs": [], "summary": []}
-    result["environment"]["torch_threads"] = settings["threads"]  # what every run was given
+    result["environment"]["torch_threads"] = 1  # what every run was given
     keys = ("model", "train_examples", "epochs", "max_length", "batch_size", "eval_batch_size", "rank", "alpha",
-            "dropout", "lr", "lr_ratio", "head_lr", "warmup_ratio", "max_grad_norm", "mixed_precision", "data_dir",
-            "threads")
+            "dropout", "lr", "lr_ratio", "head_lr", "warmup_ratio", "max_grad_norm", "mixed_precision", "data_dir")
+    schedule = pair_schedule(pairs, settings["repeats"], cores)
     for task in settings["tasks"]:
-        for repeat in range(settings["repeats"]):
-            seed = settings["seeds"][repeat % len(settings["seeds"])]
-            for setup in rotated(settings["setups"], repeat):
-                label = f"{task}-{setup}-r{repeat}"
-                spec = {**{k: settings[k] for k in keys}, "task": task, "setup": setup, "seed": seed,
-                        "run_dir": str(work / label),
-                        "logging_steps": max(1, settings["train_examples"] // settings["batch_size"] // 8)}
-                say(f"against trainer: {task} repeat {repeat + 1}/{settings['repeats']} (seed {seed}): {setup}")
-                run = _run_child(spec, work, label)
-                run.update(task=task, setup=setup, repeat=repeat, seed=seed, epochs=settings["epochs"])
+        for index, entry in enumerate(schedule):
+            seed = settings["seeds"][entry["round"] % len(settings["seeds"])]
+            label = f"{task}-r{entry['round']}-{entry['pair'].replace(':', '-vs-')}-o{entry['orientation']}"
+            specs = {setup: {**{k: settings[k] for k in keys}, "task": task, "setup": setup, "seed": seed,
+                             "run_dir": str(work / f"{label}-{setup}"),
+                             "logging_steps": max(1, settings["train_examples"] // settings["batch_size"] // 8)}
+                     for setup in entry["cores"]}
+            say(f"against trainer: {task} pair {index + 1}/{len(schedule)} {entry['pair']} (cores "
+                + ", ".join(f"{s} {c}" for s, c in entry["cores"].items()) + f", seed {seed})")
+            for setup, run in run_pair(WORKER, specs, entry["cores"], work, label).items():
+                run.update(task=task, setup=setup, round=entry["round"], pair=entry["pair"],
+                           orientation=entry["orientation"], seed=seed, epochs=settings["epochs"])
                 if run["status"] == "failed":
-                    say(f"{label} failed: {run['error']} (log {run['log']})")
+                    say(f"{label} {setup} failed: {run['error']} (log {run['log']})")
                 result["runs"].append(run)
-                save(result, out_dir, name)
-        result["summary"].append(summarize_task(result["runs"], task, settings["setups"]))
+            save(result, out_dir, name)
+        result["summary"].append(summarize_task(result["runs"], task, settings["pairs"]))
         save(result, out_dir, name)
     result["environment"]["loadavg_end"] = loadavg()
     save(result, out_dir, name)
@@ -143,22 +177,201 @@ def _median(values):
     return statistics.median(kept) if kept else None
 
 
-def summarize_task(runs: list[dict], task: str, setups: list[str]) -> dict[str, Any]:
-    """Per setup: medians over repeats (train s/epoch, ex/s, peak RSS), the dev metric's mean ± sd; and
-    peftlab / each Trainer setup: the geometric mean of per-repeat train-time ratios (= ex/s ratios)."""
+def _mean(values):
+    kept = [v for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
+
+
+def summarize_task(runs: list[dict], task: str, pair_names: list[str]) -> dict[str, Any]:
+    """Per pair A:B: B's examples/s over A's for each pair of runs made together (in schedule order) and their
+    geometric mean; each side's dev metric (mean over its runs), train s and examples/s; whether every run of the
+    pair trained the same examples (digest, count) for the same optimizer steps; for peftlab:peftlab-compiled the
+    compile's break-even (:func:`break_even`)."""
     from peftlab.tasks.table import TASKS
 
     metric = TASKS[task].primary_metric
-    ok = [r for r in runs if r["task"] == task and r.get("status") in ("ok", "collapsed", "no_learning")]
+    ok = [r for r in runs if r["task"] == task and r.get("status") in OK_STATUSES]
+    out: dict[str, Any] = {"task": task, "metric": metric, "pairs": {}}
+    for pair in pair_names:
+        first, second = pair.split(":")
+        together: dict[tuple, dict] = {}
+        for r in ok:
+            if r.get("pair") == pair:
+                together.setdefault((r["round"], r["orientation"]), {})[r["setup"]] = r
+        both = [together[key] for key in sorted(together) if first in together[key] and second in together[key]]
+        ratio = paired_geomean([by[second]["examples_per_s"] for by in both], [by[first]["examples_per_s"] for by in both])
+        same = all(same_work(by[first], by[second]) for by in both)
+        sides = {side: {"dev_metric": _mean([(by[side].get("dev_metrics") or {}).get(metric) for by in both]),
+                        "train_s": _median([by[side]["train_s"] for by in both]),
+                        "examples_per_s": _median([by[side]["examples_per_s"] for by in both]),
+                        "compiled": [((by[side].get("compile") or {}).get("compiled")) for by in both]
+                        if side == COMPILED_SETUP else None}
+                 for side in (first, second)}
+        entry = {"first": first, "second": second, "runs": len(both), "examples_per_s_ratio": ratio,
+                 "same_examples_and_steps": same if both else None, "sides": sides}
+        if (first, second) == (PEFTLAB_SETUP, COMPILED_SETUP):
+            entry["break_even"] = break_even([(by[first], by[second]) for by in both])
+        out["pairs"][pair] = entry
+    return out
+
+
+def same_work(a: dict, b: dict) -> bool:
+    """Both runs trained the same examples (digest of the raw examples, count) for the same optimizer steps."""
+    return (a.get("train_examples_digest") is not None and a.get("train_examples_digest") == b.get("train_examples_digest")
+            and a["examples"] == b["examples"] and a.get("optimizer_steps") == b.get("optimizer_steps"))
+
+
+def break_even(pairs: list[tuple[dict, dict]]) -> dict[str, Any] | None:
+    """From eager:compiled runs made together: compile s = the compiled first step - the eager first step; the
+    per-step saving = eager - compiled mean step after the first; break-even steps = compile s / saving (None when
+    compiling saves nothing per step). Medians over the pairs."""
+    rows = []
+    for eager, compiled in pairs:
+        e, c = eager.get("compile") or {}, compiled.get("compile") or {}
+        if not c.get("compiled") or e.get("first_step_s") is None or c.get("first_step_s") is None:
+            continue
+        steps = eager.get("optimizer_steps") or 0
+        if steps < 2:
+            continue
+        per_step = [(run["train_step_s"] - record["first_step_s"]) / (steps - 1)
+                    for run, record in ((eager, e), (compiled, c))]
+        rows.append({"compile_s": c["first_step_s"] - e["first_step_s"], "eager_step_s": per_step[0],
+                     "compiled_step_s": per_step[1]})
+    if not rows:
+        return None
+    compile_s = _median([r["compile_s"] for r in rows])
+    eager_step, compiled_step = _median([r["eager_step_s"] for r in rows]), _median([r["compiled_step_s"] for r in rows])
+    saving = eager_step - compiled_step
+    return {"pairs": len(rows), "compile_s": compile_s, "eager_step_s": eager_step, "compiled_step_s": compiled_step,
+            "step_speedup": eager_step / compiled_step if compiled_step else None,
+            "break_even_steps": compile_s / saving if saving > 0 else None}
+
+
+def save(result: dict, out_dir: Path, name: str) -> None:
+    write_result(result, out_dir, name, markdown_pairs)
+
+
+def rerender(result: dict) -> str:
+    if "pairs" not in result["settings"]:  # an older result: each setup alone, round-robin
+        result["summary"] = [summarize_sequential(result["runs"], task, result["settings"]["setups"])
+                             for task in result["settings"]["tasks"]]
+        return markdown_against_trainer(result)
+    result["summary"] = [summarize_task(result["runs"], task, result["settings"]["pairs"])
+                         for task in result["settings"]["tasks"]]
+    return markdown_pairs(result)
+
+
+def _times(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def ratio_cell(ratio: dict | None) -> str:
+    """``1.87x, 1.91x (geometric mean 1.89x)``: each run made together, then their mean (the issue's format)."""
+    if not ratio or ratio.get("geomean") is None:
+        return "-"
+    each = ", ".join(_times(r) for r in ratio["ratios"])
+    return each if ratio["n"] == 1 else f"{each} (geometric mean {_times(ratio['geomean'])})"
+
+
+def pair_name(pair: dict, max_length: int) -> str:
+    return f"{SETUP_NAMES[pair['second']]} vs {SETUP_NAMES[pair['first']]}".replace("{T}", str(max_length))
+
+
+def markdown_pairs(result: dict) -> str:
+    s = result["settings"]
+    precision = s["mixed_precision"] if s["mixed_precision"] != "no" else "fp32"
+    tasks = [row["task"] for row in result["summary"]]
+    lines = [
+        f"## peftlab vs the papers' Trainer pipelines: {s['model']}, LoRA q,v r={s['rank']} alpha {s['alpha']:g}, "
+        f"batch {s['batch_size']}, max length {s['max_length']}, {s['train_examples']} training examples, "
+        f"{s['epochs']} epoch(s), {precision}",
+        "",
+        _env_line(result["environment"]),
+        f"Each pair at the same time, one core and one thread each (cores {', '.join(map(str, result['cores']))}), "
+        f"then with the cores swapped; {s['repeats']} round(s), seeds {', '.join(map(str, s['seeds']))}. Ratio: B's "
+        "examples/s over A's (= A's train s / B's: the same examples), one per pair of runs made together, and their "
+        "geometric mean. Train s: each pipeline's own timer of its epoch loops. AdamW, q at "
+        f"{s['lr']:g}, v at {s['lr_ratio']:g} x that, head {s['head_lr']:g}, linear schedule, warm-up "
+        f"{s['warmup_ratio']:g}. Dev metric on {s['eval']}.",
+        "",
+        "Setups: " + "; ".join(f"**{k}** = {v}" for k, v in result["setups"].items()) + ".",
+        "",
+        "| pair | " + " | ".join(t.upper() for t in tasks) + " |",
+        "|---|" + "---|" * len(tasks),
+    ]
+    for pair in s["pairs"]:
+        rows = [row["pairs"].get(pair) for row in result["summary"]]
+        named = next((p for p in rows if p), None) or dict(zip(("first", "second"), pair.split(":")))
+        lines.append(f"| {pair_name(named, s['max_length'])} | "
+                     + " | ".join(ratio_cell((p or {}).get("examples_per_s_ratio")) for p in rows) + " |")
+    lines += ["", "Both sides of each pair (dev metric: mean over its runs):", "",
+              "| task | pair A:B | runs | A dev metric | B dev metric | A train s | B train s | same examples and steps |",
+              "|---|---|---:|---|---|---:|---:|---|"]
+    for row in result["summary"]:
+        for pair, d in row["pairs"].items():
+            a, b = d["sides"][d["first"]], d["sides"][d["second"]]
+            same = {True: "yes", False: "**no**", None: "-"}[d["same_examples_and_steps"]]
+            lines.append(f"| {row['task']} | {pair} | {d['runs']} | {row['metric']} {_num(a['dev_metric'], '.4f')} | "
+                         f"{row['metric']} {_num(b['dev_metric'], '.4f')} | {_num(a['train_s'], '.1f')} | "
+                         f"{_num(b['train_s'], '.1f')} | {same} |")
+    lines += compile_lines(result)
+    lines += ["", "Runs:", "", "| task | round | pair | core | setup | status | train s | ex/s | dev metrics |",
+              "|---|---:|---|---:|---|---|---:|---:|---|"]
+    for r in result["runs"]:
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in (r.get("dev_metrics") or {}).items()
+                            if isinstance(v, (int, float))) or r.get("error", "-")[:120]
+        lines.append(f"| {r['task']} | {r['round']} | {r['pair']} | {r.get('core', '-')} | {r['setup']} | "
+                     f"{r['status']} | {_num(r.get('train_s'), '.1f')} | {_num(r.get('examples_per_s'), '.1f')} | "
+                     f"{metrics} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def compile_lines(result: dict) -> list[str]:
+    """The compiled setup's runs: whether each compiled, its graphs; the break-even of the eager:compiled pair."""
+    compiled = [r for r in result["runs"] if r["setup"] == COMPILED_SETUP and r.get("status") in OK_STATUSES]
+    if not compiled:
+        return []
+    lines = ["", "Compiled runs (`--compile on`): compiled / fell back, graphs compiled (after the first step: more "
+             "means recompiles), first step s (its compilation included).", "",
+             "| task | pair | compiled | graphs (after the first step) | first step s |", "|---|---|---|---:|---:|"]
+    for r in compiled:
+        c = r.get("compile") or {}
+        state = "yes" if c.get("compiled") else f"**no**: {c.get('fallback') or c.get('reason')}"
+        lines.append(f"| {r['task']} | {r['pair']} | {state} | {c.get('graphs', '-')} "
+                     f"({c.get('graphs_after_first_step', '-')}) | {_num(c.get('first_step_s'), '.1f')} |")
+    rows = [(row["task"], row["pairs"].get(f"{PEFTLAB_SETUP}:{COMPILED_SETUP}")) for row in result["summary"]]
+    rows = [(task, p["break_even"]) for task, p in rows if p and p.get("break_even")]
+    if rows:
+        lines += ["", "Break-even of the compile (peftlab:peftlab-compiled; medians over its pairs): compile s = the "
+                  "compiled first step - the eager one; step s = the mean step after the first.", "",
+                  "| task | compile s | eager step s | compiled step s | step speed-up | break-even steps |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for task, b in rows:
+            lines.append(f"| {task} | {_num(b['compile_s'], '.1f')} | {_num(b['eager_step_s'], '.3f')} | "
+                         f"{_num(b['compiled_step_s'], '.3f')} | {_times(b['step_speedup'])} | "
+                         f"{_num(b['break_even_steps'], '.0f')} |")
+    return lines
+
+
+# --------------------------------------------------------------------------- older results (round-robin)
+
+
+def summarize_sequential(runs: list[dict], task: str, setups: list[str]) -> dict[str, Any]:
+    """An older result's summary (each setup alone, round-robin): per setup medians over repeats, and peftlab /
+    each Trainer setup as the geometric mean of per-repeat train-time ratios."""
+    from peftlab.tasks.table import TASKS
+
+    metric = TASKS[task].primary_metric
+    ok = [r for r in runs if r["task"] == task and r.get("status") in OK_STATUSES]
     out: dict[str, Any] = {"task": task, "metric": metric, "setups": {}, "peftlab_vs": {}}
     for setup in setups:
         mine = [r for r in ok if r["setup"] == setup]
         values = [r["dev_metrics"].get(metric) for r in mine if r["dev_metrics"].get(metric) is not None]
-        per_epoch = [r["train_s"] / max(1, r["epochs"]) for r in mine]
         slots = _median([r.get("train_token_slots") for r in mine])
         real = _median([r.get("train_real_tokens") for r in mine])
         out["setups"][setup] = {
-            "runs": len(mine), "train_s_per_epoch": _median(per_epoch),
+            "runs": len(mine), "train_s_per_epoch": _median([r["train_s"] / max(1, r["epochs"]) for r in mine]),
             "examples_per_s": _median([r.get("examples_per_s") for r in mine]),
             "peak_rss_mb": _median([r.get("peak_rss_mb") for r in mine]),
             "process_wall_s": _median([r.get("process_wall_s") for r in mine]),
@@ -166,28 +379,17 @@ def summarize_task(runs: list[dict], task: str, setups: list[str]) -> dict[str, 
             "metric_std": statistics.stdev(values) if len(values) > 1 else None,
             "token_slots": slots, "real_token_share": real / slots if slots and real is not None else None,
         }
-    if PEFTLAB_SETUP in setups:
-        by_repeat = {}
-        for r in ok:
-            by_repeat.setdefault(r["repeat"], {})[r["setup"]] = r
-        complete = [by for by in by_repeat.values() if PEFTLAB_SETUP in by]
-        for setup in setups:
-            if setup == PEFTLAB_SETUP:
-                continue
-            pairs = [by for by in complete if setup in by]
-            train = paired_geomean([by[setup]["train_s"] for by in pairs], [by[PEFTLAB_SETUP]["train_s"] for by in pairs])
-            wall = paired_geomean([by[setup]["process_wall_s"] for by in pairs],
-                                  [by[PEFTLAB_SETUP]["process_wall_s"] for by in pairs])
-            out["peftlab_vs"][setup] = {"examples_per_s_ratio": train, "process_wall_ratio": wall}
+    by_repeat: dict[int, dict] = {}
+    for r in ok:
+        by_repeat.setdefault(r["repeat"], {})[r["setup"]] = r
+    complete = [by for by in by_repeat.values() if PEFTLAB_SETUP in by]
+    for setup in setups:
+        if setup == PEFTLAB_SETUP or PEFTLAB_SETUP not in setups:
+            continue
+        pairs = [by for by in complete if setup in by]
+        out["peftlab_vs"][setup] = {
+            "examples_per_s_ratio": paired_geomean([by[setup]["train_s"] for by in pairs],
+                                                   [by[PEFTLAB_SETUP]["train_s"] for by in pairs]),
+            "process_wall_ratio": paired_geomean([by[setup]["process_wall_s"] for by in pairs],
+                                                 [by[PEFTLAB_SETUP]["process_wall_s"] for by in pairs])}
     return out
-
-
-def save(result: dict, out_dir: Path, name: str) -> None:
-    write_result(result, out_dir, name, markdown_against_trainer)
-
-
-def rerender(result: dict) -> str:
-    result["summary"] = [summarize_task(result["runs"], task, result["settings"]["setups"])
-                         for task in result["settings"]["tasks"]]
-    return markdown_against_trainer(result)
-

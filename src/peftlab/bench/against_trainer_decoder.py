@@ -14,8 +14,9 @@ the second setup's tokens/s over the first's, each ratio from two runs made at t
 real tokens (prompt and response), counted the same way on every side, over each run's training-loop seconds.
 Equal loss: each side's mean training loss and its loss on a fixed probe after training (the first
 ``probe_examples`` training examples, the same function on both sides) are printed beside the rates. Also per
-setup: the token slots its batches computed (÷ real tokens: what padding cost), the model FLOP/s of the real
-tokens (:mod:`peftlab.bench.flops`) and its share of that core's GEMM peak.
+setup: the token slots its batches computed (÷ real tokens: what padding cost), the FLOPs they computed (padding
+and each row's attention square included) ÷ the real tokens' model FLOPs, the model FLOP/s of the real tokens
+(:mod:`peftlab.bench.flops`) and its share of that core's GEMM peak.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ SETUP_TEXT = {
                    "example, batches drawn at random",
     GROUPED_SETUP: "peftlab train: length-grouped batches, each padded to its longest example",
     PACKED_SETUP: "peftlab train --packing: each batch one unpadded row (DataCollatorWithFlattening, position_ids "
-                  "restarting per example), batches drawn at random",
+                  "restarting per example), each example attending on its own (per-example SDPA), batches drawn at "
+                  "random",
 }
 
 
@@ -72,6 +74,9 @@ def parse_pairs(text: str | None) -> list[tuple[str, str]]:
 
 
 def settings_from_args(args) -> dict[str, Any]:
+    if args.threads not in (None, 1):
+        raise PeftlabError(f"--threads {args.threads}: the decoder pairs run one thread each, on one core each",
+                           fix="drop --threads")
     tasks = list(dict.fromkeys(t.strip().lower() for t in args.task.split(",") if t.strip()))
     seeds = [int(s) for s in str(args.seeds or "0").split(",") if s.strip()]
     return {
@@ -158,6 +163,8 @@ def summarize_task(runs: list[dict], task: str, pair_names: list[str]) -> dict[s
             "real_tokens": _median([r.get("train_real_tokens") for r in mine]),
             "slots_per_real_token": _median([r["train_token_slots"] / r["train_real_tokens"] for r in mine
                                              if r.get("train_real_tokens")]),
+            "flops_per_model_flop": _median([(r.get("model_flops") or {}).get("executed_per_model_flop")
+                                             for r in mine]),
             "train_loss": _mean([r.get("train_loss") for r in mine]),
             "probe_loss": _mean([r.get("probe_loss") for r in mine]),
             "model_gflops": _median([r.get("model_gflops") for r in mine]), "of_peak": _median(shares),
@@ -206,18 +213,20 @@ def markdown_against_trainer_decoder(result: dict) -> str:
         f"{s['lr']:g}, linear schedule, warm-up {s['warmup_ratio']:g}, LoRA dropout {s['dropout']:g}. Tokens: the "
         "examples' real tokens over each run's training-loop seconds. Probe loss: the mean loss on the response "
         f"tokens of the first {s['probe_examples']} training examples after training (the same function on every "
-        "side). Slots ÷ real: the token positions the batches computed per real token.",
+        "side). Slots ÷ real: the token positions the batches computed per real token; FLOPs ÷ model: the FLOPs "
+        "they computed (padding, each row's attention square) per FLOP of the real tokens (peftlab.bench.flops).",
         "",
         "Setups: " + "; ".join(f"**{k}** = {v}" for k, v in result["setups"].items()) + ".",
         "",
-        "| task | setup | runs | tokens/s | train s | slots ÷ real | train loss | probe loss | model GFLOP/s | "
-        "of GEMM peak |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| task | setup | runs | tokens/s | train s | slots ÷ real | FLOPs ÷ model | train loss | probe loss | "
+        "model GFLOP/s | of GEMM peak |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["summary"]:
         for setup, d in row["setups"].items():
             lines.append(f"| {row['task']} | {setup} | {d['runs']} | {_num(d['tokens_per_s'], '.1f')} | "
                          f"{_num(d['train_s'], '.1f')} | {_num(d['slots_per_real_token'], '.3f')} | "
+                         f"{_num(d['flops_per_model_flop'], '.3f')} | "
                          f"{_num(d['train_loss'], '.4f')} | {_num(d['probe_loss'], '.4f')} | "
                          f"{_num(d['model_gflops'], '.1f')} | {_percent(d['of_peak'])} |")
     lines += ["", "| task | pair A:B | B tokens/s ÷ A tokens/s [min, max] | same tokens and FLOPs |", "|---|---|---:|---|"]

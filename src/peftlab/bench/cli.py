@@ -14,10 +14,10 @@ Five benchmarks, each writing ``<name>.json`` and ``<name>.md`` into ``--out-dir
   path (dynamic padding, length-grouped batches, cached tokenisation) and with the papers' setup
   (``--pad-to-max``, T = ``--seq-len`` = 128): train seconds per epoch and the final dev metric of each.
 
-* **against trainer** (``--against trainer``): GLUE tasks: the same LoRA run through ``transformers.Trainer`` (pad
-  to T; ``group_by_length`` + ``DataCollatorWithPadding``) and through ``peftlab train``, each run its own process,
-  setups round-robin: train s/epoch, ex/s, peak RSS, dev metric, paired ratios (:mod:`~peftlab.bench.against_trainer`).
-  Decoder tasks (``--task math``, ``commonsense``, ``e2e``): the papers' decoder pipeline (LLM-Adapters / KaSA:
+* **against trainer** (``--against trainer``): GLUE tasks: the same LoRA run through ``transformers.Trainer`` (Yao
+  et al.: pad to T; the KaSA authors: pad to the batch's longest; ``group_by_length``) and through ``peftlab train``
+  (``--compile``: also compiled), pairs side by side on one core each, cores swapped: examples/s ratios at each
+  side's dev metric (:mod:`~peftlab.bench.against_trainer`). Decoder tasks (``--task math``, ``commonsense``, ``e2e``): the papers' decoder pipeline (LLM-Adapters / KaSA:
   Trainer + ``DataCollatorForSeq2Seq``, padding to the longest, random batches) against ``peftlab train``
   (length-grouped, and ``--packing``), pairs side by side on one core each, cores swapped: training tokens/s,
   losses, model FLOP/s (:mod:`~peftlab.bench.against_trainer_decoder`).
@@ -52,40 +52,61 @@ import os
 import sys
 from pathlib import Path
 
+from peftlab.argtypes import (bounded_int, folder, nonnegative_int, output_folder, positive_float, positive_int, seed,
+                                  text)
 from peftlab.errors import USER_ERROR_EXIT, PeftlabError
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+_positive_int, _nonnegative_int = positive_int, nonnegative_int  # the names this module has always used
+
+
+def _threads(text: str) -> int:
+    return bounded_int(text, 1, 2**31 - 1, "a positive integer < 2**31 (torch.set_num_threads takes a C int)")
+
+
+def _seeds(value: str) -> str:
+    """A comma list of seeds, kept as text (the benchmarks split it themselves)."""
+    pieces = [piece.strip() for piece in value.split(",") if piece.strip()]
+    if not pieces:
+        raise argparse.ArgumentTypeError(f"expected a comma list of seeds, got '{value}'")
+    for piece in pieces:
+        seed(piece)
     return value
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got '{text}'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+# The flags that only some benchmarks read, by the benchmarks that read them (micro, the default, reads none):
+# given to another benchmark, one would be ignored without a word and the numbers measured with other settings
+# than those asked for, so it is refused.
+READ_BY = {
+    "--task": ("--e2e", "--against", "--sweep-overhead"),
+    "--epochs": ("--e2e", "--against", "--sweep-overhead"),
+    "--seeds": ("--e2e", "--against"),
+    "--max-train-samples": ("--e2e", "--against", "--sweep-overhead"),
+    "--max-eval-samples": ("--e2e",),
+    "--lr": ("--e2e", "--against"),
+    "--data-dir": ("--e2e", "--against", "--sweep-overhead", "--decode"),
+    "--mixed-precision": ("--e2e", "--against", "--sweep-overhead"),
+    "--pairs": ("--against",),
+    "--compile": ("--against",),
+    "--lr-ratio": ("--against",),
+    "--runs": ("--sweep-overhead",),
+    "--workers": ("--sweep-overhead",),
+    "--problems": ("--decode",),
+    "--max-new-tokens": ("--decode",),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
+    parser.add_argument("--model", type=text, default=None,
                         help="registered model or path (default: roberta-base-random; with --e2e: minilm-l6)")
-    parser.add_argument("--methods", default=None,
+    parser.add_argument("--methods", type=text, default=None,
                         help="comma list of methods (default: every method in peftlab.methods.table.METHODS; "
                              "with --e2e: lora)")
-    parser.add_argument("--targets", action="append", default=None,
+    parser.add_argument("--targets", action="append", type=text, default=None,
                         help="a target set such as q,v; repeat the flag for several (default: q,v and q,k,v; "
                              "with --e2e only the first is used, default q,v)")
     parser.add_argument("--rank", type=_positive_int, default=8, help="adapter rank (default 8)")
-    parser.add_argument("--alpha", type=float, default=16.0, help="LoRA alpha (default 16)")
+    parser.add_argument("--alpha", type=positive_float, default=16.0, help="LoRA alpha (default 16)")
     parser.add_argument("--seq-len", type=_positive_int, default=None,
                         help="tokens per example (default 128; with --e2e the max length T, default 128)")
     parser.add_argument("--batch-size", type=_positive_int, default=None,
@@ -102,35 +123,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adapter inits per configuration, round-robin (default 3)")
     parser.add_argument("--calibration-samples", type=_positive_int, default=8,
                         help="CorDA calibration forwards during init (default 8, from the benchmark batch)")
-    parser.add_argument("--threads", type=_positive_int, default=None,
+    parser.add_argument("--threads", type=_threads, default=None,
                         help="torch CPU threads (default: torch's); 1 is far steadier on a shared machine")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu or cuda[:i]")
+    parser.add_argument("--device", type=text, default="auto", help="auto (CUDA if present), cpu or cuda[:i]")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="auto: bf16 autocast on CUDA, fp32 on CPU (with --decode: both fp32 and bf16)")
     parser.add_argument("--compare-kasa-peft", action="store_true",
                         help="add a kasa-peft row: KaSA with peft's per-module regulariser (before peftlab batched it)")
-    parser.add_argument("--max-seconds", type=float, default=None,
+    parser.add_argument("--max-seconds", type=positive_float, default=None,
                         help="time budget: once spent, each timing phase stops after 3 timed rounds (default: none)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random model, inputs and adapter init")
-    parser.add_argument("--out-dir", default="bench_out", help="where the JSON and Markdown go (default bench_out)")
-    parser.add_argument("--name", default=None, help="file name stem (default: derived from the settings)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random model, inputs and adapter init")
+    parser.add_argument("--out-dir", type=output_folder, default="bench_out",
+                        help="where the JSON and Markdown go (default bench_out)")
+    parser.add_argument("--name", type=text, default=None, help="file name stem (default: derived from the settings)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--render", metavar="JSON", default=None,
                         help="only re-render the Markdown beside a bench JSON (no benchmark is run)")
     e2e = parser.add_argument_group("end to end (--e2e)")
     e2e.add_argument("--e2e", action="store_true",
                      help="train on a real task twice: dynamic padding vs --pad-to-max (the papers' setup)")
-    e2e.add_argument("--task", "--tasks", default=None,
+    e2e.add_argument("--task", "--tasks", type=text, default=None,
                      help="GLUE task(s), comma list (default cola; with --against trainer: rte,mrpc)")
     e2e.add_argument("--epochs", type=_positive_int, default=1, help="epochs per run (default 1)")
-    e2e.add_argument("--seeds", default=None, help="comma list of seeds; each runs both setups (default 0; with "
-                                                   "--against trainer repeat r uses the r-th seed, cyclically)")
+    e2e.add_argument("--seeds", type=_seeds, default=None,
+                     help="comma list of seeds; each runs both setups (default 0; with --against trainer repeat r "
+                          "uses the r-th seed, cyclically)")
     e2e.add_argument("--max-train-samples", "--train-examples", type=_positive_int, default=None,
                      help="train on a seeded subset of this many examples (CPU sizing; with --against trainer "
                           "default 1000)")
     e2e.add_argument("--max-eval-samples", type=_positive_int, default=None, help="evaluate on a seeded subset")
-    e2e.add_argument("--lr", type=float, default=None, help="learning rate (default: the method's)")
-    e2e.add_argument("--data-dir", default=None, help="GLUE data root (default as in peftlab train)")
+    e2e.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: the method's)")
+    e2e.add_argument("--data-dir", type=folder, default=None, help="GLUE data root (default as in peftlab train)")
     e2e.add_argument("--mixed-precision", choices=("no", "bf16"), default=None,
                      help="the same precision on every side (bf16: CPU autocast; Trainer bf16=True, use_cpu=True); "
                           "default: no (with --against trainer and --sweep-overhead), auto on CUDA in plain --e2e")
@@ -141,12 +164,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(DataCollatorForSeq2Seq, padding to the longest, random batches) against peftlab padded "
                           "and packed, in pairs side by side on one core each (default model smollm2-135m, "
                           "--batch-size 4, --seq-len 512, 256 examples, lr 3e-4)")
-    e2e.add_argument("--pairs", default=None,
-                     help="with --against trainer on decoder tasks: comma list of A:B setup pairs run side by side "
-                          "(setups llm-adapters, peftlab, peftlab-packed; default every pair of the three)")
-    e2e.add_argument("--setups", default=None,
-                     help="with --against trainer: comma list of pad128, grouped, peftlab (default all three)")
-    e2e.add_argument("--lr-ratio", type=float, default=2.0,
+    e2e.add_argument("--pairs", type=text, default=None,
+                     help="with --against trainer: comma list of A:B setup pairs run side by side, one core each. "
+                          "GLUE tasks: setups pad128, longest, grouped, peftlab, peftlab-compiled (default "
+                          "pad128:peftlab,longest:peftlab); decoder tasks: llm-adapters, peftlab, peftlab-packed "
+                          "(default every pair of the three)")
+    e2e.add_argument("--compile", action="store_true",
+                     help="with --against trainer on GLUE tasks: add peftlab --compile on (setup peftlab-compiled) "
+                          "against pad128, longest and eager peftlab (its compile time and break-even too)")
+    e2e.add_argument("--lr-ratio", type=positive_float, default=2.0,
                      help="with --against trainer: lambda = eta_V / eta_QK (default 2)")
     lab = parser.add_argument_group("lab overhead (--sweep-overhead) and decoder evaluation (--decode)")
     lab.add_argument("--sweep-overhead", action="store_true",
@@ -181,7 +207,7 @@ def rerender(path: str | Path) -> str:
     path = Path(path)
     try:
         result = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise PeftlabError(f"cannot read bench results {path}: {err}", fix="pass a .json written by peftlab bench") from None
     kind = result.get("kind")
     if kind in ("against_trainer", "against_trainer_decoder", "sweep_overhead", "decode"):
@@ -207,19 +233,8 @@ def rerender(path: str | Path) -> str:
     return text
 
 
-def run_cli(args) -> int:
-    import warnings
-
-    if args.render:
-        print(rerender(args.render))
-        return 0
-
-    import torch
-
-    from peftlab.bench.e2e import run_e2e
-    from peftlab.bench.micro import run_micro
-
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft -> transformers, every build
+def check_flags_of_mode(args) -> None:
+    """One benchmark per run, and no flag (set off its default) that the chosen benchmark would not read."""
     modes = [flag for flag, on in (("--e2e", args.e2e), ("--sweep-overhead", args.sweep_overhead),
                                    ("--decode", args.decode)) if on]
     if args.against and not args.e2e:  # --against trainer compares end-to-end runs: --e2e is implied
@@ -227,9 +242,35 @@ def run_cli(args) -> int:
         modes.insert(0, "--against")
     if len(modes) > 1:
         raise PeftlabError(f"{' and '.join(modes)} are separate benchmarks", fix="pass one of them per run")
-    if args.pairs and args.against != "trainer":
-        raise PeftlabError("--pairs chooses the setups of --against trainer on decoder tasks",
-                           fix="add --against trainer --task math (or drop --pairs)")
+    if (args.pairs or args.compile) and args.against != "trainer":
+        flag = "--pairs" if args.pairs else "--compile"
+        raise PeftlabError(f"{flag} chooses the setups of --against trainer",
+                           fix=f"add --against trainer (or drop {flag})")
+    mode = "--against" if args.against else modes[0] if modes else None
+    defaults = argparse.ArgumentParser(add_help=False)
+    add_arguments(defaults)
+    for flag, readers in READ_BY.items():
+        dest = flag[2:].replace("-", "_")
+        if mode not in readers and getattr(args, dest) != defaults.get_default(dest):
+            mode_text = f"with {mode}" if mode else "in the default micro benchmark"
+            raise PeftlabError(f"{flag} only applies to {' / '.join(readers)}; {mode_text} it would be ignored",
+                               fix=f"add {readers[0]}, or drop {flag}")
+
+
+def run_cli(args) -> int:
+    import warnings
+
+    if args.render:
+        print(rerender(args.render))
+        return 0
+    check_flags_of_mode(args)  # before torch is imported: a mistake is one line, at once
+
+    import torch
+
+    from peftlab.bench.e2e import run_e2e
+    from peftlab.bench.micro import run_micro
+
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")  # peft -> transformers, every build
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -239,8 +280,9 @@ def run_cli(args) -> int:
             from peftlab.bench.against_trainer_decoder import is_decoder_request, run_against_trainer_decoder
 
             decoder = is_decoder_request(args.task)
-            if args.pairs and not decoder:
-                raise PeftlabError("--pairs applies to decoder tasks (math, commonsense, e2e)", fix="drop --pairs")
+            if args.compile and decoder:
+                raise PeftlabError("--compile adds compiled setups to the GLUE comparison; the decoder comparison "
+                                   "has none yet", fix="drop --compile, or run GLUE tasks (--task rte,mrpc)")
             result = run_against_trainer_decoder(args) if decoder else run_against_trainer(args)
         elif args.e2e:
             result = run_e2e(args)

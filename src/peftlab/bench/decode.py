@@ -3,11 +3,11 @@
 Three decoding paths over the same GSM8K test prompts (``encode_prompt`` of the first ``--problems`` of the
 seeded test subset that ``peftlab train --task gsm8k --max-eval-samples N`` scores), at the same batch size:
 
-* ``peftlab_loop``: :func:`peftlab.tasks.generation.generate`, the hand-written greedy loop GSM8K evaluation ran
+* ``peftlab_loop``: :func:`greedy_loop`, the hand-written greedy loop GSM8K evaluation ran
   before ``model.generate`` became the one generation path (kept here to compare against):
   loop with the KV cache that drops finished rows from the batch and stops a row once its answer is final
   (:func:`peftlab.tasks.math_answers.answer_is_final`, checked at each newline);
-* ``generate_stop``: :func:`peftlab.tasks.generative.generate_greedy` (``model.generate``, greedy, with the same
+* ``generate_stop``: :func:`peftlab.tasks.generation.generate_greedy` (``model.generate``, greedy, with the same
   stop rule as a per-row ``StoppingCriteria``), what every generation task (GSM8K included) runs;
 * ``generate_plain``: ``model.generate`` as a user calls it: greedy, stopping only at EOS / end of turn or
   ``--max-new-tokens``.
@@ -26,7 +26,7 @@ import contextlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -37,9 +37,9 @@ from peftlab.bench.timing import Clock, first_line, paired_ratio, round_robin, s
 PATHS = ("peftlab_loop", "generate_stop", "generate_plain")
 ORDERS = ("by_length", "as_given")
 PATH_TEXT = {
-    "peftlab_loop": "peftlab.tasks.generation.generate (GSM8K evaluation: own greedy loop, finished rows leave the "
+    "peftlab_loop": "peftlab.bench.decode.greedy_loop (GSM8K evaluation: own greedy loop, finished rows leave the "
                     "batch, stops once the answer is final)",
-    "generate_stop": "peftlab.tasks.generative.generate_greedy (model.generate, greedy, the same stop rule as a "
+    "generate_stop": "peftlab.tasks.generation.generate_greedy (model.generate, greedy, the same stop rule as a "
                      "StoppingCriteria)",
     "generate_plain": "model.generate, greedy, stops at EOS / end of turn or --max-new-tokens only",
 }
@@ -62,7 +62,7 @@ class DecodeConfig:
 def decode(path: str, model, tokenizer, prompts: list[list[int]], *, max_new_tokens: int, batch_size: int,
            order: str) -> list[str]:
     """The texts of one decoding path over ``prompts`` (``as_given``: one call per consecutive batch)."""
-    from peftlab.tasks import generation, generative
+    from peftlab.tasks import generation
     from peftlab.tasks.math_answers import answer_is_final
 
     chunks = [prompts] if order == "by_length" else [prompts[i:i + batch_size]
@@ -70,13 +70,82 @@ def decode(path: str, model, tokenizer, prompts: list[list[int]], *, max_new_tok
     texts: list[str] = []
     for chunk in chunks:
         if path == "peftlab_loop":
-            texts += generation.generate(model, tokenizer, chunk, max_new_tokens=max_new_tokens,
-                                         batch_size=batch_size, stop_when=answer_is_final)
+            texts += greedy_loop(model, tokenizer, chunk, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                 stop_when=answer_is_final)
         else:
-            texts += generative.generate_greedy(model, tokenizer, chunk, max_new_tokens=max_new_tokens,
+            texts += generation.generate_greedy(model, tokenizer, chunk, max_new_tokens=max_new_tokens,
                                                 batch_size=batch_size,
                                                 stop_when=answer_is_final if path == "generate_stop" else None)
     return texts
+
+
+def cache_argument(model) -> str:
+    """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+@torch.no_grad()
+def greedy_loop(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: int, batch_size: int,
+                device=None, stop_when: Callable[[str], bool] | None = None) -> list[str]:
+    """Greedy completions of token-id prompts, decoded without special tokens: the hand-written loop GSM8K
+    evaluation ran before :func:`peftlab.tasks.generation.generate_greedy`, kept here to time against it.
+
+    Batches of similar prompt lengths, left-padded, with the KV cache. A sequence ends at EOS / end of turn
+    (:func:`peftlab.tasks.generation.stop_token_ids`), after ``max_new_tokens`` tokens, or when
+    ``stop_when(text so far)`` turns true (checked at each newline). Finished sequences leave the batch (their rows are dropped from the cache), so
+    one long generation does not keep the other 63 computing padding: the cost is the sum of the generated
+    lengths, not batches x the longest. Token for token this is ``model.generate(do_sample=False)``.
+    """
+    from transformers import DynamicCache
+
+    from peftlab.tasks import generation
+
+    device = device or next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = set(generation.stop_token_ids(tokenizer))  # looked up at call time: evaluation's stop tokens
+    cache_arg = cache_argument(model)
+    ends_line: dict[int, bool] = {}  # token id -> its text holds a newline (decoded once per id, not per step)
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
+    generated: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        ids, mask = generation.left_padded([prompts[i] for i in chunk], pad)
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        alive = list(chunk)  # prompt index of each row still generating
+        cache = DynamicCache(config=getattr(model, "config", None))
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_arg: cache},
+                       use_cache=True, logits_to_keep=1).logits[:, -1]
+        next_position = positions[:, -1] + 1
+        for step in range(int(max_new_tokens)):
+            tokens = logits.argmax(-1)
+            keep = []
+            for row, token in enumerate(tokens.tolist()):
+                index = alive[row]
+                if token in stops:
+                    continue
+                generated[index].append(token)
+                if token not in ends_line:
+                    ends_line[token] = "\n" in tokenizer.decode([token])
+                if stop_when is not None and ends_line[token] and stop_when(
+                        tokenizer.decode(generated[index], skip_special_tokens=True)):
+                    continue
+                keep.append(row)
+            if not keep or step == int(max_new_tokens) - 1:
+                break
+            if len(keep) < len(alive):
+                rows = torch.as_tensor(keep, device=device)
+                cache.batch_select_indices(rows)
+                mask, tokens, next_position = mask[rows], tokens[rows], next_position[rows]
+                alive = [alive[row] for row in keep]
+            mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
+            logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None],
+                           **{cache_arg: cache}, use_cache=True).logits[:, -1]
+            next_position = next_position + 1
+    return [tokenizer.decode(generated[i], skip_special_tokens=True).strip() for i in range(len(prompts))]
 
 
 def _autocast(precision: str):

@@ -11,7 +11,8 @@
   trains on the token sequences peftlab trains on (peftlab's prompt template and its -100 prompt labels, the same
   seeded draw of examples), so both sides train the same examples and their losses compare.
 * ``peftlab``: :func:`peftlab.training.loop.train`: length-grouped batches padded to their longest.
-* ``peftlab-packed``: the same with ``--packing`` (one unpadded row per batch, random batches).
+* ``peftlab-packed``: the same with ``--packing`` (one unpadded row per batch, each example attending on its
+  own: :mod:`peftlab.models.packed_attention`; random batches).
 
 Every side reports the same numbers, counted the same way: ``train_s`` (the wall time of the epochs' batch loops;
 a ``TrainerCallback`` on the Trainer side, result.json's ``timings.train_s`` on peftlab's), the real tokens trained
@@ -83,21 +84,29 @@ def probe_loss(model, tokenizer, dataset, count: int, batch_size: int = 4) -> fl
     return total / max(1, tokens)
 
 
-def model_flops(model, lengths: list[int], epochs: int) -> dict | None:
-    from peftlab.bench.flops import step_flops
+def model_flops(model, lengths: list[int], epochs: int, batches: list[tuple[int, int]] | None) -> dict:
+    """The model FLOPs of the real tokens trained (:mod:`peftlab.bench.flops`; additive over examples, so every
+    batch at once), and ``executed``: what the batches computed, each of ``(rows, length)`` counted as ``rows``
+    examples of that length (padding included; None: no padding, nothing beyond the real tokens)."""
+    from peftlab.bench.flops import architecture, count_step
 
-    counted, why_not = step_flops(model, list(lengths) * epochs)  # additive over examples: every batch together
-    return counted.to_dict() if counted else {"unavailable": why_not}
+    try:
+        arch = architecture(model)
+    except ValueError as err:
+        return {"unavailable": str(err)}
+    useful = count_step(arch, list(lengths) * epochs).to_dict()
+    executed = useful["total"] if batches is None else sum(count_step(arch, [n] * rows).total for rows, n in batches)
+    return {**useful, "executed": executed, "executed_per_model_flop": executed / useful["total"]}
 
 
 def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model
-    from transformers import (DataCollatorForSeq2Seq, Trainer, TrainerCallback, TrainingArguments,
+    from transformers import (DataCollatorForSeq2Seq, Trainer, TrainingArguments,
                               get_linear_schedule_with_warmup)
 
-    from peftlab.bench.trainer_worker import PadCounter
+    from peftlab.bench.trainer_worker import PadCounter, epoch_clock
     from peftlab.models.registry import load_model
 
     setup_start = time.perf_counter()
@@ -120,21 +129,7 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     steps = math.ceil(len(columns) / spec["batch_size"]) * spec["epochs"]
     scheduler = get_linear_schedule_with_warmup(optimizer, int(spec["warmup_ratio"] * steps), max(1, steps))
 
-    class EpochClock(TrainerCallback):
-        def __init__(self):
-            self.seconds, self.start, self.losses = 0.0, None, []
-
-        def on_epoch_begin(self, args, state, control, **kwargs):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            self.seconds += time.perf_counter() - self.start
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                self.losses.append(float(logs["loss"]))
-
-    clock = EpochClock()
+    clock = epoch_clock()
     args = TrainingArguments(
         output_dir=spec["run_dir"], per_device_train_batch_size=spec["batch_size"], num_train_epochs=spec["epochs"],
         max_grad_norm=spec["max_grad_norm"], seed=spec["seed"], use_cpu=True, bf16=spec["mixed_precision"] == "bf16",
@@ -150,7 +145,7 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
         "train_real_tokens": collator.slots - collator.pads, "train_token_slots": collator.slots,
         "lengths_real_tokens": sum(lengths) * spec["epochs"],
         "probe_loss": probe_loss(model, tokenizer, train_ds, spec["probe_examples"]),
-        "model_flops": model_flops(model, lengths, spec["epochs"]),
+        "model_flops": model_flops(model, lengths, spec["epochs"], collator.shapes),
         "lora_b_abs_sum": float(sum(p.detach().abs().sum() for n, p in model.named_parameters() if "lora_B" in n)),
     }
 
@@ -165,9 +160,10 @@ def trained_as(cfg):
 
 
 def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
-    from peftlab.tasks.batching import length_grouped_batches
+    from peftlab.models.packed_attention import use_packed_attention
     from peftlab.training.evaluation import load_run
     from peftlab.training.loop import train
+    from peftlab.training.schedule import LengthGroupedBatchSampler
 
     packing = spec["setup"] == PACKED_SETUP
     cfg = peftlab_config(spec, packing=packing)
@@ -177,11 +173,19 @@ def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
     train_ds = training_set(run.cfg, run.tokenizer, run.model)  # the cached tokenisation the run used
     lengths = [int(n) for n in train_ds["length"]]
     real = sum(lengths) * cfg.epochs
-    if packing:
-        slots = real  # one row per batch, no padding
-    else:  # the run's own batches (training.schedule.LengthGroupedBatchSampler, grouped), recomputed
-        slots = sum(len(b) * max(lengths[i] for i in b) for epoch in range(cfg.epochs)
-                    for b in length_grouped_batches(lengths, cfg.batch_size, cfg.seed, epoch))
+    model = trained_as(cfg)
+    batches = []  # the run's own batches (its sampler, same seed), recomputed
+    sampler = LengthGroupedBatchSampler(lengths, cfg.batch_size, cfg.seed, grouped=not packing)
+    for epoch in range(cfg.epochs):
+        sampler.epoch = epoch
+        batches += [[lengths[i] for i in batch] for batch in sampler]
+    if packing and use_packed_attention(model.get_base_model()):  # as the run did: each example on its own
+        slots, shapes = real, None
+    elif packing:  # one unpadded row under a block-diagonal mask: the row's whole square of scores
+        slots, shapes = real, [(1, sum(batch)) for batch in batches]
+    else:
+        shapes = [(len(batch), max(batch)) for batch in batches]
+        slots = sum(rows * n for rows, n in shapes)
     return {
         "train_s": timings.get("train_s", result["train_seconds"]), "setup_s": timings.get("setup_s"),
         "optimizer_steps": result.get("optimizer_steps"), "examples": result["train_examples"],
@@ -189,7 +193,7 @@ def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
         "logged_losses": [e["train_loss"] for e in result["epochs_log"]],
         "train_real_tokens": real, "train_token_slots": slots, "lengths_real_tokens": real,
         "probe_loss": probe_loss(run.model, run.tokenizer, train_ds, spec["probe_examples"]),
-        "model_flops": model_flops(trained_as(cfg), lengths, cfg.epochs),
+        "model_flops": model_flops(model, lengths, cfg.epochs, shapes),
         "packing": result["config"].get("packing"),
     }
 

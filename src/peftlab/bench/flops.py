@@ -132,7 +132,8 @@ def count_step(arch: Architecture, lengths) -> StepFlops:
         needs_grad = needs_grad or out  # the residual adds the attention's output
         if layer.gated:
             gate, up, down = layer.mlp
-            hidden = tally.linear(gate, tokens, needs_grad) | tally.linear(up, tokens, needs_grad)
+            gated, lifted = tally.linear(gate, tokens, needs_grad), tally.linear(up, tokens, needs_grad)
+            hidden = gated or lifted  # act(gate) * up
         else:
             up, down = layer.mlp
             hidden = tally.linear(up, tokens, needs_grad)
@@ -186,7 +187,9 @@ def _linear(model, name: str, notes: list[str]) -> Linear:
         if getattr(wrapper, "use_dora", {}).get(adapter_name):
             notes.append("DoRA's weight norm is not counted")
     if adapter and not rank:
-        notes.append(f"the adapter of {type(wrapper).__name__} is not counted (only LoRA-structured ones are)")
+        parts = type(wrapper).__module__.split(".")  # peft.tuners.<tuner>.layer
+        tuner = parts[parts.index("tuners") + 1] if "tuners" in parts[:-1] else type(wrapper).__name__
+        notes.append(f"{tuner}'s own products are not counted (only LoRA-structured adapters' are)")
     return Linear(name, in_features, out_features, trains=bool(base.weight.requires_grad), lora_rank=rank,
                   adapted=bool(adapter))
 

@@ -103,7 +103,7 @@ def _calibration(model, batch: dict, samples: int):
 
 def _build(row: Row, fresh: Callable[[], torch.nn.Module], args, batch, clock: Clock) -> None:
     """Adapt a fresh copy of the base model as ``row`` says; record init (and calibration) seconds."""
-    from peftlab.methods.options import FourierFTOptions
+    from peftlab.config import FourierFTOptions
     from peftlab.methods.table import METHODS, MethodConfig, apply_method
     from peftlab.methods.targets import head_module_names, resolve_targets
 
@@ -269,6 +269,8 @@ def run_micro(args) -> dict[str, Any]:
         if row.error is None:
             counted, row.flops_unavailable = step_flops(row.model, [seq_len] * batch_size)
             row.flops = counted.to_dict() if counted else None
+            if counted and counted.notes:  # e.g. DoRA's weight norm: the table's notes say what is left out
+                row.note = "; ".join(filter(None, [row.note, *(f"model FLOPs: {n}" for n in counted.notes)]))
     say("GEMM peak probe")  # right after the train rounds: the same threads, dtype and machine state
     result["gemm_peak"] = gemm_peak(peak_dtype(device, args.precision), device=device,
                                     sizes=GPU_PEAK_SIZES if device.type == "cuda" else CPU_PEAK_SIZES)

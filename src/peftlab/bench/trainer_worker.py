@@ -1,23 +1,30 @@
-"""One run of ``peftlab bench --e2e --against trainer``, in its own process (so its peak RSS is its own).
+"""One run of ``peftlab bench --against trainer`` on a GLUE task, in its own process (pinned to one core by
+:mod:`peftlab.bench.pairs`; its peak RSS is its own).
 
 ``python -m peftlab.bench.trainer_worker SPEC.json OUT.json`` runs the spec's ``setup``:
 
-* ``pad128`` / ``grouped``: the work through ``transformers.Trainer``, written the way a user would do Yao et
-  al. without peftlab: ``AutoModelForSequenceClassification`` + a peft ``LoraConfig`` (q, v; the classifier and
-  BERT's pooler trained, as peftlab trains them), AdamW with one parameter group per projection (q at eta_QK,
-  v at lambda * eta_QK, the head at its own rate) and a linear warm-up/decay schedule passed as
-  ``Trainer(optimizers=(opt, sched))``. ``pad128`` tokenises with ``padding="max_length"`` (the papers'
-  pipelines; ``default_data_collator``); ``grouped`` is Trainer's best on this data:
+* ``pad128`` / ``longest`` / ``grouped``: the work through ``transformers.Trainer``, written the way a user would
+  do Yao et al. without peftlab: ``AutoModelForSequenceClassification`` + a peft ``LoraConfig`` (q, v; the
+  classifier and BERT's pooler trained, as peftlab trains them), AdamW with one parameter group per projection (q
+  at eta_QK, v at lambda * eta_QK, the head at its own rate) and a linear warm-up/decay schedule passed as
+  ``Trainer(optimizers=(opt, sched))``. ``pad128`` tokenises with ``padding="max_length"`` (Yao et al.'s
+  pipeline; ``default_data_collator``), random batches; ``longest`` is the KaSA authors' GLUE pipeline (LoRA's
+  NLU ``run_glue.py`` without ``--pad_to_max_length``): ``DataCollatorWithPadding`` (each batch padded to its
+  longest example), random batches; ``grouped`` is Trainer's best on this data:
   ``train_sampling_strategy="group_by_length"`` (transformers 5's ``group_by_length=True``) and
   ``DataCollatorWithPadding``.
 * ``peftlab``: :func:`peftlab.training.loop.train` with the same settings (``--pooling native``, so both
-  sides run the same BertForSequenceClassification).
+  sides run the same BertForSequenceClassification), ``--compile off``; ``peftlab-compiled``: the same with
+  ``--compile on`` (:mod:`peftlab.training.compile`; its result.json ``compile`` record says whether it
+  compiled, and the first step's seconds, which hold the compile time).
 
-Both sides read the same seeded subset of the training set (:func:`peftlab.tasks.data_files.subset`) and are
-scored on the full dev set with :func:`peftlab.tasks.metrics.compute_metrics`. ``train_s`` is the wall time of
-the epochs' batch loops (batch loading and collation included; evaluation, checkpoints and saving not), read
-from a ``TrainerCallback`` (``on_epoch_begin`` .. ``on_epoch_end``) on the Trainer side and from result.json's
-``timings.train_s`` on peftlab's.
+Both sides read the same seeded subset of the training set (:func:`peftlab.tasks.data_files.subset`; its
+digest, :func:`peftlab.tasks.prepare.train_examples_digest`, is reported by every side) and are scored on the
+full dev set with :func:`peftlab.tasks.metrics.compute_metrics`. ``train_s`` is the wall time of the epochs'
+batch loops (batch loading and collation included; evaluation, checkpoints and saving not), read from a
+``TrainerCallback`` (``on_epoch_begin`` .. ``on_epoch_end``) on the Trainer side and from result.json's
+``timings.train_s`` on peftlab's. Every run reports the cores it was allowed (``os.sched_getaffinity``) and its
+torch thread count.
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-TRAINER_SETUPS = ("pad128", "grouped")
-PEFTLAB_SETUP = "peftlab"
+TRAINER_SETUPS = ("pad128", "longest", "grouped")
+PEFTLAB_SETUP, COMPILED_SETUP = "peftlab", "peftlab-compiled"
+PEFTLAB_SETUPS = (PEFTLAB_SETUP, COMPILED_SETUP)
 
 
 def peak_rss_mb() -> float:
@@ -65,10 +73,11 @@ def _model_source(name: str):
 
 
 class PadCounter:
-    """Wraps a collator and counts the token slots and pad slots of the batches it builds (a mask sum)."""
+    """Wraps a collator and counts the token slots and pad slots of the batches it builds (a mask sum), and keeps
+    each batch's (rows, padded length)."""
 
     def __init__(self, inner):
-        self.inner, self.slots, self.pads, self.batches = inner, 0, 0, 0
+        self.inner, self.slots, self.pads, self.batches, self.shapes = inner, 0, 0, 0, []
 
     def __call__(self, features):
         batch = self.inner(features)
@@ -76,7 +85,30 @@ class PadCounter:
         self.slots += mask.numel()
         self.pads += int((mask == 0).sum())
         self.batches += 1
+        self.shapes.append(tuple(int(n) for n in mask.shape))
         return batch
+
+
+def epoch_clock():
+    """A Trainer callback timing the epoch loops only (``seconds``) and keeping the logged losses: the Trainer
+    side's own timer, as result.json's ``timings.train_s`` is peftlab's (both workers use it)."""
+    from transformers import TrainerCallback
+
+    class EpochClock(TrainerCallback):
+        def __init__(self):
+            self.seconds, self.start, self.losses = 0.0, None, []
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            self.seconds += time.perf_counter() - self.start
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.losses.append(float(logs["loss"]))
+
+    return EpochClock()
 
 
 def per_projection_groups(model, lr: float, lr_ratio: float, head_lr: float) -> list[dict]:
@@ -101,11 +133,12 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model
-    from transformers import (AutoTokenizer, DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments,
+    from transformers import (AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments,
                               default_data_collator, get_linear_schedule_with_warmup)
 
     from peftlab.tasks import data_files as data
     from peftlab.tasks.metrics import compute_metrics
+    from peftlab.tasks.prepare import train_examples_digest
     from peftlab.tasks.table import TASKS
 
     setup_start = time.perf_counter()
@@ -141,27 +174,13 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     steps = math.ceil(len(train_ds) / spec["batch_size"]) * spec["epochs"]
     scheduler = get_linear_schedule_with_warmup(optimizer, int(spec["warmup_ratio"] * steps), max(1, steps))
 
-    class EpochClock(TrainerCallback):
-        def __init__(self):
-            self.seconds, self.start, self.losses = 0.0, None, []
-
-        def on_epoch_begin(self, args, state, control, **kwargs):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            self.seconds += time.perf_counter() - self.start
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                self.losses.append(float(logs["loss"]))
-
-    clock = EpochClock()
+    clock = epoch_clock()
     args = TrainingArguments(
         output_dir=spec["run_dir"], per_device_train_batch_size=spec["batch_size"],
         per_device_eval_batch_size=spec["eval_batch_size"], num_train_epochs=spec["epochs"],
         max_grad_norm=spec["max_grad_norm"], seed=spec["seed"], use_cpu=True,
         bf16=spec["mixed_precision"] == "bf16",
-        train_sampling_strategy="random" if pad128 else "group_by_length",
+        train_sampling_strategy="group_by_length" if spec["setup"] == "grouped" else "random",
         eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
         logging_strategy="steps", logging_steps=spec["logging_steps"], dataloader_num_workers=0)
 
@@ -192,7 +211,7 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
         "optimizer_groups": groups, "train_token_slots": train_slots, "train_pad_tokens": train_pads,
         "train_real_tokens": train_slots - train_pads,
         "lora_b_abs_sum": float(sum(p.detach().abs().sum() for p in lora_b)),
-        "mixed_precision": "bf16" if args.bf16 else "no",
+        "mixed_precision": "bf16" if args.bf16 else "no", "train_examples_digest": train_examples_digest(train_raw),
     }
 
 
@@ -208,6 +227,7 @@ def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
         max_train_samples=spec["train_examples"], lr=spec["lr"], lr_ratio=spec["lr_ratio"],
         head_lr=spec["head_lr"], warmup_ratio=spec["warmup_ratio"], max_grad_norm=spec["max_grad_norm"],
         threads=spec["threads"], mixed_precision=spec["mixed_precision"], pooling="native", report_to="none",
+        compile="on" if spec["setup"] == COMPILED_SETUP else "off",
         log_every=10**6, checkpoint_every=0, output_dir=spec["run_dir"], overwrite=True,
         data_dir=spec["data_dir"]))
     result = train(cfg)
@@ -232,7 +252,8 @@ def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
         "dev_metrics": result["final"]["metrics"], "status": result["status"],
         "optimizer_groups": [{"name": k, "initial_lr": v} for k, v in (result.get("group_lrs") or {}).items()],
         "train_token_slots": slots, "train_pad_tokens": slots - real, "train_real_tokens": real,
-        "mixed_precision": result.get("mixed_precision"),
+        "mixed_precision": result.get("mixed_precision"), "train_examples_digest": result.get("train_examples_digest"),
+        "compile": result.get("compile"),  # choice, compiled or fallen back, graphs, the first step's seconds
     }
 
 
@@ -241,13 +262,14 @@ def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(spec["threads"])
     start, cpu_start = time.perf_counter(), time.process_time()
-    out = run_peftlab(spec) if spec["setup"] == PEFTLAB_SETUP else run_trainer(spec)
+    out = run_peftlab(spec) if spec["setup"] in PEFTLAB_SETUPS else run_trainer(spec)
     out.setdefault("status", "ok")
     out["examples_per_s"] = out["examples"] / out["train_s"] if out["train_s"] else None
     out["in_process_s"] = time.perf_counter() - start
     out["cpu_s"] = time.process_time() - cpu_start
     out["peak_rss_mb"] = peak_rss_mb()
     out["torch_threads"] = torch.get_num_threads()
+    out["affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return out
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import sys
 import warnings
@@ -43,7 +42,7 @@ SUBCOMMANDS = (
     Subcommand("export", "peftlab.training.export",
                "write a trained run as a merged, standard transformers model folder"),
     Subcommand("sweep", "peftlab.lab.sweep", "run a grid of fine-tuning runs into a results store"),
-    Subcommand("tune", "peftlab.lab.tune",
+    Subcommand("tune", "peftlab.lab.tune.run",
                "choose lambda (and other keys) within a budget: pruned search, then seed re-runs"),
     Subcommand("study", "peftlab.lab.study",
                "check the lambda or KaSA claim on your model and data as a reviewer would, in one command"),
@@ -61,6 +60,16 @@ SUBCOMMANDS = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose errors (a bad int, an unknown choice, a missing argument) are one line, as every
+    other user error is, instead of the usage block and a line without a fix. Subcommand parsers inherit it."""
+
+    def error(self, message: str):
+        print(f"peftlab: error: {PeftlabError(message, where=self.prog, fix=f'see `{self.prog} --help`')}",
+              file=sys.stderr)
+        raise SystemExit(USER_ERROR_EXIT)
+
+
 def chosen_command(argv: list[str]) -> str | None:
     """The subcommand named on the command line: its first word that is not an option."""
     return next((arg for arg in argv if not arg.startswith("-")), None)
@@ -69,7 +78,7 @@ def chosen_command(argv: list[str]) -> str | None:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The ``peftlab`` parser; only the subcommand that ``argv`` names gets its full parser (module imported)."""
     command = chosen_command(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="peftlab",
         description="Attention-targeted parameter-efficient fine-tuning lab (Yao et al. lambda, KaSA, baselines).",
     )
@@ -78,7 +87,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     for entry in SUBCOMMANDS:
         if entry.name == command:
             getattr(importlib.import_module(entry.module), entry.register)(sub)
-        elif importlib.util.find_spec(entry.module) is not None:  # a subcommand not written yet is not listed
+        else:
             sub.add_parser(entry.name, help=entry.help)
     return parser
 

@@ -2,20 +2,20 @@
 a paper from results stores and run folders.
 
 * ``lr-grid``: eta_QK (``lr``) x eta_V (``lr * lr_ratio``) per task, log axes, the lambda = 1 diagonal dashed
-  (:mod:`peftlab.lab.figures_heatmap`).
+  (:mod:`peftlab.lab.figures.heatmap`).
 * ``heatmap``: a metric over any two config keys (``--x lr --y lr_ratio`` by default).
   Both heatmaps: cells ``mean`` / ``(n)`` and ``k/N ✗`` (failed), blank where nothing ran, one colour scale
   per task (a colour bar per panel), the best cell boxed only where a paired 95 % CI against the runner-up
   excludes 0; a one-row or one-column selection is drawn as lines instead (and says so).
 * ``curves``: learning curves from step-level evaluations (result.json ``curve``; epoch ends otherwise), median
   over seeds with a quantile band (``--band quartiles|range``), over ``--curve-x epoch|step``; runs that
-  failed to learn drawn thin (:mod:`peftlab.lab.figures_curves`).
+  failed to learn drawn thin (:mod:`peftlab.lab.figures.curves`).
 * ``sigma``: what training changed in KaSA's Δσ (``kasa_sigma - kasa_sigma_init``) per layer and projection;
-  runs without the initial values are refused (:mod:`peftlab.lab.figures_sigma`).
+  runs without the initial values are refused (:mod:`peftlab.lab.figures.sigma`).
 * ``rank``: the metric against ``--x`` (default rank), a line per other config, every run a dot
-  (:mod:`peftlab.lab.figures_points`).
+  (:mod:`peftlab.lab.figures.points`).
 
-Every figure is drawn in a paper style (:func:`peftlab.lab.figures.style`: 8-pt type at its printed size,
+Every figure is drawn in a paper style (:func:`peftlab.lab.figures.paper.style`: 8-pt type at its printed size,
 Okabe-Ito colours, text kept as text in PDF/SVG) with constrained layout, and saved uncropped; the file type
 follows ``--out``'s suffix. Pruned tune trials are left out (they are incomplete runs), and the CLI prints a
 line saying so. All of this reads run records (:mod:`peftlab.lab.records`) only.
@@ -26,11 +26,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures import Drawn, check_key, pyplot, style
-from peftlab.lab.figures_curves import BANDS, CURVE_X, plot_curves
-from peftlab.lab.figures_heatmap import plot_heatmap
-from peftlab.lab.figures_points import plot_points
-from peftlab.lab.figures_sigma import plot_sigma
+from peftlab.lab.figures.paper import Drawn, check_key, pyplot, style
+from peftlab.lab.figures.curves import BANDS, CURVE_X, plot_curves
+from peftlab.lab.figures.heatmap import plot_heatmap
+from peftlab.lab.figures.points import plot_points
+from peftlab.lab.figures.sigma import plot_sigma
 from peftlab.lab.records import (auto_scale, collect, is_pruned, load_rows, parse_filter, parse_seeds,
                                  rows_of_seeds)
 
@@ -108,6 +108,8 @@ def make_plot(rows: list[dict], *, kind: str, out: str | Path, **options) -> Dra
 
 
 def add_parser(sub) -> None:
+    from peftlab.argtypes import assignments, positive_float, text
+
     parser = sub.add_parser(
         "plot", help="figures from a results store: eta_QK x eta_V grid, heatmap, learning curves, KaSA sigma, rank",
         description="lr-grid: eta_QK x eta_V (lr x lr*lr_ratio) per task, log axes, lambda = 1 dashed; "
@@ -121,14 +123,17 @@ def add_parser(sub) -> None:
                                                                    "or run folders of peftlab train")
     parser.add_argument("--kind", choices=KINDS, required=True)
     parser.add_argument("--out", required=True, help="output file: .png, .pdf or .svg (vector, text kept as text)")
-    parser.add_argument("--x", default=None, help="heatmap/rank x key (default lr / rank)")
-    parser.add_argument("--y", default=None, help="heatmap y key (default lr_ratio; v_lr = lr * lr_ratio)")
-    parser.add_argument("--where", default=None, metavar="K=V,...", help='only runs matching, e.g. "method=kasa"')
+    parser.add_argument("--x", type=text, default=None, help="heatmap/rank x key (default lr / rank)")
+    parser.add_argument("--y", type=text, default=None, help="heatmap y key (default lr_ratio; v_lr = lr * lr_ratio)")
+    parser.add_argument("--where", type=assignments, default=None, metavar="K=V,...",
+                        help='only runs matching, e.g. "method=kasa"')
     parser.add_argument("--seeds", default=None, metavar="A-B,C",
                         help="only runs of these seeds, e.g. 0-2 (a study's selection seeds) or 100-109")
     parser.add_argument("--which", choices=("best", "final"), default="best", help="best (default) or final epoch")
-    parser.add_argument("--metric", default=None, help="plot this metric instead of each task's primary metric")
-    parser.add_argument("--scale", type=float, default=None, help="multiply metrics (default 100 for accuracy-like)")
+    parser.add_argument("--metric", type=text, default=None,
+                        help="plot this metric instead of each task's primary metric")
+    parser.add_argument("--scale", type=positive_float, default=None,
+                        help="multiply metrics (default 100 for accuracy-like)")
     parser.add_argument("--curve-x", choices=CURVE_X, default="epoch",
                         help="curves: x axis, epochs (fractional, default) or optimizer steps")
     parser.add_argument("--band", choices=tuple(BANDS), default="quartiles",

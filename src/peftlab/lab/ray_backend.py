@@ -2,10 +2,10 @@
 
 The driver (the process that runs the sweep) owns the SQLite results store exactly as the local backend
 does: it registers the runs, claims each pending one (owner = the driver process), submits it as a Ray task
-and records what the task returns. The task trains with the local backend's own
-:func:`peftlab.lab.sweep.run_one` (adopting a finished result.json, resuming a checkpoint) but hands the
-outcome back instead of writing the store, so the store never has to be reachable from other machines and
-only the driver ever writes it; ``peftlab report``/``plot`` read it as before.
+and records what the task returns (:class:`peftlab.lab.runner.Detached`, as ``--workers N`` does). The task
+trains with the runner's :func:`peftlab.lab.runner.run_one` (adopting a finished result.json, resuming a
+checkpoint) but hands the outcome back instead of writing the store, so the store never has to be reachable
+from other machines and only the driver ever writes it; ``peftlab report``/``plot`` read it as before.
 
 What happens when something dies:
 
@@ -30,8 +30,6 @@ after it.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import os
 import signal
@@ -41,7 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from peftlab.argtypes import nonnegative_float, nonnegative_int, positive_float, text
 from peftlab.errors import PeftlabError
+from peftlab.lab.runner import Detached, log_path, resolve_train_fn, run_detached, train_fn_name, with_epoch_hook
 
 INSTALL_HINT = 'pip install "peftlab[ray]"  (or: pip install "ray[default]")'
 DEFAULT_MAX_RETRIES = 2
@@ -95,22 +95,23 @@ class RayOptions:
 
 
 def add_backend_flags(parser) -> None:
-    """``--backend``, ``--address``, ``--cpus-per-run``, ``--gpus-per-run``, ``--max-retries`` (sweep and tune)."""
+    """``--backend``, ``--address``, ``--ray-timeout``, ``--cpus-per-run``, ``--gpus-per-run``, ``--max-retries``
+    (sweep, tune and study), each checked while the arguments are parsed, so ``--dry-run`` refuses a bad one too."""
     parser.add_argument("--backend", choices=("local", "ray"), default="local",
                         help="local (default: this machine's processes) or ray (each run a Ray task; "
                              f"needs {INSTALL_HINT})")
-    parser.add_argument("--address", default=None,
+    parser.add_argument("--address", type=text, default=None,
                         help="--backend ray: the Ray cluster to use (HEAD:6379 or auto; default: start a "
                              "local Ray for this command)")
-    parser.add_argument("--ray-timeout", type=float, default=DEFAULT_RAY_TIMEOUT, metavar="SECONDS",
+    parser.add_argument("--ray-timeout", type=positive_float, default=DEFAULT_RAY_TIMEOUT, metavar="SECONDS",
                         help="--backend ray --address: seconds the cluster gets to answer before the command ends "
                              f"with one line saying so (default {DEFAULT_RAY_TIMEOUT:g})")
-    parser.add_argument("--cpus-per-run", type=float, default=1.0, metavar="N",
+    parser.add_argument("--cpus-per-run", type=positive_float, default=1.0, metavar="N",
                         help="--backend ray: CPUs each run reserves (default 1)")
-    parser.add_argument("--gpus-per-run", type=float, default=None, metavar="F",
+    parser.add_argument("--gpus-per-run", type=nonnegative_float, default=None, metavar="F",
                         help="--backend ray: GPUs each run reserves, fractions allowed (0.25: four runs per GPU; "
                              "default 1 when the cluster has GPUs, else 0)")
-    parser.add_argument("--max-retries", type=int, default=DEFAULT_MAX_RETRIES, metavar="N",
+    parser.add_argument("--max-retries", type=nonnegative_int, default=DEFAULT_MAX_RETRIES, metavar="N",
                         help="--backend ray: times a run whose worker process died is started again, resuming "
                              f"its checkpoint (default {DEFAULT_MAX_RETRIES}); then it is recorded failed")
 
@@ -254,22 +255,6 @@ def forwarded_env(local: bool) -> dict[str, str]:
 # --------------------------------------------------------------------------- inside a Ray worker
 
 
-class _Outcome:
-    """Stands in for the Store inside a task: :func:`run_one` records into it; the driver writes the store."""
-
-    def __init__(self):
-        self.result: dict | None = None
-        self.error: str | None = None
-
-    def finish(self, key: str, result: dict) -> bool:
-        self.result = result
-        return True
-
-    def fail(self, key: str, error: str) -> bool:
-        self.error = error
-        return True
-
-
 def _fault_kill_hook() -> Callable | None:
     spec = os.environ.get(FAULT_KILL_ENV)
     if not spec:
@@ -307,25 +292,11 @@ def _chain(*hooks: Callable | None) -> Callable | None:
     return on_epoch_end
 
 
-def with_epoch_hook(train_fn: Callable, hook: Callable | None) -> Callable:
-    """``train_fn`` with ``on_epoch_end=hook`` when it takes one (peftlab's loop does; a test double may not)."""
-    if hook is None:
-        return train_fn
-    try:
-        takes_hook = "on_epoch_end" in inspect.signature(train_fn).parameters
-    except (TypeError, ValueError):
-        takes_hook = False
-    return functools.partial(train_fn, on_epoch_end=hook) if takes_hook else train_fn
-
-
-def execute_run(run: dict, train_fn_name: str, log_path: str | None, threads: int, reporter=None) -> dict:
-    """One run in a Ray worker, as a local sweep worker runs it; returns ``{"result"|"error", "pid"}``.
+def execute_run(run: dict, fn_name: str, log: str | None, threads: int, reporter=None) -> dict:
+    """One run in a Ray worker (:func:`peftlab.lab.runner.run_detached`); returns its outcome for the driver.
 
     ``reporter`` (``peftlab tune``) has ``hook()``: the run's ``on_epoch_end``, which reports each epoch's dev
     metric to the study and answers whether to stop (prune) the run."""
-    from peftlab.lab.store import short_key
-    from peftlab.lab.sweep import _output_to, resolve_train_fn, run_one
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         import torch
@@ -334,16 +305,12 @@ def execute_run(run: dict, train_fn_name: str, log_path: str | None, threads: in
     except ImportError:  # pragma: no cover - a test double of the train function
         pass
     hook = _chain(reporter.hook() if reporter is not None else None, _fault_kill_hook())
-    train_fn = with_epoch_hook(resolve_train_fn(train_fn_name), hook)
-    outcome = _Outcome()
-    with _output_to(Path(log_path) if log_path else None):
-        print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} in a Ray worker "
-              f"(pid {os.getpid()}, host {os.uname().nodename})", flush=True)
-        run_one(run["config"], run["key"], train_fn, outcome, adopt_pruned=reporter is not None)
-    return {"result": outcome.result, "error": outcome.error, "pid": os.getpid()}
+    train_fn = with_epoch_hook(resolve_train_fn(fn_name), hook)
+    return run_detached(run, train_fn, Path(log) if log else None, where="in a Ray worker",
+                        adopt_pruned=reporter is not None)
 
 
-# --------------------------------------------------------------------------- the driver's pool
+# --------------------------------------------------------------------------- the driver's executor
 
 
 def _absolute_run(run: dict) -> dict:
@@ -354,16 +321,18 @@ def _absolute_run(run: dict) -> dict:
     return {"key": run["key"], "config": config}
 
 
-class RayPool:
-    """Submits runs as Ray tasks and hands back their outcomes as they finish (the driver records them)."""
+class RayTasks(Detached):
+    """Runs as Ray tasks: the driver claims each run, submits it, and records what the task returns."""
 
-    def __init__(self, connection: Connection, options: RayOptions, *, train_fn_name: str,
+    def __init__(self, store, connection: Connection, options: RayOptions, *, train_fn: Callable | str | None,
                  log_dir: Path | None):
+        super().__init__(store)
         ray = require_ray()
         self.ray = ray
         self.connection = connection
+        self.slots = connection.slots
         self.log_dir = log_dir.resolve() if log_dir is not None else None
-        self.train_fn_name = train_fn_name
+        self.fn_name = train_fn_name(train_fn)
         self.remote = ray.remote(execute_run).options(
             num_cpus=connection.cpus_per_run, num_gpus=connection.gpus_per_run,
             max_retries=options.max_retries, retry_exceptions=False,
@@ -371,18 +340,13 @@ class RayPool:
         self.max_retries = options.max_retries
         self.in_flight: dict[Any, str] = {}  # object ref -> run key
 
-    def __len__(self) -> int:
-        return len(self.in_flight)
-
-    def submit(self, run: dict, reporter=None) -> None:
-        from peftlab.lab.store import short_key
-
-        log = str(self.log_dir / f"{short_key(run['key'])}.log") if self.log_dir is not None else None
+    def start(self, run: dict, reporter) -> None:
+        log = log_path(self.log_dir, run["key"])
         threads = max(1, int(self.connection.cpus_per_run))
-        ref = self.remote.remote(_absolute_run(run), self.train_fn_name, log, threads, reporter)
+        ref = self.remote.remote(_absolute_run(run), self.fn_name, str(log) if log else None, threads, reporter)
         self.in_flight[ref] = run["key"]
 
-    def wait(self, timeout: float) -> list[tuple[str, dict]]:
+    def finished(self, timeout: float) -> list[tuple[str, dict]]:
         """Outcomes of the tasks that finished within ``timeout`` seconds: ``(key, {"result"|"error"})``."""
         if not self.in_flight:
             return []
@@ -398,30 +362,14 @@ class RayPool:
                                                             f"({type(err).__name__}: {reason})"}))
         return out
 
-    def cancel(self) -> list[str]:
-        """Stop every task still in flight (Ctrl-C); returns their keys."""
-        keys = list(self.in_flight.values())
+    def cancel(self) -> None:
+        """Stop every task still in flight (Ctrl-C)."""
         for ref in list(self.in_flight):
             try:
                 self.ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 - already finished or gone
                 pass
         self.in_flight.clear()
-        return keys
-
-
-def record(store, key: str, outcome: dict) -> str:
-    """Write a task's outcome into the driver's store; returns the status recorded. A pruned trial's row moves
-    to its pruned key and its folder is renamed (``Store.finish``; the folder must be visible to the driver,
-    as every run folder is on a cluster's shared file system); ``store.find(key)`` reads it back."""
-    from peftlab.lab.store import effective_status
-
-    result = outcome.get("result")
-    if result is not None:
-        store.finish(key, result)
-        return effective_status(result["status"], result)
-    store.fail(key, outcome.get("error") or "the Ray task returned no result")
-    return "failed"
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -429,60 +377,22 @@ def record(store, key: str, outcome: dict) -> str:
 
 def run_sweep_ray(sweep, options: RayOptions, *, retry_failed: bool = False, train_fn: str | None = None,
                   progress: bool = True, capture_output: bool = True, poll_seconds: float = 1.0):
-    """:func:`peftlab.lab.sweep.run_sweep` with every pending run a Ray task; returns a SweepOutcome."""
-    from peftlab.lab.store import Store, short_key
-    from peftlab.lab.sweep import SweepOutcome, _train_fn_name, finished_summary
+    """:func:`peftlab.lab.sweep.run_sweep` with every pending run a Ray task; returns a SweepOutcome. Ray is
+    started (or joined) once a run is pending, and stopped after the sweep if this command started it."""
+    from peftlab.lab.sweep import run_sweep
 
     require_ray()
-    sweep.output_root.mkdir(parents=True, exist_ok=True)
-    store = Store(sweep.store_path)
-    connection = None
-    claimed: set[str] = set()
-    pool = None
-    to_run: list = []
-    say = print if progress else (lambda *a, **k: None)
+    connections: list[Connection] = []
+
+    def backend(store, log_dir, note) -> RayTasks:
+        connection = connect(options, show_output=not capture_output)
+        connections.append(connection)
+        note(connection.describe())
+        return RayTasks(store, connection, options, train_fn=train_fn, log_dir=log_dir)
+
     try:
-        store.register((run.key, run.config, run.output_dir) for run in sweep.runs)
-        reset = store.prepare(sweep.keys, retry_failed=retry_failed)
-        if reset["running"]:
-            say(f"resuming {reset['running']} run(s) left unfinished by a killed sweep")
-        if reset["failed"]:
-            say(f"retrying {reset['failed']} failed run(s)")
-        statuses = store.statuses()
-        to_run = [run for run in sweep.runs if statuses.get(run.key) == "pending"]
-        if to_run:
-            connection = connect(options, show_output=not capture_output)
-            say(connection.describe())
-            pool = RayPool(connection, options, train_fn_name=_train_fn_name(train_fn),
-                           log_dir=sweep.log_dir if capture_output else None)
-            by_key = {run.key: run for run in sweep.runs}
-            for run in to_run:
-                if store.claim(run.key) is None:  # another live process has it
-                    continue
-                claimed.add(run.key)
-                pool.submit({"key": run.key, "config": run.config})
-            done = 0
-            while len(pool):
-                for key, outcome in pool.wait(poll_seconds):
-                    status = record(store, key, outcome)
-                    claimed.discard(key)
-                    done += 1
-                    row = store.get(key)
-                    what = (f"failed: {row['error']}" if status == "failed"
-                            else f"{status}, {finished_summary(row)}")
-                    say(f"[{done}/{len(to_run)}] run {short_key(key)} ({by_key[key].describe()}): {what}")
-    except BaseException:
-        if pool is not None:
-            pool.cancel()
-        for key in claimed:  # Ctrl-C: hand the runs back; the next sweep resumes their checkpoints
-            store.release(key)
-        raise
+        return run_sweep(sweep, retry_failed=retry_failed, train_fn=train_fn, progress=progress,
+                         capture_output=capture_output, poll_seconds=poll_seconds, backend=backend)
     finally:
-        counts = store.counts(sweep.keys)
-        statuses = store.statuses()
-        store.close()
-        if connection is not None:
+        for connection in connections:
             disconnect(connection)
-    ran = {run.key for run in to_run}
-    failed = [k for k in sweep.keys if k in ran and statuses.get(k) == "failed"]
-    return SweepOutcome(total=len(sweep.keys), counts=counts, ran=len(ran), failed_keys=failed)

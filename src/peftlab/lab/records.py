@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from peftlab.config import ROLES
 from peftlab.errors import PeftlabError, closest
-from peftlab.lab.store import (FINISHED, RESULT_STATUSES, STORE_NAME, Store, config_key, epochs_run,
-                               is_pruned_result, pruned_key, resolve_store_path)
+from peftlab.lab.store import STORE_NAME, Store, config_key, resolve_store_path
+from peftlab.lab.store_schema import FINISHED, RESULT_STATUSES, epochs_run, is_pruned_result, pruned_key
 
 RUN_RESULT = "result.json"  # a run folder written by ``peftlab train``
 RUN_CONFIG = "config.yaml"
@@ -28,16 +29,13 @@ SOURCE_FIX = ("pass a sweep's results.sqlite (or its output folder), or run fold
               "(holding result.json), e.g. runs/*/")
 RUN_STATUSES = RESULT_STATUSES  # what a finished run's result.json may say (lab/store_schema)
 
-# Never row-distinguishing: bookkeeping, the seed (averaged over) and the task (the columns).
-NON_RESULT_KEYS = ("output_dir", "resume", "overwrite", "seed", "task", "log_every", "checkpoint_every",
-                   "eval_batch_size", "data_dir", "allow_pickle", "trust_remote_code", "threads", "report_to",
-                   "judge_api_key_env", "judge_timeout", "judge_retries", "judge_parallel")  # how, not who, judges
-# Keys that cannot change an untrained model's metrics: the before-fine-tuning rows pool over them.
-TRAINING_ONLY_KEYS = ("lr", "lr_ratio", "head_lr", "weight_decay", "warmup_ratio", "epochs", "batch_size",
-                      "max_grad_norm", "max_train_samples", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction")
-# Label columns come in this order when they vary; others follow alphabetically.
-LABEL_ORDER = ("model", "method", "targets", "rank", "alpha", "lr", "lr_ratio", "head_lr", "epochs", "batch_size",
-               "max_length", "weight_decay", "dropout")
+# Derived from the config's declarations (peftlab.config_roles): keys that never distinguish rows (bookkeeping,
+# the seed averaged over, the task that is the column, how a judge is asked); keys that cannot change an untrained
+# model's metrics (the before-fine-tuning rows pool over them); the order of label columns when they vary
+# (others follow alphabetically).
+NON_RESULT_KEYS = ROLES.not_report_rows
+TRAINING_ONLY_KEYS = ROLES.training_only
+LABEL_ORDER = ROLES.label_order
 UNSCALED_HINTS = ("loss", "perplexity", "ppl", "mt_bench")  # mt_bench_*: judge scores on a 1-10 scale
 LM_EVAL_PREFIX = "lm_eval/"  # --metric lm_eval/<task>/<metric>: lm-evaluation-harness's numbers (lm_eval_value)
 

@@ -47,6 +47,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from peftlab.argtypes import assignments, bounded_int, output_file, positive_float, text
 from peftlab.errors import PeftlabError, closest
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab.provenance import require_one_code, summarize
@@ -307,6 +308,14 @@ def _majority_row(frame: pd.DataFrame) -> tuple[Row | None, list[tuple]]:
 # --------------------------------------------------------------------------- CLI
 
 
+MAX_DIGITS = 15  # a float64 holds 15-17 significant digits: more decimals print noise
+
+
+def decimals(value: str) -> int:
+    """``--digits``: a number of decimals a float can mean."""
+    return bounded_int(value, 0, MAX_DIGITS, f"a number of decimals from 0 to {MAX_DIGITS}")
+
+
 def add_parser(sub) -> None:
     parser = sub.add_parser(
         "report", help="table of results stores or run folders: mean ± std over seeds per config and task",
@@ -321,22 +330,24 @@ def add_parser(sub) -> None:
                              "(holding result.json; e.g. runs/*/); several are merged")
     parser.add_argument("--format", choices=sorted(RENDERERS), default=None,
                         help="md, latex or csv (default: from --out's suffix, else md)")
-    parser.add_argument("--out", default=None, help="write to this file instead of stdout")
+    parser.add_argument("--out", type=output_file, default=None, help="write to this file instead of stdout")
     parser.add_argument("--which", choices=("best", "final"), default="best",
                         help="the best epoch's metrics (default, as the papers report) or the final epoch's")
-    parser.add_argument("--metric", default=None, help="report this metric instead of each task's primary metric "
-                                                     "(lm_eval/<task>/<metric>: lm-evaluation-harness's, e.g. "
-                                                     "lm_eval/arc_easy/acc, from result.json \"lm_eval\")")
+    parser.add_argument("--metric", type=text, default=None,
+                        help="report this metric instead of each task's primary metric (lm_eval/<task>/<metric>: "
+                             "lm-evaluation-harness's, e.g. lm_eval/arc_easy/acc, from result.json \"lm_eval\")")
     parser.add_argument("--params", choices=tuple(PARAM_CONVENTIONS), default="total",
                         help="#Param convention: total = all trainable parameters, head included (default); "
                              "adapter = without the head; yao = Yao et al.'s: adapter + 2 x head for adapter "
                              "methods (LoRA {q,v} r=8 on RoBERTa-base: 294,912 + 2 x 592,130 = 1.48M), the total "
                              "for full fine-tuning")
-    parser.add_argument("--where", default=None, metavar="K=V,...", help='only runs matching, e.g. "model=minilm-l6"')
+    parser.add_argument("--where", type=assignments, default=None, metavar="K=V,...",
+                        help='only runs matching, e.g. "model=minilm-l6"')
     parser.add_argument("--seeds", default=None, metavar="A-B,C",
                         help="only runs of these seeds, e.g. 100-109 (a study's held-out seeds) or 0,1,2")
-    parser.add_argument("--digits", type=int, default=1, help="decimals in md/latex (default 1)")
-    parser.add_argument("--scale", type=float, default=None,
+    parser.add_argument("--digits", type=decimals, default=1,
+                        help=f"decimals in md/latex, 0 to {MAX_DIGITS} (default 1)")
+    parser.add_argument("--scale", type=positive_float, default=None,
                         help="multiply metrics by this (default: 100 for accuracy-like metrics, else 1)")
     stats = parser.add_argument_group(
         "comparisons with a baseline row",
@@ -395,14 +406,14 @@ def run_cli(args) -> int:
                         test=args.test, correction=args.correction, ci=args.ci,
                         equivalence_margin=args.equivalence_margin, power=args.power, power_diff=args.power_diff,
                         allow_mixed_code=args.allow_mixed_code)
-    text = RENDERERS[fmt](table, args.digits)
+    rendered = RENDERERS[fmt](table, args.digits)
     if args.out:
-        atomic_write_text(args.out, text)
+        atomic_write_text(args.out, rendered)
         print(f"wrote {args.out}")
     else:
-        print(text, end="")
+        print(rendered, end="")
         if fmt == "md":  # a `peftlab tune` store: its trials, winner and compute after the table
-            from peftlab.lab.tune_summary import summaries_beside
+            from peftlab.lab.tune.summary import summaries_beside
 
             for summary in summaries_beside(args.stores):
                 print("\n" + summary, end="")

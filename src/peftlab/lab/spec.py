@@ -14,6 +14,7 @@ A spec is YAML::
     zip:                             # optional: groups of keys whose lists vary together (equal lengths)
       - task: [rte, mrpc]
         max_train_samples: [500, 500]
+        weight_decay: [0.0, null]    # null: that run leaves the key at base / its default
 
 Axes vary in the order written (grid keys, then zip groups), the last fastest. Each run's output folder is
 ``<output_dir>/<readable name>-<first 12 hex digits of its key>``, e.g. ``rte-lora-qv-l4-s0-3f2a9c1b7d0e``
@@ -34,12 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from peftlab.argtypes import output_file, output_folder
+from peftlab.config import ROLES
 from peftlab.errors import PeftlabError, closest
 from peftlab.lab.store import STORE_NAME, config_key, short_key
 
 SPEC_KEYS = ("base", "grid", "zip", "output_dir", "store", "description")
-# Set per run by the sweep itself.
-RUN_MANAGED_KEYS = ("output_dir", "resume", "overwrite")
+# Set per run by the sweep itself (the config's `run_managed` role).
+RUN_MANAGED_KEYS = ROLES.run_managed
 
 
 @dataclass
@@ -123,7 +126,8 @@ def expand(base: dict[str, Any], grid: dict[str, list], zip_groups: list[dict[st
     for combo in itertools.product(*(values for _, values in axes)):
         cell = dict(base or {})
         for (keys, _), values in zip(axes, combo):
-            cell.update(zip(keys, values))
+            # null in a list: this run leaves the key at base / its default (a zip row that does not set it)
+            cell.update((key, value) for key, value in zip(keys, values) if value is not None)
         cells.append(cell)
     return cells
 
@@ -148,9 +152,9 @@ def check_spec_keys(keys, where: str, section: str) -> None:
                    else "the sweep resumes unfinished runs itself; use --retry-failed to rerun failed ones")
             raise PeftlabError(f"'{key}' cannot be set in {section}: the sweep sets it for each run", where=where,
                                fix=fix)
-        # Names only (values are checked per run): raises with the closest valid key.
-        if name not in TrainConfig.__dataclass_fields__:
-            normalise_keys(TrainConfig, {key: None}, f"{where}: {section}")
+        # Names only (values are checked per run): raises with the closest valid key (flat names, or a method's
+        # option group nested: kasa)
+        normalise_keys(TrainConfig, {key: None}, f"{where}: {section}")
 
 
 def _typed_list(values, key, name: str, where: str):
@@ -159,7 +163,8 @@ def _typed_list(values, key, name: str, where: str):
 
     if not isinstance(values, list):
         return values
-    return [next(iter(normalise_keys(TrainConfig, {key: v}, f"{where}: {name}").values())) for v in values]
+    return [None if v is None else next(iter(normalise_keys(TrainConfig, {key: v}, f"{where}: {name}").values()))
+            for v in values]
 
 
 def read_spec(path: str | os.PathLike, kind: str, keys: tuple[str, ...], *, examples: str,
@@ -190,9 +195,10 @@ def output_paths(path: Path, spec: dict, output_dir: str | None, store: str | No
 
 def add_output_flags(parser) -> None:
     """``--output-dir``, ``--store``, ``--verbose``: where a spec's runs, store and logs go (sweep and tune)."""
-    parser.add_argument("--output-dir", default=None, help="root of the runs (default: the spec's output_dir, "
-                                                           "else runs/<spec stem>)")
-    parser.add_argument("--store", default=None, help="results store (default <output dir>/results.sqlite)")
+    parser.add_argument("--output-dir", type=output_folder, default=None,
+                        help="root of the runs (default: the spec's output_dir, else runs/<spec stem>)")
+    parser.add_argument("--store", type=output_file, default=None,
+                        help="results store (default <output dir>/results.sqlite)")
     parser.add_argument("--verbose", action="store_true",
                         help="show each run's output here instead of in <output dir>/logs/<key>.log")
 
@@ -200,6 +206,7 @@ def add_output_flags(parser) -> None:
 def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None) -> Sweep:
     """Read and validate a spec; every run's config is built (so any bad value fails before training)."""
     from peftlab.config import TrainConfig, normalise_keys
+    from peftlab.resolve import resolve_config
 
     path, spec = read_spec(path, "sweep", SPEC_KEYS, examples="configs/sweeps/", config_keys="base: or grid:")
     where = str(path)
@@ -231,9 +238,10 @@ def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: 
                   axes=list(grid) + [k for g in zips for k in g])
     seen: set[str] = set()
     for cell in cells:
-        varying = {k: cell[k] for k in sweep.axes}
+        varying = {k: cell[k] for k in sweep.axes if k in cell}  # a null left the key unset
         try:
-            cfg = TrainConfig.from_dict(cell)  # values typed above; __post_init__ runs the cross-field checks
+            # values typed above; each checked against its declaration, then resolved as the run will be
+            cfg = resolve_config(TrainConfig.from_dict(cell))
         except PeftlabError as err:
             desc = " ".join(f"{k}={_fmt_value(v)}" for k, v in varying.items())
             what = f"run {{{desc}}}: {err.what}" if desc else err.what

@@ -1,6 +1,6 @@
 """The results store: one SQLite row per run of a sweep, keyed by a hash of the run's resolved config.
 
-Columns: ``key`` (sha256 of the resolved config without output_dir/resume/overwrite), ``status``
+Columns: ``key`` (sha256 of the resolved config without what may change on resume: :func:`config_key`), ``status``
 (pending, running, ok, diverged, collapsed, no_learning, pruned, failed), ``config`` and ``result`` (JSON),
 ``output_dir``, ``started``/``finished`` (ISO 8601 UTC), ``seconds``, ``attempts``, ``error`` and ``owner``
 (the process that holds a running row: ``host|pid|process start time``).
@@ -35,45 +35,42 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from peftlab.config import ROLES, TrainConfig, option_defaults
 from peftlab.errors import PeftlabError
-from peftlab.lab.store_schema import (  # noqa: F401 - re-exported: the statuses and the pruned-run names
-    FINISHED, NOT_OK, PRUNED_MARK, RESULT_STATUSES, SCHEMA_VERSION, STATUSES, effective_status, epochs_run,
-    is_pruned_result, loads, migrate_v1, move_run_folder, pruned_dir, pruned_key, unpruned_key)
+from peftlab.lab.store_owner import owner_alive, process_identity
+from peftlab.lab.store_schema import (
+    PRUNED_MARK, RESULT_STATUSES, SCHEMA_VERSION, STATUSES, effective_status, epochs_run, is_pruned_result, loads,
+    migrate_v1, move_run_folder, pruned_dir, pruned_key, unpruned_key)
 from peftlab.lab.store_schema import COLUMNS as _COLUMNS
 from peftlab.lab.store_schema import SCHEMA as _SCHEMA
 
-# Config keys that do not change what a run computes: left out of the run's key.
-KEY_EXCLUDED = ("output_dir", "resume", "overwrite", "threads", "report_to")
-# The options a run's key was computed from when stores first existed (key schema 1). An option added to
-# TrainConfig since then is hashed only when it differs from its default, so a run recorded before the option
-# existed keeps its key (and a rerun of its spec finds it) instead of every run quietly running again whenever
-# TrainConfig grows a field. tests/test_store_keys.py recomputes the committed study store's keys to hold this.
-KEY_FIELDS_V1 = frozenset((
-    "allow_pickle", "alpha", "batch_size", "checkpoint_every", "corda_mode", "corda_samples", "data_dir", "dropout",
-    "epochs", "eval_batch_size", "eval_before", "eval_every", "eval_file", "eval_seed", "fourierft_n_frequency",
-    "fourierft_scaling", "head_lr", "instruction_fields", "kasa_beta", "kasa_gamma", "kasa_mode", "kasa_reduction",
-    "kasa_truncate_rank", "log_every", "lr", "lr_ratio", "max_eval_samples", "max_grad_norm", "max_length",
-    "max_new_tokens", "max_train_samples", "method", "mixed_precision", "model", "output_dir", "overwrite",
-    "pad_to_max", "pooling", "rank", "resume", "seed", "targets", "task", "train_file", "trust_remote_code",
-    "vera_d_initial", "warmup_ratio", "weight_decay"))
-# Keys whose default changed: hashed as the value they had then (checkpoint_every None meant 0 before).
-KEY_AS_BEFORE = {"checkpoint_every": (None, 0)}
+# The run key's roles, derived from the config's declarations (peftlab.config_roles): each option of key schema 1
+# (KEY_FIELDS_V1, when stores first existed) is hashed at every value; an option added since only when it differs
+# from its default, so a run recorded before the option existed keeps its key (and a rerun of its spec finds it)
+# instead of every run quietly running again whenever TrainConfig grows a field. An option that may change on
+# --resume (KEY_EXCLUDED: its folder, threads, logging, checkpoint interval, how the judge is asked) never
+# changes the key; those key schema 1 hashed are hashed as the constant they held then (KEY_PINNED), so old keys
+# stand. tests/test_store_keys.py recomputes the committed study stores' keys to hold this.
+KEY_FIELDS_V1 = ROLES.key_v1
+KEY_EXCLUDED = ROLES.resumable
+KEY_PINNED = ROLES.hashed_as
 SHORT_KEY = 12
 STORE_NAME = "results.sqlite"
 
+
 def config_key(config: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of a resolved config (``TrainConfig.to_dict()``), minus KEY_EXCLUDED and
-    the options added after key schema 1 (KEY_FIELDS_V1) while they are at their defaults."""
+    """sha256 of the canonical JSON of a resolved config (``TrainConfig.to_dict()``): its resumable options
+    left out (or pinned: KEY_PINNED), the options added after key schema 1 left out while at their defaults."""
     defaults = _added_option_defaults()
     canonical = {}
     for k, v in config.items():
         if k in KEY_EXCLUDED:
+            if k in KEY_PINNED:
+                canonical[k] = KEY_PINNED[k]
             continue
         value = list(v) if isinstance(v, tuple) else v
         if k not in KEY_FIELDS_V1 and k in defaults and value == defaults[k]:
             continue
-        if k in KEY_AS_BEFORE and v == KEY_AS_BEFORE[k][0]:
-            value = KEY_AS_BEFORE[k][1]
         canonical[k] = value
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -82,8 +79,6 @@ def config_key(config: dict[str, Any]) -> str:
 @functools.lru_cache(maxsize=1)
 def _added_option_defaults() -> dict[str, Any]:
     """Defaults of the TrainConfig options that key schema 1 did not have (the schema, not a run's values)."""
-    from peftlab.config import TrainConfig, option_defaults
-
     # flat names, as to_dict() keys them: an option added to a group (cfg.kasa.x) is kasa_x here
     return {name: list(value) if isinstance(value, tuple) else value
             for name, value in option_defaults(TrainConfig).items() if name not in KEY_FIELDS_V1}
@@ -103,66 +98,20 @@ def _seconds_between(start: str | None, end: str) -> float | None:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-# --------------------------------------------------------------------------- process identity
-
-
-def _proc_start_time(pid: int) -> str | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux), so a recycled pid is not mistaken for it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def _proc_state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:].split()[0]
-
-
-def process_identity(pid: int | None = None) -> str:
-    pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}|{pid}|{_proc_start_time(pid) or ''}"
-
-
-def owner_alive(owner: str | None) -> bool:
-    """Whether the process named by an owner string still runs. Other hosts' processes count as alive."""
-    if not owner:
-        return False
-    try:
-        host, pid_text, start = owner.split("|")
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    if host != socket.gethostname():
-        return True  # cannot tell; never steal another machine's run
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if _proc_state(pid) in ("Z", "X"):  # killed but not yet reaped
-        return False
-    current = _proc_start_time(pid)
-    return not (start and current and current != start)
-
-
 # --------------------------------------------------------------------------- the store
 
 
 class StoreWriteError(PeftlabError):
     """A write the results store refused (full disk, I/O error, lock timeout); the store is as before it."""
+
+    LOCKED = "another process held the store's write lock too long: let it finish, then rerun the same command"
+    FULL = ("free disk space (or raise the quota or file-size limit), then rerun the same command: finished runs "
+            "are kept and unfinished ones resume")
+
     def __init__(self, path, error: sqlite3.Error):
         self.error = error
-        fix = ("another process held the store's write lock too long: let it finish, then rerun the same command"
-               if "locked" in str(error) else "free disk space (or raise the quota or file-size limit), then rerun "
-               "the same command: finished runs are kept and unfinished ones resume")
-        super().__init__(f"cannot write the results store {path}: {error}", fix=fix)
+        super().__init__(f"cannot write the results store {path}: {error}",
+                         fix=self.LOCKED if "locked" in str(error) else self.FULL)
 
 
 class Store:
@@ -417,13 +366,15 @@ class Store:
                                  (len(prefix), prefix)).fetchall()
         return [self._row(row) for row in rows]
 
-    def find(self, key: str) -> dict | None:
-        """The row of a run registered under ``key``: there, or where it moved when it was pruned (the latest)."""
+    def find(self, key: str, *, settled: bool = False) -> dict | None:
+        """The row of a run registered under ``key``: there, or where it moved when it was pruned (the latest).
+        ``settled`` (the outcome of an attempt that just ended): a pending or running row under the key is a
+        complete run a sweep queued since the attempt was pruned, so the pruned row is the attempt's outcome."""
         row = self.get(key)
-        if row is not None:
+        if row is not None and not (settled and row["status"] in ("pending", "running")):
             return row
         moved = self.pruned_rows(key)
-        return moved[-1] if moved else None
+        return moved[-1] if moved else row
 
     def rows(self, *, parse: bool = True) -> list[dict]:
         """All rows in insertion order; ``config``/``result`` parsed from JSON when ``parse``."""

@@ -36,9 +36,11 @@ from pathlib import Path
 from urllib.parse import quote
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.store import (
-    FINISHED, PRUNED_MARK, RESULT_STATUSES, STATUSES, Store, config_key, epochs_run, is_pruned_result, now_iso,
-    owner_alive, pruned_key, resolve_store_path, short_key, unpruned_key)
+from peftlab.lab.store import Store, config_key, now_iso, resolve_store_path, short_key
+from peftlab.lab.store_owner import owner_alive
+from peftlab.lab.store_schema import (
+    FINISHED, PRUNED_MARK, RESULT_STATUSES, STATUSES, effective_status, epochs_run, is_pruned_result, pruned_key,
+    unpruned_key)
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 REPAIR_HINT = "peftlab store check --repair"
@@ -259,7 +261,7 @@ def check_running(row: sqlite3.Row, host: str) -> tuple[Problem | None, str | No
                    ("requeue", row["key"], row["owner"])), None
 
 
-def check_folder(row: sqlite3.Row, folder: Path) -> Problem | None:
+def check_folder(row: sqlite3.Row, folder: Path, schema: int = 2) -> Problem | None:
     """A finished row's run folder: its result.json parses and is the same run with the same status."""
     path = folder / "result.json"
     if not path.is_file():
@@ -277,8 +279,9 @@ def check_folder(row: sqlite3.Row, folder: Path) -> Problem | None:
         return Problem(row["key"], f"{folder} holds another run than this row",
                        "move that folder away and rerun its spec")
     implied = implied_status(on_disk)
-    if implied is not None and implied != row["status"] and row["status"] != "failed":
-        return Problem(row["key"], f"{path} says {implied}, the store says {row['status']}",
+    status = effective_status(row["status"], _parse(row["result"])[0]) if schema < 2 else row["status"]
+    if implied is not None and implied != status and status != "failed":
+        return Problem(row["key"], f"{path} says {implied}, the store says {status}",
                        "the folder was rerun outside the sweep: rerun the sweep with --retry-failed, or restore it")
     return None
 
@@ -311,7 +314,7 @@ def check_store(path: str | Path) -> Check:
                                           "rerun its spec: each run gets a folder named by its key"))
         folders.setdefault(resolved, row["key"])
         if row["status"] in FINISHED:
-            problem = check_folder(row, folder)
+            problem = check_folder(row, folder, schema)
             check.problems.extend([problem] if problem else [])
     check.problems.extend(orphaned_folders(folders, store_path))
     found = len(folders)

@@ -2,7 +2,7 @@
 
 The design (:mod:`peftlab.lab.study_design`) becomes stages; each stage is written as an ordinary sweep (or
 tune) spec under ``<output dir>/specs/`` and run through :func:`peftlab.lab.sweep.run_sweep` (or
-:func:`peftlab.lab.tune.run_tune`) into one results store, so every run is a run like any other
+:func:`peftlab.lab.tune.run.run_tune`) into one results store, so every run is a run like any other
 (``peftlab report`` / ``plot`` read the store) and the study is resumable by construction: a rerun of the same
 command re-derives each stage from the store, skips finished runs and resumes unfinished ones.
 
@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from peftlab.argtypes import assignments, nonnegative_int, output_folder, positive_float, positive_int, text
+from peftlab.config import ROLES
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab import study_design as sd
@@ -63,11 +65,12 @@ class Study:
     def resolve(self, configs: list[dict]) -> list[tuple[dict, str]]:
         """Each config resolved as a sweep resolves it, with its run key."""
         from peftlab.config import TrainConfig, normalise_keys
+        from peftlab.resolve import resolve_config
 
         out = []
         for config in configs:
             typed = normalise_keys(TrainConfig, config, "study")
-            resolved = TrainConfig.from_dict(typed).to_dict()
+            resolved = resolve_config(TrainConfig.from_dict(typed)).to_dict()
             out.append((config, config_key(resolved)))
         return out
 
@@ -232,8 +235,8 @@ def run_search(study: Study, task: str) -> None:
     """`peftlab tune` (ASHA) over the search space at the naive search's budget, into the study's store."""
     import yaml
 
-    from peftlab.lab.tune import run_tune
-    from peftlab.lab.tune_spec import load_tune_spec
+    from peftlab.lab.tune.run import run_tune
+    from peftlab.lab.tune.spec import load_tune_spec
 
     design = study.design
     spec = {"description": f"lambda study, {task}: ASHA search at the naive search's budget",
@@ -254,10 +257,10 @@ def run_search(study: Study, task: str) -> None:
 
 def search_picks(study: Study, task: str) -> dict:
     """The grid's, the naive search's and the tune's picks over the tune's space, as
-    :func:`peftlab.lab.tune_compare.compare` makes them (the naive search re-seeds the design's top k: the
+    :func:`peftlab.lab.tune.compare.compare` makes them (the naive search re-seeds the design's top k: the
     tune's budget), each as a cell with the epochs it cost."""
-    from peftlab.lab.tune_compare import compare
-    from peftlab.lab.tune_spec import load_tune_spec
+    from peftlab.lab.tune.compare import compare
+    from peftlab.lab.tune.spec import load_tune_spec
 
     spec_file = study.paths.specs / f"search-{task}.yaml"
     summary_file = study.paths.search(task) / "tune.json"
@@ -321,7 +324,8 @@ def run_study(design: sd.Design, paths: StudyPaths, *, workers: int, budget_hour
 
 # --------------------------------------------------------------------------- CLI
 
-DESIGN_SET = ("lr", "lr_ratio", "seed", "task", "eval_steps", "output_dir", "resume", "overwrite")  # the design's own
+# the design's own keys, and those every run of a sweep sets itself (the config's run-managed options)
+DESIGN_SET = ("lr", "lr_ratio", "seed", "task", "eval_steps", *ROLES.run_managed)
 
 
 def _float_list(text: str) -> tuple[float, ...]:
@@ -351,41 +355,48 @@ def add_parser(sub) -> None:
                        help="a fixed subset of the dev set, the same for every run (default: all of it)")
         p.add_argument("--config", default=None, metavar="BASE.yaml",
                        help="train keys every run shares (any `peftlab train` key but the design's own)")
-        p.add_argument("--set", default=None, metavar="K=V,...", dest="set_keys",
+        p.add_argument("--set", type=assignments, default=None, metavar="K=V,...", dest="set_keys",
                        help='more shared train keys, e.g. "rank=16,alpha=32,pooling=auto"')
-        p.add_argument("--heldout-seeds", type=int, default=10, help="seeds no selection used (default 10)")
+        p.add_argument("--heldout-seeds", type=positive_int, default=10, help="seeds no selection used (default 10)")
         p.add_argument("--heldout-seed-start", type=int, default=100, help="first held-out seed (default 100)")
-        p.add_argument("--equivalence-margin", type=float, default=1.0,
+        p.add_argument("--equivalence-margin", type=positive_float, default=1.0,
                        help="TOST margin in table points (accuracy x100) for 'loses nothing' claims (default 1)")
-        p.add_argument("--budget-hours", type=float, default=None,
+        p.add_argument("--budget-hours", type=positive_float, default=None,
                        help="fit the design to this wall time (from a pilot run); default: the whole design")
-        p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+        p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
                        help="runs at once, one process each (default: the CPU count)")
-        p.add_argument("--output-dir", default=None, help="the study folder (default runs/study/<kind>-<model>-<tasks>)")
+        p.add_argument("--output-dir", type=output_folder, default=None,
+                       help="the study folder (default runs/study/<kind>-<model>-<tasks>)")
         p.add_argument("--dry-run", action="store_true", help="print the design and plan; run nothing")
         p.add_argument("--report-only", action="store_true", help="rewrite the tables, figures and REPORT.md")
         from peftlab.lab.ray_backend import add_backend_flags
 
         add_backend_flags(p)  # --backend ray: every run a Ray task (a cluster); --workers is then Ray's to place
     lam.add_argument("--method", default="lora", help="lora (default), dora or full, or any method with q/v")
-    lam.add_argument("--lr-grid", default="5e-4,1e-3,2e-3", help="eta_QK of the lambda > 1 cells")
-    lam.add_argument("--ratios", default="2,4,8,16", help="lambda > 1 values")
-    lam.add_argument("--diagonal", default="5e-4,1e-3,2e-3,4e-3,8e-3",
+    lam.add_argument("--lr-grid", type=text, default="5e-4,1e-3,2e-3", help="eta_QK of the lambda > 1 cells")
+    lam.add_argument("--ratios", type=text, default="2,4,8,16", help="lambda > 1 values")
+    lam.add_argument("--diagonal", type=text, default="5e-4,1e-3,2e-3,4e-3,8e-3",
                      help="lambda = 1 at these rates (cover the grid's eta_V: the larger-rate control)")
-    lam.add_argument("--selection-seeds", type=int, default=3,
+    lam.add_argument("--selection-seeds", type=nonnegative_int, default=3,
                      help="seeds the picks are made on (default 3); 0: every cell on the held-out seeds")
-    lam.add_argument("--top-k", type=int, default=2, help="candidates the search comparison re-seeds (default 2)")
-    lam.add_argument("--plateau-epochs", type=int, default=6, help="the plateau arm's epochs (0: no arm)")
-    lam.add_argument("--plateau-seeds", type=int, default=5, help="held-out seeds of the plateau arm (default 5)")
-    lam.add_argument("--evals-per-epoch", type=int, default=4, help="dev evaluations per epoch in the plateau arm")
+    lam.add_argument("--top-k", type=positive_int, default=2,
+                     help="candidates the search comparison re-seeds (default 2)")
+    lam.add_argument("--plateau-epochs", type=nonnegative_int, default=6,
+                     help="the plateau arm's epochs (0: no arm)")
+    lam.add_argument("--plateau-seeds", type=nonnegative_int, default=5,
+                     help="held-out seeds of the plateau arm (default 5)")
+    lam.add_argument("--evals-per-epoch", type=positive_int, default=4,
+                     help="dev evaluations per epoch in the plateau arm")
     lam.add_argument("--no-key-ablation", action="store_true", help="skip the W_k ({q,k,v}) ablation")
     lam.add_argument("--no-search", action="store_true", help="skip the tune / naive-search comparison")
-    kasa.add_argument("--lr", type=float, default=None, help="the equal-budget rows' rate (default: the method's)")
-    kasa.add_argument("--head-lr", type=float, default=None, help="the equal-budget rows' head rate")
-    kasa.add_argument("--rows", default=",".join(sd.KASA_ROWS), help=f"rows (default {','.join(sd.KASA_ROWS)})")
-    kasa.add_argument("--long-epochs", type=int, default=0,
+    kasa.add_argument("--lr", type=positive_float, default=None,
+                      help="the equal-budget rows' rate (default: the method's)")
+    kasa.add_argument("--head-lr", type=positive_float, default=None, help="the equal-budget rows' head rate")
+    kasa.add_argument("--rows", type=text, default=",".join(sd.KASA_ROWS),
+                      help=f"rows (default {','.join(sd.KASA_ROWS)})")
+    kasa.add_argument("--long-epochs", type=nonnegative_int, default=0,
                       help="also LoRA and paper-KaSA trained this long (0: not)")
-    kasa.add_argument("--long-seeds", type=int, default=5,
+    kasa.add_argument("--long-seeds", type=nonnegative_int, default=5,
                       help="held-out seeds of the --long-epochs rows (default 5: the first five)")
     parser.set_defaults(func=run_cli)
 
@@ -435,6 +446,7 @@ def check_configs(design: sd.Design) -> None:
     """Every distinct run config of the design built once (bad keys and values fail here, before anything
     runs), and a task whose metric is lower-is-better refused (picks and verdicts assume higher is better)."""
     from peftlab.config import TrainConfig, normalise_keys
+    from peftlab.resolve import resolve_config
     from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
 
     for task in design.tasks:
@@ -443,7 +455,7 @@ def check_configs(design: sd.Design) -> None:
         else:
             configs = sd.kasa_configs(design, task)[:len(design.rows) + 1]
         for config in configs:
-            cfg = TrainConfig.from_dict(normalise_keys(TrainConfig, config, f"study {task}"))
+            cfg = resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, f"study {task}")))
         metric = primary_metric(cfg.task, getattr(cfg, "metric", None))  # a user task's --metric
         if metric in LOWER_IS_BETTER:
             raise PeftlabError(f"task '{task}' is scored by {metric} (lower is better), which a study cannot pick on",
@@ -456,12 +468,10 @@ def default_output_dir(design: sd.Design) -> Path:
 
 
 def run_cli(args) -> int:
+    from peftlab.lab import ray_backend
     from peftlab.lab.store import STORE_NAME
 
-    if args.workers < 1:
-        raise PeftlabError(f"--workers must be >= 1, got {args.workers}")
-    if args.budget_hours is not None and not (math.isfinite(args.budget_hours) and args.budget_hours > 0):
-        raise PeftlabError(f"--budget-hours must be a number of hours > 0, got {args.budget_hours}")
+    ray_backend.check_backend_args(args)  # before --dry-run too: a Ray flag without --backend ray is a mistake
     design = design_from_args(args)
     root = Path(args.output_dir) if args.output_dir else default_output_dir(design)
     paths = StudyPaths(root=root, store=root / STORE_NAME)
@@ -478,9 +488,6 @@ def run_cli(args) -> int:
             raise PeftlabError(f"no study in {root} yet (no {paths.plan.name})", fix="run the study first")
         print(f"report: {write_report(paths, saved)}")
         return 0
-    from peftlab.lab import ray_backend
-
-    ray_backend.check_backend_args(args)
     options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
     run_study(design, paths, workers=args.workers, budget_hours=args.budget_hours, ray_options=options)
     return 0

@@ -49,14 +49,20 @@ def first_epoch_value(result: dict) -> float | None:
     return (log[0].get("metrics") or {}).get(result.get("primary_metric")) if log else None
 
 
-def arm(name: str, rows: Iterable[dict], match: dict, seeds: list[int], value_of=best_value) -> Arm:
-    """The runs whose config matches ``match`` (floats compared with tolerance), on ``seeds``; each run's value
-    is ``value_of(result)`` (default: the best epoch's primary metric)."""
+def arm(name: str, rows: Iterable[dict], match: dict, seeds: list[int], value_of=best_value,
+        unless: Iterable[dict] = ()) -> Arm:
+    """The runs whose config matches ``match`` (floats compared with tolerance) and none of ``unless``, on
+    ``seeds``; each run's value is ``value_of(result)`` (default: the best epoch's primary metric). ``unless``
+    holds the other arms that ``match`` would also take in (a row that sets more keys, e.g. KaSA at the
+    paper's rates beside KaSA at the defaults): a run belongs to one arm only."""
     cell, failed, found = Cell(), 0, set()
+    unless = list(unless)
     for row in rows:
         config = row.get("config") or {}
         seed = config.get("seed")
         if seed not in seeds or row.get("status") in ("pending", "running") or not matches(config, match):
+            continue
+        if any(matches(config, other) for other in unless):
             continue
         if row.get("status") == "pruned" or (row.get("result") or {}).get("stopped_early"):
             continue

@@ -111,6 +111,10 @@ class Design:
         if not (isinstance(self.heldout_seed_start, int) and 0 <= self.heldout_seed_start < 2**31 - 1000):
             raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), "
                                f"got {self.heldout_seed_start!r}")
+        if self.heldout_seed_start + self.heldout_seeds > 2**31:  # else a list of seeds no machine can hold
+            raise PeftlabError(f"--heldout-seeds {self.heldout_seeds} from --heldout-seed-start "
+                               f"{self.heldout_seed_start} goes past seed 2**31 - 1",
+                               fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
         if self.heldout_seed_start < self.selection_seeds:
             raise PeftlabError(f"--heldout-seed-start {self.heldout_seed_start} overlaps the selection seeds "
                                f"0-{self.selection_seeds - 1}", fix="held-out seeds must be seeds no selection used")
@@ -324,7 +328,7 @@ def score_cells(runs: Iterable[tuple[dict, dict | None]], seeds: list[int]) -> l
 
 def pick_cells(task: str, scores: list[CellScore]) -> Picks:
     """The best diagonal and best off-diagonal cell: a cell any of whose seeds failed ranks below every cell
-    whose seeds all trained (as the tune's winner and :mod:`peftlab.lab.tune_compare` rank), then by mean
+    whose seeds all trained (as the tune's winner and :mod:`peftlab.lab.tune.compare` rank), then by mean
     (failed seeds at chance), then the smaller eta_V."""
 
     def best(candidates: list[CellScore]) -> CellScore | None:

@@ -245,14 +245,17 @@ def before_value(result: dict) -> float | None:
     return (section.get("metrics") or {}).get(result.get("primary_metric"))
 
 
-def sigma_movement(rows: list[dict], match: dict, seeds: list[int]) -> float | None:
-    """Median over runs of |learned sigma - its init| / |init| (KaSA's singular values: does the method engage?)."""
+def sigma_movement(rows: list[dict], match: dict, seeds: list[int], unless: list[dict] = ()) -> float | None:
+    """Median over runs of |learned sigma - its init| / |init| (KaSA's singular values: does the method engage?);
+    ``unless`` as in :func:`peftlab.lab.study_arms.arm`."""
     import statistics
 
     ratios = []
     for row in rows:
         config, result = row.get("config") or {}, row.get("result") or {}
         if config.get("seed") not in seeds or row.get("status") != "ok" or not matches(config, match):
+            continue
+        if any(matches(config, other) for other in unless):
             continue
         learned, init = result.get("kasa_sigma"), result.get("kasa_sigma_init")
         if not isinstance(learned, dict) or not isinstance(init, dict):
@@ -270,14 +273,22 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
     scale = metric_scale([r for r in rows if (r.get("config") or {}).get("task") == task])
     seeds, margin = design.heldout_seed_list, design.equivalence_margin / scale
     arms: dict[str, Arm] = {}
+    matches_of = {name: {k: v for k, v in sd.kasa_row_config(design, task, name).items() if k != "report_to"}
+                  for name in design.rows}
+
+    def more_specific(name: str, epochs: int) -> list[dict]:
+        """The other rows whose match includes this row's (KaSA at the paper's settings within plain KaSA's)."""
+        mine = matches_of[name].items()
+        return [{**m, "epochs": epochs} for other, m in matches_of.items()
+                if other != name and mine <= m.items() and m != matches_of[name]]
+
     for name in design.rows:
-        config = sd.kasa_row_config(design, task, name)
-        arms[name] = arm(name, rows, {k: v for k, v in config.items() if k not in ("report_to",)}, seeds)
+        arms[name] = arm(name, rows, matches_of[name], seeds, unless=more_specific(name, design.epochs))
     for name in sd.long_rows(design):
-        config = {**sd.kasa_row_config(design, task, name), "epochs": design.long_epochs}
         arms[f"{name}@{design.long_epochs}ep"] = arm(f"{name} ({design.long_epochs} epochs)", rows,
-                                                     {k: v for k, v in config.items() if k != "report_to"},
-                                                     sd.long_seed_list(design))
+                                                     {**matches_of[name], "epochs": design.long_epochs},
+                                                     sd.long_seed_list(design),
+                                                     unless=more_specific(name, design.long_epochs))
     before = arm("before fine-tuning", rows, {"task": task, "model": design.base["model"], "epochs": 0}, seeds,
                  before_value)
     lines = [f"## {task}", "", f"On seeds {seeds[0]}-{seeds[-1]} (paired by seed; Holm over this task's family):", "",
@@ -306,8 +317,7 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
     movement = {}
     for name in ("kasa", "kasa-paper"):
         if name in arms:
-            config = {k: v for k, v in sd.kasa_row_config(design, task, name).items() if k != "report_to"}
-            movement[name] = sigma_movement(rows, config, seeds)
+            movement[name] = sigma_movement(rows, matches_of[name], seeds, more_specific(name, design.epochs))
     if any(v is not None for v in movement.values()):
         lines += ["", "KaSA's learned singular values, median relative change ||sigma - sigma_init|| / "
                       "||sigma_init|| per adapted module: "
@@ -325,6 +335,41 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
 # --------------------------------------------------------------------------- the report
 
 
+def _number(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def study_command(design: sd.Design, root) -> str:
+    """The `peftlab study` command line whose options give ``design`` back (``design_from_args``'s inverse): every
+    knob spelled out, so the command beside a number needs no defaults looked up."""
+    base = dict(design.base)
+    words = [f"peftlab study {design.kind}", f"--task {','.join(design.tasks)}", f"--model {base.pop('model')}",
+             f"--targets {base.pop('targets')}", f"--epochs {base.pop('epochs')}",
+             f"--max-train-samples {base.pop('max_train_samples')}"]
+    if base.get("max_eval_samples") is not None:
+        words.append(f"--max-eval-samples {base.pop('max_eval_samples')}")
+    if base.get("report_to") == "none":
+        base.pop("report_to")
+    if design.kind == "lambda":
+        words += [f"--method {base.pop('method')}", "--lr-grid " + ",".join(map(_number, design.lr_grid)),
+                  "--ratios " + ",".join(map(_number, design.ratios)),
+                  "--diagonal " + ",".join(map(_number, design.diagonal)),
+                  f"--selection-seeds {design.selection_seeds}", f"--top-k {design.top_k}",
+                  f"--plateau-epochs {design.plateau_epochs}", f"--plateau-seeds {design.plateau_seeds}",
+                  f"--evals-per-epoch {design.evals_per_epoch}"]
+        words += [] if design.key_ablation else ["--no-key-ablation"]
+        words += [] if design.search_comparison else ["--no-search"]
+    else:
+        words += [f"--{key.replace('_', '-')} {_number(base.pop(key))}" for key in ("lr", "head_lr") if key in base]
+        words += ["--rows " + ",".join(design.rows), f"--long-epochs {design.long_epochs}",
+                  f"--long-seeds {design.plateau_seeds}"]
+    words += [f"--heldout-seeds {design.heldout_seeds}", f"--heldout-seed-start {design.heldout_seed_start}",
+              f"--equivalence-margin {_number(design.equivalence_margin)}"]
+    if base:
+        words.append("--set " + ",".join(f"{k}={_number(v)}" for k, v in sorted(base.items())))
+    return " ".join(words + [f"--output-dir {root}"])
+
+
 def write_report(paths, design: sd.Design, *, skipped: Iterable[str] = (), seconds: float | None = None) -> Path:
     """REPORT.md (+ verdicts.json, tables/, figures/) in the study folder, from its store; returns REPORT.md."""
     from peftlab.lab import provenance
@@ -335,8 +380,9 @@ def write_report(paths, design: sd.Design, *, skipped: Iterable[str] = (), secon
              "kasa": "KaSA against its baselines"}[design.kind]
     finished = [r for r in rows if r.get("status") not in ("pending", "running")]
     run_seconds = sum(float(r.get("seconds") or 0) for r in finished)
-    lines = [f"# Study: {title}", "", f"Model {design.base['model']}; reproduce: `peftlab study {design.kind} ... "
-             f"--output-dir {paths.root} --report-only` (every number below is read from `{paths.store.name}`).",
+    lines = [f"# Study: {title}", "", f"Model {design.base['model']}; reproduce: `{study_command(design, paths.root)} "
+             f"--report-only` (every number below is read from `{paths.store.name}`; without --report-only the "
+             "same command reruns whatever the store lacks).",
              "", *design_summary(design), "",
              f"Compute: {len(finished)} runs, {run_seconds / 3600:.2f} h of run time"
              + (f", {seconds / 3600:.2f} h wall for this invocation" if seconds else "") + ".",

@@ -8,209 +8,29 @@ config is never a finished cell: it is stored under another key (:func:`peftlab.
 pruned run's folder found where the cell's run goes is renamed aside (:func:`peftlab.lab.store.pruned_dir`)
 before the cell trains afresh.
 
-Runs execute in this process (default) or in ``--workers N`` spawned processes that claim runs from the
-store (``BEGIN IMMEDIATE``; :mod:`peftlab.lab.sweep_workers`); a worker that dies marks its run failed and is
-replaced. Another process training runs of the same spec (a second sweep, a tune) is waited for, so a sweep
-returns when every run it sees is settled. A full disk is the machine's fault, not the run's: the run is handed
-back (pending, resumed next time) and the sweep stops with one line; so does a write the store refuses. Each run's output
+Runs train through an executor (:mod:`peftlab.lab.runner`): in this process (default), in ``--workers N``
+spawned processes, one per run (:mod:`peftlab.lab.sweep_workers`; a worker that dies has its run marked
+failed and is replaced), or as Ray tasks (``--backend ray``: :mod:`peftlab.lab.ray_backend`). Another process
+training runs of the same spec (a second sweep, a tune) is waited for, so a sweep returns when every run it
+sees is settled. A full disk is the machine's fault, not the run's: the run is handed back (pending, resumed
+next time) and the sweep stops with one line; so does a write the store refuses. Each run's output
 (stdout/stderr, also of C code) goes to ``<output_dir>/logs/<short key>.log``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import gc
-import importlib
 import os
-import sqlite3
 import sys
 import time
-import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
+from peftlab.argtypes import nonnegative_int
 from peftlab.errors import PeftlabError
+from peftlab.lab.runner import Executor, InProcess, held_on_this_host
 from peftlab.lab.spec import Sweep, add_output_flags, load_spec
-from peftlab.lab.store import (
-    FINISHED, RESULT_STATUSES, Store, StoreWriteError, config_key, epochs_run, is_pruned_result, move_run_folder,
-    pruned_dir, short_key)
-
-DEFAULT_TRAIN = "peftlab.training.loop:train"
-OUT_OF_SPACE = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # a full disk, a file-size limit, a quota
-
-
-# --------------------------------------------------------------------------- one run
-
-
-def resolve_train_fn(train_fn: Callable | str | None) -> Callable:
-    if callable(train_fn):
-        return train_fn
-    module_name, _, attr = (train_fn or DEFAULT_TRAIN).partition(":")
-    return getattr(importlib.import_module(module_name), attr)
-
-
-def _train_fn_name(train_fn: Callable | str | None) -> str:
-    if train_fn is None or isinstance(train_fn, str):
-        return train_fn or DEFAULT_TRAIN
-    name = f"{train_fn.__module__}:{train_fn.__qualname__}"
-    if train_fn.__module__ == "__main__" or "<" in train_fn.__qualname__:
-        raise ValueError(f"--workers needs an importable train function, got {name}")
-    return name
-
-
-def _dir_config_key(out: Path) -> str | None:
-    """The key of the config an existing run folder was started with, or None."""
-    import yaml
-
-    try:
-        data = yaml.safe_load((out / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return config_key(data) if isinstance(data, dict) else None
-
-
-def run_one(run_config: dict, key: str, train_fn: Callable, store: Store, *, adopt_pruned: bool = False) -> str:
-    """Run a claimed run (already marked running by this process) and record its outcome; returns the status.
-
-    An output folder from an earlier attempt is reused: a finished result.json is adopted, a checkpoint
-    is resumed, anything else (or a folder of another config) is replaced. A pruned result there is adopted
-    only with ``adopt_pruned`` (a tune trial killed before it was recorded); otherwise (a sweep's cell: it
-    needs the complete run) that folder is renamed aside to its pruned name and the run trains afresh.
-    """
-    from peftlab.training import run_folder as runfiles
-    from peftlab.config import TrainConfig, build_config
-
-    out = Path(run_config["output_dir"])
-    overrides = {k: v for k, v in run_config.items() if k not in ("resume", "overwrite")}
-    try:
-        existing = runfiles.read_result(out)
-        same_run = bool(existing) and config_key(existing.get("config") or {}) == key
-        if same_run and is_pruned_result(existing) and not adopt_pruned:
-            aside = pruned_dir(out, epochs_run(existing))
-            move_run_folder(out, aside)
-            print(f"{out} held a pruned trial of this config (moved to {aside}): training the complete run")
-        elif same_run and existing.get("status") in FINISHED:
-            print(f"adopting the finished result in {out}")
-            store.finish(key, existing)
-            return existing["status"]
-        same_config = _dir_config_key(out) == key
-        resume = out.is_dir() and same_config and runfiles.has_checkpoint(out)
-        overwrite = out.is_dir() and not resume
-        cfg = build_config(TrainConfig, overrides={**overrides, "resume": resume, "overwrite": overwrite})
-        if resume:
-            print(f"resuming {out} from its checkpoint")
-        result = train_fn(cfg)
-        if not isinstance(result, dict) or result.get("status") not in RESULT_STATUSES:
-            raise RuntimeError(f"the train function returned no valid result (status "
-                               f"{result.get('status') if isinstance(result, dict) else type(result).__name__})")
-        if result["status"] == "failed" and not result.get("status_reason"):
-            result = {**result, "status_reason": "the run reported status failed"}
-        store.finish(key, result)
-        return result["status"]
-    except StoreWriteError:
-        raise  # the store refused a write: nothing more can be recorded; the caller hands the run back
-    except Exception as err:  # noqa: BLE001 - any failure of one run is recorded; the sweep goes on
-        full = out_of_space(err)
-        if full is not None:  # the machine's fault, not the run's: never recorded failed (the caller releases it)
-            raise no_space_error(full, key) from None
-        with contextlib.suppress(OSError):  # the log may be on the full disk too
-            traceback.print_exc()
-        message = str(err) if isinstance(err, PeftlabError) else f"{type(err).__name__}: {err}"
-        store.fail(key, " ".join(message.split())[:2000] or type(err).__name__)
-        return "failed"
-    finally:
-        gc.collect()
-
-
-@contextlib.contextmanager
-def _output_to(path: Path | None):
-    """Send this process's stdout and stderr (file descriptors 1 and 2, so C output too) to ``path``."""
-    if path is None:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    saved = os.dup(1), os.dup(2)
-    try:
-        with open(path, "a", buffering=1) as log:
-            os.dup2(log.fileno(), 1)
-            os.dup2(log.fileno(), 2)
-            try:  # Python-level streams too, in case they are not file descriptors 1/2 (pytest, notebooks)
-                with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                    yield
-            finally:
-                for stream in (sys.stdout, sys.stderr):
-                    with contextlib.suppress(Exception):
-                        stream.flush()
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-
-
-def _attempt(run: dict, store: Store, train_fn: Callable, log_path: Path | None, *,
-             adopt_pruned: bool = False, wait_if_held: bool = True, poll_seconds: float = 1.0) -> str | None:
-    """Claim ``run`` and run it (:func:`run_one`); None when it was not claimable: finished, failed, or held by
-    another live process. With ``wait_if_held`` (a tune's trial or seed re-run, whose outcome the caller reads
-    next) a run another process on this machine holds is waited for: then its outcome is in the store, or it
-    is pending again (its holder died or gave it back) and is claimed here. A sweep's own rounds pass False
-    and wait for such runs after every other run (:func:`_next_round`)."""
-    row = store.claim(run["key"])
-    while row is None and wait_if_held and _held_on_this_host(store, run["key"]):
-        time.sleep(poll_seconds)
-        store.prepare([run["key"]])  # a holder that died meanwhile: pending again
-        row = store.claim(run["key"])
-    if row is None:
-        return None
-    try:
-        with _output_to(log_path):
-            if log_path is not None:
-                print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} attempt "
-                      f"{row['attempts'] + 1} (pid {os.getpid()})", flush=True)
-            return run_one(run["config"], run["key"], train_fn, store, adopt_pruned=adopt_pruned)
-    except BaseException as err:  # Ctrl-C, SystemExit, a full disk: hand the run back for the next sweep
-        with contextlib.suppress(PeftlabError):  # if even that write fails, its dead owner frees it later
-            store.release(run["key"])
-        full = None if isinstance(err, PeftlabError) else out_of_space(err)
-        if full is not None:  # e.g. the run's log could not be written
-            raise no_space_error(full, run["key"]) from None
-        raise
-
-
-def out_of_space(err: BaseException | None) -> str | None:
-    """What the full disk behind ``err`` says (no space, file too large, quota exceeded; or SQLite's disk error
-    under any database layer, e.g. Optuna's SQLAlchemy), or None when ``err`` is not one."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in OUT_OF_SPACE:
-            return (err.strerror or str(err)) + (f" ({err.filename})" if err.filename else "")
-        if isinstance(err, sqlite3.OperationalError) and ("disk I/O error" in str(err) or "disk is full" in str(err)):
-            return str(err)
-        err = err.__cause__ or err.__context__
-    return None
-
-
-DISK_FIX = ("free disk space (or raise the quota or file-size limit), then rerun the same command: unfinished "
-            "runs are pending again and resume from their last checkpoint; finished runs are kept")
-
-
-def no_space_error(why: str, key: str) -> PeftlabError:
-    return PeftlabError(f"no space left for run {short_key(key)}: {why}", fix=DISK_FIX)
-
-
-def _held_on_this_host(store: Store, key: str) -> bool:
-    import socket
-
-    row = store.get(key)
-    owner = (row or {}).get("owner") or ""
-    return bool(row) and row["status"] == "running" and owner != store.owner and owner.startswith(
-        socket.gethostname() + "|")
+from peftlab.lab.store import Store, short_key
+from peftlab.lab.store_schema import FINISHED
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -228,9 +48,24 @@ class SweepOutcome:
         return self.counts.get("pending", 0) == 0 and self.counts.get("running", 0) == 0
 
 
+def local_backend(train_fn: Callable | str | None, workers: int) -> Callable[..., Executor]:
+    """The executor of ``--workers N``: this process (0), else N spawned processes, one per run."""
+    def make(store: Store, log_dir, note) -> Executor:
+        if workers <= 0:
+            return InProcess(store, train_fn, log_dir, wait_if_held=False)
+        from peftlab.lab.sweep_workers import LocalProcesses
+
+        return LocalProcesses(store, train_fn, log_dir, workers=workers, note=note)
+
+    return make
+
+
 def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, train_fn: Callable | str | None = None,
-              progress: bool = True, capture_output: bool = True, poll_seconds: float = 1.0) -> SweepOutcome:
-    """Run every unfinished run of ``sweep``; the train function is injectable (callable or "module:attr")."""
+              progress: bool = True, capture_output: bool = True, poll_seconds: float = 1.0,
+              backend: Callable[..., Executor] | None = None) -> SweepOutcome:
+    """Run every unfinished run of ``sweep``; the train function is injectable (callable or "module:attr").
+    ``backend(store, log_dir, note)`` makes the executor (default :func:`local_backend`; Ray:
+    :func:`peftlab.lab.ray_backend.run_sweep_ray`)."""
     from tqdm.auto import tqdm
 
     sweep.output_root.mkdir(parents=True, exist_ok=True)
@@ -277,28 +112,31 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
                 note(f"run {short_key(row['key'])} ({run.describe()}): {row['status']}, {finished_summary(row)}")
         return now
 
+    executor: Executor | None = None
     try:
-        fn = resolve_train_fn(train_fn) if workers <= 0 else None
         round_keys: set[str] | None = set(to_run)
         while round_keys is not None:  # a round runs what is pending; then what others left (see _next_round)
             to_run |= round_keys
-            payload = [{"key": run.key, "config": run.config} for run in sweep.runs if run.key in round_keys]
-            if workers <= 0:
-                for run in payload:
-                    log = log_dir / f"{short_key(run['key'])}.log" if log_dir else None
-                    _attempt(run, store, fn, log, wait_if_held=False)
-                    refresh()
-            elif payload:
-                from peftlab.lab.sweep_workers import run_workers
-
-                run_workers(sweep, store, payload, workers=min(workers, len(payload)),
-                            train_fn_name=_train_fn_name(train_fn), log_dir=log_dir, refresh=refresh, note=note,
-                            poll_seconds=poll_seconds)
+            queue = [{"key": run.key, "config": run.config} for run in sweep.runs if run.key in round_keys]
+            if queue and executor is None:  # started only when there is something to run (Ray connects)
+                executor = (backend or local_backend(train_fn, workers))(store, log_dir, note)
+            while queue or (executor is not None and len(executor)):
+                while queue and len(executor) < executor.slots:
+                    executor.submit(queue.pop(0))  # a run another live process holds is skipped: see _next_round
+                if len(executor):
+                    executor.wait(poll_seconds)
+                refresh()
             counts = refresh()
             round_keys = _next_round(sweep, store, note, poll_seconds=poll_seconds)
         counts = refresh()
         statuses = store.statuses()
+    except BaseException:
+        if executor is not None:
+            executor.abort()  # the runs in flight are handed back: the next sweep resumes them
+        raise
     finally:
+        if executor is not None:
+            executor.close()
         bar.close()
         if bar_file is not None:
             bar_file.close()
@@ -326,7 +164,7 @@ def _next_round(sweep: Sweep, store: Store, note, *, poll_seconds: float) -> set
         pending = {key for key in sweep.keys if statuses.get(key) == "pending"}
         if pending:
             return pending
-        held = {key for key in sweep.keys if statuses.get(key) == "running" and _held_on_this_host(store, key)}
+        held = {key for key in sweep.keys if statuses.get(key) == "running" and held_on_this_host(store, key)}
         if not held:
             return None
         if held - waited:
@@ -366,7 +204,7 @@ def add_parser(sub) -> None:
                     "and run each run once, recording it in an SQLite results store. Re-running skips finished "
                     "runs and resumes unfinished ones.")
     parser.add_argument("spec", metavar="SPEC.yaml", help="sweep spec (see configs/sweeps/)")
-    parser.add_argument("--workers", type=int, default=0, metavar="N",
+    parser.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
                         help="run in N worker processes (default 0: one run at a time in this process)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     parser.add_argument("--dry-run", action="store_true", help="print the grid (one line per run) and its size")

@@ -1,121 +1,133 @@
-"""``peftlab sweep --workers N``: N spawned processes that claim runs from the results store and train them.
+"""``peftlab sweep --workers N``: each run in a fresh spawned process (``concurrent.futures``, one task per child).
 
-Each worker loops over the sweep's pending runs, claiming each in a ``BEGIN IMMEDIATE`` transaction (a run
-another worker took first is skipped), and dies with the sweep (``PR_SET_PDEATHSIG``). The sweep's process
-watches them: a worker that dies (the OOM killer, a crash) has its running rows marked failed and is replaced.
-A worker that stops on a user-facing error (a full disk, a store that refuses writes: one line, exit status 2)
-has handed its run back; the sweep starts no more workers and stops with that error.
+An executor (:class:`peftlab.lab.runner.Executor`) whose runs are claimed and recorded by the sweep's process,
+the only writer of the store; a worker trains one run (:func:`peftlab.lab.runner.run_detached`) and exits, so
+no run inherits another's memory, threads or compiled code. Each slot is its own one-process pool: a worker
+that dies (the OOM killer, a crash) breaks only its pool, so its run is known, recorded failed, and the slot
+gets a new pool while the other runs go on. A worker watches its parent and exits when the sweep dies (a
+SIGKILLed sweep must not leave runs training in the background, into folders its rerun resumes). A run that
+meets a full disk is handed back (pending) and the sweep stops with that one line once the others ended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sys
+import signal
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any, Callable
 
-from peftlab.errors import USER_ERROR_EXIT, PeftlabError
+from peftlab.lab.runner import Detached, log_path, resolve_train_fn, run_detached, train_fn_name
 from peftlab.lab.store import Store, short_key
 
-
-def _set_parent_death_signal() -> None:
-    """Linux: die with the parent (a SIGKILLed sweep must not leave workers training in the background)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+PARENT_POLL_SECONDS = 0.5
 
 
-def worker_main(store_path: str, runs: list[dict], train_fn_name: str, log_dir: str | None, threads: int,
-                parent_pid: int) -> None:
-    try:
-        _work(store_path, runs, train_fn_name, log_dir, threads, parent_pid)
-    except PeftlabError as err:  # one line, as the CLI prints it; the run was handed back
-        print(f"peftlab: error: {err}", file=sys.stderr, flush=True)
-        sys.exit(USER_ERROR_EXIT)
+def _die_with(parent_pid: int) -> None:
+    """In a worker: exit as soon as the sweep that started it is gone (it is then re-parented)."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(1)
 
 
-def _work(store_path: str, runs: list[dict], train_fn_name: str, log_dir: str | None, threads: int,
-          parent_pid: int) -> None:
-    from peftlab.lab.sweep import _attempt, resolve_train_fn
-
-    _set_parent_death_signal()
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+def start_worker(parent_pid: int, threads: int, pids) -> None:
+    """A worker's initializer: its pid to the sweep (which may have to stop it), its share of the CPU threads,
+    and the watch on its parent."""
+    if os.getppid() != parent_pid:  # the parent died before the worker started
         os._exit(1)
+    pids.put(os.getpid())
+    threading.Thread(target=_die_with, args=(parent_pid,), daemon=True, name="peftlab-parent-watch").start()
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    train_fn = resolve_train_fn(train_fn_name)
     try:
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     except ImportError:  # pragma: no cover - a fake train function in tests
         pass
-    store = Store(store_path)
-    order = [run["key"] for run in runs]
-    by_key = {run["key"]: run for run in runs}
-    while True:
-        statuses = store.statuses()
-        candidates = [key for key in order if statuses.get(key) == "pending"]
-        if not candidates:
-            break
-        for key in candidates:  # a run another worker took first is skipped by _attempt
-            log = Path(log_dir) / f"{short_key(key)}.log" if log_dir else None
-            _attempt(by_key[key], store, train_fn, log, wait_if_held=False)
-    store.close()
 
 
+def train_in_worker(run: dict, fn_name: str, log: str | None) -> dict:
+    return run_detached(run, resolve_train_fn(fn_name), Path(log) if log else None, where="in a sweep worker",
+                        adopt_pruned=False)
 
 
-def run_workers(sweep, store: Store, payload: list[dict], *, workers: int, train_fn_name: str,
-                 log_dir: Path | None, refresh, note, poll_seconds: float) -> None:
-    import multiprocessing
+class LocalProcesses(Detached):
+    """``workers`` runs at a time, each in a fresh spawned process of this machine."""
 
-    ctx = multiprocessing.get_context("spawn")
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    args = (str(sweep.store_path), payload, train_fn_name, str(log_dir) if log_dir else None, threads, os.getpid())
+    def __init__(self, store: Store, train_fn: Callable | str | None, log_dir: Path | None, *, workers: int,
+                 note: Callable[[str], None] = lambda message: None):
+        import multiprocessing
 
-    def start():
-        proc = ctx.Process(target=worker_main, args=args, daemon=True, name="peftlab-sweep-worker")
-        proc.start()
-        return proc
+        super().__init__(store)
+        self.slots, self.log_dir, self.note = workers, log_dir, note
+        self.fn_name = train_fn_name(train_fn)
+        self.context = multiprocessing.get_context("spawn")
+        self.threads = max(1, (os.cpu_count() or 1) // workers)
+        self.idle: list[Slot] = []
+        self.busy: dict[Future, tuple[str, Slot]] = {}
 
-    procs = [start() for _ in range(workers)]
-    deaths, stopped = 0, 0
-    try:
-        while procs:
-            time.sleep(poll_seconds)
-            for proc in list(procs):
-                if proc.is_alive():
-                    continue
-                proc.join()
-                procs.remove(proc)
-                if proc.exitcode == USER_ERROR_EXIT:  # it printed its one line and handed its run back
-                    stopped += 1
-                elif proc.exitcode != 0:
-                    deaths += 1
-                    how = f"signal {-proc.exitcode}" if proc.exitcode < 0 else f"exit status {proc.exitcode}"
-                    lost = store.fail_owned_by(proc.pid, f"worker process died ({how})")
-                    note(f"a sweep worker died ({how}); {len(lost)} run(s) marked failed")
-                    if store.counts([p["key"] for p in payload])["pending"] and deaths < len(payload) \
-                            and not stopped:
-                        procs.append(start())
-            refresh()
-        if stopped:
-            raise PeftlabError(f"{stopped} sweep worker(s) stopped on the error printed above; their runs are "
-                               "pending again", fix="fix that, then rerun the same command: it resumes")
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+    def _slot(self) -> "Slot":
+        return self.idle.pop() if self.idle else Slot(self.context, self.threads)
+
+    def start(self, run: dict, reporter) -> None:
+        log = log_path(self.log_dir, run["key"])
+        slot = self._slot()
+        future = slot.pool.submit(train_in_worker, run, self.fn_name, str(log) if log else None)
+        self.busy[future] = (run["key"], slot)
+
+    def finished(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+        if not self.busy:
+            return []
+        done, _ = wait_futures(list(self.busy), timeout=timeout, return_when=FIRST_COMPLETED)
+        out = []
+        for future in done:
+            key, slot = self.busy.pop(future)
+            try:
+                out.append((key, future.result()))
+                self.idle.append(slot)
+            except BrokenProcessPool:  # its worker died mid-run: that run is lost, the others go on
+                slot.pool.shutdown(wait=False)
+                self.note(f"a sweep worker died training run {short_key(key)}: marked failed")
+                out.append((key, {"result": None, "error": "worker process died (killed, or it crashed: see its log)"}))
+        return out
+
+    def cancel(self) -> None:
+        for future, (_, slot) in list(self.busy.items()):
+            slot.stop(future)
+        self.busy.clear()
+        self.close()
+
+    def close(self) -> None:
+        for slot in self.idle:
+            slot.pool.shutdown(wait=True)
+        self.idle.clear()
+
+
+class Slot:
+    """A one-process pool, and the pids its workers report (one worker alive at a time: the last one)."""
+
+    def __init__(self, context, threads: int):
+        self.pids = context.SimpleQueue()
+        self.pool = ProcessPoolExecutor(max_workers=1, mp_context=context, max_tasks_per_child=1,
+                                        initializer=start_worker, initargs=(os.getpid(), threads, self.pids))
+
+    def stop(self, future: Future) -> None:
+        """End the run in flight (Ctrl-C of the sweep; the caller hands the run back), then the pool."""
+        pid = None
+        while not self.pids.empty():
+            pid = self.pids.get()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if pid is None or future.done():
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+            with contextlib.suppress(Exception):
+                future.exception(timeout=10)
+        self.pool.shutdown(wait=False, cancel_futures=True)

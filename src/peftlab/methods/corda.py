@@ -26,8 +26,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-# --corda-* options: CordaOptions (cfg.corda; it builds peft's CordaConfig), torch-free beside the other groups
-from peftlab.methods.options import CORDA_MODES, CordaOptions  # noqa: F401
+# --corda-* options: peftlab.config.CordaOptions (cfg.corda), declared with the config (torch-free)
 
 # keys of a collated example that are not model inputs for a calibration forward pass
 _NOT_INPUTS = ("labels", "label", "length")

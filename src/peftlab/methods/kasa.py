@@ -26,8 +26,7 @@ import torch
 from torch import nn
 
 from peftlab.errors import PeftlabError
-# --kasa-* options: KasaOptions (cfg.kasa), torch-free beside the other method option groups
-from peftlab.methods.options import KASA_MODES, KasaOptions  # noqa: F401
+# --kasa-* options: peftlab.config.KasaOptions (cfg.kasa), declared with the config (torch-free)
 
 
 def kasa_modules(model: nn.Module) -> list[nn.Module]:

@@ -12,51 +12,14 @@ group is split in a decay and a no-decay half.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-from peftlab.errors import PeftlabError
+from peftlab.config import OptimConfig  # the optimizer's options: declared with the config (cfg.optim)
 from peftlab.methods.targets import ResolvedTargets
 
 GROUP_ORDER = ("q", "k", "v", "o", "gate", "up", "down", "head", "other")
 _PEFT_PREFIX = "base_model.model."
-
-
-@dataclass
-class OptimConfig:
-    """Optimizer: per-projection learning rates (Yao et al.) and AdamW"""
-
-    lr: float = 1e-4
-    """Learning rate of q and k (eta_QK)."""
-    lr_ratio: float = 1.0
-    """lambda = eta_V / eta_QK (Yao et al. use 2, 4, 8); v's learning rate is lr_ratio * lr."""
-    head_lr: float | None = None
-    """Learning rate of the task head (None here: lr; `peftlab train` fills in the method's default head lr)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay for matrices (tensors of 2+ dimensions); vectors (biases, norms, DoRA magnitudes, KaSA singular values, VeRA/FourierFT vectors) never decay."""
-
-    def __post_init__(self):
-        for flag, value in (("--lr", self.lr), ("--lr-ratio", self.lr_ratio), ("--head-lr", self.head_lr)):
-            if value is None and flag == "--head-lr":
-                continue
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
-                raise PeftlabError(f"{flag} must be a number, got '{value}'") from None
-            if not math.isfinite(number) or number <= 0:
-                raise PeftlabError(f"{flag} must be a finite number > 0, got {value}", fix=f"e.g. {flag} 2" if "ratio" in flag else f"e.g. {flag} 1e-4")
-        if not math.isfinite(float(self.weight_decay)) or float(self.weight_decay) < 0:
-            raise PeftlabError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay}")
-
-    def lr_of(self, group: str) -> float:
-        if group == "v":
-            return self.lr * self.lr_ratio
-        if group == "head":
-            return self.head_lr if self.head_lr is not None else self.lr
-        return self.lr
 
 
 def group_of(param_name: str, targets: ResolvedTargets, heads: list[str]) -> str:

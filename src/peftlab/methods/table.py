@@ -24,81 +24,16 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from peftlab.errors import PeftlabError, unknown
-from peftlab.methods.options import (CordaOptions, FourierFTOptions, KasaOptions, VeraOptions, as_options,
-                                     require_finite, require_int)
-from peftlab.methods.targets import NO_TARGETS, ResolvedTargets, head_module_names, parse_targets, resolve_targets
+from peftlab.config import MethodConfig  # the schema of a method's options: declared with the config
+from peftlab.errors import PeftlabError
+from peftlab.methods.options import corda_peft_config, kasa_peft_config
+from peftlab.methods.targets import NO_TARGETS, ResolvedTargets, head_module_names, resolve_targets
 
 if TYPE_CHECKING:  # torch and the SVD/KaSA/CorDA modules load when a model is adapted, not to list the table
     import torch
     from torch import nn
 
     from peftlab.methods.fused_qkv import FusedSplit
-
-
-@dataclass
-class MethodConfig:
-    """Method: which attention projections to adapt, and how"""
-
-    method: str = "lora"
-    """Fine-tuning method: full, lora, dora, pissa, milora, kasa, corda, vera, fourierft, or head (the task head alone, at --head-lr: no adapter, the base frozen)."""
-    targets: tuple[str, ...] = ("q", "v")
-    """Projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v) and the MLP's gate, up, down (at --lr). Not used by --method head."""
-    layers: str | None = None
-    """Adapt only these transformer blocks, e.g. 6-11 or 0,2,4 (0 = the first); default: all."""
-    rank: int = 8
-    """Adapter rank r (LoRA family, KaSA, VeRA). Ignored by full and fourierft."""
-    alpha: float = 16.0
-    """LoRA scaling numerator: the update is scaled by alpha / rank."""
-    dropout: float = 0.0
-    """Dropout on the adapter input (LoRA family)."""
-    # Each method's own options, nested like peft's LoraConfig(kasa_config=KasaConfig(...)): cfg.kasa.beta.
-    # Flags, YAML, config.yaml and run keys spell them flat, kasa_beta (peftlab.config_cli flattens/nests).
-    kasa: KasaOptions = field(default_factory=KasaOptions)
-    """KaSA's options (--kasa-*)."""
-    corda: CordaOptions = field(default_factory=CordaOptions)
-    """CorDA's options (--corda-*)."""
-    vera: VeraOptions = field(default_factory=VeraOptions)
-    """VeRA's options (--vera-*)."""
-    fourierft: FourierFTOptions = field(default_factory=FourierFTOptions)
-    """FourierFT's options (--fourierft-*)."""
-
-    def __post_init__(self):
-        self.method = str(self.method).lower()
-        if self.method not in METHODS:
-            raise unknown("method", self.method, METHODS, where="--method")
-        if METHODS[self.method].adapts_projections:
-            self.targets = parse_targets(self.targets)
-        else:  # head-only: no projection is adapted, and the config (run key, result.json) says so
-            self.targets, self.layers = (), None
-        require_int(self.rank, "--rank", positive=True)
-        if self.layers is not None:
-            from peftlab.methods.targets import parse_layers
-
-            self.layers = ",".join(map(str, parse_layers(self.layers))) or None  # canonical: the run key is stable
-        require_finite(self.alpha, "--alpha", positive=True)
-        require_finite(self.dropout, "--dropout")
-        if not 0.0 <= self.dropout < 1.0:
-            raise PeftlabError(f"--dropout must be in [0, 1), got {self.dropout}", fix="e.g. --dropout 0.05")
-        # a group given as a mapping (MethodConfig(kasa={"beta": 0.01})) becomes its dataclass, checked there
-        self.kasa = as_options(KasaOptions, self.kasa, "kasa")
-        self.corda = as_options(CordaOptions, self.corda, "corda")
-        self.vera = as_options(VeraOptions, self.vera, "vera")
-        self.fourierft = as_options(FourierFTOptions, self.fourierft, "fourierft")
-
-    @classmethod
-    def from_dict(cls, data):
-        """The config of a dict keyed as ``to_dict()``, config.yaml and sweep cells spell options (flat:
-        ``kasa_beta``); nested groups (``kasa={"beta": ...}`` or a :class:`KasaOptions`) are accepted too."""
-        from peftlab.config_cli import from_flat
-
-        return from_flat(cls, data)
-
-    def to_dict(self) -> dict:
-        """Flat, as config.yaml and result.json hold it (``kasa_beta``, ``targets: q,v``): the run key's input."""
-        from peftlab.config_cli import flat_dict
-
-        return flat_dict(self)
 
 
 # --------------------------------------------------------------------------- builders
@@ -165,7 +100,7 @@ def build_kasa(model, cfg, targets, heads, task_type):
     """peft's KaSA + --kasa-truncate-rank/--kasa-mode; returns ``Built`` with the truncation plan."""
     from peftlab.methods import kasa
 
-    config = _lora_config(cfg, targets, heads, task_type, kasa_config=cfg.kasa.peft_config())
+    config = _lora_config(cfg, targets, heads, task_type, kasa_config=kasa_peft_config(cfg.kasa))
     model, plan, dropped = kasa.build(model, cfg, config, targets.all_modules)
     return Built(model, kasa_plan=plan, kasa_dropped=dropped)
 
@@ -174,7 +109,7 @@ def build_corda(model, cfg, targets, heads, task_type, calibration):
     from peftlab.methods import corda
 
     config = _lora_config(cfg, targets, heads, task_type, init_lora_weights="corda",
-                          corda_config=cfg.corda.peft_config())
+                          corda_config=corda_peft_config(cfg.corda))
     return corda.build(model, config, cfg, calibration)
 
 

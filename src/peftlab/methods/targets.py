@@ -18,12 +18,12 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from peftlab.config import PROJECTIONS, parse_layers  # declared once, with --targets / --layers (pure text)
 from peftlab.errors import PeftlabError
 
 if TYPE_CHECKING:  # torch loads when a model is inspected, not when targets are parsed
     from torch import nn
 
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # attention, then the MLP's (they train at --lr)
 MLP_PROJECTIONS = ("gate", "up", "down")
 
 # Patterns match the tail of a module's dotted name. Each projection is found by the first pattern
@@ -104,22 +104,6 @@ def parse_targets(targets) -> tuple[str, ...]:
 
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
-
-
-def parse_layers(text: str | None) -> tuple[int, ...] | None:
-    """``"6-11"``, ``"0,2,4"`` or ``"0-3,8"`` -> sorted layer indices; None (all layers) for None/""."""
-    if text is None or not str(text).strip():
-        return None
-    out: set[int] = set()
-    for piece in str(text).split(","):
-        piece = piece.strip()
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", piece)
-        if not match or (match.group(2) is not None and int(match.group(2)) < int(match.group(1))):
-            raise PeftlabError(f"--layers '{text}': '{piece}' is not a layer index or range",
-                               fix="use indices and ranges from 0, e.g. --layers 6-11 or --layers 0,2,4")
-        low, high = int(match.group(1)), int(match.group(2) or match.group(1))
-        out.update(range(low, high + 1))
-    return tuple(sorted(out))
 
 
 def layer_of(module_name: str) -> int | None:

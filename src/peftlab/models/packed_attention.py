@@ -8,7 +8,9 @@ masked; padding to the longest costs only batch x longest². :func:`packed_sdpa_
 transformers' own ``sdpa_attention_forward`` once per example instead, causal, on the example's slice of the
 row (the boundaries are the collator's ``cu_seq_lens_q``), which is the sum of the examples' own squares, what
 the padded batch's real tokens cost. Without those boundaries (an evaluation or generation batch, padded, with its
-mask) it is plain SDPA, so a model switched to it evaluates and generates as before.
+mask) it is plain SDPA, so a model switched to it evaluates and generates as before. Under ``--compile`` the
+per-example loop (:func:`attend_each_example`) runs eagerly between the compiled graphs: a graph break in each
+layer, never a recompile per batch (its loop depends on the row's boundaries).
 
 :func:`use_packed_attention` switches a model that runs SDPA to it (``model.set_attn_implementation``; the setting
 is not saved with the model's config), registering it first with transformers' ``AttentionInterface`` and, for
@@ -19,6 +21,8 @@ example would be lost); their packed rows keep transformers' block-diagonal mask
 
 from __future__ import annotations
 
+import torch
+
 IMPLEMENTATION = "peftlab_packed_sdpa"
 BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
@@ -27,7 +31,6 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
                           is_causal=None, **kwargs):
     """transformers' attention-function signature: ``query``/``key``/``value`` (batch, heads, length, head dim)
     -> (attention output (batch, length, heads, head dim), None)."""
-    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     bounds = kwargs.get("cu_seq_lens_q")
@@ -35,11 +38,22 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     if bounds is None or query.shape[0] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    return attend_each_example(module, query, key, value, bounds, dropout, scaling, kwargs), None
+
+
+# Eager even inside a compiled model (--compile): the loop's length is the row's example count and its slices
+# are read off the boundaries (.tolist()), so a traced loop would be specialised on them, one recompile per
+# batch. torch.compiler.disable makes it a graph break instead: the layers around it stay compiled.
+@torch.compiler.disable
+def attend_each_example(module, query, key, value, bounds, dropout, scaling, kwargs):
+    """SDPA once per example of a packed row, causal, on its slice ``bounds[i]:bounds[i + 1]``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     edges = [int(e) for e in bounds.tolist()]
     pieces = [sdpa_attention_forward(module, query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
                                      None, dropout=dropout, scaling=scaling, is_causal=True, **kwargs)[0]
               for start, end in zip(edges[:-1], edges[1:])]
-    return torch.cat(pieces, dim=1), None
+    return torch.cat(pieces, dim=1)
 
 
 def register() -> None:

@@ -24,6 +24,7 @@ import io
 from typing import Any
 
 from peftlab.errors import PeftlabError
+from peftlab.io_utils import read_text_utf8
 
 TRAIN_FILE = "e2e/devset.csv"
 TEST_FILE = "e2e/testset_w_refs.csv"
@@ -35,10 +36,7 @@ DATASET_NOTE = ("the official E2E training set is not available offline: trained
 
 def read_e2e_csv(path) -> list[tuple[str, str]]:
     """``(mr, ref)`` rows of an E2E CSV (header ``mr,ref``); one line naming the file and line when malformed."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=str(path)) from None
+    text = read_text_utf8(path)
     reader = csv.reader(io.StringIO(text))
     try:
         header = next(reader, None)

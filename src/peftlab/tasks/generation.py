@@ -4,8 +4,6 @@
   sorted by length, left-padded into batches, ``model.generate`` with a greedy
   :class:`transformers.GenerationConfig` that stops at EOS / the chat end-of-turn token (:func:`stop_token_ids`)
   or ``max_new_tokens``, optionally a per-row stopping rule on the text so far.
-* :func:`generate`, peftlab's earlier hand-written greedy loop (KV cache, finished rows leave the batch): the
-  same tokens (tests check it), kept only for ``peftlab bench --decode``, which times the two.
 * :func:`generation_evaluator`, the ``evaluate(model, accelerator, tag)`` of those tasks: prompts are sharded by
   index across processes (``accelerate launch``), the texts gathered with ``accelerate.utils.gather_object``,
   scored, and (main process only) written to ``<output_dir>/generations_<tag>.jsonl``, a file named in the
@@ -46,73 +44,6 @@ def stop_token_ids(tokenizer) -> list[int]:
         if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None) and tid not in ids:
             ids.append(tid)
     return ids
-
-
-def _cache_argument(model) -> str:
-    """The forward argument that takes the KV cache: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
-@torch.no_grad()
-def generate(model, tokenizer, prompts: Sequence[list[int]], *, max_new_tokens: int, batch_size: int,
-             device=None, stop_when: Callable[[str], bool] | None = None) -> list[str]:
-    """Greedy completions of token-id prompts, decoded without special tokens: the hand-written loop that
-    ``peftlab bench --decode`` times against :func:`generate_greedy` (evaluation runs that one).
-
-    Batches of similar prompt lengths, left-padded, with the KV cache. A sequence ends at EOS / end of turn
-    (:func:`stop_token_ids`), after ``max_new_tokens`` tokens, or when ``stop_when(text so far)`` turns true
-    (checked at each newline). Finished sequences leave the batch (their rows are dropped from the cache), so
-    one long generation does not keep the other 63 computing padding: the cost is the sum of the generated
-    lengths, not batches x the longest. Token for token this is ``model.generate(do_sample=False)``.
-    """
-    from transformers import DynamicCache
-
-    device = device or next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stops = set(stop_token_ids(tokenizer))
-    cache_arg = _cache_argument(model)
-    ends_line: dict[int, bool] = {}  # token id -> its text holds a newline (decoded once per id, not per step)
-    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths share a batch
-    generated: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        ids, mask = left_padded([prompts[i] for i in chunk], pad)
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        alive = list(chunk)  # prompt index of each row still generating
-        cache = DynamicCache(config=getattr(model, "config", None))
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_arg: cache},
-                       use_cache=True, logits_to_keep=1).logits[:, -1]
-        next_position = positions[:, -1] + 1
-        for step in range(int(max_new_tokens)):
-            tokens = logits.argmax(-1)
-            keep = []
-            for row, token in enumerate(tokens.tolist()):
-                index = alive[row]
-                if token in stops:
-                    continue
-                generated[index].append(token)
-                if token not in ends_line:
-                    ends_line[token] = "\n" in tokenizer.decode([token])
-                if stop_when is not None and ends_line[token] and stop_when(
-                        tokenizer.decode(generated[index], skip_special_tokens=True)):
-                    continue
-                keep.append(row)
-            if not keep or step == int(max_new_tokens) - 1:
-                break
-            if len(keep) < len(alive):
-                rows = torch.as_tensor(keep, device=device)
-                cache.batch_select_indices(rows)
-                mask, tokens, next_position = mask[rows], tokens[rows], next_position[rows]
-                alive = [alive[row] for row in keep]
-            mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
-            logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None],
-                           **{cache_arg: cache}, use_cache=True).logits[:, -1]
-            next_position = next_position + 1
-    return [tokenizer.decode(generated[i], skip_special_tokens=True).strip() for i in range(len(prompts))]
 
 
 def write_generations(path: str | os.PathLike, records: list[dict]) -> None:

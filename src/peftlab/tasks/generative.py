@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Callable
 
 from peftlab.errors import PeftlabError
-from peftlab.tasks.generation import (  # noqa: F401 - the families' evaluation; importable from here too
-    StopWhen, generate_greedy, generation_evaluator)
 
 LLM_ADAPTERS_FIX = "use the published LLM-Adapters files unchanged"
 

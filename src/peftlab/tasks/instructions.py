@@ -58,7 +58,7 @@ import torch
 from peftlab.errors import PeftlabError
 from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest, train_examples_digest
 from peftlab.tasks.generation import (  # noqa: F401 - moved there; importable from here too
-    generate, generate_greedy, generation_evaluator, generation_file, read_generations, stop_token_ids,
+    generate_greedy, generation_evaluator, generation_file, read_generations, stop_token_ids,
     write_generations)
 from peftlab.tasks.instruction_data import (  # noqa: F401 - moved there; importable from here too
     FORMAT_VERSION, HELD_OUT_FRACTION, HUB, LOCAL, SPLIT_SEED, Fields, held_out_split, load_instruction_data,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from peftlab.errors import PeftlabError
+from peftlab.io_utils import read_text_utf8
 
 _TEXT_TYPES = ("string", "large_string", "null")  # a text field as datasets types it (null: absent everywhere)
 
@@ -70,7 +71,10 @@ def _load_json_with_datasets(path: Path, text_fields: tuple[str, ...]) -> list[J
         return None  # e.g. a list of lists, read as one "text" column: the by-hand pass says "not an object"
     if any(name in columns and getattr(columns[name], "dtype", None) not in _TEXT_TYPES for name in text_fields):
         return None
-    rows = ds.to_list()
+    try:  # a value the builder read but cannot decode (e.g. a non-UTF-8 byte inside a string) fails only here
+        rows = ds.to_list()
+    except Exception:  # noqa: BLE001 - the by-hand pass names the line and what is wrong with it
+        return None
     raw = path.read_bytes()
     if raw.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"["):  # one JSON list
         return [JsonRecord(f"{path}, record {i}", row) for i, row in enumerate(rows, 1)]
@@ -99,11 +103,7 @@ def _datasets_quiet():
 
 def _scan_json_records(path: Path, fix: str) -> list[JsonRecord]:
     """The by-hand pass of :func:`read_json_records`: :mod:`json` on the whole list, or line by line."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=str(path),
-                           fix=fix) from None
+    text = read_text_utf8(path, fix=fix)
     if text.lstrip().startswith("["):  # one JSON list
         try:
             data = json.loads(text)

@@ -33,6 +33,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from peftlab.argtypes import text
+from peftlab.config_roles import INT64_MAX
 from peftlab.errors import PeftlabError
 
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_MAX_NEW_TOKENS = "127.0.0.1", 8000, 512
@@ -75,8 +77,8 @@ def load_served_model(name: str, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
 
     from peftlab.models.registry import MODELS, load_model, load_tokenizer
 
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise PeftlabError(f"--max-new-tokens must be a whole number >= 1, got {max_new_tokens!r}")
+    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= INT64_MAX:  # generate() takes int64
+        raise PeftlabError(f"--max-new-tokens must be a whole number >= 1 and <= {INT64_MAX}, got {max_new_tokens!r}")
     spec = MODELS.get(name)
     if spec is not None and spec.family != "decoder":
         decoders = ", ".join(n for n, s in MODELS.items() if s.family == "decoder")
@@ -228,14 +230,14 @@ def add_parser(sub) -> None:
                     "for `peftlab train --task mt-bench --judge-url`. Greedy decoding, one request at a time. "
                     "Scores from such a judge are labelled weak: they do not compare with GPT-4-judged MT-Bench.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", required=True,
+    parser.add_argument("--model", required=True, type=text,
                         help="a registered decoder with a chat template (e.g. qwen2.5-coder-0.5b, smollm2-135m; "
                              "see `peftlab models`) or a local model folder")
     parser.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (keep it local: no auth)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on; 0 picks a free one")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                         help="cap on each reply's tokens (a request's max_tokens above it is lowered to it)")
-    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--device", type=text, default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                         help="uvicorn's log level (info logs each request)")
     parser.set_defaults(func=run)

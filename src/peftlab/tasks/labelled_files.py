@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from peftlab.errors import PeftlabError
+from peftlab.io_utils import read_text_utf8
 
 FILE_KINDS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 FORMATS = "CSV, TSV, JSON, JSONL or Parquet"
@@ -164,13 +165,7 @@ def _cause_line(err: BaseException) -> str:
 
 
 def _decoded(path: Path) -> str:
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = raw[:err.start].count(b"\n") + 1
-        raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=f"{path}:{line}",
-                           fix="save the file as UTF-8") from None
+    return read_text_utf8(path, fix="save the file as UTF-8")
 
 
 def _csv_rows(path: Path, kind: str):

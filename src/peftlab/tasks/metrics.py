@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 
 from peftlab.errors import unknown
-from peftlab.tasks.table import LOWER_IS_BETTER, TASKS  # noqa: F401 - LOWER_IS_BETTER re-exported
+from peftlab.tasks.table import TASKS
 
 
 def primary(task: str) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peftlab.errors import PeftlabError
+from peftlab.io_utils import read_text_utf8
 from peftlab.tasks.nlg_metrics import METRICS, OFFICIAL, OFFICIAL_NAMES, NlgScores, corpus_scores, java_runtime
 
 FORMAT_FIX = ("references: one per line, a blank line between instances; outputs: one per line, in the "
@@ -45,11 +46,7 @@ def _lines(path: Path, what: str) -> list[str]:
         raise PeftlabError(f"{what} file not found", where=str(path), fix=f"pass an existing file ({FORMAT_FIX})")
     if path.is_dir():
         raise PeftlabError(f"{what} path is a folder, not a file", where=str(path), fix=FORMAT_FIX)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise PeftlabError(f"{what} file is not valid UTF-8 ({err.reason} at byte {err.start})",
-                           where=str(path), fix="save it as UTF-8") from None
+    text = read_text_utf8(path, what=f"{what} file")
     lines = [line.strip() for line in text.splitlines()]
     if not lines:
         raise PeftlabError(f"{what} file is empty", where=str(path), fix=FORMAT_FIX)

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from peftlab.argtypes import nonnegative_int, positive_int, text
+from peftlab.config import ROLES
 from peftlab.errors import PeftlabError
 
 
@@ -23,14 +25,19 @@ def _recorded_precision(run_dir: Path) -> str | None:
 
 
 # What an adapter was trained for must be what the run evaluates: another task's head, another model's
-# shapes or another method's tensors would load (or half-load) and print a meaningless number.
-ADAPTER_IDENTITY_KEYS = ("task", "model", "method", "targets", "rank", "pooling")
+# shapes or another method's tensors would load (or half-load) and print a meaningless number (the config's
+# `adapter_identity` role: task, model, method, targets, rank, pooling).
+ADAPTER_IDENTITY_KEYS = ROLES.adapter_identity
 
 
 def _check_adapter_matches(adapter: Path, cfg, run_dir: Path) -> Path:
     """The adapter folder to load (a run folder's ``adapter/`` is found too), refused if its run differs."""
     import yaml
 
+    if not adapter.is_dir():  # found before the base model is loaded, not by the adapter loader after it
+        what = "is not a folder" if adapter.exists() else "not found"
+        raise PeftlabError(f"--adapter {adapter} {what}",
+                           fix="pass an adapter folder (or a run folder holding adapter/)")
     if (adapter / "adapter").is_dir():
         adapter = adapter / "adapter"
     saved = adapter.parent / "config.yaml"
@@ -62,6 +69,7 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
              allow_pickle: bool = False, overrides: dict | None = None) -> LoadedRun:
     from peftlab.methods.saving import load_trained, merged, saved_head_labels
     from peftlab.config import TrainConfig, build_config
+    from peftlab.resolve import resolve_config
     from peftlab.models.registry import load_model_with_pooling
     from peftlab.tasks.labelled_data import head_labels
     from peftlab.tasks.table import TASKS
@@ -71,7 +79,10 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise PeftlabError(f"no config.yaml in {run_dir}", fix="pass a folder written by peftlab train")
-    cfg = build_config(TrainConfig, yaml_path=config_file, overrides=overrides or None)
+    # resolved as the run was (a config.yaml written before an option existed gets its default); its data may
+    # be gone: evaluating needs it (and says so when it reads it), predicting and exporting do not
+    cfg = resolve_config(build_config(TrainConfig, yaml_path=config_file, overrides=overrides or None),
+                         check_inputs=False)
     if adapter is not None:
         adapter = _check_adapter_matches(Path(adapter), cfg, run_dir)
     task = TASKS[cfg.task]
@@ -113,16 +124,16 @@ def add_parser(sub) -> None:
     parser.add_argument("--merge", action="store_true", help="merge the adapter into the weights first")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="allow a pickle (.bin) adapter, which can run arbitrary code when loaded")
-    parser.add_argument("--max-eval-samples", type=int, help="evaluate on a deterministic subset")
-    parser.add_argument("--lm-eval", metavar="TASKS",
+    parser.add_argument("--max-eval-samples", type=positive_int, help="evaluate on a deterministic subset")
+    parser.add_argument("--lm-eval", type=text, metavar="TASKS",
                         help="instead: score the run with lm-evaluation-harness on these tasks (gsm8k, gsm8k_cot, "
                              "arc_easy, arc_challenge, openbookqa, piqa, social_iqa, winogrande, commonsense), offline "
                              "on the local data, items drawn by --max-eval-samples (default: the run's own, so the "
                              "same items as its evaluation); adds result.json \"lm_eval\" (pip install "
                              "\"peftlab[lm-eval]\")")
-    parser.add_argument("--lm-eval-fewshot", type=int, metavar="K",
+    parser.add_argument("--lm-eval-fewshot", type=nonnegative_int, metavar="K",
                         help="with --lm-eval: few-shot examples per prompt (default: each task's own, gsm8k 5)")
-    parser.add_argument("--lm-eval-max-new-tokens", type=int, metavar="N",
+    parser.add_argument("--lm-eval-max-new-tokens", type=positive_int, metavar="N",
                         help="with --lm-eval: generation limit of GSM8K (default: the harness's, 256)")
     parser.set_defaults(func=run_cli)
 

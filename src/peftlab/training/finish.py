@@ -60,6 +60,7 @@ def result_record(run: Run, unwrapped, saved_epoch: int | None) -> dict:
         "primary_metric": run.pipeline.primary_metric,
         "majority_baseline": run.pipeline.chance,
         "mixed_precision": accelerator.mixed_precision,  # --mixed-precision as resolved (auto: by device, size)
+        "compile": run.compiled.record() if run.compiled is not None else None,  # --compile: choice, fallback, graphs
         "eval_seed": cfg.eval_seed,  # the --max-eval-samples draw; the same for every training seed
         "above_majority": above_majority(state, before, run.pipeline),
         "saved_epoch": saved_epoch,  # the epoch whose weights adapter/ holds (--save best|last)

@@ -12,10 +12,9 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from peftlab.config import TrainConfig
+from peftlab.config import ROLES, TrainConfig
 from peftlab.errors import PeftlabError
-from peftlab.tasks.metrics import LOWER_IS_BETTER  # best epoch: smaller eval_loss is better
-from peftlab.tasks.table import TASKS
+from peftlab.tasks.table import LOWER_IS_BETTER, TASKS  # LOWER_IS_BETTER: smaller eval_loss is the better epoch
 
 if TYPE_CHECKING:
     from peftlab.training.state import LoopState
@@ -54,9 +53,10 @@ def capped_max_length(cfg: TrainConfig, model) -> TrainConfig:
     return dataclasses.replace(cfg, max_length=limit)
 
 
-# Keys that may change between a run and its resumption without changing what is computed.
-RESUME_FREE_KEYS = {"resume", "overwrite", "output_dir", "checkpoint_every", "log_every", "threads", "report_to",
-                    "judge_timeout", "judge_retries", "judge_parallel"}  # how MT-Bench's judge is asked, not who
+# Keys that may change between a run and its resumption without changing what is computed (the config's
+# `resumable` role: its folder, threads, logging, checkpoint interval, how MT-Bench's judge is asked; never in
+# the run key either).
+RESUME_FREE_KEYS = ROLES.resumable
 
 
 def check_same_config(cfg: TrainConfig, out: Path) -> None:

@@ -14,19 +14,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from peftlab.config import TrainConfig, add_dataclass_flags, build_config, config_yaml, option_names
+from peftlab.config import TrainConfig, add_dataclass_flags, config_yaml, option_names
+from peftlab.resolve import build_run_config, resolve_config
 from peftlab.training import run_folder as runfiles
-# The loop's parts, importable from here as before the split.
-from peftlab.training.devices import (  # noqa: F401
-    BF16_CPU_MIN_PARAMS, cpu_has_native_bf16, make_accelerator, resolve_precision, uses_grad_scaler)
 from peftlab.training.finish import finish
-from peftlab.training.fit import EpochEnd, fit  # noqa: F401
-from peftlab.training.guards import (  # noqa: F401
-    CLEARLY_ABOVE_CHANCE, RESUME_FREE_KEYS, check_same_config, position_limit)
-from peftlab.training.schedule import (  # noqa: F401
-    DEFAULT_CHECKPOINT_EVERY, LengthGroupedBatchSampler, checkpoint_interval, optimizer_step_count,
-    planned_epoch_count)
-from peftlab.training.setup import Run, setup  # noqa: F401
+from peftlab.training.fit import fit
+from peftlab.training.guards import check_same_config
+from peftlab.training.setup import setup
 
 
 def train(cfg: TrainConfig, on_epoch_end=None) -> dict:
@@ -36,6 +30,7 @@ def train(cfg: TrainConfig, on_epoch_end=None) -> dict:
     (``peftlab tune`` prunes poor trials so); result.json then holds status ``pruned`` (unless the run had
     collapsed: that label is kept), ``stopped_early`` (epoch, reason: the answer when it is a string) and
     ``epochs_run``. The run finishes normally (adapter, result.json), so it is never resumed."""
+    cfg = resolve_config(cfg)  # the method's and task's defaults, before anything is compared, loaded or written
     out = Path(cfg.output_dir)
     # Decide what to do with --output-dir first (cheap), but create nothing until setup has succeeded:
     # bad input found during setup (a data file, a rank) must not leave a half-made run folder behind.
@@ -83,7 +78,7 @@ def add_parser(sub) -> None:
 
 def config_from_args(args) -> TrainConfig:
     values = {name: getattr(args, name, None) for name in option_names(TrainConfig)}  # flat: kasa_beta
-    return build_config(TrainConfig, yaml_path=args.config, flag_values=values, check_explicit=True)
+    return build_run_config(yaml_path=args.config, flag_values=values, check_explicit=True)
 
 def run_cli(args) -> int:
     cfg = config_from_args(args)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from peftlab.argtypes import positive_int, text
 from peftlab.errors import PeftlabError
 
 
@@ -96,18 +97,22 @@ def add_parser(sub) -> None:
                                         "per input record: label, label id and class probabilities (or a score).")
     parser.add_argument("run_dir", help="a folder written by peftlab train (holds config.yaml and adapter/)")
     parser.add_argument("--input", required=True, help="JSONL, JSON, CSV, TSV or Parquet file of texts")
-    parser.add_argument("--output", default=None, help="JSONL to write (default: <input stem>.predictions.jsonl)")
+    parser.add_argument("--output", type=text, default=None,
+                        help="JSONL to write (default: <input stem>.predictions.jsonl)")
     parser.add_argument("--adapter", default=None, help="adapter folder to use instead of RUN_DIR/adapter")
-    parser.add_argument("--fields", default=None, metavar="A[,B]",
+    parser.add_argument("--fields", type=text, default=None, metavar="A[,B]",
                         help="input column(s) holding the text(s) (default: the run's --text-fields, the task's GLUE "
                              "names, or text_a,text_b)")
-    parser.add_argument("--batch-size", type=int, default=64, help="records per forward pass (default 64)")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="records per forward pass (default 64)")
     parser.set_defaults(func=run_cli)
 
 
 def run_cli(args) -> int:
     output = Path(args.output) if args.output else Path(args.input).with_suffix("").with_name(
         Path(args.input).stem + ".predictions.jsonl")
+    if output.is_dir() or (output.parent.exists() and not output.parent.is_dir()):
+        raise PeftlabError(f"--output {output} cannot be written: " + ("it is a folder" if output.is_dir() else
+                           f"{output.parent} is a file"), fix="pass a file path in an existing folder as --output")
     count = predict_run(args.run_dir, args.input, output, adapter=args.adapter, fields=args.fields,
                         batch_size=args.batch_size)
     print(f"wrote {count} predictions to {output}")

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from peftlab.errors import PeftlabError
-from peftlab.io_utils import atomic_write_text  # noqa: F401 - re-exported: the run folder's writes are atomic
+from peftlab.io_utils import atomic_write_text
 
 # Final statuses: a result.json with one of them marks a run that is never resumed (failed is resumable).
 FINISHED = ("ok", "diverged", "collapsed", "no_learning", "pruned")

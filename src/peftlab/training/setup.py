@@ -17,8 +17,10 @@ import torch
 
 from peftlab.config import SCHEDULERS, TrainConfig, save_config
 from peftlab.errors import PeftlabError
+from peftlab.resolve import resolve_config
 from peftlab.training import run_folder as runfiles
 from peftlab.training.checkpoint import load_checkpoint, save_only_trainable
+from peftlab.training.compile import CompiledTraining, compile_for_training
 from peftlab.training.devices import make_accelerator, resolve_precision
 from peftlab.training.guards import capped_max_length
 from peftlab.training.schedule import LengthGroupedBatchSampler, optimizer_step_count
@@ -49,6 +51,7 @@ class Run:
     best_weights: dict | None = None  # --save best: trainable tensors of the best epoch so far (CPU copies)
     applied: AppliedMethod | None = None  # what apply_method built: targets, heads, init stats (for saving)
     pooling: str | None = None  # --pooling as the model loader resolved it
+    compiled: CompiledTraining | None = None  # --compile: the train step's compiled view of the model
 
     @property
     def main(self) -> bool:
@@ -66,9 +69,11 @@ def enable_gradient_checkpointing(model) -> None:
 
 
 def setup(cfg: TrainConfig, mode: str) -> Run:
-    """Model, method, data and optimizer; restores the checkpoint when resuming."""
+    """Model, method, data and optimizer; restores the checkpoint when resuming. ``cfg`` is resolved first (the
+    method's and task's defaults: :func:`peftlab.resolve.resolve_config`; a resolved config stays as it is)."""
     from accelerate.utils import set_seed
 
+    cfg = resolve_config(cfg)
     # Per-phase wall times for result.json's `timings` (peftlab bench --sweep-overhead sums them over a sweep).
     setup_start, started_unix = time.perf_counter(), time.time()
     if cfg.threads is not None:
@@ -152,7 +157,7 @@ def prepare_training(cfg: TrainConfig, built: Built) -> Run:
     model = applied.model
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    groups = param_groups(model, applied.targets, applied.heads, cfg, verbose=accelerator.is_main_process)
+    groups = param_groups(model, applied.targets, applied.heads, cfg.optim, verbose=accelerator.is_main_process)
     optimizer = adamw(groups)
     params = count_trainable(model, applied.targets, applied.heads)
     sampler = LengthGroupedBatchSampler(pipeline.train_dataset["length"], cfg.batch_size, cfg.seed,
@@ -167,8 +172,14 @@ def prepare_training(cfg: TrainConfig, built: Built) -> Run:
                               num_warmup_steps=int(cfg.warmup_ratio * total_steps), num_training_steps=max(1, total_steps))
     model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
     save_only_trainable(accelerator)  # checkpoints: save_state / load_state keep the trainable tensors only
+    # --compile: a compiled view of the prepared model for the train step only (peftlab.training.compile)
+    compiled = compile_for_training(model, cfg.compile, accelerator.device.type, total_steps)
+    if accelerator.is_main_process:
+        print(f"compile: {'on' if compiled.active else 'off'} ({compiled.choice.reason})"
+              + (f"; not compiled: {compiled.fallback}" if compiled.fallback else ""))
     return Run(cfg, accelerator, model, optimizer, scheduler, train_loader, sampler, pipeline, groups, params,
-               built.seconds["init_s"], Path(cfg.output_dir), applied=applied, pooling=built.pooling)
+               built.seconds["init_s"], Path(cfg.output_dir), applied=applied, pooling=built.pooling,
+               compiled=compiled)
 
 
 def open_run_folder(run: Run, mode: str) -> None:

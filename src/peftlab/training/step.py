@@ -1,9 +1,10 @@
 """step: one batch of training under Accelerate, and the divergence guard.
 
-The objective is ``model(**batch).loss`` plus the method's extra loss (KaSA's regulariser, logged apart);
-backward (Accelerate divides by --grad-accum); at the last batch of an accumulation window the gradients are
-complete: clip (--max-grad-norm), the guard, the optimizer step and, unless fp16's GradScaler skipped it, the
-scheduler step.
+The objective is ``model(**batch).loss`` plus the method's extra loss (KaSA's regulariser, logged apart), the
+model being the compiled view of ``--compile`` while it works (:mod:`peftlab.training.compile`: a first step that
+does not compile is undone and run eagerly); backward (Accelerate divides by --grad-accum); at the last batch of
+an accumulation window the gradients are complete: clip (--max-grad-norm), the guard, the optimizer step and,
+unless fp16's GradScaler skipped it, the scheduler step.
 
 The guard: a non-finite loss, or a non-finite gradient norm without a GradScaler, ends the run as ``diverged``
 with the step and the reason; with fp16 an overflowing gradient is the scaler's skipped step (it lowers its
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from peftlab.tasks.batching import examples_in_batch  # a --packing row holds several examples
+from peftlab.training.compile import guarded_step, training_module
 from peftlab.training.devices import uses_grad_scaler
 
 
@@ -46,7 +48,7 @@ def forward_loss(run, batch) -> Objective:
     """The batch's objective. (Tests wrap this function to inject a fault, e.g. a NaN at one step.)"""
     from peftlab.methods.table import extra_loss
 
-    loss = run.model(**batch).loss
+    loss = training_module(run.compiled, run.model)(**batch).loss  # --compile: the compiled view, while it works
     aux = extra_loss(run.accelerator.unwrap_model(run.model), run.cfg)  # the method's hook
     return Objective(loss, aux, loss if aux is None else loss + aux)
 
@@ -56,8 +58,10 @@ def train_step(run, batch, trainable: list) -> StepResult | None:
     accelerator, state = run.accelerator, run.state
     start = time.perf_counter()
     with accelerator.accumulate(run.model):  # --grad-accum: the optimizer steps every N batches
-        objective = forward_loss(run, batch)
-        accelerator.backward(objective.total)  # divides by --grad-accum itself
+        # --compile: a step that fails to compile is undone and run eagerly (peftlab.training.compile)
+        objective = guarded_step(run.compiled, lambda: forward_backward(run, batch), trainable,
+                                 clear=lambda: run.optimizer.zero_grad(set_to_none=True),
+                                 say=print if run.main else (lambda line: None))
         what = non_finite(run, objective.total, trainable)
         if what is not None:
             state.status = "diverged"
@@ -68,6 +72,12 @@ def train_step(run, batch, trainable: list) -> StepResult | None:
     aux = None if objective.aux is None else objective.aux.item()
     return StepResult(objective.loss.item(), aux, objective.total.item(), stepped,
                       examples_in_batch(batch) * accelerator.num_processes, seconds)
+
+
+def forward_backward(run, batch) -> Objective:
+    objective = forward_loss(run, batch)
+    run.accelerator.backward(objective.total)  # divides by --grad-accum itself
+    return objective
 
 
 def non_finite(run, total: torch.Tensor, trainable: list) -> str | None:

@@ -24,9 +24,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable
 
-from peftlab.lab.store import FINISHED, NOT_OK, effective_status
-
-SUMMARY_FILE = "tune.json"
+from peftlab.lab.store_schema import FINISHED, NOT_OK, effective_status
+from peftlab.lab.tune.spec import SUMMARY_FILE, run_config
 
 
 def epochs_trained(row: dict | None) -> int:
@@ -68,8 +67,6 @@ def trial_outcome(row: dict | None, metric: str) -> dict:
 def seed_scores(tune, params: dict, seeds: list[int], by_key: dict[str, dict]) -> dict[str, Any]:
     """One search point's runs on ``seeds``: status per seed (``missing`` when not in the store), the values of
     the ok ones (only those: never a diverged, collapsed or no-learning seed's metric), mean, std, epochs."""
-    from peftlab.lab.tune_spec import run_config
-
     values, statuses, epochs, keys = [], {}, 0, []
     for seed in seeds:
         run = run_config(tune, params, seed)

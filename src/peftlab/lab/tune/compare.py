@@ -11,13 +11,13 @@ results stores (no training here):
 
 A mean over the seeds that chose a point flatters it (the best of several noisy means), so each pick is also
 scored on the tune's held-out seeds (``heldout_seeds`` from ``heldout_seed_start``), when the stores hold
-those runs (the tune runs them for its winner; :func:`peftlab.lab.tune.run_heldout` for the others). A pick
+those runs (the tune runs them for its winner; :func:`peftlab.lab.tune.run.run_heldout` for the others). A pick
 whose held-out runs are missing says so.
 
-Only finished ``ok`` runs give values. Ranking, as the tune's winner (:mod:`peftlab.lab.tune_summary`): a
+Only finished ``ok`` runs give values. Ranking, as the tune's winner (:mod:`peftlab.lab.tune.summary`): a
 point any of whose seeds diverged, collapsed, failed or never left chance ranks below every point whose seeds
 all trained; a naive first-round point whose base-seed run is not ok is never re-seeded. Every run is found by
-its config key (:func:`peftlab.lab.tune_spec.run_config`), so the grid's sweep and the tune must share configs
+its config key (:func:`peftlab.lab.tune.spec.run_config`), so the grid's sweep and the tune must share configs
 (configs/tune/*.yaml are written to match configs/sweeps/lambda_grid_minilm.yaml).
 """
 
@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.store import FINISHED, Store, effective_status, resolve_store_path
-from peftlab.lab.tune_summary import SUMMARY_FILE, rank_key, seed_scores
+from peftlab.lab.store import Store, resolve_store_path
+from peftlab.lab.store_schema import FINISHED, effective_status
+from peftlab.lab.tune.spec import SUMMARY_FILE
+from peftlab.lab.tune.summary import rank_key, seed_scores
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,7 @@ def compare(tune, rows: Iterable[dict], *, summary: dict | None = None, naive_to
     lacking = [f"{pick.search} {{{pick.point}}} seed(s) {_seed_list(pick.heldout.missing)}" for pick in picks
                if pick.heldout is not None and pick.heldout.missing]
     if lacking:
-        notes.append("held-out runs missing: " + "; ".join(lacking) + " (peftlab.lab.tune.run_heldout trains them)")
+        notes.append("held-out runs missing: " + "; ".join(lacking) + " (peftlab.lab.tune.run.run_heldout trains them)")
     if not tune.heldout_seeds:
         notes.append("heldout_seeds: 0 in the spec: every pick is scored on the seeds that chose it")
     return Comparison(spec=str(tune.spec_path), task=str(tune.base.get("task")), metric=tune.metric,
@@ -257,7 +259,7 @@ def compare_files(spec: str | os.PathLike, stores: Iterable[str | os.PathLike], 
                   naive_budget: float | None = None) -> Comparison:
     """:func:`compare` from files: a tune spec, results stores (the grid's, the tune's, held-out sweeps) and the
     tune's summary (``tune.json``; default ``<spec output_dir>/tune.json`` when it exists)."""
-    from peftlab.lab.tune_spec import load_tune_spec
+    from peftlab.lab.tune.spec import load_tune_spec
 
     tune = load_tune_spec(spec)
     path = Path(summary) if summary is not None else tune.output_root / SUMMARY_FILE

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from peftlab.config import ROLES
 from peftlab.errors import PeftlabError, closest
-from peftlab.lab.tune_summary import SUMMARY_FILE
 
 SPEC_KEYS = ("description", "output_dir", "store", "base", "search", "budget", "seeds", "top_k", "pruner",
              "sampler_seed", "metric", "heldout_seeds", "heldout_seed_start")
@@ -47,12 +47,14 @@ BUDGET_KEYS = ("epochs", "grid_fraction")
 PRUNER_KEYS = ("kind", "min_epochs", "reduction_factor")
 PRUNERS = ("asha", "hyperband", "none")
 RANGE_KEYS = ("low", "high", "log", "step")
-# The tune sets these itself: the seed in the re-runs, the epochs as the pruner's resource.
-NOT_SEARCHABLE = ("seed", "epochs", "task", "output_dir", "resume", "overwrite")
+# The tune sets these itself: the seed in the re-runs, the epochs as the pruner's resource, the task of the spec, the
+# trials' folders (the config's `searchable` / `run_managed` roles).
+NOT_SEARCHABLE = ROLES.not_searchable
 DEFAULT_GRID_FRACTION = 0.35
 DEFAULT_HELDOUT_SEEDS = 10
 DEFAULT_HELDOUT_SEED_START = 1000
 STUDY_FILE = "study.sqlite"
+SUMMARY_FILE = "tune.json"  # the summary :mod:`peftlab.lab.tune.summary` writes
 
 
 @dataclass(frozen=True)
@@ -266,8 +268,9 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
     """Read and check a tune spec; a config of every grid point is built, so bad values fail before training."""
     from peftlab.config import TrainConfig, normalise_keys
     from peftlab.lab.spec import check_spec_keys as _check_keys
+    from peftlab.resolve import resolve_config
     from peftlab.lab.spec import output_paths, read_spec
-    from peftlab.tasks.metrics import LOWER_IS_BETTER
+    from peftlab.tasks.table import LOWER_IS_BETTER
     from peftlab.tasks.table import primary_metric
 
     path, spec = read_spec(path, "tune", SPEC_KEYS, examples="configs/tune/", config_keys="base:")
@@ -290,7 +293,7 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
             raise PeftlabError(f"'{key}' cannot be searched by peftlab tune", where=where, fix=fix)
     base = normalise_keys(TrainConfig, base, f"{where}: base")
     params = {str(k).replace("-", "_"): _search_param(str(k).replace("-", "_"), v, where) for k, v in search.items()}
-    defaults = TrainConfig.from_dict(base)  # cross-field checks; also the resolved epochs and task
+    defaults = resolve_config(TrainConfig.from_dict(base))  # checked and resolved: the epochs, task and metric
     epochs = int(defaults.epochs)
     if epochs < 1:
         raise PeftlabError("base epochs must be >= 1 for a tune (each trial trains up to that many epochs)",
@@ -340,13 +343,21 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
                     top_k=top_k, pruner=pruner, sampler_seed=sampler_seed, metric=str(metric), direction=direction,
                     description=str(spec.get("description") or ""), budget_source=source, grid_size=grid_size,
                     heldout_seeds=heldout_seeds, heldout_seed_start=heldout_start)
-    for point in tune.grid_points or []:  # every grid point's config is valid (ranges: checked per trial)
+    for point in tune.grid_points or _range_points(params):  # every grid point's config is valid; a range's ends
         run_config(tune, point, tune.base_seed, where=where)
     if tune.search_budget < epochs:
         raise PeftlabError(f"the budget of {budget_epochs:g} epochs leaves {tune.search_budget:g} for the search "
                            f"after the seed re-runs ({tune.seed_reserve} epochs), less than one trial "
                            f"({epochs} epochs)", where=where, fix="raise the budget, or lower seeds / top_k")
     return tune
+
+
+def _range_points(params: dict[str, SearchParam]) -> list[dict[str, Any]]:
+    """Search points that give each parameter each of its listed values and both ends of its range once (the
+    others at their first value or low end): each value's declared range is checked before any trial."""
+    first = {name: p.low if p.is_range else p.values[0] for name, p in params.items()}
+    return [{**first, name: value} for name, p in params.items()
+            for value in ((p.low, p.high) if p.is_range else p.values)]
 
 
 @dataclass(frozen=True)
@@ -361,9 +372,10 @@ def run_config(tune: TuneSpec, params: dict[str, Any], seed: int, *, where: str 
     from peftlab.config import TrainConfig
     from peftlab.lab.store import config_key, short_key
     from peftlab.lab.spec import run_name
+    from peftlab.resolve import resolve_config
 
     try:
-        cfg = TrainConfig.from_dict({**tune.base, **params, "seed": seed})
+        cfg = resolve_config(TrainConfig.from_dict({**tune.base, **params, "seed": seed}))
     except PeftlabError as err:
         point = " ".join(f"{k}={v}" for k, v in params.items())
         raise PeftlabError(f"search point {{{point}}}: {err.what}", where=where or str(tune.spec_path),

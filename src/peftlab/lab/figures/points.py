@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures import (
+from peftlab.lab.figures.paper import (
     Drawn,
     axis_title,
     config_label,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures import (
+from peftlab.lab.figures.paper import (
     axis_title,
     config_label,
     config_order,

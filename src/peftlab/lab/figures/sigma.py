@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures import (
+from peftlab.lab.figures.paper import (
     Drawn,
     colorbar,
     config_label,

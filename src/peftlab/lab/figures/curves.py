@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures import (
+from peftlab.lab.figures.paper import (
     Drawn,
     config_label,
     legend_below,

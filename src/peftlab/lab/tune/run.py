@@ -10,7 +10,7 @@ result.json as ``peftlab train``, so ``peftlab report``/``plot`` read them):
    (the seed re-runs are reserved first) and the grid has points left; a started trial runs to its end
    or its pruning.
 2. **seeds**: the ``top_k`` complete trials are re-run with ``seeds`` seeds (the trial itself is the first),
-   never pruned, and the candidate with the best mean over its seeds wins (see :mod:`peftlab.lab.tune_summary`),
+   never pruned, and the candidate with the best mean over its seeds wins (see :mod:`peftlab.lab.tune.summary`),
    so one lucky seed cannot.
 3. **held-out**: the winner is re-run on ``heldout_seeds`` seeds that no trial or re-run used; their mean ±
    std is its score (the selection seeds' mean is reported apart: it chose the winner, so it flatters it).
@@ -27,7 +27,7 @@ from the file: trials left running are continued from their runs' checkpoints, n
 finished runs are found in the store by their config key. Ray Tune would bring its own trainable
 lifecycle, checkpoint format and results folders next to ours; with ``--backend ray`` we use plain Ray
 tasks for the trials instead (:mod:`peftlab.lab.ray_backend`), and the study stays with one process, a
-Ray actor on the driver's machine (:mod:`peftlab.lab.tune_study`).
+Ray actor on the driver's machine (:mod:`peftlab.lab.tune.study`).
 
 Kill and rerun: the study, the store and the runs' checkpoints hold everything; ``tune.lock`` keeps a
 second tune off the same folder while one runs.
@@ -42,10 +42,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from peftlab.errors import PeftlabError
+from peftlab.lab.runner import Executor, InProcess
 from peftlab.lab.spec import add_output_flags
-from peftlab.lab.store import FINISHED, Store, short_key
-from peftlab.lab.tune_spec import TuneSpec, heldout_runs, load_tune_spec, run_config
-from peftlab.lab.tune_summary import build_summary, render_summary, trial_outcome, write_summary
+from peftlab.lab.store import Store, short_key
+from peftlab.lab.store_schema import FINISHED
+from peftlab.lab.tune.spec import TuneSpec, heldout_runs, load_tune_spec, run_config
+from peftlab.lab.tune.summary import build_summary, render_summary, trial_outcome, write_summary
 
 LOCK_FILE = "tune.lock"
 
@@ -74,83 +76,11 @@ def exclusive(root: Path) -> Iterator[None]:
         handle.close()
 
 
-# --------------------------------------------------------------------------- executors
-
-
-class LocalTrials:
-    """Runs one trial at a time in this process, with its output in ``<output_dir>/logs/<key>.log``."""
-
-    slots = 1
-
-    def __init__(self, store: Store, train_fn: Callable | str | None, log_dir: Path | None):
-        from peftlab.lab.sweep import resolve_train_fn
-
-        self.store, self.log_dir = store, log_dir
-        self.train_fn = resolve_train_fn(train_fn)
-        self.queue: list[tuple[dict, object]] = []
-
-    def __len__(self) -> int:
-        return len(self.queue)
-
-    def submit(self, run: dict, reporter) -> None:
-        self.queue.append((run, reporter))
-
-    def wait(self, timeout: float) -> list[str]:
-        from peftlab.lab.ray_backend import with_epoch_hook
-        from peftlab.lab.sweep import _attempt
-
-        run, reporter = self.queue.pop(0)
-        log = self.log_dir / f"{short_key(run['key'])}.log" if self.log_dir is not None else None
-        fn = with_epoch_hook(self.train_fn, reporter.hook() if reporter is not None else None)
-        # claims, runs and records (released again on Ctrl-C); a trial's own pruned result.json, left by a kill
-        # before it was recorded, is its outcome (adopted), never that of a plain re-run
-        _attempt(run, self.store, fn, log, adopt_pruned=reporter is not None)
-        return [run["key"]]
-
-    def abort(self) -> None:
-        self.queue.clear()
-
-
-class RayTrials:
-    """Trials as Ray tasks; the driver claims each run and records what its task returns."""
-
-    def __init__(self, store: Store, pool):
-        self.store, self.pool = store, pool
-        self.slots = pool.connection.slots
-        self.claimed: set[str] = set()
-
-    def __len__(self) -> int:
-        return len(self.pool)
-
-    def submit(self, run: dict, reporter) -> None:
-        if self.store.claim(run["key"]) is None:
-            raise PeftlabError(f"run {short_key(run['key'])} is held by another live process",
-                               where=str(self.store.path), fix="let that process finish it, then rerun the tune")
-        self.claimed.add(run["key"])
-        self.pool.submit(run, reporter)
-
-    def wait(self, timeout: float) -> list[str]:
-        from peftlab.lab.ray_backend import record
-
-        done = []
-        for key, outcome in self.pool.wait(timeout):
-            record(self.store, key, outcome)
-            self.claimed.discard(key)
-            done.append(key)
-        return done
-
-    def abort(self) -> None:
-        self.pool.cancel()
-        for key in self.claimed:  # handed back: the rerun resumes their checkpoints
-            self.store.release(key)
-        self.claimed.clear()
-
-
 # --------------------------------------------------------------------------- the tune
 
 
 class Tuner:
-    def __init__(self, tune: TuneSpec, keeper, store: Store, executor, say: Callable[[str], None]):
+    def __init__(self, tune: TuneSpec, keeper, store: Store, executor: Executor, say: Callable[[str], None]):
         self.tune, self.keeper, self.store, self.executor, self.say = tune, keeper, store, executor, say
         self.running: dict[str, int] = {}  # run key -> trial number, for trials in flight
         self.poll = 1.0
@@ -192,7 +122,7 @@ class Tuner:
                 self.finish(key)
 
     def start(self, ticket) -> None:
-        from peftlab.lab.tune_study import TrialReporter
+        from peftlab.lab.tune.study import TrialReporter
 
         run = run_config(self.tune, ticket.params, self.tune.base_seed)
         if run.key in self.running:  # a sampler proposed a point already in flight: not trained twice
@@ -213,11 +143,14 @@ class Tuner:
             self.finish(run.key)
             return
         reporter = TrialReporter(self.keeper.target, ticket.number, self.tune.metric, self.tune.pruner.kind)
-        self.executor.submit({"key": run.key, "config": run.config}, reporter)
+        if not self.executor.submit({"key": run.key, "config": run.config}, reporter):
+            raise held_elsewhere(self.store, run.key)
 
     def finish(self, key: str) -> None:
         number = self.running.pop(key)
-        row = self.store.find(key)  # a pruned trial's row has moved to its pruned key: the trial follows it
+        # a pruned trial's row has moved to its pruned key: the trial follows it (settled: even if a sweep on
+        # the same store has queued the config's complete run under the key meanwhile)
+        row = self.store.find(key, settled=True)
         outcome = trial_outcome(row, self.tune.metric)
         self.keeper.call("tell", number, outcome["state"], outcome["value"],
                          {"key": row["key"] if row else key, "outcome": outcome["outcome"],
@@ -260,7 +193,7 @@ class Tuner:
         return summary
 
 
-def run_plain(runs: list, store: Store, executor, metric: str, say: Callable[[str], None], *, what: str,
+def run_plain(runs: list, store: Store, executor: Executor, metric: str, say: Callable[[str], None], *, what: str,
               poll: float = 1.0, after_each: Callable[[], object] | None = None) -> None:
     """Register ``runs`` (TrialRuns) and train the pending ones through ``executor``, never pruned."""
     if not runs:
@@ -274,7 +207,8 @@ def run_plain(runs: list, store: Store, executor, metric: str, say: Callable[[st
     while pending or len(executor):
         while pending and len(executor) < executor.slots:
             run = pending.pop(0)
-            executor.submit({"key": run.key, "config": run.config}, None)
+            if not executor.submit({"key": run.key, "config": run.config}, None):
+                raise held_elsewhere(store, run.key)
         for key in executor.wait(poll):
             row = store.find(key)
             outcome = trial_outcome(row, metric)
@@ -283,6 +217,11 @@ def run_plain(runs: list, store: Store, executor, metric: str, say: Callable[[st
                 f"{value}")
             if after_each is not None:
                 after_each()
+
+
+def held_elsewhere(store: Store, key: str) -> PeftlabError:
+    return PeftlabError(f"run {short_key(key)} is held by another live process", where=str(store.path),
+                        fix="let that process finish it, then rerun the tune")
 
 
 def keeper_kwargs(tune: TuneSpec, *, create: bool = True) -> dict:
@@ -296,7 +235,7 @@ def keeper_kwargs(tune: TuneSpec, *, create: bool = True) -> dict:
 def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_fn: Callable | str | None = None,
              progress: bool = True, capture_output: bool = True) -> dict:
     """Run (or resume) a tune; returns its summary (also in ``<output_dir>/tune.json``)."""
-    from peftlab.lab.tune_study import start_keeper
+    from peftlab.lab.tune.study import start_keeper
 
     say = print if progress else (lambda *a, **k: None)
     if backend == "ray":
@@ -313,18 +252,16 @@ def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_
             log_dir = tune.output_root / "logs" if capture_output else None
             say(tune.describe())
             if backend == "ray":
-                from peftlab.lab.ray_backend import RayOptions, RayPool, connect
-                from peftlab.lab.sweep import _train_fn_name
+                from peftlab.lab.ray_backend import RayOptions, RayTasks, connect
 
                 options = ray_options or RayOptions()
                 connection = connect(options, show_output=not capture_output)
                 say(connection.describe())
                 keeper = start_keeper(keeper_kwargs(tune), on_ray=True)
-                pool = RayPool(connection, options, train_fn_name=_train_fn_name(train_fn), log_dir=log_dir)
-                executor = RayTrials(store, pool)
+                executor = RayTasks(store, connection, options, train_fn=train_fn, log_dir=log_dir)
             else:
                 keeper = start_keeper(keeper_kwargs(tune), on_ray=False)
-                executor = LocalTrials(store, train_fn, log_dir)
+                executor = InProcess(store, train_fn, log_dir)
             tuner = Tuner(tune, keeper, store, executor, say)
             tuner.search()
             tuner.seed_runs()
@@ -335,6 +272,8 @@ def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_
                 executor.abort()
             raise
         finally:
+            if executor is not None:
+                executor.close()
             if keeper is not None:
                 keeper.close()
             store.close()
@@ -348,8 +287,8 @@ def run_heldout(tune: TuneSpec, points: list[dict], *, train_fn: Callable | str 
                 progress: bool = True, capture_output: bool = True) -> list[dict]:
     """Train search ``points`` (e.g. the grid's best and the naive search's pick beside the tune's winner) on
     ``tune``'s held-out seeds into its store, as the tune's own held-out check does (resumable: finished runs
-    are found by key); returns each point's scores (:func:`peftlab.lab.tune_summary.seed_scores`)."""
-    from peftlab.lab.tune_summary import seed_scores
+    are found by key); returns each point's scores (:func:`peftlab.lab.tune.summary.seed_scores`)."""
+    from peftlab.lab.tune.summary import seed_scores
 
     if not tune.heldout_seeds:
         raise PeftlabError(f"{tune.spec_path.name} has heldout_seeds: 0: there are no held-out seeds to run",
@@ -358,7 +297,7 @@ def run_heldout(tune: TuneSpec, points: list[dict], *, train_fn: Callable | str 
     with exclusive(tune.output_root):
         with Store(tune.store_path) as store:
             store.prepare([run.key for point in points for run in heldout_runs(tune, point)])
-            executor = LocalTrials(store, train_fn, tune.output_root / "logs" if capture_output else None)
+            executor = InProcess(store, train_fn, tune.output_root / "logs" if capture_output else None)
             for point in points:
                 run_plain(heldout_runs(tune, point), store, executor, tune.metric, say,
                           what=f"held-out check of {' '.join(f'{k}={v}' for k, v in point.items())}")
@@ -368,7 +307,7 @@ def run_heldout(tune: TuneSpec, points: list[dict], *, train_fn: Callable | str 
 
 def load_summary(tune: TuneSpec) -> dict:
     """The summary of a tune from its study and store (``--summary``; works while it runs)."""
-    from peftlab.lab.tune_study import StudyKeeper
+    from peftlab.lab.tune.study import StudyKeeper
 
     if not tune.study_path.is_file():
         raise PeftlabError(f"no tune has run in {tune.output_root} yet (no {tune.study_path.name})",
@@ -422,7 +361,7 @@ def run_cli(args) -> int:
     try:
         summary = run_tune(tune, backend=args.backend, ray_options=options, capture_output=not args.verbose)
     except Exception as err:  # a full disk under the study's own database (Optuna's SQLAlchemy) too: one line
-        from peftlab.lab.sweep import DISK_FIX, out_of_space
+        from peftlab.lab.runner import DISK_FIX, out_of_space
 
         if isinstance(err, PeftlabError) or out_of_space(err) is None:
             raise
@@ -431,7 +370,7 @@ def run_cli(args) -> int:
     print(render_summary(summary), end="")
     print(f"runs: peftlab report {tune.store_path}")
     if summary["winner"] is None:
-        from peftlab.lab.tune_summary import no_winner_reason
+        from peftlab.lab.tune.summary import no_winner_reason
 
         print(f"no winner: {no_winner_reason(summary)} (see the trials above and <output dir>/logs/)",
               file=sys.stderr)

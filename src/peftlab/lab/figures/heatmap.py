@@ -7,9 +7,9 @@
 Every cell says the mean and ``(n)`` of its runs that ended ok and ``k/N ✗`` for those that did not (never in
 the mean; a cell of failures only is hatched); a cell no run reached is blank. One colour scale per task: each
 panel has its colour bar, and panels of a task share its limits. A box marks the best cell only where it is
-distinguishable from the runner-up (:func:`peftlab.lab.figures_cells.best_cell`); the panel title says so
+distinguishable from the runner-up (:func:`peftlab.lab.figures.cells.best_cell`); the panel title says so
 either way. A selection that would make a one-row or one-column heatmap is drawn as lines
-(:mod:`peftlab.lab.figures_points`) with a note saying so (:mod:`peftlab.lab.figures_cells`).
+(:mod:`peftlab.lab.figures.points`) with a note saying so (:mod:`peftlab.lab.figures.cells`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from peftlab.lab.figures import (
+from peftlab.lab.figures.paper import (
     CHAR_EM,
     Drawn,
     metric_label,
@@ -28,7 +28,7 @@ from peftlab.lab.figures import (
     task_title,
     wrap,
 )
-from peftlab.lab.figures_cells import HeatmapData, HeatPanel, LineInstead, heatmap_data
+from peftlab.lab.figures.cells import HeatmapData, HeatPanel, LineInstead, heatmap_data
 from peftlab.lab.records import RunRecord
 
 ANNOT_PT = 7.0  # cell annotations; smaller only when a panel would otherwise grow past MAX_AXES_IN
@@ -115,10 +115,10 @@ def _text_colour(cmap, norm, value: float) -> str:
 def plot_heatmap(records: list[RunRecord], *, x: str = "lr", y: str = "lr_ratio", scale: float = 100.0,
                  title: str | None = None, fold: bool = True) -> Drawn:
     """The heatmap figure (or, where it would be one row or column, the line figure that replaces it);
-    ``fold``: see :func:`peftlab.lab.figures_cells.heatmap_data`."""
+    ``fold``: see :func:`peftlab.lab.figures.cells.heatmap_data`."""
     data = heatmap_data(records, x=x, y=y, scale=scale, fold=fold)
     if isinstance(data, LineInstead):
-        from peftlab.lab.figures_points import plot_points
+        from peftlab.lab.figures.points import plot_points
 
         drawn = plot_points(records, x=data.vary, scale=scale, title=title, note=data.note)
         drawn.notes.insert(0, data.note)

@@ -1,0 +1,87 @@
+"""A run's config resolved: the method's and the task's defaults filled in, and the checks that need their tables.
+
+:class:`~peftlab.config.TrainConfig` is the schema: each field's type, range and roles, nothing above it. What a
+run also needs comes from the tables: the method's learning rates (``methods.table.METHODS``: ``--lr``,
+``--head-lr``; head-only trains at its head rate alone), the task's lengths, batch size, evaluation interval and
+generation length (``tasks.table.TASKS``), the canonical ``--eval-sets``, ``--train-sets`` and ``--lm-eval``
+names, a user task's data options and data digest (``tasks.labelled_data``), and the paths that must
+exist. :func:`resolve_config` does all of that, before anything is loaded or written: ``peftlab train``, sweep
+and tune specs (every cell), ``peftlab study`` and :func:`peftlab.training.loop.train` call it, so config.yaml,
+result.json and run keys hold the resolved values. It is idempotent: resolving a resolved config (a run's
+config.yaml) changes nothing.
+
+Torch-free: the method and task tables import no model code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from peftlab.config import TrainConfig, build_config
+from peftlab.config_roles import check_paths
+from peftlab.errors import PeftlabError
+
+
+def resolve_config(cfg: TrainConfig, *, check_inputs: bool = True) -> TrainConfig:
+    """``cfg`` with the method's and the task's defaults, checked against both tables (one line otherwise).
+    ``check_inputs``: its files and folders exist (off for a saved run read back: predict needs no training data)."""
+    from peftlab.methods.table import METHODS
+    from peftlab.tasks.labelled_data import resolve_options
+    from peftlab.tasks.table import TASKS, canonical_sets
+
+    method, task = METHODS[cfg.method], TASKS[cfg.task]
+    if check_inputs:
+        check_paths(cfg)
+    if cfg.packing and task.head != "causal-lm":
+        raise PeftlabError(f"--packing packs decoder training examples; task '{cfg.task}' trains an encoder head",
+                           fix="drop --packing (encoder batches are length-grouped and dynamically padded)")
+    if not method.adapts_projections and task.head == "causal-lm":
+        raise PeftlabError(f"--method {cfg.method} trains only a task head, and task '{cfg.task}' has none (a "
+                           "causal LM is scored through its own language-model head)",
+                           fix=f"use an adapter method (e.g. --method lora) for --task {cfg.task}")
+    optim = cfg.optim
+    head_lr = method.default_head_lr if optim.head_lr is None else optim.head_lr  # one rule for every method
+    lr, lr_ratio = (method.default_lr if optim.lr is None else optim.lr), optim.lr_ratio
+    if not method.adapts_projections:
+        # head-only: the head's rate is the only one (nothing trains at eta_QK or eta_V), and the config, the
+        # run key and result.json say so; a sweep's lr / lr_ratio axis cannot make distinct keys of one run
+        lr, lr_ratio = head_lr, 1.0
+    defaults: dict[str, Any] = {
+        # GLUE 128, a GSM8K worked answer needs ~350 tokens; 16, not the papers' 32: on small GLUE sets (RTE:
+        # 2,490) 3 epochs of 32 are only 234 steps, and MiniLM-L6 + LoRA did not leave the majority class in
+        # them (docs/RESULTS.md, RTE)
+        "max_length": task.default_max_length or 128, "batch_size": task.default_batch_size or 16,
+        "eval_every": 1 if task.default_eval_every is None else task.default_eval_every,
+        "max_new_tokens": task.default_max_new_tokens or 256}
+    resolved = dataclasses.replace(
+        cfg, optim=dataclasses.replace(optim, lr=lr, lr_ratio=lr_ratio, head_lr=head_lr),
+        eval_sets=canonical_sets(cfg.eval_sets, cfg.task, "eval_sets"),
+        train_sets=canonical_sets(cfg.train_sets, cfg.task, "train_sets"),
+        lm_eval=_lm_eval_names(cfg, task),
+        **{name: value for name, value in defaults.items() if getattr(cfg, name) is None})
+    data = resolve_options(resolved)  # classify/regress: the data options checked, defaults and the data digest
+    return dataclasses.replace(resolved, text_fields=data.text_fields, metric=data.metric, data_digest=data.data_digest)
+
+
+def _lm_eval_names(cfg: TrainConfig, task) -> str | None:
+    """--lm-eval's task names, canonical (the harness and its data are checked before training starts)."""
+    if cfg.lm_eval is None:
+        return None
+    from peftlab.tasks.lm_eval_tasks import task_names
+
+    if task.head != "causal-lm":
+        raise PeftlabError(f"--lm-eval scores decoder runs; task '{cfg.task}' trains an encoder head",
+                           fix="use --lm-eval with a decoder task (commonsense, math, gsm8k, alpaca, json)")
+    return ",".join(task_names(cfg.lm_eval))
+
+
+def build_run_config(*, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
+                     flag_values: dict[str, Any] | None = None, check_explicit: bool = False) -> TrainConfig:
+    """:func:`peftlab.config.build_config` of a :class:`TrainConfig`, resolved for a run. ``check_explicit``
+    (``peftlab train``): an option set in the YAML or by a flag that the run's method ignores is an error."""
+    from peftlab.methods.table import check_explicit_options
+
+    cfg = build_config(TrainConfig, yaml_path=yaml_path, overrides=overrides, flag_values=flag_values,
+                       check_explicit=check_explicit_options if check_explicit else None)
+    return resolve_config(cfg)
