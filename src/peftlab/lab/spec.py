@@ -14,6 +14,7 @@ A spec is YAML::
     zip:                             # optional: groups of keys whose lists vary together (equal lengths)
       - task: [rte, mrpc]
         max_train_samples: [500, 500]
+        weight_decay: [0.0, null]    # null: that run leaves the key at base / its default
 
 Axes vary in the order written (grid keys, then zip groups), the last fastest. Each run's output folder is
 ``<output_dir>/<readable name>-<first 12 hex digits of its key>``, e.g. ``rte-lora-qv-l4-s0-3f2a9c1b7d0e``
@@ -123,7 +124,8 @@ def expand(base: dict[str, Any], grid: dict[str, list], zip_groups: list[dict[st
     for combo in itertools.product(*(values for _, values in axes)):
         cell = dict(base or {})
         for (keys, _), values in zip(axes, combo):
-            cell.update(zip(keys, values))
+            # null in a list: this run leaves the key at base / its default (a zip row that does not set it)
+            cell.update((key, value) for key, value in zip(keys, values) if value is not None)
         cells.append(cell)
     return cells
 
@@ -159,7 +161,8 @@ def _typed_list(values, key, name: str, where: str):
 
     if not isinstance(values, list):
         return values
-    return [next(iter(normalise_keys(TrainConfig, {key: v}, f"{where}: {name}").values())) for v in values]
+    return [None if v is None else next(iter(normalise_keys(TrainConfig, {key: v}, f"{where}: {name}").values()))
+            for v in values]
 
 
 def read_spec(path: str | os.PathLike, kind: str, keys: tuple[str, ...], *, examples: str,
@@ -228,7 +231,7 @@ def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: 
                   axes=list(grid) + [k for g in zips for k in g])
     seen: set[str] = set()
     for cell in cells:
-        varying = {k: cell[k] for k in sweep.axes}
+        varying = {k: cell[k] for k in sweep.axes if k in cell}  # a null left the key unset
         try:
             cfg = TrainConfig.from_dict(cell)  # values typed above; __post_init__ runs the cross-field checks
         except PeftlabError as err:
