@@ -84,20 +84,14 @@ def parse_pairs(text: str | None, compile_pairs: bool = False) -> list[tuple[str
     """``--pairs A:B,...`` (default :data:`DEFAULT_PAIRS`). ``--compile`` adds the compiled setup against every
     Trainer setup of those pairs and against eager peftlab (the default pairs: :data:`COMPILE_PAIRS`)."""
     from peftlab.bench.decoder_worker import SETUPS as DECODER_SETUPS
-    from peftlab.errors import unknown
+    from peftlab.bench.pairs import parse_setup_pairs
 
-    pairs = []
-    for piece in (text or DEFAULT_PAIRS).split(","):
-        parts = [p.strip().lower() for p in piece.split(":")]
-        if len(parts) != 2 or parts[0] == parts[1]:
-            raise PeftlabError(f"--pairs: '{piece}' is not two different setups A:B", fix=f"e.g. --pairs {DEFAULT_PAIRS}")
-        for part in parts:
-            if part in DECODER_SETUPS and part not in SETUPS:
-                raise PeftlabError(f"--pairs: '{part}' is a setup of the decoder tasks (math, commonsense, e2e), not "
-                                   "of GLUE tasks", fix=f"GLUE setups: {', '.join(SETUPS)}")
-            if part not in SETUPS:
-                raise unknown("setup", part, list(SETUPS), where="--pairs")
-        pairs.append((parts[0], parts[1]))
+    def not_a_decoder_setup(part: str) -> None:
+        if part in DECODER_SETUPS and part not in SETUPS:
+            raise PeftlabError(f"--pairs: '{part}' is a setup of the decoder tasks (math, commonsense, e2e), not "
+                               "of GLUE tasks", fix=f"GLUE setups: {', '.join(SETUPS)}")
+
+    pairs = parse_setup_pairs(text, DEFAULT_PAIRS, SETUPS, not_a_decoder_setup)
     if compile_pairs:
         trainers = [s for s in dict.fromkeys(s for pair in pairs for s in pair) if s in TRAINER_SETUPS]
         pairs += [(s, COMPILED_SETUP) for s in trainers] + [(PEFTLAB_SETUP, COMPILED_SETUP)]

@@ -59,18 +59,9 @@ def is_decoder_request(text: str | None) -> bool:
 
 
 def parse_pairs(text: str | None) -> list[tuple[str, str]]:
-    from peftlab.errors import unknown
+    from peftlab.bench.pairs import parse_setup_pairs
 
-    pairs = []
-    for piece in (text or DEFAULT_PAIRS).split(","):
-        parts = [p.strip().lower() for p in piece.split(":")]
-        if len(parts) != 2 or parts[0] == parts[1]:
-            raise PeftlabError(f"--pairs: '{piece}' is not two different setups A:B", fix=f"e.g. --pairs {DEFAULT_PAIRS}")
-        for part in parts:
-            if part not in SETUPS:
-                raise unknown("setup", part, list(SETUPS), where="--pairs")
-        pairs.append((parts[0], parts[1]))
-    return list(dict.fromkeys(pairs))
+    return parse_setup_pairs(text, DEFAULT_PAIRS, SETUPS)
 
 
 def settings_from_args(args) -> dict[str, Any]:

@@ -57,7 +57,6 @@ from peftlab.argtypes import (bounded_int, folder, nonnegative_int, output_folde
 from peftlab.errors import USER_ERROR_EXIT, PeftlabError
 
 
-_positive_int, _nonnegative_int = positive_int, nonnegative_int  # the names this module has always used
 
 
 def _threads(text: str) -> int:
@@ -105,23 +104,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--targets", action="append", type=text, default=None,
                         help="a target set such as q,v; repeat the flag for several (default: q,v and q,k,v; "
                              "with --e2e only the first is used, default q,v)")
-    parser.add_argument("--rank", type=_positive_int, default=8, help="adapter rank (default 8)")
+    parser.add_argument("--rank", type=positive_int, default=8, help="adapter rank (default 8)")
     parser.add_argument("--alpha", type=positive_float, default=16.0, help="LoRA alpha (default 16)")
-    parser.add_argument("--seq-len", type=_positive_int, default=None,
+    parser.add_argument("--seq-len", type=positive_int, default=None,
                         help="tokens per example (default 128; with --e2e the max length T, default 128)")
-    parser.add_argument("--batch-size", type=_positive_int, default=None,
+    parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="examples per step (default 8; with --e2e 32; with --decode 16)")
-    parser.add_argument("--warmup", type=_nonnegative_int, default=2, help="untimed warm-up rounds (default 2)")
-    parser.add_argument("--repeats", type=_positive_int, default=None,
+    parser.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed warm-up rounds (default 2)")
+    parser.add_argument("--repeats", type=positive_int, default=None,
                         help="timed rounds per configuration (default 7; with --against trainer: runs per setup "
                              "and task, default 2; with --decode: timed rounds, default 3)")
-    parser.add_argument("--infer-repeats", type=_positive_int, default=None,
+    parser.add_argument("--infer-repeats", type=positive_int, default=None,
                         help="timed inference rounds (default: --repeats)")
-    parser.add_argument("--inner", type=_positive_int, default=1,
+    parser.add_argument("--inner", type=positive_int, default=1,
                         help="back-to-back steps per timed sample (default 1; raise on GPU)")
-    parser.add_argument("--init-repeats", type=_positive_int, default=3,
+    parser.add_argument("--init-repeats", type=positive_int, default=3,
                         help="adapter inits per configuration, round-robin (default 3)")
-    parser.add_argument("--calibration-samples", type=_positive_int, default=8,
+    parser.add_argument("--calibration-samples", type=positive_int, default=8,
                         help="CorDA calibration forwards during init (default 8, from the benchmark batch)")
     parser.add_argument("--threads", type=_threads, default=None,
                         help="torch CPU threads (default: torch's); 1 is far steadier on a shared machine")
@@ -144,14 +143,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="train on a real task twice: dynamic padding vs --pad-to-max (the papers' setup)")
     e2e.add_argument("--task", "--tasks", type=text, default=None,
                      help="GLUE task(s), comma list (default cola; with --against trainer: rte,mrpc)")
-    e2e.add_argument("--epochs", type=_positive_int, default=1, help="epochs per run (default 1)")
+    e2e.add_argument("--epochs", type=positive_int, default=1, help="epochs per run (default 1)")
     e2e.add_argument("--seeds", type=_seeds, default=None,
                      help="comma list of seeds; each runs both setups (default 0; with --against trainer repeat r "
                           "uses the r-th seed, cyclically)")
-    e2e.add_argument("--max-train-samples", "--train-examples", type=_positive_int, default=None,
+    e2e.add_argument("--max-train-samples", "--train-examples", type=positive_int, default=None,
                      help="train on a seeded subset of this many examples (CPU sizing; with --against trainer "
                           "default 1000)")
-    e2e.add_argument("--max-eval-samples", type=_positive_int, default=None, help="evaluate on a seeded subset")
+    e2e.add_argument("--max-eval-samples", type=positive_int, default=None, help="evaluate on a seeded subset")
     e2e.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: the method's)")
     e2e.add_argument("--data-dir", type=folder, default=None, help="GLUE data root (default as in peftlab train)")
     e2e.add_argument("--mixed-precision", choices=("no", "bf16"), default=None,
@@ -178,16 +177,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lab.add_argument("--sweep-overhead", action="store_true",
                      help="run a small MiniLM sweep through `peftlab sweep` and split its wall time into training "
                           "and fixed costs per phase (default 10 runs: RTE 200 examples, 1 epoch, lambda x seed)")
-    lab.add_argument("--runs", type=_positive_int, default=10,
+    lab.add_argument("--runs", type=positive_int, default=10,
                      help="with --sweep-overhead: runs in the sweep (default 10: lambda 1,2,4,8,16 x 2 seeds)")
-    lab.add_argument("--workers", type=_nonnegative_int, default=0,
+    lab.add_argument("--workers", type=nonnegative_int, default=0,
                      help="with --sweep-overhead: peftlab sweep --workers (default 0: runs in the sweep's process)")
     lab.add_argument("--decode", action="store_true",
                      help="GSM8K evaluation decoding: peftlab's greedy loop vs model.generate, fp32 vs bf16 "
                           "autocast, with and without batching by prompt length: new tokens/s, identical outputs")
-    lab.add_argument("--problems", type=_positive_int, default=32,
+    lab.add_argument("--problems", type=positive_int, default=32,
                      help="with --decode: GSM8K test problems (default 32)")
-    lab.add_argument("--max-new-tokens", type=_positive_int, default=256,
+    lab.add_argument("--max-new-tokens", type=positive_int, default=256,
                      help="with --decode: generation limit (default 256, as peftlab's GSM8K evaluation)")
 
 

@@ -23,6 +23,25 @@ from peftlab.errors import PeftlabError
 from peftlab.io_utils import atomic_write_text
 
 
+def parse_setup_pairs(text: str | None, default: str, setups, check=None) -> list[tuple[str, str]]:
+    """``--pairs A:B,...`` (``default`` when not given) as (A, B) pairs of ``setups``, each pair once;
+    ``check(setup)`` may refuse a known name with a better line first (a setup of the other benchmark)."""
+    from peftlab.errors import unknown
+
+    pairs = []
+    for piece in (text or default).split(","):
+        parts = [p.strip().lower() for p in piece.split(":")]
+        if len(parts) != 2 or parts[0] == parts[1]:
+            raise PeftlabError(f"--pairs: '{piece}' is not two different setups A:B", fix=f"e.g. --pairs {default}")
+        for part in parts:
+            if check is not None:
+                check(part)
+            if part not in setups:
+                raise unknown("setup", part, list(setups), where="--pairs")
+        pairs.append((parts[0], parts[1]))
+    return list(dict.fromkeys(pairs))
+
+
 def two_cores() -> tuple[int, int]:
     """The first two cores this process may run on; one line naming the fix when there are fewer."""
     usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
