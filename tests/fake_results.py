@@ -45,6 +45,8 @@ def placeholders(result: dict) -> dict:
     config = result.get("config") or {}
     targets = config.get("targets", "")
     return {
+        "schema_version": 1, "status_reason": None if result.get("status") == "ok" else result.get("status"),
+        "task": config.get("task"), "seed": config.get("seed"),
         "model": config.get("model"), "method": config.get("method"), "rank": config.get("rank"),
         "targets": ",".join(targets) if isinstance(targets, (list, tuple)) else targets,
         "alpha": config.get("alpha"), "lr": config.get("lr"), "lr_ratio": config.get("lr_ratio"),
@@ -59,13 +61,17 @@ def placeholders(result: dict) -> dict:
     }
 
 
-def checked(result: dict) -> dict:
+def checked(result: dict, *, written_before: tuple[str, ...] = ()) -> dict:
     """``result`` with the missing required fields filled (see :func:`placeholders`), validated against
-    result.schema.json; raises jsonschema.ValidationError naming every violation."""
+    result.schema.json; raises jsonschema.ValidationError naming every violation. ``written_before``: fields an
+    older peftlab did not write yet (e.g. ``code``): left absent, as in such a record, and not required."""
     complete = dict(result)
     for name, value in placeholders(result).items():
-        complete.setdefault(name, value)
-    errors = sorted(VALIDATOR.iter_errors(complete), key=lambda e: list(e.absolute_path))
+        if name not in written_before:
+            complete.setdefault(name, value)
+    absent = {f"{name!r} is a required property" for name in written_before if name not in complete}
+    errors = sorted((e for e in VALIDATOR.iter_errors(complete) if e.absolute_path or e.message not in absent),
+                    key=lambda e: list(e.absolute_path))
     if errors:
         lines = [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors]
         raise jsonschema.ValidationError("fake result breaks result.schema.json:\n" + "\n".join(lines))

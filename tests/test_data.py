@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from peftlab.tasks import data_files as data
+from peftlab.tasks import batching
 from peftlab.errors import PeftlabError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +119,7 @@ def test_fingerprint_is_content_addressed():
     c = data.load_split("rte", "train", SHARED)
     assert a._fingerprint == b._fingerprint != c._fingerprint
     # What the token cache keys on: peftlab's own digest of the rows.
-    assert data.content_digest(a) == data.content_digest(b) != data.content_digest(c)
+    assert batching.content_digest(a) == batching.content_digest(b) != batching.content_digest(c)
 
 
 def test_qnli_train_and_mnli_offline_name_the_paths(offline, tmp_path):
@@ -375,7 +376,7 @@ def _pairs():
 
 def test_tokenize_columns_and_truncation(tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
-    out = data.tokenize(_pairs(), tokenizer, 12, task="mrpc", cache_key="t")
+    out = batching.tokenize(_pairs(), tokenizer, 12, task="mrpc", cache_key="t")
     assert set(out.column_names) == {"input_ids", "attention_mask", "token_type_ids", "labels", "length"}
     assert out["labels"] == [0, 1]
     assert out["length"] == [len(ids) for ids in out["input_ids"]]
@@ -389,14 +390,14 @@ def test_tokenize_single_sentence_and_float_labels(tokenizer, tmp_path, monkeypa
 
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     single = datasets.Dataset.from_dict({"text_a": ["One sentence."], "label": [1]})
-    out = data.tokenize(single, tokenizer, 32, task="sst2", cache_key="s")
+    out = batching.tokenize(single, tokenizer, 32, task="sst2", cache_key="s")
     assert max(out["token_type_ids"][0]) == 0
     stsb = datasets.Dataset.from_dict(
         {"text_a": ["a"], "text_b": ["b"], "label": [3.5]},
         features=datasets.Features({"text_a": datasets.Value("string"), "text_b": datasets.Value("string"),
                                     "label": datasets.Value("float32")}),
     )
-    assert data.tokenize(stsb, tokenizer, 32, task="stsb", cache_key="s")["labels"] == [3.5]
+    assert batching.tokenize(stsb, tokenizer, 32, task="stsb", cache_key="s")["labels"] == [3.5]
 
 
 def test_tokenize_cache_reused(tokenizer, tmp_path, monkeypatch):
@@ -410,18 +411,18 @@ def test_tokenize_cache_reused(tokenizer, tmp_path, monkeypatch):
 
     monkeypatch.setattr(type(tokenizer), "__call__", counting)
     ds = _pairs()
-    first = data.tokenize(ds, tokenizer, 16, task="mrpc", cache_key="train")
+    first = batching.tokenize(ds, tokenizer, 16, task="mrpc", cache_key="train")
     assert sum(calls) == 2
     files = list((tmp_path / "cache" / "tokenized").glob("*.arrow"))
     assert len(files) == 1 and first.cache_files[0]["filename"] == str(files[0])
 
-    second = data.tokenize(_pairs(), tokenizer, 16, task="mrpc", cache_key="train")  # same content, new object
+    second = batching.tokenize(_pairs(), tokenizer, 16, task="mrpc", cache_key="train")  # same content, new object
     assert sum(calls) == 2, "second call re-tokenised"
     assert second["input_ids"] == first["input_ids"] and second._fingerprint == first._fingerprint
 
-    data.tokenize(ds, tokenizer, 8, task="mrpc", cache_key="train")  # another max_length: a new cache file
+    batching.tokenize(ds, tokenizer, 8, task="mrpc", cache_key="train")  # another max_length: a new cache file
     assert sum(calls) == 4
-    data.tokenize(ds, tokenizer, 16, task="mrpc", cache_key="eval")  # another cache key: a new cache file
+    batching.tokenize(ds, tokenizer, 16, task="mrpc", cache_key="eval")  # another cache key: a new cache file
     assert sum(calls) == 6
     assert len(list((tmp_path / "cache" / "tokenized").glob("*.arrow"))) == 3
 
@@ -429,9 +430,9 @@ def test_tokenize_cache_reused(tokenizer, tmp_path, monkeypatch):
 def test_tokenize_cache_follows_file_content(tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     path = fake_glue(tmp_path, "RTE", "dev.tsv", RTE_HEADER + "0\tOne.\tTwo.\tentailment\n")
-    a = data.tokenize(data.load_split("rte", "validation", tmp_path), tokenizer, 16, task="rte", cache_key="k")
+    a = batching.tokenize(data.load_split("rte", "validation", tmp_path), tokenizer, 16, task="rte", cache_key="k")
     path.write_text(RTE_HEADER + "0\tThree four five.\tSix.\tnot_entailment\n", encoding="utf-8")
-    b = data.tokenize(data.load_split("rte", "validation", tmp_path), tokenizer, 16, task="rte", cache_key="k")
+    b = batching.tokenize(data.load_split("rte", "validation", tmp_path), tokenizer, 16, task="rte", cache_key="k")
     assert a["input_ids"] != b["input_ids"] and b["labels"] == [1]
 
 
@@ -439,9 +440,9 @@ def test_tokenize_cache_follows_file_content(tokenizer, tmp_path, monkeypatch):
 def test_tokenize_subset_of_real_split(tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     raw = data.subset(data.load_split("mrpc", "validation", SHARED), 32, seed=0)
-    out = data.tokenize(raw, tokenizer, 64, task="mrpc", cache_key="minilm-l6-validation")
+    out = batching.tokenize(raw, tokenizer, 64, task="mrpc", cache_key="minilm-l6-validation")
     assert len(out) == 32 and max(out["length"]) <= 64 and out["labels"] == raw["label"]
-    again = data.tokenize(data.subset(data.load_split("mrpc", "validation", SHARED), 32, seed=0), tokenizer, 64,
+    again = batching.tokenize(data.subset(data.load_split("mrpc", "validation", SHARED), 32, seed=0), tokenizer, 64,
                           task="mrpc", cache_key="minilm-l6-validation")
     assert again.cache_files == out.cache_files
 
@@ -453,23 +454,23 @@ def test_collator_dynamic_and_max_padding(tokenizer, tmp_path, monkeypatch):
     import torch
 
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
-    out = data.tokenize(_pairs(), tokenizer, 20, task="mrpc", cache_key="c")
+    out = batching.tokenize(_pairs(), tokenizer, 20, task="mrpc", cache_key="c")
     features = [out[i] for i in range(len(out))]
     longest = max(out["length"])
 
-    batch = data.make_collator(tokenizer, False, 20)(features)
+    batch = batching.make_collator(tokenizer, False, 20)(features)
     assert "length" not in batch
     assert batch["input_ids"].shape == (2, longest)
     assert batch["labels"].tolist() == [0, 1] and batch["labels"].dtype == torch.long
     assert batch["attention_mask"].sum(dim=1).tolist() == out["length"]
     assert batch["input_ids"][0, -1].item() == tokenizer.pad_token_id
 
-    fixed = data.make_collator(tokenizer, True, 20)(features)
+    fixed = batching.make_collator(tokenizer, True, 20)(features)
     assert fixed["input_ids"].shape == (2, 20) and fixed["attention_mask"].shape == (2, 20)
     assert fixed["attention_mask"].sum(dim=1).tolist() == out["length"]
 
     reg = [{"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1], "labels": 2.5, "length": 3}]
-    assert data.make_collator(tokenizer, False, 8)(reg)["labels"].dtype == torch.float32
+    assert batching.make_collator(tokenizer, False, 8)(reg)["labels"].dtype == torch.float32
 
 
 # --------------------------------------------------------------------------- length-grouped batches
@@ -478,10 +479,10 @@ def test_collator_dynamic_and_max_padding(tokenizer, tmp_path, monkeypatch):
 def test_length_grouped_batches():
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 200, size=1000).tolist()
-    a = data.length_grouped_batches(lengths, 16, seed=1, epoch=0)
-    assert a == data.length_grouped_batches(lengths, 16, seed=1, epoch=0)
-    assert a != data.length_grouped_batches(lengths, 16, seed=1, epoch=1)
-    assert a != data.length_grouped_batches(lengths, 16, seed=2, epoch=0)
+    a = batching.length_grouped_batches(lengths, 16, seed=1, epoch=0)
+    assert a == batching.length_grouped_batches(lengths, 16, seed=1, epoch=0)
+    assert a != batching.length_grouped_batches(lengths, 16, seed=1, epoch=1)
+    assert a != batching.length_grouped_batches(lengths, 16, seed=2, epoch=0)
     flat = [i for batch in a for i in batch]
     assert sorted(flat) == list(range(1000))  # every index exactly once
     assert Counter(len(b) for b in a) == Counter({16: 62, 8: 1})
@@ -494,11 +495,11 @@ def test_length_grouped_batches():
 
 
 def test_length_grouped_batches_small_and_empty():
-    assert data.length_grouped_batches([], 4, seed=0, epoch=0) == []
-    batches = data.length_grouped_batches([3, 1, 2], 8, seed=0, epoch=0)
+    assert batching.length_grouped_batches([], 4, seed=0, epoch=0) == []
+    batches = batching.length_grouped_batches([3, 1, 2], 8, seed=0, epoch=0)
     assert len(batches) == 1 and sorted(batches[0]) == [0, 1, 2]
     with pytest.raises(PeftlabError):
-        data.length_grouped_batches([1, 2], 0, seed=0, epoch=0)
+        batching.length_grouped_batches([1, 2], 0, seed=0, epoch=0)
 
 
 # --------------------------------------------------------------------------- majority baseline

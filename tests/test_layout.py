@@ -290,14 +290,28 @@ def loads_on_import(module: str) -> frozenset[str]:
                      for target in import_targets(module, node, path.name == "__init__.py")) - {module}
 
 
-def import_graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
-    """peftlab module -> the peftlab modules it imports at module level (the graph an import cycle lives in)."""
+def every_import(body: list[ast.stmt]):
+    """Every import statement of a module, inside functions too, except under ``if TYPE_CHECKING:``."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and is_type_checking(node.test):
+            yield from every_import(node.orelse)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                for child in getattr(node, field, None) or []:
+                    yield from every_import([child] if isinstance(child, ast.stmt) else child.body)
+
+
+def import_graph(modules: dict[str, Path] | None = None, *, lazy: bool = False) -> dict[str, set[str]]:
+    """peftlab module -> the peftlab modules it imports at module level (the graph an import cycle lives in);
+    ``lazy``: also those it imports inside functions."""
     modules = package_modules() if modules is None else modules
     graph = {}
     for module, path in modules.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        targets = {t for node in runs_on_import(tree.body)
-                   for t in import_targets(module, node, path.name == "__init__.py")}
+        statements = every_import(tree.body) if lazy else runs_on_import(tree.body)
+        targets = {t for node in statements for t in import_targets(module, node, path.name == "__init__.py")}
         graph[module] = {t for t in targets if t in modules and t != module}
     return graph
 
@@ -354,6 +368,13 @@ def test_no_import_cycle_between_modules():
         "\n  ".join(" -> ".join(cycle) for cycle in cycles))
 
 
+def test_no_import_cycle_even_through_imports_inside_functions():
+    """A lazy import still ties two modules together (each needs the other to work): none may close a cycle."""
+    cycles = import_cycles(import_graph(lazy=True))
+    assert not cycles, "modules that import each other, some inside functions:\n  " + (
+        "\n  ".join(" -> ".join(cycle) for cycle in cycles))
+
+
 def test_the_cycle_check_finds_a_cycle(tmp_path):
     """The checker is able to fail: a synthetic package whose a -> b -> c -> a (``from pkg import c`` names a
     module, ``from pkg.a import X`` a name) is reported, a function-level and a TYPE_CHECKING import are not."""
@@ -376,11 +397,89 @@ def test_the_cycle_check_finds_a_cycle(tmp_path):
     try:
         modules = {module_name(path): path for path in sorted(pkg.rglob("*.py"))}
         graph = import_graph(modules)
+        lazy = import_graph(modules, lazy=True)  # the function-level import is an edge; TYPE_CHECKING's is not
     finally:
         PACKAGE = real
     assert graph["peftlab.a"] == {"peftlab.sub.b"} and graph["peftlab.c"] == {"peftlab.a"}
     assert graph["peftlab.d"] == set() and graph["peftlab.e"] == set()
     assert import_cycles(graph) == [["peftlab.a", "peftlab.sub.b", "peftlab.c", "peftlab.a"]]
+    assert lazy["peftlab.e"] == {"peftlab.d"} and lazy["peftlab.d"] == set()
+
+
+def unused_module_level_imports(path: Path) -> list[str]:
+    """Names a module imports at module level and never uses, unless it lists them in ``__all__`` (a declared
+    re-export): what a ``noqa: F401`` shim keeps alive."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported: dict[str, int] = {}
+    for node in runs_on_import(tree.body):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+                isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            for alias in node.names:
+                imported[(alias.asname or alias.name).split(".")[0]] = node.lineno
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    exported: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            exported = {elt.value for elt in node.value.elts if isinstance(elt, ast.Constant)}
+    return sorted(f"{name} (line {line})" for name, line in imported.items() if name not in used | exported)
+
+
+def test_no_module_keeps_an_import_it_does_not_use(tmp_path):
+    """No re-export shims: an import a module does not use is either declared in its ``__all__`` (peftlab.config,
+    the config layer's one import path) or removed, with its callers importing from where the name lives."""
+    found = {module: names for module, path in package_modules().items()
+             if path.name != "__init__.py" and (names := unused_module_level_imports(path))}
+    assert not found, "module-level imports nothing in the module uses (import from where they live): " + "; ".join(
+        f"{module}: {', '.join(names)}" for module, names in sorted(found.items()))
+    shim = tmp_path / "shim.py"  # the check is able to fail
+    shim.write_text("from os.path import join  # noqa: F401 - importable from here too\nfrom os import sep\n"
+                    "__all__ = ['sep']\n")
+    assert unused_module_level_imports(shim) == ["join (line 1)"]
+
+
+# Private attributes of objects a module does not own, each with why no public API does it. Everything else
+# (another peftlab module's _private name, a private attribute stored on a model or a library object) fails.
+LIBRARY_PRIVATES = {
+    ("peftlab.bench.micro", "model.base_model._get_kasa_loss"): "the benchmark times peft's own KaSA loss",
+    ("peftlab.cli.main", "parser._actions"): "argparse has no public way to list a parser's options",
+    ("peftlab.cli.main", "argparse._SubParsersAction"): "argparse: finding the subcommands for did-you-mean",
+    ("peftlab.cli.main", "sub.choices[command]._option_string_actions"): "argparse: a subcommand's flags",
+    ("peftlab.config_cli", "schema_parser(cls)._actions"): "argparse: the flags jsonargparse declared",
+    ("peftlab.lab.sweep_workers", "os._exit"): "public: exit a worker without running its parent's handlers",
+    ("peftlab.tasks.judge_server", "os._exit"): "public: as above",
+    ("peftlab.tasks.judge_server", "super()._build_generation_config"): "an override of transformers' serve",
+    ("peftlab.lab.tune.study", "frozen._trial_id"): "Optuna: re-attach a Trial to a trial another process began",
+    ("peftlab.lab.tune.study", "self.study._storage"): "Optuna: user attrs of a trial this process does not hold",
+    ("peftlab.models.hub", "_http._GLOBAL_CLIENT_FACTORY"): "huggingface_hub: is the client factory the user's?",
+    ("peftlab.models.hub", "client._transport"): "httpx: the transport a timeout cap wraps",
+    ("peftlab.models.packed_attention", "config._attn_implementation"): "transformers' own attention switch",
+    ("peftlab.tasks.lm_eval_tasks", "task._filters"): "lm-eval: a task's filters (its scoring of GSM8K)",
+    ("peftlab.training.compile", "torch._dynamo"): "torch.compile's configuration and its errors",
+    ("peftlab.training.devices", "AcceleratorState._shared_state"): "Accelerate: one state per process, reset "
+                                                                    "between runs of another precision",
+    ("peftlab.training.devices", "AcceleratorState._reset_state"): "Accelerate: as above",
+}
+
+
+def private_attribute_uses() -> set[tuple[str, str]]:
+    """(module, expression) for every ``x._name`` where x is not ``self``/``cls`` (dunders aside)."""
+    found = set()
+    for module, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                found.add((module, ast.unparse(node)))
+    return found
+
+
+def test_no_private_attributes_of_other_objects():
+    """No module reads or stores a private attribute of another module or of a model or library object, except
+    the library internals listed with their reason (and every listed one is still in use)."""
+    found = private_attribute_uses()
+    assert not found - LIBRARY_PRIVATES.keys(), "private attributes of objects a module does not own: " + ", ".join(
+        f"{module}: {expr}" for module, expr in sorted(found - LIBRARY_PRIVATES.keys()))
+    assert not LIBRARY_PRIVATES.keys() - found, f"listed but no longer used: {sorted(LIBRARY_PRIVATES.keys() - found)}"
 
 
 def test_every_module_is_small():

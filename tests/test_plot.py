@@ -21,6 +21,7 @@ from peftlab.lab.figures.sigma import SIGMA_DELTA, parse_module
 from peftlab.lab.plot import KINDS, draw, make_figure, make_plot
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
+from fake_results import checked  # noqa: E402 - tests/ is on sys.path
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -29,12 +30,12 @@ def _result(cfg: dict, accuracy: float, status: str, rng: random.Random) -> dict
     epochs = [{"epoch": e, "train_loss": 0.7 - 0.1 * e + rng.random() * 0.01,
                "metrics": {"accuracy": accuracy - 0.03 * (cfg["epochs"] - e)}, "seconds": 1.0}
               for e in range(1, cfg["epochs"] + 1)]
-    curve = [{"step": 2 * (i + 1), "epoch": (i + 1) / 2, "metrics": {"accuracy": accuracy - 0.02 * (2 * cfg["epochs"]
-                                                                                                   - i - 1)}}
+    curve = [{"step": 2 * (i + 1), "epoch": (i + 1) / 2, "epoch_end": i % 2 == 1,
+              "metrics": {"accuracy": accuracy - 0.02 * (2 * cfg["epochs"] - i - 1)}}
              for i in range(2 * cfg["epochs"])]
     result = {"schema_version": 1, "status": status, "status_reason": None if status == "ok" else status,
               "task": cfg["task"], "method": cfg["method"], "seed": cfg["seed"], "config": cfg,
-              "primary_metric": "accuracy", "epochs_log": epochs, "curve": curve,
+              "primary_metric": "accuracy", "majority_baseline": 0.5, "epochs_log": epochs, "curve": curve,
               "best": {"epoch": cfg["epochs"], "metrics": {"accuracy": accuracy}},
               "final": {"metrics": {"accuracy": accuracy}}, "before": None, "epochs_run": cfg["epochs"],
               "trainable_params": {"adapter": 100 * cfg["rank"], "head": 66, "total": 100 * cfg["rank"] + 66}}
@@ -42,7 +43,7 @@ def _result(cfg: dict, accuracy: float, status: str, rng: random.Random) -> dict
         result["kasa_sigma"] = {f"bert.encoder.layer.{layer}.attention.self.{proj}":
                                 [rng.gauss(0, 0.01) for _ in range(cfg["rank"])]
                                 for layer in range(2) for proj in ("query", "value")}
-    return result
+    return checked(result)
 
 
 def add_grid(store, rng, make_result, *, tasks, lrs, epochs: int, bad_status: str) -> None:

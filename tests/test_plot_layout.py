@@ -20,6 +20,7 @@ from peftlab.resolve import build_run_config
 from peftlab.lab.plot import make_figure, save_figure
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
+from fake_results import checked  # noqa: E402 - tests/ is on sys.path
 from test_plot import _result as plot_result, add_grid  # noqa: E402  (tests/ is on sys.path, as for conftest)
 
 OUT = os.environ.get("PEFTLAB_PLOT_OUT")  # a folder: keep every figure drawn here, to look at
@@ -37,7 +38,7 @@ def _result(cfg: dict, accuracy: float, status: str, rng: random.Random) -> dict
         init = {m: [rng.gauss(0, 0.5) for _ in range(cfg["rank"])] for m in modules}
         result["kasa_sigma_init"] = init
         result["kasa_sigma"] = {m: [v + rng.gauss(0, 0.01) for v in vals] for m, vals in init.items()}
-    return result
+    return checked(result)
 
 
 @pytest.fixture(scope="module")

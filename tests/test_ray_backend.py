@@ -13,12 +13,15 @@ import pytest
 import yaml
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.ray_backend import FAULT_KILL_ENV, RayOptions, run_sweep_ray
+from peftlab.lab.ray_backend import RayOptions
 from peftlab.lab.store import Store
-from peftlab.lab.sweep import load_spec
+from peftlab.lab.sweep import load_spec, run_sweep_ray
 
 from conftest import DATA_DIR as DATA, needs_data  # noqa: E402
+from faults import KILL_ENV  # noqa: E402
 from test_tune import FAKE as FAKE_TUNE_TRAIN, epoch_calls, spec_for  # noqa: E402
+
+KILLED_TRAIN = "faults:fake_train_killed"  # the tune tests' fake, SIGKILLing itself once after KILL_ENV's epoch
 
 FAKE_SWEEP_TRAIN = "test_sweep:fake_train"  # lr_ratio 8 raises, 16 collapses (tests/test_sweep.py)
 
@@ -95,8 +98,8 @@ def test_a_killed_ray_worker_is_retried_from_the_checkpoint(tmp_path, local_ray,
     """The first run to end epoch 1 SIGKILLs its worker; Ray runs the task again, which resumes the run's
     checkpoint: every run is in the store once, ok, and no epoch was trained twice."""
     sweep = load_spec(_kill_spec(tmp_path))
-    monkeypatch.setenv(FAULT_KILL_ENV, f"1:{tmp_path / 'killed'}")
-    outcome = run_sweep_ray(sweep, RayOptions(max_retries=2), train_fn=FAKE_TUNE_TRAIN, progress=False)
+    monkeypatch.setenv(KILL_ENV, f"1:{tmp_path / 'killed'}")
+    outcome = run_sweep_ray(sweep, RayOptions(max_retries=2), train_fn=KILLED_TRAIN, progress=False)
     assert (tmp_path / "killed").is_file()  # a worker really died
     assert outcome.counts["ok"] == 2 and outcome.counts["failed"] == 0
     with Store(sweep.store_path) as store:
@@ -111,8 +114,8 @@ def test_a_killed_ray_worker_is_retried_from_the_checkpoint(tmp_path, local_ray,
 
 def test_a_ray_worker_killed_past_its_retries_is_failed_with_the_reason(tmp_path, local_ray, monkeypatch):
     sweep = load_spec(_kill_spec(tmp_path))
-    monkeypatch.setenv(FAULT_KILL_ENV, f"1:{tmp_path / 'killed'}")
-    first = run_sweep_ray(sweep, RayOptions(max_retries=0), train_fn=FAKE_TUNE_TRAIN, progress=False)
+    monkeypatch.setenv(KILL_ENV, f"1:{tmp_path / 'killed'}")
+    first = run_sweep_ray(sweep, RayOptions(max_retries=0), train_fn=KILLED_TRAIN, progress=False)
     assert first.counts["failed"] == 1 and first.counts["ok"] == 1  # the marker kills one worker only
     with Store(sweep.store_path) as store:
         failed = next(r for r in store.rows() if r["status"] == "failed")
@@ -159,13 +162,13 @@ def test_tune_on_ray(tmp_path, local_ray):
 def test_real_run_on_ray_killed_mid_run_resumes(tmp_path, local_ray, monkeypatch):
     """The real loop (tiny-bert): the worker dies after epoch 1's checkpoint; the retry resumes at epoch 2."""
     monkeypatch.setenv("PEFTLAB_DATA_DIR", str(DATA))
-    monkeypatch.setenv(FAULT_KILL_ENV, f"1:{tmp_path / 'killed'}")
+    monkeypatch.setenv(KILL_ENV, f"1:{tmp_path / 'killed'}")
     spec = write_spec(tmp_path / "real.yaml", {
         "output_dir": str(tmp_path / "runs"),
         "base": {"model": "tiny-bert", "task": "rte", "max_train_samples": 16, "max_eval_samples": 16, "epochs": 2,
                  "max_length": 32, "batch_size": 8}, "grid": {"lr_ratio": [2]}})
     sweep = load_spec(spec)
-    outcome = run_sweep_ray(sweep, RayOptions(max_retries=1), progress=False)
+    outcome = run_sweep_ray(sweep, RayOptions(max_retries=1), train_fn="faults:train_killed", progress=False)
     # tiny-bert on 16 examples may never leave chance (training/guards.py): no_learning is a finished run too
     assert outcome.counts["ok"] + outcome.counts["no_learning"] == 1 and (tmp_path / "killed").is_file()
     with Store(sweep.store_path) as store:

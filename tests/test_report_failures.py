@@ -18,6 +18,7 @@ from peftlab.lab.records import load_rows
 from peftlab.lab.report import build_table
 from peftlab.lab.store import Store, config_key
 from peftlab.lab.tables import render_csv
+from fake_results import checked  # noqa: E402 - tests/ is on sys.path
 
 SHA_A, SHA_B = "a" * 40, "b" * 40
 
@@ -29,10 +30,11 @@ def config(**overrides) -> dict:
 
 
 def result(cfg: dict, value: float, *, status: str = "ok", **extra) -> dict:
-    return {"schema_version": 1, "status": status, "status_reason": None if status == "ok" else f"{status}: bar",
-            "config": cfg, "primary_metric": "pearson", "best": {"epoch": 2, "metrics": {"pearson": value}},
+    return checked({"schema_version": 1, "status": status, "status_reason": None if status == "ok" else f"{status}: bar",
+            "config": cfg, "primary_metric": "pearson", "majority_baseline": 0.0,  # STS-B: a correlation
+            "best": {"epoch": 2, "metrics": {"pearson": value}},
             "final": {"metrics": {"pearson": value}}, "trainable_params": {"adapter": 10, "head": 2, "total": 12},
-            **extra}
+            **extra}, written_before=() if "code" in extra else ("code",))  # no code: an older peftlab's record
 
 
 def row(cfg: dict, res: dict | None, *, status: str | None = None, key: str | None = None) -> dict:
@@ -64,9 +66,9 @@ def test_no_learning_runs_are_counted_and_the_cell_shows_median_and_range():
     # not a bare "64.8 ± 34.8": the failures are counted and the distribution over all five seeds is shown
     assert "| 80.3 ± 1.5 (3) [2 no_learning; median 79.0, range 2.5–82.0 over 5 seeds] |" in md
     assert "no_learning: best dev metric never clearly above chance" in md
-    line = next(line for line in render_csv(table).splitlines()[1:])
-    head = render_csv(table).splitlines()[0].split(",")
-    values = dict(zip(head, line.split(",")))
+    head, *lines = render_csv(table).splitlines()
+    rows = [dict(zip(head.split(","), line.split(","))) for line in lines]
+    values = next(r for r in rows if "majority class" not in r.values())  # the runs' row, not STS-B's majority 0
     assert float(values["stsb_median"]) == pytest.approx(79.0) and float(values["stsb_min"]) == pytest.approx(2.5)
     assert float(values["stsb_max"]) == pytest.approx(82.0) and values["stsb_excluded"] == "2 no_learning"
     assert values["stsb_n"] == "3"

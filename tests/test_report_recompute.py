@@ -26,6 +26,7 @@ from peftlab.cli.main import main
 from peftlab.config import TrainConfig
 from peftlab.resolve import build_run_config
 from peftlab.lab.store import Store
+from fake_results import checked  # noqa: E402 - tests/ is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILT = "built here"
@@ -72,8 +73,11 @@ def build_store(path: Path) -> Path:
                     cfg = build_run_config(overrides=dict(model="tiny-bert", task=task, method=method,
                                                                    lr_ratio=ratio, seed=seed, epochs=2)).to_dict()
                     value = float(level + delta + seed_effect[seed] + rng.normal(0, 0.004))
-                    store.add(cfg, result={"status": "ok", "config": cfg, "primary_metric": "accuracy",
-                                           "best": {"metrics": {"accuracy": value}}})
+                    store.add(cfg, result=checked({
+                        "status": "ok", "config": cfg, "primary_metric": "accuracy",
+                        "majority_baseline": {"rte": 0.527, "mrpc": 0.684}[task], "best": {"epoch": 2, "metrics": {
+                            "accuracy": value}}, "final": {"metrics": {"accuracy": value}},
+                        "trainable_params": {"adapter": 1000, "head": 600, "total": 1600}}))
     return path
 
 

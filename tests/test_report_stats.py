@@ -24,6 +24,7 @@ from peftlab.lab.records import load_rows
 from peftlab.lab.report import build_table
 from peftlab.lab.store import Store, config_key
 from peftlab.lab.tables import format_p, render_csv, render_latex
+from fake_results import checked  # noqa: E402 - tests/ is on sys.path
 
 BASELINE = "method=lora,lr_ratio=1"
 # (method, lr_ratio) -> task -> accuracy (MCC for CoLA) of seeds 0..4; unequal spreads, so Welch != Student
@@ -53,10 +54,9 @@ def result(cfg: dict, value: float, *, majority: float | None = None, params: di
     out = {"schema_version": 1, "status": "ok", "status_reason": None, "config": cfg, "primary_metric": metric,
            "best": {"epoch": 2, "metrics": {metric: value}}, "final": {"metrics": {metric: value}},
            "before": {"metrics": {metric: value}} if cfg["epochs"] == 0 else None,
-           "trainable_params": params or {"adapter": 1000, "head": 600, "total": 1600}}
-    if majority is not None:
-        out["majority_baseline"] = majority
-    return out
+           "trainable_params": params or {"adapter": 1000, "head": 600, "total": 1600},
+           "majority_baseline": majority if majority is not None else MAJORITY[cfg["task"]]}
+    return checked(out)
 
 
 @pytest.fixture
@@ -220,7 +220,7 @@ def test_format_p():
 
 def test_constant_groups_are_flagged_and_nan_left_out_of_the_correction():
     def row(method, seed, value):
-        cfg = {"model": "tiny-bert", "task": "rte", "method": method, "seed": seed, "epochs": 3}
+        cfg = config(task="rte", method=method, seed=seed, lr=1e-3, head_lr=1e-3)
         return {"key": f"{method}{seed}", "status": "ok", "config": cfg, "result": result(cfg, value)}
 
     rows = [row("lora", s, 0.5) for s in range(2)] + [row("kasa", s, 0.5) for s in range(2)]
@@ -266,7 +266,7 @@ def test_majority_class_row(store_path):
 
 def test_majority_class_runs_that_disagree_and_tasks_without_one():
     def row(task, seed, majority, *, metric_value=0.7):
-        cfg = {"model": "tiny-bert", "task": task, "method": "lora", "seed": seed, "epochs": 3}
+        cfg = config(task=task, method="lora", seed=seed, model="tiny-llama" if task == "gsm8k" else "tiny-bert")
         return {"key": f"{task}{seed}", "status": "ok", "config": cfg,
                 "result": result(cfg, metric_value, majority=majority)}
 
@@ -285,14 +285,15 @@ def test_majority_class_runs_that_disagree_and_tasks_without_one():
 
 def write_run(folder: Path, cfg: dict, value: float, *, status: str = "ok") -> Path:
     folder.mkdir(parents=True)
-    (folder / "result.json").write_text(json.dumps({
+    (folder / "result.json").write_text(json.dumps(checked({
         "status": status, "primary_metric": "accuracy", "config": cfg, "majority_baseline": 0.527,
-        "best": {"metrics": {"accuracy": value}}, "trainable_params": {"adapter": 1000, "head": 600, "total": 1600}}))
+        "best": {"epoch": 3, "metrics": {"accuracy": value}}, "final": {"metrics": {"accuracy": value}},
+        "trainable_params": {"adapter": 1000, "head": 600, "total": 1600}})))
     return folder
 
 
 def test_run_folders_as_inputs(tmp_path, capsys):
-    lora = {"task": "rte", "model": "tiny-bert", "method": "lora", "seed": 0, "epochs": 3, "lr_ratio": 1.0}
+    lora = config(task="rte", method="lora", seed=0, lr_ratio=1.0)
     kasa = dict(lora, method="kasa")
     a = write_run(tmp_path / "runs" / "a", lora, 0.61)
     b = write_run(tmp_path / "runs" / "b", kasa, 0.66)
@@ -317,8 +318,7 @@ def test_run_folders_as_inputs(tmp_path, capsys):
     # a store and a run folder together; the same run twice counts once
     store = tmp_path / "sweep" / "results.sqlite"
     with Store(store) as s:
-        s.add(dict(lora, seed=2), result={"status": "ok", "primary_metric": "accuracy", "config": dict(lora, seed=2),
-                                         "best": {"metrics": {"accuracy": 0.63}}})
+        s.add(dict(lora, seed=2), result=result(dict(lora, seed=2), 0.63, majority=0.527))
         s.add(lora, result=json.loads((a / "result.json").read_text()))
     table = build_table(load_rows([store.parent, a, b]))
     lora_row = next(r for r in table.rows if r.label.get("method") == "lora")
@@ -337,7 +337,9 @@ def test_run_folder_errors(tmp_path, capsys):
     (broken / "result.json").write_text("{not json")
     with pytest.raises(PeftlabError, match=r"cannot read .*broken/result.json.*fix:"):
         load_rows([broken])
-    odd = write_run(tmp_path / "odd", {"task": "rte", "method": "lora"}, 0.5, status="weird")
+    odd = tmp_path / "odd"  # a status no peftlab writes: a record the schema refuses, read by hand
+    odd.mkdir()
+    (odd / "result.json").write_text(json.dumps({"status": "weird", "config": {"task": "rte", "method": "lora"}}))
     with pytest.raises(PeftlabError, match="has status 'weird'"):
         load_rows([odd])
     no_config = tmp_path / "no_config"
@@ -355,7 +357,7 @@ def test_run_folder_errors(tmp_path, capsys):
 def params_rows() -> list[dict]:
     rows = []
     for method, trainable in (("lora", ROBERTA_LORA_QV), ("full", ROBERTA_FULL_QV)):
-        cfg = {"model": "roberta-base", "task": "rte", "method": method, "targets": "q,v", "seed": 0, "epochs": 3}
+        cfg = config(model="roberta-base", task="rte", method=method, targets="q,v", seed=0, lr=1e-3, head_lr=1e-3)
         rows.append({"key": method, "status": "ok", "config": cfg, "result": result(cfg, 0.7, params=trainable)})
     return rows
 

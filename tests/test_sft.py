@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from peftlab.bench.decode import greedy_loop
+from peftlab.tasks import generation
+from peftlab.tasks import instruction_data as idata
 from peftlab.tasks import instructions as sft
 from peftlab.tasks.math_answers import answers_match, extract_answer, normalize_number
 from peftlab.config import TrainConfig
@@ -248,7 +250,7 @@ def test_gsm8k_evaluation_generates_what_the_old_greedy_loop_did(tokenizer, chat
     def both_paths():
         evaluation = sft.gsm8k_evaluator(cfg, tokenizer, eval_raw)(chatty_model, accelerator, "before")
         assert evaluation.extras["generations_file"] == "generations_before.jsonl"
-        new = [r["generated"] for r in sft.read_generations(tmp_path / "generations_before.jsonl")]
+        new = [r["generated"] for r in generation.read_generations(tmp_path / "generations_before.jsonl")]
         old = greedy_loop(chatty_model, tokenizer, prompts, max_new_tokens=14, batch_size=3, stop_when=answer_is_final)
         return new, old
 
@@ -285,11 +287,11 @@ def write(path: Path, text: str) -> Path:
 def test_read_records_json_and_jsonl(tmp_path):
     listing = write(tmp_path / "a.json", json.dumps([{"instruction": "a", "output": "b"},
                                                      {"instruction": "c", "input": "d", "output": "e"}]))
-    assert sft.read_records(listing) == [{"instruction": "a", "input": "", "output": "b"},
+    assert idata.read_records(listing) == [{"instruction": "a", "input": "", "output": "b"},
                                          {"instruction": "c", "input": "d", "output": "e"}]
     lines = write(tmp_path / "b.jsonl", '{"q": "1+1?", "a": "2"}\n\n{"q": "2+2?", "a": "4"}\n')
-    assert [r["output"] for r in sft.read_records(lines, sft.parse_fields("q,a"))] == ["2", "4"]
-    assert sft.parse_fields("q,,a") == sft.Fields("q", None, "a")
+    assert [r["output"] for r in idata.read_records(lines, idata.parse_fields("q,a"))] == ["2", "4"]
+    assert idata.parse_fields("q,,a") == idata.Fields("q", None, "a")
 
 
 def test_instruction_files_read_through_datasets_writing_nothing_next_to_them(tmp_path, monkeypatch):
@@ -305,23 +307,23 @@ def test_instruction_files_read_through_datasets_writing_nothing_next_to_them(tm
         raise AssertionError(f"{path} was re-read by hand")
 
     monkeypatch.setattr(json_files, "_scan_json_records", no_hand_pass)  # well-formed: datasets alone reads them
-    assert len(sft.read_records(listing)) == 3
-    assert [r["output"] for r in sft.read_records(lines, sft.parse_fields("q,a"))] == ["2", "4"]
+    assert len(idata.read_records(listing)) == 3
+    assert [r["output"] for r in idata.read_records(lines, idata.parse_fields("q,a"))] == ["2", "4"]
     assert sorted(p.name for p in data.iterdir()) == ["a.json", "b.jsonl"]  # no cache next to the data
     assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))  # nor a stale one left in peftlab's
     monkeypatch.undo()
     # pyarrow reads a lone ISO date as a timestamp: the text comes back as written.
     dated = write(data / "c.jsonl", '{"q": "When?", "a": "1969-07-20"}\n')
-    assert sft.read_records(dated, sft.parse_fields("q,a"))[0]["output"] == "1969-07-20"
+    assert idata.read_records(dated, idata.parse_fields("q,a"))[0]["output"] == "1969-07-20"
 
 
 def test_instruction_token_cache_reused_and_follows_the_file(tmp_path, monkeypatch, tokenizer):
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     path = write(tmp_path / "train.jsonl", '{"q": "1+1?", "a": "2"}\n{"q": "2+2?", "a": "4"}\n')
-    fields = sft.parse_fields("q,a")
+    fields = idata.parse_fields("q,a")
 
     def tokenised():
-        ds = sft.make_dataset(sft.read_records(path, fields))
+        ds = idata.make_dataset(idata.read_records(path, fields))
         return sft.tokenize_instructions(ds, tokenizer, 64, task="json", cache_key="k")
 
     first, again = tokenised(), tokenised()
@@ -350,22 +352,22 @@ def test_instruction_token_cache_reused_and_follows_the_file(tmp_path, monkeypat
 def test_bad_instruction_files(tmp_path, name, text, fields, where, what):
     path = write(tmp_path / name, text)
     with pytest.raises(PeftlabError) as err:
-        sft.read_records(path, sft.parse_fields(fields))
+        idata.read_records(path, idata.parse_fields(fields))
     assert where in str(err.value) and what in str(err.value)
 
 
 def test_bad_fields_flag_and_missing_train_file(tmp_path):
     with pytest.raises(PeftlabError, match="instruction-fields"):
-        sft.parse_fields("only_one")
+        idata.parse_fields("only_one")
     cfg = build_run_config(overrides=dict(task="json", model="tiny-llama", output_dir=str(tmp_path / "r")))
     with pytest.raises(PeftlabError, match="--train-file"):
-        sft.load_instruction_data(cfg)
+        idata.load_instruction_data(cfg)
 
 
 def test_offline_without_data_names_the_paths_tried(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(PeftlabError) as err:
-        sft.load_raw("gsm8k", "test", tmp_path)
+        idata.load_raw("gsm8k", "test", tmp_path)
     message = str(err.value)
     assert str(tmp_path / "gsm8k" / "test.jsonl") in message and "not trying the Hub" in message
 
@@ -376,9 +378,9 @@ def test_json_task_pipeline_with_held_out_split(tmp_path, tokenizer):
     cfg = build_run_config(overrides=dict(task="json", model="tiny-llama", train_file=str(path),
                                                    instruction_fields="q,,a", max_length=64,
                                                    output_dir=str(tmp_path / "r")))
-    train_raw, eval_raw = sft.load_instruction_data(cfg)
+    train_raw, eval_raw = idata.load_instruction_data(cfg)
     assert len(train_raw) == 18 and len(eval_raw) == 2  # 10% held out, the same split on every call
-    assert list(sft.load_instruction_data(cfg)[1]["instruction"]) == list(eval_raw["instruction"])
+    assert list(idata.load_instruction_data(cfg)[1]["instruction"]) == list(eval_raw["instruction"])
     assert not set(train_raw["instruction"]) & set(eval_raw["instruction"])
     pipeline = sft.build_pipeline(cfg, tokenizer)
     assert pipeline.primary_metric == "eval_loss" and pipeline.num_eval_examples == 2
@@ -407,8 +409,8 @@ def test_gsm8k_tiny_run_writes_readable_generations(tmp_path):
     assert "accuracy" in result["final"]["metrics"]
     assert result["generations"] == {"before": "generations_before.jsonl", "epoch1": "generations_epoch1.jsonl"}
     assert result["generations_file"] == "generations_epoch1.jsonl"
-    before = sft.read_generations(tmp_path / "run" / "generations_before.jsonl")
-    after = sft.read_generations(tmp_path / "run" / "generations_epoch1.jsonl")
+    before = generation.read_generations(tmp_path / "run" / "generations_before.jsonl")
+    after = generation.read_generations(tmp_path / "run" / "generations_epoch1.jsonl")
     assert len(before) == len(after) == 4
     assert [r["question"] for r in before] == [r["question"] for r in after]  # the same problems
     for record in before + after:
@@ -422,7 +424,7 @@ def test_gsm8k_tiny_run_writes_readable_generations(tmp_path):
 
     before_text = (tmp_path / "run" / "generations_before.jsonl").read_text()
     assert evaluate_run(tmp_path / "run") == result["final"]["metrics"]
-    assert sft.read_generations(tmp_path / "run" / "generations_evaluate.jsonl") == after
+    assert generation.read_generations(tmp_path / "run" / "generations_evaluate.jsonl") == after
     assert (tmp_path / "run" / "generations_before.jsonl").read_text() == before_text
 
 

@@ -10,6 +10,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,14 +140,15 @@ def test_failed_without_error_pruned_under_complete_key_other_host_and_orphans(s
               "stopped_early": {"epoch": 1, "reason": "asha"}}
     sql(swept, "UPDATE runs SET status = 'pruned', result = ? WHERE key = ?", json.dumps(pruned), ok["key"])
     shutil.rmtree(ok["output_dir"])  # the trial's folder went with it
-    sql(swept, "UPDATE runs SET status = 'running', owner = ? WHERE key = ?",
-        f"elsewhere-{socket.gethostname()}|4242|1", other["key"])
+    elsewhere = f"elsewhere-{socket.gethostname()}|4242|1"
+    sql(swept, "UPDATE runs SET status = 'running', owner = ? WHERE key = ?", elsewhere, other["key"])
+    sql(swept, "INSERT INTO owners (owner, beat) VALUES (?, ?)", elsewhere, time.time())  # beating: held there
     orphan = swept.output_root / "rte-lora-qv-l1-s7-000000000000"
     orphan.mkdir()
     (orphan / "config.yaml").write_text("task: rte\n")
 
     code, out, _ = store_cli(capsys, swept.store_path, "--repair")
-    assert f"note: {short_key(other['key'])}: running on host elsewhere-" in out  # reported, never touched
+    assert short_key(other["key"]) not in out  # another machine's run that still beats: not a problem
     assert f"{short_key(failed['key'])}: failed, but no error is recorded" in out
     assert f"{short_key(ok['key'])}: a pruned trial under the key of its config's complete run" in out
     assert f"{orphan}: a run folder no row of this store names" in out
@@ -158,6 +160,22 @@ def test_failed_without_error_pruned_under_complete_key_other_host_and_orphans(s
     shutil.rmtree(orphan)
     code, out, _ = store_cli(capsys, swept.store_path)
     assert code == 0, out
+
+
+def test_another_machines_run_whose_heartbeat_lapsed_is_requeued(swept, capsys):
+    """A run held on a machine that died (its beat older than the lease) is no longer stuck running forever."""
+    from peftlab.lab.store_owner import LEASE_SECONDS
+
+    ok = rows_by_status(swept, "ok")[0]
+    lost = f"lost-{socket.gethostname()}|4242|1"
+    sql(swept, "UPDATE runs SET status = 'running', owner = ? WHERE key = ?", lost, ok["key"])
+    sql(swept, "INSERT INTO owners (owner, beat) VALUES (?, ?)", lost, time.time() - LEASE_SECONDS - 30)
+    code, out, _ = store_cli(capsys, swept.store_path)
+    assert code == 1 and f"{short_key(ok['key'])}: running, but its owner (pid 4242 on lost-" in out
+    assert "stopped beating" in out
+    code, out, _ = store_cli(capsys, swept.store_path, "--repair")
+    with Store(swept.store_path) as store:
+        assert store.get(ok["key"])["status"] == "pending"
 
 
 def test_a_truncated_store_file_is_found(swept, capsys, tmp_path):

@@ -21,6 +21,7 @@ import os
 import random
 import resource
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -215,7 +216,7 @@ def test_a_tune_trial_held_by_another_process_is_waited_for_not_failed(tmp_path)
     import threading
 
     from peftlab.config import TrainConfig, build_config
-    from peftlab.lab.store_owner import process_identity
+    from peftlab.lab.store_owner import write_beat
     from peftlab.lab.tune.run import run_tune
     from peftlab.lab.tune.spec import load_tune_spec, run_config
     from test_tune import fake_train
@@ -226,11 +227,12 @@ def test_a_tune_trial_held_by_another_process_is_waited_for_not_failed(tmp_path)
     tune = load_tune_spec(spec)
     run = run_config(tune, {"lr_ratio": 4.0}, tune.base_seed)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    owner = process_identity(holder.pid)
+    owner = f"{socket.gethostname()}|{holder.pid}|holder"
     with Store(tune.store_path) as store:
         store.register([(run.key, run.config, run.output_dir)])
         store.conn.execute("UPDATE runs SET status = 'running', owner = ?, attempts = 1 WHERE key = ?",
                            (owner, run.key))
+        write_beat(store.conn, owner, time.time())  # it holds the run (within the lease for this whole test)
 
     def the_other_process_finishes() -> None:
         deadline = time.monotonic() + 60

@@ -19,7 +19,8 @@ import yaml
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store, config_key, short_key
-from peftlab.lab.store_owner import _proc_state, owner_alive, process_identity
+from peftlab.lab import store_owner
+from peftlab.lab.store_owner import LEASE_SECONDS, owner_alive, process_identity, read_beats, write_beat
 from peftlab.lab.spec import expand, load_spec, run_name
 from peftlab.lab.sweep import run_sweep
 
@@ -256,15 +257,55 @@ def test_store_two_concurrent_writers_lose_and_duplicate_nothing(tmp_path):
         assert sqlite3.connect(path).execute("SELECT count(*) FROM runs").fetchone()[0] == len(keys)
 
 
-def test_owner_liveness():
-    assert owner_alive(process_identity())
-    assert not owner_alive(None)
+def _proc_state(pid: int) -> str | None:
+    """The state letter of ``pid`` (Linux), None when it is gone: how this test sees that workers exited."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:].split()[0]
+
+
+def test_owner_liveness_is_read_from_the_heartbeat():
+    now = time.time()
+    host = socket.gethostname()
+    me = process_identity()
+    assert me.startswith(f"{host}|{os.getpid()}|") and process_identity() == me
+    assert owner_alive(me, now, now) and owner_alive(me, now - LEASE_SECONDS + 1, now)
+    assert not owner_alive(me, now - LEASE_SECONDS - 1, now)  # stopped beating: gone, whatever /proc says
+    assert not owner_alive(me, None, now)  # never beat (e.g. a recycled pid under another owner string)
+    assert not owner_alive(None, now, now) and not owner_alive("not an owner", now, now)
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    assert not owner_alive(f"{socket.gethostname()}|{proc.pid}|1")
-    assert owner_alive(f"another-host-{socket.gethostname()}|{proc.pid}|1")  # never steal another machine's run
-    # a recycled pid (same number, other start time) is not the owner
-    assert not owner_alive(f"{socket.gethostname()}|{os.getpid()}|1")
+    assert not owner_alive(f"{host}|{proc.pid}|x", now, now)  # this machine, pid gone: gone before its lease ends
+    elsewhere = f"another-host-{host}|{proc.pid}|x"
+    assert owner_alive(elsewhere, now, now)  # another machine that beats holds its run ...
+    assert not owner_alive(elsewhere, now - LEASE_SECONDS - 1, now)  # ... until its beat lapses
+
+
+def test_a_claim_beats_until_the_store_closes_and_a_lapsed_holder_is_requeued(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_owner, "BEAT_SECONDS", 0.05)
+    store = Store(tmp_path / "results.sqlite")
+    store.register([("a", {"seed": 0}, str(tmp_path / "a")), ("b", {"seed": 1}, str(tmp_path / "b"))])
+    assert read_beats(store.conn) == {}  # nobody holds anything yet
+    assert store.claim("a") is not None
+    first = read_beats(store.conn)[store.owner]
+    time.sleep(0.3)
+    renewed = read_beats(store.conn)[store.owner]
+    assert renewed > first  # the daemon thread renews the beat while the run is held
+    assert store.holder_alive(store.owner)
+    # a holder on another machine: held while it beats, claimable again once its beat is older than the lease
+    other = f"another-host-{socket.gethostname()}|4242|x"
+    store.conn.execute("UPDATE runs SET status = 'running', owner = ? WHERE key = 'b'", (other,))
+    write_beat(store.conn, other, time.time())
+    assert store.prepare(["a", "b"])["running"] == 0 and store.statuses() == {"a": "running", "b": "running"}
+    write_beat(store.conn, other, time.time() - LEASE_SECONDS - 1)
+    assert store.prepare(["a", "b"])["running"] == 1 and store.statuses() == {"a": "running", "b": "pending"}
+    beat = store_owner.heartbeat(store.path, store.owner)
+    assert beat.thread is not None and beat.thread.is_alive()
+    thread = beat.thread
+    store.close()
+    assert beat.thread is None and not thread.is_alive()  # the thread ends with the last store here that claimed
 
 
 # --------------------------------------------------------------------------- sweeps with a fake train

@@ -20,6 +20,7 @@ from peftlab.lab.store import Store, config_key
 from peftlab.lab.tune.compare import (
     compare, compare_files, grid_best, index_rows, load_rows, naive_pick, naive_top_k_within, render_comparison)
 from peftlab.lab.tune.spec import load_tune_spec, run_config
+from fake_results import checked  # noqa: E402 - tests/ is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 2
@@ -39,9 +40,12 @@ def make_spec(tmp_path: Path, **overrides) -> Path:
 
 
 def run_result(cfg: dict, value: float, *, status: str = "ok", epochs: int = EPOCHS, stopped=None) -> dict:
-    log = [{"epoch": e, "metrics": {"accuracy": value - 0.01 * (epochs - e)}} for e in range(1, epochs + 1)]
-    return {"status": status, "config": cfg, "primary_metric": "accuracy", "epochs_log": log,
-            "best": {"epoch": epochs, "metrics": {"accuracy": value}}, "stopped_early": stopped}
+    log = [{"epoch": e, "train_loss": 0.5, "metrics": {"accuracy": value - 0.01 * (epochs - e)}, "seconds": 1.0}
+           for e in range(1, epochs + 1)]
+    return checked({"status": status, "config": cfg, "primary_metric": "accuracy", "majority_baseline": 0.527,
+                    "epochs_log": log, "best": {"epoch": epochs, "metrics": {"accuracy": value}},
+                    "final": {"metrics": {"accuracy": log[-1]["metrics"]["accuracy"]}},
+                    "trainable_params": {"adapter": 1000, "head": 600, "total": 1600}, "stopped_early": stopped})
 
 
 def fake_store(tmp_path: Path):

@@ -23,10 +23,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from peftlab.config_cli import (  # noqa: F401 - the config layer's one import path: `from peftlab.config import ...`
+from peftlab.config_cli import (
     add_dataclass_flags, build_config, coerce, config_yaml, field_docs, field_types, load_yaml, normalise_keys,
     save_config)
-from peftlab.config_roles import (  # noqa: F401 - as above
+from peftlab.config_roles import (
     File, Folder, Range, Text, check_fields, flat_dict, from_flat, option, option_defaults, option_names, role_sets)
 from peftlab.errors import PeftlabError
 
@@ -297,7 +297,7 @@ class TrainConfig(MethodConfig):
     """Recompute activations in the backward pass instead of storing them: less memory, about a third more compute."""
     compile: Literal["auto", "on", "off"] = option("auto", noun="--compile choice", lower=True, resumable=True,
                                                    searchable=False, report_row=False)
-    """torch.compile of the model for the train step (forward and backward; the optimizer, KaSA's regulariser, evaluation and generation stay eager), with dynamic shapes for length-grouped batches and dropout drawn as in eager, so a compiled run gives the eager run's losses within float tolerance. on, off, or auto: compile when the run's optimizer steps reach the break-even measured on this device type (peftlab.training.compile.AUTO_BREAK_EVEN_STEPS; none measured yet, so auto trains eagerly). A method or model that does not compile falls back to eager at its first step, with one line. Printed at start; result.json "compile" records it."""
+    """torch.compile of the model for the train step (forward and backward; the optimizer, KaSA's regulariser, evaluation and generation stay eager), with dynamic shapes for length-grouped batches and dropout drawn as in eager, so a compiled run gives the eager run's losses within float tolerance. on, off, or auto: compile when the run's optimizer steps reach the break-even measured on this device type (peftlab.training.compile.AUTO_BREAK_EVEN_STEPS; on CPU a compiled step measured no faster than an eager one, so auto trains eagerly there, and on CUDA until it is measured). A method or model that does not compile falls back to eager at its first step, with one line. Printed at start; result.json "compile" records it."""
     trust_remote_code: bool = option(False, key_v1=True, report_row=False)
     """Allow a Hub model's own Python code to run (off by default: it is arbitrary code)."""
     allow_pickle: bool = option(False, key_v1=True, report_row=False)
@@ -371,3 +371,20 @@ class TrainConfig(MethodConfig):
 # Each consumer's list of options by role (run key, resume, tune, sweeps, reports, evaluate), derived once from
 # the declarations above: lab/store, lab/records, lab/spec, lab/tune/spec, training/guards, training/evaluation.
 ROLES = role_sets(TrainConfig)
+
+
+# The config layer's public names: this module's, and those of config_cli (flags, YAML) and config_roles
+# (declarations, roles) that callers reach through it, so that `from peftlab.config import ...` is its one path.
+__all__ = [
+    # the schema
+    "TrainConfig", "MethodConfig", "OptimConfig", "KasaOptions", "CordaOptions", "VeraOptions", "FourierFTOptions",
+    "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "PROJECTIONS", "REPORT_TO", "HEAD_ONLY",
+    "SCHEDULERS", "KASA_MODES", "CORDA_MODES", "SEED", "POSITIVE", "MAX_LAYERS", "ROLES", "parse_layers",
+    "parse_targets",
+    # config_cli
+    "add_dataclass_flags", "build_config", "coerce", "config_yaml", "field_docs", "field_types", "load_yaml",
+    "normalise_keys", "save_config",
+    # config_roles
+    "File", "Folder", "Range", "Text", "check_fields", "flat_dict", "from_flat", "option", "option_defaults",
+    "option_names", "role_sets",
+]

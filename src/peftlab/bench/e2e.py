@@ -22,13 +22,14 @@ def _padding_stats(cfg) -> dict[str, Any] | None:
     """Token slots one epoch computes under each setup (from the cached tokenisation; no model run)."""
     try:
         from peftlab.tasks import data_files as data
+        from peftlab.tasks import batching
         from peftlab.models.registry import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.model)
         raw = data.subset(data.load_split(cfg.task, "train", cfg.data_dir), cfg.max_train_samples, cfg.seed)
-        tokenised = data.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-train")
+        tokenised = batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-train")
         lengths = [int(x) for x in tokenised["length"]]
-        batches = data.length_grouped_batches(lengths, cfg.batch_size, cfg.seed, 0)
+        batches = batching.length_grouped_batches(lengths, cfg.batch_size, cfg.seed, 0)
         dynamic = sum(len(b) * max(lengths[i] for i in b) for b in batches)
         padded = len(lengths) * cfg.max_length
         return {"examples": len(lengths), "real_tokens": sum(lengths), "mean_length": sum(lengths) / len(lengths),

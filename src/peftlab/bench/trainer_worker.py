@@ -218,6 +218,7 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
 def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
     from peftlab.config import TrainConfig, build_config
     from peftlab.tasks import data_files as data
+    from peftlab.tasks import batching
     from peftlab.training.loop import train
 
     cfg = build_config(TrainConfig, overrides=dict(
@@ -236,12 +237,12 @@ def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
     from peftlab.models.registry import load_tokenizer
 
     raw = data.subset(data.load_split(cfg.task, "train", cfg.data_dir), cfg.max_train_samples, cfg.seed)
-    tokenised = data.tokenize(raw, load_tokenizer(cfg.model), cfg.max_length, task=cfg.task,
+    tokenised = batching.tokenize(raw, load_tokenizer(cfg.model), cfg.max_length, task=cfg.task,
                               cache_key=f"{cfg.model}-train")
     lengths = [int(x) for x in tokenised["length"]]
     slots = sum(len(b) * max(lengths[i] for i in b)
                 for epoch in range(cfg.epochs)
-                for b in data.length_grouped_batches(lengths, cfg.batch_size, cfg.seed, epoch))
+                for b in batching.length_grouped_batches(lengths, cfg.batch_size, cfg.seed, epoch))
     real = sum(lengths) * cfg.epochs
     return {
         "examples": result["train_examples"], "train_s": timings.get("train_s", result["train_seconds"]),

@@ -36,7 +36,7 @@ SUBCOMMANDS = (
     Subcommand("methods", "peftlab.cli.listing", "list fine-tuning methods, their default learning rates and limits",
                "add_methods_parser"),
     Subcommand("train", "peftlab.training.loop", "fine-tune one model on one task with one method"),
-    Subcommand("evaluate", "peftlab.training.evaluation", "evaluate a saved run's adapter on its task's dev set"),
+    Subcommand("evaluate", "peftlab.training.evaluate_cli", "evaluate a saved run's adapter on its task's dev set"),
     Subcommand("predict", "peftlab.training.predict",
                "predict labels (or STS-B scores) for a file of texts with a trained run"),
     Subcommand("export", "peftlab.training.export",

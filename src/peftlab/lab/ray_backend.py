@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -50,9 +49,6 @@ DEFAULT_MAX_RETRIES = 2
 DEFAULT_RAY_TIMEOUT = 30.0
 UNREACHABLE_FIX = ("start the cluster (`ray start --head` on the head node), check HOST:PORT (the head's GCS port, "
                    "6379 by default), or raise --ray-timeout; drop --address to start a local Ray instead")
-# Test seam (like PEFTLAB_FAULT_NAN_AT_STEP): "EPOCH:MARKER" makes the first Ray task to end epoch EPOCH
-# SIGKILL its own worker process (once: it creates MARKER first), as the OOM killer or a lost node would.
-FAULT_KILL_ENV = "PEFTLAB_FAULT_KILL_AFTER_EPOCH"
 FORWARDED_ENV_PREFIXES = ("PEFTLAB_", "HF_", "TRANSFORMERS_")
 FORWARDED_ENV = ("TOKENIZERS_PARALLELISM",)
 
@@ -255,43 +251,6 @@ def forwarded_env(local: bool) -> dict[str, str]:
 # --------------------------------------------------------------------------- inside a Ray worker
 
 
-def _fault_kill_hook() -> Callable | None:
-    spec = os.environ.get(FAULT_KILL_ENV)
-    if not spec:
-        return None
-    epoch_text, _, marker = spec.partition(":")
-    marker_path = Path(marker)
-
-    def hook(end) -> None:
-        if end.epoch != int(epoch_text):
-            return None
-        marker_path.parent.mkdir(parents=True, exist_ok=True)
-        try:  # O_EXCL: of runs reaching the epoch together, exactly one dies
-            fd = os.open(marker_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return None
-        os.write(fd, f"{os.getpid()}\n".encode())
-        os.close(fd)
-        os.kill(os.getpid(), signal.SIGKILL)
-        return None
-
-    return hook
-
-
-def _chain(*hooks: Callable | None) -> Callable | None:
-    hooks = tuple(h for h in hooks if h is not None)
-    if not hooks:
-        return None
-
-    def on_epoch_end(end):
-        answer = None
-        for hook in hooks:
-            answer = hook(end) or answer
-        return answer
-
-    return on_epoch_end
-
-
 def execute_run(run: dict, fn_name: str, log: str | None, threads: int, reporter=None) -> dict:
     """One run in a Ray worker (:func:`peftlab.lab.runner.run_detached`); returns its outcome for the driver.
 
@@ -304,8 +263,7 @@ def execute_run(run: dict, fn_name: str, log: str | None, threads: int, reporter
         torch.set_num_threads(max(1, threads))
     except ImportError:  # pragma: no cover - a test double of the train function
         pass
-    hook = _chain(reporter.hook() if reporter is not None else None, _fault_kill_hook())
-    train_fn = with_epoch_hook(resolve_train_fn(fn_name), hook)
+    train_fn = with_epoch_hook(resolve_train_fn(fn_name), reporter.hook() if reporter is not None else None)
     return run_detached(run, train_fn, Path(log) if log else None, where="in a Ray worker",
                         adopt_pruned=reporter is not None)
 
@@ -375,24 +333,23 @@ class RayTasks(Detached):
 # --------------------------------------------------------------------------- the sweep
 
 
-def run_sweep_ray(sweep, options: RayOptions, *, retry_failed: bool = False, train_fn: str | None = None,
-                  progress: bool = True, capture_output: bool = True, poll_seconds: float = 1.0):
-    """:func:`peftlab.lab.sweep.run_sweep` with every pending run a Ray task; returns a SweepOutcome. Ray is
-    started (or joined) once a run is pending, and stopped after the sweep if this command started it."""
-    from peftlab.lab.sweep import run_sweep
+class RaySession:
+    """A sweep's Ray: :meth:`backend` is ``run_sweep``'s executor factory (``backend(store, log_dir, note)``), which
+    starts (or joins) Ray only once a run is pending; :meth:`close` stops it if this command started it.
+    :func:`peftlab.lab.sweep.run_sweep_ray` runs a sweep through one."""
 
-    require_ray()
-    connections: list[Connection] = []
+    def __init__(self, options: RayOptions, *, train_fn: str | None = None, capture_output: bool = True):
+        require_ray()
+        self.options, self.train_fn, self.capture_output = options, train_fn, capture_output
+        self.connections: list[Connection] = []
 
-    def backend(store, log_dir, note) -> RayTasks:
-        connection = connect(options, show_output=not capture_output)
-        connections.append(connection)
+    def backend(self, store, log_dir, note) -> RayTasks:
+        connection = connect(self.options, show_output=not self.capture_output)
+        self.connections.append(connection)
         note(connection.describe())
-        return RayTasks(store, connection, options, train_fn=train_fn, log_dir=log_dir)
+        return RayTasks(store, connection, self.options, train_fn=self.train_fn, log_dir=log_dir)
 
-    try:
-        return run_sweep(sweep, retry_failed=retry_failed, train_fn=train_fn, progress=progress,
-                         capture_output=capture_output, poll_seconds=poll_seconds, backend=backend)
-    finally:
-        for connection in connections:
+    def close(self) -> None:
+        for connection in self.connections:
             disconnect(connection)
+        self.connections.clear()

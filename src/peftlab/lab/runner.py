@@ -32,7 +32,6 @@ from typing import Any, Callable, Protocol
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store, StoreWriteError, config_key, short_key
-from peftlab.lab.store_owner import on_this_host
 from peftlab.lab.store_schema import (
     FINISHED, RESULT_STATUSES, effective_status, epochs_run, is_pruned_result, move_run_folder, pruned_dir)
 
@@ -179,11 +178,11 @@ def attempt(run: dict, store: Store, train_fn: Callable, log: Path | None, *,
             adopt_pruned: bool = False, wait_if_held: bool = True, poll_seconds: float = 1.0) -> str | None:
     """Claim ``run`` and run it here (:func:`run_one`); None when it was not claimable: finished, failed, or held
     by another live process. With ``wait_if_held`` (a tune's trial or seed re-run, whose outcome the caller
-    reads next) a run another process on this machine holds is waited for: then its outcome is in the store, or
-    it is pending again (its holder died or gave it back) and is claimed here. A sweep passes False and waits
+    reads next) a run another live process holds is waited for: then its outcome is in the store, or it is
+    pending again (its holder died, stopped beating, or gave it back) and is claimed here. A sweep passes False and waits
     for such runs after every other run."""
     row = store.claim(run["key"])
-    while row is None and wait_if_held and held_on_this_host(store, run["key"]):
+    while row is None and wait_if_held and held_by_another(store, run["key"]):
         time.sleep(poll_seconds)
         store.prepare([run["key"]])  # a holder that died meanwhile: pending again
         row = store.claim(run["key"])
@@ -222,10 +221,10 @@ def no_space_error(why: str, key: str) -> PeftlabError:
     return PeftlabError(f"no space left for run {short_key(key)}: {why}", fix=DISK_FIX)
 
 
-def held_on_this_host(store: Store, key: str) -> bool:
-    """Whether another process of this machine (one whose death this one would see) holds ``key`` running."""
+def held_by_another(store: Store, key: str) -> bool:
+    """Whether another live process (its heartbeat in the store is fresh; any machine) holds ``key`` running."""
     row = store.get(key)
-    return bool(row) and row["status"] == "running" and row["owner"] != store.owner and on_this_host(row["owner"])
+    return bool(row) and row["status"] == "running" and row["owner"] != store.owner and store.holder_alive(row["owner"])
 
 
 # --------------------------------------------------------------------------- a run away from the store
@@ -301,7 +300,7 @@ class Executor(Protocol):
 
 class InProcess:
     """Trains one run at a time in this process (claimed when its turn comes), its output in its log.
-    ``wait_if_held``: a run another process of this machine holds is waited for (see :func:`attempt`)."""
+    ``wait_if_held``: a run another live process holds is waited for (see :func:`attempt`)."""
 
     slots = 1
 

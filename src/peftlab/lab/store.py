@@ -3,7 +3,8 @@
 Columns: ``key`` (sha256 of the resolved config without what may change on resume: :func:`config_key`), ``status``
 (pending, running, ok, diverged, collapsed, no_learning, pruned, failed), ``config`` and ``result`` (JSON),
 ``output_dir``, ``started``/``finished`` (ISO 8601 UTC), ``seconds``, ``attempts``, ``error`` and ``owner``
-(the process that holds a running row: ``host|pid|process start time``).
+(the process that holds a running row: ``host|pid|token``). The ``owners`` table holds each holder's heartbeat
+(:mod:`peftlab.lab.store_owner`).
 
 A pruned run (a ``peftlab tune`` trial its pruner stopped: result status ``pruned``, or ``ok`` with
 ``stopped_early`` from before that status existed) is never kept under the key of the complete run of its
@@ -17,7 +18,8 @@ opened read-only it is left as it is, and its pruned rows read as status ``prune
 
 Concurrency: WAL journal, a busy timeout, and every read-modify-write in one ``BEGIN IMMEDIATE``
 transaction, so several worker processes can claim and record runs in one store without losing or
-duplicating rows. A ``running`` row whose owner process is gone (killed sweep) is claimable again.
+duplicating rows. A ``running`` row whose holder stopped beating (a killed sweep, a lost machine) is claimable
+again.
 WAL needs a local file system (not NFS).
 """
 
@@ -27,7 +29,6 @@ import functools
 import hashlib
 import json
 import os
-import socket
 import sqlite3
 import time
 from contextlib import contextmanager, suppress
@@ -37,7 +38,7 @@ from typing import Any, Iterable, Iterator
 
 from peftlab.config import ROLES, TrainConfig, option_defaults
 from peftlab.errors import PeftlabError
-from peftlab.lab.store_owner import owner_alive, process_identity
+from peftlab.lab.store_owner import heartbeat, owner_alive, process_identity, read_beats, write_beat
 from peftlab.lab.store_schema import (
     PRUNED_MARK, RESULT_STATUSES, SCHEMA_VERSION, STATUSES, effective_status, epochs_run, is_pruned_result, loads,
     migrate_v1, move_run_folder, pruned_dir, pruned_key, unpruned_key)
@@ -134,6 +135,7 @@ class Store:
         self.conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         self._init_schema(create)
         self.owner = process_identity()
+        self._heartbeat = None  # started by the first claim, so that the rows claimed here stay held
 
     def _init_schema(self, create: bool) -> None:
         deadline = time.monotonic() + self.timeout
@@ -171,6 +173,9 @@ class Store:
         self.schema = int(row[0])  # 1: an older store opened read-only (pruned rows still say ok in it)
 
     def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.drop()
+            self._heartbeat = None
         self.conn.close()
 
     def __enter__(self):
@@ -218,10 +223,11 @@ class Store:
         stamp = now_iso()
         with self.transaction() as conn:
             rows = conn.execute("SELECT key, status, owner FROM runs WHERE status IN ('running', 'failed')").fetchall()
+            beats, now = read_beats(conn), time.time()
             for row in rows:
                 if row["key"] not in wanted:
                     continue
-                if (row["status"] == "running" and not owner_alive(row["owner"])) or (
+                if (row["status"] == "running" and not owner_alive(row["owner"], beats.get(row["owner"]), now)) or (
                         row["status"] == "failed" and retry_failed):
                     conn.execute("UPDATE runs SET status = 'pending', owner = NULL, updated = ? WHERE key = ?",
                                  (stamp, row["key"]))
@@ -239,7 +245,11 @@ class Store:
                 "UPDATE runs SET status = 'running', owner = ?, started = ?, finished = NULL, seconds = NULL, "
                 "attempts = attempts + 1, error = NULL, updated = ? WHERE key = ?",
                 (self.owner, stamp, stamp, key))
-            return _row_dict(row)
+            write_beat(conn, self.owner, time.time())  # held from this commit on; the thread renews it
+        if self._heartbeat is None:
+            self._heartbeat = heartbeat(self.path, self.owner)
+            self._heartbeat.hold()
+        return _row_dict(row)
 
     def claim_next(self, keys: Iterable[str]) -> dict | None:
         """Claim the first pending run among ``keys`` (in their order); None when none is left."""
@@ -307,20 +317,6 @@ class Store:
                 (status, result_json, error, stamp, _seconds_between(row["started"], stamp), stamp, key))
             return True
 
-    def fail_owned_by(self, pid: int, error: str) -> list[str]:
-        """Mark every running row of process ``pid`` on this host (a dead worker) failed; returns their keys."""
-        stamp = now_iso()
-        with self.transaction() as conn:
-            prefix = f"{socket.gethostname()}|{pid}|"
-            rows = conn.execute("SELECT key, started FROM runs WHERE status = 'running' AND substr(owner, 1, ?) = ?",
-                                (len(prefix), prefix)).fetchall()
-            for row in rows:
-                conn.execute(
-                    "UPDATE runs SET status = 'failed', error = ?, finished = ?, seconds = ?, owner = NULL, "
-                    "updated = ? WHERE key = ?",
-                    (error, stamp, _seconds_between(row["started"], stamp), stamp, row["key"]))
-        return [row["key"] for row in rows]
-
     def add(self, config: dict, *, result: dict | None = None, status: str | None = None,
             error: str | None = None, output_dir: str | None = None) -> str:
         """Insert or replace one finished row directly (import a standalone run, build a store in tests).
@@ -354,6 +350,10 @@ class Store:
             return {row[0]: row[1] for row in self.conn.execute("SELECT key, status FROM runs")}
         return {row[0]: effective_status(row[1], loads(row[2]) if row[1] in ("ok", "no_learning") else None)
                 for row in self.conn.execute("SELECT key, status, result FROM runs")}
+
+    def holder_alive(self, owner: str | None) -> bool:
+        """Whether the holder ``owner`` of a running row still beats (and, on this machine, still exists)."""
+        return owner_alive(owner, read_beats(self.conn).get(owner or ""), time.time())
 
     def get(self, key: str) -> dict | None:
         row = self.conn.execute("SELECT * FROM runs WHERE key = ?", (key,)).fetchone()

@@ -7,8 +7,9 @@ What is checked (one line per problem found: the row's short key, what is wrong,
   key is :func:`~peftlab.lab.store.pruned_key` of it), so no row is filed under another run's key;
 * every row's status against its result: a finished row has a result that parses and whose status implies
   the row's (a pruned trial lives under a pruned key, and only a pruned trial does); a failed row has an error;
-* ``running`` rows: one whose owner process is gone on this host (a killed sweep or tune) is stale; a row
-  owned by a process on another host is reported and never touched (its liveness cannot be seen from here);
+* ``running`` rows: one whose holder stopped beating (its heartbeat in the store is older than the lease, or it
+  never beat; on this machine also a pid that is gone: a killed sweep or tune) is stale, whichever machine
+  held it (:mod:`peftlab.lab.store_owner`);
 * run folders, where they are found (relative paths are tried against the working directory, then beside
   the store): a finished row's ``result.json`` must parse and name the same run and status; two rows must not
   share a folder; a run folder beside the store's runs that no row names is an orphan.
@@ -28,16 +29,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store, config_key, now_iso, resolve_store_path, short_key
-from peftlab.lab.store_owner import owner_alive
+from peftlab.lab.store_owner import LEASE_SECONDS, owner_alive, owner_host, read_beats
 from peftlab.lab.store_schema import (
     FINISHED, PRUNED_MARK, RESULT_STATUSES, STATUSES, effective_status, epochs_run, is_pruned_result, pruned_key,
     unpruned_key)
@@ -102,11 +103,6 @@ def implied_status(result: dict) -> str | None:
     return status
 
 
-def _owner_host(owner: str | None) -> tuple[str | None, str | None]:
-    parts = (owner or "").split("|")
-    return (parts[0], parts[1]) if len(parts) == 3 else (None, None)
-
-
 # --------------------------------------------------------------------------- reading the file
 
 
@@ -121,8 +117,9 @@ def _connect_read_only(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _read(path: Path, check: Check) -> list[sqlite3.Row] | None:
-    """The rows, after the file's integrity checks; None when the file is too damaged to read them."""
+def _read(path: Path, check: Check) -> tuple[list[sqlite3.Row] | None, dict[str, float]]:
+    """The rows, after the file's integrity checks (None when the file is too damaged to read them), and the
+    holders' heartbeats."""
     with open(path, "rb") as handle:
         header = handle.read(len(SQLITE_HEADER))
     if header != SQLITE_HEADER:
@@ -139,12 +136,12 @@ def _read(path: Path, check: Check) -> list[sqlite3.Row] | None:
         except sqlite3.DatabaseError as err:
             check.integrity = str(err)
             check.problems.append(Problem("store", f"the file is damaged ({err})", damaged))
-            return None
+            return None, {}
         if not tables:  # what a sweep killed before its first transaction committed leaves: nothing to lose
             check.integrity = "ok"
             check.notes.append("the store has no tables yet (the sweep or tune that made it stopped before its "
                                "first write); the next one creates them")
-            return []
+            return [], {}
         if not {"runs", "meta"} <= tables:
             raise PeftlabError(f"{path} is an SQLite file without peftlab's runs/meta tables",
                                fix="pass a sweep's or tune's results.sqlite")
@@ -165,11 +162,11 @@ def _read(path: Path, check: Check) -> list[sqlite3.Row] | None:
         try:
             version = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
             check.schema = int(version[0]) if version else None
-            return conn.execute("SELECT * FROM runs ORDER BY rowid").fetchall()
+            return conn.execute("SELECT * FROM runs ORDER BY rowid").fetchall(), read_beats(conn)
         except (sqlite3.DatabaseError, ValueError) as err:
             if not findings:
                 check.problems.append(Problem("store", f"its rows cannot be read ({err})", damaged))
-            return None
+            return None, {}
     finally:
         conn.close()
 
@@ -248,17 +245,21 @@ def check_row(row: sqlite3.Row, schema: int) -> list[Problem]:
     return out
 
 
-def check_running(row: sqlite3.Row, host: str) -> tuple[Problem | None, str | None]:
-    """(problem, note) for a running row: stale when its owner is gone on this host."""
-    owner_host, pid = _owner_host(row["owner"])
-    if owner_host is not None and owner_host != host:
-        return None, f"{short_key(row['key'])}: running on host {owner_host} (pid {pid}): not checked from here"
-    if owner_alive(row["owner"]):
-        return None, None
-    who = f"pid {pid} on this host" if pid else f"owner {row['owner']!r}"
-    return Problem(row["key"], f"running, but its owner ({who}) is gone",
+def check_running(row: sqlite3.Row, beats: dict[str, float], now: float) -> Problem | None:
+    """A running row is stale when its holder stopped beating (or, on this machine, its pid is gone)."""
+    owner = row["owner"]
+    if owner_alive(owner, beats.get(owner or ""), now):
+        return None
+    host, pid = owner_host(owner)
+    who = f"pid {pid} on {host}" if host else f"owner {owner!r}"
+    beat = beats.get(owner or "")
+    if beat is not None and now - beat > LEASE_SECONDS:
+        why = f"stopped beating {now - beat:.0f} s ago (lease {LEASE_SECONDS:.0f} s)"
+    else:  # a fresh beat of a dead pid of this machine, or no beat at all (killed before its first, older peftlab)
+        why = "is gone" if beat is not None else "is gone (it never beat)"
+    return Problem(row["key"], f"running, but its owner ({who}) {why}",
                    f"{REPAIR_HINT} requeues it (or rerun the sweep or tune: it resumes the run)",
-                   ("requeue", row["key"], row["owner"])), None
+                   ("requeue", row["key"], owner))
 
 
 def check_folder(row: sqlite3.Row, folder: Path, schema: int = 2) -> Problem | None:
@@ -290,20 +291,19 @@ def check_store(path: str | Path) -> Check:
     """Every check, reading only (the store may be read-only, and a live sweep may be writing it)."""
     store_path = resolve_store_path(path)
     check = Check(store=str(store_path))
-    rows = _read(store_path, check)
+    rows, beats = _read(store_path, check)
     if rows is None:
         return check
     schema = check.schema or 2
     check.rows = len(rows)
     check.counts = {s: n for s in STATUSES if (n := sum(1 for r in rows if r["status"] == s))}
-    host = socket.gethostname()
+    now = time.time()
     folders: dict[Path, str] = {}
     for row in rows:
         check.problems.extend(check_row(row, schema))
         if row["status"] == "running":
-            problem, note = check_running(row, host)
+            problem = check_running(row, beats, now)
             check.problems.extend([problem] if problem else [])
-            check.notes.extend([note] if note else [])
         folder = _folder(row["output_dir"], store_path)
         if folder is None:
             continue
@@ -365,7 +365,7 @@ def repair(store_path: str | Path, problems: list[Problem]) -> list[str]:
                 if kind == "requeue":
                     row = conn.execute("SELECT owner FROM runs WHERE key = ? AND status = 'running'",
                                        (key,)).fetchone()
-                    if row is None or row["owner"] != action[2] or owner_alive(row["owner"]):
+                    if row is None or row["owner"] != action[2] or store.holder_alive(row["owner"]):
                         continue
                     cur = conn.execute("UPDATE runs SET status = 'pending', owner = NULL, updated = ? WHERE key = ? "
                                        "AND status = 'running' AND owner IS ?", (stamp, key, action[2]))
@@ -412,7 +412,7 @@ def add_parser(sub) -> None:
         description="Check a sweep's or tune's results store: SQLite's quick_check and integrity_check; every "
                     "row's config against its key; every status against its result (a finished row's result "
                     "parses and agrees, a failed row has an error, pruned trials live under pruned keys); stale "
-                    "running rows (the owner process is gone on this host; other hosts' rows are only reported); "
+                    "running rows (the holder stopped beating, or its process is gone); "
                     "run folders (result.json readable and the same run, no folder shared or orphaned). One line "
                     "per problem: key: what; fix: how. Exit status 0 clean, 1 problems, 2 not a results store.")
     check.add_argument("store", metavar="STORE", help="a results.sqlite, or the folder holding it")

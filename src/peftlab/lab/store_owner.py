@@ -1,61 +1,133 @@
-"""Who holds a running row of a results store: an owner string ``host|pid|process start time``, and whether
-that process still runs (:mod:`peftlab.lab.store` claims rows with it; ``peftlab store check`` and a sweep
-waiting for another process's runs read it).
+"""Who holds a running row of a results store, and whether it still does: a heartbeat in the store itself.
+
+A process that claims a row writes its owner string (``host|pid|token``, the token random per process) into the
+row and its heartbeat into the store's ``owners`` table (owner -> unix time), then a daemon thread of that
+process renews the beat every :data:`BEAT_SECONDS` for as long as a :class:`~peftlab.lab.store.Store` of the
+process that claimed something is open. Any process, on any machine that sees the store, reads liveness from
+that table: a holder whose beat is older than :data:`LEASE_SECONDS` is gone, and its running rows are claimable
+again. On the holder's own machine a pid that no longer exists is gone at once (``os.kill(pid, 0)``), so a
+killed sweep's runs resume without waiting out the lease; a recycled pid is told apart by its beat (the new
+process never beats under the old owner string).
+
+The lease must exceed the clocks' skew between machines that share a store (WAL stores need one local file
+system anyway) and the longest a beat can wait for the store's write lock; a beat that cannot get the lock is
+retried at the next tick, so a lease of many beats rides that out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import socket
+import sqlite3
+import threading
 from pathlib import Path
 
+BEAT_SECONDS = 5.0
+LEASE_SECONDS = 60.0
 
-def _proc_start_time(pid: int) -> str | None:
-    """Start time of ``pid`` in clock ticks since boot (Linux), so a recycled pid is not mistaken for it."""
+_identity: tuple[int, str] | None = None  # (pid, owner string): a forked child gets its own
+
+
+def process_identity() -> str:
+    """This process's owner string ``host|pid|token``; the token tells a recycled pid from this process."""
+    global _identity
+    if _identity is None or _identity[0] != os.getpid():
+        _identity = (os.getpid(), f"{socket.gethostname()}|{os.getpid()}|{secrets.token_hex(4)}")
+    return _identity[1]
+
+
+def owner_host(owner: str | None) -> tuple[str | None, int | None]:
+    """(host, pid) of an owner string; (None, None) when it is not one."""
+    parts = (owner or "").split("|")
+    if len(parts) != 3:
+        return None, None
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def _proc_state(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:].split()[0]
-
-
-def process_identity(pid: int | None = None) -> str:
-    pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()}|{pid}|{_proc_start_time(pid) or ''}"
-
-
-def owner_alive(owner: str | None) -> bool:
-    """Whether the process named by an owner string still runs. Other hosts' processes count as alive."""
-    if not owner:
-        return False
-    try:
-        host, pid_text, start = owner.split("|")
-        pid = int(pid_text)
+        return parts[0], int(parts[1])
     except ValueError:
+        return None, None
+
+
+def owner_alive(owner: str | None, beat: float | None, now: float) -> bool:
+    """Whether the holder named by ``owner`` still holds its rows: its last ``beat`` (unix seconds; None when it
+    never beat) is within the lease at ``now``, and, when it names a process of this machine, that pid exists."""
+    host, pid = owner_host(owner)
+    if host is None or beat is None or now - beat > LEASE_SECONDS:
         return False
-    if host != socket.gethostname():
-        return True  # cannot tell; never steal another machine's run
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False  # killed: no need to wait out its lease
+        except PermissionError:
+            pass  # another user's process: it exists
+    return True
+
+
+def read_beats(conn: sqlite3.Connection) -> dict[str, float]:
+    """owner -> last beat; empty for a store written before heartbeats (no ``owners`` table)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if _proc_state(pid) in ("Z", "X"):  # killed but not yet reaped
-        return False
-    current = _proc_start_time(pid)
-    return not (start and current and current != start)
+        return {row[0]: float(row[1]) for row in conn.execute("SELECT owner, beat FROM owners")}
+    except sqlite3.OperationalError:  # no such table: nobody beats there, so no running row is held
+        return {}
 
 
-def on_this_host(owner: str | None) -> bool:
-    """Whether an owner string names a process of this machine (whose liveness :func:`owner_alive` can see)."""
-    return (owner or "").split("|", 1)[0] == socket.gethostname() and (owner or "").count("|") == 2
+def write_beat(conn: sqlite3.Connection, owner: str, now: float) -> None:
+    conn.execute("INSERT OR REPLACE INTO owners (owner, beat) VALUES (?, ?)", (owner, now))
+
+
+class Heartbeat:
+    """The beat of one process into one store file: a daemon thread with its own connection, running while at
+    least one Store of this process that claimed a row is open (:meth:`hold` / :meth:`drop`)."""
+
+    def __init__(self, path: Path, owner: str):
+        self.path, self.owner = path, owner
+        self.users = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def hold(self) -> None:
+        with self.lock:
+            self.users += 1
+            if self.thread is None:
+                self.stop.clear()
+                self.thread = threading.Thread(target=self._beat, name=f"peftlab-heartbeat-{self.path.name}",
+                                               daemon=True)
+                self.thread.start()
+
+    def drop(self) -> None:
+        with self.lock:
+            self.users -= 1
+            thread = self.thread if self.users == 0 else None
+            if thread is not None:
+                self.thread = None
+                self.stop.set()
+        if thread is not None:
+            thread.join()
+
+    def _beat(self) -> None:
+        import time
+
+        conn = sqlite3.connect(str(self.path), timeout=BEAT_SECONDS, isolation_level=None)
+        try:
+            while not self.stop.wait(BEAT_SECONDS):
+                with contextlib.suppress(sqlite3.Error):  # locked, or a full disk: the next tick tries again
+                    write_beat(conn, self.owner, time.time())
+        finally:
+            conn.close()
+
+
+_heartbeats: dict[tuple[int, str], Heartbeat] = {}
+_heartbeats_lock = threading.Lock()
+
+
+def heartbeat(path: Path, owner: str) -> Heartbeat:
+    """This process's heartbeat into the store at ``path`` (one per process and file)."""
+    key = (os.getpid(), str(Path(path).resolve()))
+    with _heartbeats_lock:
+        beat = _heartbeats.get(key)
+        if beat is None or beat.owner != owner:
+            beat = _heartbeats[key] = Heartbeat(Path(path), owner)
+        return beat

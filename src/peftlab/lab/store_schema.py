@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS {name} (
 SCHEMA = (RUNS_TABLE.format(name="runs", statuses=", ".join(f"'{s}'" for s in STATUSES)) + ";" + """
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-""")
+CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, beat REAL NOT NULL);
+""")  # owners: each holder's last heartbeat (peftlab.lab.store_owner); added to a store when a writer opens it
 
 COLUMNS = ("key", "status", "config", "result", "output_dir", "started", "finished", "seconds", "attempts",
             "error", "owner", "created", "updated")

@@ -80,7 +80,7 @@ class Study:
 
     def run_configs(self, name: str, configs: list[dict], description: str, *, workers: int | None = None) -> None:
         from peftlab.lab.spec import load_spec
-        from peftlab.lab.sweep import run_sweep
+        from peftlab.lab.sweep import run_sweep, run_sweep_ray
 
         if not configs:
             return
@@ -89,8 +89,6 @@ class Study:
         todo = sum(1 for _, row in self.stage_rows(configs) if row is None or row["status"] in ("pending", "running"))
         self.say(f"stage {name}: {len(sweep.runs)} runs ({todo} to run){self.eta_text(configs, todo)}")
         if self.ray_options is not None and workers is None:
-            from peftlab.lab.ray_backend import run_sweep_ray
-
             outcome = run_sweep_ray(sweep, self.ray_options, train_fn=self.train_fn, progress=self.progress)
         else:
             if workers is None:  # one worker runs in this process; more are spawned processes claiming the store

@@ -27,7 +27,7 @@ from typing import Callable
 
 from peftlab.argtypes import nonnegative_int
 from peftlab.errors import PeftlabError
-from peftlab.lab.runner import Executor, InProcess, held_on_this_host
+from peftlab.lab.runner import Executor, InProcess, held_by_another
 from peftlab.lab.spec import Sweep, add_output_flags, load_spec
 from peftlab.lab.store import Store, short_key
 from peftlab.lab.store_schema import FINISHED
@@ -65,7 +65,7 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
               backend: Callable[..., Executor] | None = None) -> SweepOutcome:
     """Run every unfinished run of ``sweep``; the train function is injectable (callable or "module:attr").
     ``backend(store, log_dir, note)`` makes the executor (default :func:`local_backend`; Ray:
-    :func:`peftlab.lab.ray_backend.run_sweep_ray`)."""
+    :func:`run_sweep_ray`)."""
     from tqdm.auto import tqdm
 
     sweep.output_root.mkdir(parents=True, exist_ok=True)
@@ -90,7 +90,7 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
         note(f"retrying {reset['failed']} failed run(s)")
     if counts["running"] - reset["running"] > 0:
         note(f"{counts['running'] - reset['running']} run(s) are running in another live process: left to it "
-             "(this sweep waits for those on this machine)")
+             "(this sweep waits for them, and resumes any whose process stops beating)")
     by_key = {run.key: run for run in sweep.runs}
     to_run = {k for k, s in store.statuses().items() if s == "pending" and k in by_key}
     reported: set[str] = set()
@@ -146,9 +146,9 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
 
 
 def _next_round(sweep: Sweep, store: Store, note, *, poll_seconds: float) -> set[str] | None:
-    """After a round, what the sweep runs next; None when each of its runs is finished, failed or held on another
-    machine. A run another live process on this machine holds (a second sweep, a tune) is waited for: if that
-    process dies the run is pending again and this sweep resumes it; if it was a tune trial that the tune
+    """After a round, what the sweep runs next; None when each of its runs is finished or failed. A run another
+    live process holds (a second sweep, a tune, on any machine that shares the store) is waited for: if that
+    process dies (or its heartbeat lapses) the run is pending again and this sweep resumes it; if it was a tune trial that the tune
     pruned, its row has moved to the trial's pruned key and the cell is registered again, to train the
     complete run. So a sweep returns only when every run it could see through is settled."""
     waited: set[str] = set()
@@ -164,13 +164,28 @@ def _next_round(sweep: Sweep, store: Store, note, *, poll_seconds: float) -> set
         pending = {key for key in sweep.keys if statuses.get(key) == "pending"}
         if pending:
             return pending
-        held = {key for key in sweep.keys if statuses.get(key) == "running" and held_on_this_host(store, key)}
+        held = {key for key in sweep.keys if statuses.get(key) == "running" and held_by_another(store, key)}
         if not held:
             return None
         if held - waited:
-            note(f"waiting for {len(held)} run(s) of this sweep that another process on this machine is training")
+            note(f"waiting for {len(held)} run(s) of this sweep that another process is training")
             waited |= held
         time.sleep(poll_seconds)
+
+
+def run_sweep_ray(sweep: Sweep, options, *, retry_failed: bool = False, train_fn: str | None = None,
+                  progress: bool = True, capture_output: bool = True, poll_seconds: float = 1.0) -> SweepOutcome:
+    """:func:`run_sweep` with every pending run a Ray task (``options``: a
+    :class:`peftlab.lab.ray_backend.RayOptions`). Ray is started (or joined) once a run is pending, and stopped
+    after the sweep if this command started it."""
+    from peftlab.lab.ray_backend import RaySession
+
+    session = RaySession(options, train_fn=train_fn, capture_output=capture_output)
+    try:
+        return run_sweep(sweep, retry_failed=retry_failed, train_fn=train_fn, progress=progress,
+                         capture_output=capture_output, poll_seconds=poll_seconds, backend=session.backend)
+    finally:
+        session.close()
 
 
 def finished_summary(row: dict) -> str:
@@ -246,8 +261,8 @@ def run_cli(args) -> int:
     if args.backend == "ray":
         if args.workers:
             raise PeftlabError("--workers is for the local backend", fix="with --backend ray use --cpus-per-run")
-        outcome = ray_backend.run_sweep_ray(sweep, ray_backend.RayOptions.from_args(args),
-                                            retry_failed=args.retry_failed, capture_output=not args.verbose)
+        outcome = run_sweep_ray(sweep, ray_backend.RayOptions.from_args(args), retry_failed=args.retry_failed,
+                                capture_output=not args.verbose)
     else:
         outcome = run_sweep(sweep, workers=args.workers, retry_failed=args.retry_failed,
                             capture_output=not args.verbose)

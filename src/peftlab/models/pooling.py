@@ -50,23 +50,6 @@ def declared_pooling(source: str | Path | None) -> str | None:
     return None
 
 
-class MaskedMeanPooler(nn.Module):
-    """Drop-in for a BERT-style pooler: tanh(dense(mean of the non-padding tokens)).
-
-    The encoder does not pass the attention mask to its pooler, so a forward pre-hook on the encoder
-    (:func:`use_mean_pooling`) stores it here for the duration of the call.
-    """
-
-    def __init__(self, pooler: nn.Module):
-        super().__init__()
-        self.dense = pooler.dense
-        self.activation = pooler.activation
-        self._mask: torch.Tensor | None = None
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.dense(masked_mean(hidden_states, self._mask)))
-
-
 def _encoder_with_pooler(model: nn.Module) -> nn.Module | None:
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     pooler = getattr(base, "pooler", None)
@@ -126,16 +109,31 @@ def use_mean_pooling(model: nn.Module) -> None:
     if encoder is None:
         raise PeftlabError(f"--pooling mean needs a BERT-style pooler or a RoBERTa-style head; "
                            f"{type(model).__name__} has neither", fix="use --pooling native (or auto)")
-    pooler = MaskedMeanPooler(encoder.pooler)
-    encoder.pooler = pooler
+    _mean_through_pooler(encoder)
 
-    def remember_mask(module, args, kwargs):
+
+def _mean_into_pooler_output(pooler: nn.Module, mask, output):
+    """The encoder's output with ``pooler_output`` = tanh(dense(masked token mean)) (BERT's pooler on the mean)."""
+    pooled = pooler.activation(pooler.dense(masked_mean(output[0], mask)))
+    if isinstance(output, tuple):
+        return (output[0], pooled) + tuple(output[2:])
+    output.pooler_output = pooled  # ModelOutput keeps output[1] in sync
+    return output
+
+
+def _mean_through_pooler(encoder: nn.Module) -> None:
+    """A BERT-style encoder's pooler reads [CLS]: a forward hook on the encoder, which sees the attention mask
+    the pooler never gets, recomputes the pooled output from the masked token mean with the pooler's own dense
+    layer and activation (their parameters and names unchanged; the pooler's [CLS] product it replaces is one
+    batch x hidden x hidden matmul)."""
+
+    def pool_mean(module, args, kwargs, output):
         mask = kwargs.get("attention_mask")
         if mask is None and len(args) > 1:  # BertModel.forward(input_ids, attention_mask, ...)
             mask = args[1]
-        pooler._mask = mask
+        return _mean_into_pooler_output(module.pooler, mask, output)
 
-    encoder.register_forward_pre_hook(remember_mask, with_kwargs=True)
+    encoder.register_forward_hook(pool_mean, with_kwargs=True)
 
 
 def resolve(pooling: str, model: nn.Module, source: str | Path | None, head: str) -> str:

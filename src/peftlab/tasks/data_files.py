@@ -39,9 +39,6 @@ from typing import Any
 from peftlab.errors import PeftlabError, unknown
 from peftlab.tasks.table import TASKS, Task
 
-# Tokenisation, collation and batching live in peftlab.tasks.batching; importable from here too.
-from peftlab.tasks.batching import (  # noqa: F401
-    Collator, content_digest, length_grouped_batches, make_collator, tokenize, tokenize_hash, tokenized_cache_dir)
 
 SPLITS = ("train", "validation", "validation_matched", "validation_mismatched")
 HUB_DATASET = "nyu-mll/glue"

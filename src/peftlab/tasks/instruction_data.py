@@ -125,7 +125,7 @@ def _gsm8k_records(rows: list[JsonRecord]) -> list[dict[str, str]]:
     return out
 
 
-def _local_file(task: str, split: str, data_dir) -> tuple[Path | None, list[Path]]:
+def local_file(task: str, split: str, data_dir) -> tuple[Path | None, list[Path]]:
     check_data_dir(data_dir)
     tried = []
     for root in candidate_roots(data_dir):
@@ -147,7 +147,7 @@ def _hub_rows(task: str, split: str) -> list[dict]:
 def load_raw(task: str, split: str, data_dir=None):
     """One split of ``gsm8k`` (train/test) or ``alpaca`` (train) as a ``Dataset`` of ``instruction``, ``input``,
     ``output`` (GSM8K also ``gold``, the canonical final answer)."""
-    path, tried = _local_file(task, split, data_dir)
+    path, tried = local_file(task, split, data_dir)
     if path is not None:
         if task == "gsm8k":
             rows = read_json_records(path, ("question", "answer"), fix=GSM8K_FIX)

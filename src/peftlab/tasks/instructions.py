@@ -24,7 +24,7 @@
   ``--max-length`` are cut on the prompt side first (its start is dropped, keeping the generation prefix),
   but the prompt keeps at least half of ``--max-length`` when the response is longer; then the response is
   cut from the right. An example left with no response token is dropped. Tokenisation is a cached
-  ``datasets.map`` in the same cache folder and with the same hash as :func:`peftlab.tasks.data_files.tokenize`.
+  ``datasets.map`` in the same cache folder and with the same hash as :func:`peftlab.tasks.batching.tokenize`.
   The truncation happens there; :class:`SFTCollator` (transformers' ``DataCollatorForSeq2Seq``) only pads, on
   the right, ``labels`` with -100. With ``--packing`` a batch is one unpadded row instead
   (:class:`peftlab.tasks.batching.PackingCollator`, :func:`training_collator`).
@@ -56,13 +56,9 @@ from typing import Any, Sequence
 import torch
 
 from peftlab.errors import PeftlabError
-from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest, train_examples_digest
-from peftlab.tasks.generation import (  # noqa: F401 - moved there; importable from here too
-    generate_greedy, generation_evaluator, generation_file, read_generations, stop_token_ids,
-    write_generations)
-from peftlab.tasks.instruction_data import (  # noqa: F401 - moved there; importable from here too
-    FORMAT_VERSION, HELD_OUT_FRACTION, HUB, LOCAL, SPLIT_SEED, Fields, held_out_split, load_instruction_data,
-    load_raw, make_dataset, parse_fields, parse_record, read_records)
+from peftlab.tasks.prepare import Evaluation, Pipeline, eval_loader_on, examples_digest, train_examples_digest
+from peftlab.tasks.generation import generation_evaluator
+from peftlab.tasks.instruction_data import FORMAT_VERSION, load_instruction_data
 
 LOSS_EVAL_TOKENS = 8192  # padded tokens per loss-evaluation batch (logits are batch x length x vocabulary)
 PLAIN_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
@@ -134,7 +130,7 @@ def _template_digest(tokenizer) -> str:
 
 def tokenize_instructions(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
     """Tokenise ``instruction``/``input``/``output`` rows with :func:`encode_example` (cached like
-    :func:`peftlab.tasks.data_files.tokenize`); columns ``input_ids``, ``attention_mask``, ``labels``, ``length``,
+    :func:`peftlab.tasks.batching.tokenize`); columns ``input_ids``, ``attention_mask``, ``labels``, ``length``,
     ``prompt_length``, ``truncated``. Rows with no response token left are dropped."""
     from peftlab.tasks.batching import tokenize_hash, tokenized_cache_dir
 
@@ -231,7 +227,8 @@ def loss_evaluator(cfg, tokenizer, eval_tok):
     @torch.no_grad()
     def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: the loss evaluation writes no files
         model.eval()
-        loader = accelerator.prepare(torch.utils.data.DataLoader(dataset, batch_size=batch_size, collate_fn=collate))
+        loader = eval_loader_on(accelerator, torch.utils.data.DataLoader(dataset, batch_size=batch_size,
+                                                                         collate_fn=collate))
         total, count = 0.0, 0
         for batch in loader:
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -239,9 +236,6 @@ def loss_evaluator(cfg, tokenizer, eval_tok):
             sums, counts = accelerator.gather_for_metrics((sums, counts))
             total += float(sums.sum())
             count += int(counts.sum())
-        # Forget this loader only (accelerator.free_memory would also drop the optimizer and model it tracks).
-        if loader in accelerator._dataloaders:
-            accelerator._dataloaders.remove(loader)
         model.train()
         loss = total / max(1, count)
         return Evaluation({"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0))})
@@ -278,7 +272,7 @@ def build_pipeline(cfg, tokenizer, model=None):
     if len(train) == 0:
         raise PeftlabError(f"no training example has a response token left at --max-length {cfg.max_length}",
                            fix="raise --max-length")
-    _report_truncation(cfg, "train", len(train_raw), train)
+    report_truncation(cfg, "train", len(train_raw), train)
     extras: dict[str, Any] = {"train_examples_used": len(train), "eval_examples": len(eval_raw),
                               "eval_examples_digest": examples_digest({"eval": eval_raw})}
     collate = training_collator(cfg, tokenizer)
@@ -288,7 +282,7 @@ def build_pipeline(cfg, tokenizer, model=None):
         return Pipeline(train, collate, evaluate, "accuracy", 0.0, num_eval_examples=len(eval_raw), extras=extras,
                         eval_sets={"test": eval_raw}, train_examples_digest=digest)
     eval_tok = tokenize_instructions(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{prefix}-eval")
-    _report_truncation(cfg, "eval", len(eval_raw), eval_tok)
+    report_truncation(cfg, "eval", len(eval_raw), eval_tok)
     if len(eval_tok) == 0:
         raise PeftlabError(f"no evaluation example has a response token left at --max-length {cfg.max_length}",
                            fix="raise --max-length")
@@ -298,7 +292,7 @@ def build_pipeline(cfg, tokenizer, model=None):
                     train_examples_digest=digest)
 
 
-def _report_truncation(cfg, split: str, n_raw: int, tokenised) -> None:
+def report_truncation(cfg, split: str, n_raw: int, tokenised) -> None:
     truncated = sum(tokenised["truncated"])
     dropped = n_raw - len(tokenised)
     if (truncated or dropped) and _is_main():

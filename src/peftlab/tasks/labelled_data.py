@@ -398,6 +398,7 @@ def build_pipeline(cfg, tokenizer, model=None):
     import torch
 
     from peftlab.tasks import data_files as data
+    from peftlab.tasks import batching
     from peftlab.tasks.metrics import compute_label_metrics, constant_baseline
     from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest, gather_predictions, train_examples_digest
 
@@ -412,9 +413,9 @@ def build_pipeline(cfg, tokenizer, model=None):
                                fix="evaluate the run on the data it was trained on")
     train_raw = data.subset(loaded.train, cfg.max_train_samples, cfg.seed)
     eval_raw = data.subset(loaded.eval, cfg.max_eval_samples, cfg.eval_seed)
-    train = data.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-train")
-    evals = data.tokenize(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-eval")
-    collate = data.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-train")
+    evals = batching.tokenize(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-eval")
+    collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
     # The same bar for every seed: the most frequent class of the whole training part, not of a seed's draw.
     chance = constant_baseline(kind, cfg.metric, loaded.train["label"][:], eval_raw["label"][:], labels.num_labels)
 

@@ -254,7 +254,7 @@ def _training_records(cfg):
         path = Path(cfg.train_file)
         return idata.make_dataset(idata.read_records(path, fields)), str(path)
     raw = idata.load_raw("alpaca", "train", cfg.data_dir)
-    source, _ = idata._local_file("alpaca", "train", cfg.data_dir)
+    source, _ = idata.local_file("alpaca", "train", cfg.data_dir)
     return raw, str(source) if source is not None else idata.HUB["alpaca"][0]
 
 
@@ -282,7 +282,7 @@ def build_pipeline(cfg, tokenizer, model=None):
     if len(train) == 0:
         raise PeftlabError(f"no training example has a response token left at --max-length {cfg.max_length}",
                            fix="raise --max-length")
-    instructions._report_truncation(cfg, "train", len(train_raw), train)
+    instructions.report_truncation(cfg, "train", len(train_raw), train)
     info = judge_info(settings)
     extras: dict[str, Any] = {
         "train_examples_used": len(train), "eval_examples": len(questions),

@@ -113,41 +113,51 @@ def _eval_loader(dataset, collate, batch_size: int):
                                        generator=torch.Generator())  # leaves the global RNG (dropout) alone
 
 
+def eval_loader_on(accelerator, loader):
+    """``loader`` sharded over the processes and put on the device as ``accelerator.prepare`` does it (Accelerate's
+    public ``prepare_data_loader`` with the accelerator's settings), but not registered with the accelerator:
+    an evaluation's loader is not training state (``save_state`` would checkpoint it, and
+    ``accelerator.free_memory(loader)`` would also drop the model and optimizer the accelerator tracks)."""
+    from accelerate.data_loader import prepare_data_loader
+
+    return prepare_data_loader(
+        loader, accelerator.device, num_processes=accelerator.num_processes, process_index=accelerator.process_index,
+        split_batches=accelerator.split_batches, put_on_device=accelerator.device_placement,
+        rng_types=list(accelerator.rng_types), even_batches=accelerator.even_batches,
+        non_blocking=accelerator.non_blocking)
+
+
 @torch.no_grad()
 def gather_predictions(model, accelerator, tokenised, collate, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Logits and labels of one tokenised eval set, gathered over processes (classification and regression)."""
-    loader = accelerator.prepare(_eval_loader(tokenised, collate, batch_size))
+    loader = eval_loader_on(accelerator, _eval_loader(tokenised, collate, batch_size))
     logits, labels = [], []
     for batch in loader:
         out = model(**batch)
         step_logits, step_labels = accelerator.gather_for_metrics((out.logits.float(), batch["labels"]))
         logits.append(step_logits.cpu())
         labels.append(step_labels.cpu())
-    # Forget this loader only: accelerator.free_memory(loader) would also drop the model, optimizer and
-    # scheduler it tracks (fp16: clip_grad_norm_ then clips still-scaled gradients, skipped steps go
-    # unnoticed) and run gc.collect() after every evaluation.
-    if loader in accelerator._dataloaders:
-        accelerator._dataloaders.remove(loader)
     return torch.cat(logits).numpy(), torch.cat(labels).numpy()
 
 
 def build_glue(cfg, tokenizer, model=None) -> Pipeline:
     from peftlab.tasks import data_files as data
+    from peftlab.tasks import batching
     from peftlab.tasks.metrics import compute_metrics
 
     task = TASKS[cfg.task]
     cache_prefix = f"{cfg.model}"
     train_raw = data.subset(data.load_split(cfg.task, "train", cfg.data_dir), cfg.max_train_samples, cfg.seed)
-    train = data.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cache_prefix}-train")
+    train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cache_prefix}-train")
     evals = {}
     sources = {"train": data.locate_split(cfg.task, "train", cfg.data_dir)[0]}
     for split in data.available_eval_splits(cfg.task, cfg.data_dir):
         sources[split] = data.locate_split(cfg.task, split, cfg.data_dir)[0]
         # cfg.eval_seed, not cfg.seed: every training seed is scored on the same dev examples.
         raw = data.subset(data.load_split(cfg.task, split, cfg.data_dir), cfg.max_eval_samples, cfg.eval_seed)
-        evals[split] = (raw, data.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task,
+        evals[split] = (raw, batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task,
                                            cache_key=f"{cache_prefix}-{split}"))
-    collate = data.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
     # Say in result.json which data was used: a 10k subset is never passed off as the full task.
     kinds = {s.dataset if s is not None else "hub" for s in sources.values()}
     extras = {"dataset": data.SUBSET_DATASET if data.SUBSET_DATASET in kinds else ("glue" if kinds == {"glue"}

@@ -38,6 +38,7 @@ Until ``peftlab bench --against trainer --compile`` has measured it on a device 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
@@ -58,9 +59,11 @@ INDUCTOR_OPTIONS = {"fallback_random": True}  # dropout masks from torch's gener
 # `--compile auto`: from how many optimizer steps a run compiles, per device type: the break-even of the compile
 # time against the per-step gain, measured by `peftlab bench --against trainer --compile` (MiniLM-L6, LoRA q,v,
 # batch 32: docs/BENCHMARKS.md, "Compiled training steps"). None: not measured on that device type yet, so auto
-# trains eagerly there (a compile that costs more than it saves must not be a default). The lead sets these from
-# that benchmark.
-AUTO_BREAK_EVEN_STEPS: dict[str, int | None] = {"cpu": None, "cuda": None}
+# trains eagerly there (a compile that costs more than it saves must not be a default). math.inf: measured, and
+# the compiled step is no faster than the eager one, so no run is long enough. CPU: measured on a 2-core AMD EPYC
+# (AVX-512, no AMX), torch 2.13: compiled step 0.99x eager on RTE and 1.03x on MRPC (474 steps to break even), after a
+# 23-25 s compile: within noise of no gain, so auto stays eager on CPU.
+AUTO_BREAK_EVEN_STEPS: dict[str, float | None] = {"cpu": math.inf, "cuda": None}
 BREAK_EVEN_SOURCE = "docs/BENCHMARKS.md, \"Compiled training steps\""
 
 
@@ -81,6 +84,9 @@ def choose(requested: str, device_type: str, optimizer_steps: int) -> CompileCho
     break_even = AUTO_BREAK_EVEN_STEPS.get(device_type)
     if break_even is None:
         return CompileChoice(False, f"auto: no break-even measured on {device_type} yet ({BREAK_EVEN_SOURCE})")
+    if math.isinf(break_even):
+        return CompileChoice(False, f"auto: a compiled step measured no faster than an eager one on {device_type} "
+                                    f"({BREAK_EVEN_SOURCE}); --compile on forces it")
     if optimizer_steps < break_even:
         return CompileChoice(False, f"auto: {optimizer_steps} optimizer steps < {break_even}, the break-even "
                                     f"measured on {device_type} ({BREAK_EVEN_SOURCE})")
