@@ -76,8 +76,8 @@ def test_mean_pooler_is_the_masked_mean_through_dense_and_tanh():
     model.eval()
     batch = tokenizer(["one two", "one two three four five"], padding=True, return_tensors="pt")
     with torch.no_grad():
-        hidden = model.bert(**batch).last_hidden_state
-        pooled = model.bert.pooler(hidden)  # the mask from the last encoder call is still set
+        out = model.bert(**batch)  # the encoder's hook pools, with the mask the pooler itself never sees
+        hidden, pooled = out.last_hidden_state, out.pooler_output
         mask = batch["attention_mask"].float().unsqueeze(-1)
         expected = torch.tanh(model.bert.pooler.dense((hidden * mask).sum(1) / mask.sum(1)))
         first_token = torch.tanh(model.bert.pooler.dense(hidden[:, 0]))
