@@ -22,6 +22,7 @@ import secrets
 import socket
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 BEAT_SECONDS = 5.0
@@ -108,8 +109,6 @@ class Heartbeat:
             thread.join()
 
     def _beat(self) -> None:
-        import time
-
         conn = sqlite3.connect(str(self.path), timeout=BEAT_SECONDS, isolation_level=None)
         try:
             while not self.stop.wait(BEAT_SECONDS):

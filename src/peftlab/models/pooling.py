@@ -81,13 +81,17 @@ def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor | None) -> torch
     return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
 
+def _attention_mask(args, kwargs):
+    """The attention mask an encoder's forward hook sees: by keyword, or BertModel.forward(input_ids, mask, ...)."""
+    mask = kwargs.get("attention_mask")
+    return args[1] if mask is None and len(args) > 1 else mask
+
+
 def _mean_into_first_token(encoder: nn.Module) -> None:
     """The head reads token 0: a forward hook on the encoder writes the masked token mean there."""
 
     def put_mean_first(module, args, kwargs, output):
-        mask = kwargs.get("attention_mask")
-        if mask is None and len(args) > 1:
-            mask = args[1]
+        mask = _attention_mask(args, kwargs)
         hidden = output[0]
         pooled = masked_mean(hidden, mask)
         hidden = torch.cat([pooled.unsqueeze(1), hidden[:, 1:]], dim=1)
@@ -128,10 +132,7 @@ def _mean_through_pooler(encoder: nn.Module) -> None:
     batch x hidden x hidden matmul)."""
 
     def pool_mean(module, args, kwargs, output):
-        mask = kwargs.get("attention_mask")
-        if mask is None and len(args) > 1:  # BertModel.forward(input_ids, attention_mask, ...)
-            mask = args[1]
-        return _mean_into_pooler_output(module.pooler, mask, output)
+        return _mean_into_pooler_output(module.pooler, _attention_mask(args, kwargs), output)
 
     encoder.register_forward_hook(pool_mean, with_kwargs=True)
 
