@@ -106,6 +106,32 @@ def test_smollm2_converts_into_peftlab_cache(tmp_path, monkeypatch):
     _seed_cache(converted, default_cache)
 
 
+def _finished_copy(folder: Path, text: str) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(text)
+    (folder / "model.safetensors").write_text(text)
+    return folder
+
+
+def test_a_cached_copy_is_published_by_one_rename_and_a_lost_race_keeps_the_winner(tmp_path):
+    from peftlab.models.registry import publish_folder
+
+    target = tmp_path / "models" / "m"
+    target.parent.mkdir()  # callers make the cache folder first
+    publish_folder(_finished_copy(tmp_path / ".m-ours", "ours"), target)
+    assert (target / "config.json").read_text() == "ours" and not (tmp_path / ".m-ours").exists()
+    # a second worker converted the same model meanwhile: the first copy stays, the loser's staging goes
+    publish_folder(_finished_copy(tmp_path / ".m-late", "late"), target)
+    assert (target / "config.json").read_text() == "ours" and not (tmp_path / ".m-late").exists()
+    # a target in the way that is no finished copy is a real failure, not a race: it is raised, nothing removed
+    blocker = tmp_path / "models" / "half"
+    blocker.mkdir()
+    (blocker / "stray").write_text("x")
+    with pytest.raises(OSError):
+        publish_folder(_finished_copy(tmp_path / ".half-ours", "ours"), blocker)
+    assert (tmp_path / ".half-ours" / "config.json").is_file() and (blocker / "stray").is_file()
+
+
 @pytest.mark.slow
 def test_smollm2_causal_lm_from_default_cache():
     model, tokenizer = load_model("smollm2-135m", head="causal-lm")

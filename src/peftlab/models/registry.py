@@ -97,14 +97,23 @@ def gguf_to_safetensors(gguf: Path, target: Path) -> Path:
         config.save_pretrained(staging)
         save_model(model, str(staging / "model.safetensors"))  # handles the tied embedding/lm_head
         tokenizer.save_pretrained(staging)
-        if target.exists():  # a concurrent process won the race; keep its copy
-            shutil.rmtree(staging)
-        else:
-            os.replace(staging, target)
+        publish_folder(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def publish_folder(staging: Path, target: Path) -> None:
+    """Rename the finished folder ``staging`` to ``target``; if a concurrent process (a second test worker, a
+    sweep's other run) published first, keep its copy and drop ours. The rename is the only step that makes a
+    cached copy visible, so a reader sees a whole folder or none."""
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if not _converted(target):  # not a lost race: a real failure (permissions, disk)
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _converted(target: Path) -> bool:
@@ -210,8 +219,7 @@ def _unzip_mpnet(joined: Path, target: Path) -> None:
     with zipfile.ZipFile(joined) as archive:
         archive.extractall(joined.parent / "unpacked")
     joined.unlink()
-    if not target.exists():  # else a concurrent process won the race; keep its copy
-        os.replace(joined.parent / "unpacked" / "all-mpnet-base-v2", target)
+    publish_folder(joined.parent / "unpacked" / "all-mpnet-base-v2", target)
 
 
 def _mpnet_path() -> Path | None:
