@@ -59,6 +59,25 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"PEFTLAB_REQUIRE_DATA is set, so a missing-data skip fails: {report.longrepr[2]}"
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Run the modules that hold a ``slow`` test first, each module's tests kept together and in order.
+
+    Why: scripts/test.sh runs pytest-xdist's worksteal, which hands each worker a contiguous share and lets an idle
+    worker steal from the end of the longest queue. A minute-long test near the end of the collection can only be
+    run by whichever worker reaches it, so the other one idles; at the front, the light tests behind it are what
+    gets stolen and both workers end together. Whole modules move (not single tests) so that a module's fixtures
+    are still built once per worker. The order is a pure function of the collection: every worker computes the
+    same one, as xdist requires.
+    """
+    module_has_slow: dict[str, bool] = {}
+    for item in items:
+        module_has_slow[item.nodeid.split("::")[0]] = (module_has_slow.get(item.nodeid.split("::")[0], False)
+                                                        or item.get_closest_marker("slow") is not None)
+    position = {item.nodeid: index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (not module_has_slow[item.nodeid.split("::")[0]], position[item.nodeid]))
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _frozen_heap_per_module():
     """Move every object alive at a test module's start into gc's permanent generation.

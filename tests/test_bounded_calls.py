@@ -245,6 +245,7 @@ def test_a_judge_that_answers_says_nothing_extra(capsys):
 # --------------------------------------------------------------------------- the Hub
 
 
+@pytest.mark.slow
 def test_an_unreachable_hub_ends_with_one_line_naming_the_model_and_the_offline_fix(tmp_path):
     """HF_ENDPOINT points at a silent listener and HF_HUB_OFFLINE is unset: without bounded Hub calls,
     `from_pretrained` waits for ever on repo_info (no timeout) and then 60 s per retried HEAD."""

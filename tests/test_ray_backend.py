@@ -94,6 +94,7 @@ def _kill_spec(tmp_path: Path) -> Path:
                                                "grid": {"lr_ratio": [1, 4]}})
 
 
+@pytest.mark.slow
 def test_a_killed_ray_worker_is_retried_from_the_checkpoint(tmp_path, local_ray, monkeypatch):
     """The first run to end epoch 1 SIGKILLs its worker; Ray runs the task again, which resumes the run's
     checkpoint: every run is in the store once, ok, and no epoch was trained twice."""
@@ -112,6 +113,7 @@ def test_a_killed_ray_worker_is_retried_from_the_checkpoint(tmp_path, local_ray,
     assert all(len(r["result"]["epochs_log"]) == 3 for r in rows)
 
 
+@pytest.mark.slow
 def test_a_ray_worker_killed_past_its_retries_is_failed_with_the_reason(tmp_path, local_ray, monkeypatch):
     sweep = load_spec(_kill_spec(tmp_path))
     monkeypatch.setenv(KILL_ENV, f"1:{tmp_path / 'killed'}")

@@ -348,6 +348,7 @@ def _file_size_limit(limit: int):
     return preexec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["sweep", "tune"])
 def test_a_full_disk_ends_with_one_line_and_the_next_run_completes(tmp_path, what):
     root = tmp_path / "runs"

@@ -257,6 +257,7 @@ run_study(small_design(), StudyPaths(root, root / "results.sqlite"), workers=1, 
 """
 
 
+@pytest.mark.slow
 def test_a_killed_study_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            SLEEP_ENV: "0.15"}
