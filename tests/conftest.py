@@ -75,12 +75,12 @@ def pytest_collection_modifyitems(items):
     are still built once per worker. The order is a pure function of the collection: every worker computes the
     same one, as xdist requires.
     """
-    module_has_slow: dict[str, bool] = {}
-    for item in items:
-        module_has_slow[item.nodeid.split("::")[0]] = (module_has_slow.get(item.nodeid.split("::")[0], False)
-                                                        or item.get_closest_marker("slow") is not None)
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow_modules = {module(item) for item in items if item.get_closest_marker("slow") is not None}
     position = {item.nodeid: index for index, item in enumerate(items)}
-    items.sort(key=lambda item: (not module_has_slow[item.nodeid.split("::")[0]], position[item.nodeid]))
+    items.sort(key=lambda item: (module(item) not in slow_modules, position[item.nodeid]))
 
 
 @pytest.fixture(autouse=True, scope="module")
