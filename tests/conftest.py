@@ -14,10 +14,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Under scripts/test.sh's one-worker-per-core xdist run, inductor's default pool of compile subprocesses (one per
-# core, each importing torch) only adds work to cores that are already busy: measured on the compiled-equals-eager
-# test with a cold cache, 128 -> 106 CPU-s. Set before torch is imported, as inductor reads it at import.
-if os.environ.get("PYTEST_XDIST_WORKER"):
+# scripts/test.sh runs the suite in one pytest-xdist worker per core (this process is one when this is set).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+# Under that run, inductor's default pool of compile subprocesses (one per core, each importing torch) only adds
+# work to cores that are already busy: measured on the compiled-equals-eager test with a cold cache, 128 -> 106
+# CPU-s. Set before torch is imported, as inductor reads it at import.
+if XDIST_WORKER:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 from pathlib import Path  # noqa: E402
@@ -25,10 +27,9 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# scripts/test.sh runs the suite in one pytest-xdist worker per core: each worker computes with one thread, so
-# two workers on two cores do not oversubscribe them (OpenMP threads spin-wait on a busy core). Subprocesses a
-# test starts keep torch's default or the --threads the test gives them.
-if os.environ.get("PYTEST_XDIST_WORKER"):
+# Each worker computes with one thread, so two workers on two cores do not oversubscribe them (OpenMP threads
+# spin-wait on a busy core). Subprocesses a test starts keep torch's default or the --threads the test gives them.
+if XDIST_WORKER:
     torch.set_num_threads(1)
 
 # --------------------------------------------------------------------------- the shared data, found once
@@ -79,8 +80,7 @@ def pytest_collection_modifyitems(items):
         return item.nodeid.split("::")[0]
 
     slow_modules = {module(item) for item in items if item.get_closest_marker("slow") is not None}
-    position = {item.nodeid: index for index, item in enumerate(items)}
-    items.sort(key=lambda item: (module(item) not in slow_modules, position[item.nodeid]))
+    items.sort(key=lambda item: module(item) not in slow_modules)  # a stable sort: the rest keeps its order
 
 
 @pytest.fixture(autouse=True, scope="module")
