@@ -420,8 +420,9 @@ def test_evaluate_harness_options_without_lm_eval_are_refused(tmp_path, capsys):
 @needs_commonsense
 @needs_gsm8k
 def test_evaluate_lm_eval_gsm8k_arc_easy_on_a_smollm2_run(tmp_path, capsys, no_network):
-    """The issue's check, kept short for CI: 5 items per task, GSM8K's answers cut at 128 tokens (the harness's
-    own 5-shot prompt is ~1,100 tokens; its answers here ~40-100)."""
+    """The issue's check, kept short for CI: 3 items per task, GSM8K's answers cut at 64 tokens (the harness's
+    own 5-shot prompt is ~1,100 tokens; its answers here ~40-100, so some are cut: the score's range is checked,
+    not its value)."""
     from peftlab.models.registry import MODELS
 
     if not MODELS["smollm2-135m"].available():
@@ -429,10 +430,10 @@ def test_evaluate_lm_eval_gsm8k_arc_easy_on_a_smollm2_run(tmp_path, capsys, no_n
     out = tmp_path / "run"
     assert main(train_argv("commonsense", out, model="smollm2-135m", eval_sets="ARC-Easy", max_eval_samples=5,
                            max_train_samples=4, batch_size=4, threads=2)) == 0
-    assert main(["evaluate", str(out), "--lm-eval", "gsm8k,arc_easy", "--max-eval-samples", "5",
-                 "--lm-eval-max-new-tokens", "128"]) == 0
+    assert main(["evaluate", str(out), "--lm-eval", "gsm8k,arc_easy", "--max-eval-samples", "3",
+                 "--lm-eval-max-new-tokens", "64"]) == 0
     section = json.loads((out / "result.json").read_text())["lm_eval"]
-    assert section["n_samples"] == {"gsm8k": 5, "arc_easy": 5} and section["n_shot"]["gsm8k"] == 5
+    assert section["n_samples"] == {"gsm8k": 3, "arc_easy": 3} and section["n_shot"]["gsm8k"] == 5
     assert 0 <= section["results"]["gsm8k"]["exact_match,flexible-extract"] <= 1
     assert 0 <= section["results"]["arc_easy"]["acc"] <= 1
     with capsys.disabled():

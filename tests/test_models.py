@@ -88,8 +88,21 @@ def test_smollm2_converts_into_peftlab_cache(tmp_path, monkeypatch):
     default_cache = cache_dir()
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     assert cache_dir() == tmp_path / "cache"
+    import gguf
+
+    parsed = []
+
+    class CountingReader(gguf.GGUFReader):  # transformers asks for a reader for tokenizer, config and tensors
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(Path(path).name)
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
 
     model, tokenizer = load_model("smollm2-135m", head="classification", num_labels=2)
+
+    assert parsed == ["SmolLM2-135M-Instruct.Q4_1.gguf"]  # the file's metadata was parsed once, not three times
+    assert gguf.GGUFReader is CountingReader  # and the reader class is back as it was
 
     converted = tmp_path / "cache" / "models" / "smollm2-135m"
     assert (converted / "config.json").is_file() and (converted / "model.safetensors").is_file()

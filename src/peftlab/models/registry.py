@@ -28,6 +28,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -83,8 +84,9 @@ def gguf_to_safetensors(gguf: Path, target: Path) -> Path:
     from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # Write beside the target and rename, so a killed conversion never leaves a half-written cache.
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -102,6 +104,32 @@ def gguf_to_safetensors(gguf: Path, target: Path) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+@contextmanager
+def gguf_parsed_once():
+    """Within the block, each GGUF file is parsed once. Where the cost hides: transformers builds a new
+    ``gguf.GGUFReader`` for the tokenizer, the config and the tensors, and a reader's constructor walks every
+    metadata entry in Python (the token list and merges: 4 s for SmolLM2's 49k tokens, 17 s for Qwen's 151k), so a
+    conversion parsed the same file three times. The readers only read (a memory map), so one reader per path
+    serves all three. transformers imports ``GGUFReader`` from ``gguf`` when it calls it, which is what makes the
+    swap apply; should a later version bind it earlier, the conversion is slower, never different."""
+    import gguf
+
+    original = gguf.GGUFReader
+    readers: dict[tuple, Any] = {}
+
+    def one_reader(path, *args, **kwargs):
+        key = (os.path.realpath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = original(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = one_reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def publish_folder(staging: Path, target: Path) -> None:
