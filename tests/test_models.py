@@ -16,7 +16,7 @@ import torch
 
 from conftest import corrupt_parts
 from peftlab.cli.main import main
-from peftlab.models.registry import cache_dir, load_model
+from peftlab.models.registry import cache_dir, load_model, load_tokenizer
 
 SENTENCES = ["The cat sat on the mat.", "A completely different and somewhat longer sentence about the weather."]
 
@@ -98,13 +98,25 @@ def test_smollm2_converts_into_peftlab_cache(tmp_path, monkeypatch):
             super().__init__(path, *args, **kwargs)
 
     monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    converted = tmp_path / "cache" / "models" / "smollm2-135m"
+    tokenizer_only = tmp_path / "cache" / "tokenizers" / "smollm2-135m"
+
+    # a random decoder borrows the tokenizer alone: no model conversion for it
+    borrowed = load_tokenizer("tiny-llama")
+    assert (tokenizer_only / "tokenizer.json").is_file() and not converted.exists()
+    assert parsed == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert [p.name for p in tokenizer_only.parent.iterdir()] == ["smollm2-135m"]  # no staging leftovers
+    parsed.clear()
 
     model, tokenizer = load_model("smollm2-135m", head="classification", num_labels=2)
 
     assert parsed == ["SmolLM2-135M-Instruct.Q4_1.gguf"]  # the file's metadata was parsed once, not three times
     assert gguf.GGUFReader is CountingReader  # and the reader class is back as it was
+    # the tokenizer-only copy is the converted model's tokenizer; once the model is converted, its folder serves
+    assert (tokenizer_only / "tokenizer.json").read_bytes() == (converted / "tokenizer.json").read_bytes()
+    assert borrowed(SENTENCES)["input_ids"] == tokenizer(SENTENCES)["input_ids"]
+    assert Path(load_tokenizer("tiny-llama").name_or_path) == converted
 
-    converted = tmp_path / "cache" / "models" / "smollm2-135m"
     assert (converted / "config.json").is_file() and (converted / "model.safetensors").is_file()
     assert (converted / "tokenizer_config.json").is_file() or (converted / "tokenizer.json").is_file()
     assert "quantization_config" not in json.loads((converted / "config.json").read_text())

