@@ -28,12 +28,12 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from peftlab.errors import PeftlabError, closest
+from peftlab.models.gguf_reader import gguf_parsed_once
 from peftlab.models.hub import bound_hub_calls, hub_error
 from peftlab.models.random_models import RANDOM_MODELS
 
@@ -80,39 +80,20 @@ def _smollm2_path() -> Path | None:
 
 
 def _smollm2_tokenizer_path() -> Path | None:
-    """SmolLM2's tokenizer alone, which the random decoders borrow: the converted model's folder when there is one,
-    else a tokenizer-only copy made from the GGUF (one metadata parse, ~5 s, instead of the model's ~20 s)."""
+    """SmolLM2's tokenizer alone (the random decoders borrow it): the converted model's folder if there is one, else
+    a tokenizer-only copy made from the GGUF (one metadata parse, ~5 s, instead of the model's ~20 s)."""
     gguf = _smollm2_gguf()
-    if gguf is None:
-        return None
-    model_folder = cache_dir() / "models" / "smollm2-135m"
-    if _converted(model_folder):
-        return model_folder
-    target = cache_dir() / "tokenizers" / "smollm2-135m"
-    if _tokenizer_saved(target):
-        return target
-    return gguf_tokenizer_to_folder(gguf, target)
+    model_folder, target = cache_dir() / "models" / "smollm2-135m", cache_dir() / "tokenizers" / "smollm2-135m"
+    if gguf is None or _converted(model_folder):
+        return None if gguf is None else model_folder
+    return target if _tokenizer_saved(target) else gguf_tokenizer_to_folder(gguf, target)
 
 
 def gguf_tokenizer_to_folder(gguf: Path, target: Path) -> Path:
     """Save the tokenizer of a GGUF checkpoint into ``target`` (published whole, like a converted model)."""
     from transformers import AutoTokenizer
-
-    with gguf_parsed_once():
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        tokenizer.save_pretrained(staging)
-        publish_folder(staging, target, finished=_tokenizer_saved)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
-
-
-def _tokenizer_saved(target: Path) -> bool:
-    return (target / "tokenizer_config.json").is_file()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)  # one parse: no reader to share
+    return _write_and_publish(target, tokenizer.save_pretrained, finished=_tokenizer_saved)
 
 
 def gguf_to_safetensors(gguf: Path, target: Path) -> Path:
@@ -123,62 +104,46 @@ def gguf_to_safetensors(gguf: Path, target: Path) -> Path:
     with gguf_parsed_once():
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # Write beside the target and rename, so a killed conversion never leaves a half-written cache.
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        # save_pretrained refuses a GGUF-loaded model ("not serializable"), but after dequantisation the
-        # weights are plain fp32: write config and tensors directly, without the quantization entry.
+
+    def write(staging: Path) -> None:  # save_pretrained refuses a GGUF-loaded model ("not serializable"), but
+        # after dequantisation the weights are plain fp32: write config and tensors, without the quantization entry.
         config = model.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.save_pretrained(staging)
         save_model(model, str(staging / "model.safetensors"))  # handles the tied embedding/lm_head
         tokenizer.save_pretrained(staging)
-        publish_folder(staging, target)
+
+    return _write_and_publish(target, write)
+
+
+def _write_and_publish(target: Path, write: Callable[[Path], Any], finished=None) -> Path:
+    """Write beside ``target`` and rename, so a killed conversion never leaves a half-written cache."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        write(staging)
+        publish_folder(staging, target, finished)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
 
 
-@contextmanager
-def gguf_parsed_once():
-    """Within the block, each GGUF file is parsed once. Where the cost hides: transformers builds a new
-    ``gguf.GGUFReader`` for the tokenizer, the config and the tensors, and a reader's constructor walks every
-    metadata entry in Python (the token list and merges: 4 s for SmolLM2's 49k tokens, 17 s for Qwen's 151k), so a
-    conversion parsed the same file three times. The readers only read (a memory map), so one reader per path
-    serves all three. transformers imports ``GGUFReader`` from ``gguf`` when it calls it, which is what makes the
-    swap apply; should a later version bind it earlier, the conversion is slower, never different."""
-    import gguf
-
-    original = gguf.GGUFReader
-    readers: dict[tuple, Any] = {}
-
-    def one_reader(path, *args, **kwargs):
-        key = (os.path.realpath(path), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = original(path, *args, **kwargs)
-        return readers[key]
-
-    gguf.GGUFReader = one_reader
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = original
-
-
 def publish_folder(staging: Path, target: Path, finished: Callable[[Path], bool] | None = None) -> None:
     """Rename the finished folder ``staging`` to ``target``; if a concurrent process (a second test worker, a
     sweep's other run) published first, keep its copy and drop ours. The rename is the only step that makes a
-    cached copy visible, so a reader sees a whole folder or none. ``finished`` tells a published copy (default:
-    a converted model's config and weights)."""
+    cached copy visible, so a reader sees a whole folder or none; ``finished`` tells a published copy."""
     try:
         os.replace(staging, target)
     except OSError:
         if not (finished or _converted)(target):  # not a lost race: a real failure (permissions, disk)
             raise
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _tokenizer_saved(target: Path) -> bool:  # a tokenizer-only copy (written by a rename, as below)
+    return (target / "tokenizer_config.json").is_file()
 
 
 def _converted(target: Path) -> bool:
