@@ -98,6 +98,14 @@ def test_smollm2_converts_into_peftlab_cache(tmp_path, monkeypatch):
             super().__init__(path, *args, **kwargs)
 
     monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    name_maps = []
+    real_name_map = gguf.get_tensor_name_map
+
+    def counting_name_map(arch, n_blocks):  # transformers asks for one at every module of the model (397)
+        name_maps.append((arch, n_blocks))
+        return real_name_map(arch, n_blocks)
+
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counting_name_map)
     converted = tmp_path / "cache" / "models" / "smollm2-135m"
     tokenizer_only = tmp_path / "cache" / "tokenizers" / "smollm2-135m"
 
@@ -111,7 +119,8 @@ def test_smollm2_converts_into_peftlab_cache(tmp_path, monkeypatch):
     model, tokenizer = load_model("smollm2-135m", head="classification", num_labels=2)
 
     assert parsed == ["SmolLM2-135M-Instruct.Q4_1.gguf"]  # the file's metadata was parsed once, not three times
-    assert gguf.GGUFReader is CountingReader  # and the reader class is back as it was
+    assert len(name_maps) == 1  # and the tensor-name map built once, not once per module
+    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is counting_name_map  # both put back
     # the tokenizer-only copy is the converted model's tokenizer; once the model is converted, its folder serves
     assert (tokenizer_only / "tokenizer.json").read_bytes() == (converted / "tokenizer.json").read_bytes()
     assert borrowed(SENTENCES)["input_ids"] == tokenizer(SENTENCES)["input_ids"]
