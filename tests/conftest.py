@@ -25,12 +25,20 @@ if XDIST_WORKER:
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-# Each worker computes with one thread, so two workers on two cores do not oversubscribe them (OpenMP threads
-# spin-wait on a busy core). Subprocesses a test starts keep torch's default or the --threads the test gives them.
-if XDIST_WORKER:
-    torch.set_num_threads(1)
+# torch is imported where it is used, never at this module's top: the fake train functions that sweep, tune and
+# study tests hand to subprocesses and spawned workers live in test modules that import DATA_DIR from here, and
+# each of those processes would otherwise pay torch's import (~1.5 s) for nothing.
+
+
+def pytest_configure(config):
+    """Each worker computes with one thread, so two workers on two cores do not oversubscribe them (OpenMP
+    threads spin-wait on a busy core). Subprocesses a test starts keep torch's default or the --threads the test
+    gives them."""
+    if XDIST_WORKER:
+        import torch
+
+        torch.set_num_threads(1)
 
 # --------------------------------------------------------------------------- the shared data, found once
 # The one place tests look for ../shared/data: $PEFTLAB_DATA_DIR, else ./data in the checkout, else the
@@ -128,6 +136,8 @@ def build_tiny(model_type: str, *, num_labels: int = 2, seed: int = 0, **overrid
         model_type, vocab_size=TINY_VOCAB, num_labels=num_labels, pad_token_id=PAD_ID,
         **{**TINY, **TINY_OVERRIDES.get(model_type, {}), **overrides},
     )
+    import torch
+
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_config(config)
     return model.eval()
@@ -135,6 +145,8 @@ def build_tiny(model_type: str, *, num_labels: int = 2, seed: int = 0, **overrid
 
 def tiny_inputs(batch: int = 3, length: int = 9, seed: int = 1) -> dict[str, torch.Tensor]:
     """Token ids in [1, TINY_VOCAB) (no pad token) with an all-ones attention mask."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, TINY_VOCAB, (batch, length), generator=generator)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -151,6 +163,8 @@ def corrupt_parts(folder: Path, count: int) -> list[Path]:
 @pytest.fixture(autouse=True)
 def _fixed_seed():
     """Every test starts from the same global RNG state."""
+    import torch
+
     torch.manual_seed(0)
     yield
 
@@ -159,6 +173,8 @@ def _fixed_seed():
 def single_thread():
     """One intra-op thread for tests of tiny models: their matrices are too small to split, and on a busy
     2-core machine the thread pool's hand-offs made a 32 x 32 SVD take ~0.1 s instead of ~0.1 ms."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,6 +1,9 @@
 """`peftlab report` and `peftlab plot` read run records only: on a results store and on run folders they run
 without importing torch (or any other training library), as docs/ARCHITECTURE.md promises for lab readers.
-Each command runs in a fresh interpreter (this one has torch already), through the CLI's own ``main``."""
+Each command runs in a fresh interpreter (this one has torch already), through the CLI's own ``main``.
+
+So do the drivers of `peftlab sweep` and `peftlab tune` when the train function is not peftlab's (runs that
+train in workers or on Ray): the runner claims, reads run folders and records without the training libraries."""
 
 from __future__ import annotations
 
@@ -79,3 +82,25 @@ def test_the_check_sees_torch(tmp_path):
     """Able to fail: the same report, in an interpreter that imported torch first."""
     heavy, _ = heavy_after_cli(commands(store_of(tmp_path), tmp_path)["report"], before="import torch")
     assert heavy == ["torch"]
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune"])
+def test_a_driver_whose_runs_train_elsewhere_leaves_torch_unimported(tmp_path, command):
+    """The fake train function of test_tune.py stands for the workers: it writes run folders like peftlab's."""
+    base = {"model": "tiny-bert", "task": "rte", "epochs": 2}
+    spec = tmp_path / f"{command}.yaml"
+    if command == "sweep":
+        spec.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "runs"), "base": base,
+                                        "grid": {"lr_ratio": [1, 2]}}))
+    else:
+        spec.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "runs"), "base": base,
+                                        "search": {"lr_ratio": [1, 2]}, "budget": {"grid_fraction": 1.0},
+                                        "seeds": 2, "top_k": 1, "heldout_seeds": 0}))
+    before = (f"sys.path.insert(0, {str(TESTS)!r})\nimport peftlab.lab.runner as runner\n"
+              "runner.DEFAULT_TRAIN = 'test_tune:fake_train'")
+    heavy, out = heavy_after_cli([command, str(spec)], before=before)
+    assert heavy == [], f"peftlab {command}'s driver imported {heavy}"
+    assert (tmp_path / "runs" / "results.sqlite").is_file() and "ok" in out  # it did run and record them

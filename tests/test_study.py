@@ -44,7 +44,7 @@ def world(lr: float, ratio: float, seed: int) -> float:
 
 def fake_train(cfg, on_epoch_end=None) -> dict:
     """Trains nothing: a result.json with the contract's fields, a curve when --eval-steps is set."""
-    from peftlab.training.fit import EpochEnd
+    from peftlab.training.state import EpochEnd
 
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

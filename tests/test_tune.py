@@ -51,7 +51,7 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
     """Trains nothing: epochs of made-up metrics, with a checkpoint after each (resumable), honouring stop."""
     import shutil
 
-    from peftlab.training.fit import EpochEnd
+    from peftlab.training.state import EpochEnd
 
     out = Path(cfg.output_dir)
     result_file, state_file = out / "result.json", out / "checkpoint" / "state.json"

@@ -26,17 +26,8 @@ from peftlab.training.checkpoint import save_checkpoint, trainable_tensors
 from peftlab.training.guards import better, check_collapse
 from peftlab.training.schedule import checkpoint_interval, evaluates_epoch, planned_epoch_count, reached_max_steps
 from peftlab.training.setup import Run
+from peftlab.training.state import EpochEnd
 from peftlab.training.step import StepResult, log_step, train_step
-
-
-@dataclass(frozen=True)
-class EpochEnd:
-    """What an ``on_epoch_end`` hook of :func:`train` is told after each epoch's evaluation and checkpoint."""
-
-    epoch: int  # 1-based
-    metrics: dict  # the dev metrics ({} when --eval-every skipped this epoch)
-    primary_metric: str
-    status: str  # ok or collapsed (a diverged run stops before its epoch ends)
 
 
 @dataclass(frozen=True)

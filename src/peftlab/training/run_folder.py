@@ -16,6 +16,9 @@ Checkpoints hold only what training changes (trainable tensors + optimizer state
 the base (incl. KaSA's truncation and PiSSA/MiLoRA residuals, which are deterministic) is rebuilt on resume.
 A checkpoint is written into ``.checkpoint-new/`` and swapped in with ``os.replace``: a kill at any moment
 leaves a complete ``checkpoint/`` (or ``.checkpoint-old/``), never a half-written one that loads.
+
+Importing this module imports no torch (nor NumPy): the lab's runner reads run folders through it, and a sweep's
+or tune's driver whose runs train in workers or on Ray never needs torch itself (~1.5 s and ~250 MB less).
 """
 
 from __future__ import annotations
@@ -27,9 +30,6 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import atomic_write_text
@@ -45,6 +45,8 @@ def write_json(path: str | Path, data: Any) -> None:
 
 def json_default(value):
     """JSON for the NumPy scalars, tuples, sets and paths a run record may hold."""
+    import numpy as np
+
     if isinstance(value, (np.floating, np.integer)):
         return value.item()
     if isinstance(value, (tuple, set)):
@@ -99,6 +101,7 @@ def versions() -> dict[str, str]:
     import accelerate
     import datasets
     import peft
+    import torch
     import transformers
 
     import peftlab
@@ -173,8 +176,11 @@ def code_record() -> dict:
     return {"commit": sha, "dirty": dirty, "version": peftlab.__version__, "source_digest": source_digest()}
 
 
-def peak_memory_mb(device: torch.device) -> float:
+def peak_memory_mb(device) -> float:
+    """Peak memory of this process on ``device`` (a torch.device), MiB."""
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.max_memory_allocated(device) / 2**20
     import resource
 

@@ -1,4 +1,6 @@
-"""LoopState: everything the loop knows about its run, as named fields, and its checkpoint form (state.json).
+"""LoopState: everything the loop knows about its run, as named fields, and its checkpoint form (state.json);
+EpochEnd: what the loop tells an ``on_epoch_end`` hook. Both free of torch, so that a hook's code (a tune
+trial's pruner) and a test's fake train function need not import it.
 
 The loop (:mod:`peftlab.training.fit`, :mod:`peftlab.training.step`) owns it; :mod:`peftlab.training.finish`
 and :mod:`peftlab.training.guards` read it. A checkpoint holds it as JSON (``checkpoint/state.json``, one file
@@ -12,6 +14,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from peftlab.errors import PeftlabError
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """What an ``on_epoch_end`` hook of :func:`peftlab.training.loop.train` is told after each epoch's evaluation
+    and checkpoint."""
+
+    epoch: int  # 1-based
+    metrics: dict  # the dev metrics ({} when --eval-every skipped this epoch)
+    primary_metric: str
+    status: str  # ok or collapsed (a diverged run stops before its epoch ends)
+
 
 # Keys every peftlab checkpoint has had: without them a state.json is not a loop state.
 REQUIRED_KEYS = ("epoch", "step_in_epoch", "global_step")
