@@ -23,8 +23,12 @@ if XDIST_WORKER:
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import pytest  # noqa: E402
+
+if TYPE_CHECKING:  # annotations only
+    import torch
 
 # torch is imported where it is used, never at this module's top: the fake train functions that sweep, tune and
 # study tests hand to subprocesses and spawned workers live in test modules that import DATA_DIR from here, and

@@ -18,6 +18,7 @@ import yaml
 
 from _plot_helpers import config, make_store, result_of
 
+TESTS = Path(__file__).resolve().parent
 HEAVY = ("torch", "transformers", "peft", "accelerate", "datasets")
 GRID = [dict(lr=lr, lr_ratio=ratio, seed=seed) for lr in (1e-4, 4e-4) for ratio in (1.0, 4.0) for seed in (0, 1)]
 
@@ -83,8 +84,6 @@ def test_the_check_sees_torch(tmp_path):
     heavy, _ = heavy_after_cli(commands(store_of(tmp_path), tmp_path)["report"], before="import torch")
     assert heavy == ["torch"]
 
-
-TESTS = Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize("command", ["sweep", "tune"])

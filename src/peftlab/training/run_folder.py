@@ -29,10 +29,13 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import atomic_write_text
+
+if TYPE_CHECKING:  # annotations only: importing this module stays torch-free
+    import torch
 
 # Final statuses: a result.json with one of them marks a run that is never resumed (failed is resumable).
 FINISHED = ("ok", "diverged", "collapsed", "no_learning", "pruned")
@@ -176,8 +179,8 @@ def code_record() -> dict:
     return {"commit": sha, "dirty": dirty, "version": peftlab.__version__, "source_digest": source_digest()}
 
 
-def peak_memory_mb(device) -> float:
-    """Peak memory of this process on ``device`` (a torch.device), MiB."""
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this process on ``device``, MiB."""
     if device.type == "cuda":
         import torch
 

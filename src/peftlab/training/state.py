@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from peftlab.errors import PeftlabError
 
+
 @dataclass(frozen=True)
 class EpochEnd:
     """What an ``on_epoch_end`` hook of :func:`peftlab.training.loop.train` is told after each epoch's evaluation
