@@ -146,10 +146,10 @@ def test_no_learning_is_never_given_to_loss_scored_tasks_or_runs_that_trained_no
     from peftlab.training.state import LoopState
 
     state = LoopState(best={"epoch": 1, "metrics": {"eval_loss": 9.0}}, before={"eval_loss": 1.0})
-    assert no_learning_reason(state, SimpleNamespace(primary_metric="eval_loss", chance=0.0), "alpaca") is None
+    assert no_learning_reason(state, SimpleNamespace(choice_metric="eval_loss", choice_chance=0.0), "alpaca") is None
     flat = LoopState(best={"epoch": 1, "metrics": {"accuracy": 0.0}})
-    assert no_learning_reason(flat, SimpleNamespace(primary_metric="accuracy", chance=0.0), "gsm8k") is None
-    assert no_learning_reason(flat, SimpleNamespace(primary_metric="accuracy", chance=0.0), "rte") is not None
+    assert no_learning_reason(flat, SimpleNamespace(choice_metric="accuracy", choice_chance=0.0), "gsm8k") is None
+    assert no_learning_reason(flat, SimpleNamespace(choice_metric="accuracy", choice_chance=0.0), "rte") is not None
     before_row = train(tiny_cfg(tmp_path / "before", epochs=0))  # the before-fine-tuning row: nothing trained
     validate(before_row)
     assert before_row["status"] == "ok" and before_row["epochs_run"] == 0 and before_row["curve"] == []

@@ -275,6 +275,12 @@ class TrainConfig(MethodConfig):
     """Evaluate on a fixed subset of this many dev examples, drawn with --eval-seed: identical for every training seed, so seeds differ only in training."""
     eval_seed: int = option(0, SEED, key_v1=True)
     """Seed of the --max-eval-samples draw (recorded in result.json). Keep it fixed across a study so every run is scored on the same examples."""
+    selection_samples: int = option(0, Range(0), training_only=True)
+    """Carve this many examples out of the training split as a *selection* split (stratified by label, drawn with --eval-seed, so every seed shares it; no seed's training subset ever holds one of them): the best epoch, early stopping and the run's labels read it, and the dev set becomes the *test* split, read only for the reported numbers (result.json: "test" metrics at the selection-best epoch). 0: no selection split (the dev set chooses and reports). GLUE tasks only."""
+    early_stop_patience: int = option(0, Range(0), training_only=True)
+    """Early stopping: end the run once the selection metric (the dev metric without --selection-samples) has not improved by more than --early-stop-min-delta for this many evaluated epochs; --epochs is then the cap (the schedule is laid out for the cap). result.json "plateau" says whether it stopped, flattened or was still improving. 0: off."""
+    early_stop_min_delta: float = option(0.0, Range(0), training_only=True)
+    """Early stopping: the smallest gain of the selection metric that counts as an improvement (in the metric's units, e.g. 0.002 = 0.2 points of accuracy)."""
     data_dir: str | None = option(None, Folder(), key_v1=True, report_row=False)
     """Local data folder (GLUE `glue_data` layout); default $PEFTLAB_DATA_DIR, then ../shared/data, then the Hub."""
     output_dir: str = option("runs/latest", Folder(exists=False), key_v1=True, resumable=True, run_managed=True,

@@ -40,6 +40,9 @@ def resolve_config(cfg: TrainConfig, *, check_inputs: bool = True) -> TrainConfi
         raise PeftlabError(f"--method {cfg.method} trains only a task head, and task '{cfg.task}' has none (a "
                            "causal LM is scored through its own language-model head)",
                            fix=f"use an adapter method (e.g. --method lora) for --task {cfg.task}")
+    if cfg.selection_samples and not task.glue_dir:
+        raise PeftlabError(f"--selection-samples carves a selection split out of a GLUE training set; task "
+                           f"'{cfg.task}' is not a GLUE task", fix="drop --selection-samples for this task")
     optim = cfg.optim
     head_lr = method.default_head_lr if optim.head_lr is None else optim.head_lr  # one rule for every method
     lr, lr_ratio = (method.default_lr if optim.lr is None else optim.lr), optim.lr_ratio

@@ -44,7 +44,7 @@ SUBCOMMANDS = (
     Subcommand("sweep", "peftlab.lab.sweep", "run a grid of fine-tuning runs into a results store"),
     Subcommand("tune", "peftlab.lab.tune.run",
                "choose lambda (and other keys) within a budget: pruned search, then seed re-runs"),
-    Subcommand("study", "peftlab.lab.study",
+    Subcommand("study", "peftlab.lab.study_cli",
                "check the lambda or KaSA claim on your model and data as a reviewer would, in one command"),
     Subcommand("store", "peftlab.lab.store_check",
                "check a results store (integrity, every status against its result, stale runs); --repair"),

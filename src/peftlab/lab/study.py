@@ -27,11 +27,8 @@ import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Callable
 
-from peftlab.argtypes import assignments, nonnegative_int, output_folder, positive_float, positive_int, text
-from peftlab.config import ROLES
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab import study_design as sd
@@ -320,172 +317,36 @@ def run_study(design: sd.Design, paths: StudyPaths, *, workers: int, budget_hour
     return study.design
 
 
-# --------------------------------------------------------------------------- CLI
+def run_fair_study(design, paths: StudyPaths, *, workers: int, train_fn: Callable | str | None = None,
+                   progress: bool = True, report: bool = True, say: Callable[[str], None] = print,
+                   ray_options=None):
+    """The fair protocol (:mod:`peftlab.lab.study_fair`): searches and held-out stages, then the report."""
+    from peftlab.lab.study_fair import run_fair
 
-# the design's own keys, and those every run of a sweep sets itself (the config's run-managed options)
-DESIGN_SET = ("lr", "lr_ratio", "seed", "task", "eval_steps", *ROLES.run_managed)
+    start = time.monotonic()
+    study = Study(design, paths, workers=max(1, workers), train_fn=train_fn, progress=progress, say=say,
+                  ray_options=ray_options)
+    save_fair_plan(paths, design)
+    run_fair(study, design)
+    if report:
+        from peftlab.lab.study_fair_report import write_fair_report
 
-
-def _float_list(text: str) -> tuple[float, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
-
-
-def add_parser(sub) -> None:
-    parser = sub.add_parser(
-        "study", help="check Yao et al.'s lambda claim or KaSA's on your model and data, as a reviewer would",
-        description="A whole study in one command: the design (diagonal-controlled lambda grid, selection and "
-                    "held-out seeds, W_k ablation, plateau arm; or KaSA and its baselines at equal budget and at "
-                    "the paper's settings), sized to --budget-hours from a pilot run, resumable, into one folder "
-                    "with the store, tables, figures and REPORT.md.")
-    kinds = parser.add_subparsers(dest="study_kind", metavar="KIND", required=True)
-    lam = kinds.add_parser("lambda", help="eta_V = lambda * eta_QK against its learning-rate control",
-                           description=__doc__.split("\n\n")[0])
-    kasa = kinds.add_parser("kasa", help="KaSA against head-only, LoRA, PiSSA, MiLoRA, at equal budget and "
-                                             "at the paper's hyper-parameters")
-    for p in (lam, kasa):
-        p.add_argument("--model", default="minilm-l6", help="a registered model, a local folder or a Hub id")
-        p.add_argument("--task", required=True, help="task(s), comma-separated: each is studied on its own")
-        p.add_argument("--targets", default="q,v", help="projections the adapter tunes (default q,v)")
-        p.add_argument("--epochs", type=int, default=2, help="epochs of every run but the plateau arm (default 2)")
-        p.add_argument("--max-train-samples", type=int, default=1000,
-                       help="training examples per run, drawn with the run's seed (default 1000)")
-        p.add_argument("--max-eval-samples", type=int, default=None,
-                       help="a fixed subset of the dev set, the same for every run (default: all of it)")
-        p.add_argument("--config", default=None, metavar="BASE.yaml",
-                       help="train keys every run shares (any `peftlab train` key but the design's own)")
-        p.add_argument("--set", type=assignments, default=None, metavar="K=V,...", dest="set_keys",
-                       help='more shared train keys, e.g. "rank=16,alpha=32,pooling=auto"')
-        p.add_argument("--heldout-seeds", type=positive_int, default=10, help="seeds no selection used (default 10)")
-        p.add_argument("--heldout-seed-start", type=int, default=100, help="first held-out seed (default 100)")
-        p.add_argument("--equivalence-margin", type=positive_float, default=1.0,
-                       help="TOST margin in table points (accuracy x100) for 'loses nothing' claims (default 1)")
-        p.add_argument("--budget-hours", type=positive_float, default=None,
-                       help="fit the design to this wall time (from a pilot run); default: the whole design")
-        p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
-                       help="runs at once, one process each (default: the CPU count)")
-        p.add_argument("--output-dir", type=output_folder, default=None,
-                       help="the study folder (default runs/study/<kind>-<model>-<tasks>)")
-        p.add_argument("--dry-run", action="store_true", help="print the design and plan; run nothing")
-        p.add_argument("--report-only", action="store_true", help="rewrite the tables, figures and REPORT.md")
-        from peftlab.lab.ray_backend import add_backend_flags
-
-        add_backend_flags(p)  # --backend ray: every run a Ray task (a cluster); --workers is then Ray's to place
-    lam.add_argument("--method", default="lora", help="lora (default), dora or full, or any method with q/v")
-    lam.add_argument("--lr-grid", type=text, default="5e-4,1e-3,2e-3", help="eta_QK of the lambda > 1 cells")
-    lam.add_argument("--ratios", type=text, default="2,4,8,16", help="lambda > 1 values")
-    lam.add_argument("--diagonal", type=text, default="5e-4,1e-3,2e-3,4e-3,8e-3",
-                     help="lambda = 1 at these rates (cover the grid's eta_V: the larger-rate control)")
-    lam.add_argument("--selection-seeds", type=nonnegative_int, default=3,
-                     help="seeds the picks are made on (default 3); 0: every cell on the held-out seeds")
-    lam.add_argument("--top-k", type=positive_int, default=2,
-                     help="candidates the search comparison re-seeds (default 2)")
-    lam.add_argument("--plateau-epochs", type=nonnegative_int, default=6,
-                     help="the plateau arm's epochs (0: no arm)")
-    lam.add_argument("--plateau-seeds", type=nonnegative_int, default=5,
-                     help="held-out seeds of the plateau arm (default 5)")
-    lam.add_argument("--evals-per-epoch", type=positive_int, default=4,
-                     help="dev evaluations per epoch in the plateau arm")
-    lam.add_argument("--no-key-ablation", action="store_true", help="skip the W_k ({q,k,v}) ablation")
-    lam.add_argument("--no-search", action="store_true", help="skip the tune / naive-search comparison")
-    kasa.add_argument("--lr", type=positive_float, default=None,
-                      help="the equal-budget rows' rate (default: the method's)")
-    kasa.add_argument("--head-lr", type=positive_float, default=None, help="the equal-budget rows' head rate")
-    kasa.add_argument("--rows", type=text, default=",".join(sd.KASA_ROWS),
-                      help=f"rows (default {','.join(sd.KASA_ROWS)})")
-    kasa.add_argument("--long-epochs", type=nonnegative_int, default=0,
-                      help="also LoRA and paper-KaSA trained this long (0: not)")
-    kasa.add_argument("--long-seeds", type=nonnegative_int, default=5,
-                      help="held-out seeds of the --long-epochs rows (default 5: the first five)")
-    parser.set_defaults(func=run_cli)
-
-
-def design_from_args(args) -> sd.Design:
-    from peftlab.config import TrainConfig, load_yaml, normalise_keys
-    from peftlab.lab.records import parse_filter
-
-    base: dict = {}
-    if args.config:
-        base.update(normalise_keys(TrainConfig, load_yaml(args.config), args.config))
-    base.update(parse_filter(args.set_keys, what="--set"))
-    clash = [k for k in base if k in DESIGN_SET]
-    if clash:
-        raise PeftlabError(f"'{clash[0]}' is set by the study design, not by --config/--set",
-                           fix="the design chooses rates, seeds, tasks and folders; drop it")
-    base.update(model=args.model, targets=args.targets, epochs=args.epochs, max_train_samples=args.max_train_samples)
-    base.setdefault("report_to", "none")  # hundreds of runs: no event files (the store holds every number)
-    if args.max_eval_samples is not None:
-        base["max_eval_samples"] = args.max_eval_samples
-    tasks = tuple(dict.fromkeys(t.strip().lower() for t in args.task.split(",") if t.strip()))
-    if not tasks:
-        raise PeftlabError("--task is empty", fix="e.g. --task sst2 or --task sst2,stsb")
-    common = dict(tasks=tasks, heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
-                  equivalence_margin=args.equivalence_margin)
-    if args.study_kind == "lambda":
-        base["method"] = args.method
-        design = sd.Design("lambda", base=base, lr_grid=sd.float_list(_float_list(args.lr_grid), "--lr-grid"),
-                           ratios=sd.float_list(_float_list(args.ratios), "--ratios"),
-                           diagonal=sd.float_list(_float_list(args.diagonal), "--diagonal"),
-                           selection_seeds=args.selection_seeds, top_k=args.top_k,
-                           plateau_epochs=args.plateau_epochs, plateau_seeds=args.plateau_seeds,
-                           evals_per_epoch=args.evals_per_epoch, key_ablation=not args.no_key_ablation,
-                           search_comparison=not args.no_search, **common)
-    else:
-        for key in ("lr", "head_lr"):
-            if getattr(args, key) is not None:
-                base[key] = getattr(args, key)
-        design = sd.Design("kasa", base=base, selection_seeds=0,
-                           rows=tuple(r.strip() for r in args.rows.split(",") if r.strip()),
-                           long_epochs=args.long_epochs, plateau_epochs=0, plateau_seeds=args.long_seeds, **common)
-    check_configs(design)
+        say(f"report: {write_fair_report(paths, design, seconds=time.monotonic() - start)}")
     return design
 
 
-def check_configs(design: sd.Design) -> None:
-    """Every distinct run config of the design built once (bad keys and values fail here, before anything
-    runs), and a task whose metric is lower-is-better refused (picks and verdicts assume higher is better)."""
-    from peftlab.config import TrainConfig, normalise_keys
-    from peftlab.resolve import resolve_config
-    from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
+def save_fair_plan(paths: StudyPaths, design) -> None:
+    """plan.json of a fair study: its design, saved on the first run; a rerun with other settings is refused
+    (a resumed study is the same study)."""
+    record = json.loads(json.dumps(asdict(design), default=str))
+    if paths.plan.is_file():
+        saved = json.loads(paths.plan.read_text()).get("design")
+        changed = sorted(k for k in record if saved is None or saved.get(k) != record[k])
+        if changed:
+            raise PeftlabError(f"{paths.root} holds a study planned with other settings ({changed[0]}: "
+                               f"{(saved or {}).get(changed[0])!r}, now {record[changed[0]]!r})",
+                               where=str(paths.plan), fix="rerun with the same options, or use another --output-dir")
+        return
+    paths.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(paths.plan, json.dumps({"protocol": "fair", "design": record}, indent=2) + "\n")
 
-    for task in design.tasks:
-        if design.kind == "lambda":
-            configs = sd.grid_configs(design, task)[:len(sd.grid_cells(design))]
-        else:
-            configs = sd.kasa_configs(design, task)[:len(design.rows) + 1]
-        for config in configs:
-            cfg = resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, f"study {task}")))
-        metric = primary_metric(cfg.task, getattr(cfg, "metric", None))  # a user task's --metric
-        if metric in LOWER_IS_BETTER:
-            raise PeftlabError(f"task '{task}' is scored by {metric} (lower is better), which a study cannot pick on",
-                               fix="study a task with a higher-is-better metric (accuracy, F1, correlation)")
-
-
-def default_output_dir(design: sd.Design) -> Path:
-    model = str(design.base["model"]).replace("/", "_")
-    return Path("runs") / "study" / f"{design.kind}-{model}-{'_'.join(design.tasks)}"
-
-
-def run_cli(args) -> int:
-    from peftlab.lab import ray_backend
-    from peftlab.lab.store import STORE_NAME
-
-    ray_backend.check_backend_args(args)  # before --dry-run too: a Ray flag without --backend ray is a mistake
-    design = design_from_args(args)
-    root = Path(args.output_dir) if args.output_dir else default_output_dir(design)
-    paths = StudyPaths(root=root, store=root / STORE_NAME)
-    if args.dry_run:
-        study = Study(design, paths, workers=args.workers)
-        print(f"study {design.kind} on {', '.join(design.tasks)} ({design.base['model']}), folder {root}")
-        print(Plan(plan_stages(design), study.seconds_per_epoch(), args.workers).describe())
-        return 0
-    if args.report_only:
-        from peftlab.lab.study_report import write_report
-
-        saved = load_or_save_plan(paths, design, lambda: None) if paths.plan.is_file() else None
-        if saved is None:
-            raise PeftlabError(f"no study in {root} yet (no {paths.plan.name})", fix="run the study first")
-        print(f"report: {write_report(paths, saved)}")
-        return 0
-    options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
-    run_study(design, paths, workers=args.workers, budget_hours=args.budget_hours, ray_options=options)
-    return 0

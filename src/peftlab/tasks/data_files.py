@@ -355,6 +355,28 @@ def subset(ds, n: int | None, seed: int):
     return ds.shuffle(seed=seed).select(range(min(n, len(ds))))
 
 
+def selection_split(ds, n: int, seed: int, *, regression: bool):
+    """``ds`` split into (pool, selection): ``n`` examples held out for every choice a run makes (best epoch,
+    early stopping, a study's rates), the rest the pool every training seed draws its subset from, so no seed
+    ever trains on a selection example. Stratified by label (STS-B by its rounded score) with scikit-learn's
+    ``train_test_split``, drawn with ``seed`` (``--eval-seed``): the same split for every training seed. Falls back
+    to an unstratified draw only where a label has a single example (the split cannot be stratified then);
+    the third value says which it was."""
+    import numpy as np
+    from sklearn.model_selection import train_test_split
+
+    if n >= len(ds):
+        raise PeftlabError(f"--selection-samples {n} leaves nothing to train on: the training split has "
+                           f"{len(ds)} examples", fix=f"use --selection-samples well below {len(ds)}")
+    labels = np.asarray(ds["label"], dtype=float)
+    strata = np.rint(labels).astype(np.int64) if regression else labels.astype(np.int64)
+    counts = np.bincount(strata - strata.min())
+    stratified = bool((counts[counts > 0] >= 2).all()) and n >= len(counts[counts > 0])
+    pool, selection = train_test_split(np.arange(len(ds)), test_size=n, random_state=seed, shuffle=True,
+                                       stratify=strata if stratified else None)
+    return ds.select(np.sort(pool)), ds.select(np.sort(selection)), stratified
+
+
 # --------------------------------------------------------------------------- baselines
 
 

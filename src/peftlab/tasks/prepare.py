@@ -25,6 +25,7 @@ from peftlab.tasks.table import TASKS
 
 
 BEFORE_TAG = "before"  # the evaluation before fine-tuning
+SELECTION_PREFIX = "selection_"  # the selection split's metrics in an evaluation's flat dict
 EVALUATE_TAG = "evaluate"  # `peftlab evaluate` of a saved run: never overwrites its training-time files
 
 
@@ -71,6 +72,20 @@ class Pipeline:
     # train_examples_digest() of the raw training examples drawn (after --max-train-samples, in that order);
     # None only for a builder that does not say (result.json then records null).
     train_examples_digest: str | None = None
+    # --selection-samples: the chance level of the selection split's metric; None: no selection split, the dev
+    # set chooses (best epoch, early stopping, labels) as well as reports
+    selection_chance: float | None = None
+
+    @property
+    def choice_metric(self) -> str:
+        """The metric every choice of the run reads: the selection split's, else the dev set's primary one."""
+        if self.selection_chance is None:
+            return self.primary_metric
+        return SELECTION_PREFIX + self.primary_metric
+
+    @property
+    def choice_chance(self) -> float:
+        return self.chance if self.selection_chance is None else self.selection_chance
 
 
 def examples_digest(datasets_by_split: dict) -> str:
@@ -141,13 +156,21 @@ def gather_predictions(model, accelerator, tokenised, collate, batch_size: int) 
 
 
 def build_glue(cfg, tokenizer, model=None) -> Pipeline:
+    """GLUE: the training subset, the dev set (the *test* split when ``--selection-samples`` carves a
+    selection split out of the training data, else the split that chooses and reports) and its metrics."""
     from peftlab.tasks import data_files as data
     from peftlab.tasks import batching
-    from peftlab.tasks.metrics import compute_metrics
 
     task = TASKS[cfg.task]
     cache_prefix = f"{cfg.model}"
-    train_raw = data.subset(data.load_split(cfg.task, "train", cfg.data_dir), cfg.max_train_samples, cfg.seed)
+    pool = data.load_split(cfg.task, "train", cfg.data_dir)
+    selection_raw, extras = None, {}
+    if cfg.selection_samples:  # carved before any seed draws, so no seed's subset can hold a selection example
+        pool, selection_raw, stratified = data.selection_split(pool, cfg.selection_samples, cfg.eval_seed,
+                                                               regression=task.kind == "regression")
+        extras["selection"] = {"examples": len(selection_raw), "stratified": stratified,
+                               "examples_digest": examples_digest({"selection": selection_raw})}
+    train_raw = data.subset(pool, cfg.max_train_samples, cfg.seed)
     train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cache_prefix}-train")
     evals = {}
     sources = {"train": data.locate_split(cfg.task, "train", cfg.data_dir)[0]}
@@ -156,37 +179,63 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
         # cfg.eval_seed, not cfg.seed: every training seed is scored on the same dev examples.
         raw = data.subset(data.load_split(cfg.task, split, cfg.data_dir), cfg.max_eval_samples, cfg.eval_seed)
         evals[split] = (raw, batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task,
-                                           cache_key=f"{cache_prefix}-{split}"))
+                                               cache_key=f"{cache_prefix}-{split}"))
     collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
     # Say in result.json which data was used: a 10k subset is never passed off as the full task.
     kinds = {s.dataset if s is not None else "hub" for s in sources.values()}
-    extras = {"dataset": data.SUBSET_DATASET if data.SUBSET_DATASET in kinds else ("glue" if kinds == {"glue"}
-                                                                                   else "+".join(sorted(kinds))),
-              "data_files": {split: str(s.path) if s is not None else data.HUB_DATASET for split, s in sources.items()},
-              "eval_examples_digest": examples_digest({split: raw for split, (raw, _) in evals.items()})}
+    extras.update({
+        "dataset": data.SUBSET_DATASET if data.SUBSET_DATASET in kinds else ("glue" if kinds == {"glue"}
+                                                                            else "+".join(sorted(kinds))),
+        "data_files": {split: str(s.path) if s is not None else data.HUB_DATASET for split, s in sources.items()},
+        "eval_examples_digest": examples_digest({split: raw for split, (raw, _) in evals.items()})})
     first_raw = next(iter(evals.values()))[0]
     chance = data.majority_baseline(cfg.task, train_raw["label"], first_raw["label"])
+    selection = None
+    if selection_raw is not None:
+        selection = Selection(batching.tokenize(selection_raw, tokenizer, cfg.max_length, task=cfg.task,
+                                                cache_key=f"{cache_prefix}-selection"),
+                              data.majority_baseline(cfg.task, train_raw["label"], selection_raw["label"]))
+    evaluate = glue_evaluate(cfg, evals, selection, collate)
+    return Pipeline(train, collate, evaluate, task.primary_metric, chance,
+                    num_eval_examples=sum(len(t) for _, t in evals.values()), extras=extras,
+                    eval_sets={split: raw for split, (raw, _) in evals.items()},
+                    train_examples_digest=train_examples_digest(train_raw),
+                    selection_chance=None if selection is None else selection.chance)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The selection split of a run (``--selection-samples``): its tokenised examples and its chance level."""
+
+    tokenised: Any
+    chance: float
+
+
+def glue_evaluate(cfg, evals: dict, selection: Selection | None, collate) -> Callable:
+    """GLUE's ``evaluate(model, accelerator, tag)``: the test (dev) metrics under their plain names (MNLI: per
+    split and their mean), the selection split's under ``selection_<name>``."""
+    from peftlab.tasks.metrics import compute_metrics
+
+    def scores(model, accelerator, tokenised) -> dict[str, float]:
+        logits, labels = gather_predictions(model, accelerator, tokenised, collate, cfg.eval_batch_size)
+        return compute_metrics(cfg.task, logits, labels)
 
     @torch.no_grad()
     def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: GLUE writes no files
         model.eval()
-        results: dict[str, dict[str, float]] = {}
-        for split, (_, tokenised) in evals.items():
-            logits, labels = gather_predictions(model, accelerator, tokenised, collate, cfg.eval_batch_size)
-            results[split] = compute_metrics(cfg.task, logits, labels)
+        results = {split: scores(model, accelerator, tokenised) for split, (_, tokenised) in evals.items()}
+        chosen = {} if selection is None else scores(model, accelerator, selection.tokenised)
         model.train()
         if len(results) == 1:
-            return Evaluation(next(iter(results.values())))
-        # MNLI: matched and mismatched, and their mean under the plain metric name (the papers' column).
-        flat = {f"{split.replace('validation_', '')}_{k}": v for split, m in results.items() for k, v in m.items()}
-        for key in next(iter(results.values())):
-            flat[key] = float(np.mean([m[key] for m in results.values()]))
+            flat = dict(next(iter(results.values())))
+        else:  # MNLI: matched and mismatched, and their mean under the plain metric name (the papers' column)
+            flat = {f"{split.replace('validation_', '')}_{k}": v for split, m in results.items() for k, v in m.items()}
+            for key in next(iter(results.values())):
+                flat[key] = float(np.mean([m[key] for m in results.values()]))
+        flat.update({f"{SELECTION_PREFIX}{k}": v for k, v in chosen.items()})
         return Evaluation(flat)
 
-    return Pipeline(train, collate, evaluate, task.primary_metric, chance,
-                    num_eval_examples=sum(len(t) for _, t in evals.values()), extras=extras,
-                    eval_sets={split: raw for split, (raw, _) in evals.items()},
-                    train_examples_digest=train_examples_digest(train_raw))
+    return evaluate
 
 
 BUILDERS: dict[str, str | Callable] = {

@@ -13,7 +13,7 @@ import time
 import torch
 
 from peftlab.training import run_folder as runfiles
-from peftlab.training.guards import above_majority, final_status
+from peftlab.training.guards import above_majority, final_status, plateau_record
 from peftlab.training.setup import Run
 
 
@@ -72,6 +72,9 @@ def result_record(run: Run, unwrapped, saved_epoch: int | None) -> dict:
         "train_examples": state.train_examples,
         "skipped_steps": state.skipped_steps,  # fp16: steps the GradScaler skipped on overflow
         "stopped_early": state.stopped_early,  # an on_epoch_end hook (peftlab tune's pruner) stopped it
+        "early_stopped": state.early_stopped,  # --early-stop-patience ended it (it stays ok)
+        "plateau": plateau_record(state, cfg.early_stop_patience, cfg.early_stop_min_delta),
+        "choice_metric": run.pipeline.choice_metric,  # what chose the best epoch (selection_<metric> or the dev's)
         "epochs_run": state.epochs_run,  # < epochs when pruned or diverged
         "curve": state.curve,  # every dev evaluation during training: --eval-steps and epoch ends
         "optimizer_steps": state.optimizer_steps,  # batches / --grad-accum

@@ -23,7 +23,7 @@ from peftlab.tasks.prepare import BEFORE_TAG, epoch_tag, merge_extras, step_tag
 from peftlab.tasks.table import TASKS
 from peftlab.training import run_folder as runfiles
 from peftlab.training.checkpoint import save_checkpoint, trainable_tensors
-from peftlab.training.guards import better, check_collapse
+from peftlab.training.guards import better, check_collapse, early_stop_reason
 from peftlab.training.schedule import checkpoint_interval, evaluates_epoch, planned_epoch_count, reached_max_steps
 from peftlab.training.setup import Run
 from peftlab.training.state import EpochEnd
@@ -46,7 +46,7 @@ def fit(run: Run, on_epoch_end=None) -> None:
     evaluate_before(run)
     plan = make_plan(run)
     run.model.train()
-    while run.state.epoch < plan.epochs:
+    while run.state.epoch < plan.epochs and not run.state.early_stopped:  # (a resumed early-stopped run ends)
         if not run_epoch(run, plan):
             return  # diverged: the epoch never ends, and no checkpoint is written after it
         if end_epoch(run, plan, on_epoch_end):
@@ -135,19 +135,27 @@ def end_epoch(run: Run, plan: Plan, on_epoch_end) -> bool:
         add_curve_point(run, metrics, plan.steps_per_epoch, epoch_end=True)
     record = state.epoch_record(metrics)
     state.epochs_log.append(record)
-    primary = metrics.get(pipeline.primary_metric)
+    name = pipeline.choice_metric  # the selection split's metric where there is one, else the dev set's
+    chosen = metrics.get(name)
     if evaluated:
-        keep_best(run, epoch, metrics, primary)
-    check_collapse(state, primary, pipeline.chance, epoch, pipeline.primary_metric)
+        keep_best(run, epoch, metrics, chosen)
+    check_collapse(state, chosen, pipeline.choice_chance, f"epoch {epoch}", name)
+    stop = early_stop_reason(state, chosen, epoch, cfg.early_stop_patience, cfg.early_stop_min_delta, name)
     report_epoch(run, record, evaluated)
     state.finish_epoch()
+    if stop and not last:
+        state.early_stopped = {"epoch": epoch, "reason": stop}
+        if run.main:
+            print(f"early stopping after epoch {epoch}: {stop}")
     checkpoint(run)
-    return stopped_by_hook(run, on_epoch_end, EpochEnd(epoch, metrics, pipeline.primary_metric, state.status), last)
+    if state.early_stopped:
+        return True
+    return stopped_by_hook(run, on_epoch_end, EpochEnd(epoch, metrics, name, state.status), last)
 
 
 def keep_best(run: Run, epoch: int, metrics: dict, primary) -> None:
     """The best epoch so far (its metrics; with --save best a CPU copy of what trains: adapter + head)."""
-    best, name = run.state.best, run.pipeline.primary_metric
+    best, name = run.state.best, run.pipeline.choice_metric
     if best is None or (primary is not None and better(primary, best["metrics"].get(name), name)):
         run.state.best = {"epoch": epoch, "metrics": metrics}
         if run.cfg.save == "best":
@@ -196,6 +204,8 @@ def evaluate_step(run: Run, steps_per_epoch: int) -> None:
     """An ``--eval-steps`` evaluation after the current optimizer step: a curve point (never a best epoch)."""
     metrics = evaluate(run, step_tag(run.state.optimizer_steps))
     point = add_curve_point(run, metrics, steps_per_epoch, epoch_end=False)
+    name = run.pipeline.choice_metric  # a rise and fall between epoch ends is a collapse too
+    check_collapse(run.state, metrics.get(name), run.pipeline.choice_chance, f"step {point['step']}", name)
     if run.main:
         print(f"step {point['step']} (epoch {point['epoch']:.2f}): {format_metrics(metrics)}")
 

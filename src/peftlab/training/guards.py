@@ -96,15 +96,48 @@ def better(value: float, incumbent: float | None, metric: str) -> bool:
     return value < incumbent if metric in LOWER_IS_BETTER else value > incumbent
 
 
-def check_collapse(state: LoopState, primary, chance: float, epoch: int, name: str) -> None:
-    """Label (never hide) a run whose dev metric fell to chance after having been clearly above it."""
+def check_collapse(state: LoopState, primary, chance: float, where: str, name: str) -> None:
+    """Label (never hide) a run whose metric fell to chance after having been clearly above it. Called at every
+    evaluation point (``--eval-steps`` ones and epoch ends), so a run that rose mid-epoch and fell back to chance
+    by the epoch's end is ``collapsed``, not ``no_learning``; ``where`` names the point (e.g. "epoch 2")."""
     if primary is None:
         return
     if primary > chance + CLEARLY_ABOVE_CHANCE:
         state.clearly_above_chance = True
+        state.peak = max(state.peak if state.peak is not None else primary, primary)
     elif state.clearly_above_chance and primary <= chance and state.status == "ok":
         state.status = "collapsed"
-        state.status_reason = f"{name} fell to {primary:.4f} <= chance {chance:.4f} at epoch {epoch}"
+        state.status_reason = (f"{name} fell to {primary:.4f} <= chance {chance:.4f} at {where} after reaching "
+                               f"{state.peak:.4f}")
+
+
+def early_stop_reason(state: LoopState, value, epoch: int, patience: int, min_delta: float, name: str) -> str | None:
+    """--early-stop-patience after an evaluated epoch: count the epochs since the selection metric last gained
+    more than ``min_delta``; the reason to stop once they reach ``patience`` (None: go on)."""
+    if value is None or not patience:
+        return None
+    if state.gain_best is None or value > state.gain_best + min_delta:
+        state.gain_best, state.gain_epoch, state.evals_without_gain = value, epoch, 0
+        return None
+    state.evals_without_gain += 1
+    if state.evals_without_gain < patience:
+        return None
+    return (f"{name} has not gained more than {min_delta:g} over {state.gain_best:.4f} (epoch {state.gain_epoch}) "
+            f"for {patience} evaluated epoch(s)")
+
+
+def plateau_record(state: LoopState, patience: int, min_delta: float) -> dict | None:
+    """result.json "plateau": whether the run trained to its plateau. ``stopped``: early stopping ended it;
+    ``flattening``: it reached --epochs with no gain in its last evaluated epoch(s); ``improving``: its last
+    evaluated epoch was still a gain (the cap was too short). None without --early-stop-patience."""
+    if not patience:
+        return None
+    if state.early_stopped:
+        verdict = "stopped"
+    else:
+        verdict = "flattening" if state.evals_without_gain else "improving"
+    return {"verdict": verdict, "patience": patience, "min_delta": min_delta, "best_gain_epoch": state.gain_epoch,
+            "evals_without_gain": state.evals_without_gain}
 
 
 def no_learning_reason(state: LoopState, pipeline, task: str) -> str | None:
@@ -112,16 +145,16 @@ def no_learning_reason(state: LoopState, pipeline, task: str) -> str | None:
     chance + CLEARLY_ABOVE_CHANCE, or not above the run's own before-fine-tuning metric when that was
     evaluated. Only for tasks with a chance bar (:data:`CHANCE_BAR_KINDS`, higher-is-better metric); None for a
     run that trained nothing (``--epochs 0``: there is no best epoch to judge)."""
-    name = pipeline.primary_metric
+    name = pipeline.choice_metric  # the selection split's metric where there is one
     if TASKS[task].kind not in CHANCE_BAR_KINDS or name in LOWER_IS_BETTER or not state.best:
         return None
     value = state.best["metrics"].get(name)
     if value is None:
         return None
     where = f"best {name} {value:.4f} (epoch {state.best['epoch']})"
-    bar = pipeline.chance + CLEARLY_ABOVE_CHANCE
+    bar = pipeline.choice_chance + CLEARLY_ABOVE_CHANCE
     if value <= bar:
-        return (f"{where} is not clearly above chance: <= {bar:.4f} = chance {pipeline.chance:.4f} "
+        return (f"{where} is not clearly above chance: <= {bar:.4f} = chance {pipeline.choice_chance:.4f} "
                 f"+ {CLEARLY_ABOVE_CHANCE}")
     before = (state.before or {}).get(name)
     if before is not None and value <= before:

@@ -62,7 +62,14 @@ class LoopState:
     status: str = "ok"  # ok, diverged or collapsed while the loop runs; finish decides the final one
     status_reason: str | None = None
     clearly_above_chance: bool = False  # the dev metric has been above chance + CLEARLY_ABOVE_CHANCE
+    peak: float | None = None  # the highest such value, at any evaluation point (a collapse's reason names it)
     stopped_early: dict | None = None  # {"epoch", "reason"}: the on_epoch_end hook stopped the run
+    # --early-stop-patience: the selection metric's best value that counted as a gain, its epoch, the evaluated
+    # epochs since, and why the run ended early ({"epoch", "reason"}: it stays ok, unlike stopped_early)
+    gain_best: float | None = None
+    gain_epoch: int = 0
+    evals_without_gain: int = 0
+    early_stopped: dict | None = None
 
     def to_dict(self) -> dict:
         """The JSON form a checkpoint holds (every field, under its own name)."""

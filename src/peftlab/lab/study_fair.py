@@ -1,0 +1,161 @@
+"""Running the fair protocol (:mod:`peftlab.lab.study_protocol`): searches, held-out arms, into one store.
+
+Per task: rounds of rate searches (every row's grid on the selection seeds; a row whose best rate sits at an
+edge of its grid gets one more point past that edge, up to the protocol's limit), then every row's pick and the
+design's fixed arms on the held-out seeds. Each round and stage is an ordinary sweep spec under ``specs/``
+run into the study's store, and every decision is re-derived from the store by the same pure functions, so a
+rerun of the same command resumes where the last one stopped and the report replays exactly these choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peftlab.errors import PeftlabError
+from peftlab.lab import study_protocol as sp
+
+
+@dataclass(frozen=True)
+class TaskPicks:
+    """What the selection seeds chose for one task: each row's finished search, and the held-out arms."""
+
+    task: str
+    searches: dict[str, sp.Search]
+    arms: tuple[sp.Arm, ...]
+
+
+def keyed(configs: list[dict]) -> list[tuple[dict, str]]:
+    """Each config resolved as a sweep resolves it, with its run key."""
+    from peftlab.config import TrainConfig, normalise_keys
+    from peftlab.lab.store import config_key
+    from peftlab.resolve import resolve_config
+
+    out = []
+    for config in configs:
+        typed = normalise_keys(TrainConfig, config, "study")
+        out.append((config, config_key(resolve_config(TrainConfig.from_dict(typed), check_inputs=False).to_dict())))
+    return out
+
+
+def search_state(design: sp.Design, task: str, row: sp.Row, steps: tuple[int, ...], extensions: int,
+                 by_key: dict[str, dict]) -> sp.Search:
+    """A row's search over ``steps`` as far as the store has it."""
+    factor = design.protocol.grid_factor
+    scores = []
+    for step in steps:
+        configs = sp.search_configs(design, task, row, [step])
+        runs = {config["seed"]: by_key.get(key) for config, key in keyed(configs)}
+        scores.append(sp.score_rate(row, step, factor, runs))
+    return sp.Search(row, steps, tuple(scores), extensions)
+
+
+def replay_searches(design: sp.Design, task: str, by_key: dict[str, dict], run_round=None) -> dict[str, sp.Search]:
+    """Every row's search, round by round: run the round's grid (``run_round(round, configs)``; None: only read
+    the store), then extend each row whose best rate sits at an edge. Returns the searches as they end (a search
+    is unfinished when the store lacks some of its runs and ``run_round`` is None)."""
+    protocol = design.protocol
+    extra: dict[str, tuple[int, ...]] = {row.name: () for row in design.rows}
+    for round_ in range(protocol.max_extensions + 1):
+        steps = {row.name: sp.grid_steps(protocol, extra[row.name]) for row in design.rows}
+        if run_round is not None:
+            configs = [c for row in design.rows for c in sp.search_configs(design, task, row, steps[row.name])]
+            by_key = run_round(round_, configs)
+        searches = {row.name: search_state(design, task, row, steps[row.name], len(extra[row.name]), by_key)
+                    for row in design.rows}
+        grown = False
+        for row in design.rows:
+            wider = sp.extend(searches[row.name], protocol)
+            if wider is not None:
+                extra[row.name] = tuple(sorted(set(extra[row.name]) | (set(wider) - set(steps[row.name]))))
+                grown = True
+        if not grown:
+            break
+    return searches
+
+
+def heldout_arms(design: sp.Design, task: str, searches: dict[str, sp.Search]) -> tuple[sp.Arm, ...]:
+    """Each row at its chosen rate, then the design's extra arms: the kasa study's paper-settings arms; the
+    lambda study's lambda-1 controls at the best lambda > 1 row's eta_QK and eta_V."""
+    arms = [sp.Arm(name, s.row.keys, s.best.rate) for name, s in searches.items() if s.best is not None]
+    if design.kind == "kasa" and design.paper_arms:
+        arms += sp.kasa_paper_arms(task)
+    if design.kind == "lambda":
+        diagonal = next((r for r in design.rows if float(r.keys.get("lr_ratio", 1.0)) == 1.0), None)
+        off = best_off_diagonal(design, searches)
+        if diagonal is not None and off is not None:
+            known = {(a.rate, float(a.keys.get("lr_ratio", 1.0))) for a in arms}
+            arms += [c for c in sp.lambda_controls(off, diagonal) if (c.rate, 1.0) not in known]
+    return tuple(arms)
+
+
+def best_off_diagonal(design: sp.Design, searches: dict[str, sp.Search]) -> sp.Arm | None:
+    """The lambda > 1 row whose chosen rate scored best on the selection seeds."""
+    candidates = [s for s in searches.values() if float(s.row.keys.get("lr_ratio", 1.0)) != 1.0 and s.best]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda s: s.best.mean)
+    return sp.Arm(best.row.name, best.row.keys, best.best.rate)
+
+
+def key_arm(design: sp.Design, searches: dict[str, sp.Search]) -> sp.Arm | None:
+    """The W_k ablation: the lambda-1 row's pick with W_k trained too."""
+    targets = sp.key_targets(design.base.get("targets", "q,v"))
+    diagonal = next((s for s in searches.values() if float(s.row.keys.get("lr_ratio", 1.0)) == 1.0), None)
+    if not (design.key_ablation and targets and diagonal and diagonal.best):
+        return None
+    return sp.Arm(f"{diagonal.row.name} with W_k trained", {**diagonal.row.keys, "targets": targets},
+                  diagonal.best.rate)
+
+
+def run_task(study, design: sp.Design, task: str) -> TaskPicks:
+    """One task's searches and held-out stages through ``study.run_configs`` (a sweep per stage)."""
+
+    def run_round(round_: int, configs: list[dict]) -> dict[str, dict]:
+        study.run_configs(f"search-{task}-round{round_}", configs,
+                          f"fair study, {task}: rate searches on the selection seeds, round {round_}")
+        return study.rows_by_key()
+
+    searches = replay_searches(design, task, {}, run_round)
+    unfinished = [name for name, s in searches.items() if s.best is None]
+    if unfinished:
+        raise PeftlabError(f"the rate search of {', '.join(unfinished)} on {task} has no finished rate",
+                           fix="see the runs' logs under <output dir>/runs/logs/, then rerun the same command")
+    arms = heldout_arms(design, task, searches)
+    study.run_configs(f"heldout-{task}", sp.heldout_configs(design, task, arms),
+                      f"fair study, {task}: each row at its chosen rate on the held-out seeds")
+    key = key_arm(design, searches) if design.kind == "lambda" else None
+    if key is not None:
+        diagonal = next(a for a in arms if a.name == key.name.replace(" with W_k trained", ""))
+        study.run_configs(f"key-{task}", sp.heldout_configs(design, task, [diagonal, key], design.key_seed_list),
+                          f"fair study, {task}: the W_k ablation at the lambda-1 pick, {len(design.key_seed_list)} "
+                          "held-out seeds")
+    return TaskPicks(task, searches, arms)
+
+
+def run_fair(study, design: sp.Design) -> dict[str, TaskPicks]:
+    return {task: run_task(study, design, task) for task in design.tasks}
+
+
+def plan_lines(design: sp.Design, split_sizes: dict[str, str]) -> list[str]:
+    """What --dry-run prints: rows, their first rates, the splits, the caps, the run count."""
+    p = design.protocol
+    rows = [f"  {row.name}: " + ", ".join(f"{sp.rate_at(row, s, p.grid_factor):g}" for s in p.initial_steps())
+            + f" (then x{p.grid_factor:g} past an edge, up to {p.max_extensions} more)" for row in design.rows]
+    search = len(design.rows) * len(p.initial_steps()) * p.selection_seeds
+    extra = 2 if design.kind == "kasa" and design.paper_arms else 2 if design.kind == "lambda" else 0
+    heldout = (len(design.rows) + extra) * design.heldout_seeds
+    key = 2 * len(design.key_seed_list) if design.kind == "lambda" and design.key_ablation else 0
+    most = len(design.rows) * p.max_extensions * p.selection_seeds
+    per_task = search + heldout + key
+    return ["protocol: fair (each row at its own searched rate, to its plateau, scored on a test split no choice "
+            "read)",
+            "rows and their first rates (head rate tied to the module rate; head-only: its one rate):", *rows,
+            *[f"splits of {task}: {text}" for task, text in split_sizes.items()],
+            f"training: at most {design.base.get('epochs')} epochs; early stopping after {p.patience} evaluated "
+            f"epoch(s) without a selection gain > {p.min_delta:g}",
+            f"seeds: selection {p.selection_seed_list}; held-out {design.heldout_seed_list[0]}-"
+            f"{design.heldout_seed_list[-1]}" + (f"; W_k ablation {len(design.key_seed_list)} seeds"
+                                                 if key else ""),
+            f"runs per task: {search} search + {heldout} held-out" + (f" + {key} W_k ablation" if key else "")
+            + f" = {per_task} (+ up to {most} for grid extensions); {per_task * len(design.tasks)} for "
+            f"{len(design.tasks)} task(s)"]

@@ -1,0 +1,279 @@
+"""REPORT.md and verdicts.json of a fair study (:mod:`peftlab.lab.study_protocol`), from its store alone.
+
+Per task: each row's rate search (the rates tried with their selection means, the one chosen, whether it sat at
+an edge of the grid), then on the held-out seeds its test score (mean ± std, n, labels), the optimizer steps its
+runs took and whether they reached their plateau; the paired comparisons of the design's families (Holm within
+each family), KaSA's singular-value movement against Adam's bound. The search is replayed from the store by
+the same functions that ran it, and every sentence is written from verdicts.json (:mod:`peftlab.lab.verdicts`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from peftlab.io_utils import atomic_write_text
+from peftlab.lab import stats
+from peftlab.lab import study_protocol as sp
+from peftlab.lab import verdicts as vt
+from peftlab.lab.study_arms import load_store_rows, metric_scale, write_json
+from peftlab.lab.study_fair import heldout_arms, key_arm, keyed, replay_searches
+from peftlab.lab.table_model import Cell
+
+ALPHA = 0.05
+
+
+def arm_cell(design: sp.Design, task: str, arm: sp.Arm, by_key: dict, seeds: list[int]) -> tuple[Cell, list[dict]]:
+    """The arm's held-out runs: a Cell of every finished run at its test value, and the runs themselves."""
+    cell, runs = Cell(), []
+    for config, key in keyed(sp.heldout_configs(design, task, [arm], seeds)):
+        row = by_key.get(key)
+        if row is None or row["status"] in ("pending", "running"):
+            continue
+        result = row.get("result") or {}
+        cell.add_run(row["status"], config["seed"], ((result.get("best") or {}).get("metrics") or {})
+                     .get(result.get("primary_metric")))
+        runs.append(row)
+    return cell, runs
+
+
+def comparison_data(name: str, a: tuple[str, Cell], b: tuple[str, Cell], margin: float | None, scale: float,
+                    family: str) -> dict:
+    """One paired comparison as verdicts.json holds it (table points: the metric x ``scale``)."""
+    data = {"name": name, "a": a[0], "b": b[0], "family": family, "margin": None if margin is None else margin * scale,
+            "labels": {"a": _labels(a[1]), "b": _labels(b[1])}, "diff": None,
+            "n_pairs": len(set(a[1].seeds) & set(b[1].seeds))}
+    if data["n_pairs"] < 2:
+        return data
+    c = stats.compare(a[1], b[1], test="paired", margin=margin)
+    power = stats.power_of(a[1], b[1], c, alpha=ALPHA, target=None)
+    data.update(diff=c.diff * scale, ci=[c.ci_low * scale, c.ci_high * scale], p=c.p, tost_p=c.tost_p,
+                detectable_80=None if power.detectable is None else power.detectable * scale)
+    return data
+
+
+def _labels(cell: Cell) -> dict[str, int]:
+    return {s: cell.statuses.count(s) for s in sorted(set(cell.statuses)) if s != "ok"}
+
+
+def holm(family: list[dict]) -> None:
+    """Holm over one family's differences, and over its equivalence tests apart; marks in place."""
+    for key, adjusted in (("p", "p_holm"), ("tost_p", "tost_p_holm")):
+        present = [d for d in family if d.get(key) is not None]
+        for d, p in zip(present, stats.adjust([d[key] for d in present], "holm") or []):
+            d[adjusted] = p
+    for d in family:
+        d["significant"] = d.get("p_holm") is not None and d["p_holm"] < ALPHA
+        d["equivalent"] = d.get("tost_p_holm") is not None and d["tost_p_holm"] < ALPHA
+
+
+def row_record(search: sp.Search, cell: Cell, runs: list[dict], scale: float) -> dict:
+    steps = [int((r.get("result") or {}).get("optimizer_steps") or 0) for r in runs]
+    plateaus = [((r.get("result") or {}).get("plateau") or {}).get("verdict", "n/a") for r in runs]
+    return {"row": search.row.name if search else None,
+            "rates": [{"rate": s.rate, "selection_mean": None if s.mean is None else s.mean * scale,
+                       "labels": list(s.labels)} for s in (search.scores if search else ())],
+            "chosen_rate": search.best.rate if search and search.best else None,
+            "at_edge": search.at_edge if search else None,
+            "test_mean": None if cell.mean is None else cell.mean * scale,
+            "test_std": None if cell.std is None else cell.std * scale, "n": cell.n, "labels": _labels(cell),
+            "steps_median": statistics.median(steps) if steps else None, "steps_range": [min(steps), max(steps)]
+            if steps else None, "plateau": {v: plateaus.count(v) for v in sorted(set(plateaus))}}
+
+
+def sigma_vs_adam(runs: list[dict]) -> float | None:
+    """Median over runs and modules of max |sigma - sigma_init| / (optimizer steps x rate): how far KaSA's
+    singular values moved against the farthest Adam could move them (about one rate per step)."""
+    ratios = []
+    for row in runs:
+        result = row.get("result") or {}
+        learned, init = result.get("kasa_sigma"), result.get("kasa_sigma_init")
+        bound = float(result.get("optimizer_steps") or 0) * float(result.get("lr") or 0)
+        if not isinstance(learned, dict) or not isinstance(init, dict) or not bound:
+            continue
+        for name, values in learned.items():
+            start = init.get(name)
+            if isinstance(start, list) and len(start) == len(values):
+                ratios.append(max(abs(a - b) for a, b in zip(values, start)) / bound)
+    return statistics.median(ratios) if ratios else None
+
+
+# --------------------------------------------------------------------------- per task: data, then text
+
+
+def task_data(design: sp.Design, task: str, store_rows: list[dict]) -> dict:
+    """Everything the task's section says, as verdicts.json holds it."""
+    by_key = {row["key"]: row for row in store_rows}
+    scale = metric_scale([r for r in store_rows if (r.get("config") or {}).get("task") == task])
+    margin = design.equivalence_margin / scale
+    searches = replay_searches(design, task, by_key)
+    finished = {n: s for n, s in searches.items() if s.best is not None}
+    arms = heldout_arms(design, task, finished)
+    cells = {arm.name: arm_cell(design, task, arm, by_key, design.heldout_seed_list) for arm in arms}
+    rows = {arm.name: row_record(searches.get(arm.name), *cells[arm.name], scale) | {"rate": arm.rate}
+            for arm in arms}
+    data = {"task": task, "scale": scale, "rows": rows, "unfinished_searches": sorted(set(searches) - set(finished)),
+            "families": {}}
+
+    def pair(name, a, b, family):
+        if a in cells and b in cells:
+            return comparison_data(name, (a, cells[a][0]), (b, cells[b][0]), margin, scale, family)
+        return None
+
+    if design.kind == "kasa":
+        kasa_rows = [n for n in ("kasa", "kasa-reference") if n in cells]
+        families = {
+            "kasa": [pair(f"{k} − {b}", k, b, "KaSA against each baseline") for k in kasa_rows
+                     for b in ("lora", "pissa", "milora", "dora", "head")],
+            "paper": [pair("kasa@paper-settings − lora@paper-rate (the method, at the authors' rate)",
+                           "kasa@paper-settings", "lora@paper-rate", "the paper-settings 2 x 2"),
+                      pair("kasa − lora (the method, each at its tuned rate)", "kasa", "lora",
+                           "the paper-settings 2 x 2"),
+                      pair("lora − lora@paper-rate (the rate, LoRA)", "lora", "lora@paper-rate",
+                           "the paper-settings 2 x 2"),
+                      pair("kasa − kasa@paper-settings (the settings, KaSA)", "kasa", "kasa@paper-settings",
+                           "the paper-settings 2 x 2")],
+            "adapter": [pair("lora − head (what the adapter adds)", "lora", "head", "what the adapter adds")]}
+        data["sigma_vs_adam"] = {n: sigma_vs_adam(cells[n][1]) for n in cells if "kasa" in n}
+    else:
+        families = {"lambda": lambda_family(design, finished, pair)}
+        key = key_arm(design, finished)
+        if key is not None:
+            seeds = design.key_seed_list
+            base = next(a for a in arms if a.name == key.name.replace(" with W_k trained", ""))
+            qv, qkv = (arm_cell(design, task, a, by_key, seeds)[0] for a in (base, key))
+            families["key"] = [comparison_data(f"W_k frozen ({base.name}) − W_k trained", (base.name, qv),
+                                               (key.name, qkv), margin, scale, "the W_k ablation")]
+    for name, family in families.items():
+        present = [d for d in family if d is not None]
+        holm(present)
+        if present:
+            data["families"][name] = {d["name"]: d for d in present}
+    return data
+
+
+def lambda_family(design: sp.Design, searches: dict, pair) -> list:
+    """Each lambda > 1 row against lambda 1 (both at their own rates), and the best lambda > 1 row against lambda 1
+    at its eta_QK and at its eta_V; named as :func:`peftlab.lab.verdicts.lambda_verdict` reads them."""
+    from peftlab.lab.study_fair import best_off_diagonal
+
+    diagonal = next((r.name for r in design.rows if float(r.keys.get("lr_ratio", 1.0)) == 1.0), None)
+    off = best_off_diagonal(design, searches)
+    out = [pair(f"{r.name} − {diagonal}", r.name, diagonal, "each lambda against lambda 1")
+           for r in design.rows if r.name != diagonal and off is not None and r.name != off.name]
+    if off is not None:
+        out.append(pair(f"off_vs_diag: {off.name} (best lambda > 1) − {diagonal}", off.name, diagonal,
+                        "each lambda against lambda 1"))
+        for key, control in (("off_vs_same_eta_qk", "lambda 1 at the same eta_QK"),
+                             ("off_vs_same_eta_v", "lambda 1 at the same eta_V")):
+            out.append(pair(f"{key}: {off.name} − {control}", off.name, control, "each lambda against lambda 1"))
+    return out
+
+
+def task_lines(design: sp.Design, data: dict) -> list[str]:
+    """The task's section, written from its verdicts.json data."""
+    lines = [f"## {data['task']}", "", "Each row's rate search (selection mean of each rate, the chosen one in bold) "
+             "and its held-out runs (test split):", "",
+             "| row | rates tried: selection mean | edge | rate | test mean ± std (n) | labels | optimizer steps, "
+             "median (range) | plateau |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in data["rows"].items():
+        tried = ", ".join((f"**{t['rate']:g}: {t['selection_mean']:.1f}**" if t["rate"] == r["chosen_rate"]
+                           else f"{t['rate']:g}: {t['selection_mean']:.1f}") if t["selection_mean"] is not None
+                          else f"{t['rate']:g}: –" for t in r["rates"]) or "fixed (not searched)"
+        test = "–" if r["test_mean"] is None else f"{r['test_mean']:.1f}" + (
+            f" ± {r['test_std']:.1f}" if r["test_std"] is not None else "") + f" ({r['n']})"
+        labels = ", ".join(f"{n} {s}" for s, n in r["labels"].items()) or "–"
+        steps = "–" if r["steps_median"] is None else f"{r['steps_median']:g} ({r['steps_range'][0]}–" \
+                                                      f"{r['steps_range'][1]})"
+        plateau = ", ".join(f"{n} {v}" for v, n in r["plateau"].items()) or "–"
+        lines.append(f"| {name} | {tried} | {r['at_edge'] or 'no'} | {r['rate']:g} | {test} | {labels} | {steps} | "
+                     f"{plateau} |")
+    if data["unfinished_searches"]:
+        lines += ["", f"Searches not finished yet: {', '.join(data['unfinished_searches'])}."]
+    intros = {"kasa": "KaSA against each baseline", "paper": "The paper-settings 2 x 2 (method and rate apart)",
+              "adapter": "What the adapter adds", "lambda": "Each lambda against lambda 1", "key": "The W_k ablation"}
+    for name, family in data["families"].items():
+        lines += ["", vt.family_heading(family, intros[name]), ""]
+        for d in family.values():
+            lines += vt.key_lines(d) if name == "key" else vt.comparison_lines(d)
+        if name == "kasa":
+            lines += ["", vt.kasa_verdict(family)]
+        if name == "lambda":
+            lines += ["", vt.lambda_verdict({k.split(":")[0]: d for k, d in family.items()})]
+        sensitivity = vt.sensitivity_verdict(family)
+        lines += [sensitivity] if sensitivity else []
+    movement = {k: v for k, v in (data.get("sigma_vs_adam") or {}).items() if v is not None}
+    if movement:
+        lines += ["", "KaSA's singular values: median over runs and modules of max |sigma − sigma_init| / (optimizer "
+                      "steps × rate), the share of the farthest Adam could move them: "
+                  + ", ".join(f"{k} {v:.3g}" for k, v in movement.items()) + "."]
+    return lines + [""]
+
+
+def study_command(design: sp.Design, root) -> str:
+    """The `peftlab study` command whose options give ``design`` back, every knob spelled out."""
+    base, p = dict(design.base), design.protocol
+    words = [f"peftlab study {design.kind}", f"--task {','.join(design.tasks)}", f"--model {base.pop('model')}",
+             f"--targets {base.pop('targets')}", f"--epochs {base.pop('epochs')}",
+             f"--max-train-samples {base.pop('max_train_samples')}", f"--selection-samples {p.selection_samples}",
+             f"--patience {p.patience}", f"--min-delta {p.min_delta:g}", f"--selection-seeds {p.selection_seeds}",
+             f"--grid-factor {p.grid_factor:g}", f"--grid-width {p.grid_width}", f"--max-extensions {p.max_extensions}"]
+    if base.get("max_eval_samples") is not None:
+        words.append(f"--max-eval-samples {base.pop('max_eval_samples')}")
+    if base.get("report_to") == "none":
+        base.pop("report_to")
+    if design.kind == "lambda":
+        words += [f"--method {base.pop('method')}", "--ratios " + ",".join(
+            f"{float(r.keys['lr_ratio']):g}" for r in design.rows if float(r.keys["lr_ratio"]) != 1.0),
+            f"--key-seeds {design.key_seeds}"] + ([] if design.key_ablation else ["--no-key-ablation"])
+    else:
+        words += ["--rows " + ",".join(r.name for r in design.rows)] + ([] if design.paper_arms
+                                                                      else ["--no-paper-arms"])
+    centres = {r.centre for r in design.rows}
+    if len(centres) == 1 and design.kind == "lambda":
+        words.append(f"--rate-centre {centres.pop():g}")
+    words += [f"--heldout-seeds {design.heldout_seeds}", f"--heldout-seed-start {design.heldout_seed_start}",
+              f"--equivalence-margin {design.equivalence_margin:g}"]
+    if base:
+        words.append("--set " + ",".join(f"{k}={v}" for k, v in sorted(base.items())))
+    return " ".join(words + [f"--output-dir {root}"])
+
+
+def write_fair_report(paths, design: sp.Design, *, seconds: float | None = None) -> Path:
+    """verdicts.json, then REPORT.md written from it (read back), in the study folder; returns REPORT.md."""
+    import json
+
+    from peftlab.lab import provenance
+
+    rows = load_store_rows(paths.store)
+    finished = [r for r in rows if r.get("status") not in ("pending", "running")]
+    verdicts = {"kind": design.kind, "protocol": "fair", "tasks": {t: task_data(design, t, rows)
+                                                                   for t in design.tasks}}
+    write_json(paths.root / "verdicts.json", verdicts)
+    verdicts = json.loads((paths.root / "verdicts.json").read_text())  # every sentence from the file's numbers
+    summary = provenance.summarize(r.get("result") for r in rows)
+    run_seconds = sum(float(r.get("seconds") or 0) for r in finished)
+    p = design.protocol
+    title = {"lambda": "Yao et al.'s lambda, each lambda at its own rate", "kasa": "KaSA against its baselines, "
+             "each at its own rate"}[design.kind]
+    lines = [f"# Study: {title}", "", f"Model {design.base['model']}; reproduce: `{study_command(design, paths.root)} "
+             "--report-only` (every number below is read from the store; without --report-only the same command "
+             "reruns whatever the store lacks).", "",
+             f"- protocol: each row's module rate searched on selection seeds {p.selection_seed_list} over rates "
+             f"x{p.grid_factor:g} apart around its default, extended past an edge up to {p.max_extensions} times; the "
+             "head's rate tied to the module rate in every row; each run trained to its plateau (early stopping "
+             f"after {p.patience} evaluated epochs without a selection gain > {p.min_delta:g}, at most "
+             f"{design.base['epochs']} epochs)",
+             f"- splits: {design.base['max_train_samples']} training examples per seed from the training split less "
+             f"a selection split of {p.selection_samples} (stratified, disjoint from every training subset); the dev "
+             "set is the test split, read only for the numbers below",
+             f"- held-out seeds {design.heldout_seed_list[0]}-{design.heldout_seed_list[-1]}; every finished run "
+             "stays in its comparison at its test value (labels are shown, never a reason to drop a seed)",
+             "", f"Compute: {len(finished)} runs, {run_seconds / 3600:.2f} h of run time"
+             + (f", {seconds / 3600:.2f} h wall for this invocation" if seconds else "") + ".",
+             f"{provenance.code_line(summary)[:1].upper()}{provenance.code_line(summary)[1:]}.", ""]
+    for task in design.tasks:
+        lines += task_lines(design, verdicts["tasks"][task])
+    report = paths.root / "REPORT.md"
+    atomic_write_text(report, "\n".join(lines).rstrip() + "\n")
+    return report

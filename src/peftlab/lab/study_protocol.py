@@ -1,0 +1,283 @@
+"""The fair-comparison protocol of `peftlab study` (its default), as data: rows, rate searches, picks.
+
+Every compared *row* (a method, a lambda family, a target set) gets the same treatment, so the comparison
+speaks to the methods and not to one shared learning rate:
+
+* **Three disjoint splits.** Every run carves the same ``selection_samples`` examples out of the task's
+  training split (``--selection-samples``, stratified, fixed by ``--eval-seed``); each seed's training subset
+  is drawn from the rest. Every choice reads the selection split: the rate, the best epoch, early stopping.
+  The dev set is the *test* split, read only for the reported numbers (result.json ``best.metrics`` at the
+  selection-best epoch).
+* **Each row at its own rate.** A row's module rate is searched on the selection seeds, on a grid spaced by
+  ``grid_factor`` around the row's default (``grid_width`` points each side), extended by one point past an edge
+  while the best rate sits at that edge (at most ``max_extensions`` times). The head's rate is tied to the module
+  rate in every row (``head_lr = lr``, as the KaSA authors' scripts do); the head-only row's one rate is the
+  searched one. A rate is scored by the mean over the selection seeds of the selection metric at each run's
+  best epoch; every finished run counts at its value (a run with none counts at the split's chance).
+* **Each row to its plateau.** Every run stops early once the selection metric has not gained more than
+  ``min_delta`` for ``patience`` evaluated epochs, with ``epochs`` as the cap; result.json ``plateau`` says whether
+  it stopped, flattened or was still improving at the cap.
+* **Held out.** Each row's chosen rate is re-run on held-out seeds no choice used; those runs are the reported
+  numbers, paired by seed across rows (every finished run stays in the comparison).
+
+Everything here is pure: configs in, configs or picks out. :mod:`peftlab.lab.study` runs the stages.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from peftlab.errors import PeftlabError
+
+# KaSA authors' per-task GLUE settings (module lr = head lr, beta, gamma), from their run scripts
+# (configs/kasa_glue_roberta/): the "paper settings" arms of the kasa study.
+KASA_PAPER = {"cola": (4e-4, 1e-4, 1e-3), "mrpc": (4e-4, 0.1, 1e-3), "qnli": (4e-4, 0.01, 1e-5),
+              "rte": (4e-4, 0.24, 2.4e-4), "sst2": (5e-4, 1e-4, 1e-3), "stsb": (3e-4, 1e-4, 1e-5)}
+KASA_PAPER_DEFAULT = (5e-4, 1e-4, 1e-3)
+# the kasa study's rows: name -> config keys on top of the design's base
+KASA_ROWS = {
+    "head": {"method": "head"},
+    "lora": {"method": "lora"},
+    "pissa": {"method": "pissa"},
+    "milora": {"method": "milora"},
+    "dora": {"method": "dora"},
+    "kasa": {"method": "kasa"},
+    "kasa-reference": {"method": "kasa", "kasa_mode": "reference"},
+}
+FAILED = ("no_learning", "collapsed", "diverged")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compared row: its name, its config keys, and the rate its search is centred on."""
+
+    name: str
+    keys: dict[str, Any]
+    centre: float
+
+    @property
+    def head_only(self) -> bool:
+        return self.keys.get("method") == "head"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A config run on the held-out seeds at a stated rate (a row's pick, or a fixed-rate arm)."""
+
+    name: str
+    keys: dict[str, Any]
+    rate: float
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The fair protocol's knobs (what `--dry-run` prints and REPORT.md states)."""
+
+    selection_samples: int = 500
+    patience: int = 3
+    min_delta: float = 0.002
+    selection_seeds: int = 2
+    grid_factor: float = 2.0
+    grid_width: int = 1
+    max_extensions: int = 3
+
+    def __post_init__(self):
+        for name in ("selection_samples", "patience", "selection_seeds", "grid_width"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PeftlabError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        if isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int) \
+                or self.max_extensions < 0:
+            raise PeftlabError(f"--max-extensions must be an integer >= 0, got {self.max_extensions!r}")
+        if not (math.isfinite(self.grid_factor) and self.grid_factor > 1):
+            raise PeftlabError(f"--grid-factor must be > 1, got {self.grid_factor}", fix="e.g. 2 (rates x2 apart)")
+        if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
+            raise PeftlabError(f"--min-delta must be >= 0, got {self.min_delta}")
+
+    def run_keys(self) -> dict[str, Any]:
+        """The train keys every run of the protocol carries."""
+        return {"selection_samples": self.selection_samples, "early_stop_patience": self.patience,
+                "early_stop_min_delta": self.min_delta}
+
+    @property
+    def selection_seed_list(self) -> list[int]:
+        return list(range(self.selection_seeds))
+
+    def initial_steps(self) -> list[int]:
+        return list(range(-self.grid_width, self.grid_width + 1))
+
+
+def rate_at(row: Row, step: int, factor: float) -> float:
+    """The row's rate ``step`` grid points from its centre (rounded to 6 significant digits: stable run keys)."""
+    return float(f"{row.centre * factor ** step:.6g}")
+
+
+def run_config(base: dict, task: str, keys: dict, rate: float, seed: int) -> dict:
+    """One run: the base, the task, the row's keys, the rate (head tied to it) and the seed."""
+    config = {**base, "task": task, **keys, "seed": seed}
+    if keys.get("method") == "head":  # no adapter: its one rate is the head's; projections do not apply
+        for key in ("targets", "layers", "lr", "lr_ratio"):
+            config.pop(key, None)
+        config["head_lr"] = rate
+    else:
+        config.update(lr=rate, head_lr=rate)
+    return config
+
+
+# --------------------------------------------------------------------------- the search
+
+
+@dataclass(frozen=True)
+class RateScore:
+    rate: float
+    step: int
+    mean: float | None  # None until every selection seed has finished
+    values: tuple[float, ...]
+    labels: tuple[str, ...]  # the statuses of runs that are not ok
+
+
+@dataclass(frozen=True)
+class Search:
+    """A row's search so far: the grid points tried (steps from the centre), their scores, the pick."""
+
+    row: Row
+    steps: tuple[int, ...]
+    scores: tuple[RateScore, ...]
+    extensions: int
+
+    @property
+    def finished(self) -> bool:
+        return all(s.mean is not None for s in self.scores)
+
+    @property
+    def best(self) -> RateScore | None:
+        """The best rate by its selection mean (ties: the smaller rate); None until all have finished."""
+        if not self.finished or not self.scores:
+            return None
+        return max(self.scores, key=lambda s: (s.mean, -s.rate))
+
+    @property
+    def at_edge(self) -> str | None:
+        """"low" / "high" when the best rate is the smallest / largest tried, else None."""
+        best = self.best
+        if best is None:
+            return None
+        if best.step == min(self.steps):
+            return "low"
+        return "high" if best.step == max(self.steps) else None
+
+
+def selection_value(row: dict) -> float:
+    """A search run's score: the selection metric at its best epoch; a finished run without one counts at the
+    split's chance (it is never dropped)."""
+    result = row.get("result") or {}
+    name = result.get("choice_metric") or result.get("primary_metric")
+    value = ((result.get("best") or {}).get("metrics") or {}).get(name)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return float(result.get("majority_baseline") or 0.0)
+
+
+def score_rate(row: Row, step: int, factor: float, runs: dict[int, dict | None]) -> RateScore:
+    """A rate's score from its runs on the selection seeds (seed -> store row, None when not run yet)."""
+    done = {seed: r for seed, r in runs.items() if r is not None and r.get("status") not in ("pending", "running")}
+    values = tuple(selection_value(done[s]) for s in sorted(done))
+    labels = tuple(done[s]["status"] for s in sorted(done) if done[s]["status"] != "ok")
+    complete = len(done) == len(runs) and all(r.get("status") != "failed" for r in done.values())
+    return RateScore(rate_at(row, step, factor), step, statistics.fmean(values) if complete else None, values, labels)
+
+
+def extend(search: Search, protocol: Protocol) -> tuple[int, ...] | None:
+    """The steps to try next when the best rate sits at an edge and extensions remain; None when done."""
+    edge = search.at_edge
+    if edge is None or search.extensions >= protocol.max_extensions:
+        return None
+    step = min(search.steps) - 1 if edge == "low" else max(search.steps) + 1
+    return tuple(sorted(search.steps + (step,)))
+
+
+def grid_steps(protocol: Protocol, extensions: Iterable[int]) -> tuple[int, ...]:
+    """The steps of a search after the given extension steps."""
+    return tuple(sorted(set(protocol.initial_steps()) | set(extensions)))
+
+
+@dataclass(frozen=True)
+class Design:
+    """A fair study: its kind, tasks, base config, rows, the protocol and the held-out seeds."""
+
+    kind: str  # lambda | kasa
+    tasks: tuple[str, ...]
+    base: dict[str, Any]
+    rows: tuple[Row, ...]
+    protocol: Protocol = field(default_factory=Protocol)
+    heldout_seeds: int = 10
+    heldout_seed_start: int = 100
+    key_seeds: int = 20  # lambda: the W_k ablation's held-out seeds (sized for about +-2 points)
+    equivalence_margin: float = 1.0
+    paper_arms: bool = True  # kasa: LoRA and KaSA at the authors' per-task settings (the 2 x 2)
+    key_ablation: bool = True  # lambda: {q,k,v} at the lambda-1 pick
+
+    def __post_init__(self):
+        if self.heldout_seed_start < self.protocol.selection_seeds:
+            raise PeftlabError(f"--heldout-seed-start {self.heldout_seed_start} overlaps the selection seeds "
+                               f"0-{self.protocol.selection_seeds - 1}",
+                               fix="held-out seeds must be seeds no selection used")
+        if isinstance(self.heldout_seeds, bool) or not isinstance(self.heldout_seeds, int) or self.heldout_seeds < 2:
+            raise PeftlabError(f"--heldout-seeds must be an integer >= 2 (pairs), got {self.heldout_seeds!r}")
+        if not self.rows:
+            raise PeftlabError("the study has no rows", fix="give --rows (kasa) or --ratios (lambda)")
+
+    @property
+    def heldout_seed_list(self) -> list[int]:
+        return list(range(self.heldout_seed_start, self.heldout_seed_start + self.heldout_seeds))
+
+    @property
+    def key_seed_list(self) -> list[int]:
+        return list(range(self.heldout_seed_start, self.heldout_seed_start + max(self.key_seeds,
+                                                                                  self.heldout_seeds)))
+
+    def base_for(self, task: str) -> dict:
+        return {**self.base, **self.protocol.run_keys(), "task": task}
+
+
+def search_configs(design: Design, task: str, row: Row, steps: Iterable[int]) -> list[dict]:
+    factor = design.protocol.grid_factor
+    return [run_config(design.base_for(task), task, row.keys, rate_at(row, step, factor), seed)
+            for step in steps for seed in design.protocol.selection_seed_list]
+
+
+def heldout_configs(design: Design, task: str, arms: Iterable[Arm], seeds: list[int] | None = None) -> list[dict]:
+    seeds = design.heldout_seed_list if seeds is None else seeds
+    return [run_config(design.base_for(task), task, arm.keys, arm.rate, seed) for seed in seeds for arm in arms]
+
+
+def kasa_paper_arms(task: str) -> list[Arm]:
+    """The 2 x 2's fixed-rate arms: LoRA and KaSA at the authors' per-task rate (KaSA with their beta, gamma,
+    alpha 16 and no weight decay); the tuned rows are the other two cells."""
+    lr, beta, gamma = KASA_PAPER.get(task, KASA_PAPER_DEFAULT)
+    return [Arm("lora@paper-rate", {"method": "lora"}, lr),
+            Arm("kasa@paper-settings", {"method": "kasa", "alpha": 16.0, "weight_decay": 0.0, "kasa_beta": beta,
+                                        "kasa_gamma": gamma}, lr)]
+
+
+def key_targets(targets: str) -> str | None:
+    """{q,v} -> {q,k,v}: the same update with W_k trained too; None when k is already trained (or no q/v)."""
+    names = [t.strip() for t in str(targets).split(",") if t.strip()]
+    if "k" in names or not {"q", "v"} <= set(names):
+        return None
+    order = ["q", "k", "v", "o"]
+    return ",".join(sorted(set(names) | {"k"}, key=lambda t: (order.index(t) if t in order else 9, t)))
+
+
+def lambda_controls(off: Arm, diagonal: Row) -> list[Arm]:
+    """lambda 1 at the best lambda > 1 row's eta_QK and at its eta_V: "a larger eta_V" against "a larger rate"."""
+    ratio = float(off.keys.get("lr_ratio", 1.0))
+    return [Arm("lambda 1 at the same eta_QK", diagonal.keys, off.rate),
+            Arm("lambda 1 at the same eta_V", diagonal.keys, float(f"{off.rate * ratio:.6g}"))]
+
+
+def count_epochs(configs: Iterable[dict]) -> int:
+    return sum(int(c.get("epochs") or 0) for c in configs)
