@@ -65,7 +65,13 @@ def test_a_run_chooses_on_the_selection_split_and_reports_the_test_split(tmp_pat
     metrics = result["best"]["metrics"]
     assert {"accuracy", "selection_accuracy"} <= set(metrics)
     best_epoch = max(result["epochs_log"], key=lambda e: (e["metrics"]["selection_accuracy"], -e["epoch"]))
-    assert result["best"]["epoch"] == best_epoch["epoch"]
+    assert result["best"]["epoch"] == best_epoch["epoch"] == result["test"]["epoch"]
+    # the test split is read once, on the saved (selection-best) weights: no epoch's choice could see it
+    assert result["test"]["metrics"]["accuracy"] == metrics["accuracy"]
+    for epoch in result["epochs_log"]:
+        assert ("accuracy" in epoch["metrics"]) == (epoch["epoch"] == result["best"]["epoch"] == 2)
+    assert all(set(point["metrics"]) == {"selection_accuracy", "selection_f1"} or "accuracy" not in point["metrics"]
+               for point in result["curve"])
 
 
 def test_selection_samples_is_refused_for_a_task_without_a_glue_training_split(tmp_path):
@@ -238,3 +244,19 @@ def test_a_fair_study_searches_each_row_runs_the_picks_held_out_and_writes_its_v
         assert line in report
     comparison["diff"] = -comparison["diff"]  # a sentence follows its number
     assert vt.comparison_lines(comparison)[0] not in report
+
+
+def test_a_tune_with_a_selection_split_chooses_on_it_and_reports_the_test_split(tmp_path):
+    import yaml
+
+    from peftlab.lab.tune.spec import load_tune_spec
+    from peftlab.lab.tune.summary import reported_metric
+
+    spec = tmp_path / "tune.yaml"
+    base = {"model": "tiny-bert", "task": "rte", "epochs": 2, "max_train_samples": 32, "selection_samples": 16}
+    spec.write_text(yaml.safe_dump({"base": base, "search": {"lr_ratio": [1, 4]}, "budget": {"epochs": 100}}))
+    tune = load_tune_spec(spec)
+    assert tune.metric == "selection_accuracy" and reported_metric(tune.metric) == "accuracy"
+    spec.write_text(yaml.safe_dump({"base": {**base, "selection_samples": 0}, "search": {"lr_ratio": [1, 4]},
+                                    "budget": {"epochs": 100}}))
+    assert load_tune_spec(spec).metric == "accuracy"

@@ -209,6 +209,9 @@ def fair_design(args, base: dict, tasks: tuple[str, ...]) -> sp.Design:
                            min_delta=args.min_delta, selection_seeds=args.selection_seeds,
                            grid_factor=args.grid_factor, grid_width=args.grid_width,
                            max_extensions=args.max_extensions)
+    # the seeds before anything is resolved: a bad seed is its own one-line error, not whatever comes next
+    sp.check_seeds(args.heldout_seed_start, max(args.heldout_seeds, getattr(args, "key_seeds", 0) or 0),
+                   protocol.selection_seeds)
 
     def centre(method: str) -> float:
         """The row's search centre: --rate-centre, else the rate the method trains at by default (its module rate;

@@ -21,6 +21,11 @@ from peftlab.lab.study_fair import heldout_arms, key_arm, keyed, replay_searches
 from peftlab.lab.table_model import Cell
 
 ALPHA = 0.05
+# KaSA's optimizer steps on GLUE (epochs x full training set / batch size, from the authors' run scripts): what
+# sigma's movement is set beside
+# (configs/kasa_glue_roberta/<task>.yaml)
+PAPER_STEPS = {"stsb": "7,200 (40 epochs x 5,749 / 32)", "mrpc": "11,500 (100 epochs x 3,668 / 32)",
+               "sst2": "52,600 (100 epochs x 67,349 / 128)"}
 
 
 def arm_cell(design: sp.Design, task: str, arm: sp.Arm, by_key: dict, seeds: list[int]) -> tuple[Cell, list[dict]]:
@@ -206,7 +211,11 @@ def task_lines(design: sp.Design, data: dict) -> list[str]:
     if movement:
         lines += ["", "KaSA's singular values: median over runs and modules of max |sigma − sigma_init| / (optimizer "
                       "steps × rate), the share of the farthest Adam could move them: "
-                  + ", ".join(f"{k} {v:.3g}" for k, v in movement.items()) + "."]
+                  + ", ".join(f"{k} {v:.3g}" for k, v in movement.items()) + f". Steps run here: "
+                  + ", ".join(f"{k} {data['rows'][k]['steps_median']:g}" for k in movement
+                              if data["rows"].get(k, {}).get("steps_median") is not None)
+                  + f" (median); the paper's: about {PAPER_STEPS.get(data['task'], 'n/a')} "
+                    "(its epochs of the full training set at its batch size)."]
     return lines + [""]
 
 

@@ -221,12 +221,7 @@ class Design:
     key_ablation: bool = True  # lambda: {q,k,v} at the lambda-1 pick
 
     def __post_init__(self):
-        if self.heldout_seed_start < self.protocol.selection_seeds:
-            raise PeftlabError(f"--heldout-seed-start {self.heldout_seed_start} overlaps the selection seeds "
-                               f"0-{self.protocol.selection_seeds - 1}",
-                               fix="held-out seeds must be seeds no selection used")
-        if isinstance(self.heldout_seeds, bool) or not isinstance(self.heldout_seeds, int) or self.heldout_seeds < 2:
-            raise PeftlabError(f"--heldout-seeds must be an integer >= 2 (pairs), got {self.heldout_seeds!r}")
+        check_seeds(self.heldout_seed_start, max(self.heldout_seeds, self.key_seeds), self.protocol.selection_seeds)
         if not self.rows:
             raise PeftlabError("the study has no rows", fix="give --rows (kasa) or --ratios (lambda)")
 
@@ -241,6 +236,20 @@ class Design:
 
     def base_for(self, task: str) -> dict:
         return {**self.base, **self.protocol.run_keys(), "task": task}
+
+
+def check_seeds(start, count, selection_seeds: int) -> None:
+    """The held-out seeds: at least 2 (pairs), within the seed range, after the selection seeds."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 2:
+        raise PeftlabError(f"--heldout-seeds must be an integer >= 2 (pairs), got {count!r}")
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < 2**31 - 1000:
+        raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), got {start!r}")
+    if start + count > 2**31:
+        raise PeftlabError(f"--heldout-seeds {count} from --heldout-seed-start {start} goes past seed 2**31 - 1",
+                           fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
+    if start < selection_seeds:
+        raise PeftlabError(f"--heldout-seed-start {start} overlaps the selection seeds 0-{selection_seeds - 1}",
+                           fix="held-out seeds must be seeds no selection used")
 
 
 def search_configs(design: Design, task: str, row: Row, steps: Iterable[int]) -> list[dict]:

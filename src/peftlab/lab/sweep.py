@@ -77,8 +77,10 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
     done_before = sum(counts[s] for s in FINISHED) + counts["failed"]
     log_dir = sweep.log_dir if capture_output else None
     bar_file = os.fdopen(os.dup(2), "w") if progress else None
-    bar = tqdm(total=len(keys), initial=done_before, desc="sweep", unit="run", file=bar_file, disable=not progress,
-               dynamic_ncols=True, smoothing=0.1)
+    # Without a terminal (CI, nohup, a log file) the bar is not drawn: each finished run is one line (note below),
+    # never a redrawn bar in the log.
+    bar = tqdm(total=len(keys), initial=done_before, desc="sweep", unit="run", file=bar_file,
+               disable=not (progress and os.isatty(2)), dynamic_ncols=True, smoothing=0.1)
 
     def note(message: str) -> None:
         if progress:

@@ -26,6 +26,7 @@ from peftlab.tasks.table import TASKS
 
 BEFORE_TAG = "before"  # the evaluation before fine-tuning
 SELECTION_PREFIX = "selection_"  # the selection split's metrics in an evaluation's flat dict
+TEST_TAG = "test"  # --selection-samples: the one evaluation of the test split, on the weights the run saves
 EVALUATE_TAG = "evaluate"  # `peftlab evaluate` of a saved run: never overwrites its training-time files
 
 
@@ -37,6 +38,12 @@ def epoch_tag(epoch: int) -> str:
 def step_tag(step: int) -> str:
     """The tag of an ``--eval-steps`` evaluation after optimizer step ``step``: ``step100``..."""
     return f"step{step}"
+
+
+def choosing(tag: str) -> bool:
+    """Whether an evaluation is one a run chooses on (before fine-tuning, after an epoch or an --eval-steps step):
+    with a selection split those score it alone; the others (``test``, ``evaluate``) score the test split."""
+    return tag == BEFORE_TAG or tag.startswith(("epoch", "step"))
 
 
 @dataclass(frozen=True)
@@ -212,8 +219,9 @@ class Selection:
 
 
 def glue_evaluate(cfg, evals: dict, selection: Selection | None, collate) -> Callable:
-    """GLUE's ``evaluate(model, accelerator, tag)``: the test (dev) metrics under their plain names (MNLI: per
-    split and their mean), the selection split's under ``selection_<name>``."""
+    """GLUE's ``evaluate(model, accelerator, tag)``: the dev metrics under their plain names (MNLI: per split and
+    their mean). With a selection split, every evaluation during training scores it alone (``selection_<name>``)
+    and the dev set becomes the test split, scored once, by the ``test`` evaluation at the end of the run."""
     from peftlab.tasks.metrics import compute_metrics
 
     def scores(model, accelerator, tokenised) -> dict[str, float]:
@@ -223,8 +231,11 @@ def glue_evaluate(cfg, evals: dict, selection: Selection | None, collate) -> Cal
     @torch.no_grad()
     def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: GLUE writes no files
         model.eval()
+        if selection is not None and choosing(tag):
+            chosen = scores(model, accelerator, selection.tokenised)
+            model.train()
+            return Evaluation({f"{SELECTION_PREFIX}{k}": v for k, v in chosen.items()})
         results = {split: scores(model, accelerator, tokenised) for split, (_, tokenised) in evals.items()}
-        chosen = {} if selection is None else scores(model, accelerator, selection.tokenised)
         model.train()
         if len(results) == 1:
             flat = dict(next(iter(results.values())))
@@ -232,7 +243,6 @@ def glue_evaluate(cfg, evals: dict, selection: Selection | None, collate) -> Cal
             flat = {f"{split.replace('validation_', '')}_{k}": v for split, m in results.items() for k, v in m.items()}
             for key in next(iter(results.values())):
                 flat[key] = float(np.mean([m[key] for m in results.values()]))
-        flat.update({f"{SELECTION_PREFIX}{k}": v for k, v in chosen.items()})
         return Evaluation(flat)
 
     return evaluate

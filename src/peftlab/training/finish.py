@@ -24,7 +24,9 @@ def finish(run: Run) -> dict:
     finish_start = time.perf_counter()
     unwrapped = run.accelerator.unwrap_model(run.model)
     saved_epoch = restore_best(run, unwrapped)  # --save best: adapter/ (and kasa_sigma) are the best epoch's
+    test = evaluate_test(run, saved_epoch)
     result = result_record(run, unwrapped, saved_epoch)
+    result["test"] = test
     timings = result["timings"]
     timings["result_s"] = time.perf_counter() - finish_start
     if run.main:
@@ -98,6 +100,24 @@ def result_record(run: Run, unwrapped, saved_epoch: int | None) -> dict:
     # result_s: versions, git commit, peak memory); peftlab bench --sweep-overhead reads them.
     result["timings"] = dict(state.timings)
     return result
+
+
+def evaluate_test(run: Run, saved_epoch: int | None) -> dict | None:
+    """--selection-samples: the test split's one evaluation, on the weights the run saves (the selection-best
+    epoch's with --save best). Its metrics join that epoch's record (``best``, and ``final`` when it is the last
+    epoch), so that a report reads them where it reads any run's; None without a selection split or an epoch."""
+    from peftlab.tasks.prepare import TEST_TAG
+    from peftlab.training.fit import evaluate
+
+    state = run.state
+    if run.pipeline.choice_metric == run.pipeline.primary_metric or saved_epoch is None or state.best is None:
+        return None
+    metrics = evaluate(run, TEST_TAG)
+    if state.best.get("epoch") == saved_epoch:
+        state.best = {**state.best, "metrics": {**state.best["metrics"], **metrics}}
+    if state.epochs_log and state.epochs_log[-1]["epoch"] == saved_epoch:
+        state.epochs_log[-1] = {**state.epochs_log[-1], "metrics": {**state.epochs_log[-1]["metrics"], **metrics}}
+    return {"epoch": saved_epoch, "metrics": metrics}
 
 
 def kasa_record(state, model) -> dict:

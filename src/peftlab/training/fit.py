@@ -238,7 +238,11 @@ def format_metrics(metrics: dict) -> str:
 
 
 def progress_bar(enabled: bool, total: int, initial: int, desc: str):
-    if not enabled:
+    """The epoch's bar, on a terminal only: in a log (CI, nohup, a sweep's worker) the epoch's one printed line is
+    its progress, not thousands of redrawn frames."""
+    import sys
+
+    if not enabled or not sys.stderr.isatty():
         return None
     from tqdm.auto import tqdm
 

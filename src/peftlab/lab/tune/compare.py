@@ -34,7 +34,7 @@ from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store, resolve_store_path
 from peftlab.lab.store_schema import FINISHED, effective_status
 from peftlab.lab.tune.spec import SUMMARY_FILE
-from peftlab.lab.tune.summary import rank_key, seed_scores
+from peftlab.lab.tune.summary import rank_key, reported_metric, seed_scores
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,11 @@ def index_rows(rows: Iterable[dict]) -> dict[str, dict]:
 
 
 def scores(tune, by_key: dict[str, dict], params: dict, seeds: Iterable[int]) -> Scores:
-    raw = seed_scores(tune, params, list(seeds), by_key)
+    """A point's scores on ``seeds``: the objective on the seeds that choose, the reported (test) metric on the
+    held-out seeds (they differ with --selection-samples)."""
+    seeds = list(seeds)
+    held_out = bool(seeds) and seeds == list(tune.heldout_seed_list)
+    raw = seed_scores(tune, params, seeds, by_key, reported_metric(tune.metric) if held_out else None)
     return Scores(seeds=tuple(raw["seeds"]), values=tuple(raw["values"]),
                   statuses={int(s): st for s, st in raw["statuses"].items()}, epochs=raw["epochs"],
                   mean=raw["mean"], std=raw["std"])

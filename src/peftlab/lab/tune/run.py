@@ -288,7 +288,7 @@ def run_heldout(tune: TuneSpec, points: list[dict], *, train_fn: Callable | str 
     """Train search ``points`` (e.g. the grid's best and the naive search's pick beside the tune's winner) on
     ``tune``'s held-out seeds into its store, as the tune's own held-out check does (resumable: finished runs
     are found by key); returns each point's scores (:func:`peftlab.lab.tune.summary.seed_scores`)."""
-    from peftlab.lab.tune.summary import seed_scores
+    from peftlab.lab.tune.summary import reported_metric, seed_scores
 
     if not tune.heldout_seeds:
         raise PeftlabError(f"{tune.spec_path.name} has heldout_seeds: 0: there are no held-out seeds to run",
@@ -302,7 +302,7 @@ def run_heldout(tune: TuneSpec, points: list[dict], *, train_fn: Callable | str 
                 run_plain(heldout_runs(tune, point), store, executor, tune.metric, say,
                           what=f"held-out check of {' '.join(f'{k}={v}' for k, v in point.items())}")
             by_key = {row["key"]: row for row in store.rows()}
-    return [seed_scores(tune, point, tune.heldout_seed_list, by_key) for point in points]
+    return [seed_scores(tune, point, tune.heldout_seed_list, by_key, reported_metric(tune.metric)) for point in points]
 
 
 def load_summary(tune: TuneSpec) -> dict:

@@ -299,6 +299,8 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
         raise PeftlabError("base epochs must be >= 1 for a tune (each trial trains up to that many epochs)",
                            where=where)
     metric = spec.get("metric") or primary_metric(defaults.task, defaults.metric)  # a user task's --metric
+    if defaults.selection_samples and not spec.get("metric"):
+        metric = "selection_" + metric  # --selection-samples: every choice (pruning, the winner) reads that split
     direction = "minimize" if metric in LOWER_IS_BETTER else "maximize"
 
     n_seeds = seeds if seeds is not None else spec.get("seeds", 5)

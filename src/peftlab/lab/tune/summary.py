@@ -64,9 +64,18 @@ def trial_outcome(row: dict | None, metric: str) -> dict:
             "reason": None}
 
 
-def seed_scores(tune, params: dict, seeds: list[int], by_key: dict[str, dict]) -> dict[str, Any]:
+def reported_metric(metric: str) -> str:
+    """The metric a held-out score reports: a ``selection_<name>`` objective chose (--selection-samples), its test
+    split's ``<name>`` reports."""
+    return metric.removeprefix("selection_")
+
+
+def seed_scores(tune, params: dict, seeds: list[int], by_key: dict[str, dict], metric: str | None = None
+                ) -> dict[str, Any]:
     """One search point's runs on ``seeds``: status per seed (``missing`` when not in the store), the values of
-    the ok ones (only those: never a diverged, collapsed or no-learning seed's metric), mean, std, epochs."""
+    the ok ones (only those: never a diverged, collapsed or no-learning seed's metric), mean, std, epochs; the
+    value is ``metric`` at the best epoch (default: the tune's objective)."""
+    metric = metric or tune.metric
     values, statuses, epochs, keys = [], {}, 0, []
     for seed in seeds:
         run = run_config(tune, params, seed)
@@ -75,7 +84,7 @@ def seed_scores(tune, params: dict, seeds: list[int], by_key: dict[str, dict]) -
         statuses[str(seed)] = status
         keys.append(run.key)
         epochs += epochs_trained(row) if row else 0
-        value = best_value(row["result"], tune.metric) if status == "ok" else None
+        value = best_value(row["result"], metric) if status == "ok" else None
         if value is not None:
             values.append(value)
     return {"params": params, "seeds": list(seeds), "statuses": statuses, "keys": keys, "values": values,
@@ -128,7 +137,7 @@ def build_summary(tune, trials: list[dict], rows: Iterable[dict]) -> dict[str, A
         winner = ranked[0] if ranked[0]["mean"] is not None else None
     heldout = None
     if winner is not None and tune.heldout_seeds:
-        heldout = seed_scores(tune, winner["params"], tune.heldout_seed_list, by_key)
+        heldout = seed_scores(tune, winner["params"], tune.heldout_seed_list, by_key, reported_metric(tune.metric))
     spent = search_epochs + seed_epochs
     heldout_epochs = heldout["epochs"] if heldout else 0
     grid = tune.grid_epochs
@@ -236,7 +245,7 @@ def _heldout_line(summary: dict, metric: str) -> str:
     if not heldout.get("n"):
         return (f"held-out: no finished ok run yet of {asked} held-out seed(s){_seed_range(seeds)}"
                 + (f" ({bad})" if bad else ""))
-    return (f"held-out: {metric} {_mean_std(heldout)} over {heldout['n']} of {asked} held-out seed(s)"
+    return (f"held-out: {reported_metric(metric)} {_mean_std(heldout)} over {heldout['n']} of {asked} held-out seed(s)"
             f"{_seed_range(seeds)} (never used to choose)" + (f"; not ok or missing: {bad}" if bad else ""))
 
 
