@@ -1,11 +1,13 @@
-"""`peftlab report`: grouping, mean ± sample std, Welch's t-test against scipy, non-ok runs never averaged in,
-the before-fine-tuning row, and the md/latex/csv renderings, from a store of synthetic results."""
+"""`peftlab report`: grouping, mean ± sample std, Welch's t-test against scipy, labelled runs (collapsed, diverged)
+averaged in at their value and counted, crashed runs left out, the before-fine-tuning row, and the md/latex/csv
+renderings, from a store of synthetic results."""
 
 from __future__ import annotations
 
 import csv
 import io
 import statistics
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -31,6 +33,13 @@ VALUES = {
     ("kasa", "q,v", 4.0): {"rte": [0.64, 0.66, 0.70], "mrpc": [0.84, 0.86, 0.85]},
 }
 PER_TASK_SAMPLES = {"rte": 500, "mrpc": 400}  # a per-task setting (zipped with the task): not a row key
+# runs that finished labelled: in their cell at their value, beside the ok runs of VALUES
+LABELLED = {(("kasa", "q,v", 4.0), "rte"): [0.47], (("lora", "q,v", 4.0), "mrpc"): [0.31]}
+
+
+def finished(key: tuple, task: str) -> list[float]:
+    """Every finished run's value of a cell: the ok runs, then the labelled ones."""
+    return VALUES[key][task] + LABELLED.get((key, task), [])
 
 
 def config(**overrides) -> dict:
@@ -63,7 +72,8 @@ def store_path(tmp_path) -> Path:
                 for seed, acc in enumerate(accs):
                     cfg = config(task=task, method=method, targets=targets, lr_ratio=ratio, seed=seed)
                     store.add(cfg, result=result(cfg, acc, final=acc - 0.01))
-        # not averaged in: a collapsed and a failed kasa run on RTE, a diverged lora q,v run on MRPC
+        # labelled, so averaged in at their value: a collapsed kasa run on RTE, a diverged lora q,v run on MRPC;
+        # crashed, so left out: a failed kasa run on RTE
         cfg = config(task="rte", method="kasa", targets="q,v", lr_ratio=4.0, seed=3)
         store.add(cfg, result=result(cfg, 0.47, status="collapsed"))
         store.add(config(task="rte", method="kasa", targets="q,v", lr_ratio=4.0, seed=4), status="failed",
@@ -97,12 +107,12 @@ def test_cells_are_mean_sample_std_and_n_over_seeds(store_path):
     rows = rows_by_label(table)
     assert len(rows) == 4
     for key, per_task in VALUES.items():
-        for task, accs in per_task.items():
-            cell = rows[key].cells[task]
+        for task in per_task:
+            cell, accs = rows[key].cells[task], finished(key, task)
             assert cell.mean == pytest.approx(statistics.fmean(accs))
             assert cell.std == pytest.approx(statistics.stdev(accs))  # ddof = 1
             assert cell.std == pytest.approx(float(__import__("numpy").std(accs, ddof=1)))
-            assert cell.n == 3
+            assert cell.n == len(accs)
     base = rows[("lora", "q,k,v", 1.0)]
     assert base.avg(table.tasks) == pytest.approx(statistics.fmean([statistics.fmean(a) for a in VALUES[
         ("lora", "q,k,v", 1.0)].values()]))
@@ -111,26 +121,34 @@ def test_cells_are_mean_sample_std_and_n_over_seeds(store_path):
     assert any("1 pending" in note for note in table.notes)
 
 
-def test_non_ok_runs_are_counted_not_averaged(store_path):
+def test_labelled_runs_are_averaged_in_and_counted_crashed_runs_left_out(store_path):
     table = build_table(load_rows([store_path]))
     rows = rows_by_label(table)
     kasa_rte = rows[("kasa", "q,v", 4.0)].cells["rte"]
-    assert kasa_rte.values == pytest.approx([0.64, 0.66, 0.70])
-    assert dict(kasa_rte.excluded) == {"collapsed": 1, "failed": 1}
-    # a seed that failed to learn: the median and range over all 4 seeds with a value (the collapsed one at
-    # 0.47; the crashed run has none), beside the mean of the ok runs
-    assert format_cell(kasa_rte, 100, 1) == \
-        "66.7 ± 3.1 (3) [1 collapsed, 1 failed; median 65.0, range 47.0–70.0 over 4 seeds]"
+    assert kasa_rte.values == pytest.approx([0.64, 0.66, 0.70, 0.47])  # the collapsed run at its value
+    assert kasa_rte.statuses == ["ok", "ok", "ok", "collapsed"] and kasa_rte.seeds == [0, 1, 2, 3]
+    assert dict(kasa_rte.labels) == {"collapsed": 1} and dict(kasa_rte.excluded) == {"failed": 1}
+    values = [0.64, 0.66, 0.70, 0.47]
+    # the label counted, the median and range of the cell beside its mean, the crash (no value) left out
+    assert format_cell(kasa_rte, 100, 1) == (
+        f"{statistics.fmean(values) * 100:.1f} ± {statistics.stdev(values) * 100:.1f} (4) [1 collapsed; median 65.0, "
+        "range 47.0–70.0; left out: 1 failed]")
     lora_mrpc = rows[("lora", "q,v", 4.0)].cells["mrpc"]
-    assert format_cell(lora_mrpc, 100, 1).endswith("(3) [1 diverged; median 80.5, range 31.0–83.0 over 4 seeds]")
+    assert format_cell(lora_mrpc, 100, 1).endswith("(4) [1 diverged; median 80.5, range 31.0–83.0]")
     only_collapsed = rows[("lora", "q,v", 8.0)]
     assert format_cell(only_collapsed.cells["rte"], 100, 1) == \
-        "collapsed (2): median 47.0, range 47.0–47.0 over 2 seeds"
+        "47.0 ± 0.0 (2) [2 collapsed; median 47.0, range 47.0–47.0]"
     assert "mrpc" not in only_collapsed.cells and only_collapsed.avg(table.tasks) is None
-    assert "collapsed (2): median 47.0" in markdown(table)
-    # a crash (no value) or a pruned trial alone is counted without a distribution: it did not fail to learn
+    # a crash or a pruned trial did not finish: left out, without a distribution (no labelled run is averaged in)
     crashed = Cell(values=[0.60, 0.62], seeds=[0, 1], excluded=Counter(failed=1, pruned=1))
-    assert format_cell(crashed, 100, 1) == "61.0 ± 1.4 (2) [1 failed, 1 pruned]"
+    assert format_cell(crashed, 100, 1) == "61.0 ± 1.4 (2) [left out: 1 failed, 1 pruned]"
+    # a labelled run without a value (diverged before its first evaluation): counted under its label, unpaired
+    cell = Cell()
+    for seed, status, value in ((0, "ok", 0.60), (1, "ok", 0.62), (2, "diverged", None), (3, "ok", float("nan"))):
+        cell.add_run(status, seed, value)
+    assert cell.seeds == [0, 1] and dict(cell.no_value) == {"diverged": 1}
+    assert format_cell(cell, 100, 1) == "61.0 ± 1.4 (2) [1 diverged (1 no value); left out: 1 missing metric]"
+    assert format_cell(Cell(no_value=Counter(diverged=2)), 100, 1) == "2 diverged (2 no value)"
 
 
 def test_before_fine_tuning_row(store_path):
@@ -151,15 +169,18 @@ def test_welch_t_test_against_scipy(store_path):
     base = VALUES[("lora", "q,k,v", 1.0)]
     marked = {}
     for key in [("lora", "q,v", 4.0), ("kasa", "q,v", 4.0)]:
-        for task in ("rte", "mrpc"):
-            expected = stats.ttest_ind(VALUES[key][task], base[task], equal_var=False).pvalue
+        for task in ("rte", "mrpc"):  # the labelled runs in, at their value
+            expected = stats.ttest_ind(finished(key, task), base[task], equal_var=False).pvalue
             cell = rows[key].cells[task]
             assert cell.p == pytest.approx(expected, rel=1e-12)
             assert cell.marked == (expected < 0.05)
             marked[(key, task)] = cell.marked
     assert any(marked.values()) and not all(marked.values())  # the inputs give both outcomes
     assert rows[("lora", "q,k,v", 1.0)].cells["rte"].p is None  # the baseline itself
-    assert rows[("lora", "q,v", 8.0)].cells["rte"].p is None  # no values to test
+    with warnings.catch_warnings():  # scipy warns about the constant group, as the report's footnote would say
+        warnings.simplefilter("ignore")
+        collapsed_p = stats.ttest_ind([0.47, 0.47], base["rte"], equal_var=False).pvalue
+    assert rows[("lora", "q,v", 8.0)].cells["rte"].p == pytest.approx(collapsed_p, rel=1e-12)  # at their value
     # a stricter alpha marks fewer cells
     strict = build_table(load_rows([store_path]), baseline="method=lora,targets=q,k,v,lr_ratio=1", alpha=0.001,
                          test="welch")
@@ -168,8 +189,11 @@ def test_welch_t_test_against_scipy(store_path):
     lines = list(csv.DictReader(io.StringIO(render_csv(table))))
     kasa = next(line for line in lines if line["method"] == "kasa")
     assert float(kasa["rte_p"]) == pytest.approx(
+        stats.ttest_ind(finished(("kasa", "q,v", 4.0), "rte"), base["rte"], equal_var=False).pvalue, rel=1e-12)
+    assert kasa["rte_labels"] == "1 collapsed" and kasa["rte_excluded"] == "1 failed" and kasa["rte_n"] == "4"
+    # unpaired, the labelled runs count wherever they are: the sensitivity is the test without them
+    assert float(kasa["rte_p_without_labels"]) == pytest.approx(
         stats.ttest_ind(VALUES[("kasa", "q,v", 4.0)]["rte"], base["rte"], equal_var=False).pvalue, rel=1e-12)
-    assert kasa["rte_excluded"] == "1 collapsed; 1 failed"
     assert [line["baseline"] for line in lines].count("1") == 1
 
 
@@ -206,7 +230,9 @@ def test_renderings(store_path):
     assert r"\begin{tabular}{lllcccc}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
     assert r"method & targets & lr\_ratio & MRPC & RTE & Avg & \#Param \\" in tex
     assert r"85.0 $\pm$ 1.0 (3)$^\dagger$" in tex
-    assert r"[1 collapsed, 1 failed; median 65.0, range 47.0--70.0 over 4 seeds]" in tex and "±" not in tex.split(r"\begin{tabular}")[1]
+    # paired with the baseline's seeds 0-2, kasa's collapsed seed 3 is in no pair: no comparison without it
+    assert r"[1 collapsed; median 65.0, range 47.0--70.0; left out: 1 failed]" in tex
+    assert "±" not in tex.split(r"\begin{tabular}")[1]
     assert tex.count(r"\midrule") == 2  # after the header and after the before-fine-tuning row
 
     rows = list(csv.reader(io.StringIO(render_csv(table))))
@@ -270,4 +296,4 @@ def test_pruned_tune_trials_are_counted_not_averaged(store_path):
         store.add(cfg, result=pruned)
     cell = rows_by_label(build_table(load_rows([store_path])))[("lora", "q,k,v", 1.0)].cells["mrpc"]
     assert cell.values == pytest.approx([0.80, 0.81, 0.79]) and dict(cell.excluded) == {"pruned": 1}
-    assert format_cell(cell, 100, 1).endswith("(3) [1 pruned]")
+    assert format_cell(cell, 100, 1).endswith("(3) [left out: 1 pruned]")

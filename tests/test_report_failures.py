@@ -1,6 +1,7 @@
-"""`peftlab report` on stores that could mislead: runs that never learned (no_learning) counted in brackets with the
-cell's median and range, tune trials pruned beside their complete run counted once, and tables whose runs come
-from more than one commit refused without --allow-mixed-code."""
+"""`peftlab report` on stores that could mislead: runs that never learned (no_learning) kept in the mean and the
+pairs at their value, their label counted beside the cell with its median and range and the comparison without
+them, tune trials pruned beside their complete run counted once, and tables whose runs come from more than one
+commit refused without --allow-mixed-code."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import sqlite3
 
 import pytest
+from scipy import stats
 
 from _report_helpers import markdown
 from peftlab.cli.main import main
@@ -57,29 +59,39 @@ def stsb_rows(lr_ratio: float = 1.0) -> list[dict]:
     return out
 
 
-def test_no_learning_runs_are_counted_and_the_cell_shows_median_and_range():
+def test_no_learning_runs_are_averaged_in_and_their_label_counted():
     table = build_table(stsb_rows())
     cell = table.rows[0].cells["stsb"]
-    assert cell.values == pytest.approx([0.80, 0.82, 0.79])  # never averaged in: the mean is of the ok runs
-    assert dict(cell.excluded) == {"no_learning": 2} and cell.failed_values == pytest.approx([0.025, 0.050])
+    assert cell.values == pytest.approx([0.80, 0.025, 0.82, 0.050, 0.79])  # every finished seed, at its value
+    assert cell.seeds == [0, 1, 2, 3, 4] and dict(cell.labels) == {"no_learning": 2} and not cell.excluded
     md = markdown(table)
-    # not a bare "64.8 ± 34.8": the failures are counted and the distribution over all five seeds is shown
-    assert "| 80.3 ± 1.5 (3) [2 no_learning; median 79.0, range 2.5–82.0 over 5 seeds] |" in md
+    # the mean of all five seeds, never a mean of the three that learned: the label and the spread beside it
+    assert "| 49.7 ± 42.0 (5) [2 no_learning; median 79.0, range 2.5–82.0] |" in md
     assert "no_learning: best dev metric never clearly above chance" in md
     head, *lines = render_csv(table).splitlines()
     rows = [dict(zip(head.split(","), line.split(","))) for line in lines]
     values = next(r for r in rows if "majority class" not in r.values())  # the runs' row, not STS-B's majority 0
     assert float(values["stsb_median"]) == pytest.approx(79.0) and float(values["stsb_min"]) == pytest.approx(2.5)
-    assert float(values["stsb_max"]) == pytest.approx(82.0) and values["stsb_excluded"] == "2 no_learning"
-    assert values["stsb_n"] == "3"
+    assert float(values["stsb_max"]) == pytest.approx(82.0) and values["stsb_labels"] == "2 no_learning"
+    assert values["stsb_n"] == "5" and values["stsb_excluded"] == ""
 
 
-def test_no_learning_never_enters_a_comparison():
-    rows = stsb_rows(1.0) + [row(c, result(c, v)) for c, v in
-                             ((config(seed=s, lr_ratio=2.0), 0.81 + s / 100) for s in range(5))]
+def test_a_no_learning_seed_stays_in_the_paired_comparison():
+    other = {s: 0.81 + s / 100 for s in range(5)}
+    rows = stsb_rows(1.0) + [row(c, result(c, other[s])) for s, c in ((s, config(seed=s, lr_ratio=2.0))
+                                                                      for s in range(5))]
     table = build_table(rows, baseline="lr_ratio=1")
-    other = next(r for r in table.rows if r.label["lr_ratio"] == 2.0).cells["stsb"]
-    assert other.comparison.n_pairs == 3  # the baseline's ok seeds 0, 2, 4 only
+    comparison = next(r for r in table.rows if r.label["lr_ratio"] == 2.0).cells["stsb"].comparison
+    assert comparison.n_pairs == 5  # every seed both rows finished, the baseline's no_learning seeds 1 and 3 too
+    every = stats.ttest_rel([other[s] for s in range(5)], [STSB[s] for s in range(5)])
+    assert comparison.p == pytest.approx(every.pvalue, rel=1e-12)
+    # the sensitivity: the same test on the seeds that learned (0, 2, 4), corrected apart
+    without = comparison.without_labels
+    learned = stats.ttest_rel([other[s] for s in (0, 2, 4)], [STSB[s] for s in (0, 2, 4)])
+    assert without.n_pairs == 3 and without.p == pytest.approx(learned.pvalue, rel=1e-12)
+    md = markdown(table)
+    assert f"5 pairs [without labels: Δ +{(0.83 - (0.80 + 0.82 + 0.79) / 3) * 100:.1f}" in md
+    assert "without labels: the same test with the labelled runs of both cells left out" in md
 
 
 def test_a_run_folder_with_status_no_learning_is_read(tmp_path, capsys):
@@ -92,7 +104,7 @@ def test_a_run_folder_with_status_no_learning_is_read(tmp_path, capsys):
                                                               status="ok" if value > 0.5 else "no_learning")))
         folders.append(str(folder))
     assert main(["report", *folders]) == 0
-    assert "[2 no_learning; median 79.0, range 2.5–82.0 over 5 seeds]" in capsys.readouterr().out
+    assert "49.7 ± 42.0 (5) [2 no_learning; median 79.0, range 2.5–82.0]" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- pruned trials
@@ -129,7 +141,7 @@ def test_a_pruned_trial_beside_its_complete_run_is_counted_once(tmp_path):
     assert sorted(cell.values) == pytest.approx([0.83, 0.835, 0.84]) and dict(cell.excluded) == {"pruned": 1}
     assert table.superseded_pruned == 1
     md = markdown(table)
-    assert "| 83.5 ± 0.5 (3) [1 pruned] |" in md
+    assert "| 83.5 ± 0.5 (3) [left out: 1 pruned] |" in md
     assert "1 pruned tune trial not counted: a complete run of the same config and seed is in the table." in md
 
 

@@ -1,7 +1,8 @@
 """One report table recomputed without report's code path: the store read with sqlite3 + json, the rows matched by
 the CSV's label columns, the seeds paired by hand, and the paired t-test's p-value and 95 % CI computed with plain
-numpy (the t distribution integrated numerically; no scipy). Any mismatch with `peftlab report --format csv`
-fails.
+numpy (the t distribution integrated numerically; no scipy). Every finished run is paired at its value, also those
+labelled no_learning, collapsed or diverged; where one is in the pairs, the comparison without them (the CSV's
+``_without_labels`` columns) is recomputed too. Any mismatch with `peftlab report --format csv` fails.
 
 ``CASES`` lists the tables checked. The first builds a small store here; a committed study store is checked by
 adding a case naming it (path relative to the repository root), its baseline, --where and --seeds, e.g.
@@ -52,10 +53,13 @@ class Case:
 
 
 LAMBDA_STUDY = "docs/study/lambda/results.sqlite"  # the redone study of docs/RESULTS.md
+KASA_STUDY = "docs/study/kasa/results.sqlite"  # its head and paper-KaSA rows hold no_learning seeds
 HELDOUT = tuple(range(100, 110))
+FINISHED = ("ok", "no_learning", "collapsed", "diverged")  # paired at their value; failed and pruned are not
 CASES = [Case(BUILT, "method=lora,lr_ratio=1"),
          Case(LAMBDA_STUDY, "lr=0.001,lr_ratio=1,targets=q,v", "task=stsb,epochs=2", HELDOUT, at_least=3),
-         Case(LAMBDA_STUDY, "lr=0.008,lr_ratio=1,targets=q,v", "task=sst2,epochs=2", HELDOUT, at_least=3)]
+         Case(LAMBDA_STUDY, "lr=0.008,lr_ratio=1,targets=q,v", "task=sst2,epochs=2", HELDOUT, at_least=3),
+         Case(KASA_STUDY, "method=lora", "task=stsb,epochs=2", HELDOUT, at_least=4)]
 
 
 # --------------------------------------------------------------------------- the store built here
@@ -117,22 +121,24 @@ def label(value) -> str:
 
 
 def store_runs(path: Path) -> list[tuple[dict, dict]]:
-    """(config, result) of the finished, complete, ok runs, read with sqlite3 and json only."""
+    """(config, result) of the finished, complete runs (ok or labelled), read with sqlite3 and json only."""
     with sqlite3.connect(path) as conn:
         rows = conn.execute("SELECT status, config, result FROM runs").fetchall()
     runs = []
     for status, config, result in rows:
         result = json.loads(result) if result else None
-        if status == "ok" and result and not result.get("stopped_early"):
+        if status in FINISHED and result and not result.get("stopped_early"):
             config = result.get("config") or json.loads(config)
             if int(config.get("epochs", 1)) > 0:
                 runs.append((config, result))
     return runs
 
 
-def per_seed(runs, labels: dict[str, str], task: str) -> dict[int, float]:
+def per_seed(runs, labels: dict[str, str], task: str, ok_only: bool = False) -> dict[int, float]:
     out = {}
     for config, result in runs:
+        if ok_only and result["status"] != "ok":
+            continue
         if config["task"] == task and all(label(config.get(k)) == v for k, v in labels.items()):
             seed = int(config.get("seed", 0))
             assert seed not in out, f"two runs of {labels} {task} at seed {seed}: pairing is ambiguous"
@@ -153,7 +159,7 @@ def test_paired_p_values_and_cis_recomputed_with_numpy(case, tmp_path, capsys):
     runs = [(config, result) for config, result in store_runs(path) if case.keeps(config)]
     base_line = next(line for line in lines if line["baseline"] == "1")
     base_labels = {k: base_line[k] for k in label_keys}
-    checked = 0
+    checked = sensitive = 0
     for line in lines:
         if line["baseline"] == "1" or line["before_fine_tuning"] == "1":
             continue
@@ -161,20 +167,33 @@ def test_paired_p_values_and_cis_recomputed_with_numpy(case, tmp_path, capsys):
         for task in tasks:
             if not line[f"{task}_p"]:
                 continue
-            mine, base = per_seed(runs, labels, task), per_seed(runs, base_labels, task)
-            seeds = sorted(set(mine) & set(base))
-            d = np.array([mine[s] - base[s] for s in seeds])
-            n = len(d)
-            mean = d.sum() / n
-            sd = math.sqrt(((d - mean) ** 2).sum() / (n - 1))
-            half = t_critical(n - 1) * sd / math.sqrt(n)
+            n, mean, low, high, p = paired_t(per_seed(runs, labels, task), per_seed(runs, base_labels, task))
             assert int(line[f"{task}_n_pairs"]) == n, (labels, task)
             assert float(line[f"{task}_diff"]) == pytest.approx(mean, rel=1e-9, abs=1e-12), (labels, task)
-            assert float(line[f"{task}_ci_low"]) == pytest.approx(mean - half, rel=1e-6, abs=1e-9), (labels, task)
-            assert float(line[f"{task}_ci_high"]) == pytest.approx(mean + half, rel=1e-6, abs=1e-9), (labels, task)
-            p = t_two_sided_p(mean / (sd / math.sqrt(n)), n - 1)
+            assert float(line[f"{task}_ci_low"]) == pytest.approx(low, rel=1e-6, abs=1e-9), (labels, task)
+            assert float(line[f"{task}_ci_high"]) == pytest.approx(high, rel=1e-6, abs=1e-9), (labels, task)
             assert float(line[f"{task}_p"]) == pytest.approx(p, rel=1e-6, abs=1e-12), (labels, task)
+            if line[f"{task}_p_without_labels"]:  # labelled runs in the pairs: the same test without them
+                n, mean, _, _, p = paired_t(per_seed(runs, labels, task, ok_only=True),
+                                            per_seed(runs, base_labels, task, ok_only=True))
+                assert int(line[f"{task}_n_pairs_without_labels"]) == n, (labels, task)
+                assert float(line[f"{task}_diff_without_labels"]) == pytest.approx(mean, rel=1e-9, abs=1e-12)
+                assert float(line[f"{task}_p_without_labels"]) == pytest.approx(p, rel=1e-6, abs=1e-12)
+                sensitive += 1
             checked += 1
     assert checked >= case.at_least  # the case really compares something
+    if case.store == KASA_STUDY:  # head (7 no_learning) and paper-KaSA (4) against LoRA
+        assert sensitive == 2
     if case.store == BUILT:
         assert checked == 4 and {line["rte_n_pairs"] for line in lines if line["method"] == "kasa"} == {"3"}
+
+
+def paired_t(mine: dict[int, float], base: dict[int, float]) -> tuple[int, float, float, float, float]:
+    """Pairs, mean difference, its 95 % t interval and the two-sided p, over the seeds both ran."""
+    seeds = sorted(set(mine) & set(base))
+    d = np.array([mine[s] - base[s] for s in seeds])
+    n = len(d)
+    mean = d.sum() / n
+    sd = math.sqrt(((d - mean) ** 2).sum() / (n - 1))
+    half = t_critical(n - 1) * sd / math.sqrt(n)
+    return n, mean, mean - half, mean + half, t_two_sided_p(mean / (sd / math.sqrt(n)), n - 1)

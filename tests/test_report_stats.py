@@ -313,7 +313,7 @@ def test_run_folders_as_inputs(tmp_path, capsys):
     failed = write_run(tmp_path / "runs" / "d", dict(kasa, seed=1), 0.0, status="failed")
     table = build_table(load_rows([a, b, started, failed]))
     assert "not in the table (unfinished): 1 running" in table.notes
-    assert "66.0 (1) [1 failed]" in markdown(table)
+    assert "66.0 (1) [left out: 1 failed]" in markdown(table)
 
     # a store and a run folder together; the same run twice counts once
     store = tmp_path / "sweep" / "results.sqlite"

@@ -290,22 +290,30 @@ def test_a_killed_study_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [
-    ["study", "lambda", "--task", "sst2,stsb", "--model", "tiny-bert", "--max-train-samples", "40",
+    ["study", "lambda", "--protocol", "fixed-rate", "--task", "sst2,stsb", "--model", "tiny-bert",
+     "--max-train-samples", "40",
      "--set", "max_length=32,rank=4", "--selection-seeds", "2", "--plateau-seeds", "3", "--no-search",
      "--ratios", "2,8", "--diagonal", "5e-4,4e-3"],
-    ["study", "kasa", "--task", "stsb", "--model", "tiny-bert", "--rows", "head,lora,kasa-paper", "--lr", "3e-4",
+    ["study", "kasa", "--protocol", "fixed-rate", "--task", "stsb", "--model", "tiny-bert", "--rows",
+     "head,lora,kasa-paper", "--lr", "3e-4",
      "--long-epochs", "6", "--long-seeds", "2", "--heldout-seeds", "4", "--no-key-ablation"][:-1],
+    ["study", "lambda", "--task", "stsb", "--model", "tiny-bert", "--ratios", "1.5,2,4", "--rate-centre", "7e-4",
+     "--patience", "2", "--min-delta", "0.001", "--max-extensions", "2", "--key-seeds", "12", "--set", "rank=4"],
+    ["study", "kasa", "--task", "stsb,mrpc", "--model", "tiny-bert", "--rows", "head,lora,kasa-reference",
+     "--selection-samples", "64", "--epochs", "5", "--grid-width", "2", "--no-paper-arms"],
 ])
 def test_the_reports_command_gives_the_design_back(argv, tmp_path):
     """REPORT.md's "reproduce" command, parsed again, is the same design: the command beside the numbers works."""
     import shlex
 
     from peftlab.cli.main import build_parser
-    from peftlab.lab.study import design_from_args
+    from peftlab.lab.study_cli import design_from_args
+    from peftlab.lab.study_fair_report import study_command as fair_command
+    from peftlab.lab.study_protocol import Design
     from peftlab.lab.study_report import study_command
 
     design = design_from_args(build_parser(argv).parse_args(argv))
-    command = study_command(design, tmp_path / "study")
+    command = (fair_command if isinstance(design, Design) else study_command)(design, tmp_path / "study")
     words = shlex.split(command)
     assert words[0] == "peftlab"
     again = design_from_args(build_parser(words[1:]).parse_args(words[1:]))

@@ -9,15 +9,16 @@ task, such as a per-task epoch count), methods in the order the runs list them (
 keys by value; columns are tasks (their primary metric, ``best`` epoch by default), an Avg column (mean over
 tasks of the cell means, only for rows with every task, and left out when a column is a lower-is-better metric
 such as eval_loss) and #Param. A cell is ``mean ± std (n)`` with the sample std (ddof=1) over the seeds of its
-``ok`` runs. Runs that did not learn (``no_learning``, ``collapsed``, ``diverged``) or crashed (``failed``) are
-never averaged in: they are counted in [brackets]; where any seed failed to learn, the bracket also gives the
-median and range over all its seeds, those runs at their value (``71.2 ± 0.8 (3) [1 no_learning; median 70.9,
-range 2.5–72.0 over 4 seeds]``), so a bimodal cell never reads as a bare mean. Pruned tune trials (status
-``pruned``, or older ``ok`` rows with result.json ``stopped_early``) are counted, never averaged, and left out
-altogether where a complete run of the same config and seed exists (a (config, seed) appears once). Runs with
-``epochs: 0`` form the before-fine-tuning row(s). A "majority class" row follows them: per task, the mean of the
-runs' ``majority_baseline`` (always predicting the evaluated dev set's most frequent class; 0 for correlation
-metrics), for GLUE-style tasks scored on their primary metric; a note says when runs disagree. It is
+*finished* runs: ``ok`` ones and those labelled ``no_learning``, ``collapsed`` or ``diverged``, each at its measured
+value. A run is never left out for how it came out: its label is counted in [brackets] with the cell's median and
+range (``49.7 ± 42.0 (5) [2 no_learning; median 79.0, range 2.5–82.0]``), so a bimodal cell never reads as a bare
+mean; a labelled run without a value (diverged before its first evaluation) is counted as "no value" (it cannot be
+paired). Runs that crashed (``failed``) and pruned tune trials (status ``pruned``, or older ``ok`` rows with
+result.json ``stopped_early``) did not finish: they are counted after "left out:", never averaged, and a pruned
+trial is not counted at all where a complete run of the same config and seed exists (a (config, seed) appears
+once). Runs with ``epochs: 0`` form the before-fine-tuning row(s). A "majority class" row follows them: per
+task, the mean of the runs' ``majority_baseline`` (always predicting the evaluated dev set's most frequent class; 0
+for correlation metrics), for GLUE-style tasks scored on their primary metric; a note says when runs disagree. It is
 ``Table.majority`` (not one of ``Table.rows``); in the CSV a row labelled "majority class".
 
 ``--baseline "method=lora,targets=q,k,v,lr_ratio=1"`` picks a row (labelled "(baseline)"); every other cell is
@@ -25,9 +26,13 @@ compared with the baseline's cell of its task (lab/stats.py: ``--test auto|paire
 ``--ci t|bootstrap``, ``--correction bh|holm|none``, ``--equivalence-margin M``, ``--power``, ``--power-diff D``).
 The cell then reads ``85.0 ± 1.0 (3)† Δ +5.0 (CI +2.1, +7.9) p=0.0036 (adj 0.0072), 3 pairs``: † marks p (the
 adjusted p under a correction) < ``--alpha``; Δ is the difference to the baseline with its 95 % CI; paired tests
-say how many seeds they paired; ``equivalent within M`` is added only where the TOST passes after the correction.
-The CSV carries ``{task}_diff``, ``_ci_low``, ``_ci_high``, ``_n_pairs``, ``_p``, ``_p_adj`` (and ``_tost_p``,
-``_equivalent``; ``_detectable``, ``_seeds_needed`` with --power) unrounded.
+say how many seeds they paired (every seed both rows finished with a value); ``equivalent within M`` is added only
+where the TOST passes after the correction. Where a comparison holds labelled runs, the bracket adds the same
+comparison without them (``without labels: Δ ...``, corrected over those sensitivity comparisons apart).
+The CSV carries ``{task}_labels``, ``_no_value``, ``_excluded`` (left out), ``_diff``, ``_ci_low``, ``_ci_high``,
+``_n_pairs``, ``_p``, ``_p_adj``, the sensitivity's ``_diff_without_labels``, ``_n_pairs_without_labels``,
+``_p_without_labels``, ``_p_adj_without_labels`` (and ``_tost_p``, ``_equivalent``; ``_detectable``,
+``_seeds_needed`` with --power) unrounded.
 
 Code provenance (lab/provenance.py): under each table a line says how many commits and dirty runs it mixes; a
 table of runs from more than one commit is refused (PeftlabError, exit 2) unless ``--allow-mixed-code``.
@@ -41,7 +46,6 @@ adapter method, so their LoRA {q,v} r=8 on RoBERTa-base reads 1.48M = 294,912 + 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
@@ -71,7 +75,7 @@ from peftlab.lab.records import (
     varying_keys,
 )
 from peftlab.lab.stats import CI_METHODS, CORRECTIONS, TESTS, compare_with_baseline
-from peftlab.lab.table_model import FAILED_TO_LEARN, Cell, Row, Table
+from peftlab.lab.table_model import Cell, Row, Table
 from peftlab.lab.tables import MAJORITY, PARAM_CONVENTIONS, RENDERERS
 
 # Task kinds with a majority class (the instruction tasks' majority_baseline is a placeholder 0).
@@ -95,9 +99,9 @@ def param_count(trainable: dict | None, convention: str, method: str | None) -> 
 
 def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> tuple[pd.DataFrame, list[dict]]:
     """One line per record: its group (the config without ``drop``; before-fine-tuning runs also pool over
-    TRAINING_ONLY_KEYS), task, seed, the value it contributes or why it is left out (with, for a run that failed
-    to learn, its metric for the cell's median and range), #Param and the majority-class score. Returns the frame
-    and each group's config (index = the frame's ``group``)."""
+    TRAINING_ONLY_KEYS), task, seed, status (``pruned`` for a tune trial stopped early, whatever it says), its
+    value (nan without one), #Param and the majority-class score. Returns the frame and each group's config (index
+    = the frame's ``group``)."""
     group_ids: dict[tuple, int] = {}
     configs: list[dict] = []
     lines = []
@@ -108,21 +112,13 @@ def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> t
         if frozen not in group_ids:
             group_ids[frozen] = len(configs)
             configs.append(config)
-        finite = rec.value is not None and math.isfinite(rec.value)
-        failed_value = rec.value if rec.status in FAILED_TO_LEARN and finite else math.nan
-        if is_pruned(rec):  # a tune trial stopped after a few epochs: not a full run
-            value, excluded = math.nan, "pruned"
-        elif rec.status != "ok":  # diverged, collapsed, failed, no_learning: never averaged
-            value, excluded = math.nan, rec.status
-        elif not finite:
-            value, excluded = math.nan, "missing metric"
-        else:
-            value, excluded = rec.value, None
         result = rec.result or {}
         count = param_count(result.get("trainable_params"), params, rec.config.get("method")) \
             if rec.result and not rec.before else None
+        # a pruned trial stopped after a few epochs: not a full run, whatever status it ended with
         lines.append({"group": group_ids[frozen], "before": rec.before, "task": rec.task, "seed": rec.seed,
-                      "value": value, "excluded": excluded, "failed_value": failed_value, "params": count,
+                      "status": "pruned" if is_pruned(rec) else rec.status,
+                      "value": math.nan if rec.value is None else rec.value, "params": count,
                       "majority": _majority_value(rec)})
     return pd.DataFrame(lines), configs
 
@@ -141,15 +137,13 @@ def _majority_value(rec: RunRecord) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _cells(frame: pd.DataFrame) -> pd.DataFrame:
-    """(group, task) -> the values averaged and their seeds (in run order), the runs left out by reason, and
-    the metrics of the runs that failed to learn."""
-    averaged = frame["value"].notna()
-    return frame.assign(averaged_seed=frame["seed"].where(averaged)).groupby(["group", "task"], sort=False).agg(
-        values=("value", lambda s: [float(v) for v in s.dropna()]),
-        seeds=("averaged_seed", lambda s: [int(v) for v in s.dropna()]),
-        excluded=("excluded", lambda s: Counter(s.dropna())),
-        failed_values=("failed_value", lambda s: [float(v) for v in s.dropna()]))
+def _cells(frame: pd.DataFrame) -> dict[tuple[int, str], Cell]:
+    """(group, task) -> its cell, each run placed by :meth:`Cell.add_run` in run order: every finished run at its
+    value (labelled or not), the others counted apart."""
+    cells: dict[tuple[int, str], Cell] = {}
+    for line in frame.itertuples(index=False):
+        cells.setdefault((line.group, line.task), Cell()).add_run(line.status, line.seed, line.value)
+    return cells
 
 
 def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None = None, params: str = "total",
@@ -185,9 +179,8 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
     frame = frame[~(frame["before"] & frame.duplicated(["group", "task", "seed"]))]
     groups = {gid: Row(config=configs[gid], label={}, before=bool(before))
               for gid, before in frame.groupby("group", sort=False)["before"].first().items()}
-    for (gid, task), cell in _cells(frame).iterrows():
-        groups[gid].cells[task] = Cell(values=cell["values"], seeds=cell["seeds"], excluded=cell["excluded"],
-                                       failed_values=cell["failed_values"])
+    for (gid, task), cell in _cells(frame).items():
+        groups[gid].cells[task] = cell
     trained_frame = frame[~frame["before"]]
     for gid, counts in trained_frame.groupby("group", sort=False)["params"].agg(lambda s: set(s.dropna())).items():
         groups[gid].params = {int(c) for c in counts}
@@ -319,12 +312,13 @@ def decimals(value: str) -> int:
 def add_parser(sub) -> None:
     parser = sub.add_parser(
         "report", help="table of results stores or run folders: mean ± std over seeds per config and task",
-        description="Rows: configs without the seed; columns: tasks (primary metric), Avg, #Param. Runs that did "
-                    "not learn (no_learning, collapsed, diverged), crashed or were pruned are counted in "
-                    "[brackets], never averaged in; a cell where a seed failed to learn also shows the median and "
-                    "range over all its seeds. With --baseline, every other cell shows its difference to the "
-                    "baseline with a 95% CI, the p-value (and the corrected one) and, for paired tests, its "
-                    "number of pairs. Under the table: which code (commits, dirty trees) the runs ran.")
+        description="Rows: configs without the seed; columns: tasks (primary metric), Avg, #Param. Every finished "
+                    "run is averaged at its value, also those labelled no_learning, collapsed or diverged: the "
+                    "labels are counted in [brackets] with the cell's median and range; runs that crashed or were "
+                    "pruned are counted there as left out. With --baseline, every other cell shows its difference "
+                    "to the baseline with a 95% CI, the p-value (and the corrected one) and, for paired tests, its "
+                    "number of pairs; where labelled runs are in it, also the same comparison without them. Under "
+                    "the table: which code (commits, dirty trees) the runs ran.")
     parser.add_argument("stores", nargs="+", metavar="PATH",
                         help="results.sqlite of a sweep (or its output folder), or run folders of peftlab train "
                              "(holding result.json; e.g. runs/*/); several are merged")

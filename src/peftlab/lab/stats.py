@@ -25,6 +25,10 @@ alternative="less")``); its p is the larger of the two (intersection-union: both
 them), corrected over the table's equivalence tests like the difference tests; a cell is "equivalent within M"
 only when that corrected p < alpha.
 
+Labelled runs (``no_learning``, ``collapsed``, ``diverged``) finished: they are in every comparison at their value,
+never dropped for how they came out. Where one is, :func:`without_labels` runs the same test with them left out of
+both cells (the *sensitivity*), corrected over the sensitivity comparisons as a family of their own.
+
 Corrections (``--correction``) over all the table's comparisons together: ``bh`` (default;
 ``scipy.stats.false_discovery_control(method="bh")``, false discovery rate), ``holm`` (Holm's step-down,
 family-wise error: :func:`holm`) or ``none``.
@@ -194,6 +198,25 @@ def compare(cell: Cell, reference: Cell, *, test: str, ci: str = "t", margin: fl
     return out
 
 
+def without_labels(cell: Cell, reference: Cell, *, test: str, ci: str = "t") -> Comparison | None:
+    """The sensitivity of a comparison to its labelled runs (no_learning, collapsed, diverged): the same test with
+    them left out of both cells. None when none of them is in the comparison (paired: at a seed both cells ran),
+    or when what is left cannot be tested."""
+    mine, theirs = cell.ok_only(), reference.ok_only()
+    if not labelled_in(cell, reference, test) or not mine.values or untestable(mine, theirs, test):
+        return None
+    return compare(mine, theirs, test=test, ci=ci)
+
+
+def labelled_in(cell: Cell, reference: Cell, test: str) -> bool:
+    """Whether a labelled run is among the values the test compares (paired: at a seed both cells ran)."""
+    if test not in PAIRED_TESTS:
+        return bool(cell.labelled_values or reference.labelled_values)
+    common = set(cell.seeds) & set(reference.seeds)
+    return any(seed in common for c in (cell, reference) for seed, status in zip(c.seeds, c.statuses)
+               if status != "ok")
+
+
 # --------------------------------------------------------------------------- corrections
 
 
@@ -296,7 +319,8 @@ def power_of(cell: Cell, reference: Cell, comparison: Comparison, *, alpha: floa
 
 def compare_with_baseline(table: Table) -> None:
     """Every non-baseline trained cell against the baseline's cell of its task (``table.test``, chosen first when
-    ``auto``), then the correction over all of them together, the marks, equivalence and power."""
+    ``auto``), then the correction over all of them together, the marks, equivalence and power; where labelled runs
+    (no_learning, collapsed, diverged) are in a comparison, also the comparison without them (corrected apart)."""
     choose_test(table)
     base = table.baseline
     margin = None if table.margin is None else table.margin / table.scale
@@ -317,15 +341,23 @@ def compare_with_baseline(table: Table) -> None:
                 cell.comparison.power = power_of(cell, ref, cell.comparison, alpha=table.alpha, target=target)
             table.comparisons.append((row, task))
             table.constant += cell.comparison.constant
+            cell.comparison.without_labels = without_labels(cell, ref, test=table.test, ci=table.ci)
     found = [row.cells[task].comparison for row, task in table.comparisons]
-    adjusted = adjust([c.p for c in found], table.correction)
-    for i, comparison in enumerate(found):
-        comparison.p_adj = None if adjusted is None or not math.isfinite(comparison.p) else adjusted[i]
-        used = comparison.p if adjusted is None else adjusted[i]
-        comparison.marked = math.isfinite(used) and used < table.alpha
+    _correct(found, table.correction, table.alpha)
+    # the sensitivity comparisons are a family of their own: they restate the same questions
+    _correct([c.without_labels for c in found if c.without_labels is not None], table.correction, table.alpha)
     if margin is not None:
         adjusted = adjust([c.tost_p for c in found], table.correction)
         for i, comparison in enumerate(found):
             used = comparison.tost_p if adjusted is None else adjusted[i]
             comparison.tost_p_adj = None if adjusted is None else adjusted[i]
             comparison.equivalent = math.isfinite(used) and used < table.alpha
+
+
+def _correct(found: list[Comparison], correction: str, alpha: float) -> None:
+    """``p_adj`` and the marks of ``found``, corrected together."""
+    adjusted = adjust([c.p for c in found], correction)
+    for i, comparison in enumerate(found):
+        comparison.p_adj = None if adjusted is None or not math.isfinite(comparison.p) else adjusted[i]
+        used = comparison.p if adjusted is None else adjusted[i]
+        comparison.marked = math.isfinite(used) and used < alpha

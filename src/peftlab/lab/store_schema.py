@@ -1,7 +1,9 @@
 """The results store's schema (version 2) and how a pruned run is named, apart from :mod:`peftlab.lab.store`.
 
 Statuses: a run row is pending or running, then one of RESULT_STATUSES. FINISHED rows are never rerun under
-their key; NOT_OK rows are never averaged into a mean. A pruned trial (result status ``pruned``, or ``ok``
+their key; NOT_OK rows are counted apart by a tune's candidate scores and a figure's cells (reports and
+studies keep finished labelled runs, diverged / collapsed / no_learning, in their means and pairs at their
+value: lab/table_model.Cell). A pruned trial (result status ``pruned``, or ``ok``
 with ``stopped_early`` from before that status) lives under :func:`pruned_key`, its folder at
 :func:`pruned_dir`: the complete run of the same config keeps its own key and folder.
 """
@@ -18,7 +20,7 @@ SCHEMA_VERSION = 2
 STATUSES = ("pending", "running", "ok", "diverged", "collapsed", "no_learning", "pruned", "failed")
 RESULT_STATUSES = ("ok", "diverged", "collapsed", "no_learning", "pruned", "failed")  # what a run can end as
 FINISHED = ("ok", "diverged", "collapsed", "no_learning", "pruned")  # never rerun under its key
-NOT_OK = ("diverged", "collapsed", "failed", "no_learning", "pruned")  # never averaged into a mean
+NOT_OK = ("diverged", "collapsed", "failed", "no_learning", "pruned")  # a tune candidate / figure cell: not ok
 PRUNED_MARK = ".pruned-e"  # <key>.pruned-e<N>, <run folder>.pruned-e<N>: a trial stopped after N epochs
 
 RUNS_TABLE = """

@@ -1,14 +1,15 @@
 """A study's arms (one config's runs over a seed list) and their paired comparisons, as text and as data.
 
-An arm keeps the ok runs (values with their seeds: what is averaged and paired) apart from the seeds that
-failed to learn; comparisons are :func:`peftlab.lab.stats.compare` (paired t, CI, TOST) with Holm over a
-task's family of comparisons and the power of each (scipy's noncentral t).
+An arm holds every finished run at its value (ok, and those labelled no_learning, collapsed or diverged: a run
+is never dropped for how it came out; the labels are counted beside the arm). Comparisons are
+:func:`peftlab.lab.stats.compare` (paired t, CI, TOST) with Holm over a section's family of comparisons, the power
+of each (scipy's noncentral t), and the same comparison without the labelled runs (a family of its own). Their data
+(:func:`comparison_data`) is what verdicts.json holds and :mod:`peftlab.lab.verdicts` writes sentences from.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -17,7 +18,7 @@ from peftlab.io_utils import atomic_write_text
 from peftlab.lab import stats
 from peftlab.lab import study_design as sd
 from peftlab.lab.records import auto_scale, matches
-from peftlab.lab.table_model import FAILED_TO_LEARN, Cell, Comparison
+from peftlab.lab.table_model import Cell, Comparison
 
 ALPHA = 0.05
 
@@ -27,16 +28,25 @@ ALPHA = 0.05
 
 @dataclass
 class Arm:
-    """One config's runs on a seed list: the ok values (paired by seed), and the seeds that failed."""
+    """One config's runs on a seed list: every finished run at its value (paired by seed), labelled or not."""
 
     name: str
-    cell: Cell  # ok runs: values + seeds (what is averaged and paired)
-    failed: int  # no_learning / collapsed / diverged / failed
+    cell: Cell  # values + seeds + statuses of the finished runs; labelled runs without a value; crashed runs
     missing: int  # seeds without a finished run (not run yet, or skipped)
 
     @property
     def n(self) -> int:
         return self.cell.n
+
+    @property
+    def failed(self) -> int:
+        """Runs that did not train: labelled (averaged in at their value) or crashed (left out)."""
+        return self.cell.labelled + sum(self.cell.excluded.values())
+
+    @property
+    def runs(self) -> int:
+        """Every run on the seed list that ended, whatever it ended as."""
+        return self.cell.n + sum(self.cell.no_value.values()) + sum(self.cell.excluded.values())
 
 
 def best_value(result: dict) -> float | None:
@@ -52,10 +62,11 @@ def first_epoch_value(result: dict) -> float | None:
 def arm(name: str, rows: Iterable[dict], match: dict, seeds: list[int], value_of=best_value,
         unless: Iterable[dict] = ()) -> Arm:
     """The runs whose config matches ``match`` (floats compared with tolerance) and none of ``unless``, on
-    ``seeds``; each run's value is ``value_of(result)`` (default: the best epoch's primary metric). ``unless``
-    holds the other arms that ``match`` would also take in (a row that sets more keys, e.g. KaSA at the
-    paper's rates beside KaSA at the defaults): a run belongs to one arm only."""
-    cell, failed, found = Cell(), 0, set()
+    ``seeds``; each run's value is ``value_of(result)`` (default: the best epoch's primary metric), and
+    :meth:`Cell.add_run` places it. ``unless`` holds the other arms that ``match`` would also take in (a row that
+    sets more keys, e.g. KaSA at the paper's rates beside KaSA at the defaults): a run belongs to one arm only.
+    Pruned tune trials are no run of the arm (they stopped early by design)."""
+    cell, found = Cell(), set()
     unless = list(unless)
     for row in rows:
         config = row.get("config") or {}
@@ -67,21 +78,12 @@ def arm(name: str, rows: Iterable[dict], match: dict, seeds: list[int], value_of
         if row.get("status") == "pruned" or (row.get("result") or {}).get("stopped_early"):
             continue
         found.add(seed)
-        result = row.get("result") or {}
-        value = value_of(result)
-        if row["status"] == "ok" and isinstance(value, (int, float)) and math.isfinite(value):
-            cell.values.append(float(value))
-            cell.seeds.append(int(seed))
-        else:
-            failed += 1
-            cell.excluded[row["status"]] += 1
-            if row["status"] in FAILED_TO_LEARN and isinstance(value, (int, float)) and math.isfinite(value):
-                cell.failed_values.append(float(value))
-    return Arm(name, cell, failed, len(set(seeds) - found))
+        cell.add_run(row["status"], int(seed), value_of(row.get("result") or {}))
+    return Arm(name, cell, len(set(seeds) - found))
 
 
 def compare_arms(a: Arm, b: Arm, margin: float | None) -> Comparison | None:
-    """``a`` minus ``b``, paired by seed; None with fewer than 2 pairs."""
+    """``a`` minus ``b``, paired by seed (every seed both finished with a value); None with fewer than 2 pairs."""
     common = set(a.cell.seeds) & set(b.cell.seeds)
     if len(common) < 2:
         return None
@@ -89,65 +91,81 @@ def compare_arms(a: Arm, b: Arm, margin: float | None) -> Comparison | None:
 
 
 def holm_family(family: dict[str, tuple[Comparison | None, Arm, Arm]], margin: float | None) -> None:
-    """Holm over a task's family of comparisons (the difference tests; the equivalence tests as their own
-    family), then marks, equivalence verdicts and power (scipy's noncentral t), in place."""
-    present = {k: v for k, v in family.items() if v[0] is not None}
-    for attr, adj in (("p", "p_adj"), ("tost_p", "tost_p_adj")):
-        keys = [k for k, v in present.items() if getattr(v[0], attr) is not None]
-        if keys:
-            for key, value in zip(keys, stats.adjust([getattr(present[k][0], attr) for k in keys], "holm")):
-                setattr(present[key][0], adj, value)
-    for c, a, b in present.values():
+    """Holm over a section's family of comparisons (the difference tests; the equivalence tests as their own
+    family), then marks, equivalence verdicts and power (scipy's noncentral t), in place; then each comparison
+    without its labelled runs (``without_labels``), Holm over those as a family of their own."""
+    present = [v for v in family.values() if v[0] is not None]
+    _holm([c for c, _, _ in present], "p", "p_adj")
+    _holm([c for c, _, _ in present], "tost_p", "tost_p_adj")
+    for c, a, b in present:
         c.marked = c.p_adj is not None and c.p_adj < ALPHA
         c.equivalent = margin is not None and c.tost_p_adj is not None and c.tost_p_adj < ALPHA
         c.power = stats.power_of(a.cell, b.cell, c, alpha=ALPHA, target=None)
+        c.without_labels = stats.without_labels(a.cell, b.cell, test="paired")
+    sensitivity = [c.without_labels for c, _, _ in present if c.without_labels is not None]
+    _holm(sensitivity, "p", "p_adj")
+    for c in sensitivity:
+        c.marked = c.p_adj is not None and c.p_adj < ALPHA
 
 
-# --------------------------------------------------------------------------- text
+def _holm(comparisons: list[Comparison], attr: str, adjusted: str) -> None:
+    """``adjusted`` = Holm's adjustment of ``attr`` over the comparisons that have one."""
+    have = [c for c in comparisons if getattr(c, attr) is not None]
+    if have:
+        for c, value in zip(have, stats.adjust([getattr(c, attr) for c in have], "holm")):
+            setattr(c, adjusted, value)
+
+
+# --------------------------------------------------------------------------- data and text
+
+
+def comparison_data(name: str, c: Comparison | None, a: Arm, b: Arm, scale: float, *, margin: float | None,
+                    family: str) -> dict:
+    """One comparison as verdicts.json holds it (in the table's points): what :mod:`peftlab.lab.verdicts` writes
+    its sentence from. ``margin``: the equivalence margin in points (None: no TOST); ``family``: what Holm was
+    applied over, as the report names it."""
+    data = {"name": name, "a": a.name, "b": b.name, "family": family, "margin": margin,
+            "labels": {"a": dict(a.cell.labels), "b": dict(b.cell.labels)},
+            "no_value": {"a": dict(a.cell.no_value), "b": dict(b.cell.no_value)},
+            "left_out": {"a": dict(a.cell.excluded), "b": dict(b.cell.excluded)},
+            **_numbers(c, scale, len(set(a.cell.seeds) & set(b.cell.seeds)))}
+    data["without_labels"] = None
+    if c is not None and c.without_labels is not None:
+        data["without_labels"] = _numbers(c.without_labels, scale, c.without_labels.n_pairs)
+    elif c is not None and stats.labelled_in(a.cell, b.cell, "paired"):  # too few pairs left without the labels
+        ok = set(a.cell.ok_only().seeds) & set(b.cell.ok_only().seeds)
+        data["without_labels"] = _numbers(None, scale, len(ok))
+    return data
+
+
+def _numbers(c: Comparison | None, scale: float, n_pairs: int) -> dict:
+    if c is None:  # not testable: the pairs there are
+        return {"diff": None, "ci": None, "n_pairs": n_pairs, "p": None, "p_holm": None, "significant": False,
+                "tost_p_holm": None, "equivalent": False, "detectable_80": None}
+    return {"diff": c.diff * scale, "ci": [c.ci_low * scale, c.ci_high * scale], "n_pairs": c.n_pairs, "p": c.p,
+            "p_holm": c.p_adj, "significant": c.marked, "tost_p_holm": c.tost_p_adj, "equivalent": c.equivalent,
+            "detectable_80": None if c.power is None or c.power.detectable is None else c.power.detectable * scale}
 
 
 def fmt(value: float, scale: float, digits: int = 1) -> str:
     return f"{value * scale:.{digits}f}"
 
 
-def fmt_p(p: float | None) -> str:
-    if p is None or not math.isfinite(p):
-        return "n/a"
-    return "<0.001" if p < 0.001 else f"{p:.2g}" if p < 0.1 else f"{p:.2f}"
-
-
 def describe_arm(a: Arm, scale: float) -> str:
-    if not a.cell.values:
-        return f"no ok run ({a.failed} failed, {a.missing} missing)"
-    text = f"{fmt(a.cell.mean, scale)}"
-    if a.cell.std is not None:
-        text += f" ± {fmt(a.cell.std, scale)}"
-    text += f" (n={a.n})"
-    if a.failed:
-        values = a.cell.all_values
-        text += (f" [{a.failed} failed to learn; median {fmt(sorted(values)[len(values) // 2], scale)}, "
-                 f"range {fmt(min(values), scale)}–{fmt(max(values), scale)}]")
-    return text
-
-
-def describe_comparison(c: Comparison | None, scale: float, margin: float | None = None) -> str:
-    if c is None:
-        return "not testable (fewer than 2 seeds with both runs ok)"
-    text = (f"Δ = {c.diff * scale:+.2f} [95 % CI {c.ci_low * scale:+.2f}, {c.ci_high * scale:+.2f}], "
-            f"{c.n_pairs} pairs, paired t p = {fmt_p(c.p)} (Holm {fmt_p(c.p_adj)})")
-    if margin is not None and c.tost_p_adj is not None:
-        text += (f"; equivalent within ±{margin:g}" if c.equivalent
-                 else f"; not shown equivalent within ±{margin:g} (TOST Holm p = {fmt_p(c.tost_p_adj)})")
-    if not c.marked and c.power is not None and c.power.detectable is not None:
-        text += f"; 80 % power to detect |Δ| ≥ {c.power.detectable * scale:.2f}"
-    return text
-
-
-def direction(c: Comparison | None) -> str:
-    """significant-better | significant-worse | no-difference"""
-    if c is None or not c.marked:
-        return "no-difference"
-    return "better" if c.diff > 0 else "worse"
+    """``14.2 ± 2.7 (n=10; 4 no_learning; median 12.0, range 3.8–18.1)``: every finished run at its value, the
+    labels counted, the median and range where labelled runs are averaged in, and the runs left out."""
+    cell = a.cell
+    notes = [", ".join(f"{n} {label}" + (f" ({cell.no_value[label]} no value)" if cell.no_value[label] else "")
+                       for label, n in sorted(cell.labels.items()))] if cell.labels else []
+    if cell.excluded:
+        notes.append("left out: " + ", ".join(f"{n} {reason}" for reason, n in sorted(cell.excluded.items())))
+    if not cell.values:
+        return f"no run with a value ({'; '.join(notes + [f'{a.missing} missing'])})"
+    if cell.labelled_values:  # labelled runs in the mean: how the values spread, after their counts
+        notes.insert(1, f"median {fmt(cell.median, scale)}, range {fmt(min(cell.values), scale)}–"
+                        f"{fmt(max(cell.values), scale)}")
+    text = fmt(cell.mean, scale) + (f" ± {fmt(cell.std, scale)}" if cell.std is not None else "")
+    return f"{text} ({'; '.join([f'n={cell.n}'] + notes)})"
 
 
 def load_store_rows(path: Path) -> list[dict]:

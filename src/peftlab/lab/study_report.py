@@ -2,9 +2,12 @@
 
 Every number comes from the store (``peftlab study ... --report-only`` rewrites all of it; each table is also a
 ``peftlab report`` of the same store, whose command REPORT.md prints beside it). Comparisons are paired by
-seed (:func:`peftlab.lab.stats.compare`), each with its difference, 95 % CI and Holm-adjusted p over the
-task's family of comparisons; a "loses nothing" claim needs TOST equivalence within the design's margin; where
-nothing is found the smallest difference the design detects with 80 % power is stated.
+seed (:func:`peftlab.lab.stats.compare`) over every run that finished, labelled runs (no_learning, collapsed,
+diverged) at their value, each with its difference, 95 % CI and Holm-adjusted p over its section's family of
+comparisons (the report names each family), and again without the labelled runs; a "loses nothing" claim needs TOST
+equivalence within the design's margin; where nothing is found the smallest difference the design detects with
+80 % power is stated. The comparisons are data first (verdicts.json); every sentence about them is written from
+that data by :mod:`peftlab.lab.verdicts`.
 """
 
 from __future__ import annotations
@@ -17,10 +20,9 @@ from typing import Iterable
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab import study_design as sd
 from peftlab.lab.records import matches
-from peftlab.lab.study_arms import (Arm, arm, compare_arms, describe_arm, describe_comparison,
-                                    design_summary, direction, first_epoch_value, holm_family, load_store_rows,
-                                    metric_scale, write_json)
-from peftlab.lab.table_model import Comparison
+from peftlab.lab.study_arms import (Arm, arm, compare_arms, comparison_data, describe_arm, design_summary,
+                                    first_epoch_value, holm_family, load_store_rows, metric_scale, write_json)
+from peftlab.lab.verdicts import Slot, render_lines
 
 
 # --------------------------------------------------------------------------- the lambda study
@@ -44,28 +46,6 @@ def cell_name(cell: sd.Cell) -> str:
     return f"lambda {cell.ratio:g} at eta_QK {cell.lr:g} (eta_V {cell.eta_v:g})"
 
 
-def lambda_verdict(off: Arm, diag: Arm, family: dict, scale: float) -> str:
-    """Which of "a larger eta_V" (the ratio) and "a larger learning rate" the held-out comparisons support."""
-    vs_best = family.get("off_vs_diag", (None,))[0]
-    vs_qk = family.get("off_vs_same_eta_qk", (None,))[0]
-    vs_v = family.get("off_vs_same_eta_v", (None,))[0]
-    best, at_qk, at_v = direction(vs_best), direction(vs_qk), direction(vs_v)
-    if best == "better":
-        claim = ("**the ratio**: lambda > 1 beats the best lambda-1 rate on held-out seeds, so a larger eta_V at "
-                 "fixed eta_QK is not just a larger learning rate")
-        if at_v == "better":
-            claim += ", and it beats lambda 1 at the same eta_V too"
-    elif best == "worse":
-        claim = "**a larger learning rate**: the best lambda-1 rate beats the best lambda > 1 cell on held-out seeds"
-    elif at_qk == "better":
-        claim = ("**a larger learning rate**: lambda > 1 beats lambda 1 at the same eta_QK, but not the best "
-                 "lambda-1 rate; what the ratio gives, a larger shared rate gives too")
-    else:
-        claim = ("**neither**: on held-out seeds lambda > 1 differs neither from lambda 1 at its eta_QK nor from "
-                 "the best lambda-1 rate")
-    return f"Verdict: {claim}."
-
-
 def lambda_task_section(design: sd.Design, rows: list[dict], task: str, root: Path) -> tuple[list[str], dict]:
     scale = metric_scale([r for r in rows if (r.get("config") or {}).get("task") == task])
     margin = design.equivalence_margin / scale
@@ -76,37 +56,9 @@ def lambda_task_section(design: sd.Design, rows: list[dict], task: str, root: Pa
     grid_seeds = design.selection_seed_list or heldout
     grid = [(c, cell_arm(design, rows, task, cell_name(c), c, grid_seeds, epochs=epochs))
             for c in sd.grid_cells(design)]
-    lines += [f"Grid on {'the selection seeds' if design.selection_seeds else 'the held-out seeds'} "
-              f"({len(grid_seeds)} per cell; a cell with a failed seed ranks below every cell whose seeds all "
-              "trained):", "",
-              "| cell | eta_QK | lambda | eta_V | mean ± std (n) | failed |", "|---|---|---|---|---|---|"]
-    for c, a in grid:
-        lines.append(f"| {cell_name(c)} | {c.lr:g} | {c.ratio:g} | {c.eta_v:g} | {describe_arm(a, scale)} | "
-                     f"{a.failed}/{a.n + a.failed} |")
-    by_ratio: dict[float, list[int]] = {}
-    for c, a in grid:
-        total = by_ratio.setdefault(c.ratio, [0, 0])
-        total[0] += a.failed
-        total[1] += a.failed + a.n
-    data["failed_by_lambda"] = {f"{r:g}": f"{f}/{n}" for r, (f, n) in sorted(by_ratio.items())}
-    lines += ["", "Runs that failed to learn, by lambda: "
-              + ", ".join(f"lambda {r}: {v}" for r, v in data["failed_by_lambda"].items()) + ".", ""]
+    lines += grid_lines(design, grid, len(grid_seeds), scale, data)
     if not design.selection_seeds:  # confirmatory: every lambda > 1 cell against its lambda-1 controls
-        family = {}
-        arms = {c: a for c, a in grid}
-        for c, a in grid:
-            if c.diagonal:
-                continue
-            for label, rate in (("same_eta_qk", c.lr), ("same_eta_v", c.eta_v)):
-                control = next((d for d in arms if d.diagonal and math.isclose(d.lr, rate)), None)
-                if control is not None:
-                    family[f"{cell_name(c)} vs {label}"] = (compare_arms(a, arms[control], margin), a, arms[control])
-        holm_family(family, margin)
-        lines += ["Held-out comparisons (paired by seed, Holm over this task's family):", ""]
-        for name, (c, a, b) in family.items():
-            lines.append(f"- {a.name} − {b.name}: {describe_comparison(c, scale, design.equivalence_margin)}")
-        data["comparisons"] = {k: _comparison_data(v[0], scale) for k, v in family.items()}
-        return lines + [""], data
+        return lines + confirmatory_lines(design, task, grid, scale, data), data
     if not picks_file.is_file():
         return lines + ["(no picks yet: the grid has not finished)", ""], data
     picks = json.loads(picks_file.read_text())
@@ -132,17 +84,59 @@ def lambda_task_section(design: sd.Design, rows: list[dict], task: str, root: Pa
         holm_family(family, margin)
         lines += [f"On the {len(heldout)} held-out seeds: best lambda 1 {describe_arm(diag, scale)}; best lambda > 1 "
                   f"{describe_arm(off, scale)}.", ""]
-        for key, (c, a, b) in family.items():
-            lines.append(f"- {a.name} ({cell_name(off_cell)}) − {b.name} ({_arm_cell(key, diag_cell, picks)}): "
-                         f"{describe_comparison(c, scale)}")
-        lines += ["", lambda_verdict(off, diag, family, scale), ""]
-        data["verdict"] = lambda_verdict(off, diag, family, scale)
+        over = f"the {len(family)} held-out comparisons of {task}'s best lambda > 1 cell"
+        data["comparisons"] = {
+            key: comparison_data(f"{a.name} ({cell_name(off_cell)}) − {b.name} ({_arm_cell(key, diag_cell, picks)})",
+                                 c, a, b, scale, family=over, margin=design.equivalence_margin)
+            for key, (c, a, b) in family.items()}
+        path = ("tasks", task, "comparisons")
+        lines += [Slot("family", path, "Held-out comparisons"), ""] + [Slot("comparison", path + (k,)) for k in family]
+        lines += ["", Slot("lambda_verdict", path), Slot("sensitivity_verdict", path), ""]
     data["picks"] = {"diagonal": picks.get("diagonal"), "off_diagonal": picks.get("off_diagonal")}
-    data["comparisons"] = {k: _comparison_data(v[0], scale) for k, v in family.items()}
+    data.setdefault("comparisons", {})
     lines += key_section(design, rows, task, diag_cell, scale, margin, data)
     lines += plateau_section(design, rows, task, diag_cell, off_cell, scale, data)
     lines += search_section(design, rows, task, picks, scale, data)
     return lines, data
+
+
+def grid_lines(design: sd.Design, grid: list[tuple[sd.Cell, Arm]], seeds: int, scale: float, data: dict) -> list[str]:
+    """The grid's table (every cell's runs, labelled ones at their value) and the failed runs by lambda."""
+    lines = [f"Grid on {'the selection seeds' if design.selection_seeds else 'the held-out seeds'} "
+             f"({seeds} per cell; a cell with a failed seed ranks below every cell whose seeds all trained):", "",
+             "| cell | eta_QK | lambda | eta_V | mean ± std (n) | failed |", "|---|---|---|---|---|---|"]
+    for c, a in grid:
+        lines.append(f"| {cell_name(c)} | {c.lr:g} | {c.ratio:g} | {c.eta_v:g} | {describe_arm(a, scale)} | "
+                     f"{a.failed}/{a.runs} |")
+    by_ratio: dict[float, list[int]] = {}
+    for c, a in grid:
+        total = by_ratio.setdefault(c.ratio, [0, 0])
+        total[0] += a.failed
+        total[1] += a.runs
+    data["failed_by_lambda"] = {f"{r:g}": f"{f}/{n}" for r, (f, n) in sorted(by_ratio.items())}
+    return lines + ["", "Runs that failed to learn, by lambda: "
+                    + ", ".join(f"lambda {r}: {v}" for r, v in data["failed_by_lambda"].items()) + ".", ""]
+
+
+def confirmatory_lines(design: sd.Design, task: str, grid: list[tuple[sd.Cell, Arm]], scale: float,
+                       data: dict) -> list[str | Slot]:
+    """Every lambda > 1 cell against its lambda-1 controls (same eta_QK, same eta_V), on the held-out seeds."""
+    margin = design.equivalence_margin / scale
+    family = {}
+    arms = {c: a for c, a in grid}
+    for c, a in grid:
+        if c.diagonal:
+            continue
+        for label, rate in (("same_eta_qk", c.lr), ("same_eta_v", c.eta_v)):
+            control = next((d for d in arms if d.diagonal and math.isclose(d.lr, rate)), None)
+            if control is not None:
+                family[f"{cell_name(c)} vs {label}"] = (compare_arms(a, arms[control], margin), a, arms[control])
+    holm_family(family, margin)
+    over = f"the {len(family)} held-out comparisons of {task}'s lambda > 1 cells with their lambda-1 controls"
+    data["comparisons"] = {k: comparison_data(f"{a.name} − {b.name}", c, a, b, scale, family=over,
+                                              margin=design.equivalence_margin) for k, (c, a, b) in family.items()}
+    path = ("tasks", task, "comparisons")
+    return [Slot("family", path, "Held-out comparisons"), ""] + [Slot("comparison", path + (k,)) for k in family] + [""]
 
 
 def _arm_cell(key: str, diag_cell: sd.Cell, picks: dict) -> str:
@@ -152,15 +146,7 @@ def _arm_cell(key: str, diag_cell: sd.Cell, picks: dict) -> str:
     return cell_name(sd.Cell(**control)) if control else "?"
 
 
-def _comparison_data(c: Comparison | None, scale: float) -> dict | None:
-    if c is None:
-        return None
-    return {"diff": c.diff * scale, "ci": [c.ci_low * scale, c.ci_high * scale], "n_pairs": c.n_pairs, "p": c.p,
-            "p_holm": c.p_adj, "significant": c.marked, "tost_p_holm": c.tost_p_adj, "equivalent": c.equivalent,
-            "detectable_80": None if c.power is None or c.power.detectable is None else c.power.detectable * scale}
-
-
-def key_section(design, rows, task, diag_cell, scale, margin, data) -> list[str]:
+def key_section(design, rows, task, diag_cell, scale, margin, data) -> list[str | Slot]:
     targets = sd.key_ablation_targets(design.base.get("targets", "q,v"))
     if not (design.key_ablation and targets and diag_cell):
         return []
@@ -172,20 +158,13 @@ def key_section(design, rows, task, diag_cell, scale, margin, data) -> list[str]
         return ["W_k ablation: not run (skipped or unfinished).", ""]
     family = {"freeze_wk": (compare_arms(qv, qkv, margin), qv, qkv)}
     holm_family(family, margin)
-    c = family["freeze_wk"][0]
-    data["freeze_wk"] = _comparison_data(c, scale)
-    if c is not None and c.equivalent:
-        verdict = f"freezing W_k loses nothing beyond ±{design.equivalence_margin:g} points (TOST)"
-    elif c is not None and c.marked:
-        verdict = f"freezing W_k {'gains' if c.diff > 0 else 'loses'} significantly"
-    else:
-        verdict = (f"no significant difference, but equivalence within ±{design.equivalence_margin:g} is not "
-                   "shown either: absence of evidence, not evidence of absence")
-    return [f"W_k frozen ({qv.name}) − W_k trained ({targets}), both at {cell_name(diag_cell)}, held-out seeds: "
-            f"{describe_comparison(c, scale, design.equivalence_margin)}. Verdict: {verdict}.", ""]
+    name = f"W_k frozen ({qv.name}) − W_k trained ({targets}), both at {cell_name(diag_cell)}, held-out seeds"
+    data["freeze_wk"] = comparison_data(name, *family["freeze_wk"], scale, margin=design.equivalence_margin,
+                                        family="this comparison alone (a family of 1)")
+    return [Slot("key", ("tasks", task, "freeze_wk")), ""]
 
 
-def plateau_section(design, rows, task, diag_cell, off_cell, scale, data) -> list[str]:
+def plateau_section(design, rows, task, diag_cell, off_cell, scale, data) -> list[str | Slot]:
     if not (design.plateau_epochs and diag_cell and off_cell):
         return []
     seeds, epochs = design.plateau_seed_list, design.plateau_epochs
@@ -204,14 +183,17 @@ def plateau_section(design, rows, task, diag_cell, off_cell, scale, data) -> lis
         best, first = arms[key]
         lines.append(f"- {best.name}: best over {epochs} epochs {describe_arm(best, scale)}; after epoch 1 "
                      f"{describe_arm(first, scale)}")
-    lines += [f"- final quality (best epoch of {epochs}), lambda > 1 − lambda 1: "
-              f"{describe_comparison(family['quality'][0], scale)}",
-              f"- speed (after epoch 1), lambda > 1 − lambda 1: {describe_comparison(family['speed'][0], scale)}", ""]
-    data["plateau"] = {k: _comparison_data(v[0], scale) for k, v in family.items()}
-    return lines
+    names = {"quality": f"final quality (best epoch of {epochs}), lambda > 1 − lambda 1",
+             "speed": "speed (after epoch 1), lambda > 1 − lambda 1"}
+    over = f"{task}'s 2 plateau comparisons (final quality and speed)"
+    data["plateau"] = {k: comparison_data(names[k], c, a, b, scale, margin=None, family=over)
+                       for k, (c, a, b) in family.items()}
+    path = ("tasks", task, "plateau")
+    return lines + ["", Slot("family", path, "Plateau comparisons"), ""] + [Slot("comparison", path + (k,))
+                                                                           for k in family] + [""]
 
 
-def search_section(design, rows, task, picks, scale, data) -> list[str]:
+def search_section(design, rows, task, picks, scale, data) -> list[str | Slot]:
     search = picks.get("search") or {}
     if not search:
         return []
@@ -220,20 +202,24 @@ def search_section(design, rows, task, picks, scale, data) -> list[str]:
             for name, p in search.items() if p.get("cell")}
     if "grid" not in arms:
         return []
-    lines = ["Choosing lambda within a budget, judged on the held-out seeds:", "",
+    lines = ["Choosing lambda within a budget, judged on the held-out seeds (each search's pick − the grid's, paired "
+             "by seed, Holm over these comparisons):", "",
              "| search | pick | epochs spent | held-out mean ± std (n) | − grid's pick |", "|---|---|---|---|---|"]
     family = {name: (compare_arms(a, arms["grid"], None), a, arms["grid"]) for name, a in arms.items()
               if name != "grid" and search[name]["cell"] != search["grid"]["cell"]}
     holm_family(family, None)
+    over = f"the {len(family)} comparisons of {task}'s searches with the grid's pick"
+    data["search"] = {name: {"pick": search[name]["cell"], "epochs": search[name].get("epochs"),
+                             "vs_grid": comparison_data(f"{name} − grid", *family[name], scale, margin=None,
+                                                        family=over) if name in family else None}
+                      for name in arms}
     for name, a in arms.items():
         p = search[name]
-        same = name != "grid" and p["cell"] == search["grid"]["cell"]
-        versus = "–" if name == "grid" else "the grid's pick" if same else describe_comparison(family[name][0], scale)
-        lines.append(f"| {name} | {cell_name(sd.Cell(**p['cell']))} | {p.get('epochs', '?')} | "
-                     f"{describe_arm(a, scale)} | {versus} |")
-    data["search"] = {name: {"pick": search[name]["cell"], "epochs": search[name].get("epochs"),
-                             "vs_grid": _comparison_data(family[name][0], scale) if name in family else None}
-                      for name in arms}
+        row = f"| {name} | {cell_name(sd.Cell(**p['cell']))} | {p.get('epochs', '?')} | {describe_arm(a, scale)} | "
+        if name in family:
+            lines.append(Slot("cell", ("tasks", task, "search", name, "vs_grid"), row, " |"))
+        else:
+            lines.append(row + ("–" if name == "grid" else "the grid's pick") + " |")
     return lines + [""]
 
 
@@ -291,7 +277,7 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
                                                      unless=more_specific(name, design.long_epochs))
     before = arm("before fine-tuning", rows, {"task": task, "model": design.base["model"], "epochs": 0}, seeds,
                  before_value)
-    lines = [f"## {task}", "", f"On seeds {seeds[0]}-{seeds[-1]} (paired by seed; Holm over this task's family):", "",
+    lines = [f"## {task}", "", f"On seeds {seeds[0]}-{seeds[-1]}:", "",
              "| row | mean ± std (n) |", "|---|---|", f"| before fine-tuning | {describe_arm(before, scale)} |"]
     lines += [f"| {a.name} | {describe_arm(a, scale)} |" for a in arms.values()]
     family = {}
@@ -310,10 +296,11 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
         family[f"kasa-paper − lora, {design.long_epochs} epochs"] = (compare_arms(arms[long_k], arms[long_l], margin),
                                                                       arms[long_k], arms[long_l])
     holm_family(family, margin)
-    lines += ["", "Comparisons:", ""]
-    lines += [f"- {name}: {describe_comparison(c, scale, design.equivalence_margin)}"
-              for name, (c, _, _) in family.items()]
-    data = {"task": task, "comparisons": {k: _comparison_data(v[0], scale) for k, v in family.items()}}
+    over = f"the {len(family)} comparisons of {task} below"
+    data = {"task": task, "comparisons": {k: comparison_data(k, c, a, b, scale, margin=design.equivalence_margin,
+                                                             family=over) for k, (c, a, b) in family.items()}}
+    path = ("tasks", task, "comparisons")
+    lines += ["", Slot("family", path, "Comparisons"), ""] + [Slot("comparison", path + (k,)) for k in family]
     movement = {}
     for name in ("kasa", "kasa-paper"):
         if name in arms:
@@ -323,12 +310,7 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
                       "||sigma_init|| per adapted module: "
                   + ", ".join(f"{k} {v:.3g}" for k, v in movement.items() if v is not None) + "."]
         data["sigma_movement"] = movement
-    better = [k for k, (c, _, _) in family.items() if k.startswith("kasa") and direction(c) == "better"]
-    worse = [k for k, (c, _, _) in family.items() if k.startswith("kasa") and direction(c) == "worse"]
-    verdict = ("KaSA is significantly better in: " + ", ".join(better) if better else "KaSA is significantly better "
-               "in none of its comparisons") + ("; significantly worse in: " + ", ".join(worse) if worse else "") + "."
-    lines += ["", f"Verdict: {verdict}", ""]
-    data["verdict"] = verdict
+    lines += ["", Slot("kasa_verdict", path), Slot("sensitivity_verdict", path), ""]
     return lines, data
 
 
@@ -343,7 +325,8 @@ def study_command(design: sd.Design, root) -> str:
     """The `peftlab study` command line whose options give ``design`` back (``design_from_args``'s inverse): every
     knob spelled out, so the command beside a number needs no defaults looked up."""
     base = dict(design.base)
-    words = [f"peftlab study {design.kind}", f"--task {','.join(design.tasks)}", f"--model {base.pop('model')}",
+    words = [f"peftlab study {design.kind} --protocol fixed-rate", f"--task {','.join(design.tasks)}",
+             f"--model {base.pop('model')}",
              f"--targets {base.pop('targets')}", f"--epochs {base.pop('epochs')}",
              f"--max-train-samples {base.pop('max_train_samples')}"]
     if base.get("max_eval_samples") is not None:
@@ -398,9 +381,11 @@ def write_report(paths, design: sd.Design, *, skipped: Iterable[str] = (), secon
     for name, command in write_figures(paths, design, rows):
         lines += ([f"![{name}](figures/{name})", "", f"`{command}`", ""] if command.startswith("peftlab")
                   else [f"{name}: {command}", ""])
+    write_json(paths.root / "verdicts.json", verdicts)
+    # every sentence about a comparison is written from verdicts.json as written, so it cannot drift from it
+    lines = render_lines(lines, json.loads((paths.root / "verdicts.json").read_text()))
     report = paths.root / "REPORT.md"
     atomic_write_text(report, "\n".join(lines).rstrip() + "\n")
-    write_json(paths.root / "verdicts.json", verdicts)
     return report
 
 

@@ -8,14 +8,17 @@ accuracy of 0.85, not 85); :attr:`Table.scale` is applied only when rendering.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-# Statuses of a run that finished without learning the task: counted in [brackets], never averaged, and a cell
-# with any of them also shows the median and range over all its seeds (these runs at their value).
+# Statuses of a run that finished without learning the task: *labels*. A labelled run is a finished run like an ok
+# one: it stays in its cell's mean and in every paired comparison at its measured value, and its label is counted
+# beside the cell; leaving runs out because of how they came out would bias every comparison they are in.
 FAILED_TO_LEARN = ("no_learning", "collapsed", "diverged")
+FINISHED_STATUSES = ("ok", *FAILED_TO_LEARN)  # runs in a cell at their value; failed (crashed) and pruned are not
 
 
 @dataclass
@@ -45,15 +48,38 @@ class Comparison:
     tost_p_adj: float | None = None
     equivalent: bool = False  # both one-sided tests pass after the correction
     power: Power | None = None
+    # the sensitivity: the same test with both cells' labelled runs left out (None: no labelled run in the pairs,
+    # or fewer than 2 pairs without them); its p is corrected over the sensitivity comparisons, apart
+    without_labels: Comparison | None = None
 
 
 @dataclass
 class Cell:
-    values: list[float] = field(default_factory=list)  # what the mean averages: the ok runs, in run order
+    values: list[float] = field(default_factory=list)  # every finished run with a measured value, in run order
     seeds: list[int] = field(default_factory=list)  # the seed of each value (pairing matches on it)
-    excluded: Counter = field(default_factory=Counter)  # status -> count (no_learning, collapsed, pruned, ...)
-    failed_values: list[float] = field(default_factory=list)  # FAILED_TO_LEARN runs' metrics, where they have one
+    statuses: list[str] = field(default_factory=list)  # the status of each value: ok or a label (FAILED_TO_LEARN)
+    no_value: Counter = field(default_factory=Counter)  # label -> labelled runs without a value: counted, unpaired
+    excluded: Counter = field(default_factory=Counter)  # reason -> runs left out: failed (crashed), pruned, ...
     comparison: Comparison | None = None
+
+    def __post_init__(self) -> None:
+        if not self.statuses:  # a cell built from values alone (the majority row, tests): all of them ok
+            self.statuses = ["ok"] * len(self.values)
+        if len(self.statuses) != len(self.values):
+            raise ValueError(f"{len(self.values)} values but {len(self.statuses)} statuses")
+
+    def add_run(self, status: str, seed: int, value: float | None) -> None:
+        """One run of the cell: a finished run (ok or labelled) at its value; a labelled run without a value under
+        ``no_value``; anything else (crashed, pruned, an ok run missing the metric) under ``excluded``."""
+        measured = isinstance(value, (int, float)) and math.isfinite(value)
+        if status in FINISHED_STATUSES and measured:
+            self.values.append(float(value))
+            self.seeds.append(int(seed))
+            self.statuses.append(status)
+        elif status in FAILED_TO_LEARN:
+            self.no_value[status] += 1
+        else:
+            self.excluded["missing metric" if status == "ok" else status] += 1
 
     @property
     def n(self) -> int:
@@ -68,18 +94,28 @@ class Cell:
         return statistics.stdev(self.values) if len(self.values) >= 2 else None
 
     @property
-    def failures(self) -> int:
-        """Runs that finished without learning (no_learning, collapsed, diverged)."""
-        return sum(self.excluded[status] for status in FAILED_TO_LEARN)
-
-    @property
-    def all_values(self) -> list[float]:
-        """Every seed with a value, failures included at their value: the distribution behind the median."""
-        return self.values + self.failed_values
-
-    @property
     def median(self) -> float | None:
-        return statistics.median(self.all_values) if self.all_values else None
+        return statistics.median(self.values) if self.values else None
+
+    @property
+    def labels(self) -> Counter:
+        """label -> the cell's labelled runs, with a value or without."""
+        return Counter(s for s in self.statuses if s != "ok") + self.no_value
+
+    @property
+    def labelled(self) -> int:
+        return sum(self.labels.values())
+
+    @property
+    def labelled_values(self) -> int:
+        """Labelled runs in the mean and the pairs (the sensitivity comparison leaves them out)."""
+        return sum(s != "ok" for s in self.statuses)
+
+    def ok_only(self) -> Cell:
+        """The cell without its labelled runs: the sensitivity comparison's side."""
+        kept = [i for i, s in enumerate(self.statuses) if s == "ok"]
+        return Cell(values=[self.values[i] for i in kept], seeds=[self.seeds[i] for i in kept],
+                    statuses=["ok"] * len(kept), excluded=Counter(self.excluded))
 
     def per_seed(self) -> dict[int, float]:
         """seed -> its value (the mean, should two runs of the cell share a seed)."""

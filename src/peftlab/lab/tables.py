@@ -1,9 +1,10 @@
 """Rendering a report :class:`~peftlab.lab.table_model.Table`: Markdown, LaTeX (booktabs) and CSV, through pandas.
 
 The cells are formatted here (``mean ± std (n)``, the † mark, the difference to the baseline with its CI, p-values,
-pairs, equivalence, the runs left out with the median and range where seeds failed); pandas lays them out
-(``DataFrame.to_markdown`` via tabulate, ``to_latex``, ``to_csv``). The CSV carries unrounded numbers. With
-``--power`` a second table follows (md, latex) or power columns join the CSV (:mod:`peftlab.lab.tables_power`).
+pairs, equivalence, the labelled runs with the median and range and the comparison without them, the runs left
+out); pandas lays them out (``DataFrame.to_markdown`` via tabulate, ``to_latex``, ``to_csv``). The CSV carries
+unrounded numbers. With ``--power`` a second table follows (md, latex) or power columns join the CSV
+(:mod:`peftlab.lab.tables_power`).
 """
 
 from __future__ import annotations
@@ -87,26 +88,39 @@ def format_comparison(comparison: Comparison, scale: float, digits: int, *, alph
     return text
 
 
+def format_labels(cell: Cell) -> str:
+    """``2 no_learning, 1 diverged (1 no value)``: the labelled runs by label, those without a value said so."""
+    return ", ".join(f"{n} {label}" + (f" ({cell.no_value[label]} no value)" if cell.no_value[label] else "")
+                     for label, n in sorted(cell.labels.items()))
+
+
 def format_distribution(cell: Cell, scale: float, digits: int) -> str:
-    """``median 70.9, range 2.5–72.0 over 4 seeds``: every seed with a value, failures at theirs."""
-    values = cell.all_values
-    if not values:
+    """``median 79.0, range 2.5–82.0``: where labelled runs are averaged in, how the values spread."""
+    if not cell.values:
         return ""
-    return (f"median {cell.median * scale:.{digits}f}, range {min(values) * scale:.{digits}f}–"
-            f"{max(values) * scale:.{digits}f} over {len(values)} seed{'s' if len(values) != 1 else ''}")
+    return (f"median {cell.median * scale:.{digits}f}, range {min(cell.values) * scale:.{digits}f}–"
+            f"{max(cell.values) * scale:.{digits}f}")
 
 
 def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±", mark: str = MARK,
                 alpha: float | None = None, margin: float | None = None) -> str:
-    """``mean ± std (n)``, then † when marked, the comparison with the baseline, and in [brackets] the runs left
-    out with, where any seed failed to learn, the median and range over all seeds."""
-    if cell is None or (not cell.values and not cell.excluded):
+    """``mean ± std (n)`` over every finished run, then † when marked, the comparison with the baseline, and in
+    [brackets] the labels (with the median and range where labelled runs are averaged in, and the comparison
+    without them) and the runs left out."""
+    if cell is None or (not cell.values and not cell.excluded and not cell.no_value):
         return "–"
-    bad = ", ".join(f"{n} {status}" for status, n in sorted(cell.excluded.items()))
-    distribution = format_distribution(cell, scale, digits) if cell.failures else ""
-    if not cell.values:
-        text = ", ".join(f"{status} ({n})" if n > 1 else status for status, n in sorted(cell.excluded.items()))
-        return text + (f": {distribution}" if distribution else "")
+    notes = []
+    if cell.labels:
+        notes.append(format_labels(cell))
+    if cell.labelled_values:
+        notes.append(format_distribution(cell, scale, digits))
+    sensitivity = cell.comparison.without_labels if cell.comparison is not None else None
+    if sensitivity is not None:
+        notes.append("without labels: " + format_comparison(sensitivity, scale, digits, alpha=alpha))
+    if cell.excluded:
+        notes.append("left out: " + ", ".join(f"{n} {reason}" for reason, n in sorted(cell.excluded.items())))
+    if not cell.values:  # nothing measured: only what became of the runs
+        return "; ".join(notes)
     text = f"{cell.mean * scale:.{digits}f}"
     if cell.std is not None:
         text += f" {pm} {cell.std * scale:.{digits}f}"
@@ -115,9 +129,7 @@ def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±",
         text += mark
     if cell.comparison is not None:
         text += " " + format_comparison(cell.comparison, scale, digits, alpha=alpha, margin=margin)
-    if bad:
-        text += f" [{bad}" + (f"; {distribution}" if distribution else "") + "]"
-    return text
+    return text + (f" [{'; '.join(notes)}]" if notes else "")
 
 
 def format_majority(cell: Cell | None, scale: float, digits: int) -> str:
@@ -160,11 +172,12 @@ def footnote(table: Table) -> list[str]:
     metric_names = sorted(set(table.metrics.values()))
     scaled = " ×100" if table.scale == 100 else (f" ×{table.scale:g}" if table.scale != 1 else "")
     which = "best epoch" if table.which == "best" else "final epoch"
-    lines = [f"{'/'.join(metric_names) or 'metric'}{scaled} at the {which}: mean ± sample std (n seeds) of the ok "
-             f"runs; runs that did not learn ({'/'.join(FAILED_TO_LEARN)}; no_learning: best dev metric never "
-             "clearly above chance), crashed (failed) or were pruned by a tune are counted in [brackets] and never "
-             "averaged in; where a seed failed to learn, the bracket adds the median and range (min–max) over all "
-             "seeds with a value, those runs at their value. Avg is the mean over tasks of the cell means."]
+    lines = [f"{'/'.join(metric_names) or 'metric'}{scaled} at the {which}: mean ± sample std (n seeds) of every "
+             f"finished run at its value, ok or labelled ({'/'.join(FAILED_TO_LEARN)}; no_learning: best dev "
+             "metric never clearly above chance). No run is left out for how it came out: [brackets] count the "
+             "labels, with the cell's median and range (min–max) where labelled runs are averaged in; a labelled "
+             "run without a value counts as 'no value' (it cannot be paired); runs that crashed (failed) or were "
+             "pruned by a tune did not finish: 'left out'. Avg is the mean over tasks of the cell means."]
     if table.superseded_pruned:
         n = table.superseded_pruned
         lines.append(f"{n} pruned tune trial{'s' if n != 1 else ''} not counted: a complete run of the same config "
@@ -210,6 +223,11 @@ def _significance_footnote(table: Table) -> str:
                                                 else "."))
     for reason, n in sorted(table.untested.items()):
         text += f" {n} cell{'s' if n != 1 else ''} without p: {reason}."
+    sensitive = sum(row.cells[task].comparison.without_labels is not None for row, task in table.comparisons)
+    if sensitive:
+        adjusted = f"; {_correction_name(table)}among themselves" if table.correction != "none" else ""
+        text += (" without labels: the same test with the labelled runs of both cells left out, where a comparison "
+                 f"holds any ({sensitive} of {m}{adjusted}).")
     return text
 
 
@@ -292,17 +310,19 @@ def render_latex(table: Table, digits: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
-CELL_COLUMNS = ("mean", "std", "n", "excluded", "median", "min", "max", "diff", "ci_low", "ci_high", "n_pairs",
-                "p", "p_adj")
+CELL_COLUMNS = ("mean", "std", "n", "labels", "no_value", "excluded", "median", "min", "max", "diff", "ci_low",
+                "ci_high", "n_pairs", "p", "p_adj", "diff_without_labels", "n_pairs_without_labels",
+                "p_without_labels", "p_adj_without_labels")
 TOST_COLUMNS = ("tost_p", "tost_p_adj", "equivalent")
 
 
 def render_csv(table: Table) -> str:
-    """Unrounded numbers (scaled like the table), one line per row: per task the mean, std, n, the runs left
-    out, the median and range over all seeds with a value (failures included), and against the baseline the
-    difference with its CI, the pairs and the p-values (raw and, with a correction, adjusted); the equivalence
-    test with --equivalence-margin, the power with --power. The majority-class row: mean, std and count of the
-    runs' majority_baseline."""
+    """Unrounded numbers (scaled like the table), one line per row: per task the mean, std and n of the finished
+    runs, their labels (and the labelled runs without a value), the runs left out, the median and range, and
+    against the baseline the difference with its CI, the pairs and the p-values (raw and, with a correction,
+    adjusted), then the same without the labelled runs where any is in the comparison; the equivalence test with
+    --equivalence-margin, the power with --power. The majority-class row: mean, std and count of the runs'
+    majority_baseline."""
     label_keys = table.label_keys or ["row"]
     extra = (TOST_COLUMNS if table.margin is not None else ()) + (POWER_COLUMNS if table.power else ())
     head = list(label_keys) + ["before_fine_tuning"]
@@ -327,23 +347,30 @@ def render_csv(table: Table) -> str:
 def _csv_cell(table: Table, cell: Cell | None, extra: tuple[str, ...]) -> list:
     if cell is None:
         return ["", "", 0] + [""] * (len(CELL_COLUMNS) - 3 + len(extra))
-    everything = cell.all_values
-    out = [_num(cell.mean, table.scale), _num(cell.std, table.scale), cell.n,
-           "; ".join(f"{n} {s}" for s, n in sorted(cell.excluded.items())), _num(cell.median, table.scale),
-           _num(min(everything) if everything else None, table.scale),
-           _num(max(everything) if everything else None, table.scale)]
+    out = [_num(cell.mean, table.scale), _num(cell.std, table.scale), cell.n, _counts(cell.labels),
+           _counts(cell.no_value), _counts(cell.excluded), _num(cell.median, table.scale),
+           _num(min(cell.values) if cell.values else None, table.scale),
+           _num(max(cell.values) if cell.values else None, table.scale)]
     c = cell.comparison
     if c is None:
         return out + [""] * (len(CELL_COLUMNS) - len(out) + len(extra))
     # repr() keeps every digit of the floats (a p-value read back equals scipy's)
     out += [_num(c.diff, table.scale), _num(c.ci_low, table.scale), _num(c.ci_high, table.scale),
             "" if c.n_pairs is None else c.n_pairs, repr(c.p), "" if c.p_adj is None else repr(c.p_adj)]
+    s = c.without_labels
+    out += ["", "", "", ""] if s is None else [
+        _num(s.diff, table.scale), "" if s.n_pairs is None else s.n_pairs, repr(s.p),
+        "" if s.p_adj is None else repr(s.p_adj)]
     if table.margin is not None:
         out += ["" if c.tost_p is None else repr(c.tost_p), "" if c.tost_p_adj is None else repr(c.tost_p_adj),
                 int(c.equivalent)]
     if table.power:
         out += power_csv_values(c.power, table.scale)
     return out
+
+
+def _counts(counts) -> str:
+    return "; ".join(f"{n} {s}" for s, n in sorted(counts.items()) if n)
 
 
 def _num(value: float | None, scale: float) -> str:

@@ -1,0 +1,231 @@
+"""The sentences of a study's REPORT.md, written from verdicts.json's data alone.
+
+A study (:mod:`peftlab.lab.study_report`) stores each comparison in verdicts.json as numbers: the two arms (a − b),
+the difference with its 95 % CI, the pairs (every seed both arms finished with a value), the paired-t p and its
+Holm-adjusted p over the section's family, the TOST equivalence p (Holm) against the design's margin, the difference
+detectable with 80 % power, the labels of the runs in each arm (no_learning, collapsed, diverged: in the mean and the
+pairs at their value) and the same comparison without the labelled runs. The functions here are pure: they take that
+data as ``json.load`` gives it back and write the sentence, so a sentence cannot say what its numbers do not.
+``write_report`` builds the data, writes verdicts.json, then fills each :class:`Slot` of REPORT.md from the data
+read back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MINUS = "−"  # a typographic minus: "−9.92", as the report's "a − b"
+ALPHA = 0.05  # the studies' level: a p-value is never rounded across it
+POWER = "80 % power"
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def signed(value: float, digits: int = 2) -> str:
+    return f"{value:+.{digits}f}".replace("-", MINUS)
+
+
+def p_text(p: float | None) -> str:
+    """``p < 0.001``, ``p = 0.043`` (two significant digits below 0.1, more where rounding would cross 0.05: a
+    Holm p of 0.0496 reads 0.0496, not 0.05), ``p = 0.44``, ``p n/a``."""
+    if p is None or not math.isfinite(p):
+        return "p n/a"
+    if p < 0.001:
+        return "p < 0.001"
+    text = f"{p:.2f}" if p >= 0.1 else f"{p:.2g}"
+    for digits in (3, 4, 6):
+        if (float(text) < ALPHA) == (p < ALPHA):
+            return f"p = {text}"
+        text = f"{p:.{digits}g}"
+    return f"p = {text if (float(text) < ALPHA) == (p < ALPHA) else repr(p)}"
+
+
+def direction(data: dict | None) -> str:
+    """better | worse | no-difference: a − b after Holm (higher is better: a study refuses other metrics)."""
+    if not data or not data.get("significant"):
+        return "no-difference"
+    return "better" if data["diff"] > 0 else "worse"
+
+
+def outcome(data: dict) -> str:
+    return {"better": "significantly better", "worse": "significantly worse",
+            "no-difference": "no significant difference"}[direction(data)]
+
+
+# --------------------------------------------------------------------------- one comparison
+
+
+def comparison_text(data: dict) -> str:
+    """``−9.92 [95 % CI −14.33, −5.51] on 10 pairs, paired t p = 0.0022, Holm p = 0.011: significantly worse``,
+    then power (where nothing was found), equivalence (where the design has a margin) and the labelled runs."""
+    if data.get("diff") is None:
+        n = data.get("n_pairs") or 0
+        return f"not testable: {n} seed{'s' if n != 1 else ''} with a value on both sides (2 needed)"
+    low, high = data["ci"]
+    text = (f"{signed(data['diff'])} [95 % CI {signed(low)}, {signed(high)}] on {data['n_pairs']} pairs, "
+            f"paired t {p_text(data.get('p'))}, Holm {p_text(data.get('p_holm'))}: {outcome(data)}")
+    if not data.get("significant") and data.get("detectable_80") is not None:
+        text += f"; {POWER} to detect |Δ| ≥ {data['detectable_80']:.2f}"
+    margin = data.get("margin")
+    if margin is not None and data.get("tost_p_holm") is not None:
+        tost = f"TOST Holm {p_text(data['tost_p_holm'])}"
+        text += (f"; equivalent within ±{margin:g} ({tost})" if data.get("equivalent")
+                 else f"; not shown equivalent within ±{margin:g} ({tost})")
+    labels = labels_text(data)
+    return text + (f"; labelled runs, paired at their value: {labels}" if labels else "")
+
+
+def labels_text(data: dict) -> str:
+    """``head 7 no_learning; lora 1 diverged (1 no value)``: each arm's labelled runs, empty when there are none."""
+    parts = []
+    for side in ("a", "b"):
+        labels = (data.get("labels") or {}).get(side) or {}
+        no_value = (data.get("no_value") or {}).get(side) or {}
+        counts = ", ".join(f"{n} {label}" + (f" ({no_value[label]} no value)" if no_value.get(label) else "")
+                           for label, n in sorted(labels.items()) if n)
+        if counts:
+            parts.append(f"{data.get(side, side)} {counts}")
+    return "; ".join(parts)
+
+
+def sensitivity_text(data: dict) -> str | None:
+    """The same comparison with the labelled runs left out; None where none is in the pairs."""
+    without = data.get("without_labels")
+    if without is None:
+        return None
+    if without.get("diff") is None:
+        return f"without the labelled runs: {comparison_text(without)}"
+    low, high = without["ci"]
+    return (f"without the labelled runs: {signed(without['diff'])} [95 % CI {signed(low)}, {signed(high)}] on "
+            f"{without['n_pairs']} pairs, paired t {p_text(without.get('p'))}, Holm {p_text(without.get('p_holm'))}:"
+            f" {outcome(without)}")
+
+
+def comparison_lines(data: dict, prefix: str = "- ") -> list[str]:
+    """The comparison as a list item (``name: text``), its sensitivity as an item under it."""
+    lines = [f"{prefix}{data['name']}: {comparison_text(data)}"]
+    sensitivity = sensitivity_text(data)
+    if sensitivity:
+        lines.append(f"{' ' * len(prefix)}- {sensitivity}")
+    return lines
+
+
+def family_heading(family: dict[str, dict], intro: str) -> str:
+    """``Comparisons (paired by seed; Holm over ...):``, naming what Holm was applied over (the section's family)
+    and the families of their own: the equivalence tests, the comparisons without labelled runs (where any)."""
+    present = [d for d in family.values() if d]
+    over = (present[0] if present else {}).get("family") or f"these {len(family)} comparisons"
+    apart = []
+    if any(d.get("tost_p_holm") is not None for d in present):
+        apart.append("the equivalence tests")
+    if any(d.get("without_labels") for d in present):
+        apart.append("the comparisons without labelled runs")
+    text = f"{intro} (paired by seed; Holm over {over}"
+    if apart:
+        text += f"; {' and '.join(apart)} {'each ' if len(apart) > 1 else ''}form a family of their own"
+    return text + "):"
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def lambda_verdict(comparisons: dict[str, dict]) -> str:
+    """Which of "a larger eta_V" (the ratio) and "a larger learning rate" the held-out comparisons support."""
+    best = direction(comparisons.get("off_vs_diag"))
+    at_qk, at_v = direction(comparisons.get("off_vs_same_eta_qk")), direction(comparisons.get("off_vs_same_eta_v"))
+    if best == "better":
+        claim = ("**the ratio**: lambda > 1 beats the best lambda-1 rate on held-out seeds, so a larger eta_V at "
+                 "fixed eta_QK is not just a larger learning rate")
+        if at_v == "better":
+            claim += ", and it beats lambda 1 at the same eta_V too"
+    elif best == "worse":
+        claim = "**a larger learning rate**: the best lambda-1 rate beats the best lambda > 1 cell on held-out seeds"
+    elif at_qk == "better":
+        claim = ("**a larger learning rate**: lambda > 1 beats lambda 1 at the same eta_QK, but not the best "
+                 "lambda-1 rate; what the ratio gives, a larger shared rate gives too")
+    else:
+        claim = ("**neither**: on held-out seeds lambda > 1 differs neither from lambda 1 at its eta_QK nor from "
+                 "the best lambda-1 rate")
+    return f"Verdict: {claim}."
+
+
+def key_verdict(data: dict | None) -> str:
+    """Does freezing W_k lose anything: equivalence (TOST) is the only way to say it does not."""
+    margin = (data or {}).get("margin")
+    if data and data.get("equivalent"):
+        return f"freezing W_k loses nothing beyond ±{margin:g} points (TOST)"
+    if direction(data) != "no-difference":
+        return f"freezing W_k {'gains' if data['diff'] > 0 else 'loses'} significantly"
+    return (f"no significant difference, but equivalence within ±{margin:g} is not shown either: absence of "
+            "evidence, not evidence of absence")
+
+
+def key_lines(data: dict) -> list[str]:
+    lines = [f"{data['name']}: {comparison_text(data)}. Verdict: {key_verdict(data)}."]
+    sensitivity = sensitivity_text(data)
+    return lines + ([f"- {sensitivity}"] if sensitivity else [])
+
+
+def kasa_verdict(comparisons: dict[str, dict]) -> str:
+    """Where KaSA (the family's comparisons whose first arm is KaSA) is significantly better or worse."""
+    better = [k for k, d in comparisons.items() if k.startswith("kasa") and direction(d) == "better"]
+    worse = [k for k, d in comparisons.items() if k.startswith("kasa") and direction(d) == "worse"]
+    text = ("KaSA is significantly better in: " + ", ".join(better) if better
+            else "KaSA is significantly better in none of its comparisons")
+    return "Verdict: " + text + ("; significantly worse in: " + ", ".join(worse) if worse else "") + "."
+
+
+def sensitivity_verdict(comparisons: dict[str, dict]) -> str | None:
+    """Whether leaving the labelled runs out changes any verdict of the family; None when none holds one."""
+    held = {k: d for k, d in comparisons.items() if d and d.get("without_labels") is not None}
+    if not held:
+        return None
+    changed = [f"{k} ({outcome(d)} with them, {outcome(d['without_labels'])} without)" for k, d in held.items()
+               if direction(d) != direction(d["without_labels"])]
+    if not changed:
+        return (f"Without the labelled runs no verdict changes ({len(held)} comparison"
+                f"{'s' if len(held) != 1 else ''} held some).")
+    return "Without the labelled runs the verdict changes for: " + "; ".join(changed) + "."
+
+
+# --------------------------------------------------------------------------- REPORT.md's slots
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A place in REPORT.md's lines for sentences written from verdicts.json: ``kind`` says which, ``path`` where
+    its data is (keys from the top of verdicts.json), ``text`` an introduction some kinds need."""
+
+    kind: str  # comparison, family, lambda_verdict, key, kasa_verdict, sensitivity_verdict, cell
+    path: tuple[str, ...]
+    text: str = ""  # family: the heading's first words; cell: the table row before the cell
+    after: str = ""  # cell: the table row after the cell
+
+    def render(self, verdicts: dict) -> list[str]:
+        data = verdicts
+        for key in self.path:
+            data = data[key]
+        if self.kind == "comparison":
+            return comparison_lines(data)
+        if self.kind == "family":
+            return [family_heading(data, self.text)]
+        if self.kind == "key":
+            return key_lines(data)
+        if self.kind == "cell":  # a table row's cell: one line, the sensitivity after a semicolon
+            sensitivity = sensitivity_text(data) if data else None
+            cell = "–" if data is None else comparison_text(data) + (f"; {sensitivity}" if sensitivity else "")
+            return [self.text + cell + self.after]
+        if self.kind == "sensitivity_verdict":  # a paragraph of its own, after the verdict
+            sentence = sensitivity_verdict(data)
+            return ["", sentence] if sentence else []
+        return [{"lambda_verdict": lambda_verdict, "kasa_verdict": kasa_verdict}[self.kind](data)]
+
+
+def render_lines(lines: list, verdicts: dict) -> list[str]:
+    """REPORT.md's lines with every :class:`Slot` written from ``verdicts`` (verdicts.json's data)."""
+    out: list[str] = []
+    for line in lines:
+        out += line.render(verdicts) if isinstance(line, Slot) else [line]
+    return out
