@@ -297,3 +297,16 @@ def test_pruned_tune_trials_are_counted_not_averaged(store_path):
     cell = rows_by_label(build_table(load_rows([store_path])))[("lora", "q,k,v", 1.0)].cells["mrpc"]
     assert cell.values == pytest.approx([0.80, 0.81, 0.79]) and dict(cell.excluded) == {"pruned": 1}
     assert format_cell(cell, 100, 1).endswith("(3) [left out: 1 pruned]")
+
+
+def test_runs_scored_on_different_test_examples_are_refused(store_path, tmp_path):
+    rows = load_rows([store_path])
+    assert build_table(rows).rows  # no digest recorded: nothing to compare them by
+    for i, row in enumerate(rows):
+        if row.get("result"):
+            row["result"]["eval_examples_digest"] = "a" * 16
+    assert build_table(rows).rows  # one test set per task
+    moved = next(r for r in rows if r.get("result") and r["result"]["task"] == "mrpc")
+    moved["result"]["eval_examples_digest"] = "b" * 16
+    with pytest.raises(PeftlabError, match="mrpc runs were scored on different test examples"):
+        build_table(rows)

@@ -123,6 +123,23 @@ def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> t
     return pd.DataFrame(lines), configs
 
 
+def require_one_test_set(records: list[RunRecord]) -> None:
+    """Runs of one task scored on different evaluation examples cannot be compared (result.json
+    ``eval_examples_digest``: the dev / test examples each run was scored on); refused in one line."""
+    digests: dict[str, dict[str, int]] = {}
+    for rec in records:
+        digest = (rec.result or {}).get("eval_examples_digest")
+        if digest:
+            by_digest = digests.setdefault(rec.task, {})
+            by_digest[digest] = by_digest.get(digest, 0) + 1
+    for task, by_digest in digests.items():
+        if len(by_digest) > 1:
+            counts = ", ".join(f"{n} runs on {d}" for d, n in sorted(by_digest.items(), key=lambda kv: -kv[1]))
+            raise PeftlabError(f"the {task} runs were scored on different test examples ({counts}): their numbers "
+                               "cannot be compared", fix="select runs scored on the same examples with --where "
+                               "(e.g. max_eval_samples=..., eval_seed=...), or rerun them on one test split")
+
+
 def _majority_value(rec: RunRecord) -> float | None:
     """The run's majority-class score, when it scores the reported metric of a GLUE-style task."""
     from peftlab.tasks.table import TASKS
@@ -164,6 +181,7 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
         raise PeftlabError(f"no finished runs to report{detail}" + (" match --where" if filters else ""),
                            fix="run the sweep first (peftlab sweep SPEC.yaml), or loosen --where")
     records, superseded = drop_superseded_pruned(records)
+    require_one_test_set(records)
     code = summarize(rec.result for rec in records)
     require_one_code(code, allow_mixed=allow_mixed_code)
     per_task = task_determined_keys([r for r in records if not r.before])
