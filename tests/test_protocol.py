@@ -260,3 +260,13 @@ def test_a_tune_with_a_selection_split_chooses_on_it_and_reports_the_test_split(
     spec.write_text(yaml.safe_dump({"base": {**base, "selection_samples": 0}, "search": {"lr_ratio": [1, 4]},
                                     "budget": {"epochs": 100}}))
     assert load_tune_spec(spec).metric == "accuracy"
+
+
+def test_sigma_movement_is_measured_against_adams_bound():
+    from peftlab.lab.study_fair_report import sigma_vs_adam
+
+    run = {"result": {"kasa_sigma": {"a": [1.0, 2.5], "b": [0.0]}, "kasa_sigma_init": {"a": [1.0, 2.0], "b": [0.1]},
+                      "optimizer_steps": 100, "lr": 1e-3}}
+    # module a moved 0.5 at most, b 0.1; Adam moves a parameter about one rate per step: 100 x 1e-3 = 0.1
+    assert sigma_vs_adam([run]) == pytest.approx((5.0 + 1.0) / 2)
+    assert sigma_vs_adam([{"result": {"optimizer_steps": 0}}]) is None

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_protocol as sp
+from peftlab.lab.study_design import key_ablation_targets
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def best_off_diagonal(design: sp.Design, searches: dict[str, sp.Search]) -> sp.A
 
 def key_arm(design: sp.Design, searches: dict[str, sp.Search]) -> sp.Arm | None:
     """The W_k ablation: the lambda-1 row's pick with W_k trained too."""
-    targets = sp.key_targets(design.base.get("targets", "q,v"))
+    targets = key_ablation_targets(design.base.get("targets", "q,v"))
     diagonal = next((s for s in searches.values() if float(s.row.keys.get("lr_ratio", 1.0)) == 1.0), None)
     if not (design.key_ablation and targets and diagonal and diagonal.best):
         return None

@@ -211,7 +211,7 @@ def task_lines(design: sp.Design, data: dict) -> list[str]:
     if movement:
         lines += ["", "KaSA's singular values: median over runs and modules of max |sigma − sigma_init| / (optimizer "
                       "steps × rate), the share of the farthest Adam could move them: "
-                  + ", ".join(f"{k} {v:.3g}" for k, v in movement.items()) + f". Steps run here: "
+                  + ", ".join(f"{k} {v:.3g}" for k, v in movement.items()) + ". Steps run here: "
                   + ", ".join(f"{k} {data['rows'][k]['steps_median']:g}" for k in movement
                               if data["rows"].get(k, {}).get("steps_median") is not None)
                   + f" (median); the paper's: about {PAPER_STEPS.get(data['task'], 'n/a')} "

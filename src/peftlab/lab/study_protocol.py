@@ -31,12 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from peftlab.errors import PeftlabError
+# the KaSA authors' per-task settings (the 2 x 2's fixed arms), as the fixed-rate designs have them
+from peftlab.lab.study_design import KASA_PAPER, KASA_PAPER_DEFAULT
 
-# KaSA authors' per-task GLUE settings (module lr = head lr, beta, gamma), from their run scripts
-# (configs/kasa_glue_roberta/): the "paper settings" arms of the kasa study.
-KASA_PAPER = {"cola": (4e-4, 1e-4, 1e-3), "mrpc": (4e-4, 0.1, 1e-3), "qnli": (4e-4, 0.01, 1e-5),
-              "rte": (4e-4, 0.24, 2.4e-4), "sst2": (5e-4, 1e-4, 1e-3), "stsb": (3e-4, 1e-4, 1e-5)}
-KASA_PAPER_DEFAULT = (5e-4, 1e-4, 1e-3)
 # the kasa study's rows: name -> config keys on top of the design's base
 KASA_ROWS = {
     "head": {"method": "head"},
@@ -47,7 +44,6 @@ KASA_ROWS = {
     "kasa": {"method": "kasa"},
     "kasa-reference": {"method": "kasa", "kasa_mode": "reference"},
 }
-FAILED = ("no_learning", "collapsed", "diverged")
 
 
 @dataclass(frozen=True)
@@ -57,10 +53,6 @@ class Row:
     name: str
     keys: dict[str, Any]
     centre: float
-
-    @property
-    def head_only(self) -> bool:
-        return self.keys.get("method") == "head"
 
 
 @dataclass(frozen=True)
@@ -270,15 +262,6 @@ def kasa_paper_arms(task: str) -> list[Arm]:
     return [Arm("lora@paper-rate", {"method": "lora"}, lr),
             Arm("kasa@paper-settings", {"method": "kasa", "alpha": 16.0, "weight_decay": 0.0, "kasa_beta": beta,
                                         "kasa_gamma": gamma}, lr)]
-
-
-def key_targets(targets: str) -> str | None:
-    """{q,v} -> {q,k,v}: the same update with W_k trained too; None when k is already trained (or no q/v)."""
-    names = [t.strip() for t in str(targets).split(",") if t.strip()]
-    if "k" in names or not {"q", "v"} <= set(names):
-        return None
-    order = ["q", "k", "v", "o"]
-    return ",".join(sorted(set(names) | {"k"}, key=lambda t: (order.index(t) if t in order else 9, t)))
 
 
 def lambda_controls(off: Arm, diagonal: Row) -> list[Arm]:
