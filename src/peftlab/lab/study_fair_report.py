@@ -21,6 +21,7 @@ from peftlab.lab.study_fair import heldout_arms, key_arm, keyed, replay_searches
 from peftlab.lab.table_model import Cell
 
 ALPHA = 0.05
+SECTION_FILE = "SECTION.md"  # the report's task sections, as docs/RESULTS.md embeds them
 # KaSA's optimizer steps on GLUE (epochs x full training set / batch size, from the authors' run scripts): what
 # sigma's movement is set beside
 # (configs/kasa_glue_roberta/<task>.yaml)
@@ -281,8 +282,11 @@ def write_fair_report(paths, design: sp.Design, *, seconds: float | None = None)
              "", f"Compute: {len(finished)} runs, {run_seconds / 3600:.2f} h of run time"
              + (f", {seconds / 3600:.2f} h wall for this invocation" if seconds else "") + ".",
              f"{provenance.code_line(summary)[:1].upper()}{provenance.code_line(summary)[1:]}.", ""]
-    for task in design.tasks:
-        lines += task_lines(design, verdicts["tasks"][task])
+    sections = [line for task in design.tasks for line in task_lines(design, verdicts["tasks"][task])]
     report = paths.root / "REPORT.md"
-    atomic_write_text(report, "\n".join(lines).rstrip() + "\n")
+    atomic_write_text(report, "\n".join(lines + sections).rstrip() + "\n")
+    # the same sections, a heading level down, for docs/RESULTS.md to hold verbatim between markers naming this
+    # file (tests/test_results_doc.py checks they are equal): the results page cannot drift from the numbers
+    atomic_write_text(paths.root / SECTION_FILE, "\n".join(("#" + line if line.startswith("## ") else line)
+                                                          for line in sections).rstrip() + "\n")
     return report
