@@ -65,6 +65,22 @@ from lm_eval.models.huggingface import HFLM  # noqa: F401' > "$work/lm_eval.log"
   exit 1
 fi
 echo "install check: peftlab[lm-eval] installs beside torch $torch_after and imports" >&2
+# peftlab probe: without the extra, one line naming it (exit 2); its --no-deps install keeps the CPU torch.
+status=0
+(cd "$work" && "$venv/bin/peftlab" probe --task rte --model tiny-bert > "$work/probe_missing.log" 2>&1) || status=$?
+if [ "$status" != 2 ] || [ "$(wc -l < "$work/probe_missing.log")" != 1 ] || ! grep -q "'probe'" "$work/probe_missing.log"; then
+  echo "install check: FAILED: without the probe extra, peftlab probe is not one line naming it (exit $status):" >&2
+  tail -3 "$work/probe_missing.log" >&2
+  exit 1
+fi
+"$venv/bin/python" -m pip install -q --no-deps 'curvlinops-for-pytorch>=3.0,<4' 'einops>=0.3' 'einconv>=0.1' \
+  'linear_operator>=0.2' 'opt-einsum>=3.4'
+torch_probe="$("$venv/bin/python" -c 'import torch; from curvlinops import HessianLinearOperator; print(torch.__version__)')"
+if [ "$torch_probe" != "$torch_after" ]; then
+  echo "install check: FAILED: the probe extra replaced torch $torch_after with $torch_probe" >&2
+  exit 1
+fi
+echo "install check: peftlab probe names its extra without it; the extra installs beside torch $torch_probe" >&2
 rm -rf "$work"
 [ -n "${1:-}" ] || rm -rf "$(dirname "$venv")"
 echo "install check: every method trains with 'pip install .' alone" >&2

@@ -161,10 +161,11 @@ def test_an_unreachable_ray_address_ends_within_its_timeout_with_one_line(specs,
     with endpoint(where) as port:
         outcome, stderr = guarded([command, str(specs[command]), "--backend", "ray", "--address",
                                    f"{LOOPBACK}:{port}", "--ray-timeout", "2"],
-                                  env={"GUARDED_TIMED": "peftlab.lab.ray_backend:connect"})
+                                  env={"GUARDED_TIMED": "peftlab.lab.ray_backend:probe_address"})
     line = the_error_line(stderr)
     assert outcome["code"] == 2 and outcome["call_seconds"] < 2 + 1.5, outcome  # connecting: within the timeout
-    assert f"cannot reach Ray at --address {LOOPBACK}:{port}: {phrase}" in line
+    # the preflight asks the address (before any store or run folder exists), naming every run it concerns
+    assert f"preflight ray: all 2 runs: cannot reach Ray at --address {LOOPBACK}:{port}: {phrase}" in line
     assert "fix: start the cluster" in line and "--ray-timeout" in line
 
 
@@ -211,16 +212,35 @@ def test_a_dead_or_silent_judge_ends_the_stage_within_its_bound_with_one_line(ca
     with endpoint(where) as port:
         url = f"http://{LOOPBACK}:{port}/v1"
         judgments, seconds = stage(url)
-    # bound: ceil(2 failures / 2 in parallel) rounds x 2 attempts x 1 s, plus the client's back-off (< 1 s here)
+    # bound: one request's, 2 attempts x 1 s, plus the client's back-off (< 1 s here): the breaker opens at the
+    # first timeout or refusal, so the 2 requests sent at once are all that is ever sent
     assert seconds < 2 * 1.0 + 3, seconds
     assert len(judgments) == 8 and not any(j["judged"] for j in judgments)
     assert all(j["reason"].startswith(reason) for j in judgments[:2]), [j["reason"] for j in judgments]
-    assert all(j["reason"].startswith("not sent: the judge failed 2 times in a row") for j in judgments[2:])
+    assert all(j["reason"].startswith(f"not sent: the judge stopped answering (a request failed: {reason}")
+               for j in judgments[2:]), [j["reason"] for j in judgments]
     err = capsys.readouterr().err
     notes = [line for line in err.splitlines() if line.strip()]
     assert len(notes) == 1, err
-    assert notes[0].startswith(f"peftlab: warning: judge {url} given up after 2 failed requests in a row")
+    assert notes[0].startswith(f"peftlab: warning: judge {url} given up after a request that timed out or could not "
+                               f"connect ({reason}")
     assert "8 of 8 answers unjudged" in notes[0] and "fix: start the judge" in notes[0]
+
+
+def test_the_breaker_opens_at_the_first_timeout_however_many_questions_and_slots(capsys):
+    """40 answers, 1 in flight at a time, a cap of 8 failures in a row: a silent judge still costs one request
+    (2 attempts x 1 s), not 8 (the bound before the breaker: ceil(8 / 1) x 2 x 1 s = 16 s)."""
+    with silent_listener() as port:
+        started = time.monotonic()
+        client = judge_mod.JudgeClient(judge_mod.JudgeSettings(url=f"http://{LOOPBACK}:{port}/v1", model="stub",
+                                                               api_key="EMPTY", timeout=1.0, retries=1, parallel=1,
+                                                               max_consecutive_failures=8))
+        verdicts = client.judge_all([("sys", f"answer {i}") for i in range(40)])
+        seconds = time.monotonic() - started
+    assert seconds < 2 * 1.0 + 3, seconds
+    assert verdicts[0].reason.startswith("timeout: no reply within 1 s (2 attempt(s))")
+    assert all(v.reason.startswith("not sent: the judge stopped answering") for v in verdicts[1:])
+    assert "40 of 40 answers unjudged" in capsys.readouterr().err
 
 
 def test_a_judge_that_answers_says_nothing_extra(capsys):

@@ -11,12 +11,14 @@ be refused while the arguments are checked, before any of that starts.
 from __future__ import annotations
 
 import argparse
+import os
 import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
+from conftest import DATA_DIR
 from peftlab.cli.main import SUBCOMMANDS, build_parser, main
 from peftlab.config import TrainConfig
 from peftlab.config_roles import File, Folder, Range, Text, choices_of, hints, kind_of, options
@@ -63,6 +65,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     (root / "hyps.txt").write_text("a b c\n")
     (root / "not-text.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")  # a file of the wrong format
     (root / "a-folder").mkdir()
+    (root / "read-only").mkdir()
+    (root / "read-only").chmod(0o555)  # a folder nobody but root may write in
     return {"root": root, "run": run, "texts": texts, "sweep": root / "sweep.yaml", "tune": root / "tune.yaml",
             "store": root / "store" / "results.sqlite", "refs": root / "refs.txt", "hyps": root / "hyps.txt"}
 
@@ -72,6 +76,7 @@ def valid_arguments(command: tuple[str, ...], inputs: dict[str, Path]) -> list[s
     i = {k: str(v) for k, v in inputs.items()}
     return {
         ("train",): ["train", "--model", "tiny-bert", "--task", "rte"],
+        ("probe",): ["probe", "--model", "tiny-bert", "--task", "rte"],
         ("evaluate",): ["evaluate", i["run"]],
         ("predict",): ["predict", i["run"], "--input", i["texts"], "--output", "out.jsonl"],
         ("export",): ["export", i["run"], "--merged", "merged"],
@@ -122,6 +127,12 @@ def switch(action: argparse.Action) -> bool:
 INPUTS = "<inputs>"
 MISSING_FILE, MISSING_FOLDER = f"{INPUTS}/missing.txt", f"{INPUTS}/missing"
 A_FILE, A_FOLDER, NOT_TEXT = f"{INPUTS}/texts.jsonl", f"{INPUTS}/a-folder", f"{INPUTS}/not-text.bin"
+# Path-shaped values (issue 38): below a regular file, a name longer than any Linux filesystem allows (255 bytes),
+# and (for what is written) inside a read-only folder. An OSError from any of them is one line too.
+UNDER_A_FILE, TOO_LONG = f"{A_FILE}/below.txt", f"{INPUTS}/{'n' * 300}.txt"
+READ_ONLY = f"{INPUTS}/read-only/new"
+IN_PATH = [UNDER_A_FILE, TOO_LONG]
+OUT_PATH = [UNDER_A_FILE, TOO_LONG, READ_ONLY]
 BEYOND_INT64 = [str(2**63), str(2**64)]  # no count, size or seed of torch, numpy or the tokenizers takes these
 BLANK = ["", " "]
 
@@ -152,9 +163,9 @@ def declared_values(flat: str) -> list[str]:
     if kind is float:
         return ["abc", "nan", "inf", "-inf", "1e", *BLANK, *_range_values(check or Range(), False)]
     if isinstance(check, File):
-        return [MISSING_FILE, A_FOLDER]
-    if isinstance(check, Folder):
-        return [*([MISSING_FOLDER] if check.exists else []), A_FILE]  # missing; a file where a folder goes
+        return [MISSING_FILE, A_FOLDER, *IN_PATH]
+    if isinstance(check, Folder):  # missing; a file where a folder goes
+        return [*([MISSING_FOLDER] if check.exists else []), A_FILE, *(IN_PATH if check.exists else OUT_PATH)]
     if isinstance(check, Text):
         return [*BLANK, *(["not-it"] if check.pattern else [])]
     if flat == "layers":
@@ -166,7 +177,7 @@ def declared_values(flat: str) -> list[str]:
 PATHS = {
     "in-file": {"--config", "--input", "--render", "spec", "store", "stores"},
     "in-folder": {"run_dir", "--adapter", "--data-dir"},
-    "out-file": {"--out", "--output"},
+    "out-file": {"--out", "--output", "--store", "--probe-out"},
     "out-folder": {"--merged", "--output-dir", "--out-dir"},
 }
 
@@ -188,13 +199,13 @@ def argparse_values(action: argparse.Action) -> list[str]:
     if kind in FLOAT_TYPES:
         return ["abc", "", "nan", "inf", "-inf", "-1"]
     if kind == "Path" or name in PATHS["in-file"]:
-        return [MISSING_FILE, A_FOLDER, NOT_TEXT]
+        return [MISSING_FILE, A_FOLDER, NOT_TEXT, *IN_PATH]
     if name in PATHS["in-folder"]:
-        return [MISSING_FOLDER, A_FILE]
+        return [MISSING_FOLDER, A_FILE, *IN_PATH]
     if name in PATHS["out-file"]:
-        return [A_FOLDER, f"{A_FILE}/below-a-file.txt", ""]
+        return [A_FOLDER, "", *OUT_PATH]
     if name in PATHS["out-folder"]:
-        return [A_FILE, ""]
+        return [A_FILE, "", *OUT_PATH]
     if action.metavar == "K=V,...":
         return ["novalue", "=x", "nope=1", ","]
     if action.metavar == "A-B,C":
@@ -209,7 +220,8 @@ def _cases() -> list[tuple[tuple[str, ...], str, str, bool]]:
         name = name_of(action)
         if switch(action) or (path[0], name) in NO_BAD_VALUE:
             continue
-        from_declaration = path == ("train",) and action.dest in options(TrainConfig)
+        # probe takes train's flags through train's parsing: the same declared bad values
+        from_declaration = path in (("train",), ("probe",)) and action.dest in options(TrainConfig)
         for value in declared_values(action.dest) if from_declaration else argparse_values(action):
             out.append((path, name, value, not action.option_strings))
     return out
@@ -236,7 +248,7 @@ class HeavyWorkStarted(BaseException):  # not an Exception: no handler of the pr
 
 
 HEAVY = ("peftlab.models.registry:load_model", "peftlab.models.registry:load_model_with_pooling",
-         "peftlab.models.registry:load_tokenizer", "peftlab.training.loop:train",
+         "peftlab.models.registry:load_tokenizer", "peftlab.training.loop:train", "peftlab.training.probe:probe",
          "peftlab.tasks.judge_server:start_judge_server",
          "peftlab.bench.micro:run_micro", "peftlab.bench.e2e:run_e2e",
          "peftlab.bench.sweep_overhead:run_sweep_overhead", "peftlab.bench.decode:run_decode",
@@ -278,10 +290,15 @@ def test_the_options_are_found_from_the_parsers():
 
 
 @pytest.mark.parametrize(("path", "name", "value", "positional"), CASES,
-                         ids=[f"{' '.join(p)} {n}={v!r}" for p, n, v, _ in CASES])
+                         ids=[f"{' '.join(p)} {n}={(v if len(v) < 80 else v[:60] + '...')!r}"
+                              for p, n, v, _ in CASES])
 def test_a_bad_value_is_one_line_exit_2_before_anything_runs(path, name, value, positional, inputs, tmp_path,
                                                             monkeypatch, capsys, trip_wire):
+    if value == READ_ONLY and os.geteuid() == 0:
+        pytest.skip("running as root, which may write in a read-only folder: this case needs a non-root user (the "
+                    "below-a-file and name-too-long cases of the same option run as root too)")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PEFTLAB_DATA_DIR", str(DATA_DIR))  # the preflight finds the valid runs' data from anywhere
     before = _snapshot(inputs["root"])
     argv = argv_of(path, name, value, positional, inputs)
     capsys.readouterr()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import yaml
 
@@ -41,9 +42,20 @@ def test_a_train_log_holds_one_line_per_epoch_and_no_redrawn_bar(tmp_path):
 def test_a_sweep_log_holds_one_line_per_finished_run_and_no_redrawn_bar(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"output_dir": "runs/logs", "base": {**TINY, "epochs": 1},
-                                    "grid": {"seed": [0, 1]}}))
-    text = run_logged(tmp_path, "sweep", str(spec))
+                                    "grid": {"seed": [0, 1, 2]}}))
+    log = tmp_path / "log.txt"
+    with open(log, "w") as handle:
+        proc = subprocess.Popen([sys.executable, "-m", "peftlab.cli.main", "sweep", str(spec), "--workers", "1"], stdout=handle,
+                                stderr=subprocess.STDOUT, env=ENV, cwd=tmp_path)
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and "\nrun " not in "\n" + log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # each run's line is written when the run ends: the first one shows alone, not with the others at exit
+        seen_first = sum(line.startswith("run ") for line in log.read_text().splitlines())
+        assert proc.wait(timeout=300) == 0, log.read_text()[-2000:]
+    text = log.read_text()
+    assert seen_first == 1, text[-2000:]
     assert "\r" not in text
     finished = [line for line in text.splitlines() if line.startswith("run ")]
-    assert len(finished) == 2, text[-2000:]
+    assert len(finished) == 3, text[-2000:]
     assert "sweep:" not in text  # the bar (desc "sweep") is never drawn into a log

@@ -120,11 +120,14 @@ def test_weak_judge_labels():
 
 
 def test_client_records_every_failure_and_finishes(stub_judge):
-    client = judge_mod.JudgeClient(settings(stub_judge.url))
-    verdicts = client.judge_all([("sys", "GOOD answer"), ("sys", "GARBAGE"), ("sys", "SLOW"), ("sys", "FAIL500"),
-                                 ("sys", "another good one")])
-    good, garbage, slow, failed, good_again = verdicts
+    client = judge_mod.JudgeClient(settings(stub_judge.url, parallel=1))
+    # one at a time, SLOW second last: a request that times out opens the circuit breaker, nothing is sent after it
+    verdicts = client.judge_all([("sys", "GOOD answer"), ("sys", "GARBAGE"), ("sys", "FAIL500"),
+                                 ("sys", "another good one"), ("sys", "SLOW"), ("sys", "GOOD, never sent")])
+    good, garbage, failed, good_again, slow, not_sent = verdicts
     assert good.judged and good.score == 7.0 and good_again.score == 7.0
+    assert not not_sent.judged and not_sent.reason.startswith("not sent: the judge stopped answering (a request "
+                                                              "failed: timeout")
     assert not garbage.judged and garbage.reason == "no [[rating]] in the judge's reply"
     assert garbage.reply == "I will not rate this."
     assert not slow.judged and slow.reason.startswith("timeout: no reply within 0.5 s (2 attempt(s))")
@@ -145,9 +148,18 @@ def test_unreachable_judge_is_recorded_and_then_not_asked_again():
                                             max_consecutive_failures=2))
     verdicts = client.judge_all([("sys", f"answer {i}") for i in range(4)])
     assert not any(v.judged for v in verdicts)
-    assert all(v.reason.startswith("connection failed (1 attempt(s))") for v in verdicts[:2])
-    assert all(v.reason.startswith("not sent: the judge failed 2 times in a row (last: connection failed")
-               for v in verdicts[2:])
+    assert verdicts[0].reason.startswith("connection failed (1 attempt(s))")  # the breaker opens at once
+    assert all(v.reason.startswith("not sent: the judge stopped answering (a request failed: connection failed")
+               for v in verdicts[1:])
+
+
+def test_http_failures_below_the_cap_do_not_open_the_breaker(stub_judge):
+    """An HTTP 500 is an answer (the judge is there): only max_consecutive_failures of them in a row stop it."""
+    client = judge_mod.JudgeClient(settings(stub_judge.url, retries=0, parallel=1, max_consecutive_failures=2))
+    verdicts = client.judge_all([("sys", "FAIL500"), ("sys", "good"), ("sys", "FAIL500"), ("sys", "FAIL500"),
+                                 ("sys", "good")])
+    assert [v.judged for v in verdicts] == [False, True, False, False, False]
+    assert verdicts[4].reason.startswith("not sent: the judge failed 2 times in a row (last: HTTP 500")
 
 
 # --------------------------------------------------------------------------- FastChat's prompts and the scores
@@ -243,7 +255,8 @@ def test_tiny_run_is_judged_by_the_stub_and_reported(tmp_path, stub_judge, monke
     assert judge["url"] == stub_judge.url and judge["model"] == "stub-judge" and judge["weak"] is True
     answers = read_jsonl(run / result["mt_bench_answers"]["epoch1"])
     judgments = read_jsonl(run / result["mt_bench_judgments"]["epoch1"])
-    assert len(answers) == 2 and len(judgments) == 4 and stub_judge.handler.requests["GOOD"] == 4
+    # 4 judgments, and the preflight's one short request before training (issue 38)
+    assert len(answers) == 2 and len(judgments) == 4 and stub_judge.handler.requests["GOOD"] == 5
     categories = {a["category"] for a in answers}
     assert {f"mt_bench_{c}" for c in categories} <= set(metrics)
     for answer in answers:

@@ -207,9 +207,10 @@ def test_dry_run_lists_every_run_and_the_size(tmp_path, capsys):
                                               "zip": [{"seed": [0, 1], "max_train_samples": [8, 16]}]})
     assert main(["sweep", str(spec), "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 7
-    assert "lr_ratio=1 seed=0 max_train_samples=8" in out[0]
-    assert out[-1].startswith("6 runs: 0 finished, 0 failed, 6 to run")
+    plan = [line for line in out if not line.startswith("preflight")]  # then what the preflight found (issue 38)
+    assert len(plan) == 7
+    assert "lr_ratio=1 seed=0 max_train_samples=8" in plan[0]
+    assert plan[-1].startswith("6 runs: 0 finished, 0 failed, 6 to run") and out[-1] == "preflight: no problem found"
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
 
 

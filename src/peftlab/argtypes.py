@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from peftlab.config_roles import INT64_MAX
+from peftlab.io_utils import path_problem
 
 SEED_LIMIT = 2**32  # numpy's seeds are < 2**32
 
@@ -78,30 +79,29 @@ def assignments(value: str) -> str:
 
 def folder(value: str) -> str:
     """A folder that is there (data to read)."""
-    path = Path(value).expanduser()
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"expected an existing folder, got '{value}', which "
-                                         + ("is a file" if path.exists() else "is not there"))
+    problem = path_problem(value, kind="folder", write=False)
+    if problem is None and not Path(value).expanduser().is_dir():
+        problem = "it is not there"
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"expected an existing folder, got '{value}': {problem}")
     return value
 
 
 def output_folder(value: str) -> str:
-    """A folder to write into: not blank, and not a file (it may not exist yet; nothing is created here)."""
-    text(value)
-    if Path(value).expanduser().exists() and not Path(value).expanduser().is_dir():
-        raise argparse.ArgumentTypeError(f"expected a folder to write into, got '{value}', which is a file")
-    return value
+    """A folder to write into: not blank, not a file, not below a file, no name too long, its nearest existing
+    folder writable (it may not exist yet; nothing is created here)."""
+    return _output(value, "folder", "a folder to write into")
 
 
 def output_file(value: str) -> str:
-    """A file to write: not blank, not a folder, and not below a file (it and its folders may not exist yet;
-    nothing is created here)."""
+    """A file to write: not blank, not a folder, not below a file, no name too long, its nearest existing folder
+    writable (it and its folders may not exist yet; nothing is created here)."""
+    return _output(value, "file", "a file to write")
+
+
+def _output(value: str, kind: str, what: str) -> str:
     text(value)
-    path = Path(value).expanduser()
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"expected a file to write, got '{value}', which is a folder")
-    above = next((parent for parent in path.parents if parent.exists()), None)
-    if above is not None and not above.is_dir():
-        raise argparse.ArgumentTypeError(f"expected a file to write, got '{value}', which is below the file "
-                                         f"'{above}'")
+    problem = path_problem(value, kind=kind)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"expected {what}, got '{value}': {problem}")
     return value

@@ -348,7 +348,7 @@ class TrainConfig(MethodConfig):
                                     report_row=False)
     """For --task mt-bench: the environment variable holding the judge's API key (never the key itself: config.yaml is saved)."""
     judge_timeout: float = option(120.0, POSITIVE, resumable=True, report_row=False)
-    """For --task mt-bench: seconds per judge request; a request still unanswered is retried (--judge-retries), then recorded as unjudged."""
+    """For --task mt-bench: seconds per judge request; a request still unanswered is retried (--judge-retries), then recorded as unjudged, and the judge is given up on (the answers left are recorded unjudged; the preflight's one request before training waits at most 10 s)."""
     judge_retries: int = option(3, Range(0), resumable=True, report_row=False)
     """For --task mt-bench: retries of a failed judge request (timeouts, connection errors, HTTP 429/5xx), with exponential back-off."""
     judge_parallel: int = option(4, Range(1), resumable=True, report_row=False)

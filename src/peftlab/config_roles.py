@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from peftlab.errors import PeftlabError, closest, unknown
+from peftlab.io_utils import path_problem
 
 INT64_MAX = 2**63 - 1  # what torch, numpy and the tokenizers take as an integer (a length, a count, a step)
 NOT_HASHED = object()  # Roles.hashed_as: not hashed at all
@@ -256,12 +257,16 @@ def _text(value: str, check: Text, flag: str) -> None:
 
 
 def check_paths(cfg) -> None:
-    """The :class:`File` / :class:`Folder` fields of ``cfg`` that are set: there, and of the right kind."""
+    """The :class:`File` / :class:`Folder` fields of ``cfg`` that are set: there, and of the right kind; a folder
+    that may not exist yet (an output) is no file, not below a file and has no name too long for its filesystem."""
     for spec in dataclasses.fields(type(cfg)):
         check, value = spec.metadata.get("check"), getattr(cfg, spec.name)
         if value is None or not isinstance(check, (File, Folder)):
             continue
         flag, path = flag_of(type(cfg), spec.name), Path(value).expanduser()
+        problem = path_problem(path, kind="file" if isinstance(check, File) else "folder", write=False)
+        if problem is not None and not problem.startswith("it is a "):
+            raise PeftlabError(f"{flag} {value}: {problem}", fix=f"pass another path as {flag}")
         if isinstance(check, File) and path.is_dir():
             raise PeftlabError(f"{flag} {value} is a folder, not a file",
                                fix="pass one file (a folder written by datasets' save_to_disk goes to --dataset)")

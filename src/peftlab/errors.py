@@ -8,6 +8,7 @@ Programming errors stay ordinary exceptions so their tracebacks survive.
 from __future__ import annotations
 
 import difflib
+import errno
 from typing import Iterable
 
 USER_ERROR_EXIT = 2
@@ -22,6 +23,34 @@ class PeftlabError(Exception):
         if fix:
             parts.append(f"fix: {fix}")
         super().__init__("; ".join(parts).replace("\n", " "))
+
+    def lines(self) -> list[str]:
+        """The lines the command line prints (one; :class:`PeftlabErrors` has one per problem)."""
+        return [str(self)]
+
+
+class PeftlabErrors(PeftlabError):
+    """Several independent problems found at once (the preflight of a sweep): one line each, exit 2."""
+
+    def __init__(self, errors: list[PeftlabError]):
+        self.errors = list(errors)
+        first = self.errors[0]
+        super().__init__(first.what, where=first.where, fix=first.fix)
+
+    def lines(self) -> list[str]:
+        return [str(err) for err in self.errors]
+
+
+def os_error(err: OSError, command: str | None = None) -> PeftlabError:
+    """The one line of an OSError that reached the command line: what the OS said, about which path(s)."""
+    paths = [str(p) for p in (err.filename, err.filename2) if p is not None]
+    name = errno.errorcode.get(err.errno or 0, "")
+    told = err.strerror or str(err) or type(err).__name__
+    where = "peftlab" + (f" {command}" if command else "")
+    return PeftlabError(
+        f"{told}" + (f" ({name})" if name else "") + (f": {' -> '.join(repr(p) for p in paths)}" if paths else ""),
+        where=where, fix="check that path (its folders exist, are folders, are writable, and each name fits the "
+                         "filesystem), then rerun; PEFTLAB_DEBUG=1 shows the traceback")
 
 
 # Names users bring from HF Trainer, peft and litgpt configs, mapped to peftlab's (keys; flags use dashes).

@@ -36,6 +36,8 @@ SUBCOMMANDS = (
     Subcommand("methods", "peftlab.cli.listing", "list fine-tuning methods, their default learning rates and limits",
                "add_methods_parser"),
     Subcommand("train", "peftlab.training.loop", "fine-tune one model on one task with one method"),
+    Subcommand("probe", "peftlab.training.probe_cli",
+               "per-group loss curvature of a run before training: lambda_max, stable and suggested rates, lambda"),
     Subcommand("evaluate", "peftlab.training.evaluate_cli", "evaluate a saved run's adapter on its task's dev set"),
     Subcommand("predict", "peftlab.training.predict",
                "predict labels (or STS-B scores) for a file of texts with a trained run"),
@@ -138,7 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except PeftlabError as err:
-        print(f"peftlab: error: {err}", file=sys.stderr)
+        for line in err.lines():  # one line per problem (a preflight may find several)
+            print(f"peftlab: error: {line}", file=sys.stderr)
+        return USER_ERROR_EXIT
+    except OSError as err:  # a path the OS refused (below a file, a name too long, read-only): one line, no stack
+        from peftlab.errors import os_error  # what the OS said, which path; PEFTLAB_DEBUG=1: the traceback
+
+        if os.environ.get("PEFTLAB_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"peftlab: error: {os_error(err, getattr(args, 'command', None))}", file=sys.stderr)
         return USER_ERROR_EXIT
     except KeyboardInterrupt:
         print("peftlab: interrupted", file=sys.stderr)

@@ -308,7 +308,9 @@ def run_cli(args) -> int:
         else:
             study = Study(design, paths, workers=args.workers)
             print(Plan(plan_stages(design), study.seconds_per_epoch(), args.workers).describe())
-        return 0
+        from peftlab.lab.preflight_cells import check_study, print_findings
+
+        return print_findings(check_study(design, root, args, dry_run=True))  # its problems: exit 2
     if args.report_only:
         if not paths.plan.is_file():
             raise PeftlabError(f"no study in {root} yet (no {paths.plan.name})", fix="run the study first")
@@ -323,6 +325,9 @@ def run_cli(args) -> int:
         print(f"report: {write_report(paths, load_or_save_plan(paths, design, lambda: None))}")
         return 0
     options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
+    from peftlab.lab.preflight_cells import check_study
+
+    check_study(design, root, args)  # data, models, extras, the folder and its room: before any stage runs
     if fair:
         run_fair_study(design, paths, workers=args.workers, ray_options=options)
     else:

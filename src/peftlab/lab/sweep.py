@@ -85,6 +85,7 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
     def note(message: str) -> None:
         if progress:
             bar.write(message, file=bar_file)
+            bar_file.flush()  # a log file is block-buffered: each line when it happens, not at the sweep's end
 
     if reset["running"]:
         note(f"resuming {reset['running']} run(s) left unfinished by a killed sweep")
@@ -224,7 +225,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
                         help="run in N worker processes (default 0: one run at a time in this process)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
-    parser.add_argument("--dry-run", action="store_true", help="print the grid (one line per run) and its size")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the grid (one line per run), its size and what the preflight found; run nothing")
     add_output_flags(parser)
     from peftlab.lab.ray_backend import add_backend_flags  # --backend ray: each run a Ray task
 
@@ -254,12 +256,14 @@ def run_cli(args) -> int:
     if args.workers < 0:
         raise PeftlabError(f"--workers must be >= 0, got {args.workers}")
     sweep = load_spec(args.spec, output_dir=args.output_dir, store=args.store)
-    if args.dry_run:
-        dry_run(sweep)
-        return 0
     from peftlab.lab import ray_backend
+    from peftlab.lab.preflight_cells import check_sweep, print_findings
 
     ray_backend.check_backend_args(args)
+    if args.dry_run:
+        dry_run(sweep)
+        return print_findings(check_sweep(sweep, args, dry_run=True))
+    check_sweep(sweep, args)  # every cell's data, model, extras, the folders and their room: before any run
     if args.backend == "ray":
         if args.workers:
             raise PeftlabError("--workers is for the local backend", fix="with --backend ray use --cpus-per-run")

@@ -6,18 +6,21 @@ worth retrying (connection errors, timeouts, HTTP 408/409/429/5xx, with exponent
 honouring ``Retry-After``) and applies a per-request timeout. This module adds what a benchmark run needs on
 top: **no judgment ever raises**. Each request ends as a :class:`Verdict`, judged with a 1-10 score or
 unjudged with the reason (timeout, HTTP status, connection refused, a reply without ``[[N]]``), so a
-flaky judge costs scores, never the run. After ``max_consecutive_failures`` transport failures in a row the
-remaining requests are not sent (an unreachable judge would otherwise cost minutes of retries per answer);
-they are recorded as unjudged too, saying why, and the judging stage ends with one line on stderr naming
-the judge, what failed and the fix.
+flaky judge costs scores, never the run.
 
-Every request is bounded: connecting and each read wait at most ``timeout`` seconds (``--judge-timeout``),
-each request is tried ``retries + 1`` times, and a dead or silent judge is given up on after
-``max_consecutive_failures`` failures (a dead judge gets at most ``max(max_consecutive_failures, parallel)``
-requests), so judging against a judge that never answers takes at most about
-``ceil(max_consecutive_failures / parallel) * (retries + 1) * timeout`` seconds (plus the client's back-off,
-at most 8 s between tries) before every remaining answer is recorded unjudged: 16 minutes with the defaults
-(8 failures, 4 in parallel, 3 retries, 120 s), seconds for a closed port.
+**A circuit breaker.** The first request that timed out or could not connect (after the client's own retries)
+opens it: no further request is sent, every answer not yet judged is recorded unjudged with the reason, and
+the judging stage ends with one line on stderr naming the judge, what failed and the fix. Other failures (an
+HTTP 500, a 429 after its retries) open it after ``max_consecutive_failures`` in a row.
+
+Every request is bounded: connecting and each read wait at most ``timeout`` seconds (``--judge-timeout``) and
+each request is tried ``retries + 1`` times, so a judge that is dead (refuses) or silent (accepts and never
+answers) costs at most **one request's time**, ``(retries + 1) * timeout`` seconds plus the client's back-off
+between tries (at most 8 s each), whatever the number of questions: the requests already in flight when it
+opens end within that time too, and none starts after. A closed port costs only the back-off between tries.
+
+:func:`probe` is the preflight's check (:mod:`peftlab.preflight`): one short request, no retry, at most
+``PROBE_TIMEOUT`` (10 s) per connect or read, before anything trains.
 
 The rating is parsed as FastChat's ``fastchat/llm_judge/common.py`` does: the first ``[[N]]`` (N an integer
 or decimal), else the first ``[N]``; a reply with neither is unjudged. A rating outside 1-10 is unjudged as
@@ -144,22 +147,23 @@ class JudgeClient:
         self._failures_in_a_row = 0
         self._in_flight = 0
         self._last_failure = ""
+        self._broken = ""  # the failure that opened the circuit breaker (a timeout, a refused connection)
 
     def _may_send(self) -> bool:
-        """Whether a request may go out now. After a failure, no more requests are in flight than could still
-        succeed before the cap: a dead judge gets at most max(max_consecutive_failures, parallel) requests,
-        and a request is held (not dropped) while those in flight may yet reset the count."""
+        """Whether a request may go out now: never once the breaker is open. After an HTTP failure, no more
+        requests are in flight than could still succeed before the cap, and a request is held (not dropped)
+        while those in flight may yet reset the count."""
         cap = self.settings.max_consecutive_failures
         with self._lock:
-            while self._failures_in_a_row and self._failures_in_a_row < cap \
+            while not self._broken and self._failures_in_a_row and self._failures_in_a_row < cap \
                     and self._failures_in_a_row + self._in_flight >= cap:
                 self._lock.wait()
-            if self._failures_in_a_row >= cap:
+            if self._broken or self._failures_in_a_row >= cap:
                 return False
             self._in_flight += 1
             return True
 
-    def _done(self, failure: str | None) -> None:
+    def _done(self, failure: str | None, *, unreachable: bool = False) -> None:
         with self._lock:
             self._in_flight -= 1
             if failure is None:
@@ -167,11 +171,16 @@ class JudgeClient:
             else:
                 self._failures_in_a_row += 1
                 self._last_failure = failure
+                if unreachable and not self._broken:
+                    self._broken = failure
             self._lock.notify_all()
 
     def judge(self, system: str, user: str) -> Verdict:
         """One judgment; a transport failure (after the client's retries) is an unjudged Verdict."""
         if not self._may_send():
+            if self._broken:
+                return Verdict(False, reason="not sent: the judge stopped answering (a request failed: "
+                                             f"{self._broken})")
             return Verdict(False, reason=f"not sent: the judge failed {self._failures_in_a_row} times in a row "
                                          f"(last: {self._last_failure})")
         started = time.monotonic()
@@ -179,7 +188,7 @@ class JudgeClient:
             reply = self._complete(system, user)
         except Exception as err:  # noqa: BLE001 - every failure becomes a recorded reason, never a crash
             reason = describe_error(err, self.settings)
-            self._done(reason)
+            self._done(reason, unreachable=unreachable(err))
             return Verdict(False, reason=reason, attempts_seconds=time.monotonic() - started)
         self._done(None)
         verdict = verdict_from_reply(reply)
@@ -209,14 +218,47 @@ class JudgeClient:
 
     def gave_up_note(self, verdicts: Sequence[Verdict]) -> str | None:
         """The one line that says the judge was given up on (dead or silent), or None when it was not."""
-        if self._failures_in_a_row < self.settings.max_consecutive_failures:
+        if self._broken:
+            why = f"a request that timed out or could not connect ({self._broken})"
+        elif self._failures_in_a_row >= self.settings.max_consecutive_failures:
+            why = f"{self._failures_in_a_row} failed requests in a row (last: {self._last_failure})"
+        else:
             return None
         unjudged = sum(1 for v in verdicts if not v.judged)
-        return (f"peftlab: warning: judge {normalise_url(self.settings.url)} given up after "
-                f"{self._failures_in_a_row} failed requests in a row (last: {self._last_failure}): {unjudged} of "
+        return (f"peftlab: warning: judge {normalise_url(self.settings.url)} given up after {why}: {unjudged} of "
                 f"{len(verdicts)} answers unjudged; "
                 "fix: start the judge (e.g. peftlab serve-judge) or correct --judge-url, or raise --judge-timeout "
                 "for a slow one; then `peftlab evaluate` the run again")
+
+
+def unreachable(err: Exception) -> bool:
+    """A judge that timed out or refused the connection (the breaker opens at once), not one that answered badly."""
+    import openai
+
+    return isinstance(err, (openai.APITimeoutError, openai.APIConnectionError))
+
+
+PROBE_TIMEOUT = 10.0  # seconds the preflight's one request may wait to connect, and for each read
+
+
+def probe(settings: JudgeSettings, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """One short request to the judge, no retry, each phase at most ``min(timeout, settings.timeout)`` seconds:
+    None when it answers (any completion: the rating format is not checked), else why not (one line)."""
+    from dataclasses import replace
+
+    from openai import OpenAI, Timeout
+
+    bound = min(timeout, settings.timeout)
+    client = OpenAI(base_url=normalise_url(settings.url), api_key=settings.api_key, max_retries=0,
+                    timeout=Timeout(bound, connect=bound, read=bound, write=bound, pool=bound))
+    try:
+        client.chat.completions.create(model=settings.model, temperature=0.0, max_tokens=8, messages=[
+            {"role": "user", "content": "peftlab preflight: is the judge there? Reply [[1]]."}])
+    except Exception as err:  # noqa: BLE001 - any failure is the reason the preflight names
+        return describe_error(err, replace(settings, timeout=bound, retries=0))
+    finally:
+        client.close()
+    return None
 
 
 def describe_error(err: Exception, settings: JudgeSettings) -> str:

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from peftlab.argtypes import text
+from peftlab.argtypes import output_folder, text
 from peftlab.errors import PeftlabError
 
 TOLERANCE = 1e-4  # max abs logit difference between peftlab's model and the exported one (fp32: ~1e-6)
@@ -91,7 +91,8 @@ def add_parser(sub) -> None:
                             description="Merge RUN_DIR's adapter into its base model and save model + tokenizer "
                                         "with save_pretrained, checked to predict as peftlab does.")
     parser.add_argument("run_dir", help="a folder written by peftlab train")
-    parser.add_argument("--merged", required=True, type=text, metavar="OUT_DIR", help="folder to write the merged model to")
+    parser.add_argument("--merged", required=True, type=output_folder, metavar="OUT_DIR",
+                        help="folder to write the merged model to")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     parser.add_argument("--push-to-hub", type=text, default=None, metavar="REPO",
                         help="also upload the checked folder to this Hugging Face Hub repo (needs network and a token)")

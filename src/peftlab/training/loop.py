@@ -85,6 +85,9 @@ def run_cli(args) -> int:
     if getattr(args, "print_config", False):  # validated like a run, but nothing is created
         print(config_yaml(cfg), end="")
         return 0
+    from peftlab import preflight  # data, model, extras, the output folder and its room, the judge: before anything
+
+    preflight.check([preflight.Cell("", cfg)], [preflight.Output(Path(cfg.output_dir), "folder", "--output-dir")])
     result = train(cfg)
     if int(os.environ.get("RANK", "0")) != 0:  # one summary per run under accelerate launch
         return exit_code(result)

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from peftlab.argtypes import positive_int, text
+from peftlab.io_utils import path_problem
 from peftlab.errors import PeftlabError
 
 
@@ -110,9 +111,10 @@ def add_parser(sub) -> None:
 def run_cli(args) -> int:
     output = Path(args.output) if args.output else Path(args.input).with_suffix("").with_name(
         Path(args.input).stem + ".predictions.jsonl")
-    if output.is_dir() or (output.parent.exists() and not output.parent.is_dir()):
-        raise PeftlabError(f"--output {output} cannot be written: " + ("it is a folder" if output.is_dir() else
-                           f"{output.parent} is a file"), fix="pass a file path in an existing folder as --output")
+    problem = path_problem(output, kind="file")  # also the default beside --input: below a file, too long, read-only
+    if problem is not None:
+        raise PeftlabError(f"--output {output} cannot be written: {problem}",
+                           fix="pass a file path in a folder you can write in as --output")
     count = predict_run(args.run_dir, args.input, output, adapter=args.adapter, fields=args.fields,
                         batch_size=args.batch_size)
     print(f"wrote {count} predictions to {output}")

