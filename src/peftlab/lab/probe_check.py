@@ -163,7 +163,7 @@ def check_task(task: str, probe: dict, other: tuple[dict, Cell] | None, cells: d
 def render(rows: list[dict], grid_hours: dict[str, float]) -> str:
     head = ("| task | curvature | lambda_max q / v | probe lambda | grid best cell (selection mean) | best region "
             "(lambda) | inside? | c (both tasks) | c (other task) | probe eta_QK | nearest cell (selection mean)"
-            " | held-out: probe cell − grid cell | probe s / grid h |")
+            " | held-out: nearest cell − grid pick | probe s / study h |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         best, chosen = r["best"], r["chosen"]

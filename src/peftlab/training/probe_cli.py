@@ -42,7 +42,10 @@ def run_cli(args) -> int:
 
     cfg = config_from_args(args)  # train's parsing and refusals
     require_extra()
+    from peftlab import preflight  # train's checks before anything loads: data, model, extras, where probe.json goes
     from peftlab.training.probe import ProbeOptions, probe
+
+    preflight.check([preflight.Cell("", cfg)], [preflight.Output(Path(args.probe_out), "file", "--probe-out")])
 
     result = probe(cfg, ProbeOptions(batches=args.probe_batches, adam_steps=args.probe_adam_steps))
     atomic_write_text(Path(args.probe_out), json.dumps(result, indent=1) + "\n")
