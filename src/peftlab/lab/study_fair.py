@@ -98,14 +98,14 @@ def best_off_diagonal(design: sp.Design, searches: dict[str, sp.Search]) -> sp.A
     return sp.Arm(best.row.name, best.row.keys, best.best.rate)
 
 
-def key_arm(design: sp.Design, searches: dict[str, sp.Search]) -> sp.Arm | None:
-    """The W_k ablation: the lambda-1 row's pick with W_k trained too."""
+def key_arms(design: sp.Design, searches: dict[str, sp.Search]) -> tuple[sp.Arm, sp.Arm] | None:
+    """The W_k ablation: the lambda-1 row's pick as it is, and with W_k trained too."""
     targets = key_ablation_targets(design.base.get("targets", "q,v"))
     diagonal = next((s for s in searches.values() if float(s.row.keys.get("lr_ratio", 1.0)) == 1.0), None)
     if not (design.key_ablation and targets and diagonal and diagonal.best):
         return None
-    return sp.Arm(f"{diagonal.row.name} with W_k trained", {**diagonal.row.keys, "targets": targets},
-                  diagonal.best.rate)
+    frozen = sp.Arm(diagonal.row.name, diagonal.row.keys, diagonal.best.rate)
+    return frozen, sp.Arm(f"{frozen.name} with W_k trained", {**frozen.keys, "targets": targets}, frozen.rate)
 
 
 def run_task(study, design: sp.Design, task: str) -> TaskPicks:
@@ -124,10 +124,9 @@ def run_task(study, design: sp.Design, task: str) -> TaskPicks:
     arms = heldout_arms(design, task, searches)
     study.run_configs(f"heldout-{task}", sp.heldout_configs(design, task, arms),
                       f"fair study, {task}: each row at its chosen rate on the held-out seeds")
-    key = key_arm(design, searches) if design.kind == "lambda" else None
-    if key is not None:
-        diagonal = next(a for a in arms if a.name == key.name.replace(" with W_k trained", ""))
-        study.run_configs(f"key-{task}", sp.heldout_configs(design, task, [diagonal, key], design.key_seed_list),
+    pair = key_arms(design, searches) if design.kind == "lambda" else None
+    if pair is not None:
+        study.run_configs(f"key-{task}", sp.heldout_configs(design, task, list(pair), design.key_seed_list),
                           f"fair study, {task}: the W_k ablation at the lambda-1 pick, {len(design.key_seed_list)} "
                           "held-out seeds")
     return TaskPicks(task, searches, arms)

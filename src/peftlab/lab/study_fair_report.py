@@ -17,7 +17,7 @@ from peftlab.lab import stats
 from peftlab.lab import study_protocol as sp
 from peftlab.lab import verdicts as vt
 from peftlab.lab.study_arms import load_store_rows, metric_scale, write_json
-from peftlab.lab.study_fair import heldout_arms, key_arm, keyed, replay_searches
+from peftlab.lab.study_fair import heldout_arms, key_arms, keyed, replay_searches
 from peftlab.lab.table_model import Cell
 
 ALPHA = 0.05
@@ -143,10 +143,9 @@ def task_data(design: sp.Design, task: str, store_rows: list[dict]) -> dict:
         data["sigma_vs_adam"] = {n: sigma_vs_adam(cells[n][1]) for n in cells if "kasa" in n}
     else:
         families = {"lambda": lambda_family(design, finished, pair)}
-        key = key_arm(design, finished)
-        if key is not None:
-            seeds = design.key_seed_list
-            base = next(a for a in arms if a.name == key.name.replace(" with W_k trained", ""))
+        pair = key_arms(design, finished)
+        if pair is not None:
+            seeds, (base, key) = design.key_seed_list, pair
             qv, qkv = (arm_cell(design, task, a, by_key, seeds)[0] for a in (base, key))
             families["key"] = [comparison_data(f"W_k frozen ({base.name}) − W_k trained", (base.name, qv),
                                                (key.name, qkv), margin, scale, "the W_k ablation")]

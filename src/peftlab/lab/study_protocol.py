@@ -269,7 +269,3 @@ def lambda_controls(off: Arm, diagonal: Row) -> list[Arm]:
     ratio = float(off.keys.get("lr_ratio", 1.0))
     return [Arm("lambda 1 at the same eta_QK", diagonal.keys, off.rate),
             Arm("lambda 1 at the same eta_V", diagonal.keys, float(f"{off.rate * ratio:.6g}"))]
-
-
-def count_epochs(configs: Iterable[dict]) -> int:
-    return sum(int(c.get("epochs") or 0) for c in configs)
