@@ -8,6 +8,7 @@ checkpoint is restored on top of the rebuilt run (:func:`peftlab.training.checkp
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,10 @@ def build(cfg: TrainConfig, out: Path) -> Built:
     task = TASKS[cfg.task]
     labels = head_labels(cfg)  # a user task's classes come from its data: read and checked before anything loads
     load_start = time.perf_counter()
+    if not sys.stderr.isatty():  # in a log, transformers' "Loading weights" bar is redrawn frames, not progress
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     loaded = load_model_with_pooling(cfg.model, head=task.head, num_labels=labels.num_labels, seed=cfg.seed,
                                      trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)
     loaded.model.config.update(labels.config_values())  # id2label/label2id: the saved head names its classes
