@@ -49,118 +49,29 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-import pandas as pd
-
 from peftlab.argtypes import assignments, bounded_int, output_file, positive_float, text
 from peftlab.errors import PeftlabError, closest
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab.provenance import require_one_code, summarize
 from peftlab.lab.records import (
     NON_RESULT_KEYS,
-    TRAINING_ONLY_KEYS,
     RunRecord,
     auto_scale,
     collect,
     drop_superseded_pruned,
-    parse_seeds,
-    rows_of_seeds,
     fmt_value,
-    hashable,
-    is_pruned,
     load_rows,
     matches,
     parse_filter,
+    parse_seeds,
+    rows_of_seeds,
     task_determined_keys,
     task_order,
-    varying_keys,
 )
+from peftlab.lab.report_rows import grouped_rows, labelled_rows, majority_row, records_frame, require_one_test_set
 from peftlab.lab.stats import CI_METHODS, CORRECTIONS, TESTS, compare_with_baseline
-from peftlab.lab.table_model import Cell, Row, Table
+from peftlab.lab.table_model import Row, Table
 from peftlab.lab.tables import MAJORITY, PARAM_CONVENTIONS, RENDERERS
-
-# Task kinds with a majority class (the instruction tasks' majority_baseline is a placeholder 0).
-MAJORITY_KINDS = ("classification", "regression")
-__all__ = ["Cell", "Row", "Table", "build_table", "param_count", "add_parser", "run_cli"]
-
-
-def param_count(trainable: dict | None, convention: str, method: str | None) -> int | None:
-    """A run's #Param under ``convention`` (total, adapter or yao) from result.json's ``trainable_params``."""
-    trainable = trainable or {}
-    if convention == "yao":
-        if method == "full":  # Yao et al.'s full FT: every trainable weight, the head once
-            return trainable.get("total")
-        adapter, head = trainable.get("adapter"), trainable.get("head")
-        return None if adapter is None or head is None else int(adapter) + 2 * int(head)
-    return trainable.get(convention)
-
-
-# --------------------------------------------------------------------------- grouping (pandas)
-
-
-def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> tuple[pd.DataFrame, list[dict]]:
-    """One line per record: its group (the config without ``drop``; before-fine-tuning runs also pool over
-    TRAINING_ONLY_KEYS), task, seed, status (``pruned`` for a tune trial stopped early, whatever it says), its
-    value (nan without one), #Param and the majority-class score. Returns the frame and each group's config (index
-    = the frame's ``group``)."""
-    group_ids: dict[tuple, int] = {}
-    configs: list[dict] = []
-    lines = []
-    for rec in records:
-        left_out = set(drop) | (set(TRAINING_ONLY_KEYS) if rec.before else set())
-        config = {k: v for k, v in rec.config.items() if k not in left_out}
-        frozen = (rec.before, tuple(sorted((k, hashable(v)) for k, v in config.items())))
-        if frozen not in group_ids:
-            group_ids[frozen] = len(configs)
-            configs.append(config)
-        result = rec.result or {}
-        count = param_count(result.get("trainable_params"), params, rec.config.get("method")) \
-            if rec.result and not rec.before else None
-        # a pruned trial stopped after a few epochs: not a full run, whatever status it ended with
-        lines.append({"group": group_ids[frozen], "before": rec.before, "task": rec.task, "seed": rec.seed,
-                      "status": "pruned" if is_pruned(rec) else rec.status,
-                      "value": math.nan if rec.value is None else rec.value, "params": count,
-                      "majority": _majority_value(rec)})
-    return pd.DataFrame(lines), configs
-
-
-def require_one_test_set(records: list[RunRecord]) -> None:
-    """Runs of one task scored on different evaluation examples cannot be compared (result.json
-    ``eval_examples_digest``: the dev / test examples each run was scored on); refused in one line."""
-    digests: dict[str, dict[str, int]] = {}
-    for rec in records:
-        digest = (rec.result or {}).get("eval_examples_digest")
-        if digest:
-            by_digest = digests.setdefault(rec.task, {})
-            by_digest[digest] = by_digest.get(digest, 0) + 1
-    for task, by_digest in digests.items():
-        if len(by_digest) > 1:
-            counts = ", ".join(f"{n} runs on {d}" for d, n in sorted(by_digest.items(), key=lambda kv: -kv[1]))
-            raise PeftlabError(f"the {task} runs were scored on different test examples ({counts}): their numbers "
-                               "cannot be compared", fix="select runs scored on the same examples with --where "
-                               "(e.g. max_eval_samples=..., eval_seed=...), or rerun them on one test split")
-
-
-def _majority_value(rec: RunRecord) -> float | None:
-    """The run's majority-class score, when it scores the reported metric of a GLUE-style task."""
-    from peftlab.tasks.table import TASKS
-
-    result = rec.result or {}
-    # the config's task, not rec.task: a user task's column is named after its data (tickets), not "classify"
-    value, task = result.get("majority_baseline"), TASKS.get(str(rec.config.get("task")))
-    if (value is None or task is None or task.kind not in MAJORITY_KINDS
-            or rec.metric != result.get("primary_metric", task.primary_metric)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _cells(frame: pd.DataFrame) -> dict[tuple[int, str], Cell]:
-    """(group, task) -> its cell, each run placed by :meth:`Cell.add_run` in run order: every finished run at its
-    value (labelled or not), the others counted apart."""
-    cells: dict[tuple[int, str], Cell] = {}
-    for line in frame.itertuples(index=False):
-        cells.setdefault((line.group, line.task), Cell()).add_run(line.status, line.seed, line.value)
-    return cells
 
 
 def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None = None, params: str = "total",
@@ -173,7 +84,40 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
     ``allow_mixed_code``)."""
     _check_options(which=which, params=params, test=test, correction=correction, ci=ci, alpha=alpha,
                    baseline=baseline, equivalence_margin=equivalence_margin, power=power, power_diff=power_diff)
-    power = power or power_diff is not None
+    records, skipped, superseded = _finished_records(rows, which=which, metric=metric, where=where)
+    code = summarize(rec.result for rec in records)
+    require_one_code(code, allow_mixed=allow_mixed_code)
+    per_task = task_determined_keys([r for r in records if not r.before])
+    metrics: dict[str, str] = {}
+    for rec in records:
+        if rec.metric and rec.task not in metrics:
+            metrics[rec.task] = rec.metric
+
+    frame, configs = records_frame(records, drop=set(NON_RESULT_KEYS) | set(per_task), params=params)
+    majority, majority_differ = majority_row(frame)
+    # methods in the order the runs list them (the sweep's grid order); other keys by value
+    method_order = list(dict.fromkeys(str(rec.config.get("method")) for rec in records))
+    before_rows, trained_rows, label_keys = labelled_rows(grouped_rows(frame, configs), method_order)
+    if majority is not None:
+        majority.label = {k: None for k in label_keys}
+    table = Table(tasks=task_order(r.task for r in records), label_keys=label_keys, rows=before_rows + trained_rows,
+                  metrics=metrics, scale=scale if scale is not None else auto_scale(metrics.values()), which=which,
+                  params=params, alpha=alpha, test_requested=test, test=test, correction=correction, ci=ci,
+                  margin=equivalence_margin, power=power or power_diff is not None, power_diff=power_diff,
+                  majority=majority, code=code, superseded_pruned=superseded)
+    _add_task_notes(table, records)
+    if baseline:
+        table.baseline, table.baseline_text = _baseline_row(trained_rows, label_keys, baseline), baseline
+        compare_with_baseline(table)
+    _add_closing_notes(table, majority_differ, per_task, skipped)
+    return table
+
+
+def _finished_records(rows: Iterable[dict], *, which: str, metric: str | None,
+                      where: str | None) -> tuple[list[RunRecord], dict[str, int], int]:
+    """The records to report (a pruned trial superseded by a complete run of its config and seed dropped), the
+    unfinished runs counted by status, and how many pruned trials were superseded. Refuses an empty table and runs
+    of one task scored on different examples."""
     filters = parse_filter(where)
     records, skipped = collect(rows, which=which, metric=metric, where=filters)
     if not records:
@@ -182,51 +126,12 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
                            fix="run the sweep first (peftlab sweep SPEC.yaml), or loosen --where")
     records, superseded = drop_superseded_pruned(records)
     require_one_test_set(records)
-    code = summarize(rec.result for rec in records)
-    require_one_code(code, allow_mixed=allow_mixed_code)
-    per_task = task_determined_keys([r for r in records if not r.before])
-    tasks = task_order(r.task for r in records)
-    metrics: dict[str, str] = {}
-    for rec in records:
-        if rec.metric and rec.task not in metrics:
-            metrics[rec.task] = rec.metric
+    return records, skipped, superseded
 
-    frame, configs = records_frame(records, drop=set(NON_RESULT_KEYS) | set(per_task), params=params)
-    majority, majority_differ = _majority_row(frame)
-    # identical untrained models repeated across a training grid count once per seed
-    frame = frame[~(frame["before"] & frame.duplicated(["group", "task", "seed"]))]
-    groups = {gid: Row(config=configs[gid], label={}, before=bool(before))
-              for gid, before in frame.groupby("group", sort=False)["before"].first().items()}
-    for (gid, task), cell in _cells(frame).items():
-        groups[gid].cells[task] = cell
-    trained_frame = frame[~frame["before"]]
-    for gid, counts in trained_frame.groupby("group", sort=False)["params"].agg(lambda s: set(s.dropna())).items():
-        groups[gid].params = {int(c) for c in counts}
 
-    trained_rows = [r for r in groups.values() if not r.before]
-    before_rows = [r for r in groups.values() if r.before]
-    label_keys = varying_keys([r.config for r in trained_rows])
-    if not label_keys and trained_rows:  # a single row still says what it is
-        label_keys = ["method"]
-    for row in trained_rows:
-        row.label = {k: row.config.get(k) for k in label_keys}
-    before_keys = varying_keys([r.config for r in before_rows])
-    for row in before_rows:
-        extra = ", ".join(f"{k}={fmt_value(row.config.get(k))}" for k in before_keys)
-        row.name = "before fine-tuning" + (f" ({extra})" if extra else "")
-        row.label = {k: None for k in label_keys}
-    # methods in the order the runs list them (the sweep's grid order); other keys by value
-    method_order = list(dict.fromkeys(str(rec.config.get("method")) for rec in records))
-    trained_rows.sort(key=lambda r: tuple(_sort_value(k, r.label.get(k), method_order) for k in label_keys))
-    before_rows.sort(key=lambda r: r.name)
-    if majority is not None:
-        majority.label = {k: None for k in label_keys}
-
-    table = Table(tasks=tasks, label_keys=label_keys, rows=before_rows + trained_rows, metrics=metrics,
-                  scale=scale if scale is not None else auto_scale(metrics.values()), which=which, params=params,
-                  alpha=alpha, test_requested=test, test=test, correction=correction, ci=ci,
-                  margin=equivalence_margin, power=power, power_diff=power_diff, majority=majority, code=code,
-                  superseded_pruned=superseded)
+def _add_task_notes(table: Table, records: list[RunRecord]) -> None:
+    """The datasets that are not GLUE's own, and each task's caveats (result.json ``report_notes``, e.g. who
+    judged MT-Bench), as notes under the table."""
     for rec in records:
         dataset = (rec.result or {}).get("dataset")
         if dataset and dataset != "glue":
@@ -235,23 +140,29 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
         table.notes.append("; ".join(f"{t}: dataset {d}" + (" (10k subsets of GLUE train, 90/10 train/dev; not the "
                                                               "full task)" if d == "glue_subsets" else "")
                                      for t, d in sorted(table.datasets.items())))
-    for rec in records:  # a task's own caveats (result.json "report_notes"), e.g. who judged MT-Bench
+    for rec in records:
         for note in (rec.result or {}).get("report_notes") or []:
             if f"{rec.task}: {note}" not in table.notes:
                 table.notes.append(f"{rec.task}: {note}")
-    if baseline:
-        wanted = parse_filter(baseline, what="--baseline")
-        hits = [r for r in trained_rows if matches(r.config, wanted)]
-        if len(hits) != 1:
-            vary = ", ".join(label_keys) or "method"
-            raise PeftlabError(
-                f"--baseline '{baseline}' matches {len(hits)} rows of the table, not 1",
-                fix=f"name one row by the keys that vary ({vary})" if hits else f"the rows vary in: {vary}")
-        table.baseline, table.baseline_text = hits[0], baseline
-        compare_with_baseline(table)
+
+
+def _baseline_row(trained_rows: list[Row], label_keys: list[str], baseline: str) -> Row:
+    """The one trained row ``--baseline`` names; anything else is refused in one line."""
+    hits = [r for r in trained_rows if matches(r.config, parse_filter(baseline, what="--baseline"))]
+    if len(hits) != 1:
+        vary = ", ".join(label_keys) or "method"
+        raise PeftlabError(
+            f"--baseline '{baseline}' matches {len(hits)} rows of the table, not 1",
+            fix=f"name one row by the keys that vary ({vary})" if hits else f"the rows vary in: {vary}")
+    return hits[0]
+
+
+def _add_closing_notes(table: Table, majority_differ: list[tuple], per_task: dict, skipped: dict[str, int]) -> None:
+    """Notes on a majority class that differs between runs, settings that vary only with the task, and the
+    unfinished runs left out of the table."""
     if majority_differ:
         ranges = ", ".join(f"{task} {lo * table.scale:.4g}–{hi * table.scale:.4g}"
-                           for task, lo, hi in sorted(majority_differ, key=lambda d: tasks.index(d[0])))
+                           for task, lo, hi in sorted(majority_differ, key=lambda d: table.tasks.index(d[0])))
         table.notes.append(f"{MAJORITY}: the runs' dev sets differ (max_eval_samples/eval_seed?), so does the "
                            f"majority-class score ({ranges}); the row shows the mean over runs")
     if per_task:
@@ -261,7 +172,6 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
     if skipped:
         unfinished = ", ".join(f"{n} {s}" for s, n in sorted(skipped.items()))
         table.notes.append(f"not in the table (unfinished): {unfinished}")
-    return table
 
 
 def _check_options(*, which, params, test, correction, ci, alpha, baseline, equivalence_margin, power,
@@ -288,32 +198,6 @@ def _check_options(*, which, params, test, correction, ci, alpha, baseline, equi
     if wanted and not baseline:
         raise PeftlabError(f"{' and '.join(wanted)} compare rows with a baseline, but no --baseline was given",
                            fix='name the row to compare with, e.g. --baseline "method=lora,targets=q,k,v"')
-
-
-def _sort_value(key: str, value, method_order: list[str]):
-    if key == "method":
-        return (0, method_order.index(str(value)) if str(value) in method_order else len(method_order), str(value))
-    if isinstance(value, bool) or value is None:
-        return (1, 0, str(value))
-    if isinstance(value, (int, float)):
-        return (0, float(value), "")
-    return (1, 0, str(value))
-
-
-def _majority_row(frame: pd.DataFrame) -> tuple[Row | None, list[tuple]]:
-    """The majority-class row (None when no task has one) and the ``(task, lowest, highest)`` of the tasks
-    whose runs disagree (different dev examples).
-
-    Per task: every run's ``majority_baseline`` that scores the reported metric (the task's primary metric) of a
-    GLUE-style task; instruction tasks (no classes) and other metrics (``--metric``) get no cell."""
-    scores = frame.dropna(subset=["majority"]).groupby("task", sort=False)["majority"].agg(list)
-    if scores.empty:
-        return None, []
-    row = Row(config={}, label={}, majority=True, name=MAJORITY,
-              cells={task: Cell(values=[float(v) for v in values]) for task, values in scores.items()})
-    differ = [(task, min(cell.values), max(cell.values)) for task, cell in row.cells.items()
-              if min(cell.values) != max(cell.values)]
-    return row, differ
 
 
 # --------------------------------------------------------------------------- CLI
@@ -361,6 +245,15 @@ def add_parser(sub) -> None:
                         help=f"decimals in md/latex, 0 to {MAX_DIGITS} (default 1)")
     parser.add_argument("--scale", type=positive_float, default=None,
                         help="multiply metrics by this (default: 100 for accuracy-like metrics, else 1)")
+    add_comparison_options(parser)
+    parser.add_argument("--allow-mixed-code", action="store_true",
+                        help="build the table even when its runs come from more than one commit (or unrecorded "
+                             "code); without it such a table is refused. The footnote lists what it mixes")
+    parser.set_defaults(func=run_cli)
+
+
+def add_comparison_options(parser) -> None:
+    """The options of the comparisons with a baseline row (lab/stats.py)."""
     stats = parser.add_argument_group(
         "comparisons with a baseline row",
         "Seeds pair the rows: at one seed every row trains on the same subset and is scored on the same dev set.")
@@ -397,10 +290,6 @@ def add_parser(sub) -> None:
     stats.add_argument("--power-diff", type=float, default=None, metavar="D",
                        help="the difference (metric points, table scale) --power gives the seeds needed for "
                             "(default: each comparison's observed difference); implies --power")
-    parser.add_argument("--allow-mixed-code", action="store_true",
-                        help="build the table even when its runs come from more than one commit (or unrecorded "
-                             "code); without it such a table is refused. The footnote lists what it mixes")
-    parser.set_defaults(func=run_cli)
 
 
 def run_cli(args) -> int:
