@@ -203,6 +203,35 @@ def _where_text(config: dict, keys: list[str]) -> str:
     return ",".join(f"{k}={fmt_value(config.get(k))}" for k in keys)
 
 
+@dataclass(frozen=True)
+class _Selection:
+    """The trained runs of a heatmap grouped by their config without the axes (and what varies only by task)."""
+
+    trained: list[RunRecord]
+    groups: dict
+    group_of: dict  # id(record) -> its group
+    configs: dict
+    varying: list[str]
+    order: list
+    tasks: list[str]
+    lower: dict[str, bool]
+    seed_axis: bool
+    scale: float
+
+
+    def of_task(self, task: str, recs: list[RunRecord] | None = None) -> list[RunRecord]:
+        return [r for r in (self.trained if recs is None else recs) if r.task == task]
+
+    def panel(self, row: int, col: int, task: str, sub: str, x: GridAxis, y: GridAxis, filled) -> HeatPanel:
+        return HeatPanel(row, col, task, sub, x, y, *filled,
+                         best=best_cell(*filled[:3], filled[4], lower=self.lower[task], seed_axis=self.seed_axis,
+                                        unit="pt" if self.scale == 100 else ""))
+
+
+def _values_of(key: str, recs: list[RunRecord]) -> list:
+    return sorted({key_value(r.config, key) for r in recs}, key=num_key)
+
+
 def heatmap_data(records: list[RunRecord], *, x: str, y: str, scale: float, fold: bool = True
                  ) -> HeatmapData | LineInstead:
     """Panels of cells (one per task, and per combination of any other key that varies); see the module doc.
@@ -210,78 +239,86 @@ def heatmap_data(records: list[RunRecord], *, x: str, y: str, scale: float, fold
     With ``fold``, when x or y takes one value in every task while other keys vary, the panels fold into one
     per task whose rows are the configs (a methods x lambda table, say); without it (``--kind lr-grid``, whose
     axes are the point) such a selection is drawn as lines."""
-    import numpy as np
-
     trained = [r for r in records if not r.before]
     if not trained:
         raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
-    per_task = task_determined_keys(trained)
-    drop = set(NON_RESULT_KEYS) | set(per_task) | underlying(x) | underlying(y)
+    drop = set(NON_RESULT_KEYS) | set(task_determined_keys(trained)) | underlying(x) | underlying(y)
     groups, configs, varying = split_by_config(trained, drop)
-    order = config_order(configs, varying)
-    group_of = {id(rec): g for g, recs in groups.items() for rec in recs}
     tasks = task_order(r.task for r in trained)
     metrics = {t: sorted({r.metric for r in trained if r.task == t and r.metric}) for t in tasks}
     lower = {t: lower_is_better(m) for t, m in metrics.items()}
-    seed_axis = "seed" in (x, y)
-    unit = "pt" if scale == 100 else ""
-
-    def values_of(key: str, recs: list[RunRecord]) -> list:
-        return sorted({key_value(r.config, key) for r in recs}, key=num_key)
-
-    x_const = all(len(values_of(x, [r for r in trained if r.task == t])) == 1 for t in tasks)
-    y_const = all(len(values_of(y, [r for r in trained if r.task == t])) == 1 for t in tasks)
-    panels: list[HeatPanel] = []
-    notes: list[str] = []
-    folded = fold and len(order) > 1 and (x_const or y_const)
+    group_of = {id(rec): g for g, recs in groups.items() for rec in recs}
+    sel = _Selection(trained, groups, group_of, configs, varying, config_order(configs, varying), tasks, lower,
+                     "seed" in (x, y), scale)
+    x_const = all(len(_values_of(x, sel.of_task(t))) == 1 for t in tasks)
+    y_const = all(len(_values_of(y, sel.of_task(t))) == 1 for t in tasks)
+    folded = fold and len(sel.order) > 1 and (x_const or y_const)
     if folded and x_const and y_const:
         raise PeftlabError(f"every run of a task has one {x} and one {y}: there is no grid to draw",
                            fix=f"compare the configs with --kind rank --x {varying[0]} (or peftlab report)")
-    if folded:  # rows: the configs; columns: the key that does vary
-        col_key = y if x_const else x
-        for j, task in enumerate(tasks):
-            recs = [r for r in trained if r.task == task]
-            rows = [g for g in order if any(group_of[id(r)] == g for r in recs)]
-            cols = values_of(col_key, recs)
-            filled = _fill(recs, lambda r: group_of[id(r)], lambda r: key_value(r.config, col_key), rows, cols, scale)
-            labels = [config_label(configs[g], varying) if len(varying) != 1 else
-                      fmt_tick(configs[g].get(varying[0])) for g in rows]
-            row_axis = GridAxis("config", varying[0] if len(varying) == 1 else "", tuple(rows), tuple(labels), False)
-            const_key = x if x_const else y
-            const = ", ".join(fmt_tick(v, const_key) for v in values_of(const_key, recs))
-            panels.append(HeatPanel(0, j, task, f"{const_key}={const} in all runs", _axis(col_key, cols), row_axis,
-                                    *filled, best=best_cell(*filled[:3], filled[4], lower=lower[task],
-                                                            seed_axis=seed_axis, unit=unit)))
+    notes: list[str] = []
+    if folded:
+        panels = _folded_panels(sel, const_key=x if x_const else y, col_key=y if x_const else x)
         n_rows, n_cols = 1, len(tasks)
     else:
-        for i, gkey in enumerate(order):
-            sub = config_label(configs[gkey], varying) if varying else ""
-            for j, task in enumerate(tasks):
-                recs = [r for r in groups[gkey] if r.task == task]
-                if not recs:
-                    continue
-                xs, ys = values_of(x, recs), values_of(y, recs)
-                filled = _fill(recs, lambda r: key_value(r.config, y), lambda r: key_value(r.config, x), ys, xs, scale)
-                panels.append(HeatPanel(i, j, task, sub, _axis(x, xs), _axis(y, ys), *filled,
-                                        best=best_cell(*filled[:3], filled[4], lower=lower[task],
-                                                       seed_axis=seed_axis, unit=unit)))
+        panels = _config_panels(sel, x, y)
         line = _degenerate(panels, x, y, varying)
         if line is not None:
             return line
-        panels, notes = _grids_only(panels, x, y, configs, order, varying)
+        panels, notes = _grids_only(panels, x, y, configs, sel.order, varying)
         rows = sorted({p.row for p in panels})
-        cols = [t for t in tasks if any(p.task == t for p in panels)]
+        tasks = [t for t in tasks if any(p.task == t for p in panels)]
         for p in panels:  # no empty row or column of panels where flat ones were left out
-            p.row, p.col = rows.index(p.row), cols.index(p.task)
-        tasks = cols
-        n_rows, n_cols = len(rows), len(cols)
+            p.row, p.col = rows.index(p.row), tasks.index(p.task)
+        n_rows, n_cols = len(rows), len(tasks)
+    diagonal = not folded and x in ("lr", "qk_lr") and y == "v_lr"
+    return HeatmapData(panels, n_rows, n_cols, metrics, lower, _colour_limits(panels, tasks), folded,
+                       sel.seed_axis, diagonal, notes)
+
+
+def _folded_panels(sel: _Selection, *, const_key: str, col_key: str) -> list[HeatPanel]:
+    """One panel per task: rows are the configs, columns the axis key that varies (``const_key`` does not)."""
+    panels = []
+    for j, task in enumerate(sel.tasks):
+        recs = sel.of_task(task)
+        rows = [g for g in sel.order if any(sel.group_of[id(r)] == g for r in recs)]
+        cols = _values_of(col_key, recs)
+        filled = _fill(recs, lambda r: sel.group_of[id(r)], lambda r: key_value(r.config, col_key), rows, cols, sel.scale)
+        varying = sel.varying
+        labels = [config_label(sel.configs[g], varying) if len(varying) != 1 else
+                  fmt_tick(sel.configs[g].get(varying[0])) for g in rows]
+        row_axis = GridAxis("config", varying[0] if len(varying) == 1 else "", tuple(rows), tuple(labels), False)
+        const = ", ".join(fmt_tick(v, const_key) for v in _values_of(const_key, recs))
+        panels.append(sel.panel(0, j, task, f"{const_key}={const} in all runs", _axis(col_key, cols), row_axis,
+                                filled))
+    return panels
+
+
+def _config_panels(sel: _Selection, x: str, y: str) -> list[HeatPanel]:
+    """One x-by-y panel per (config, task) that has runs: a row of panels per config."""
+    panels = []
+    for i, gkey in enumerate(sel.order):
+        sub = config_label(sel.configs[gkey], sel.varying) if sel.varying else ""
+        for j, task in enumerate(sel.tasks):
+            recs = sel.of_task(task, sel.groups[gkey])
+            if recs:
+                xs, ys = _values_of(x, recs), _values_of(y, recs)
+                filled = _fill(recs, lambda r: key_value(r.config, y), lambda r: key_value(r.config, x), ys, xs,
+                               sel.scale)
+                panels.append(sel.panel(i, j, task, sub, _axis(x, xs), _axis(y, ys), filled))
+    return panels
+
+
+def _colour_limits(panels: list[HeatPanel], tasks: list[str]) -> dict[str, tuple[float, float]]:
+    """One colour scale per task: the range of its panels' finite means (a single value widened by 0.5)."""
+    import numpy as np
+
     limits = {}
     for task in tasks:
         finite = np.concatenate([p.mean[np.isfinite(p.mean)] for p in panels if p.task == task] or [[]])
         lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
         limits[task] = (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
-    diagonal = not folded and x in ("lr", "qk_lr") and y == "v_lr"
-    return HeatmapData(panels, n_rows, n_cols, metrics, lower, limits, folded, seed_axis, diagonal, notes)
+    return limits
 
 
 def _flat(panel: HeatPanel) -> bool:

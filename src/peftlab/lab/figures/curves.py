@@ -108,8 +108,6 @@ def run_points(rec: RunRecord, *, x: str, series: str, scale: float) -> tuple[li
 
 def curves_data(records: list[RunRecord], *, x: str = "epoch", band: str = "quartiles", scale: float = 100.0,
                 loss: bool = False) -> CurvesData:
-    import numpy as np
-
     if x not in CURVE_X:
         raise PeftlabError(f"unknown --curve-x '{x}'", fix=f"use one of {', '.join(CURVE_X)}")
     if band not in BANDS:
@@ -131,52 +129,62 @@ def curves_data(records: list[RunRecord], *, x: str = "epoch", band: str = "quar
         valid = found.pop() if len(found) == 1 else None
         ranges[t] = None if valid is None else (valid[0] * scale, valid[1] * scale)
     series = ("metric", "train_loss") if loss else ("metric",)
-    q_low, q_high = BANDS[band]
     bands, thin, skipped = [], [], []
     for task in tasks:
         for gkey, recs in groups.items():
             recs = [r for r in recs if r.task == task]
-            if not recs:
-                continue
             label = config_label(configs[gkey], varying) if varying else "runs"
-            for what in series:
-                by_x: dict[float, list[float]] = defaultdict(list)
-                ok = [r for r in recs if r.status == "ok"]
-                from_steps = 0
-                for rec in ok:
-                    points, from_curve = run_points(rec, x=x, series=what, scale=scale)
-                    from_steps += from_curve
-                    for px, v in points:
-                        by_x[round(px, 9)].append(v)
-                for rec in recs:
-                    if rec.status == "ok":
-                        continue
-                    if x == "step" and not (rec.result or {}).get("curve"):
-                        skipped.append(f"{task} {label} seed {rec.seed} ({rec.status})")
-                        continue
-                    points, _ = run_points(rec, x=x, series=what, scale=scale)
-                    if points:
-                        thin.append(CurveRun(task, what, label, rec.seed, rec.status, *map(list, zip(*points))))
-                if not by_x:
-                    continue
-                xs = sorted(by_x)
-                values = [np.asarray(by_x[v]) for v in xs]
-                limits = ranges[task] if what == "metric" else None
-                lo, hi = (limits if limits else (-np.inf, np.inf))
-                bands.append(CurveBand(
-                    task, what, label, xs,
-                    [float(np.clip(np.median(v), lo, hi)) for v in values],
-                    [float(np.clip(np.quantile(v, q_low), lo, hi)) for v in values],
-                    [float(np.clip(np.quantile(v, q_high), lo, hi)) for v in values],
-                    [len(v) for v in values], len(ok) - from_steps, len(ok)))
+            for what in series if recs else ():
+                curve, thin_runs, skipped_runs = _series_lines(
+                    recs, task=task, what=what, label=label, x=x, scale=scale, band=band,
+                    limits=ranges[task] if what == "metric" else None)
+                bands += [curve] if curve is not None else []
+                thin += thin_runs
+                skipped += skipped_runs
     notes = ([f"left out {len(skipped)} run(s) that did not end ok and have no step-level curve: "
               + "; ".join(skipped)] if skipped else [])
     return CurvesData(x, band, bands, thin, tasks, metrics, ranges, series, notes)
 
 
+def _series_lines(recs: list[RunRecord], *, task: str, what: str, label: str, x: str, scale: float, band: str,
+                  limits: tuple[float, float] | None) -> tuple[CurveBand | None, list[CurveRun], list[str]]:
+    """One config's ``what`` series on one task: the band of its runs that ended ok (None without a point), a
+    thin line per run that did not, and the notes on those left out (no step-level curve for --curve-x step)."""
+    import numpy as np
+
+    by_x: dict[float, list[float]] = defaultdict(list)
+    ok = [r for r in recs if r.status == "ok"]
+    from_steps = 0
+    for rec in ok:
+        points, from_curve = run_points(rec, x=x, series=what, scale=scale)
+        from_steps += from_curve
+        for px, v in points:
+            by_x[round(px, 9)].append(v)
+    thin, skipped = [], []
+    for rec in recs:
+        if rec.status == "ok":
+            continue
+        if x == "step" and not (rec.result or {}).get("curve"):
+            skipped.append(f"{task} {label} seed {rec.seed} ({rec.status})")
+            continue
+        points, _ = run_points(rec, x=x, series=what, scale=scale)
+        if points:
+            thin.append(CurveRun(task, what, label, rec.seed, rec.status, *map(list, zip(*points))))
+    if not by_x:
+        return None, thin, skipped
+    xs = sorted(by_x)
+    values = [np.asarray(by_x[v]) for v in xs]
+    lo, hi = (limits if limits else (-np.inf, np.inf))
+    q_low, q_high = BANDS[band]
+    return CurveBand(task, what, label, xs,
+                     [float(np.clip(np.median(v), lo, hi)) for v in values],
+                     [float(np.clip(np.quantile(v, q_low), lo, hi)) for v in values],
+                     [float(np.clip(np.quantile(v, q_high), lo, hi)) for v in values],
+                     [len(v) for v in values], len(ok) - from_steps, len(ok)), thin, skipped
+
+
 def plot_curves(records: list[RunRecord], *, x: str = "epoch", band: str = "quartiles", scale: float = 100.0,
                 loss: bool = False, title: str | None = None) -> Drawn:
-    from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     data = curves_data(records, x=x, band=band, scale=scale, loss=loss)
@@ -214,6 +222,19 @@ def plot_curves(records: list[RunRecord], *, x: str = "epoch", band: str = "quar
                 if len(xs) == 1:
                     ax.set_xlim(xs[0] - 0.5, xs[0] + 0.5)
             ax.grid(alpha=0.3, lw=0.5)
+    legend_below(fig, *_legend(data, labels))
+    source = "dev evaluations during training" if any(b.epoch_ends_only < b.runs for b in data.bands) else \
+        "epoch-end dev evaluations (no step-level curve recorded)"
+    suptitle(fig, title or f"learning curves: {source}; line: median over the seeds that ended ok, band: their "
+                           f"{BAND_TEXT[data.band]} (within the metric's range)")
+    return Drawn(fig, data, list(data.notes))
+
+
+def _legend(data: CurvesData, labels: list[str]) -> tuple[list, list[str]]:
+    """A line per config (its seeds per task, and how many runs have epoch-end points only), then a thin line per
+    status of the runs that did not end ok."""
+    from matplotlib.lines import Line2D
+
     handles, names = [], []
     for label in labels:
         look = line_style(labels.index(label))
@@ -230,12 +251,7 @@ def plot_curves(records: list[RunRecord], *, x: str = "epoch", band: str = "quar
         count = sum(1 for t in data.thin if t.status == status and t.series == "metric")
         handles.append(Line2D([], [], color="#555555", ls=":", lw=0.8, marker=THIN_MARKERS.get(status, "v"), ms=3.5))
         names.append(f"{count} run(s) {status}: thin, not in the band")
-    legend_below(fig, handles, names)
-    source = "dev evaluations during training" if any(b.epoch_ends_only < b.runs for b in data.bands) else \
-        "epoch-end dev evaluations (no step-level curve recorded)"
-    suptitle(fig, title or f"learning curves: {source}; line: median over the seeds that ended ok, band: their "
-                           f"{BAND_TEXT[data.band]} (within the metric's range)")
-    return Drawn(fig, data, list(data.notes))
+    return handles, names
 
 
 def _fractional(data: CurvesData, task: str, series: str) -> bool:

@@ -150,46 +150,8 @@ def draw_heatmap(data: HeatmapData, *, title: str | None, scale: float):
         x_edges, y_edges = p.x.edges(), p.y.edges()
         mesh = ax.pcolormesh(x_edges, y_edges, np.ma.masked_invalid(p.mean), cmap=cmap, norm=norm,
                              edgecolors="white", linewidth=0.6)
-        if p.x.log:
-            ax.set_xscale("log")
-            set_log_ticks(ax.xaxis, p.x.values, p.x.key)
-        else:
-            ax.set_xticks(p.x.centres(), p.x.labels)
-        if p.y.log:
-            ax.set_yscale("log")
-            set_log_ticks(ax.yaxis, p.y.values, p.y.key)
-        else:
-            ax.set_yticks(p.y.centres(), p.y.labels)
-        ax.set_xlim(x_edges[0], x_edges[-1])
-        # a folded panel's rows are configs: they read top to bottom, as in a table
-        ax.set_ylim(*((y_edges[-1], y_edges[0]) if data.folded else (y_edges[0], y_edges[-1])))
-        ax.tick_params(length=2)
-        if layout.tilt_x:
-            for label in ax.get_xticklabels():
-                label.set(rotation=TILT, ha="right", rotation_mode="anchor")
-        if data.diagonal:  # lambda = 1: eta_V = eta_QK
-            lo_d, hi_d = max(x_edges[0], y_edges[0]), min(x_edges[-1], y_edges[-1])
-            if hi_d > lo_d:
-                ax.plot([lo_d, hi_d], [lo_d, hi_d], ls="--", lw=0.8, color="#444444", zorder=3)
-        xc, yc = p.x.cell_centres(), p.y.cell_centres()
-        for (yi, xi), lines in cell_texts(p, digits).items():
-            has_mean = bool(p.n_ok[yi, xi])
-            if not has_mean:  # only runs that did not end ok: hatched, the count on white
-                ax.add_patch(plt.Rectangle((x_edges[xi], y_edges[yi]), x_edges[xi + 1] - x_edges[xi],
-                                           y_edges[yi + 1] - y_edges[yi], fill=False, hatch="////",
-                                           edgecolor="#8c8c8c", lw=0, zorder=2))
-            colour = _text_colour(cmap, norm, p.mean[yi, xi]) if has_mean else "black"
-            # the text sits on a patch of its cell's own colour: the lambda = 1 line passes behind it
-            face = cmap(norm(p.mean[yi, xi])) if has_mean else "white"
-            ax.text(xc[xi], yc[yi], "\n".join(lines), ha="center", va="center", fontsize=annot_pt, color=colour,
-                    zorder=5, fontweight="bold" if p.best.marked and (yi, xi) == p.best.cell else "normal",
-                    bbox=dict(facecolor=face, alpha=1.0 if has_mean else 0.85, lw=0, pad=0.8))
-        if p.best.marked:
-            yi, xi = p.best.cell
-            for colour, lw in (("white", 3.2), ("black", 1.6)):  # visible on every colour of the map
-                ax.add_patch(plt.Rectangle((x_edges[xi], y_edges[yi]), x_edges[xi + 1] - x_edges[xi],
-                                           y_edges[yi + 1] - y_edges[yi], fill=False, edgecolor=colour, lw=lw,
-                                           zorder=4))
+        _set_axes(ax, p, data, layout)
+        _draw_cells(ax, p, cmap, norm, digits, annot_pt)
         ax.set_xlabel(p.x.title)
         if p.col == min(q.col for q in data.panels if q.row == p.row):  # the same key in every panel: once a row
             ax.set_ylabel(p.y.title)
@@ -205,6 +167,58 @@ def draw_heatmap(data: HeatmapData, *, title: str | None, scale: float):
     suptitle(fig, title or _caption(data))
     _fit_axes(fig, [axes[p.row][p.col] for p in data.panels], layout, data.n_rows, data.n_cols)
     return fig
+
+
+def _set_axes(ax, p: HeatPanel, data: HeatmapData, layout: Layout) -> None:
+    """A panel's ticks (log or one per value), limits, tilted labels and the lambda = 1 diagonal."""
+    x_edges, y_edges = p.x.edges(), p.y.edges()
+    if p.x.log:
+        ax.set_xscale("log")
+        set_log_ticks(ax.xaxis, p.x.values, p.x.key)
+    else:
+        ax.set_xticks(p.x.centres(), p.x.labels)
+    if p.y.log:
+        ax.set_yscale("log")
+        set_log_ticks(ax.yaxis, p.y.values, p.y.key)
+    else:
+        ax.set_yticks(p.y.centres(), p.y.labels)
+    ax.set_xlim(x_edges[0], x_edges[-1])
+    # a folded panel's rows are configs: they read top to bottom, as in a table
+    ax.set_ylim(*((y_edges[-1], y_edges[0]) if data.folded else (y_edges[0], y_edges[-1])))
+    ax.tick_params(length=2)
+    if layout.tilt_x:
+        for label in ax.get_xticklabels():
+            label.set(rotation=TILT, ha="right", rotation_mode="anchor")
+    if data.diagonal:  # lambda = 1: eta_V = eta_QK
+        lo_d, hi_d = max(x_edges[0], y_edges[0]), min(x_edges[-1], y_edges[-1])
+        if hi_d > lo_d:
+            ax.plot([lo_d, hi_d], [lo_d, hi_d], ls="--", lw=0.8, color="#444444", zorder=3)
+
+
+def _draw_cells(ax, p: HeatPanel, cmap, norm, digits: int, annot_pt: float) -> None:
+    """Each cell's text on a patch of its own colour, cells without a mean hatched, the best cell outlined."""
+    from matplotlib.patches import Rectangle
+
+    x_edges, y_edges = p.x.edges(), p.y.edges()
+    xc, yc = p.x.cell_centres(), p.y.cell_centres()
+    for (yi, xi), lines in cell_texts(p, digits).items():
+        has_mean = bool(p.n_ok[yi, xi])
+        if not has_mean:  # only runs that did not end ok: hatched, the count on white
+            ax.add_patch(Rectangle((x_edges[xi], y_edges[yi]), x_edges[xi + 1] - x_edges[xi],
+                                       y_edges[yi + 1] - y_edges[yi], fill=False, hatch="////",
+                                       edgecolor="#8c8c8c", lw=0, zorder=2))
+        colour = _text_colour(cmap, norm, p.mean[yi, xi]) if has_mean else "black"
+        # the text sits on a patch of its cell's own colour: the lambda = 1 line passes behind it
+        face = cmap(norm(p.mean[yi, xi])) if has_mean else "white"
+        ax.text(xc[xi], yc[yi], "\n".join(lines), ha="center", va="center", fontsize=annot_pt, color=colour,
+                zorder=5, fontweight="bold" if p.best.marked and (yi, xi) == p.best.cell else "normal",
+                bbox=dict(facecolor=face, alpha=1.0 if has_mean else 0.85, lw=0, pad=0.8))
+    if p.best.marked:
+        yi, xi = p.best.cell
+        for colour, lw in (("white", 3.2), ("black", 1.6)):  # visible on every colour of the map
+            ax.add_patch(Rectangle((x_edges[xi], y_edges[yi]), x_edges[xi + 1] - x_edges[xi],
+                                       y_edges[yi + 1] - y_edges[yi], fill=False, edgecolor=colour, lw=lw,
+                                       zorder=4))
 
 
 def _fit_axes(fig, panels: list, layout: Layout, n_rows: int, n_cols: int) -> None:
