@@ -32,7 +32,6 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager, suppress
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -40,9 +39,9 @@ from peftlab.config import ROLES, TrainConfig, option_defaults
 from peftlab.errors import PeftlabError
 from peftlab.lab.store_owner import heartbeat, owner_alive, process_identity, read_beats, write_beat
 from peftlab.lab.store_schema import (
-    PRUNED_MARK, RESULT_STATUSES, SCHEMA_VERSION, STATUSES, effective_status, epochs_run, is_pruned_result, loads,
-    migrate_v1, move_run_folder, pruned_dir, pruned_key, unpruned_key)
-from peftlab.lab.store_schema import COLUMNS as _COLUMNS
+    PRUNED_MARK, RESULT_STATUSES, SCHEMA_VERSION, SHORT_KEY, STATUSES, StoreWriteError, effective_status, epochs_run,
+    is_pruned_result, json_default, loads, migrate_v1, move_run_folder, now_iso, pruned_dir, pruned_key, row_dict,
+    seconds_between, unpruned_key)
 from peftlab.lab.store_schema import SCHEMA as _SCHEMA
 
 # The run key's roles, derived from the config's declarations (peftlab.config_roles): each option of key schema 1
@@ -55,7 +54,6 @@ from peftlab.lab.store_schema import SCHEMA as _SCHEMA
 KEY_FIELDS_V1 = ROLES.key_v1
 KEY_EXCLUDED = ROLES.resumable
 KEY_PINNED = ROLES.hashed_as
-SHORT_KEY = 12
 STORE_NAME = "results.sqlite"
 
 
@@ -89,30 +87,7 @@ def short_key(key: str) -> str:
     return key[:SHORT_KEY]
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _seconds_between(start: str | None, end: str) -> float | None:
-    if not start:
-        return None
-    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-
-
 # --------------------------------------------------------------------------- the store
-
-
-class StoreWriteError(PeftlabError):
-    """A write the results store refused (full disk, I/O error, lock timeout); the store is as before it."""
-
-    LOCKED = "another process held the store's write lock too long: let it finish, then rerun the same command"
-    FULL = ("free disk space (or raise the quota or file-size limit), then rerun the same command: finished runs "
-            "are kept and unfinished ones resume")
-
-    def __init__(self, path, error: sqlite3.Error):
-        self.error = error
-        super().__init__(f"cannot write the results store {path}: {error}",
-                         fix=self.LOCKED if "locked" in str(error) else self.FULL)
 
 
 class Store:
@@ -249,7 +224,7 @@ class Store:
         if self._heartbeat is None:
             self._heartbeat = heartbeat(self.path, self.owner)
             self._heartbeat.hold()
-        return _row_dict(row)
+        return row_dict(row)
 
     def claim_next(self, keys: Iterable[str]) -> dict | None:
         """Claim the first pending run among ``keys`` (in their order); None when none is left."""
@@ -276,7 +251,7 @@ class Store:
         if is_pruned_result(result):
             return self._close_pruned(key, result, owner)
         error = result.get("status_reason") if status == "failed" else None
-        return self._close(key, status, json.dumps(result, default=_json_default), error, owner)
+        return self._close(key, status, json.dumps(result, default=json_default), error, owner)
 
     def _close_pruned(self, key: str, result: dict, owner: str | None) -> bool:
         """Record a pruned run under :func:`pruned_key` (the row moves, rowid kept) and rename its folder to
@@ -295,8 +270,8 @@ class Store:
             conn.execute(
                 "UPDATE runs SET key = ?, status = ?, result = ?, error = NULL, output_dir = ?, finished = ?, "
                 "seconds = ?, owner = NULL, updated = ? WHERE key = ?",
-                (new_key, status, json.dumps(result, default=_json_default), new_dir, stamp,
-                 _seconds_between(row["started"], stamp), stamp, key))
+                (new_key, status, json.dumps(result, default=json_default), new_dir, stamp,
+                 seconds_between(row["started"], stamp), stamp, key))
         if folder:  # after the commit (see _init_schema for why that order)
             move_run_folder(folder, new_dir)
         return True
@@ -314,7 +289,7 @@ class Store:
             conn.execute(
                 "UPDATE runs SET status = ?, result = ?, error = ?, finished = ?, seconds = ?, owner = NULL, "
                 "updated = ? WHERE key = ?",
-                (status, result_json, error, stamp, _seconds_between(row["started"], stamp), stamp, key))
+                (status, result_json, error, stamp, seconds_between(row["started"], stamp), stamp, key))
             return True
 
     def add(self, config: dict, *, result: dict | None = None, status: str | None = None,
@@ -338,7 +313,7 @@ class Store:
                 "INSERT OR REPLACE INTO runs (key, status, config, result, output_dir, started, finished, seconds, "
                 "attempts, error, owner, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, NULL, ?, ?)",
                 (key, status, json.dumps(config, sort_keys=True),
-                 None if result is None else json.dumps(result, default=_json_default),
+                 None if result is None else json.dumps(result, default=json_default),
                  output_dir or config.get("output_dir"), stamp, stamp, (result or {}).get("train_seconds"),
                  error or ((result or {}).get("status_reason") if status == "failed" else None), stamp, stamp))
         return key
@@ -382,7 +357,7 @@ class Store:
         return [self._row(row, parse=parse) for row in rows]
 
     def _row(self, row: sqlite3.Row, *, parse: bool = True) -> dict:
-        out = _row_dict(row, parse=parse)
+        out = row_dict(row, parse=parse)
         if self.schema < 2 and out["status"] in ("ok", "no_learning"):
             result = out["result"] if parse else loads(out["result"])
             out["status"] = effective_status(out["status"], result)
@@ -398,18 +373,6 @@ class Store:
         return out
 
 
-def _row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
-    out = {name: row[name] for name in _COLUMNS}
-    if parse:
-        for column in ("config", "result"):
-            try:
-                out[column] = json.loads(out[column]) if out[column] else None
-            except ValueError as err:  # a torn or hand-edited row: one line, not a traceback
-                raise PeftlabError(f"row {short_key(out['key'])}'s {column} is not JSON ({err})",
-                                   fix="run `peftlab store check STORE --repair`") from None
-    return out
-
-
 def _migrations(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     """Migrate a schema-1 store (in the caller's transaction); the folder renames it calls for, for folders
     here that hold the run (relative paths are the cwd's, as the sweep that wrote them ran)."""
@@ -423,21 +386,6 @@ def _folder_holds(folder: str, key: str) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(result, dict) and config_key(result.get("config") or {}) == key
-
-
-def _json_default(value):
-    try:
-        import numpy as np
-
-        if isinstance(value, (np.floating, np.integer)):
-            return value.item()
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def resolve_store_path(path: str | os.PathLike) -> Path:

@@ -37,11 +37,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.store import Store, config_key, now_iso, resolve_store_path, short_key
+from peftlab.lab.store import config_key, resolve_store_path, short_key
 from peftlab.lab.store_owner import LEASE_SECONDS, owner_alive, owner_host, read_beats
+from peftlab.lab.store_repair import repair
 from peftlab.lab.store_schema import (
-    FINISHED, PRUNED_MARK, RESULT_STATUSES, STATUSES, effective_status, epochs_run, is_pruned_result, pruned_key,
-    unpruned_key)
+    FINISHED, PRUNED_MARK, RESULT_STATUSES, STATUSES, effective_status, epochs_run, is_pruned_result, parse_json,
+    pruned_key, unpruned_key)
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 REPAIR_HINT = "peftlab store check --repair"
@@ -81,16 +82,6 @@ class Check:
                 "schema": self.schema, "integrity": self.integrity, "notes": self.notes,
                 "problems": [{**asdict(p), "action": list(p.action) if p.action else None, "repairable":
                               p.action is not None} for p in self.problems]}
-
-
-def _parse(text):
-    """(value, None) or (None, why it does not parse)."""
-    if text is None:
-        return None, None
-    try:
-        return json.loads(text), None
-    except ValueError as err:
-        return None, " ".join(str(err).split())
 
 
 def implied_status(result: dict) -> str | None:
@@ -191,7 +182,7 @@ def check_row(row: sqlite3.Row, schema: int) -> list[Problem]:
     out: list[Problem] = []
     if status not in STATUSES:
         return [Problem(key, f"unknown status {status!r}", "rerun its spec (it registers the run afresh)")]
-    config, why = _parse(row["config"])
+    config, why = parse_json(row["config"])
     if why or not isinstance(config, dict):
         out.append(Problem(key, f"its config does not parse ({why or 'not a JSON object'})",
                            "rerun its spec: the run is registered again under its config's key"))
@@ -201,7 +192,7 @@ def check_row(row: sqlite3.Row, schema: int) -> list[Problem]:
     pruned_named = PRUNED_MARK in key
     if pruned_named and not key.split(PRUNED_MARK, 1)[1].isdigit():
         out.append(Problem(key, "a malformed pruned key", "rerun the tune that made it"))
-    result, why = _parse(row["result"])
+    result, why = parse_json(row["result"])
     if status == "failed":
         if not (row["error"] or "").strip():
             reason = (result or {}).get("status_reason") if isinstance(result, dict) else None
@@ -270,7 +261,7 @@ def check_folder(row: sqlite3.Row, folder: Path, schema: int = 2) -> Problem | N
     try:
         on_disk = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        stored, _ = _parse(row["result"])
+        stored, _ = parse_json(row["result"])
         action = ("rewrite", row["key"], str(path), row["result"]) if isinstance(stored, dict) else None
         return Problem(row["key"], f"{path} does not parse ({' '.join(str(err).split())[:120]})",
                        f"{REPAIR_HINT} rewrites it from the store's copy" if action else "rerun the run", action)
@@ -280,7 +271,7 @@ def check_folder(row: sqlite3.Row, folder: Path, schema: int = 2) -> Problem | N
         return Problem(row["key"], f"{folder} holds another run than this row",
                        "move that folder away and rerun its spec")
     implied = implied_status(on_disk)
-    status = effective_status(row["status"], _parse(row["result"])[0]) if schema < 2 else row["status"]
+    status = effective_status(row["status"], parse_json(row["result"])[0]) if schema < 2 else row["status"]
     if implied is not None and implied != status and status != "failed":
         return Problem(row["key"], f"{path} says {implied}, the store says {status}",
                        "the folder was rerun outside the sweep: rerun the sweep with --retry-failed, or restore it")
@@ -335,68 +326,6 @@ def orphaned_folders(folders: dict[Path, str], store_path: Path) -> list[Problem
             out.append(Problem(str(child), "a run folder no row of this store names",
                                "remove it, or rerun the spec that made it (its finished run is adopted)"))
     return out
-
-
-# --------------------------------------------------------------------------- repairing
-
-
-def repair(store_path: str | Path, problems: list[Problem]) -> list[str]:
-    """Apply each problem's action in a conditional transaction; returns one line per change made."""
-    from peftlab.io_utils import atomic_write_text
-
-    changes = []
-    actions = [p.action for p in problems if p.action is not None]
-    if not actions:
-        return changes
-    with Store(resolve_store_path(store_path), create=False) as store:
-        for action in actions:
-            kind, key = action[0], action[1]
-            stamp = now_iso()
-            if kind == "rewrite":
-                path, text = Path(action[2]), action[3]
-                try:
-                    json.loads(path.read_text())
-                    continue  # readable again (a rerun wrote it meanwhile)
-                except (OSError, ValueError):
-                    atomic_write_text(path, json.dumps(json.loads(text), indent=2) + "\n")
-                changes.append(f"{short_key(key)}: rewrote {path} from the store's copy")
-                continue
-            with store.transaction() as conn:
-                if kind == "requeue":
-                    row = conn.execute("SELECT owner FROM runs WHERE key = ? AND status = 'running'",
-                                       (key,)).fetchone()
-                    if row is None or row["owner"] != action[2] or store.holder_alive(row["owner"]):
-                        continue
-                    cur = conn.execute("UPDATE runs SET status = 'pending', owner = NULL, updated = ? WHERE key = ? "
-                                       "AND status = 'running' AND owner IS ?", (stamp, key, action[2]))
-                    what = "running -> pending (its owner is gone; the next sweep or tune resumes it)"
-                elif kind == "fail":
-                    # an unparseable result is dropped with the row's status (every reader would trip on it);
-                    # a parseable one that says failed is kept, as Store.finish keeps a failed run's result
-                    _, why = _parse(action[4])
-                    kept = action[4] if why is None else None
-                    cur = conn.execute("UPDATE runs SET status = 'failed', error = ?, result = ?, updated = ? "
-                                       "WHERE key = ? AND status = ? AND result IS ?",
-                                       (action[3], kept, stamp, key, action[2], action[4]))
-                    what = f"{action[2]} -> failed ({action[3]})"
-                elif kind == "relabel":
-                    cur = conn.execute("UPDATE runs SET status = ?, updated = ? WHERE key = ? AND status = ?",
-                                       (action[3], stamp, key, action[2]))
-                    what = f"{action[2]} -> {action[3]} (as its result says)"
-                elif kind == "error":
-                    cur = conn.execute("UPDATE runs SET error = ?, updated = ? WHERE key = ? AND status = 'failed' "
-                                       "AND (error IS NULL OR trim(error) = '')", (action[2], stamp, key))
-                    what = f"recorded the error: {action[2]}"
-                elif kind == "rekey":
-                    cur = conn.execute("UPDATE runs SET key = ?, updated = ? WHERE key = ? AND status = 'pruned' AND "
-                                       "NOT EXISTS (SELECT 1 FROM runs WHERE key = ?)", (action[2], stamp, key,
-                                                                                          action[2]))
-                    what = f"moved to its pruned key {short_key(key)}{action[2][len(key):]}"
-                else:  # pragma: no cover - every action above is handled
-                    raise ValueError(kind)
-                if cur.rowcount == 1:
-                    changes.append(f"{short_key(key)}: {what}")
-    return changes
 
 
 # --------------------------------------------------------------------------- CLI

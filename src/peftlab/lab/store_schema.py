@@ -1,4 +1,5 @@
-"""The results store's schema (version 2) and how a pruned run is named, apart from :mod:`peftlab.lab.store`.
+"""The results store's schema (version 2), how a row's columns are written and read, and how a pruned run is
+named, apart from :mod:`peftlab.lab.store`.
 
 Statuses: a run row is pending or running, then one of RESULT_STATUSES. FINISHED rows are never rerun under
 their key; NOT_OK rows are counted apart by a tune's candidate scores and a figure's cells (reports and
@@ -14,7 +15,10 @@ import json
 import os
 import shutil
 import sqlite3
+from datetime import datetime, timezone
 from pathlib import Path
+
+from peftlab.errors import PeftlabError
 
 SCHEMA_VERSION = 2
 STATUSES = ("pending", "running", "ok", "diverged", "collapsed", "no_learning", "pruned", "failed")
@@ -22,6 +26,7 @@ RESULT_STATUSES = ("ok", "diverged", "collapsed", "no_learning", "pruned", "fail
 FINISHED = ("ok", "diverged", "collapsed", "no_learning", "pruned")  # never rerun under its key
 NOT_OK = ("diverged", "collapsed", "failed", "no_learning", "pruned")  # a tune candidate / figure cell: not ok
 PRUNED_MARK = ".pruned-e"  # <key>.pruned-e<N>, <run folder>.pruned-e<N>: a trial stopped after N epochs
+SHORT_KEY = 12  # the characters of a run key shown in messages and run folder names
 
 RUNS_TABLE = """
 CREATE TABLE IF NOT EXISTS {name} (
@@ -47,6 +52,59 @@ CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, beat REAL NOT NULL);
 
 COLUMNS = ("key", "status", "config", "result", "output_dir", "started", "finished", "seconds", "attempts",
             "error", "owner", "created", "updated")
+
+
+class StoreWriteError(PeftlabError):
+    """A write the results store refused (full disk, I/O error, lock timeout); the store is as before it."""
+
+    LOCKED = "another process held the store's write lock too long: let it finish, then rerun the same command"
+    FULL = ("free disk space (or raise the quota or file-size limit), then rerun the same command: finished runs "
+            "are kept and unfinished ones resume")
+
+    def __init__(self, path, error: sqlite3.Error):
+        self.error = error
+        super().__init__(f"cannot write the results store {path}: {error}",
+                         fix=self.LOCKED if "locked" in str(error) else self.FULL)
+
+
+def now_iso() -> str:
+    """The time stamps of a row (created, updated, started, finished): ISO 8601 UTC, milliseconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def seconds_between(start: str | None, end: str) -> float | None:
+    if not start:
+        return None
+    return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+
+
+def row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
+    """A ``runs`` row as a dict of its columns; ``config`` and ``result`` parsed from JSON when ``parse``."""
+    out = {name: row[name] for name in COLUMNS}
+    if parse:
+        for column in ("config", "result"):
+            try:
+                out[column] = json.loads(out[column]) if out[column] else None
+            except ValueError as err:  # a torn or hand-edited row: one line, not a traceback
+                raise PeftlabError(f"row {out['key'][:SHORT_KEY]}'s {column} is not JSON ({err})",
+                                   fix="run `peftlab store check STORE --repair`") from None
+    return out
+
+
+def json_default(value):
+    """How a result's numpy scalars, tuples, sets and paths are written to its JSON column."""
+    try:
+        import numpy as np
+
+        if isinstance(value, (np.floating, np.integer)):
+            return value.item()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def is_pruned_result(result: dict | None) -> bool:
@@ -110,6 +168,16 @@ def loads(text: str | None):
         return json.loads(text) if text else None
     except ValueError:
         return None
+
+
+def parse_json(text: str | None) -> tuple:
+    """A JSON column's ``(value, None)``, or ``(None, why it does not parse)``; ``(None, None)`` when empty."""
+    if text is None:
+        return None, None
+    try:
+        return json.loads(text), None
+    except ValueError as err:
+        return None, " ".join(str(err).split())
 
 
 def migrate_v1(conn: sqlite3.Connection, stamp: str) -> list[tuple[str, str, str]]:
