@@ -283,7 +283,8 @@ def _folded_panels(sel: _Selection, *, const_key: str, col_key: str) -> list[Hea
         recs = sel.of_task(task)
         rows = [g for g in sel.order if any(sel.group_of[id(r)] == g for r in recs)]
         cols = _values_of(col_key, recs)
-        filled = _fill(recs, lambda r: sel.group_of[id(r)], lambda r: key_value(r.config, col_key), rows, cols, sel.scale)
+        filled = _fill(recs, lambda r: sel.group_of[id(r)], lambda r: key_value(r.config, col_key), rows, cols,
+                       sel.scale)
         varying = sel.varying
         labels = [config_label(sel.configs[g], varying) if len(varying) != 1 else
                   fmt_tick(sel.configs[g].get(varying[0])) for g in rows]
