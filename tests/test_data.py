@@ -11,6 +11,8 @@ import pytest
 from peftlab.tasks import data_files as data
 from peftlab.tasks import batching
 from peftlab.errors import PeftlabError
+from peftlab.tasks.metrics import chance_level
+from peftlab.tasks.table import task as registered
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -505,23 +507,31 @@ def test_length_grouped_batches_small_and_empty():
 # --------------------------------------------------------------------------- majority baseline
 
 
+def glue_chance(name: str, eval_labels) -> float:
+    task = registered(name)
+    return chance_level(task.kind, task.primary_metric, eval_labels, task.num_labels)
+
+
 def test_majority_baseline():
-    # the eval set's own majority class, whatever the training set's is
-    assert data.majority_baseline("rte", [0, 0, 1], [0, 1, 1, 1]) == pytest.approx(0.75)
-    assert data.majority_baseline("sst2", [1, 1, 0], [1, 1, 0, 1]) == pytest.approx(0.75)
-    assert data.majority_baseline("mnli", [2, 2, 1, 0], [2, 0, 0]) == pytest.approx(2 / 3)
-    assert data.majority_baseline("rte", [0] * 5, [1, 1, 1, 1, 1, 0, 0, 0]) == pytest.approx(0.625)
-    assert data.majority_baseline("cola", [1, 1, 0], [1, 0]) == 0.0
-    assert data.majority_baseline("stsb", [1.0, 2.5], [3.0]) == 0.0
+    # the eval set's own majority class (the training set plays no part)
+    assert glue_chance("rte", [0, 1, 1, 1]) == pytest.approx(0.75)
+    assert glue_chance("sst2", [1, 1, 0, 1]) == pytest.approx(0.75)
+    assert glue_chance("mnli", [2, 0, 0]) == pytest.approx(2 / 3)
+    assert glue_chance("rte", [1, 1, 1, 1, 1, 0, 0, 0]) == pytest.approx(0.625)
+    assert glue_chance("cola", [1, 0]) == 0.0
+    assert glue_chance("stsb", [3.0]) == 0.0
+    assert chance_level("classification", "f1", [0, 0, 1], 2) == 0.0  # majority 0 never predicts the positive class
+    assert chance_level("classification", "f1", [1, 1, 0], 2) == pytest.approx(0.8)
     with pytest.raises(PeftlabError):
-        data.majority_baseline("nosuch", [0], [0])
+        registered("nosuch")
 
 
 @needs_glue
 def test_majority_baseline_real_rte():
     train = data.load_split("rte", "train", SHARED)["label"]
     dev = data.load_split("rte", "validation", SHARED)["label"]
-    chance = data.majority_baseline("rte", train, dev)
+    assert len(train) > 0
+    chance = glue_chance("rte", dev)
     majority = Counter(dev).most_common(1)[0][0]
     assert chance == pytest.approx(sum(1 for y in dev if y == majority) / len(dev))
     assert 0.45 < chance < 0.55

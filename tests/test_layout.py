@@ -167,6 +167,12 @@ def test_the_rules_see_imports_inside_functions():
 
 CONFIG_LAYER = "peftlab.config, peftlab.config_cli, peftlab.config_roles"
 HEAVY = ("torch", "transformers", "peft", "accelerate", "datasets")
+# The registrations the config reads its --method / --task choices from (config.MethodName, TaskName): a name is
+# registered once, there. They are leaves to the config: it reads their module-level tables and never calls their
+# builders, whose function-level imports (peft, the method and pipeline modules) run only when a model is adapted
+# or a task's data built; the last transitive rule keeps what importing them loads to nothing heavy and nothing of
+# the config, so a reader that reaches them through the config still starts without torch.
+CONFIG_READS = ("peftlab.methods.registry", "peftlab.tasks.table")
 
 # (who, what it must not reach, how imports are followed, why). "every import" follows also the imports inside
 # functions (what the module may end up running); "on import" follows what `import module` itself loads, with
@@ -182,6 +188,9 @@ TRANSITIVE_RULES: list[tuple[str, tuple[str, ...], str, str]] = [
      "bench measures methods and the data path; it neither runs sweeps nor goes through the CLI"),
     (LAB_READERS, ("peftlab.methods", "peftlab.models", "peftlab.training", *HEAVY), "on import",
      "reports and plots start without torch: not directly, and not through config or the store"),
+    (", ".join(CONFIG_READS), ("peftlab.config", "peftlab.methods", "peftlab.tasks", "peftlab.models",
+                               "peftlab.training", "peftlab.lab", "peftlab.cli", *HEAVY), "on import",
+     "the registrations the config reads are leaves on import: torch-free, and no cycle through the config"),
 ]
 
 
@@ -198,20 +207,22 @@ def followed(module: str, how: str) -> list[tuple[str, int | None]]:
     return sorted({(owner(imp.target), imp.line) for imp in imports_of(module)})
 
 
-def import_chain(start: str, forbidden: tuple[str, ...], how: str) -> list[str] | None:
+def import_chain(start: str, forbidden: tuple[str, ...], how: str, leaves: tuple[str, ...] = ()) -> list[str] | None:
     """The shortest chain of imports from ``start`` to a forbidden module (``[start:line, ..., target]``), or None;
-    the start's own sub-package is not forbidden to it (the direct rules' convention)."""
+    the start's own sub-package is not forbidden to it (the direct rules' convention); ``leaves`` are allowed and
+    not followed."""
     came_from: dict[str, tuple[str, int | None] | None] = {start: None}
     queue = [start]
     while queue:
         module = queue.pop(0)
-        if module != start and any(under(module, f) for f in forbidden) and subpackage(module) != subpackage(start):
+        if module != start and module not in leaves and any(under(module, f) for f in forbidden) \
+                and subpackage(module) != subpackage(start):
             chain, step = [module], came_from[module]
             while step is not None:
                 chain.append(f"{step[0]}:{step[1]}" if step[1] else step[0])
                 step = came_from[step[0]]
             return chain[::-1]
-        if module not in package_modules():
+        if module not in package_modules() or module in leaves:
             continue
         for target, line in followed(module, how):
             if target not in came_from:
@@ -223,7 +234,9 @@ def import_chain(start: str, forbidden: tuple[str, ...], how: str) -> list[str] 
 @pytest.mark.parametrize("who, forbidden, how, why", TRANSITIVE_RULES,
                          ids=[f"{who.split(',')[0]} -/->> {f[0]}... ({how})" for who, f, how, _ in TRANSITIVE_RULES])
 def test_transitive_import_rules(who, forbidden, how, why):
-    chains = [import_chain(module, forbidden, how) for module in package_modules() if applies(who, module)]
+    # What importing a registration loads is its own rule's (the last); the config reads them, never their builders.
+    leaves = CONFIG_READS if (who == CONFIG_LAYER or how == "on import") and who != ", ".join(CONFIG_READS) else ()
+    chains = [import_chain(module, forbidden, how, leaves) for module in package_modules() if applies(who, module)]
     bad = sorted(" -> ".join(chain) for chain in chains if chain)
     assert not bad, f"{why}:\n  " + "\n  ".join(bad)
 
@@ -235,8 +248,12 @@ def test_the_transitive_rules_follow_chains():
     assert import_chain("peftlab.lab.records", ("peftlab.lab.store",), "on import") is None  # own sub-package
     assert import_chain("peftlab.lab.records", ("peftlab.errors",), "on import") == ["peftlab.lab.records",
                                                                                      "peftlab.errors"]
-    assert import_chain("peftlab.resolve", ("peftlab.methods",), "on import") is None
-    assert import_chain("peftlab.resolve", ("peftlab.methods",), "every import")[-1] == "peftlab.methods.table"
+    assert import_chain("peftlab.resolve", ("peftlab.methods",), "on import", CONFIG_READS) is None
+    assert import_chain("peftlab.resolve", ("peftlab.methods",), "every import", CONFIG_READS)[-1] == \
+        "peftlab.methods.table"
+    # the registrations are leaves only where they are passed as such
+    assert import_chain("peftlab.config", ("peftlab.methods",), "on import") == ["peftlab.config",
+                                                                                 "peftlab.methods.registry"]
     assert "yaml" in loads_on_import("peftlab.config_cli")  # third-party packages count on import
 
 

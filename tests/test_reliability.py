@@ -276,7 +276,7 @@ def test_collapse_after_being_clearly_above_chance_is_labelled(tmp_path, monkeyp
         pipe.evaluate = lambda model, accelerator, tag: pipelines.Evaluation(next(scripted))
         return pipe
 
-    monkeypatch.setitem(pipelines.BUILDERS, "classification", fake_glue)
+    monkeypatch.setitem(pipelines.BUILDERS, "glue", fake_glue)
     result = train(tiny_cfg(tmp_path / "run"))
     assert result["status"] == "collapsed"
     assert "fell to 0.4000 <= chance 0.5000 at epoch 2" in result["status_reason"]

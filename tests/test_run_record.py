@@ -92,8 +92,7 @@ def scripted_glue(monkeypatch, values: dict, chance: float | None = None):
         pipe.evaluate = evaluate
         return pipe
 
-    monkeypatch.setitem(pipelines.BUILDERS, "classification", fake_glue)
-    monkeypatch.setitem(pipelines.BUILDERS, "regression", fake_glue)
+    monkeypatch.setitem(pipelines.BUILDERS, "glue", fake_glue)
     return calls
 
 
@@ -396,7 +395,7 @@ def test_evaluation_during_training_leaves_training_unchanged(tmp_path, monkeypa
         pipe.evaluate = evaluate
         return pipe
 
-    monkeypatch.setitem(pipelines.BUILDERS, "classification", leaves_eval_mode)
+    monkeypatch.setitem(pipelines.BUILDERS, "glue", leaves_eval_mode)
     careless = train(tiny_cfg(tmp_path / "careless", dropout=0.1, eval_steps=1))
     assert [e["train_loss"] for e in careless["epochs_log"]] == [e["train_loss"] for e in plain["epochs_log"]]
 

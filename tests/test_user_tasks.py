@@ -401,9 +401,9 @@ def test_a_single_dataset_folder_is_split_held_out(tmp_path):
     assert data.label_names == ("no", "yes") and len(data.eval) == 4 and Counter(data.eval["label"][:]) == {0: 2, 1: 2}
 
 
-def test_integer_labels_sort_numerically_and_the_baseline_is_the_training_majority(tmp_path):
+def test_integer_labels_sort_numerically_and_the_baseline_is_the_eval_majority(tmp_path):
     from peftlab.tasks.labelled_data import load_labelled
-    from peftlab.tasks.metrics import constant_baseline
+    from peftlab.tasks.metrics import chance_level
 
     lines = lambda labels: "".join(json.dumps({"text": f"t{i}", "label": v}) + "\n" for i, v in enumerate(labels))
     (tmp_path / "train.jsonl").write_text(lines([10, 2, 2, 10, 10, 1]))
@@ -412,11 +412,14 @@ def test_integer_labels_sort_numerically_and_the_baseline_is_the_training_majori
                                  eval_file=str(tmp_path / "dev.jsonl")))
     assert data.label_names == ("1", "2", "10")  # numerically, not as strings ("1", "10", "2")
     assert data.train["label"][:] == [2, 1, 1, 2, 2, 0] and data.eval["label"][:] == [1, 1, 1, 2]
-    # the training majority is 10 (id 2), although the eval set's is 2: chance accuracy = 1/4
-    assert constant_baseline("classification", "accuracy", data.train["label"][:], data.eval["label"][:], 3) == 0.25
-    assert constant_baseline("classification", "matthews_correlation", data.train["label"][:], data.eval["label"][:],
-                             3) == 0
-    assert constant_baseline("regression", "pearson", [1.0, 2.0], [3.0, 1.0], 1) == 0.0
+    # the eval set's majority is 2 (id 1), although the training set's is 10: chance accuracy = 3/4, the bar a
+    # constant prediction reaches on that set (as for GLUE)
+    assert chance_level("classification", "accuracy", data.eval["label"][:], 3) == 0.75
+    assert chance_level("classification", "matthews_correlation", data.eval["label"][:], 3) == 0
+    # F1 of class id 1: 2 x 0.75 / 1.75 = 6/7; id 2 gets 0; scikit-learn's macro mean runs over the classes
+    # present (id 0 is in neither the gold nor the predictions)
+    assert chance_level("classification", "f1_macro", data.eval["label"][:], 3) == pytest.approx((6 / 7) / 2)
+    assert chance_level("regression", "pearson", [3.0, 1.0], 1) == 0.0
 
 
 def test_metric_aliases_and_sklearn_values(tmp_path):

@@ -29,13 +29,13 @@ from peftlab.config_cli import (
 from peftlab.config_roles import (
     File, Folder, Range, Text, check_fields, flat_dict, from_flat, option, option_defaults, option_names, role_sets)
 from peftlab.errors import PeftlabError
+from peftlab.methods.registry import METHOD_NAMES
+from peftlab.tasks.table import TASK_NAMES
 
-# The choices whose tables live above the config (methods.table.METHODS, tasks.table.TASKS, models.pooling):
-# declared here so that every entry point checks them before anything is loaded; tests/test_config_roles.py
-# keeps each equal to its table.
-MethodName = Literal["full", "lora", "dora", "pissa", "milora", "kasa", "corda", "vera", "fourierft", "head"]
-TaskName = Literal["cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "gsm8k", "alpaca", "json",
-                   "mt-bench", "commonsense", "math", "e2e", "classify", "regress"]
+# The --method and --task choices, read off their registrations (torch-free leaves: tests/test_layout.py
+# CONFIG_READS), so that every entry point checks them before anything is loaded.
+MethodName = Literal[METHOD_NAMES]
+TaskName = Literal[TASK_NAMES]
 Projection = Literal["q", "k", "v", "o", "gate", "up", "down"]  # attention, then the MLP's (they train at --lr)
 Pooling = Literal["auto", "native", "mean"]
 ReportTo = Literal["tensorboard", "wandb", "mlflow", "none"]  # Accelerate's trackers, or none

@@ -130,7 +130,9 @@ def preflight(cells: list[Cell], outputs: Iterable[Output], *, runs: list[Cell] 
     findings += _grouped("data", cells, _data_key, _data, total)
     findings += _grouped("model", cells, lambda cfg: cfg.model, _model, total)
     findings += _extras(cells, needs)
-    judged = [cell for cell in cells if cell.cfg.task == "mt-bench" and cell.cfg.judge_url]
+    from peftlab.tasks.table import task as registered_task
+
+    judged = [cell for cell in cells if registered_task(cell.cfg.task).pipeline == "mt_bench" and cell.cfg.judge_url]
     findings += _grouped("judge", judged, _judge_key, _judge, total)
     for service in services:
         findings.append(_attempt(service.check, service.subject, everyone, total, service.probe))
@@ -311,13 +313,15 @@ def _glue(cfg) -> list[str]:
 
 def _instruction(cfg, task: str | None = None) -> list[str]:
     from peftlab.tasks import instruction_data as idata
+    from peftlab.tasks.table import task as registered_task
 
+    source = registered_task(task or cfg.task).instruction_source
     task = task or cfg.task
-    if task == "json" or (cfg.task == "mt-bench" and cfg.train_file):
+    if source == "files" or (registered_task(cfg.task).pipeline == "mt_bench" and cfg.train_file):
         if not cfg.train_file:
             raise PeftlabError("--task json needs --train-file", fix="pass a JSON list or JSONL of instruction records")
         return [str(Path(cfg.train_file).parent)]
-    splits = ("train", "test") if task == "gsm8k" else ("train",)
+    splits = ("train", "test") if source == "test_split" else ("train",)
     return [_local_or_hub(idata.local_file(task, split, cfg.data_dir)[0], f"{task} {split}", idata.HUB[task][0],
                           cfg.data_dir) for split in splits]
 
@@ -351,13 +355,13 @@ def _data(cfg) -> str:
     from peftlab.tasks.table import TASKS
 
     task = TASKS[cfg.task]
-    if task.glue_dir:
+    if task.pipeline == "glue":
         found = _glue(cfg)
-    elif cfg.task == "mt-bench":
+    elif task.pipeline == "mt_bench":
         found = _mt_bench(cfg)
-    elif task.kind == "instruction":
+    elif task.pipeline == "instruction":
         found = _instruction(cfg)
-    elif task.kind in ("commonsense", "math", "e2e"):
+    elif task.pipeline in ("commonsense", "math", "e2e"):
         found = _generation_sets(cfg)
     else:  # classify / regress: read and digested when the config was resolved
         return "read when the config was resolved"

@@ -31,12 +31,14 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from peftlab.methods.registry import ADAPTER_PREFIXES  # the prefixes every registered method's tensors carry
+
 # model types whose blocks are sequential (attention, then MLP, each with a residual) with plain softmax attention
 COUNTED_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "mpnet", "llama", "mistral", "qwen2",
                  "qwen3", "gpt2", "phi3")
 # peft's adapter internals (lora_A, lora_B, lora_dropout, lora_magnitude_vector, vera_lambda_b, ...) and the unused
 # original copy of a trained head (ModulesToSaveWrapper): never a layer of the model's own
-_ADAPTER_PART = re.compile(r"\.(lora_\w+|vera_\w+|fourierft_\w+|original_module)(\.|$)")
+_ADAPTER_PART = re.compile(r"\.(" + "|".join(rf"{prefix}\w+" for prefix in ADAPTER_PREFIXES) + r"|original_module)(\.|$)")
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
         logging_strategy="steps", logging_steps=spec["logging_steps"], dataloader_num_workers=0)
 
     def metrics(prediction):
-        return compute_metrics(spec["task"], prediction.predictions, prediction.label_ids)
+        return compute_metrics(TASKS[spec["task"]], prediction.predictions, prediction.label_ids)
 
     trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=dev_ds, data_collator=collator,
                       processing_class=tokenizer, optimizers=(optimizer, scheduler), compute_metrics=metrics,

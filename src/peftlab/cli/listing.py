@@ -37,7 +37,7 @@ def add_methods_parser(sub) -> None:
 
 
 def run_methods(args) -> int:
-    from peftlab.methods.table import METHODS
+    from peftlab.methods.registry import METHODS
 
     print(f"{'method':<10} {'lr':>8} {'head lr':>8}  {'SVD init':<8} {'fused QKV':<9} {'Conv1D':<6} extra loss  summary")
     for m in METHODS.values():

@@ -90,7 +90,7 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "",
     peft holds it.
     """
     from peftlab.methods import fused_qkv
-    from peftlab.methods.table import METHODS
+    from peftlab.methods.registry import METHODS
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,21 +1,11 @@
-"""The method table: every fine-tuning method peftlab offers, selected by name.
+"""Applying a registered method: :func:`apply_method` turns a base model plus a :class:`MethodConfig` into a trainable
+model and returns an :class:`AppliedMethod`: the adapted model together with everything its init decided that later
+steps need (resolved targets, head modules, KaSA's truncation plan, the initial adapter of SVD inits, CorDA's
+calibration time). Nothing is stored on the model itself.
 
-Each :class:`Method` knows how to turn a base model plus a :class:`MethodConfig` into a trainable model
-(``build``), which extra loss the training loop must add (``extra_loss``, e.g. KaSA's regulariser), whether
-its init is an SVD of the base weight (``svd_init``: rank must stay below min(in, out)), whether it works on
-fused-QKV models (``fused_qkv``: GPT-2, Phi-3, Falcon, ModernBERT, whose fused matrix ``apply_method`` splits into
-linear q, k, v layers, :mod:`peftlab.methods.fused_qkv`) and whether it can adapt a Conv1D layer (``conv1d``:
-GPT-2's ``c_proj``, ``c_fc``).
-
-``head`` trains the task head alone (no adapter, every base weight frozen): the baseline that says what an
-adapter adds. Everything but ``full``, ``head`` and MiLoRA's init is peft: LoRA, DoRA, PiSSA, KaSA
-(``LoraConfig(kasa_config=...)``), CorDA (``init_lora_weights="corda"``; its calibration runs through
-``apply_method(..., calibration=...)``), VeRA and FourierFT. To add a method, write a builder and add one row
-to ``METHODS``; the test matrix in ``tests/test_methods.py`` then checks it on every architecture and target set.
-
-:func:`apply_method` returns an :class:`AppliedMethod`: the adapted model together with everything its init
-decided that later steps need (resolved targets, head modules, KaSA's truncation plan, the initial adapter of
-SVD inits, CorDA's calibration time). Nothing is stored on the model itself.
+The methods themselves (builders, options, limits, default rates) are registered once in
+:mod:`peftlab.methods.registry`; this module checks a config against that row (:func:`check_explicit_options`,
+the rank / Conv1D / fused-QKV limits) and runs the builder.
 """
 
 from __future__ import annotations
@@ -26,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from peftlab.config import MethodConfig  # the schema of a method's options: declared with the config
 from peftlab.errors import PeftlabError
-from peftlab.methods.options import corda_peft_config, kasa_peft_config
+from peftlab.methods.registry import METHOD_OPTIONS, METHODS, Built, Method
 from peftlab.methods.targets import NO_TARGETS, ResolvedTargets, head_module_names, resolve_targets
 
 if TYPE_CHECKING:  # torch and the SVD/KaSA/CorDA modules load when a model is adapted, not to list the table
@@ -34,199 +24,6 @@ if TYPE_CHECKING:  # torch and the SVD/KaSA/CorDA modules load when a model is a
     from torch import nn
 
     from peftlab.methods.fused_qkv import FusedSplit
-
-
-# --------------------------------------------------------------------------- builders
-
-
-def _lora_config(cfg: MethodConfig, targets: ResolvedTargets, heads: list[str], task_type: str | None, **extra):
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=cfg.rank,
-        lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
-        target_modules=targets.all_modules,
-        modules_to_save=heads or None,
-        task_type=task_type,
-        fan_in_fan_out=bool(targets.conv1d),  # GPT-2's Conv1D stores (in, out); peft flips it per layer type
-        **extra,
-    )
-
-
-def _peft(model, config):
-    from peft import get_peft_model
-
-    return get_peft_model(model, config)
-
-
-def build_full(model, cfg, targets, heads, task_type):
-    """Full fine-tuning of the selected projections (weights and biases) and the head; nothing else."""
-    model.requires_grad_(False)
-    for name, module in model.named_modules():
-        if name in targets.all_modules or name in heads:
-            module.requires_grad_(True)
-    return model
-
-
-def build_head(model, cfg, targets, heads, task_type):
-    """Head-only fine-tuning: the task head trains, every base weight stays frozen, no adapter is added (``targets``
-    is empty). Saved like ``full``, as a standard transformers folder."""
-    return build_full(model, cfg, targets, heads, task_type)
-
-
-def build_lora(model, cfg, targets, heads, task_type):
-    return _peft(model, _lora_config(cfg, targets, heads, task_type))
-
-
-def build_dora(model, cfg, targets, heads, task_type):
-    return _peft(model, _lora_config(cfg, targets, heads, task_type, use_dora=True))
-
-
-def build_pissa(model, cfg, targets, heads, task_type):
-    # "pissa" is the exact (full) SVD; "pissa_niter_k" would be faster but randomised.
-    return _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights="pissa"))
-
-
-def build_milora(model, cfg, targets, heads, task_type):
-    model = _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights=True))
-    from peftlab.methods import svd_lora as svd_init
-
-    svd_init.milora_init(model)
-    return model
-
-
-def build_kasa(model, cfg, targets, heads, task_type):
-    """peft's KaSA + --kasa-truncate-rank/--kasa-mode; returns ``Built`` with the truncation plan."""
-    from peftlab.methods import kasa
-
-    config = _lora_config(cfg, targets, heads, task_type, kasa_config=kasa_peft_config(cfg.kasa))
-    model, plan, dropped = kasa.build(model, cfg, config, targets.all_modules)
-    return Built(model, kasa_plan=plan, kasa_dropped=dropped)
-
-
-def build_corda(model, cfg, targets, heads, task_type, calibration):
-    from peftlab.methods import corda
-
-    config = _lora_config(cfg, targets, heads, task_type, init_lora_weights="corda",
-                          corda_config=corda_peft_config(cfg.corda))
-    return corda.build(model, config, cfg, calibration)
-
-
-def build_vera(model, cfg, targets, heads, task_type):
-    from peft import VeraConfig
-
-    config = VeraConfig(
-        r=cfg.rank,
-        target_modules=targets.all_modules,
-        modules_to_save=heads or None,
-        vera_dropout=cfg.dropout,
-        d_initial=cfg.vera.d_initial,
-        save_projection=True,  # the frozen random A/B travel with the adapter: loading needs no PRNG replay
-        task_type=task_type,
-        fan_in_fan_out=bool(targets.conv1d),
-    )
-    return _peft(model, config)
-
-
-def build_fourierft(model, cfg, targets, heads, task_type):
-    from peft import FourierFTConfig
-
-    config = FourierFTConfig(
-        n_frequency=cfg.fourierft.n_frequency,
-        scaling=cfg.fourierft.scaling,
-        target_modules=targets.all_modules,
-        modules_to_save=heads or None,
-        task_type=task_type,
-        fan_in_fan_out=bool(targets.conv1d),
-    )
-    return _peft(model, config)
-
-
-@dataclass(frozen=True)
-class Built:
-    """What a builder returns when its init decides something the run needs later (else it returns the model)."""
-
-    model: nn.Module
-    kasa_plan: dict[str, int] | None = None  # KaSA: {module: components kept} where it differs from peft's
-    kasa_dropped: dict | None = None  # KaSA with a plan: {module: (U_d S_d, Vh_d)} of the original weights
-
-
-# What a method that adapts attention/MLP projections reads: which ones (--targets, --layers) and their learning
-# rates (eta_QK = --lr, eta_V = --lr-ratio x --lr).
-PROJECTION_OPTIONS = frozenset({"targets", "layers", "lr", "lr_ratio"})
-
-
-@dataclass(frozen=True)
-class Method:
-    name: str
-    summary: str
-    build: Callable
-    svd_init: bool = False  # rank must be < min(in_features, out_features) of every target
-    fused_qkv: bool = True  # works on a fused-QKV model: its q/k/v split into nn.Linear layers (methods.fused_qkv)
-    conv1d: bool = True  # can adapt a Conv1D layer (GPT-2's c_proj, c_fc: weights stored (in, out))
-    extra_loss: Callable[[nn.Module, MethodConfig], torch.Tensor] | None = None
-    converts_to_lora: bool = False  # saved adapter is converted to plain LoRA on the original base weights
-    needs_calibration: bool = False  # build(..., calibration=callable): runs the model over task inputs (CorDA)
-    # Learning rates used when --lr / --head-lr are not given: methods differ by orders of magnitude
-    # (FourierFT's spectrum trains at ~5e-2, full fine-tuning at ~5e-5), so one global default would be
-    # wrong for most of them. Values follow each method's paper for RoBERTa-base on GLUE.
-    default_lr: float = 5e-4
-    # The head's learning rate unless --head-lr is given; it does not follow --lr (one rule for every method,
-    # shown by `peftlab methods` and recorded in result.json's group_lrs).
-    default_head_lr: float = 5e-4
-    # The config options this method reads; setting any other one explicitly is an error, never silence.
-    # Flat names, as users type them: kasa_beta is cfg.kasa.beta. Every method that adapts projections reads
-    # PROJECTION_OPTIONS (--targets, --layers, their --lr and V's --lr-ratio); head-only reads none of them.
-    options: frozenset = frozenset({"rank", "alpha", "dropout"}) | PROJECTION_OPTIONS
-
-    @property
-    def uses_rank(self) -> bool:
-        return "rank" in self.options
-
-    @property
-    def adapts_projections(self) -> bool:
-        """Trains something on the --targets projections (every method but head-only)."""
-        return "targets" in self.options
-
-
-def _kasa_regulariser(model: nn.Module, cfg: MethodConfig) -> torch.Tensor:
-    from peftlab.methods import kasa
-
-    return kasa.regulariser(model, cfg)
-
-
-METHODS: dict[str, Method] = {
-    m.name: m
-    for m in [
-        Method("full", "full fine-tuning of the selected projections and the head", build_full,
-               default_lr=5e-5, default_head_lr=5e-4, options=PROJECTION_OPTIONS),
-        Method("lora", "LoRA (Hu et al.)", build_lora),
-        Method("dora", "DoRA: weight-decomposed LoRA (Liu et al.)", build_dora),
-        Method("pissa", "PiSSA: LoRA initialised from the r largest singular components", build_pissa,
-               svd_init=True, converts_to_lora=True),
-        Method("milora", "MiLoRA: LoRA initialised from the r smallest singular components", build_milora,
-               svd_init=True, converts_to_lora=True),
-        Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,
-               svd_init=True, conv1d=False, extra_loss=_kasa_regulariser,  # peft's KaSA refuses fan_in_fan_out
-               options=frozenset({"rank", "alpha", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction",
-                                  "kasa_truncate_rank", "kasa_mode"}) | PROJECTION_OPTIONS),
-        Method("corda", "CorDA: LoRA from a covariance-oriented SVD over task inputs (Yang et al.)", build_corda,
-               svd_init=True, converts_to_lora=True, needs_calibration=True,
-               options=frozenset({"rank", "alpha", "dropout", "corda_mode", "corda_samples"}) | PROJECTION_OPTIONS),
-        Method("vera", "VeRA: frozen shared random A/B, learned scaling vectors", build_vera,
-               default_lr=4e-3, default_head_lr=4e-3,
-               options=frozenset({"rank", "dropout", "vera_d_initial"}) | PROJECTION_OPTIONS),
-        Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft,
-               default_lr=5e-2, default_head_lr=5e-3,
-               options=frozenset({"fourierft_n_frequency", "fourierft_scaling"}) | PROJECTION_OPTIONS),
-        # The baseline of every adapter row: what the head alone learns (same head lr rule as the others).
-        # default_lr is never used: nothing trains at --lr, and TrainConfig sets lr to the head's rate.
-        Method("head", "head only: the task head trains, the base is frozen, no adapter", build_head,
-               options=frozenset()),
-    ]
-}
-METHOD_OPTIONS = frozenset().union(*(m.options for m in METHODS.values()))
 
 
 def check_explicit_options(cfg: MethodConfig, explicit) -> None:
@@ -259,21 +56,19 @@ def _weight_shape(module: nn.Module) -> tuple[int, int]:
 
 def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: ResolvedTargets) -> None:
     modules = dict(model.named_modules())
-    smallest = min(min(_weight_shape(modules[name])) for name in targets.all_modules)
+    shapes = [_weight_shape(modules[name]) for name in targets.all_modules]
+    smallest = min(min(shape) for shape in shapes)
     if method.svd_init and cfg.rank >= smallest:
         raise PeftlabError(
             f"--rank {cfg.rank} is too large for {method.name}: it must be < min(in, out) = {smallest} of the "
             "adapted weights (the SVD init keeps at least one component)",
             fix=f"use --rank {max(1, smallest // 2)} or smaller",
         )
-    if method.name == "fourierft":  # peft raises a ValueError deep in layer construction otherwise
-        cells = min(_weight_shape(modules[name])[0] * _weight_shape(modules[name])[1] for name in targets.all_modules)
-        if cfg.fourierft.n_frequency > cells:
-            raise PeftlabError(f"--fourierft-n-frequency {cfg.fourierft.n_frequency} is more than the {cells} entries of "
-                               "the smallest adapted weight", fix=f"use --fourierft-n-frequency {cells} or fewer")
-    # LoRA-style factors (not VeRA, whose shared random basis may be wider than the layer): a rank above
-    # min(in, out) adds nothing a full-rank update lacks and costs more parameters than the matrix itself.
-    if method.uses_rank and method.name != "vera" and cfg.rank > smallest:
+    if method.check_shapes is not None:  # the method's own limit (FourierFT: its spectrum fits every weight)
+        method.check_shapes(cfg, shapes)
+    # LoRA-style factors: a rank above min(in, out) adds nothing a full-rank update lacks and costs more
+    # parameters than the matrix itself.
+    if method.uses_rank and method.rank_within_layer and cfg.rank > smallest:
         raise PeftlabError(
             f"--rank {cfg.rank} is larger than min(in, out) = {smallest} of the adapted weights: the adapter would "
             f"have more parameters than the matrices it adapts",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from peftlab.tasks.table import COMMONSENSE_TEST_SETS, COMMONSENSE_TRAIN_SETS, UNAVAILABLE_SETS
 
@@ -59,39 +59,14 @@ def dataset_note(train_sets, eval_sets, n_train: int) -> str:
             f"{', '.join(eval_sets)}; the mean is not the papers' 8-set average")
 
 
-def build_pipeline(cfg, tokenizer, model=None):
-    """The ``commonsense`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
-    from datasets import concatenate_datasets
+def _gold_check(name: str):
+    """A commonsense set's gold answers are its answer words."""
+    words = ANSWER_WORDS[name]
+    return lambda gold: None if gold in words else "one of " + "/".join(words)
 
-    from peftlab.tasks import generative
-    from peftlab.tasks.generation import generation_evaluator
-    from peftlab.tasks.prepare import examples_digest
 
-    generative.ensure_pad_token(cfg, tokenizer)
-    train_sets = tuple(cfg.train_sets.split(",")) if cfg.train_sets else COMMONSENSE_TRAIN_SETS
-    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else COMMONSENSE_TEST_SETS
-    files: dict[str, str] = {}
-    parts, skipped = [], 0
-    for name in train_sets:
-        path = generative.find_data_file(cfg.data_dir, f"commonsense/{name}/train.json",
-                                         f"commonsense training split '{name}'")
-        files[f"train/{name}"] = str(path)
-        records, empty = generative.training_records(generative.read_llm_adapters_json(path))
-        skipped += empty
-        parts.append(generative.records_dataset(records))
-    train_raw = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-    n_train_available = len(train_raw)
-
-    tests = {}
-    for name in eval_sets:
-        path = generative.find_data_file(cfg.data_dir, f"commonsense/{name}/test.json",
-                                         f"commonsense test set '{name}'")
-        files[f"test/{name}"] = str(path)
-        words = ANSWER_WORDS[name]
-        tests[name] = generative.test_set(path, generative.read_llm_adapters_json(path),
-                                          lambda gold, words=words: None if gold in words else "one of " + "/".join(words))
-    tests = generative.subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
-    items, prompts = generative.prompt_items(tests, tokenizer)
+def _scorer(tests: dict, items: list) -> Callable:
+    """``score(texts)`` of the generated answers: the records and the metrics (per set and their mean)."""
 
     def score(texts: list[str]):
         records, by_set = [], {name: [] for name in tests}
@@ -109,6 +84,35 @@ def build_pipeline(cfg, tokenizer, model=None):
         metrics["answered"] = sum(metrics[f"{metric_key(n)}_answered"] for n in tests) / len(tests)
         return records, metrics
 
+    return score
+
+
+def build_pipeline(cfg, tokenizer, model=None):
+    """The ``commonsense`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
+    from datasets import concatenate_datasets
+
+    from peftlab.tasks import generative
+    from peftlab.tasks.generation import generation_evaluator
+
+    generative.ensure_pad_token(cfg, tokenizer)
+    train_sets = tuple(cfg.train_sets.split(",")) if cfg.train_sets else COMMONSENSE_TRAIN_SETS
+    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else COMMONSENSE_TEST_SETS
+    files: dict[str, str] = {}
+    parts, skipped = [], 0
+    for name in train_sets:
+        path = generative.find_data_file(cfg.data_dir, f"commonsense/{name}/train.json",
+                                         f"commonsense training split '{name}'")
+        files[f"train/{name}"] = str(path)
+        records, empty = generative.training_records(generative.read_llm_adapters_json(path))
+        skipped += empty
+        parts.append(generative.records_dataset(records))
+    train_raw = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    n_train_available = len(train_raw)
+
+    tests = generative.read_test_sets(cfg, "commonsense", eval_sets, _gold_check, files)
+    items, prompts = generative.prompt_items(tests, tokenizer)
+
+    score = _scorer(tests, items)
     # A row stops at its own set's first answer word (another set's word, e.g. "answer1" in a BoolQ answer, is
     # not an answer and must not stop it).
     stops = {name: (lambda text, pattern=_PATTERNS[name]: pattern.search(text) is not None) for name in tests}
@@ -120,9 +124,7 @@ def build_pipeline(cfg, tokenizer, model=None):
         "data_files": files,
         "train_sets": list(train_sets),
         "train_records_without_output": skipped,  # not trained on: nothing to learn
-        "eval_sets": list(eval_sets),
-        "eval_examples": {name: len(ds) for name, ds in tests.items()},
-        "eval_examples_digest": examples_digest(tests),
+        **generative.test_set_extras(tests),
         "answer_extraction": "LLM-Adapters commonsense_evaluate.py extract_answer: the first answer word of the set",
     }
     return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="accuracy",

@@ -1,4 +1,4 @@
-"""GLUE data: reading the ``glue_data`` TSV files (or the Hub), subsets, majority baselines.
+"""GLUE data: reading the ``glue_data`` TSV files (or the Hub), subsets, the selection split.
 
 Tokenisation, collation and length-grouped batching are in :mod:`peftlab.tasks.batching` (also importable
 from here).
@@ -34,10 +34,9 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from peftlab.errors import PeftlabError, unknown
-from peftlab.tasks.table import TASKS, Task
+from peftlab.errors import PeftlabError
+from peftlab.tasks.table import Task, task as registered_task
 
 
 SPLITS = ("train", "validation", "validation_matched", "validation_mismatched")
@@ -85,23 +84,26 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
     return None
 
 
+def _named_split(task: Task, split: str) -> str:
+    """``validation`` of a task with several dev sets is its first (MNLI: matched)."""
+    return task.eval_splits[0] if split == "validation" else split
+
+
 def _split_files(task: Task, split: str) -> list[str]:
-    if task.name == "mnli":
-        return {"train": ["train.tsv"], "validation": ["dev_matched.tsv"],
-                "validation_matched": ["dev_matched.tsv"], "validation_mismatched": ["dev_mismatched.tsv"]}[split]
-    return {"train": ["train.tsv"], "validation": ["dev.tsv"]}[split]
+    """glue_data's file of a split: train.tsv; dev.tsv, or dev_<name>.tsv for validation_<name> (MNLI)."""
+    split = _named_split(task, split)
+    return ["train.tsv" if split == "train" else "dev" + split.removeprefix("validation") + ".tsv"]
 
 
-def _check_task_split(task_name: str, split: str) -> Task:
-    if task_name not in TASKS:
-        raise unknown("task", task_name, TASKS)
-    task = TASKS[task_name]
+def _check_task_split(task: Task | str, split: str) -> Task:
+    """The GLUE task (a name is resolved here, once) and a split it has."""
+    task = registered_task(task) if isinstance(task, str) else task
     if not task.glue_dir:
-        raise PeftlabError(f"task '{task_name}' is not a GLUE task", fix="load instruction data with peftlab.tasks.instructions")
+        raise PeftlabError(f"task '{task.name}' is not a GLUE task", fix="load instruction data with peftlab.tasks.instructions")
     allowed = ("train", "validation") + tuple(s for s in task.eval_splits if s != "validation")
     if split not in allowed:
         hint = " (GLUE test splits have no labels)" if split == "test" else ""
-        raise PeftlabError(f"unknown split '{split}' for task '{task_name}'{hint}",
+        raise PeftlabError(f"unknown split '{split}' for task '{task.name}'{hint}",
                            fix=f"use one of: {', '.join(allowed)}")
     return task
 
@@ -109,91 +111,63 @@ def _check_task_split(task_name: str, split: str) -> Task:
 # --------------------------------------------------------------------------- reading the TSVs
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Where a task's fields are in its TSV rows (column indices; negative counts from the end)."""
-
-    text_a: int
-    text_b: int | None
-    label: int
-    header: bool = True
-    columns: int | None = None  # expected column count; None = the header's
-
-
-_LAYOUTS: dict[str, _Layout] = {
-    "cola": _Layout(3, None, 1, header=False, columns=4),  # source, label, original label, sentence
-    "sst2": _Layout(0, None, 1),  # sentence, label
-    "mrpc": _Layout(3, 4, 0),  # Quality, #1 ID, #2 ID, #1 String, #2 String
-    "qqp": _Layout(3, 4, 5),  # id, qid1, qid2, question1, question2, is_duplicate
-    "stsb": _Layout(7, 8, -1),  # index, genre, filename, year, old_index, source1, source2, s1, s2, score
-    "mnli": _Layout(8, 9, -1),  # ..., sentence1, sentence2, label1[..label5], gold_label
-    "qnli": _Layout(1, 2, 3),  # index, question, sentence, label
-    "rte": _Layout(1, 2, 3),  # index, sentence1, sentence2, label
-    "wnli": _Layout(1, 2, 3),  # index, sentence1, sentence2, label
-}
-
-
-def read_glue_tsv(path: Path, task_name: str) -> dict[str, list]:
-    """Parse one labelled GLUE TSV into ``{"text_a", ["text_b",] "label"}`` lists; raise on any bad row."""
-    task = TASKS[task_name]
-    layout = _LAYOUTS[task_name]
-    regression = task.kind == "regression"
-    label_ids = {name: i for i, name in enumerate(task.label_names)}
-    text_a: list[str] = []
-    text_b: list[str] = []
-    labels: list[Any] = []
-    expected = layout.columns
+def _label(raw: str, task: Task, label_ids: dict[str, int], where: str):
+    """One row's label: a class id by name, or STS-B's score (a finite number)."""
+    if task.kind != "regression":
+        if raw not in label_ids:
+            raise PeftlabError(f"unknown label '{raw}'", where=where,
+                               fix=f"{task.glue_dir} labels are: {', '.join(task.label_names)}")
+        return label_ids[raw]
     try:
-        with open(path, encoding="utf-8-sig", newline="") as fh:
-            reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
-            for row in reader:
-                line = reader.line_num
-                if not row or row == [""]:
-                    continue  # blank line (e.g. a trailing one)
-                if expected is None:  # the header row
-                    expected = len(row)
-                    if expected <= max(layout.text_a, layout.text_b or 0, layout.label if layout.label >= 0 else 0):
-                        raise PeftlabError(
-                            f"header has {expected} columns, too few for {task.glue_dir}",
-                            where=f"{path}:{line}", fix="use the GLUE glue_data files unchanged",
-                        )
-                    continue
-                if len(row) != expected:
-                    raise PeftlabError(
-                        f"row has {len(row)} tab-separated columns, expected {expected}",
-                        where=f"{path}:{line}", fix="repair or re-download the file (GLUE glue_data layout)",
-                    )
-                raw = row[layout.label].strip()
-                if regression:
-                    try:
-                        value = float(raw)
-                    except ValueError:
-                        value = math.nan
-                    if not math.isfinite(value):
-                        raise PeftlabError(
-                            f"score '{raw}' is not a number", where=f"{path}:{line}",
-                            fix="STS-B scores must be numbers between 0 and 5",
-                        )
-                    labels.append(value)
-                else:
-                    if raw not in label_ids:
-                        raise PeftlabError(
-                            f"unknown label '{raw}'", where=f"{path}:{line}",
-                            fix=f"{task.glue_dir} labels are: {', '.join(task.label_names)}",
-                        )
-                    labels.append(label_ids[raw])
-                text_a.append(row[layout.text_a])
-                if layout.text_b is not None:
-                    text_b.append(row[layout.text_b])
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise PeftlabError(f"score '{raw}' is not a number", where=where,
+                           fix="STS-B scores must be numbers between 0 and 5")
+    return value
+
+
+def _rows(path: Path, task: Task):
+    """(row, line) of every data row of a TSV, each with the expected number of columns (the header's unless the
+    layout fixes it)."""
+    layout = task.tsv
+    expected = layout.columns
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
+        for row in reader:
+            line = reader.line_num
+            if not row or row == [""]:
+                continue  # blank line (e.g. a trailing one)
+            if expected is None:  # the header row
+                expected = len(row)
+                if expected <= max(layout.text_a, layout.text_b or 0, layout.label if layout.label >= 0 else 0):
+                    raise PeftlabError(f"header has {expected} columns, too few for {task.glue_dir}",
+                                       where=f"{path}:{line}", fix="use the GLUE glue_data files unchanged")
+                continue
+            if len(row) != expected:
+                raise PeftlabError(f"row has {len(row)} tab-separated columns, expected {expected}",
+                                   where=f"{path}:{line}", fix="repair or re-download the file (GLUE glue_data layout)")
+            yield row, line
+
+
+def read_glue_tsv(path: Path, task: Task | str) -> dict[str, list]:
+    """Parse one labelled GLUE TSV into ``{"text_a", ["text_b",] "label"}`` lists; raise on any bad row."""
+    task = registered_task(task) if isinstance(task, str) else task
+    layout = task.tsv
+    label_ids = {name: i for i, name in enumerate(task.label_names)}
+    out: dict[str, list] = {"text_a": [], **({"text_b": []} if layout.text_b is not None else {}), "label": []}
+    try:
+        for row, line in _rows(path, task):
+            out["label"].append(_label(row[layout.label].strip(), task, label_ids, f"{path}:{line}"))
+            out["text_a"].append(row[layout.text_a])
+            if layout.text_b is not None:
+                out["text_b"].append(row[layout.text_b])
     except UnicodeDecodeError as err:
         raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=str(path),
                            fix="re-download the file") from None
-    if not labels:
+    if not out["label"]:
         raise PeftlabError("file has no data rows", where=str(path), fix="re-download the file (GLUE glue_data layout)")
-    out: dict[str, list] = {"text_a": text_a}
-    if layout.text_b is not None:
-        out["text_b"] = text_b
-    out["label"] = labels
     return out
 
 
@@ -211,7 +185,7 @@ def _load_local(path: Path, task: Task):
     from datasets import Dataset
 
     # The token cache keys on the rows' content (batching.content_digest), so an edited file is re-tokenised.
-    return Dataset.from_dict(read_glue_tsv(path, task.name), features=_features(task))
+    return Dataset.from_dict(read_glue_tsv(path, task), features=_features(task))
 
 
 def hub_offline() -> bool:
@@ -223,8 +197,7 @@ def hub_offline() -> bool:
 def _load_hub(task: Task, split: str):
     import datasets
 
-    hub_split = "validation_matched" if (task.name == "mnli" and split == "validation") else split
-    ds = datasets.load_dataset(HUB_DATASET, task.name, split=hub_split)
+    ds = datasets.load_dataset(HUB_DATASET, task.name, split=_named_split(task, split))
     ds = ds.filter(lambda label: label != -1, input_columns="label")  # unlabelled rows
     names = {task.text_fields[0]: "text_a"}
     if len(task.text_fields) > 1:
@@ -233,8 +206,7 @@ def _load_hub(task: Task, split: str):
     return ds.cast(_features(task))
 
 
-# Tasks with 10k subsets in <root>/glue_subsets/<Task>/ (the full training sets are not available offline).
-SUBSET_TASKS = ("mnli", "qnli", "qqp")
+# 10k subsets in <root>/glue_subsets/<Task>/ of the tasks marked ``subsets`` (full training sets not offline).
 SUBSET_DATASET = "glue_subsets"
 _SUBSET_FILES = {"train": "train.json", "validation": "dev.json", "validation_matched": "dev.json"}
 
@@ -247,7 +219,7 @@ class SplitSource:
     path: Path | None  # None for the Hub
 
 
-def locate_split(task: str, split: str, data_dir: str | os.PathLike | None = None) -> tuple[SplitSource | None,
+def locate_split(task: Task | str, split: str, data_dir: str | os.PathLike | None = None) -> tuple[SplitSource | None,
                                                                                           list[Path]]:
     """The local file a split comes from (full GLUE first, then the 10k subsets), and every path tried."""
     spec = _check_task_split(task, split)
@@ -263,7 +235,7 @@ def locate_split(task: str, split: str, data_dir: str | os.PathLike | None = Non
                 tried.append(path)
                 if path.is_file():
                     return SplitSource("glue", path), tried
-    if spec.name in SUBSET_TASKS and split in _SUBSET_FILES:
+    if spec.subsets and split in _SUBSET_FILES:
         for root in roots:
             path = root / SUBSET_DATASET / spec.glue_dir / _SUBSET_FILES[split]
             tried.append(path)
@@ -272,22 +244,21 @@ def locate_split(task: str, split: str, data_dir: str | os.PathLike | None = Non
     return None, tried
 
 
-def available_eval_splits(task: str, data_dir: str | os.PathLike | None = None) -> tuple[str, ...]:
+def available_eval_splits(task: Task | str, data_dir: str | os.PathLike | None = None) -> tuple[str, ...]:
     """The task's evaluation splits that can be read: MNLI from the subsets has one dev set, not two."""
-    spec = TASKS[task]
-    if spec.name == "mnli":
-        source, _ = locate_split(task, "validation_matched", data_dir)
+    spec = _check_task_split(task, "validation")
+    if len(spec.eval_splits) > 1 and spec.subsets:
+        source, _ = locate_split(spec, spec.eval_splits[0], data_dir)
         if source is not None and source.dataset == SUBSET_DATASET:
             return ("validation",)
     return spec.eval_splits
 
 
-def read_subset_json(path: Path, task_name: str) -> dict[str, list]:
+def read_subset_json(path: Path, spec: Task) -> dict[str, list]:
     """A glue_subsets file: ``{"0": {"text_a", "text_b", "label"}, ...}`` with the task's label names.
 
     Read with :mod:`json`, not datasets' ``json`` builder: that builder reads an object of records as one row
     with a column per key ("0", "1", ...), not as records."""
-    spec = TASKS[task_name]
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
@@ -308,19 +279,19 @@ def read_subset_json(path: Path, task_name: str) -> dict[str, list]:
     return out
 
 
-def load_split(task: str, split: str, data_dir: str | os.PathLike | None = None):
+def load_split(task: Task | str, split: str, data_dir: str | os.PathLike | None = None):
     """One labelled split of a GLUE task as a ``Dataset`` (``text_a``, [``text_b``,] ``label``).
 
     ``split``: ``train``, ``validation`` (MNLI: matched), ``validation_matched``, ``validation_mismatched``.
     """
     spec = _check_task_split(task, split)
-    source, tried = locate_split(task, split, data_dir)
+    source, tried = locate_split(spec, split, data_dir)
     if source is not None and source.dataset == "glue":
         return _load_local(source.path, spec)
     if source is not None:
         from datasets import Dataset
 
-        return Dataset.from_dict(read_subset_json(source.path, spec.name), features=_features(spec))
+        return Dataset.from_dict(read_subset_json(source.path, spec), features=_features(spec))
     hub_error = ""
     if not hub_offline():
         try:
@@ -375,37 +346,3 @@ def selection_split(ds, n: int, seed: int, *, regression: bool):
     pool, selection = train_test_split(np.arange(len(ds)), test_size=n, random_state=seed, shuffle=True,
                                        stratify=strata if stratified else None)
     return ds.select(np.sort(pool)), ds.select(np.sort(selection)), stratified
-
-
-# --------------------------------------------------------------------------- baselines
-
-
-def majority_baseline(task: str, train_labels, eval_labels) -> float:
-    """Chance level of ``task``'s primary metric on the eval labels: the eval set's own majority class.
-
-    Accuracy: predicting the eval set's most frequent class (ties: lowest class id) for every eval example,
-    the bar a model must clear on that set. (The most frequent *training* class can understate it on small
-    subsets: 0.375 where the eval set's majority scores 0.625.) ``train_labels`` is only checked to be
-    non-empty. Matthews correlation and Pearson: 0.0 (a constant prediction has no correlation).
-    """
-    import numpy as np
-
-    if task not in TASKS:
-        raise unknown("task", task, TASKS)
-    metric = TASKS[task].primary_metric
-    if metric in ("matthews_correlation", "pearson", "spearman", "combined"):
-        return 0.0
-    if TASKS[task].kind != "classification":
-        raise ValueError(f"no majority baseline for {TASKS[task].kind} task '{task}'")
-    train = np.asarray(list(train_labels), dtype=np.int64)
-    evals = np.asarray(list(eval_labels), dtype=np.int64)
-    if train.size == 0 or evals.size == 0:
-        return 0.0
-    majority = int(np.bincount(evals).argmax())
-    if metric == "accuracy":
-        return float(np.mean(evals == majority))
-    if metric == "f1":
-        from sklearn.metrics import f1_score
-
-        return float(f1_score(evals, np.full_like(evals, majority), zero_division=0))
-    raise ValueError(f"no majority baseline for metric '{metric}'")

@@ -118,6 +118,26 @@ def subset_per_set(datasets_by_set: dict, n: int | None, seed: int) -> dict:
     return {name: subset(ds, n, seed) for name, ds in datasets_by_set.items()}
 
 
+def read_test_sets(cfg, family: str, names, gold_problem: Callable[[str], Callable[[str], str | None]],
+                   files: dict[str, str]) -> dict:
+    """The named test sets ``<data>/<family>/<name>/test.json`` (each gold answer checked by ``gold_problem(name)``),
+    each cut to ``--max-eval-samples``; every file read is added to ``files`` as ``test/<name>``."""
+    tests = {}
+    for name in names:
+        path = find_data_file(cfg.data_dir, f"{family}/{name}/test.json", f"{family} test set '{name}'")
+        files[f"test/{name}"] = str(path)
+        tests[name] = test_set(path, read_llm_adapters_json(path), gold_problem(name))
+    return subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
+
+
+def test_set_extras(tests: dict) -> dict:
+    """result.json's description of the test sets scored: their names, sizes and the examples' digest."""
+    from peftlab.tasks.prepare import examples_digest
+
+    return {"eval_sets": list(tests), "eval_examples": {name: len(ds) for name, ds in tests.items()},
+            "eval_examples_digest": examples_digest(tests)}
+
+
 # --------------------------------------------------------------------------- training set
 
 

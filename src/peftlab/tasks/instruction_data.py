@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from peftlab.errors import PeftlabError
 from peftlab.tasks.data_files import candidate_roots, check_data_dir, hub_offline
 from peftlab.tasks.json_files import JsonRecord, read_json_records
+from peftlab.tasks.table import task as registered_task
 
 FORMAT_VERSION = "1"  # bump when prompt formatting or truncation changes: token caches key on it
 INSTRUCTION_FILE_FIX = "a JSON list of records, or one JSON object per line (JSONL)"
@@ -187,13 +188,14 @@ def held_out_split(ds):
 
 
 def load_instruction_data(cfg):
-    """(train, eval) raw datasets of ``cfg.task``, before subsetting."""
-    task = cfg.task
-    if task == "gsm8k":
-        return load_raw("gsm8k", "train", cfg.data_dir), load_raw("gsm8k", "test", cfg.data_dir)
-    if task == "alpaca":
-        return held_out_split(load_raw("alpaca", "train", cfg.data_dir))
-    if task == "json":
+    """(train, eval) raw datasets of ``cfg.task``, before subsetting, from where its row says
+    (``Task.instruction_source``)."""
+    task = registered_task(cfg.task)
+    if task.instruction_source == "test_split":
+        return load_raw(task.name, "train", cfg.data_dir), load_raw(task.name, "test", cfg.data_dir)
+    if task.instruction_source == "held_out":
+        return held_out_split(load_raw(task.name, "train", cfg.data_dir))
+    if task.instruction_source == "files":
         if not cfg.train_file:
             raise PeftlabError("--task json needs --train-file", fix="pass a JSON list or JSONL of instruction records")
         fields = parse_fields(cfg.instruction_fields)
@@ -201,4 +203,4 @@ def load_instruction_data(cfg):
         if cfg.eval_file:
             return train, make_dataset(read_records(cfg.eval_file, fields))
         return held_out_split(train)
-    raise PeftlabError(f"task '{task}' is not an instruction task", fix="use gsm8k, alpaca or json")
+    raise PeftlabError(f"task '{task.name}' is not an instruction task", fix="use gsm8k, alpaca or json")

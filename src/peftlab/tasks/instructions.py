@@ -59,6 +59,7 @@ from peftlab.errors import PeftlabError
 from peftlab.tasks.prepare import Evaluation, Pipeline, eval_loader_on, examples_digest, train_examples_digest
 from peftlab.tasks.generation import generation_evaluator
 from peftlab.tasks.instruction_data import FORMAT_VERSION, load_instruction_data
+from peftlab.tasks.table import task as registered_task
 
 LOSS_EVAL_TOKENS = 8192  # padded tokens per loss-evaluation batch (logits are batch x length x vocabulary)
 PLAIN_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
@@ -277,7 +278,7 @@ def build_pipeline(cfg, tokenizer, model=None):
                               "eval_examples_digest": examples_digest({"eval": eval_raw})}
     collate = training_collator(cfg, tokenizer)
     digest = train_examples_digest(train_raw)  # the drawn records, before tokenisation drops any
-    if cfg.task == "gsm8k":
+    if registered_task(cfg.task).primary_metric != "eval_loss":  # scored on its generated answers (GSM8K)
         evaluate = gsm8k_evaluator(cfg, tokenizer, eval_raw)
         return Pipeline(train, collate, evaluate, "accuracy", 0.0, num_eval_examples=len(eval_raw), extras=extras,
                         eval_sets={"test": eval_raw}, train_examples_digest=digest)

@@ -15,7 +15,9 @@ the target.
   ``train_test_split`` with the fixed seed :data:`HELDOUT_SEED` (stratified by class for classify). It never
   moves with ``--seed`` (nor ``--eval-seed``): every seed trains and is scored on the same split.
   ``--max-train-samples`` / ``--max-eval-samples`` then draw from the two parts as for GLUE.
-* Chance (the no_learning bar): ``--metric`` of predicting the most frequent training class; 0 for correlations.
+* Chance (the no_learning bar): ``--metric`` of predicting the eval set's most frequent class, as for GLUE
+  (:func:`peftlab.tasks.metrics.chance_level`); 0 for correlations. The pipeline is
+  :func:`peftlab.tasks.prepare.build_labelled`.
 
 Bad data is one line naming the file, row and column (``tickets.csv:7, column label``) and what to do; all of
 it is found before the model is loaded or anything is written.
@@ -34,7 +36,7 @@ from typing import Any, NamedTuple
 
 from peftlab.errors import PeftlabError, closest, unknown
 from peftlab.tasks import labelled_files as files
-from peftlab.tasks.table import METRIC_ALIASES, TASKS, USER_METRICS, USER_TASKS, task_label
+from peftlab.tasks.table import METRIC_ALIASES, USER_METRICS, USER_TASKS, task as registered_task
 
 HELDOUT_FRACTION = 0.1  # of the training data, when there is no eval file or split
 HELDOUT_SEED = 0  # fixed: the held-out split is the same for every --seed
@@ -65,7 +67,7 @@ def resolve_options(cfg) -> UserOptions:
     """Check a TrainConfig's data options for its task and complete them: the text fields and metric defaults,
     and the data digest (computed from the files unless the config already carries one, e.g. a run's
     config.yaml). Another task with one of these options set is refused (it would be ignored)."""
-    if cfg.task not in USER_TASKS:
+    if not registered_task(cfg.task).user_data:
         for name, default in USER_ONLY_OPTIONS.items():
             if getattr(cfg, name) != default:
                 raise PeftlabError(f"{_flag(name)} is set, but task '{cfg.task}' reads its own data (it would be "
@@ -175,7 +177,7 @@ def _load(key: _DataKey) -> LabelledData:
         shown = Path(key.train_file).name
     for table in filter(None, (train_table, eval_table)):
         _check_columns(table, fields, key.label_field)
-    regression = TASKS[key.task].kind == "regression"
+    regression = registered_task(key.task).kind == "regression"
     if regression:
         train_labels = _targets(train_table, key.label_field)
         eval_labels = _targets(eval_table, key.label_field) if eval_table else None
@@ -378,59 +380,12 @@ class HeadLabels:
 def head_labels(cfg, saved: dict | None = None) -> HeadLabels:
     """The head a run of ``cfg`` trains: a table task's labels; a user task's from its data (read and checked
     here, before the model is loaded) or, for a saved run, from its adapter's ``saved`` labels (id2label)."""
-    task = TASKS[cfg.task]
+    task = registered_task(cfg.task)
     if task.kind == "regression":
         return HeadLabels(1)
     if saved and saved.get("id2label"):
         id2label = {int(k): str(v) for k, v in saved["id2label"].items()}
         return HeadLabels(len(id2label), tuple(id2label[i] for i in range(len(id2label))))
-    if cfg.task in USER_TASKS:
+    if task.user_data:
         return HeadLabels(len(load_labelled(cfg).label_names), load_labelled(cfg).label_names)
     return HeadLabels(task.num_labels, task.label_names if task.kind == "classification" else ())
-
-
-# --------------------------------------------------------------------------- the pipeline
-
-
-def build_pipeline(cfg, tokenizer, model=None):
-    """The :class:`~peftlab.tasks.prepare.Pipeline` of a user task: tokenised as GLUE is, scored by
-    :func:`~peftlab.tasks.metrics.compute_label_metrics`."""
-    import torch
-
-    from peftlab.tasks import data_files as data
-    from peftlab.tasks import batching
-    from peftlab.tasks.metrics import compute_label_metrics, constant_baseline
-    from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest, gather_predictions, train_examples_digest
-
-    loaded = load_labelled(cfg)
-    kind = TASKS[cfg.task].kind
-    labels = HeadLabels(len(loaded.label_names) or 1, loaded.label_names)
-    if model is not None and kind == "classification":  # a saved run evaluated on its data: the same classes
-        trained = tuple(model.config.id2label[i] for i in range(model.config.num_labels))
-        if trained != labels.names:
-            raise PeftlabError(f"the model's classes ({', '.join(trained)}) are not the data's "
-                               f"({', '.join(labels.names)})", where=loaded.dataset,
-                               fix="evaluate the run on the data it was trained on")
-    train_raw = data.subset(loaded.train, cfg.max_train_samples, cfg.seed)
-    eval_raw = data.subset(loaded.eval, cfg.max_eval_samples, cfg.eval_seed)
-    train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-train")
-    evals = batching.tokenize(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-eval")
-    collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
-    # The same bar for every seed: the most frequent class of the whole training part, not of a seed's draw.
-    chance = constant_baseline(kind, cfg.metric, loaded.train["label"][:], eval_raw["label"][:], labels.num_labels)
-
-    @torch.no_grad()
-    def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: writes no files
-        model.eval()
-        logits, gold = gather_predictions(model, accelerator, evals, collate, cfg.eval_batch_size)
-        model.train()
-        return Evaluation(compute_label_metrics(kind, logits, gold, labels.num_labels))
-
-    extras = {"dataset": loaded.dataset, "data_files": dict(loaded.sources), "task_label": task_label(cfg.to_dict()),
-              "eval_examples_digest": examples_digest({"validation": eval_raw})}
-    if loaded.heldout:
-        extras["heldout"] = loaded.heldout  # the dev set is a held-out part of the training data
-    if labels.names:
-        extras.update({k: {str(a): b for a, b in v.items()} for k, v in labels.config_values().items()})
-    return Pipeline(train, collate, evaluate, cfg.metric, chance, num_eval_examples=len(evals), extras=extras,
-                    eval_sets={"validation": eval_raw}, train_examples_digest=train_examples_digest(train_raw))

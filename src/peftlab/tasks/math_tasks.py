@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Any
+from typing import Any, Callable
 
 from peftlab.tasks.table import MATH_TEST_SETS
 
@@ -89,35 +89,15 @@ def set_key(set_name: str) -> str:
     return set_name.lower()
 
 
-def build_pipeline(cfg, tokenizer, model=None):
-    """The ``math`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
-    from peftlab.tasks import generative
-    from peftlab.tasks.generation import generation_evaluator
-    from peftlab.tasks.prepare import examples_digest
+def _gold_check(name: str):
+    """A math set's gold answers: a letter A-E (AQuA), else a number."""
+    if name in LETTER_SETS:
+        return lambda gold: None if gold.strip().upper() in tuple("ABCDE") else "a letter A-E"
+    return lambda gold: None if _clean_number(gold) is not None else "a number"
 
-    generative.ensure_pad_token(cfg, tokenizer)
-    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else MATH_TEST_SETS
-    train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "math training set math_data.json")
-    files = {"train": str(train_path)}
-    # 3 of math_data.json's records have an empty output: nothing to learn from, so not trained on.
-    train_records, skipped = generative.training_records(generative.read_llm_adapters_json(train_path))
-    train_raw = generative.records_dataset(train_records)
 
-    tests = {}
-    for name in eval_sets:
-        path = generative.find_data_file(cfg.data_dir, f"math/{name}/test.json", f"math test set '{name}'")
-        files[f"test/{name}"] = str(path)
-        records = generative.read_llm_adapters_json(path)
-        letters = name in LETTER_SETS
-
-        def gold_problem(gold: str, letters: bool = letters) -> str | None:
-            if letters:
-                return None if gold.strip().upper() in tuple("ABCDE") else "a letter A-E"
-            return None if _clean_number(gold) is not None else "a number"
-
-        tests[name] = generative.test_set(path, records, gold_problem)
-    tests = generative.subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
-    items, prompts = generative.prompt_items(tests, tokenizer)
+def _scorer(tests: dict, items: list) -> Callable:
+    """``score(texts)`` of the generated answers: the records and both extractions' accuracy (per set, mean)."""
 
     def score(texts: list[str]):
         records, by_set = [], {name: [] for name in tests}
@@ -138,15 +118,33 @@ def build_pipeline(cfg, tokenizer, model=None):
             metrics[metric] = sum(metrics[f"{set_key(n)}_{metric}"] for n in tests) / len(tests)
         return records, metrics
 
+    return score
+
+
+def build_pipeline(cfg, tokenizer, model=None):
+    """The ``math`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
+    from peftlab.tasks import generative
+    from peftlab.tasks.generation import generation_evaluator
+
+    generative.ensure_pad_token(cfg, tokenizer)
+    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else MATH_TEST_SETS
+    train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "math training set math_data.json")
+    files = {"train": str(train_path)}
+    # 3 of math_data.json's records have an empty output: nothing to learn from, so not trained on.
+    train_records, skipped = generative.training_records(generative.read_llm_adapters_json(train_path))
+    train_raw = generative.records_dataset(train_records)
+
+    tests = generative.read_test_sets(cfg, "math", eval_sets, _gold_check, files)
+    items, prompts = generative.prompt_items(tests, tokenizer)
+
+    score = _scorer(tests, items)
     evaluate = generation_evaluator(cfg, tokenizer, prompts, score)
     extras: dict[str, Any] = {
         "dataset": DATASET,
         "report_notes": [DATASET_NOTE.format(n=len(train_raw))],  # lab/report.py prints them
         "data_files": files,
         "train_records_without_output": skipped,
-        "eval_sets": list(eval_sets),
-        "eval_examples": {name: len(ds) for name, ds in tests.items()},
-        "eval_examples_digest": examples_digest(tests),
+        **generative.test_set_extras(tests),
         "answer_extraction": {
             "strict_match": "lm-evaluation-harness gsm8k strict-match '#### (\\-?[0-9\\.\\,]+)', else gsm8k-cot "
                             "strict-match 'The answer is (\\-?[0-9\\.\\,]+).' (first match); AQuA: the letter after "

@@ -38,7 +38,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from peftlab.errors import PeftlabError
 
@@ -264,7 +264,7 @@ def build_pipeline(cfg, tokenizer, model=None):
 
     from peftlab.tasks import data_files as data
     from peftlab.tasks import instructions
-    from peftlab.tasks.prepare import Evaluation, Pipeline, examples_digest, train_examples_digest
+    from peftlab.tasks.prepare import Pipeline, examples_digest, train_examples_digest
 
     settings = judge_settings(cfg)  # first: a missing key is a one-line error before anything slow
     if tokenizer is None:
@@ -292,7 +292,16 @@ def build_pipeline(cfg, tokenizer, model=None):
         "mt_bench": {"questions": len(questions), "decoding": "greedy", "max_new_tokens": cfg.max_new_tokens},
         "report_notes": [_report_note(info, cfg.max_new_tokens)],
     }
-    rows = questions.to_list()
+    evaluate = _evaluator(cfg, tokenizer, settings, prompts, questions.to_list())
+    return Pipeline(train, instructions.training_collator(cfg, tokenizer), evaluate, "mt_bench_score", 0.0,
+                    num_eval_examples=len(questions), extras=extras, eval_sets={"mt_bench": questions},
+                    train_examples_digest=train_examples_digest(train_raw))
+
+
+def _evaluator(cfg, tokenizer, settings, prompts: dict, rows: list[dict]) -> Callable:
+    """MT-Bench's ``evaluate(model, accelerator, tag)``: both turns generated greedily, the answers saved, then judged
+    (on the main process; every process returns the same metrics)."""
+    from peftlab.tasks.prepare import Evaluation
 
     def evaluate(model, accelerator, tag: str) -> Evaluation:
         from accelerate.utils import broadcast_object_list
@@ -324,10 +333,7 @@ def build_pipeline(cfg, tokenizer, model=None):
             broadcast_object_list(metrics)  # the main process judged; every process returns the same metrics
         model.train()
         return Evaluation(metrics[0], files)
-
-    return Pipeline(train, instructions.training_collator(cfg, tokenizer), evaluate, "mt_bench_score", 0.0,
-                    num_eval_examples=len(questions), extras=extras, eval_sets={"mt_bench": questions},
-                    train_examples_digest=train_examples_digest(train_raw))
+    return evaluate
 
 
 def _report_note(info: dict, max_new_tokens: int) -> str:

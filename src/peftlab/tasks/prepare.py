@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from peftlab.tasks.table import TASKS
+from peftlab.tasks.table import Task, task as registered_task
 
 
 BEFORE_TAG = "before"  # the evaluation before fine-tuning
@@ -168,9 +168,11 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
     from peftlab.tasks import data_files as data
     from peftlab.tasks import batching
 
-    task = TASKS[cfg.task]
+    from peftlab.tasks.metrics import chance_level
+
+    task = registered_task(cfg.task)
     cache_prefix = f"{cfg.model}"
-    pool = data.load_split(cfg.task, "train", cfg.data_dir)
+    pool = data.load_split(task, "train", cfg.data_dir)
     selection_raw, extras = None, {}
     if cfg.selection_samples:  # carved before any seed draws, so no seed's subset can hold a selection example
         pool, selection_raw, stratified = data.selection_split(pool, cfg.selection_samples, cfg.eval_seed,
@@ -180,11 +182,11 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
     train_raw = data.subset(pool, cfg.max_train_samples, cfg.seed)
     train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cache_prefix}-train")
     evals = {}
-    sources = {"train": data.locate_split(cfg.task, "train", cfg.data_dir)[0]}
-    for split in data.available_eval_splits(cfg.task, cfg.data_dir):
-        sources[split] = data.locate_split(cfg.task, split, cfg.data_dir)[0]
+    sources = {"train": data.locate_split(task, "train", cfg.data_dir)[0]}
+    for split in data.available_eval_splits(task, cfg.data_dir):
+        sources[split] = data.locate_split(task, split, cfg.data_dir)[0]
         # cfg.eval_seed, not cfg.seed: every training seed is scored on the same dev examples.
-        raw = data.subset(data.load_split(cfg.task, split, cfg.data_dir), cfg.max_eval_samples, cfg.eval_seed)
+        raw = data.subset(data.load_split(task, split, cfg.data_dir), cfg.max_eval_samples, cfg.eval_seed)
         evals[split] = (raw, batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task,
                                                cache_key=f"{cache_prefix}-{split}"))
     collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
@@ -196,13 +198,13 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
         "data_files": {split: str(s.path) if s is not None else data.HUB_DATASET for split, s in sources.items()},
         "eval_examples_digest": examples_digest({split: raw for split, (raw, _) in evals.items()})})
     first_raw = next(iter(evals.values()))[0]
-    chance = data.majority_baseline(cfg.task, train_raw["label"], first_raw["label"])
+    chance = chance_level(task.kind, task.primary_metric, first_raw["label"], task.num_labels)
     selection = None
     if selection_raw is not None:
         selection = Selection(batching.tokenize(selection_raw, tokenizer, cfg.max_length, task=cfg.task,
                                                 cache_key=f"{cache_prefix}-selection"),
-                              data.majority_baseline(cfg.task, train_raw["label"], selection_raw["label"]))
-    evaluate = glue_evaluate(cfg, evals, selection, collate)
+                              chance_level(task.kind, task.primary_metric, selection_raw["label"], task.num_labels))
+    evaluate = glue_evaluate(cfg, task, evals, selection, collate)
     return Pipeline(train, collate, evaluate, task.primary_metric, chance,
                     num_eval_examples=sum(len(t) for _, t in evals.values()), extras=extras,
                     eval_sets={split: raw for split, (raw, _) in evals.items()},
@@ -218,7 +220,7 @@ class Selection:
     chance: float
 
 
-def glue_evaluate(cfg, evals: dict, selection: Selection | None, collate) -> Callable:
+def glue_evaluate(cfg, task: Task, evals: dict, selection: Selection | None, collate) -> Callable:
     """GLUE's ``evaluate(model, accelerator, tag)``: the dev metrics under their plain names (MNLI: per split and
     their mean). With a selection split, every evaluation during training scores it alone (``selection_<name>``)
     and the dev set becomes the test split, scored once, by the ``test`` evaluation at the end of the run."""
@@ -226,7 +228,7 @@ def glue_evaluate(cfg, evals: dict, selection: Selection | None, collate) -> Cal
 
     def scores(model, accelerator, tokenised) -> dict[str, float]:
         logits, labels = gather_predictions(model, accelerator, tokenised, collate, cfg.eval_batch_size)
-        return compute_metrics(cfg.task, logits, labels)
+        return compute_metrics(task, logits, labels)
 
     @torch.no_grad()
     def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: GLUE writes no files
@@ -248,24 +250,64 @@ def glue_evaluate(cfg, evals: dict, selection: Selection | None, collate) -> Cal
     return evaluate
 
 
+def build_labelled(cfg, tokenizer, model=None) -> Pipeline:
+    """The user's own labelled data (``--task classify|regress``, :mod:`peftlab.tasks.labelled_data`): tokenised as
+    GLUE is, scored by :func:`~peftlab.tasks.metrics.compute_label_metrics` at its ``--metric``."""
+    from peftlab.errors import PeftlabError
+    from peftlab.tasks import batching, data_files as data
+    from peftlab.tasks.labelled_data import HeadLabels, load_labelled
+    from peftlab.tasks.metrics import chance_level, compute_label_metrics
+    from peftlab.tasks.table import task_label
+
+    loaded = load_labelled(cfg)
+    kind = registered_task(cfg.task).kind
+    labels = HeadLabels(len(loaded.label_names) or 1, loaded.label_names)
+    if model is not None and kind == "classification":  # a saved run evaluated on its data: the same classes
+        trained = tuple(model.config.id2label[i] for i in range(model.config.num_labels))
+        if trained != labels.names:
+            raise PeftlabError(f"the model's classes ({', '.join(trained)}) are not the data's "
+                               f"({', '.join(labels.names)})", where=loaded.dataset,
+                               fix="evaluate the run on the data it was trained on")
+    train_raw = data.subset(loaded.train, cfg.max_train_samples, cfg.seed)
+    eval_raw = data.subset(loaded.eval, cfg.max_eval_samples, cfg.eval_seed)
+    train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-train")
+    evals = batching.tokenize(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-eval")
+    collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    chance = chance_level(kind, cfg.metric, eval_raw["label"][:], labels.num_labels)
+
+    @torch.no_grad()
+    def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: writes no files
+        model.eval()
+        logits, gold = gather_predictions(model, accelerator, evals, collate, cfg.eval_batch_size)
+        model.train()
+        return Evaluation(compute_label_metrics(kind, logits, gold, labels.num_labels))
+
+    extras = {"dataset": loaded.dataset, "data_files": dict(loaded.sources), "task_label": task_label(cfg.to_dict()),
+              "eval_examples_digest": examples_digest({"validation": eval_raw})}
+    if loaded.heldout:
+        extras["heldout"] = loaded.heldout  # the dev set is a held-out part of the training data
+    if labels.names:
+        extras.update({k: {str(a): b for a, b in v.items()} for k, v in labels.config_values().items()})
+    return Pipeline(train, collate, evaluate, cfg.metric, chance, num_eval_examples=len(evals), extras=extras,
+                    eval_sets={"validation": eval_raw}, train_examples_digest=train_examples_digest(train_raw))
+
+
+# A task's row names its pipeline (``Task.pipeline``); the modules other than GLUE's are imported on demand.
 BUILDERS: dict[str, str | Callable] = {
-    "classification": build_glue,
-    "regression": build_glue,
-    "instruction": "peftlab.tasks.instructions:build_pipeline",  # imported on demand
-    # A task's own builder (keyed by task name) wins over its kind's.
-    "mt-bench": "peftlab.tasks.mt_bench:build_pipeline",
-    # Decoder tasks scored on generated text, one kind each.
+    "glue": build_glue,
+    "instruction": "peftlab.tasks.instructions:build_pipeline",
+    "mt_bench": "peftlab.tasks.mt_bench:build_pipeline",
+    # Decoder tasks scored on generated text.
     "commonsense": "peftlab.tasks.commonsense:build_pipeline",
     "math": "peftlab.tasks.math_tasks:build_pipeline",
     "e2e": "peftlab.tasks.e2e:build_pipeline",
     # The user's own labelled files and datasets (--train-file / --dataset).
-    "classify": "peftlab.tasks.labelled_data:build_pipeline",
-    "regress": "peftlab.tasks.labelled_data:build_pipeline",
+    "labelled": build_labelled,
 }
 
 
 def build_pipeline(cfg, tokenizer, model) -> Pipeline:
-    builder = BUILDERS.get(cfg.task) or BUILDERS[TASKS[cfg.task].kind]
+    builder = BUILDERS[registered_task(cfg.task).pipeline]
     if isinstance(builder, str):
         module, name = builder.split(":")
         builder = getattr(importlib.import_module(module), name)

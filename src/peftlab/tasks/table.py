@@ -1,14 +1,30 @@
-"""The task table: label spaces, input fields, metrics and files of every task peftlab can train.
+"""The task table: every task peftlab can train, registered once as a :class:`Task`.
+
+A task's row says everything the code needs to know about it: its kind and head, labels, metrics (and so its
+chance level), its files (GLUE: the TSV layout, the 10k subsets), the pipeline that builds its data and scores it
+(``pipeline``: a key of :data:`peftlab.tasks.prepare.BUILDERS`) and its defaults. Code takes the ``Task`` (resolved
+once from the name, :func:`task`), never branches on a task's name; ``config.TaskName`` is read off this table,
+which is why it is torch-free and imports nothing of peftlab at module level.
 
 GLUE tasks are sequence classification (STS-B: regression); ``gsm8k``, ``alpaca`` and ``json`` are
 instruction tasks for causal LMs; ``commonsense``, ``math`` and ``e2e`` are causal-LM tasks scored on generated
-text (each its own kind, built by its own module). To add a task, add a row here and, if its files have a new
-layout, a reader in :mod:`peftlab.tasks.data_files`.
+text (each its own pipeline). A GLUE-style task is one row here (with its ``TsvLayout``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TsvLayout:
+    """Where a GLUE task's fields are in its TSV rows (column indices; negative counts from the end)."""
+
+    text_a: int
+    text_b: int | None
+    label: int
+    header: bool = True
+    columns: int | None = None  # expected column count; None = the header's
 
 
 @dataclass(frozen=True)
@@ -34,10 +50,24 @@ class Task:
     eval_set_names: tuple[str, ...] = ()
     train_set_names: tuple[str, ...] = ()
     default_max_new_tokens: int | None = None
+    # How its data is read and scored: a key of peftlab.tasks.prepare.BUILDERS.
+    pipeline: str = "glue"
+    # The metrics its evaluation reports (GLUE; two: also their mean, "combined"); () = the primary metric alone.
+    metrics: tuple[str, ...] = ()
+    tsv: TsvLayout | None = None  # GLUE: the columns of its glue_data TSV files
+    subsets: bool = False  # GLUE: 10k subsets in <data>/glue_subsets/<Task>/ (the full set is not offline)
+    user_data: bool = False  # the user brings data, labels and metric (--train-file / --dataset, --metric)
+    # Instruction tasks: where (train, eval) come from: "test_split" (its own test split), "held_out" (10 % of its
+    # training split), "files" (--train-file / --eval-file).
+    instruction_source: str = ""
 
     @property
     def num_labels(self) -> int:
         return 1 if self.kind == "regression" else len(self.label_names)
+
+    @property
+    def reported_metrics(self) -> tuple[str, ...]:
+        return self.metrics or (self.primary_metric,)
 
     @property
     def head(self) -> str:
@@ -54,45 +84,71 @@ MATH_TEST_SETS = ("gsm8k", "AQuA", "AddSub", "MultiArith", "SVAMP", "SingleEq", 
 TASKS: dict[str, Task] = {
     t.name: t
     for t in [
-        Task("cola", "classification", "matthews_correlation", _BIN, ("sentence",), "CoLA"),
-        Task("sst2", "classification", "accuracy", _BIN, ("sentence",), "SST-2"),
-        Task("mrpc", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "MRPC"),
-        Task("qqp", "classification", "accuracy", _BIN, ("question1", "question2"), "QQP"),
-        Task("stsb", "regression", "pearson", (), ("sentence1", "sentence2"), "STS-B"),
+        # GLUE. TSV columns: CoLA source, label, original label, sentence (no header); SST-2 sentence, label;
+        # MRPC Quality, #1 ID, #2 ID, #1 String, #2 String; QQP id, qid1, qid2, question1, question2, is_duplicate;
+        # STS-B index, genre, filename, year, old_index, source1, source2, s1, s2, score; MNLI ..., sentence1,
+        # sentence2, label1[..label5], gold_label; QNLI/RTE/WNLI index, text, text, label.
+        Task("cola", "classification", "matthews_correlation", _BIN, ("sentence",), "CoLA",
+             tsv=TsvLayout(3, None, 1, header=False, columns=4)),
+        Task("sst2", "classification", "accuracy", _BIN, ("sentence",), "SST-2", tsv=TsvLayout(0, None, 1)),
+        Task("mrpc", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "MRPC",
+             metrics=("accuracy", "f1"), tsv=TsvLayout(3, 4, 0)),
+        Task("qqp", "classification", "accuracy", _BIN, ("question1", "question2"), "QQP",
+             metrics=("accuracy", "f1"), tsv=TsvLayout(3, 4, 5), subsets=True),
+        Task("stsb", "regression", "pearson", (), ("sentence1", "sentence2"), "STS-B",
+             metrics=("pearson", "spearman"), tsv=TsvLayout(7, 8, -1)),
         Task("mnli", "classification", "accuracy", ("entailment", "neutral", "contradiction"),
-             ("premise", "hypothesis"), "MNLI", ("validation_matched", "validation_mismatched")),
-        Task("qnli", "classification", "accuracy", ("entailment", "not_entailment"), ("question", "sentence"), "QNLI"),
-        Task("rte", "classification", "accuracy", ("entailment", "not_entailment"), ("sentence1", "sentence2"), "RTE"),
-        Task("wnli", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "WNLI"),
+             ("premise", "hypothesis"), "MNLI", ("validation_matched", "validation_mismatched"),
+             tsv=TsvLayout(8, 9, -1), subsets=True),
+        Task("qnli", "classification", "accuracy", ("entailment", "not_entailment"), ("question", "sentence"), "QNLI",
+             tsv=TsvLayout(1, 2, 3), subsets=True),
+        Task("rte", "classification", "accuracy", ("entailment", "not_entailment"), ("sentence1", "sentence2"), "RTE",
+             tsv=TsvLayout(1, 2, 3)),
+        Task("wnli", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "WNLI", tsv=TsvLayout(1, 2, 3)),
         Task("gsm8k", "instruction", "accuracy", eval_splits=("test",), eval_before=True,
-             default_max_length=512, default_batch_size=8, default_eval_every=0),
-        Task("alpaca", "instruction", "eval_loss", default_max_length=512, default_batch_size=8),
-        Task("json", "instruction", "eval_loss", default_max_length=512, default_batch_size=8),
+             default_max_length=512, default_batch_size=8, default_eval_every=0, pipeline="instruction",
+             instruction_source="test_split"),
+        Task("alpaca", "instruction", "eval_loss", default_max_length=512, default_batch_size=8,
+             pipeline="instruction", instruction_source="held_out"),
+        Task("json", "instruction", "eval_loss", default_max_length=512, default_batch_size=8,
+             pipeline="instruction", instruction_source="files"),
         # MT-Bench: instruction tuning (alpaca or --train-file), then 80 two-turn questions graded 1-10 by an LLM
         # judge (peftlab.tasks.mt_bench); 160 generations (+ judge calls) per evaluation: only after the last epoch.
         Task("mt-bench", "instruction", "mt_bench_score", default_max_length=512, default_batch_size=8,
-             default_eval_every=0),
+             default_eval_every=0, pipeline="mt_bench"),
         # Generation-scored families (peftlab.tasks.commonsense / math_tasks / e2e): the answer or text is generated
         # and scored, before and after fine-tuning only (generation over 7 test sets costs more than an epoch).
         # LLM-Adapters generates 32 new tokens for commonsense answers ("the correct answer is answer2").
         Task("commonsense", "commonsense", "accuracy", eval_before=True, default_max_length=256, default_batch_size=8,
              default_eval_every=0, eval_set_names=COMMONSENSE_TEST_SETS, train_set_names=COMMONSENSE_TRAIN_SETS,
-             default_max_new_tokens=32),
+             default_max_new_tokens=32, pipeline="commonsense"),
         Task("math", "math", "strict_match", eval_before=True, default_max_length=512, default_batch_size=8,
-             default_eval_every=0, eval_set_names=MATH_TEST_SETS, default_max_new_tokens=256),
+             default_eval_every=0, eval_set_names=MATH_TEST_SETS, default_max_new_tokens=256,
+             pipeline="math"),
         # E2E test references: 30 tokens on average, p99 51, longest 92 (SmolLM2's tokenizer).
         Task("e2e", "e2e", "bleu", eval_before=True, default_max_length=256, default_batch_size=8, default_eval_every=0,
-             default_max_new_tokens=64),
+             default_max_new_tokens=64, pipeline="e2e"),
         # The user's own labelled data (peftlab.tasks.labelled_data): --train-file / --eval-file or --dataset,
         # --text-fields, --label-field, --metric. The label names, text fields and metric come from the data and
         # the flags (labelled_data.head_labels), not from this row; primary_metric is the default --metric.
-        Task("classify", "classification", "accuracy"),
-        Task("regress", "regression", "pearson"),
+        Task("classify", "classification", "accuracy", pipeline="labelled", user_data=True),
+        Task("regress", "regression", "pearson", pipeline="labelled", user_data=True),
     ]
 }
+TASK_NAMES = tuple(TASKS)  # config.TaskName: the --task choices, in this order
+
+
+def task(name: str) -> Task:
+    """The registered task called ``name`` (one line naming the choices if there is none)."""
+    if name not in TASKS:
+        from peftlab.errors import unknown
+
+        raise unknown("task", name, TASKS)
+    return TASKS[name]
+
 
 # Tasks whose data, labels and metric the user brings (--train-file or --dataset).
-USER_TASKS = ("classify", "regress")
+USER_TASKS = tuple(name for name, t in TASKS.items() if t.user_data)
 # --metric choices of the user tasks (the first is the default), as result.json and reports name them.
 USER_METRICS = {"classify": ("accuracy", "f1", "f1_macro", "matthews_correlation"), "regress": ("pearson", "spearman")}
 METRIC_ALIASES = {"matthews": "matthews_correlation", "mcc": "matthews_correlation", "macro_f1": "f1_macro"}

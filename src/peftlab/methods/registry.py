@@ -1,0 +1,238 @@
+"""The method registry: every fine-tuning method peftlab offers, registered once, by name.
+
+One :class:`Method` row per method, as peft's ``register_peft_method(name, config_cls, model_cls, prefix)``:
+its builder (usually a peft config), the config options it reads, the prefix of its adapter parameters, whether
+its saved adapter is converted to plain LoRA, its default learning rates and its limits. Everything else is
+derived from this table: ``config.MethodName`` (the ``--method`` choices), ``peftlab methods``, the explicit-option
+check, the adapter parameter prefixes (:data:`ADAPTER_PREFIXES`) and :func:`peftlab.methods.table.apply_method`.
+
+The module is torch-free on import and imports nothing of peftlab at module level, so the config (a leaf) reads
+the names from here; the builders import peft and the method modules when a model is adapted.
+To add a method: a builder and one row in :data:`METHODS`; ``tests/test_methods.py``'s matrix then runs it on every
+architecture and target set (its option group, if it has options of its own, is declared with the config).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def _lora_config(cfg, targets, heads: list[str], task_type: str | None, **extra):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=targets.all_modules,
+        modules_to_save=heads or None,
+        task_type=task_type,
+        fan_in_fan_out=bool(targets.conv1d),  # GPT-2's Conv1D stores (in, out); peft flips it per layer type
+        **extra,
+    )
+
+
+def _peft(model, config):
+    from peft import get_peft_model
+
+    return get_peft_model(model, config)
+
+
+def build_full(model, cfg, targets, heads, task_type):
+    """Full fine-tuning of the selected projections (weights and biases) and the head; nothing else."""
+    model.requires_grad_(False)
+    for name, module in model.named_modules():
+        if name in targets.all_modules or name in heads:
+            module.requires_grad_(True)
+    return model
+
+
+def build_head(model, cfg, targets, heads, task_type):
+    """Head-only fine-tuning: the task head trains, every base weight stays frozen, no adapter is added (``targets``
+    is empty). Saved like ``full``, as a standard transformers folder."""
+    return build_full(model, cfg, targets, heads, task_type)
+
+
+def build_lora(model, cfg, targets, heads, task_type):
+    return _peft(model, _lora_config(cfg, targets, heads, task_type))
+
+
+def build_dora(model, cfg, targets, heads, task_type):
+    return _peft(model, _lora_config(cfg, targets, heads, task_type, use_dora=True))
+
+
+def build_pissa(model, cfg, targets, heads, task_type):
+    # "pissa" is the exact (full) SVD; "pissa_niter_k" would be faster but randomised.
+    return _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights="pissa"))
+
+
+def build_milora(model, cfg, targets, heads, task_type):
+    model = _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights=True))
+    from peftlab.methods import svd_lora as svd_init
+
+    svd_init.milora_init(model)
+    return model
+
+
+def build_kasa(model, cfg, targets, heads, task_type):
+    """peft's KaSA + --kasa-truncate-rank/--kasa-mode; returns ``Built`` with the truncation plan."""
+    from peft import KasaConfig  # the regulariser weights peft's KaSA layers carry
+
+    from peftlab.methods import kasa
+
+    config = _lora_config(cfg, targets, heads, task_type,
+                          kasa_config=KasaConfig(beta=cfg.kasa.beta, gamma=cfg.kasa.gamma))
+    model, plan, dropped = kasa.build(model, cfg, config, targets.all_modules)
+    return Built(model, kasa_plan=plan, kasa_dropped=dropped)
+
+
+def build_corda(model, cfg, targets, heads, task_type, calibration):
+    from peft.tuners.lora.config import CordaConfig  # the calibration runs through apply_method(..., calibration=)
+
+    from peftlab.methods import corda
+
+    config = _lora_config(cfg, targets, heads, task_type, init_lora_weights="corda",
+                          corda_config=CordaConfig(corda_method=cfg.corda.mode))
+    return corda.build(model, config, cfg, calibration)
+
+
+def build_vera(model, cfg, targets, heads, task_type):
+    from peft import VeraConfig
+
+    config = VeraConfig(
+        r=cfg.rank,
+        target_modules=targets.all_modules,
+        modules_to_save=heads or None,
+        vera_dropout=cfg.dropout,
+        d_initial=cfg.vera.d_initial,
+        save_projection=True,  # the frozen random A/B travel with the adapter: loading needs no PRNG replay
+        task_type=task_type,
+        fan_in_fan_out=bool(targets.conv1d),
+    )
+    return _peft(model, config)
+
+
+def build_fourierft(model, cfg, targets, heads, task_type):
+    from peft import FourierFTConfig
+
+    config = FourierFTConfig(
+        n_frequency=cfg.fourierft.n_frequency,
+        scaling=cfg.fourierft.scaling,
+        target_modules=targets.all_modules,
+        modules_to_save=heads or None,
+        task_type=task_type,
+        fan_in_fan_out=bool(targets.conv1d),
+    )
+    return _peft(model, config)
+
+
+@dataclass(frozen=True)
+class Built:
+    """What a builder returns when its init decides something the run needs later (else it returns the model)."""
+
+    model: nn.Module
+    kasa_plan: dict[str, int] | None = None  # KaSA: {module: components kept} where it differs from peft's
+    kasa_dropped: dict | None = None  # KaSA with a plan: {module: (U_d S_d, Vh_d)} of the original weights
+
+
+# What a method that adapts attention/MLP projections reads: which ones (--targets, --layers) and their learning
+# rates (eta_QK = --lr, eta_V = --lr-ratio x --lr).
+PROJECTION_OPTIONS = frozenset({"targets", "layers", "lr", "lr_ratio"})
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str
+    build: Callable
+    svd_init: bool = False  # rank must be < min(in_features, out_features) of every target
+    fused_qkv: bool = True  # works on a fused-QKV model: its q/k/v split into nn.Linear layers (methods.fused_qkv)
+    conv1d: bool = True  # can adapt a Conv1D layer (GPT-2's c_proj, c_fc: weights stored (in, out))
+    extra_loss: Callable[[nn.Module, object], torch.Tensor] | None = None  # (model, its MethodConfig)
+    converts_to_lora: bool = False  # saved adapter is converted to plain LoRA on the original base weights
+    # The name prefix of the adapter's own parameters and buffers in peft (its tuner's ``prefix``: lora_A, vera_lambda_b,
+    # fourierft_spectrum); empty for methods that add none (full, head).
+    prefix: str = "lora_"
+    # The rank is bounded by min(in, out) of every adapted weight (LoRA-style factors; not VeRA, whose shared random
+    # basis may be wider than the layer).
+    rank_within_layer: bool = True
+    # The method's own limit on the adapted weights' (out, in) shapes: raises a PeftlabError (else peft fails deep in
+    # layer construction).
+    check_shapes: Callable[[object, list[tuple[int, int]]], None] | None = None
+    needs_calibration: bool = False  # build(..., calibration=callable): runs the model over task inputs (CorDA)
+    # Learning rates used when --lr / --head-lr are not given: methods differ by orders of magnitude
+    # (FourierFT's spectrum trains at ~5e-2, full fine-tuning at ~5e-5), so one global default would be
+    # wrong for most of them. Values follow each method's paper for RoBERTa-base on GLUE.
+    default_lr: float = 5e-4
+    # The head's learning rate unless --head-lr is given; it does not follow --lr (one rule for every method,
+    # shown by `peftlab methods` and recorded in result.json's group_lrs).
+    default_head_lr: float = 5e-4
+    # The config options this method reads; setting any other one explicitly is an error, never silence.
+    # Flat names, as users type them: kasa_beta is cfg.kasa.beta. Every method that adapts projections reads
+    # PROJECTION_OPTIONS (--targets, --layers, their --lr and V's --lr-ratio); head-only reads none of them.
+    options: frozenset = frozenset({"rank", "alpha", "dropout"}) | PROJECTION_OPTIONS
+
+    @property
+    def uses_rank(self) -> bool:
+        return "rank" in self.options
+
+    @property
+    def adapts_projections(self) -> bool:
+        """Trains something on the --targets projections (every method but head-only)."""
+        return "targets" in self.options
+
+
+def _fourierft_fits(cfg, shapes: list[tuple[int, int]]) -> None:
+    from peftlab.errors import PeftlabError
+
+    cells = min(rows * cols for rows, cols in shapes)
+    if cfg.fourierft.n_frequency > cells:
+        raise PeftlabError(f"--fourierft-n-frequency {cfg.fourierft.n_frequency} is more than the {cells} entries of "
+                           "the smallest adapted weight", fix=f"use --fourierft-n-frequency {cells} or fewer")
+
+
+def _kasa_regulariser(model: nn.Module, cfg) -> torch.Tensor:
+    from peftlab.methods import kasa
+
+    return kasa.regulariser(model, cfg)
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in [
+        Method("full", "full fine-tuning of the selected projections and the head", build_full,
+               default_lr=5e-5, default_head_lr=5e-4, options=PROJECTION_OPTIONS, prefix=""),
+        Method("lora", "LoRA (Hu et al.)", build_lora),
+        Method("dora", "DoRA: weight-decomposed LoRA (Liu et al.)", build_dora),
+        Method("pissa", "PiSSA: LoRA initialised from the r largest singular components", build_pissa,
+               svd_init=True, converts_to_lora=True),
+        Method("milora", "MiLoRA: LoRA initialised from the r smallest singular components", build_milora,
+               svd_init=True, converts_to_lora=True),
+        Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,
+               svd_init=True, conv1d=False, extra_loss=_kasa_regulariser,  # peft's KaSA refuses fan_in_fan_out
+               options=frozenset({"rank", "alpha", "dropout", "kasa_beta", "kasa_gamma", "kasa_reduction",
+                                  "kasa_truncate_rank", "kasa_mode"}) | PROJECTION_OPTIONS),
+        Method("corda", "CorDA: LoRA from a covariance-oriented SVD over task inputs (Yang et al.)", build_corda,
+               svd_init=True, converts_to_lora=True, needs_calibration=True,
+               options=frozenset({"rank", "alpha", "dropout", "corda_mode", "corda_samples"}) | PROJECTION_OPTIONS),
+        Method("vera", "VeRA: frozen shared random A/B, learned scaling vectors", build_vera,
+               default_lr=4e-3, default_head_lr=4e-3, prefix="vera_", rank_within_layer=False,
+               options=frozenset({"rank", "dropout", "vera_d_initial"}) | PROJECTION_OPTIONS),
+        Method("fourierft", "FourierFT: learned sparse spectrum of the update", build_fourierft,
+               default_lr=5e-2, default_head_lr=5e-3, prefix="fourierft_", check_shapes=_fourierft_fits,
+               options=frozenset({"fourierft_n_frequency", "fourierft_scaling"}) | PROJECTION_OPTIONS),
+        # The baseline of every adapter row: what the head alone learns (same head lr rule as the others).
+        # default_lr is never used: nothing trains at --lr, and TrainConfig sets lr to the head's rate.
+        Method("head", "head only: the task head trains, the base is frozen, no adapter", build_head,
+               options=frozenset(), prefix=""),
+    ]
+}
+METHOD_NAMES = tuple(METHODS)  # config.MethodName: the --method choices, in this order
+METHOD_OPTIONS = frozenset().union(*(m.options for m in METHODS.values()))
+# Parameter-name prefixes of every adapter's own tensors (never a layer of the base model's).
+ADAPTER_PREFIXES = tuple(sorted({m.prefix for m in METHODS.values() if m.prefix}))
