@@ -37,8 +37,8 @@ def test_print_config_prints_the_resolved_yaml_and_creates_nothing(tmp_path, cap
     expected = build_run_config(overrides=dict(model="tiny-bert", rank=4, lr_ratio=2.0, targets="q,k,v",
                                                scheduler="cosine", pad_to_max=True, output_dir=str(out)))
     assert yaml.safe_load(printed) == expected.to_dict()
-    assert yaml.safe_load(printed)["lr"] == expected.lr > 0  # resolved: the method's default rate filled in
-    assert build_config(TrainConfig, overrides=dict(model="tiny-bert")).lr is None  # the schema alone: not yet
+    assert yaml.safe_load(printed)["lr"] == expected.optim.lr > 0  # resolved: the method's default rate filled in
+    assert build_config(TrainConfig, overrides=dict(model="tiny-bert")).optim.lr is None  # the schema alone: not yet
     save_config(expected, tmp_path / "config.yaml")  # what the run would write, byte for byte
     assert (tmp_path / "config.yaml").read_text() == printed
 
@@ -253,17 +253,31 @@ def test_the_optimizer_part_is_composed_and_spelled_flat(tmp_path):
     from peftlab.config import OptimConfig
 
     cfg = build_config(TrainConfig, flag_values={"lr": "1e-3", "lr_ratio": "4", "weight_decay": "0.1"})
-    assert cfg.optim == OptimConfig(lr=1e-3, lr_ratio=4.0, weight_decay=0.1) and (cfg.lr, cfg.lr_ratio) == (1e-3, 4.0)
+    assert cfg.optim == OptimConfig(lr=1e-3, lr_ratio=4.0, weight_decay=0.1)
+    assert not hasattr(cfg, "lr") and not hasattr(cfg, "lr_ratio")  # one owner: cfg.optim (no flat proxy)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg and "optim" not in option_names(TrainConfig)
     assert [f.name for f in dataclasses.fields(OptimConfig)] == ["lr", "lr_ratio", "head_lr", "weight_decay"]
     assert "lr" not in {f.name for f in dataclasses.fields(TrainConfig)}  # declared once, in OptimConfig
     assert "unknown config key 'optim'" in one_line(normalise_keys, TrainConfig, {"optim": {"lr": 1}}, "w")
 
 
-def test_flags_are_grouped_by_the_part_that_declares_them(capsys):
+def test_help_groups_the_flags_by_where_they_apply(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = capsys.readouterr().out
-    run, method, optim = (text.index(title) for title in ("Run: task", "Method: which", "Optimizer: per-projection"))
-    assert run < method < optim
-    assert method < text.index("\n  --kasa-beta") < optim < text.index("\n  --lr-ratio")
+    titles = [TrainConfig.SECTIONS[key] for key in ("run", "optim", "eval", "data", "method", "kasa", "labelled",
+                                                      "judge")]
+    at = [text.index("\n" + title + ":\n") for title in titles]
+    assert at == sorted(at), "sections out of their declared order"
+
+    def section_of(flag: str) -> str:  # the title of the last section that starts before the flag
+        where = text.index(f"\n  {flag} ")
+        return max((text.index("\n" + t + ":\n"), t) for t in TrainConfig.SECTIONS.values()
+                   if text.index("\n" + t + ":\n") < where)[1]
+
+    sections = TrainConfig.SECTIONS
+    assert section_of("--task") == sections["run"] and section_of("--lr-ratio") == sections["optim"]
+    assert section_of("--epochs") == sections["optim"] and section_of("--eval-seed") == sections["eval"]
+    assert section_of("--kasa-beta") == "KaSA (--method kasa only)" and section_of("--rank") == sections["method"]
+    assert section_of("--judge-url") == "MT-Bench judge (--task mt-bench only)"
+    assert section_of("--label-field") == "Your own labelled data (--task classify|regress only)"

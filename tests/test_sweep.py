@@ -63,11 +63,11 @@ def fake_train(cfg) -> dict:
         return json.loads(result_file.read_text())
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
     time.sleep(float(os.environ.get(FAKE_SLEEP_ENV, "0")))
-    if cfg.lr_ratio == 8:
-        raise RuntimeError(f"boom at lr_ratio {cfg.lr_ratio}")
+    if cfg.optim.lr_ratio == 8:
+        raise RuntimeError(f"boom at lr_ratio {cfg.optim.lr_ratio}")
     accuracy = 0.6 + 0.01 * cfg.seed
-    result = {"schema_version": 1, "status": "collapsed" if cfg.lr_ratio == 16 else "ok",
-              "status_reason": "fell to chance" if cfg.lr_ratio == 16 else None, "task": cfg.task,
+    result = {"schema_version": 1, "status": "collapsed" if cfg.optim.lr_ratio == 16 else "ok",
+              "status_reason": "fell to chance" if cfg.optim.lr_ratio == 16 else None, "task": cfg.task,
               "method": cfg.method, "seed": cfg.seed, "epochs": cfg.epochs, "config": cfg.to_dict(),
               "primary_metric": "accuracy", "best": {"epoch": 1, "metrics": {"accuracy": accuracy}},
               "final": {"metrics": {"accuracy": accuracy}}, "trainable_params": {"adapter": 10, "head": 2, "total": 12},
@@ -79,7 +79,7 @@ def fake_train(cfg) -> dict:
 
 def killed_worker_train(cfg) -> dict:
     """fake_train, except that lr_ratio 32 kills its own process mid-run (as the OOM killer would)."""
-    if cfg.lr_ratio == 32:
+    if cfg.optim.lr_ratio == 32:
         os.kill(os.getpid(), signal.SIGKILL)
     return fake_train(cfg)
 

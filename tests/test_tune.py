@@ -67,14 +67,14 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
         time.sleep(float(os.environ.get(SLEEP_ENV, "0")))
         with open(out.parent / "calls.jsonl", "a") as handle:
             handle.write(json.dumps({"dir": out.name, "epoch": epoch, "pid": os.getpid()}) + "\n")
-        if cfg.lr_ratio == 16 and epoch == 2:
+        if cfg.optim.lr_ratio == 16 and epoch == 2:
             status, reason = "diverged", f"non-finite loss at step 9 (epoch {epoch})"
             break
-        accuracy = 0.5 if (cfg.lr_ratio == 32 and epoch >= 2) else fake_accuracy(
-            cfg.lr_ratio if cfg.lr_ratio not in (32, 64) else 4, cfg.lr, cfg.seed, epoch)
-        if cfg.lr_ratio == 32 and epoch >= 2:
+        accuracy = 0.5 if (cfg.optim.lr_ratio == 32 and epoch >= 2) else fake_accuracy(
+            cfg.optim.lr_ratio if cfg.optim.lr_ratio not in (32, 64) else 4, cfg.optim.lr, cfg.seed, epoch)
+        if cfg.optim.lr_ratio == 32 and epoch >= 2:
             status, reason = "collapsed", f"accuracy fell to 0.5 <= chance 0.5 at epoch {epoch}"
-        if cfg.lr_ratio == 64:  # never leaves chance
+        if cfg.optim.lr_ratio == 64:  # never leaves chance
             accuracy = 0.5 + 0.001 * epoch
             if epoch == cfg.epochs:
                 status, reason = "no_learning", "best accuracy 0.504 <= chance 0.5 + 0.05"

@@ -44,8 +44,8 @@ from typing import Any, Callable
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser, set_parsing_settings
 
-from peftlab.config_roles import (choices_of, flat_dict, from_flat, hints, kind_of, option_defaults, option_groups,
-                                  option_names, options)
+from peftlab.config_roles import (checked_value, choices_of, flat_dict, from_flat, hints, kind_of, option_defaults,
+                                  option_groups, option_names, options)
 from peftlab.errors import PeftlabError, closest
 
 # The string literal under each field is its documentation (the litgpt convention); jsonargparse parses it.
@@ -83,37 +83,66 @@ def field_types(cls) -> dict[str, Any]:
 # --------------------------------------------------------------------------- argparse flags
 
 
-def _section(cls, where) -> type:
-    """The dataclass whose ``--help`` group lists an option: a prefix-less group's own (Optimizer), else the
-    class that declares the field (a prefixed group's options sit with it: --kasa-* under Method)."""
-    if where.group is not None and not option_groups(cls)[where.group].PREFIX:
-        return where.owner
-    field_name = where.group or where.name
-    return next(k for k in reversed(cls.__mro__) if field_name in k.__dict__.get("__annotations__", {}))
+def _section(cls, where) -> str:
+    """The ``--help`` section of an option: its declaration's ``section``, else its class's ``SECTION`` (a
+    group's option: the group's; a field: the dataclass that declares it), titled by ``cls.SECTIONS``."""
+    spec = where.owner.__dataclass_fields__[where.name]
+    declaring = where.owner if where.group else next(
+        k for k in reversed(cls.__mro__) if where.name in k.__dict__.get("__annotations__", {}))
+    key = spec.metadata.get("section") or getattr(declaring, "SECTION", None)
+    titles = getattr(cls, "SECTIONS", {})
+    return titles.get(key) or (declaring.__doc__ or declaring.__name__).strip().splitlines()[0]
 
 
-def add_dataclass_flags(parser: argparse.ArgumentParser, cls, *, skip: tuple[str, ...] = ()) -> None:
-    """One kebab-case flag per option (flat names: ``--kasa-beta`` for ``cls.kasa.beta``), grouped by the
-    dataclass that declares it; defaults are None so that only the flags given override YAML. Values stay
-    strings here: :func:`coerce` types them."""
-    docs, types_, defaults = field_docs(cls), field_types(cls), option_defaults(cls)
-    flat_groups = [g for g in option_groups(cls).values() if not g.PREFIX]
-    sections = {k: parser.add_argument_group((k.__doc__ or k.__name__).strip().splitlines()[0])
-                for k in [k for k in cls.__mro__ if dataclasses.is_dataclass(k)] + flat_groups}
-    for name, where in options(cls).items():
-        if name in skip:
-            continue
-        default = defaults.get(name)
+def _flag_type(cls, name: str) -> Callable[[str], Any]:
+    """argparse ``type=`` of option ``name`` on another subcommand's parser: typed and checked by its
+    declaration (:func:`coerce`, :func:`~peftlab.config_roles.checked_value`), so argparse says the one line."""
+    where = options(cls)[name]
+    spec = where.owner.__dataclass_fields__[where.name]
+    example = None if spec.default is dataclasses.MISSING else spec.default
+
+    def typed(text: str) -> Any:
+        try:
+            return checked_value(field_types(cls)[name], spec.metadata, coerce(cls, name, text, "command line"),
+                                 "--" + name.replace("_", "-"), example)
+        except PeftlabError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    typed.__name__ = name  # argparse names the type in its "invalid <type> value" fallback
+    return typed
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, *, only: tuple[str, ...] | None = None,
+                        defaults: Mapping[str, Any] | None = None) -> None:
+    """One kebab-case flag per option (flat names: ``--kasa-beta`` for ``cls.kasa.beta``), in ``--help``
+    sections that say where they apply, the help text its field's docstring.
+
+    ``peftlab train`` (``only`` None): every option, defaults None so that only the flags given override YAML,
+    values left as text for :func:`build_config` to type and the dataclass to check. Another subcommand
+    (``only``: the options it takes, ``defaults``: its own): those flags alone, each typed and checked by its
+    declaration while the arguments are parsed (no TrainConfig is built there), defaults as given."""
+    docs, types_, declared = field_docs(cls), field_types(cls), option_defaults(cls)
+    names = [n for n in options(cls) if only is None or n in only]
+    unknown = set(only or ()) - set(names)
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no option {', '.join(sorted(unknown))}")
+    titles = {name: _section(cls, options(cls)[name]) for name in names}
+    order = list(getattr(cls, "SECTIONS", {}).values())
+    sections = {t: parser.add_argument_group(t) for t in sorted(set(titles.values()), key=lambda t: (
+        order.index(t) if t in order else len(order), list(titles.values()).index(t)))}
+    for name in names:
+        default = (defaults or {}).get(name, declared.get(name))
         shown = ",".join(default) if isinstance(default, tuple) else default
         help_text = (docs.get(name, "") + (f" (default: {shown})" if shown is not None else "")).replace("%", "%%")
-        flag, group = "--" + name.replace("_", "-"), sections[_section(cls, where)]
+        flag, group, value = "--" + name.replace("_", "-"), sections[titles[name]], None if only is None else default
         if kind_of(types_[name]) is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=value, help=help_text)
             continue
         choices = choices_of(types_[name])
         metavar = "{" + ",".join(map(str, choices)) + "}" if choices else name.upper()
         # no argparse `choices=`: a wrong value is the declaration's one line with a suggestion, not a usage dump
-        group.add_argument(flag, type=str, default=None, metavar=metavar, help=help_text, dest=name)
+        group.add_argument(flag, type=str if only is None else _flag_type(cls, name), default=value,
+                           metavar=metavar, help=help_text, dest=name)
 
 
 # --------------------------------------------------------------------------- values

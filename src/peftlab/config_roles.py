@@ -1,28 +1,23 @@
-"""One declaration per config field: its type, default, help, valid values and roles.
+"""One declaration per config field: its type, default, help, valid values, ``--help`` section and roles.
 
 Every field of the config dataclasses (:mod:`peftlab.config`) is declared once, with :func:`option`::
 
-    seed: int = option(0, Range(0, 2**32, high_open=True, why="numpy's seeds"), key_v1=True, searchable=False,
-                       report_row=False)
+    seed: int = option(0, Range(0, 2**32, high_open=True), key_v1=True, searchable=False, report_row=False)
     \"\"\"Training seed: head init, adapter init, ...\"\"\"
 
-- the **type** is the annotation: ``Literal[...]`` for a choice (``tuple[Literal[...], ...]`` for a set of them),
-  ``int``, ``float``, ``bool``, ``str``, ``X | None`` (None allowed);
-- the **default** is ``option``'s first argument; the **help** is the docstring under the field (jsonargparse
-  reads it: ``--help``, :func:`peftlab.config_cli.field_docs`);
-- the **valid values**: the type, a :class:`Range` for numbers (floats are always finite, integers always fit in
-  int64), :class:`Text` for text, :class:`File` / :class:`Folder` for paths. :func:`check_fields` (each config
-  dataclass's ``__post_init__``) enforces type, choice and range, so a value given on the command line, in a
-  YAML file, a sweep or tune spec, ``peftlab study --set`` or ``TrainConfig(...)`` is refused by the same line,
-  before anything is loaded or written; :func:`check_paths` checks the paths of a config resolved for a run
-  (a saved run's config.yaml reads back without its data: predict and export need none);
+- the **type** is the annotation (``Literal[...]`` for a choice, ``tuple[Literal[...], ...]`` for a set of them,
+  ``X | None``: None allowed); the **default** is ``option``'s first argument; the **help** is the docstring
+  under the field;
+- the **valid values**: the type, a :class:`Range` for numbers (floats finite, integers within int64),
+  :class:`Text` for text, :class:`File` / :class:`Folder` for paths. :func:`check_fields` (each config
+  dataclass's ``__post_init__``) is the one place a value is checked, whether it came from a flag, a YAML file,
+  a sweep or tune spec or Python; :func:`check_paths` checks the paths of a config resolved for a run;
 - the **roles** (:class:`Roles`): what the run key, ``--resume``, ``peftlab tune``, sweeps, reports and
-  ``peftlab evaluate`` need to know about it. :func:`role_sets` derives each of their lists, so none is kept
-  by hand, and refuses roles that contradict each other (a resumable field that report rows tell apart, or that
-  key schema 1 hashed without a constant to hash it as). A resumable field is never in the run key.
+  ``peftlab evaluate`` need to know about it; :func:`role_sets` derives each of their lists and refuses roles
+  that contradict each other. A resumable field is never in the run key.
 
 Option groups (``MethodConfig.kasa``, ``TrainConfig.optim``) are dataclasses whose ``PREFIX`` names their flat
-options (``kasa_beta``; ``""``: the options keep their own names, ``lr``); their fields are declared the same way.
+options (``kasa_beta``; ``""``: the options keep their own names, ``lr``).
 """
 
 from __future__ import annotations
@@ -35,11 +30,9 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from peftlab.errors import PeftlabError, closest, unknown
-from peftlab.io_utils import path_problem
 
 INT64_MAX = 2**63 - 1  # what torch, numpy and the tokenizers take as an integer (a length, a count, a step)
 NOT_HASHED = object()  # Roles.hashed_as: not hashed at all
@@ -111,12 +104,14 @@ class Roles:
 
 def option(default: Any = dataclasses.MISSING, check: Range | Text | File | Folder | None = None, *,
            default_factory: Callable | Any = dataclasses.MISSING, noun: str | None = None, lower: bool = False,
-           normalise: Callable[[Any], Any] | None = None, **roles) -> Any:
+           normalise: Callable[[Any], Any] | None = None, section: str | None = None, **roles) -> Any:
     """A dataclass field declared with its check and roles (``field(metadata=...)``).
 
     ``noun`` names a choice's kind in the "unknown <noun> 'x'" message (default: the flag); ``lower``: a choice
-    is matched in lower case; ``normalise``: the canonical form of a text value (e.g. ``--layers 6-8`` -> 6,7,8)."""
-    metadata = {"check": check, "noun": noun, "lower": lower, "normalise": normalise, "roles": Roles(**roles)}
+    is matched in lower case; ``normalise``: the canonical form of a text value (e.g. ``--layers 6-8`` -> 6,7,8);
+    ``section``: its ``--help`` section (a key of the config's ``SECTIONS``; default: its class's ``SECTION``)."""
+    metadata = {"check": check, "noun": noun, "lower": lower, "normalise": normalise, "section": section,
+                "roles": Roles(**roles)}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -256,28 +251,6 @@ def _text(value: str, check: Text, flag: str) -> None:
         raise PeftlabError(f"{flag} must be {check.meaning}, got {value!r}")
 
 
-def check_paths(cfg) -> None:
-    """The :class:`File` / :class:`Folder` fields of ``cfg`` that are set: there, and of the right kind; a folder
-    that may not exist yet (an output) is no file, not below a file and has no name too long for its filesystem."""
-    for spec in dataclasses.fields(type(cfg)):
-        check, value = spec.metadata.get("check"), getattr(cfg, spec.name)
-        if value is None or not isinstance(check, (File, Folder)):
-            continue
-        flag, path = flag_of(type(cfg), spec.name), Path(value).expanduser()
-        problem = path_problem(path, kind="file" if isinstance(check, File) else "folder", write=False)
-        if problem is not None and not problem.startswith("it is a "):
-            raise PeftlabError(f"{flag} {value}: {problem}", fix=f"pass another path as {flag}")
-        if isinstance(check, File) and path.is_dir():
-            raise PeftlabError(f"{flag} {value} is a folder, not a file",
-                               fix="pass one file (a folder written by datasets' save_to_disk goes to --dataset)")
-        if isinstance(check, File) and not path.is_file():
-            raise PeftlabError(f"{flag} {value} not found", fix=f"pass an existing file as {flag}")
-        if isinstance(check, Folder) and path.exists() and not path.is_dir():
-            raise PeftlabError(f"{flag} {value} is a file, not a folder", fix=f"pass a folder as {flag}")
-        if isinstance(check, Folder) and check.exists and not path.is_dir():
-            raise PeftlabError(f"{flag} {value} not found", fix=f"pass an existing folder as {flag}")
-
-
 # --------------------------------------------------------------------------- flat option names
 
 
@@ -391,11 +364,6 @@ class RoleSets:
     adapter_identity: tuple  # training/evaluation.ADAPTER_IDENTITY_KEYS
 
 
-def roles_of(cls) -> dict[str, Roles]:
-    """Each flat option of ``cls`` (``kasa_beta``) and its roles."""
-    return {flat: o.owner.__dataclass_fields__[o.name].metadata.get("roles", Roles()) for flat, o in options(cls).items()}
-
-
 def _contradiction(r: Roles) -> str | None:
     """What is wrong with a field's roles, if anything."""
     if r.resumable and r.report_row:
@@ -412,7 +380,7 @@ def _contradiction(r: Roles) -> str | None:
 @functools.lru_cache(maxsize=None)
 def role_sets(cls) -> RoleSets:
     """The lists of ``cls``'s options by role; a contradiction between roles is a TypeError (a bug, not input)."""
-    roles = roles_of(cls)
+    roles = {flat: option_spec(cls, flat).metadata.get("roles", Roles()) for flat in options(cls)}
     for name, r in roles.items():
         problem = _contradiction(r)
         if problem:
