@@ -1,19 +1,12 @@
-"""The config schema: every option of a run declared once (type, default, help, valid values, roles).
+"""The config schema: every option of a run declared once (type, default, help, valid values, roles, section).
 
-A run's config is one dataclass, :class:`TrainConfig`: the method part (:class:`MethodConfig`, which it extends),
-the optimizer part (:class:`OptimConfig`, composed as ``cfg.optim``) and the run's own fields. Each method's own
-options nest as in peft (``cfg.kasa.beta``). Outside Python every option keeps one flat name: the flags, YAML,
-sweep and tune specs, config.yaml and run keys say ``--kasa-beta`` / ``kasa_beta``, ``--lr`` / ``lr`` (a YAML
-file may nest a method's group too: ``kasa: {beta: 0.01}``).
-
-Each field is declared once with :func:`peftlab.config_roles.option`: its type (``Literal`` for a choice), its
-default, its valid values (:class:`~peftlab.config_roles.Range`, ...) and its roles (run key, resume, tune,
-reports); the docstring under it is its ``--help``. ``__post_init__`` checks every value against its declaration
-(:func:`~peftlab.config_roles.check_fields`), whatever it came from, plus the few checks across fields that need
-no table. This module is a leaf: it imports no method, task, model, training or lab code. The method's and the
-task's defaults (``--lr``, ``--max-length``, ...) and the checks that need their tables are
-:func:`peftlab.resolve.resolve_config`, which every run applies before anything is loaded; config.yaml holds
-the resolved values. Flags and YAML are :mod:`peftlab.config_cli` (jsonargparse), re-exported here.
+A run's config is :class:`TrainConfig`: the method part (:class:`MethodConfig`, which it extends, with each
+method's own group nested as in peft: ``cfg.kasa.beta``), the optimizer (``cfg.optim``: :class:`OptimConfig`)
+and the run's own fields, shown in ``--help`` sections (``TrainConfig.SECTIONS``: run, optim, eval, data, each
+method's group, each task family's: the MT-Bench judge, your own labelled data). Outside Python every option
+has one flat name (``--kasa-beta`` / ``kasa_beta``, ``--lr`` / ``lr``; a YAML file may nest ``kasa: {beta: ..}``).
+Each field is declared with :func:`peftlab.config_roles.option`, its docstring is its ``--help``. This module is
+a leaf; the method's and task's defaults are :func:`peftlab.resolve.resolve_config`'s, once per run.
 """
 
 from __future__ import annotations
@@ -82,7 +75,15 @@ def _canonical_layers(text: str) -> str | None:
 
 # Frozen: a config copied with dataclasses.replace shares its groups, so none may change under the other.
 @dataclass(frozen=True)
-class KasaOptions:
+class OptionGroup:
+    """An option group: its fields checked against their declarations when it is built."""
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class KasaOptions(OptionGroup):
     """KaSA (--kasa-*)"""
 
     PREFIX = SECTION = "kasa"  # flat names: kasa_beta; --help section (class attributes, not fields)
@@ -97,12 +98,9 @@ class KasaOptions:
     mode: Literal["paper", "reference"] = option("paper", noun="KaSA mode", lower=True, key_v1=True)
     """KaSA: 'paper' (peft and the paper) or 'reference' (the authors' code: keeps in_features - k components, d x d orthogonality penalty); see docs/KASA_MODES.md."""
 
-    def __post_init__(self):
-        check_fields(self)
-
 
 @dataclass(frozen=True)
-class CordaOptions:
+class CordaOptions(OptionGroup):
     """CorDA (--corda-*)"""
 
     PREFIX = SECTION = "corda"
@@ -111,24 +109,18 @@ class CordaOptions:
     samples: int = option(256, Range(1), key_v1=True)
     """CorDA: training examples run through the model to collect the input covariances."""
 
-    def __post_init__(self):
-        check_fields(self)
-
 
 @dataclass(frozen=True)
-class VeraOptions:
+class VeraOptions(OptionGroup):
     """VeRA (--vera-*)"""
 
     PREFIX = SECTION = "vera"
     d_initial: float = option(0.1, Range(), key_v1=True)
     """VeRA: initial value of the d scaling vector."""
 
-    def __post_init__(self):
-        check_fields(self)
-
 
 @dataclass(frozen=True)
-class FourierFTOptions:
+class FourierFTOptions(OptionGroup):
     """FourierFT (--fourierft-*)"""
 
     PREFIX = SECTION = "fourierft"
@@ -137,16 +129,13 @@ class FourierFTOptions:
     scaling: float = option(150.0, POSITIVE, key_v1=True)
     """FourierFT: scaling of the inverse DFT (the FourierFT paper uses 150 for RoBERTa-base on GLUE)."""
 
-    def __post_init__(self):
-        check_fields(self)
-
 
 KASA_MODES = typing.get_args(typing.get_type_hints(KasaOptions)["mode"])
 CORDA_MODES = typing.get_args(typing.get_type_hints(CordaOptions)["mode"])
 
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(OptionGroup):
     """Optimizer: per-projection learning rates (Yao et al.) and AdamW"""
 
     PREFIX = ""  # flat names are the options' own: --lr, lr_ratio
@@ -159,9 +148,6 @@ class OptimConfig:
     """Learning rate of the task head; default: the method's head rate (`peftlab methods`), whatever --lr is."""
     weight_decay: float = option(0.0, Range(0), key_v1=True, training_only=True, label=12)
     """AdamW weight decay for matrices (tensors of 2+ dimensions); vectors (biases, norms, DoRA magnitudes, KaSA singular values, VeRA/FourierFT vectors) never decay."""
-
-    def __post_init__(self):
-        check_fields(self)
 
     def lr_of(self, group: str) -> float:
         """The learning rate of a parameter group (None lr: resolve the config first, peftlab.resolve)."""
@@ -383,18 +369,14 @@ class TrainConfig(MethodConfig):
             raise PeftlabError(f"--judge-url is set, but task '{self.task}' has no judge (it would be ignored)",
                                fix="remove --judge-url, or use --task mt-bench")
 
-    # Resolution (peftlab.resolve.resolve_config) happens once per run, at its entry; the config it returns is
-    # marked. The mark is no field: it is outside to_dict(), the run key and dataclasses.replace's copy (a
-    # changed copy is a new, unresolved config), and it travels with a pickled config to a worker.
+    # peftlab.resolve marks the config it returns (resolved once per run). No field: outside to_dict(), the run
+    # key and dataclasses.replace's copy (a changed copy is unresolved again); a pickled config keeps it.
     def mark_resolved(self) -> TrainConfig:
-        """Mark this config as resolved (only :func:`peftlab.resolve.resolve_config` and a resolved config read
-        back, :func:`peftlab.resolve.resolved_from_dict`, call it)."""
         self.__dict__["resolved_once"] = True
         return self
 
     @property
     def resolved(self) -> bool:
-        """Whether the method's and task's defaults are filled in (resolve_config returned this config)."""
         return self.__dict__.get("resolved_once", False)
 
 
@@ -405,16 +387,10 @@ ROLES = role_sets(TrainConfig)
 
 # The config layer's public names: this module's, and those of config_cli (flags, YAML) and config_roles
 # (declarations, roles) that callers reach through it, so that `from peftlab.config import ...` is its one path.
-__all__ = [
-    # the schema
-    "TrainConfig", "MethodConfig", "OptimConfig", "KasaOptions", "CordaOptions", "VeraOptions", "FourierFTOptions",
-    "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "PROJECTIONS", "REPORT_TO", "HEAD_ONLY",
-    "SCHEDULERS", "KASA_MODES", "CORDA_MODES", "SEED", "POSITIVE", "MAX_LAYERS", "ROLES", "parse_layers",
-    "parse_targets",
-    # config_cli
-    "add_dataclass_flags", "build_config", "coerce", "config_yaml", "field_docs", "field_types", "load_yaml",
-    "normalise_keys", "save_config",
-    # config_roles
-    "File", "Folder", "Range", "Text", "check_fields", "flat_dict", "from_flat", "option", "option_defaults",
-    "option_names", "role_sets",
-]
+__all__ = [  # the schema; then config_cli's (flags, YAML); then config_roles' (declarations, roles)
+    "TrainConfig", "MethodConfig", "OptimConfig", "OptionGroup", "KasaOptions", "CordaOptions", "VeraOptions",
+    "FourierFTOptions", "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "PROJECTIONS", "REPORT_TO",
+    "HEAD_ONLY", "SCHEDULERS", "KASA_MODES", "CORDA_MODES", "SEED", "POSITIVE", "MAX_LAYERS", "ROLES",
+    "parse_layers", "parse_targets", "add_dataclass_flags", "build_config", "coerce", "config_yaml", "field_docs",
+    "field_types", "load_yaml", "normalise_keys", "save_config", "File", "Folder", "Range", "Text", "check_fields",
+    "flat_dict", "from_flat", "option", "option_defaults", "option_names", "role_sets"]

@@ -1,23 +1,16 @@
 """One declaration per config field: its type, default, help, valid values, ``--help`` section and roles.
 
-Every field of the config dataclasses (:mod:`peftlab.config`) is declared once, with :func:`option`::
-
     seed: int = option(0, Range(0, 2**32, high_open=True), key_v1=True, searchable=False, report_row=False)
     \"\"\"Training seed: head init, adapter init, ...\"\"\"
 
-- the **type** is the annotation (``Literal[...]`` for a choice, ``tuple[Literal[...], ...]`` for a set of them,
-  ``X | None``: None allowed); the **default** is ``option``'s first argument; the **help** is the docstring
-  under the field;
-- the **valid values**: the type, a :class:`Range` for numbers (floats finite, integers within int64),
-  :class:`Text` for text, :class:`File` / :class:`Folder` for paths. :func:`check_fields` (each config
-  dataclass's ``__post_init__``) is the one place a value is checked, whether it came from a flag, a YAML file,
-  a sweep or tune spec or Python; :func:`check_paths` checks the paths of a config resolved for a run;
-- the **roles** (:class:`Roles`): what the run key, ``--resume``, ``peftlab tune``, sweeps, reports and
-  ``peftlab evaluate`` need to know about it; :func:`role_sets` derives each of their lists and refuses roles
-  that contradict each other. A resumable field is never in the run key.
-
-Option groups (``MethodConfig.kasa``, ``TrainConfig.optim``) are dataclasses whose ``PREFIX`` names their flat
-options (``kasa_beta``; ``""``: the options keep their own names, ``lr``).
+The **type** is the annotation (``Literal[...]``: a choice; ``tuple[Literal[...], ...]``: a set of them; ``X |
+None``: None allowed), the **help** the docstring under the field. The **valid values**: a :class:`Range` for
+numbers (floats finite, integers within int64), :class:`Text`, :class:`File` / :class:`Folder` (checked when a
+run is resolved: :func:`peftlab.resolve.check_paths`). :func:`checked_value` is a value's one check, applied
+where a flag, YAML file or spec gives it (:func:`peftlab.config_cli.coerce`) or Python builds a config
+(:func:`check_fields`, each config dataclass's ``__post_init__``). The **roles** (:class:`Roles`): what run
+keys, ``--resume``, tune, sweeps, reports and evaluate need to know; :func:`role_sets` derives their lists.
+Option groups (``cfg.kasa``, ``cfg.optim``) name their flat options by ``PREFIX`` (``kasa_beta``; ``""``: ``lr``).
 """
 
 from __future__ import annotations
@@ -54,12 +47,9 @@ class Range:
         return low_ok and high_ok
 
     def describe(self, integer: bool) -> str:
-        bounds = []
-        if self.low is not None:
-            bounds.append(f"{'>' if self.low_open else '>='} {self.low:g}" if not integer else
-                          f"{'>' if self.low_open else '>='} {int(self.low)}")
-        if self.high is not None:
-            bounds.append(f"{'<' if self.high_open else '<='} {int(self.high) if integer else f'{self.high:g}'}")
+        shown = (lambda x: str(int(x))) if integer else (lambda x: f"{x:g}")
+        bounds = [f"{sign[is_open]} {shown(bound)}" for bound, is_open, sign in (
+            (self.low, self.low_open, (">=", ">")), (self.high, self.high_open, ("<=", "<"))) if bound is not None]
         if integer and self.low == 1 and not self.low_open:
             text = "a positive integer" + (f" {bounds[1]}" if len(bounds) > 1 else "")
         else:
@@ -169,17 +159,21 @@ def check_fields(obj) -> None:
 
 def as_group(group_cls, value, name: str):
     """``value`` as a ``group_cls`` option group: an instance as is, a mapping (``{"beta": 0.01}``) built into one."""
-    if isinstance(value, group_cls):
-        return value
-    names = [f.name for f in dataclasses.fields(group_cls)]
+    return value if isinstance(value, group_cls) else group_cls(**group_items(group_cls, name, value))
+
+
+def group_items(group_cls, name: str, value, where: str | None = None) -> dict[str, Any]:
+    """The options of group ``name`` given as a mapping (``kasa: {beta: 0.01}``), each checked to exist in it."""
+    subs = [f.name for f in dataclasses.fields(group_cls)]
     if not isinstance(value, Mapping):
-        raise PeftlabError(f"'{name}' must be {group_cls.__name__} or a mapping of its options, got {value!r}",
-                           fix=f"e.g. {name}: {{{names[0]}: ...}} in YAML, or {name}_{names[0]}: ...")
+        raise PeftlabError(f"config key '{name}' must be a mapping of its options, got {value!r}", where=where,
+                           fix=f"e.g. {name}: {{{subs[0]}: ...}}, or the flat key {name}_{subs[0]}: ...")
     given = {str(k).replace("-", "_"): v for k, v in value.items()}
-    for key in given:
-        if key not in names:
-            raise PeftlabError(f"unknown {name} option '{key}'{closest(key, names)}", fix=f"{name} has: {', '.join(names)}")
-    return group_cls(**given)
+    for sub in given:
+        if sub not in subs:
+            raise PeftlabError(f"unknown config key '{name}.{sub}'{closest(sub, subs)}", where=where,
+                               fix=f"{name} has: {', '.join(subs)}")
+    return given
 
 
 def checked_value(hint, metadata: Mapping, value, flag: str, example=None):
@@ -233,7 +227,6 @@ def _choice_set(value, item_hint, metadata: Mapping, flag: str) -> tuple:
 
 
 def _number(value, integer: bool, check: Range, flag: str, example=None):
-    # type errors are worded as the YAML / flag layer words them (jsonargparse's type names)
     if integer and (isinstance(value, bool) or not isinstance(value, int)):
         raise PeftlabError(f"{flag} must be int, got {value!r}")
     if not integer and (isinstance(value, bool) or not isinstance(value, (int, float))):

@@ -1,18 +1,15 @@
 """A run's config resolved: the method's and the task's defaults filled in, the checks that need their tables.
 
-:class:`~peftlab.config.TrainConfig` is the schema: each field's type, range and roles, nothing above it. What a
-run also needs comes from the tables: the method's learning rates (``methods.table.METHODS``: ``--lr``,
-``--head-lr``; head-only trains at its head rate alone), the task's lengths, batch size, evaluation interval and
-generation length (``tasks.table.TASKS``), the canonical ``--eval-sets``, ``--train-sets`` and ``--lm-eval``
-names, a user task's data options and data digest (``tasks.labelled_data``), and the paths that must exist.
+:class:`~peftlab.config.TrainConfig` is the schema. What a run also needs comes from the tables: the method's
+learning rates (``methods.table.METHODS``; head-only trains at its head rate alone), the task's lengths, batch
+size, evaluation interval and generation length (``tasks.table.TASKS``), canonical ``--eval-sets``,
+``--train-sets`` and ``--lm-eval`` names, a user task's data options and digest, the paths that must exist.
 
 A run is resolved once, at its entry: ``peftlab train`` (:func:`build_run_config`), each cell of a sweep or tune
 spec, ``peftlab study``, or :func:`peftlab.training.loop.train` given an unresolved config from Python. The
-config :func:`resolve_config` returns is marked (``cfg.resolved``); resolving it again is refused, and
-``training.setup`` refuses an unresolved one, so config.yaml, result.json and run keys hold what was resolved
-once. A resolved config written out (a store row, config.yaml) reads back resolved: :func:`resolved_from_dict`.
-
-Torch-free: the method and task tables import no model code.
+config :func:`resolve_config` returns is marked (``cfg.resolved``): resolving it again is refused, and
+``training.setup`` refuses an unresolved one. A resolved config written out (a store row) reads back resolved
+(:func:`resolved_from_dict`). Torch-free: the method and task tables import no model code.
 """
 
 from __future__ import annotations
@@ -99,19 +96,17 @@ def check_paths(cfg) -> None:
         check, value = spec.metadata.get("check"), getattr(cfg, spec.name)
         if value is None or not isinstance(check, (File, Folder)):
             continue
-        flag, path = flag_of(type(cfg), spec.name), Path(value).expanduser()
-        problem = path_problem(path, kind="file" if isinstance(check, File) else "folder", write=False)
+        flag, path, kind = flag_of(type(cfg), spec.name), Path(value).expanduser(), type(check).__name__.lower()
+        problem = path_problem(path, kind=kind, write=False)
         if problem is not None and not problem.startswith("it is a "):
             raise PeftlabError(f"{flag} {value}: {problem}", fix=f"pass another path as {flag}")
         if isinstance(check, File) and path.is_dir():
             raise PeftlabError(f"{flag} {value} is a folder, not a file",
                                fix="pass one file (a folder written by datasets' save_to_disk goes to --dataset)")
-        if isinstance(check, File) and not path.is_file():
-            raise PeftlabError(f"{flag} {value} not found", fix=f"pass an existing file as {flag}")
         if isinstance(check, Folder) and path.exists() and not path.is_dir():
             raise PeftlabError(f"{flag} {value} is a file, not a folder", fix=f"pass a folder as {flag}")
-        if isinstance(check, Folder) and check.exists and not path.is_dir():
-            raise PeftlabError(f"{flag} {value} not found", fix=f"pass an existing folder as {flag}")
+        if not (path.is_file() if isinstance(check, File) else path.is_dir() or not check.exists):
+            raise PeftlabError(f"{flag} {value} not found", fix=f"pass an existing {kind} as {flag}")
 
 
 def check_ignored_options(cfg: TrainConfig, explicit: set[str]) -> None:
