@@ -45,6 +45,8 @@ def fake_train(cfg) -> dict:
     """Treats its output folder like peftlab.training.loop.train; lr_ratio 8 raises, lr_ratio 16 collapses."""
     import shutil
 
+    assert cfg.resolved, "a run gets the config its spec resolved (train() would not resolve it again)"
+
     out = Path(cfg.output_dir)
     result_file, checkpoint = out / "result.json", out / "checkpoint" / "state.json"
     if cfg.overwrite and out.exists():
@@ -380,9 +382,9 @@ def test_sweep_resumes_a_killed_run_and_adopts_a_finished_one(tmp_path):
         # run 1: finished on disk, but the sweep died before recording it
         store.conn.execute("UPDATE runs SET status='running', attempts=1, owner=? WHERE key=?",
                            (f"{socket.gethostname()}|{dead.pid}|1", finished_unrecorded.key))
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.resolve import resolved_from_dict
 
-    done_cfg = build_config(TrainConfig, overrides=finished_unrecorded.config)
+    done_cfg = resolved_from_dict(finished_unrecorded.config)  # the run's config as its spec resolved it
     fake_train(done_cfg)
     (root / "calls.jsonl").unlink()
     # run 2: a folder of some other config sits where it should go

@@ -51,6 +51,8 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
     """Trains nothing: epochs of made-up metrics, with a checkpoint after each (resumable), honouring stop."""
     import shutil
 
+    assert cfg.resolved, "a run gets the config its spec resolved (train() would not resolve it again)"
+
     from peftlab.training.state import EpochEnd
 
     out = Path(cfg.output_dir)

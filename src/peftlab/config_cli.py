@@ -32,7 +32,7 @@ import yaml
 from jsonargparse import ArgumentParser, set_parsing_settings
 
 from peftlab.config_roles import (checked_value, choices_of, flat_dict, from_flat, group_items, hints, kind_of,
-                                  option_defaults, option_groups, option_names, optional, options)
+                                  option_defaults, option_groups, option_names, option_spec, optional, options)
 from peftlab.errors import PeftlabError, closest
 
 # The string literal under each field is its documentation (the litgpt convention); jsonargparse parses it.
@@ -157,8 +157,7 @@ def coerce(cls, name: str, value: Any, where: str | None = None) -> Any:
     declaration, once, at the input; a bad value is one line naming the flag (and ``where``)."""
     if value is None:
         return None
-    where_, hint = options(cls)[name], field_types(cls)[name]
-    spec = where_.owner.__dataclass_fields__[where_.name]
+    spec, hint = option_spec(cls, name), field_types(cls)[name]
     example = None if spec.default is dataclasses.MISSING else spec.default
     try:
         return checked_value(hint, spec.metadata, spelled(hint, value), "--" + name.replace("_", "-"), example)

@@ -303,17 +303,13 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
 
 def _base_and_search(spec: dict, where: str) -> tuple[dict[str, Any], dict[str, SearchParam]]:
     """The spec's ``base:`` (typed config keys) and ``search:`` (each key's values or range, searchable)."""
-    from peftlab.config import TrainConfig, normalise_keys
-    from peftlab.lab.spec import check_spec_keys
+    from peftlab.lab.spec import check_spec_keys, typed_base
 
-    base = spec.get("base") or {}
+    base = typed_base(spec, where)
     search = spec.get("search") or {}
-    if not isinstance(base, dict):
-        raise PeftlabError("base: must be a mapping of config keys to values", where=where)
     if not isinstance(search, dict) or not search:
         raise PeftlabError("search: must map at least one config key to its values", where=where,
                            fix="e.g. search: {lr_ratio: [1, 2, 4, 8, 16]}")
-    check_spec_keys(base, where, "base")
     check_spec_keys(search, where, "search")
     names = {str(key).replace("-", "_"): key for key in search}
     for name in set(names) & set(NOT_SEARCHABLE):
@@ -322,7 +318,7 @@ def _base_and_search(spec: dict, where: str) -> tuple[dict[str, Any], dict[str, 
                "task": "tune one task per spec (one spec per task)"}.get(name, "set it under base:")
         raise PeftlabError(f"'{names[name]}' cannot be searched by peftlab tune", where=where, fix=fix)
     params = {name: _search_param(name, search[key], where) for name, key in names.items()}
-    return normalise_keys(TrainConfig, base, f"{where}: base"), params
+    return base, params
 
 
 def _pruner(spec: dict, where: str) -> PrunerSpec:
