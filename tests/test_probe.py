@@ -124,7 +124,7 @@ def test_the_probe_measures_the_optimizer_groups_of_the_run_it_mirrors(tmp_path,
 
     cfg = tiny_cfg(tmp_path, method)
     result = probe(cfg, ProbeOptions(batches=1, adam_steps=1))
-    run = setup(resolve_config(cfg), "fresh")  # the training run itself (resolved at its entry): its AdamW's groups
+    run = setup(resolve_config(cfg), "fresh")  # the training run itself (resolved at its entry): its AdamW
     expected = optimizer_membership(run)
     blocks = {b["name"]: set(b["tensors"]) for b in result["blocks"]}
     assert {name: blocks[name] for name in expected} == expected

@@ -168,7 +168,7 @@ def test_load_spec_drops_duplicate_cells(tmp_path):
     ({"base": {"output_dir": "x"}}, "'output_dir' cannot be set in base"),
     ({"grid": {"resume": [True]}}, "'resume' cannot be set in grid"),
     # a value is checked where the spec gives it: the message names that key
-    ({"grid": {"lr_ratio": [1, -2]}}, r"--lr-ratio must be a finite number > 0, got -2.0 \(.*bad.yaml: grid.lr_ratio\)"),
+    ({"grid": {"lr_ratio": [1, -2]}}, r"--lr-ratio must be a finite number > 0, got -2.0 \(.*: grid.lr_ratio\)"),
     ({"grid": {"method": ["lora", "lorra"]}}, r"unknown method 'lorra' \(did you mean 'lora'\?\) \(.*: grid.method\)"),
     # a problem of a run's whole config is named by that run
     ({"grid": {"rank": [4], "packing": [False, True]}}, r"run \{rank=4 packing=.*\}: --packing packs decoder"),

@@ -1,20 +1,19 @@
 """Config dataclasses <-> command-line flags <-> YAML (re-exported by :mod:`peftlab.config`).
 
-A field's ``--help`` is the docstring under it, read by jsonargparse (as in litgpt;
-``docstring_parse_attribute_docstrings``). A value given as text or YAML is typed and checked by its field's
-declaration (:func:`coerce`: :func:`spelled`, then :mod:`peftlab.config_roles`' check) where it enters: a flag, a ``--config`` YAML file, a
-sweep or tune spec, ``peftlab study``; so it is refused by the same one line (naming the flag and the file)
-whatever it came from. Precedence: defaults < ``--config`` YAML < ``overrides`` < flags.
+A field's ``--help`` is the docstring under it, read by jsonargparse (as in litgpt). A value given as text or
+YAML is typed and checked by its field's declaration where it enters (:func:`coerce`: :func:`spelled`, then
+:func:`peftlab.config_roles.checked_value`): a flag, a ``--config`` YAML file, a sweep or tune spec, ``peftlab
+study``; the same one line refuses it whatever it came from. Precedence: defaults < YAML < ``overrides`` < flags.
 
 Hand-written, and why (jsonargparse 4.53.0): ``peftlab train`` is a subcommand of the plain argparse parser of
 :mod:`peftlab.cli.main` (a jsonargparse parser has no ``parse_known_args``), and jsonargparse names options
 after the attributes only (``--lr-ratio 3``: "unrecognized arguments"; a bare ``--overwrite``: "expected one
-argument"), so :func:`add_dataclass_flags` keeps the dashed flags and ``--x/--no-x`` switches in ``--help``
+argument"), so :func:`add_dataclass_flags` keeps the dashed flags and ``--x/--no-x`` switches, in ``--help``
 sections that say where they apply. Its errors span several lines without a suggestion, and it rejects
-spellings peftlab has always accepted (``q,k,v`` for a tuple, ``8.0`` for an int, Python's ``nan``), so the
-typing is :func:`spelled`. Option groups (``cfg.kasa``, ``cfg.optim``) are nested in
-Python only: every other spelling is flat (``--kasa-beta``, ``kasa_beta:``, ``--lr``); a YAML file may nest a
-prefixed group (``kasa: {beta: 0.01}``). ``config.yaml`` is ``yaml.safe_dump`` of ``to_dict()``: its bytes stay.
+spellings peftlab has always accepted (``q,k,v`` for a tuple, ``8.0`` for an int, Python's ``nan``): hence
+:func:`spelled`. Option groups (``cfg.kasa``, ``cfg.optim``) nest in Python only: every other spelling is flat
+(``--kasa-beta``, ``kasa_beta:``, ``--lr``); a YAML file may nest a prefixed group (``kasa: {beta: 0.01}``).
+``config.yaml`` is ``yaml.safe_dump`` of ``to_dict()``: its bytes stay.
 """
 
 from __future__ import annotations
@@ -215,13 +214,13 @@ def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
     names = option_names(cls)
     nested = {name: group for name, group in option_groups(cls).items() if group.PREFIX}
     out: dict[str, Any] = {}
-    spelled: dict[str, str] = {}
+    given_as: dict[str, str] = {}
 
     def put(name: str, value: Any, spelling: str) -> None:
         if name in out:
-            raise PeftlabError(f"config key '{name}' is given twice, as '{spelled[name]}' and as '{spelling}'",
+            raise PeftlabError(f"config key '{name}' is given twice, as '{given_as[name]}' and as '{spelling}'",
                                where=where, fix="keep one of them")
-        out[name], spelled[name] = coerce(cls, name, value, where), spelling
+        out[name], given_as[name] = coerce(cls, name, value, where), spelling
 
     for key, value in data.items():
         name = str(key).replace("-", "_")
