@@ -161,7 +161,8 @@ def coerce(cls, name: str, value: Any, where: str | None = None) -> Any:
     try:
         return checked_value(hint, spec.metadata, spelled(hint, value), "--" + name.replace("_", "-"), example)
     except PeftlabError as err:
-        raise PeftlabError(err.what, where=where or err.where, fix=err.fix) from None
+        where = ", ".join(w for w in (err.where, where) if w) or None  # the flag a choice's noun hides, the source
+        raise PeftlabError(err.what, where=where, fix=err.fix) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
