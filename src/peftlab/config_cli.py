@@ -95,13 +95,10 @@ def _flag_type(cls, name: str) -> Callable[[str], Any]:
 
 def add_dataclass_flags(parser: argparse.ArgumentParser, cls, *, only: tuple[str, ...] | None = None,
                         defaults: Mapping[str, Any] | None = None) -> None:
-    """One kebab-case flag per option (flat names: ``--kasa-beta`` for ``cls.kasa.beta``), in ``--help``
-    sections that say where they apply, the help text its field's docstring.
-
-    ``peftlab train`` (``only`` None): every option, defaults None so that only the flags given override YAML,
-    values left as text for :func:`build_config` to type and the dataclass to check. Another subcommand
-    (``only``: the options it takes, ``defaults``: its own): those flags alone, each typed and checked by its
-    declaration while the arguments are parsed (no TrainConfig is built there), defaults as given."""
+    """One kebab-case flag per option (``--kasa-beta`` for ``cls.kasa.beta``), its help its docstring, in
+    ``--help`` sections that say where they apply. ``peftlab train`` (``only`` None): every option, default None
+    (only the flags given override YAML), text for :func:`build_config` to type. Another subcommand (``only``,
+    its own ``defaults``): those flags, each typed and checked by its declaration while parsing (:func:`coerce`)."""
     docs, types_, declared = field_docs(cls), field_types(cls), option_defaults(cls)
     names = [n for n in options(cls) if only is None or n in only]
     unknown = set(only or ()) - set(names)
@@ -207,11 +204,9 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
-    """Keys with dashes or underscores (``lr-ratio`` = ``lr_ratio``) -> typed values, by flat option name.
-
-    A prefixed option group may also be nested (``kasa: {beta: 0.01}`` = ``kasa_beta: 0.01``); one option spelled
-    two ways in the same mapping is an error, as is an unknown key, which names the closest one (jsonargparse's
-    own message, "Option 'x' is not accepted", suggests none)."""
+    """Keys with dashes or underscores (``lr-ratio`` = ``lr_ratio``) -> checked values (:func:`coerce`), by flat
+    name; a prefixed group may nest (``kasa: {beta: 0.01}``). An option given twice, or an unknown key (the
+    closest named), is one line."""
     names = option_names(cls)
     nested = {name: group for name, group in option_groups(cls).items() if group.PREFIX}
     out: dict[str, Any] = {}
@@ -240,12 +235,9 @@ def normalise_keys(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
 def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
                  flag_values: dict[str, Any] | None = None,
                  check_explicit: Callable[[Any, set[str]], None] | None = None):
-    """defaults < YAML file < ``overrides`` (already typed, e.g. a sweep cell) < command-line flags.
-
-    ``check_explicit(cfg, names)``: called with the options set in the YAML or by a flag (``peftlab train``
-    refuses one its run would ignore: :func:`peftlab.resolve.check_ignored_options`). Every value is typed and
-    checked by its declaration where it enters (:func:`coerce`). The result is the schema: a run's method and
-    task defaults are :func:`peftlab.resolve.resolve_config`'s."""
+    """defaults < YAML file < ``overrides`` (e.g. a sweep cell) < command-line flags, each value through
+    :func:`coerce`. ``check_explicit(cfg, names)``: called with the options the YAML or a flag set (``peftlab
+    train``: :func:`peftlab.resolve.check_ignored_options`). Unresolved: :func:`peftlab.resolve.resolve_config`."""
     values: dict[str, Any] = {}
     explicit: set[str] = set()
     if yaml_path:
