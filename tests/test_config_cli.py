@@ -1,9 +1,9 @@
-"""The config layer on jsonargparse: flags, YAML and sweep values typed one way, `--print-config`, help texts."""
+"""The config layer: flags, YAML and sweep values typed and checked one way, `--print-config`, help texts."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass
 
@@ -12,7 +12,7 @@ import yaml
 
 from peftlab.cli.main import main
 from peftlab.config import (REPORT_TO, SCHEDULERS, CordaOptions, FourierFTOptions, KasaOptions, MethodConfig,
-                            TrainConfig, build_config, coerce, field_docs, save_config)
+                            TrainConfig, add_dataclass_flags, build_config, coerce, field_docs, save_config)
 from peftlab.config_cli import field_types, normalise_keys
 from peftlab.config_roles import choices_of, option_names
 from peftlab.errors import PeftlabError
@@ -37,8 +37,8 @@ def test_print_config_prints_the_resolved_yaml_and_creates_nothing(tmp_path, cap
     expected = build_run_config(overrides=dict(model="tiny-bert", rank=4, lr_ratio=2.0, targets="q,k,v",
                                                scheduler="cosine", pad_to_max=True, output_dir=str(out)))
     assert yaml.safe_load(printed) == expected.to_dict()
-    assert yaml.safe_load(printed)["lr"] == expected.lr > 0  # resolved: the method's default rate filled in
-    assert build_config(TrainConfig, overrides=dict(model="tiny-bert")).lr is None  # the schema alone: not yet
+    assert yaml.safe_load(printed)["lr"] == expected.optim.lr > 0  # resolved: the method's default rate filled in
+    assert build_config(TrainConfig, overrides=dict(model="tiny-bert")).optim.lr is None  # the schema alone: not yet
     save_config(expected, tmp_path / "config.yaml")  # what the run would write, byte for byte
     assert (tmp_path / "config.yaml").read_text() == printed
 
@@ -90,7 +90,8 @@ def test_help_texts_are_the_field_docstrings_through_the_bases():
     docs = field_docs(Child)
     assert docs == {"width": "How wide.", "name": "Which one, on two lines."}
     assert coerce(Child, "width", "7", "test") == 7
-    assert coerce(Child, "name", "c", "test") == "c"  # typed only: the choice is the declaration's to check
+    # typed and checked by the declaration where the value enters (its one check), naming where it came from
+    assert "unknown --name 'c' (test)" in one_line(coerce, Child, "name", "c", "test")
     assert choices_of(field_types(Child)["name"]) == ("a", "b")
 
 
@@ -100,14 +101,13 @@ def test_help_texts_are_the_field_docstrings_through_the_bases():
     ("rank", "8", 8),
     ("rank", 8.0, 8),  # an int column with gaps, read back by pandas
     ("layers", 6, "6"),  # YAML reads `layers: 6` as a number
-    ("layers", "~", "~"),  # text stays text (no YAML null inside a str option)
+    ("eval_split", "~", "~"),  # text stays text (no YAML null inside a str option)
     ("lr", "1e-4", 1e-4),  # YAML 1.1 reads 1e-4 as text
     ("lr_ratio", 8, 8.0),
     ("overwrite", "yes", True),
     ("overwrite", False, False),
     ("max_steps", "null", None),
     ("scheduler", "cosine", "cosine"),
-    ("scheduler", "cosin", "cosin"),  # typed only: the declaration refuses it when the config is built
 ])
 def test_values_are_typed_like_before(name, value, typed):
     assert coerce(TrainConfig, name, value, "test") == typed
@@ -115,7 +115,8 @@ def test_values_are_typed_like_before(name, value, typed):
 
 
 def test_non_finite_numbers_reach_the_config_check():
-    assert math.isnan(coerce(TrainConfig, "lr", "nan", "test")) and coerce(TrainConfig, "alpha", "inf", "t") == math.inf
+    # Python's spellings are read as numbers, then refused by the declaration's "finite"
+    assert "--lr must be a finite number > 0, got nan (test)" in one_line(coerce, TrainConfig, "lr", "nan", "test")
     assert "--lr must be a finite number > 0, got nan" in one_line(build_config, TrainConfig,
                                                                    flag_values={"lr": "nan"})
     assert "--alpha must be a finite number > 0, got inf" in one_line(build_config, TrainConfig,
@@ -129,6 +130,8 @@ def test_non_finite_numbers_reach_the_config_check():
     ("lr", "fast", "--lr must be float, got 'fast'"),
     ("overwrite", "maybe", "--overwrite must be bool"),
     ("targets", {"q": 1}, "--targets must be tuple"),
+    ("scheduler", "cosin", "unknown --scheduler 'cosin' (did you mean 'cosine'?) (where)"),  # checked on entry
+    ("rank", "0", "--rank must be a positive integer, got 0 (where)"),
 ])
 def test_bad_values_are_one_line_naming_the_flag(name, value, phrase):
     assert phrase in one_line(coerce, TrainConfig, name, value, "where")
@@ -253,17 +256,53 @@ def test_the_optimizer_part_is_composed_and_spelled_flat(tmp_path):
     from peftlab.config import OptimConfig
 
     cfg = build_config(TrainConfig, flag_values={"lr": "1e-3", "lr_ratio": "4", "weight_decay": "0.1"})
-    assert cfg.optim == OptimConfig(lr=1e-3, lr_ratio=4.0, weight_decay=0.1) and (cfg.lr, cfg.lr_ratio) == (1e-3, 4.0)
+    assert cfg.optim == OptimConfig(lr=1e-3, lr_ratio=4.0, weight_decay=0.1)
+    assert not hasattr(cfg, "lr") and not hasattr(cfg, "lr_ratio")  # one owner: cfg.optim (no flat proxy)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg and "optim" not in option_names(TrainConfig)
     assert [f.name for f in dataclasses.fields(OptimConfig)] == ["lr", "lr_ratio", "head_lr", "weight_decay"]
     assert "lr" not in {f.name for f in dataclasses.fields(TrainConfig)}  # declared once, in OptimConfig
     assert "unknown config key 'optim'" in one_line(normalise_keys, TrainConfig, {"optim": {"lr": 1}}, "w")
 
 
-def test_flags_are_grouped_by_the_part_that_declares_them(capsys):
+def test_help_groups_the_flags_by_where_they_apply(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = capsys.readouterr().out
-    run, method, optim = (text.index(title) for title in ("Run: task", "Method: which", "Optimizer: per-projection"))
-    assert run < method < optim
-    assert method < text.index("\n  --kasa-beta") < optim < text.index("\n  --lr-ratio")
+    titles = [TrainConfig.SECTIONS[key] for key in ("run", "optim", "eval", "data", "method", "kasa", "labelled",
+                                                      "judge")]
+    at = [text.index("\n" + title + ":\n") for title in titles]
+    assert at == sorted(at), "sections out of their declared order"
+
+    def section_of(flag: str) -> str:  # the title of the last section that starts before the flag
+        where = text.index(f"\n  {flag} ")
+        return max((text.index("\n" + t + ":\n"), t) for t in TrainConfig.SECTIONS.values()
+                   if text.index("\n" + t + ":\n") < where)[1]
+
+    sections = TrainConfig.SECTIONS
+    assert section_of("--task") == sections["run"] and section_of("--lr-ratio") == sections["optim"]
+    assert section_of("--epochs") == sections["optim"] and section_of("--eval-seed") == sections["eval"]
+    assert section_of("--kasa-beta") == "KaSA (--method kasa only)" and section_of("--rank") == sections["method"]
+    assert section_of("--judge-url") == "MT-Bench judge (--task mt-bench only)"
+    assert section_of("--label-field") == "Your own labelled data (--task classify|regress only)"
+
+
+def test_another_subcommand_takes_chosen_train_flags_from_their_declarations(capsys):
+    """study / bench: the same flag names, checks and help as `peftlab train`, their own defaults, nothing else."""
+    parser = argparse.ArgumentParser(prog="peftlab other")
+    add_dataclass_flags(parser, TrainConfig, only=("lr", "rank", "targets", "pad_to_max", "kasa_beta", "task"),
+                        defaults={"rank": 4})
+    args = parser.parse_args(["--lr", "1e-3", "--targets", "v,q", "--task", "SST2"])
+    assert (args.lr, args.rank, args.targets, args.pad_to_max, args.kasa_beta, args.task) == (
+        1e-3, 4, ("q", "v"), False, 1e-4, "sst2")  # typed and normalised as the config types them
+    for argv, phrase in ((["--rank", "0"], "argument --rank: --rank must be a positive integer, got 0"),
+                         (["--lr", "fast"], "argument --lr: --lr must be float, got 'fast'"),
+                         (["--task", "rtee"], "unknown task 'rtee' (did you mean 'rte'?)")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        assert phrase in capsys.readouterr().err
+    text = " ".join(parser.format_help().split())
+    assert field_docs(TrainConfig)["lr_ratio"] not in text and "--epochs" not in text  # only the chosen ones
+    assert field_docs(TrainConfig)["kasa_beta"] in text and "(default: 4)" in text  # train's help, own default
+    assert TrainConfig.SECTIONS["optim"] in text and "KaSA (--method kasa only)" in text  # train's sections
+    with pytest.raises(TypeError, match="no option nope"):
+        add_dataclass_flags(argparse.ArgumentParser(), TrainConfig, only=("nope",))

@@ -202,9 +202,10 @@ def test_out_of_range_is_refused_identically_everywhere(name, value, tmp_path, c
 
 
 @pytest.mark.parametrize("search, phrase", [
-    ({"lr": [1e-3, -1.0]}, "search point {lr=-1.0}: --lr must be a finite number > 0, got -1.0"),
-    ({"lr": {"low": -1.0, "high": 1e-3}}, "search point {lr=-1.0}: --lr must be a finite number > 0"),
-    ({"alpha": [8.0], "rank": {"low": 0, "high": 16}}, "search point {alpha=8.0 rank=0}: --rank must be a positive"),
+    # each value is checked where it is read (naming the search key), before any search point is built
+    ({"lr": [1e-3, -1.0]}, "--lr must be a finite number > 0, got -1.0 ("),
+    ({"lr": {"low": -1.0, "high": 1e-3}}, "--lr must be a finite number > 0, got -1.0 ("),
+    ({"alpha": [8.0], "rank": {"low": 0, "high": 16}}, "--rank must be a positive integer, got 0 ("),
     ({"rank": {"low": 4, "high": 2**63}}, "--rank must fit in 64 bits"),
 ])
 def test_a_tune_search_is_checked_at_both_ends_of_a_range(search, phrase, tmp_path):
@@ -249,6 +250,60 @@ def test_paths_are_checked_when_a_run_is_resolved(tmp_path):
     (tmp_path / "f").write_text("x")
     assert "is a file, not a folder" in refusal(resolve_config, TrainConfig(output_dir=str(tmp_path / "f")))
     assert resolve_config(missing, check_inputs=False).train_file  # a saved run read back: its data may be gone
+
+
+def test_a_run_is_resolved_once_and_a_second_resolve_is_refused():
+    import pickle
+
+    from peftlab.resolve import resolve_config, resolved_from_dict
+
+    cfg = TrainConfig(model="tiny-bert")
+    assert not cfg.resolved and cfg.optim.lr is None
+    resolved = resolve_config(cfg)
+    assert resolved.resolved and resolved.optim.lr > 0 and not cfg.resolved  # the input is left as it was
+    with pytest.raises(TypeError, match="resolved already"):
+        resolve_config(resolved)
+    assert pickle.loads(pickle.dumps(resolved)).resolved  # a worker gets it resolved
+    assert not dataclasses.replace(resolved, seed=1).resolved  # a changed copy is a new, unresolved config
+    assert resolved == resolve_config(dataclasses.replace(resolved))  # resolving once more would change nothing
+    back = resolved_from_dict(resolved.to_dict())  # a store row read back: resolved, not resolved again
+    assert back.resolved and back == resolved
+    assert "resolved_once" not in resolved.to_dict() and "resolved" not in resolved.to_dict()  # not in run keys
+
+
+def test_training_resolves_once_per_run(tmp_path, monkeypatch):
+    """The run's entry resolves (`peftlab train`: build_run_config); train() and setup() take the config as it
+    is, and setup refuses an unresolved one. train() given an unresolved config from Python is the entry."""
+    import peftlab.resolve
+    from peftlab.training import loop
+    from peftlab.training.setup import setup
+
+    with pytest.raises(TypeError, match="not resolved"):
+        setup(TrainConfig(model="tiny-bert", output_dir=str(tmp_path / "never")), "fresh")
+    calls, seen = [], []
+    real = peftlab.resolve.resolve_config
+
+    class Stop(Exception):
+        pass
+
+    def counted(cfg, **kwargs):
+        calls.append(cfg)
+        return real(cfg, **kwargs)
+
+    def stop_at_setup(cfg, mode):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr(peftlab.resolve, "resolve_config", counted)
+    monkeypatch.setattr(loop, "resolve_config", counted)
+    monkeypatch.setattr(loop, "setup", stop_at_setup)
+    entry = peftlab.resolve.build_run_config(overrides={"model": "tiny-bert", "output_dir": str(tmp_path / "a")})
+    with pytest.raises(Stop):
+        loop.train(entry)
+    assert len(calls) == 1 and seen[-1] is entry
+    with pytest.raises(Stop):
+        loop.train(TrainConfig(model="tiny-bert", output_dir=str(tmp_path / "b")))
+    assert len(calls) == 2 and seen[-1].resolved
 
 
 # --------------------------------------------------------------------------- declarations and their tables

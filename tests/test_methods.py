@@ -736,7 +736,7 @@ def test_head_only_config_has_no_targets_and_refuses_causal_lm_tasks():
     cfg = build_run_config(overrides=dict(method="head", targets="q,k", layers="1", lr=1e-3, lr_ratio=4,
                                                    head_lr=2e-3))  # a sweep cell's values it has no use for
     assert cfg.targets == () and cfg.layers is None and cfg.to_dict()["targets"] == ""
-    assert (cfg.lr, cfg.lr_ratio, cfg.head_lr) == (2e-3, 1.0, 2e-3)  # the head's rate is the run's only one
+    assert (cfg.optim.lr, cfg.optim.lr_ratio, cfg.optim.head_lr) == (2e-3, 1.0, 2e-3)  # the head's rate is the run's only one
     assert TrainConfig.from_dict(cfg.to_dict()).targets == ()  # config.yaml reads back
     with pytest.raises(PeftlabError, match="trains only a task head, and task 'alpaca' has none"):
         build_run_config(overrides=dict(method="head", task="alpaca", model="tiny-llama"))

@@ -119,11 +119,12 @@ def optimizer_membership(run) -> dict[str, set[str]]:
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_the_probe_measures_the_optimizer_groups_of_the_run_it_mirrors(tmp_path, method):
     from peftlab.training.probe import ProbeOptions, probe
+    from peftlab.resolve import resolve_config
     from peftlab.training.setup import setup
 
     cfg = tiny_cfg(tmp_path, method)
     result = probe(cfg, ProbeOptions(batches=1, adam_steps=1))
-    run = setup(cfg, "fresh")  # the training run itself: its AdamW's groups
+    run = setup(resolve_config(cfg), "fresh")  # the training run itself (resolved at its entry): its AdamW
     expected = optimizer_membership(run)
     blocks = {b["name"]: set(b["tensors"]) for b in result["blocks"]}
     assert {name: blocks[name] for name in expected} == expected

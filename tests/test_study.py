@@ -51,9 +51,9 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
     time.sleep(float(os.environ.get(SLEEP_ENV, "0")))
     with open(out.parent / "calls.jsonl", "a") as handle:
-        handle.write(json.dumps({"lr": cfg.lr, "ratio": cfg.lr_ratio, "seed": cfg.seed, "targets": ",".join(cfg.targets),
+        handle.write(json.dumps({"lr": cfg.optim.lr, "ratio": cfg.optim.lr_ratio, "seed": cfg.seed, "targets": ",".join(cfg.targets),
                                  "epochs": cfg.epochs}) + "\n")
-    final = world(cfg.lr, cfg.lr_ratio, cfg.seed) - (0.004 if "k" in cfg.targets else 0.0)
+    final = world(cfg.optim.lr, cfg.optim.lr_ratio, cfg.seed) - (0.004 if "k" in cfg.targets else 0.0)
     log, curve, stopped, status = [], [], None, "ok"
     for epoch in range(1, cfg.epochs + 1):
         accuracy = 0.5 if final <= 0.5 else final - 0.1 / epoch

@@ -45,6 +45,8 @@ def fake_train(cfg) -> dict:
     """Treats its output folder like peftlab.training.loop.train; lr_ratio 8 raises, lr_ratio 16 collapses."""
     import shutil
 
+    assert cfg.resolved, "a run gets the config its spec resolved (train() would not resolve it again)"
+
     out = Path(cfg.output_dir)
     result_file, checkpoint = out / "result.json", out / "checkpoint" / "state.json"
     if cfg.overwrite and out.exists():
@@ -63,11 +65,11 @@ def fake_train(cfg) -> dict:
         return json.loads(result_file.read_text())
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
     time.sleep(float(os.environ.get(FAKE_SLEEP_ENV, "0")))
-    if cfg.lr_ratio == 8:
-        raise RuntimeError(f"boom at lr_ratio {cfg.lr_ratio}")
+    if cfg.optim.lr_ratio == 8:
+        raise RuntimeError(f"boom at lr_ratio {cfg.optim.lr_ratio}")
     accuracy = 0.6 + 0.01 * cfg.seed
-    result = {"schema_version": 1, "status": "collapsed" if cfg.lr_ratio == 16 else "ok",
-              "status_reason": "fell to chance" if cfg.lr_ratio == 16 else None, "task": cfg.task,
+    result = {"schema_version": 1, "status": "collapsed" if cfg.optim.lr_ratio == 16 else "ok",
+              "status_reason": "fell to chance" if cfg.optim.lr_ratio == 16 else None, "task": cfg.task,
               "method": cfg.method, "seed": cfg.seed, "epochs": cfg.epochs, "config": cfg.to_dict(),
               "primary_metric": "accuracy", "best": {"epoch": 1, "metrics": {"accuracy": accuracy}},
               "final": {"metrics": {"accuracy": accuracy}}, "trainable_params": {"adapter": 10, "head": 2, "total": 12},
@@ -79,7 +81,7 @@ def fake_train(cfg) -> dict:
 
 def killed_worker_train(cfg) -> dict:
     """fake_train, except that lr_ratio 32 kills its own process mid-run (as the OOM killer would)."""
-    if cfg.lr_ratio == 32:
+    if cfg.optim.lr_ratio == 32:
         os.kill(os.getpid(), signal.SIGKILL)
     return fake_train(cfg)
 
@@ -165,8 +167,11 @@ def test_load_spec_drops_duplicate_cells(tmp_path):
     ({"grid": {"seed": []}}, "grid.seed is an empty list"),
     ({"base": {"output_dir": "x"}}, "'output_dir' cannot be set in base"),
     ({"grid": {"resume": [True]}}, "'resume' cannot be set in grid"),
-    ({"grid": {"lr_ratio": [1, -2]}}, r"run \{lr_ratio=-2\}: --lr-ratio must be a finite number > 0"),
-    ({"grid": {"method": ["lora", "lorra"]}}, r"run \{method=lorra\}: unknown method 'lorra'"),
+    # a value is checked where the spec gives it: the message names that key
+    ({"grid": {"lr_ratio": [1, -2]}}, r"--lr-ratio must be a finite number > 0, got -2.0 \(.*: grid.lr_ratio\)"),
+    ({"grid": {"method": ["lora", "lorra"]}}, r"unknown method 'lorra' \(did you mean 'lora'\?\) \(.*: grid.method\)"),
+    # a problem of a run's whole config is named by that run
+    ({"grid": {"rank": [4], "packing": [False, True]}}, r"run \{rank=4 packing=.*\}: --packing packs decoder"),
 ])
 def test_bad_specs_are_one_line_user_errors(tmp_path, spec, message):
     full = {**spec, "base": {**FAKE_BASE, **spec.get("base", {})}}
@@ -377,9 +382,9 @@ def test_sweep_resumes_a_killed_run_and_adopts_a_finished_one(tmp_path):
         # run 1: finished on disk, but the sweep died before recording it
         store.conn.execute("UPDATE runs SET status='running', attempts=1, owner=? WHERE key=?",
                            (f"{socket.gethostname()}|{dead.pid}|1", finished_unrecorded.key))
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.resolve import resolved_from_dict
 
-    done_cfg = build_config(TrainConfig, overrides=finished_unrecorded.config)
+    done_cfg = resolved_from_dict(finished_unrecorded.config)  # the run's config as its spec resolved it
     fake_train(done_cfg)
     (root / "calls.jsonl").unlink()
     # run 2: a folder of some other config sits where it should go

@@ -51,6 +51,8 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
     """Trains nothing: epochs of made-up metrics, with a checkpoint after each (resumable), honouring stop."""
     import shutil
 
+    assert cfg.resolved, "a run gets the config its spec resolved (train() would not resolve it again)"
+
     from peftlab.training.state import EpochEnd
 
     out = Path(cfg.output_dir)
@@ -67,14 +69,14 @@ def fake_train(cfg, on_epoch_end=None) -> dict:
         time.sleep(float(os.environ.get(SLEEP_ENV, "0")))
         with open(out.parent / "calls.jsonl", "a") as handle:
             handle.write(json.dumps({"dir": out.name, "epoch": epoch, "pid": os.getpid()}) + "\n")
-        if cfg.lr_ratio == 16 and epoch == 2:
+        if cfg.optim.lr_ratio == 16 and epoch == 2:
             status, reason = "diverged", f"non-finite loss at step 9 (epoch {epoch})"
             break
-        accuracy = 0.5 if (cfg.lr_ratio == 32 and epoch >= 2) else fake_accuracy(
-            cfg.lr_ratio if cfg.lr_ratio not in (32, 64) else 4, cfg.lr, cfg.seed, epoch)
-        if cfg.lr_ratio == 32 and epoch >= 2:
+        accuracy = 0.5 if (cfg.optim.lr_ratio == 32 and epoch >= 2) else fake_accuracy(
+            cfg.optim.lr_ratio if cfg.optim.lr_ratio not in (32, 64) else 4, cfg.optim.lr, cfg.seed, epoch)
+        if cfg.optim.lr_ratio == 32 and epoch >= 2:
             status, reason = "collapsed", f"accuracy fell to 0.5 <= chance 0.5 at epoch {epoch}"
-        if cfg.lr_ratio == 64:  # never leaves chance
+        if cfg.optim.lr_ratio == 64:  # never leaves chance
             accuracy = 0.5 + 0.001 * epoch
             if epoch == cfg.epochs:
                 status, reason = "no_learning", "best accuracy 0.504 <= chance 0.5 + 0.05"
@@ -134,7 +136,8 @@ def test_spec_budget_grid_and_seed_reserve(tmp_path):
     ({"budget": {"epochs": 10, "grid_fraction": 0.3}}, "not both"),
     ({"pruner": {"kind": "ashaa"}}, "unknown pruner.kind 'ashaa'.*did you mean 'asha'"),
     ({"serch": {}}, "unknown tune spec key 'serch'.*did you mean 'search'"),
-    ({"search": {"lr_ratio": [1, -2]}}, r"search point \{lr_ratio=-2.0\}: --lr-ratio must be a finite number > 0"),
+    ({"search": {"lr_ratio": [1, -2]}}, r"--lr-ratio must be a finite number > 0, got -2.0 \(.*: search.lr_ratio\)"),
+    ({"search": {"packing": [False, True]}}, r"search point \{packing=True\}: --packing packs decoder"),
     ({"heldout_seeds": -1}, r"heldout_seeds must be a whole number >= 0, got -1.*0 turns them off"),
     ({"heldout_seeds": "ten"}, r"heldout_seeds must be a whole number >= 0, got 'ten'"),
     ({"heldout_seeds": True}, r"heldout_seeds must be a whole number >= 0, got True"),

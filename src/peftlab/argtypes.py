@@ -1,10 +1,10 @@
-"""argparse ``type=`` checks for the plain options of subcommands (those not declared in ``TrainConfig``).
+"""argparse ``type=`` checks for the plain options of subcommands (a ``TrainConfig`` option on another subcommand
+comes from its declaration instead: :func:`peftlab.config_cli.add_dataclass_flags` with ``only=``).
 
-A value outside what the libraries below accept is refused while the arguments are parsed, so it becomes
-argparse's one line (``peftlab.cli.main.OneLineParser``) before any model is loaded, instead of a traceback
-from deep below or an option silently read as something else. The bounds are those of
-:mod:`peftlab.config_roles` (integers fit in int64; numbers are finite); a folder option is checked for
-its kind as ``check_paths`` checks a config's, and nothing is created while parsing.
+A value outside what the libraries below accept is argparse's one line (``peftlab.cli.main.OneLineParser``)
+before anything is loaded. Bounds are worded as :mod:`peftlab.config_roles` words them (integers fit in int64,
+numbers are finite); a folder is checked for its kind as :func:`peftlab.resolve.check_paths` checks a config's,
+and nothing is created while parsing.
 """
 
 from __future__ import annotations
@@ -12,54 +12,41 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Callable
 
-from peftlab.config_roles import INT64_MAX
+from peftlab.config_roles import INT64_MAX, Range
 from peftlab.io_utils import path_problem
 
 SEED_LIMIT = 2**32  # numpy's seeds are < 2**32
 
 
 def bounded_int(text: str, low: int, high: int, meaning: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {meaning}, got '{text}'") from None
-    if not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"expected {meaning}, got {value}")
-    return value
+    return _number("bounded_int", int, Range(low, high), meaning)(text)
 
 
-def positive_int(text: str) -> int:
-    return bounded_int(text, 1, INT64_MAX, f"a positive integer <= {INT64_MAX}")
+def _number(name: str, kind: type, check: Range, meaning: str | None = None) -> Callable[[str], int | float]:
+    """An argparse ``type=`` reading a ``kind`` number that ``check`` admits (a float: also finite), worded as the
+    config's declarations word their ranges (:class:`~peftlab.config_roles.Range`) unless ``meaning`` is given."""
+    meaning = meaning or check.describe(kind is int)
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {meaning}, got '{text}'") from None
+        if not check.admits(value) or (kind is float and not math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected {meaning}, got {text}")
+        return value
+
+    parse.__name__ = name  # argparse's fallback message, and what the CLI fuzz test sorts the options by
+    return parse
 
 
-def nonnegative_int(text: str) -> int:
-    return bounded_int(text, 0, INT64_MAX, f"an integer >= 0 and <= {INT64_MAX}")
-
-
-def seed(text: str) -> int:
-    return bounded_int(text, 0, SEED_LIMIT - 1, f"a seed >= 0 and < {SEED_LIMIT} (numpy's seed range)")
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    """A number >= 0 (a share of a device: 0 is none of it)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
+positive_int = _number("positive_int", int, Range(1, INT64_MAX))
+nonnegative_int = _number("nonnegative_int", int, Range(0, INT64_MAX))
+seed = _number("seed", int, Range(0, SEED_LIMIT, high_open=True, why="numpy's seed range"))
+positive_float = _number("positive_float", float, Range(0, low_open=True))
+nonnegative_float = _number("nonnegative_float", float, Range(0))  # a share of a device: 0 is none of it
 
 
 def text(value: str) -> str:

@@ -1,19 +1,12 @@
-"""The config schema: every option of a run declared once (type, default, help, valid values, roles).
+"""The config schema: every option of a run declared once (type, default, help, valid values, roles, section).
 
-A run's config is one dataclass, :class:`TrainConfig`: the method part (:class:`MethodConfig`, which it extends),
-the optimizer part (:class:`OptimConfig`, composed as ``cfg.optim``) and the run's own fields. Each method's own
-options nest as in peft (``cfg.kasa.beta``). Outside Python every option keeps one flat name: the flags, YAML,
-sweep and tune specs, config.yaml and run keys say ``--kasa-beta`` / ``kasa_beta``, ``--lr`` / ``lr`` (a YAML
-file may nest a method's group too: ``kasa: {beta: 0.01}``).
-
-Each field is declared once with :func:`peftlab.config_roles.option`: its type (``Literal`` for a choice), its
-default, its valid values (:class:`~peftlab.config_roles.Range`, ...) and its roles (run key, resume, tune,
-reports); the docstring under it is its ``--help``. ``__post_init__`` checks every value against its declaration
-(:func:`~peftlab.config_roles.check_fields`), whatever it came from, plus the few checks across fields that need
-no table. This module is a leaf: it imports no method, task, model, training or lab code. The method's and the
-task's defaults (``--lr``, ``--max-length``, ...) and the checks that need their tables are
-:func:`peftlab.resolve.resolve_config`, which every run applies before anything is loaded; config.yaml holds
-the resolved values. Flags and YAML are :mod:`peftlab.config_cli` (jsonargparse), re-exported here.
+A run's config is :class:`TrainConfig`: the method part (:class:`MethodConfig`, which it extends, with each
+method's own group nested as in peft: ``cfg.kasa.beta``), the optimizer (``cfg.optim``: :class:`OptimConfig`)
+and the run's own fields, shown in ``--help`` sections (``TrainConfig.SECTIONS``: run, optim, eval, data, each
+method's group, each task family's: the MT-Bench judge, your own labelled data). Outside Python every option
+has one flat name (``--kasa-beta`` / ``kasa_beta``, ``--lr`` / ``lr``; a YAML file may nest ``kasa: {beta: ..}``).
+Each field is declared with :func:`peftlab.config_roles.option`, its docstring is its ``--help``. This module is
+a leaf; the method's and task's defaults are :func:`peftlab.resolve.resolve_config`'s, once per run.
 """
 
 from __future__ import annotations
@@ -82,10 +75,18 @@ def _canonical_layers(text: str) -> str | None:
 
 # Frozen: a config copied with dataclasses.replace shares its groups, so none may change under the other.
 @dataclass(frozen=True)
-class KasaOptions:
+class OptionGroup:
+    """An option group: its fields checked against their declarations when it is built."""
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+@dataclass(frozen=True)
+class KasaOptions(OptionGroup):
     """KaSA (--kasa-*)"""
 
-    PREFIX = "kasa"  # flat names: kasa_beta (a class attribute, not a field)
+    PREFIX = SECTION = "kasa"  # flat names: kasa_beta; --help section (class attributes, not fields)
     beta: float = option(1e-4, Range(0), key_v1=True, training_only=True)
     """KaSA: weight of ||Delta_sigma||^2 in the loss."""
     gamma: float = option(1e-3, Range(0), key_v1=True, training_only=True)
@@ -97,48 +98,36 @@ class KasaOptions:
     mode: Literal["paper", "reference"] = option("paper", noun="KaSA mode", lower=True, key_v1=True)
     """KaSA: 'paper' (peft and the paper) or 'reference' (the authors' code: keeps in_features - k components, d x d orthogonality penalty); see docs/KASA_MODES.md."""
 
-    def __post_init__(self):
-        check_fields(self)
-
 
 @dataclass(frozen=True)
-class CordaOptions:
+class CordaOptions(OptionGroup):
     """CorDA (--corda-*)"""
 
-    PREFIX = "corda"
+    PREFIX = SECTION = "corda"
     mode: Literal["ipm", "kpm"] = option("ipm", noun="CorDA mode", lower=True, key_v1=True)
     """CorDA: 'ipm' (instruction-previewed: adapter from the r largest task-oriented components) or 'kpm' (knowledge-preserved: the r smallest)."""
     samples: int = option(256, Range(1), key_v1=True)
     """CorDA: training examples run through the model to collect the input covariances."""
 
-    def __post_init__(self):
-        check_fields(self)
-
 
 @dataclass(frozen=True)
-class VeraOptions:
+class VeraOptions(OptionGroup):
     """VeRA (--vera-*)"""
 
-    PREFIX = "vera"
+    PREFIX = SECTION = "vera"
     d_initial: float = option(0.1, Range(), key_v1=True)
     """VeRA: initial value of the d scaling vector."""
 
-    def __post_init__(self):
-        check_fields(self)
-
 
 @dataclass(frozen=True)
-class FourierFTOptions:
+class FourierFTOptions(OptionGroup):
     """FourierFT (--fourierft-*)"""
 
-    PREFIX = "fourierft"
+    PREFIX = SECTION = "fourierft"
     n_frequency: int = option(1000, Range(1), key_v1=True)
     """FourierFT: number of learned spectral coefficients per adapted matrix."""
     scaling: float = option(150.0, POSITIVE, key_v1=True)
     """FourierFT: scaling of the inverse DFT (the FourierFT paper uses 150 for RoBERTa-base on GLUE)."""
-
-    def __post_init__(self):
-        check_fields(self)
 
 
 KASA_MODES = typing.get_args(typing.get_type_hints(KasaOptions)["mode"])
@@ -146,10 +135,11 @@ CORDA_MODES = typing.get_args(typing.get_type_hints(CordaOptions)["mode"])
 
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimConfig(OptionGroup):
     """Optimizer: per-projection learning rates (Yao et al.) and AdamW"""
 
     PREFIX = ""  # flat names are the options' own: --lr, lr_ratio
+    SECTION = "optim"
     lr: float | None = option(None, POSITIVE, key_v1=True, training_only=True, label=6)
     """Learning rate of q and k (eta_QK); default: the method's usual rate (`peftlab methods`)."""
     lr_ratio: float = option(1.0, POSITIVE, key_v1=True, training_only=True, label=7)
@@ -158,9 +148,6 @@ class OptimConfig:
     """Learning rate of the task head; default: the method's head rate (`peftlab methods`), whatever --lr is."""
     weight_decay: float = option(0.0, Range(0), key_v1=True, training_only=True, label=12)
     """AdamW weight decay for matrices (tensors of 2+ dimensions); vectors (biases, norms, DoRA magnitudes, KaSA singular values, VeRA/FourierFT vectors) never decay."""
-
-    def __post_init__(self):
-        check_fields(self)
 
     def lr_of(self, group: str) -> float:
         """The learning rate of a parameter group (None lr: resolve the config first, peftlab.resolve)."""
@@ -181,6 +168,7 @@ class OptimConfig:
 class MethodConfig:
     """Method: which attention projections to adapt, and how"""
 
+    SECTION = "method"
     method: MethodName = option("lora", noun="method", lower=True, key_v1=True, label=2, adapter_identity=True)
     """Fine-tuning method: full, lora, dora, pissa, milora, kasa, corda, vera, fourierft, or head (the task head alone, at --head-lr: no adapter, the base frozen)."""
     targets: tuple[Projection, ...] = option(("q", "v"), noun="projection", lower=True, key_v1=True, label=3,
@@ -236,6 +224,20 @@ def parse_targets(targets) -> tuple[str, ...]:
 class TrainConfig(MethodConfig):
     """Run: task, model, data, training loop and output"""
 
+    SECTION = "run"  # the --help section of a field declared without section=
+    # --help's sections, in this order; the title says where a section's options apply.
+    SECTIONS = {
+        "run": "Run: task, model, output folder, devices",
+        "optim": "Optimizer and schedule: per-projection learning rates (Yao et al.), AdamW, epochs, steps",
+        "eval": "Evaluation (every task)", "data": "Data and batches (every task)",
+        "method": "Method: which attention projections to adapt, and how",
+        "kasa": "KaSA (--method kasa only)", "corda": "CorDA (--method corda only)",
+        "vera": "VeRA (--method vera only)", "fourierft": "FourierFT (--method fourierft only)",
+        "files": "Data files (--task json, mt-bench, classify, regress)",
+        "labelled": "Your own labelled data (--task classify|regress only)",
+        "generation": "Generation (decoder tasks: gsm8k, alpaca, json, mt-bench, commonsense, math, e2e)",
+        "judge": "MT-Bench judge (--task mt-bench only)"}
+
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The optimizer's options (flat: --lr, --lr-ratio, --head-lr, --weight-decay)."""
     task: TaskName = option("rte", noun="task", lower=True, key_v1=True, searchable=False, report_row=False,
@@ -243,45 +245,45 @@ class TrainConfig(MethodConfig):
     """Task: a GLUE task (cola sst2 mrpc qqp stsb mnli qnli rte wnli) or an instruction task (gsm8k, alpaca, json, mt-bench), or a decoder task scored on generated text (commonsense, math, e2e), or your own labelled data: classify (class labels) or regress (numbers), from --train-file or --dataset."""
     model: str = option("minilm-l6", Text(), key_v1=True, label=1, adapter_identity=True)
     """Model: a registered name (`peftlab models`), a local folder or a Hugging Face id."""
-    epochs: int = option(3, Range(0), key_v1=True, searchable=False, training_only=True, label=9)
+    epochs: int = option(3, Range(0), key_v1=True, searchable=False, training_only=True, label=9, section="optim")
     """Training epochs; 0 evaluates the model before fine-tuning."""
-    batch_size: int | None = option(None, Range(1), key_v1=True, training_only=True, label=10)
+    batch_size: int | None = option(None, Range(1), key_v1=True, training_only=True, label=10, section="optim")
     """Training examples per optimizer step (per process under accelerate launch); default 16 (GLUE), 8 for gsm8k/alpaca/json."""
-    eval_batch_size: int = option(64, Range(1), key_v1=True, report_row=False)
+    eval_batch_size: int = option(64, Range(1), key_v1=True, report_row=False, section="eval")
     """Examples per evaluation batch."""
-    max_length: int | None = option(None, Range(1), key_v1=True, label=11)
+    max_length: int | None = option(None, Range(1), key_v1=True, label=11, section="data")
     """Maximum tokens per example; longer inputs are truncated. Default 128 (the papers' T), 512 for gsm8k/alpaca/json."""
-    pooling: Pooling = option("native", noun="pooling", key_v1=True, adapter_identity=True)
+    pooling: Pooling = option("native", noun="pooling", key_v1=True, adapter_identity=True, section="data")
     """Encoder classifiers: what feeds the head. native (default): the architecture's ([CLS] for BERT), which plain transformers + peft reproduce from the saved adapter; mean: masked mean of the tokens (peftlab's own: the adapter alone does not carry it); auto: the checkpoint's declared sentence-transformers pooling (mean for minilm-l6, mpnet-base), else native."""
-    pad_to_max: bool = option(False, key_v1=True)
+    pad_to_max: bool = option(False, key_v1=True, section="data")
     """Pad every batch to --max-length (the papers' setup) instead of dynamic padding with length-grouped batches."""
-    packing: bool = option(False)
+    packing: bool = option(False, section="data")
     """Decoder training (instruction tuning, commonsense, math, e2e, mt-bench): put each batch's examples into one row without padding (transformers' DataCollatorWithFlattening: position_ids restart per example, the prompt stays masked), batches drawn at random instead of length-grouped; on SDPA each example attends on its own (peftlab.models.packed_attention), else under a block-diagonal mask, and the model is checked to keep the examples apart before training. --batch-size still counts examples, and the loss is the mean over the batch's response tokens, as when padded. Off by default: runs recorded without this key trained padded, so a default must keep meaning that; and length-grouped padding already computes within 1-2 % of the real tokens' model FLOPs (SmolLM2-135M on math/commonsense, batch 4-8), which is all packing can save (peftlab bench --against trainer --task math measures both; docs/BENCHMARKS.md)."""
-    warmup_ratio: float = option(0.06, Range(0, 1, high_open=True), key_v1=True, training_only=True)
+    warmup_ratio: float = option(0.06, Range(0, 1, high_open=True), key_v1=True, training_only=True, section="optim")
     """Fraction of the optimizer steps with linear learning-rate warm-up."""
-    scheduler: Literal["linear", "cosine", "constant"] = option("linear")
+    scheduler: Literal["linear", "cosine", "constant"] = option("linear", section="optim")
     """Learning-rate schedule after the warm-up (transformers' get_scheduler): linear (decay to 0, the papers'), cosine or constant."""
-    grad_accum: int = option(1, Range(1))
+    grad_accum: int = option(1, Range(1), section="optim")
     """Accumulate gradients over N batches per optimizer step (Accelerate's gradient_accumulation_steps): an effective batch of N x --batch-size."""
-    max_steps: int | None = option(None, Range(1))
+    max_steps: int | None = option(None, Range(1), section="optim")
     """Stop after this many optimizer steps (the schedule's length; overrides --epochs, the last epoch may be partial)."""
-    max_grad_norm: float = option(1.0, Range(0), key_v1=True, training_only=True)
+    max_grad_norm: float = option(1.0, Range(0), key_v1=True, training_only=True, section="optim")
     """Gradient clipping norm (0 disables clipping)."""
     seed: int = option(0, SEED, key_v1=True, searchable=False, report_row=False)
     """Training seed: head init, adapter init, data order, dropout and the --max-train-samples draw. It never changes which dev examples are evaluated (--eval-seed does)."""
-    max_train_samples: int | None = option(None, Range(1), key_v1=True, training_only=True)
+    max_train_samples: int | None = option(None, Range(1), key_v1=True, training_only=True, section="data")
     """Train on a deterministic subset of this many examples (the first after a shuffle seeded by --seed)."""
-    max_eval_samples: int | None = option(None, Range(1), key_v1=True)
+    max_eval_samples: int | None = option(None, Range(1), key_v1=True, section="eval")
     """Evaluate on a fixed subset of this many dev examples, drawn with --eval-seed: identical for every training seed, so seeds differ only in training."""
-    eval_seed: int = option(0, SEED, key_v1=True)
+    eval_seed: int = option(0, SEED, key_v1=True, section="eval")
     """Seed of the --max-eval-samples draw (recorded in result.json). Keep it fixed across a study so every run is scored on the same examples."""
-    selection_samples: int = option(0, Range(0), training_only=True)
+    selection_samples: int = option(0, Range(0), training_only=True, section="eval")
     """Carve this many examples out of the training split as a *selection* split (stratified by label, drawn with --eval-seed, so every seed shares it; no seed's training subset ever holds one of them): the best epoch, early stopping and the run's labels read it, and the dev set becomes the *test* split, read only for the reported numbers (result.json: "test" metrics at the selection-best epoch). 0: no selection split (the dev set chooses and reports). GLUE tasks only."""
-    early_stop_patience: int = option(0, Range(0), training_only=True)
+    early_stop_patience: int = option(0, Range(0), training_only=True, section="optim")
     """Early stopping: end the run once the selection metric (the dev metric without --selection-samples) has not improved by more than --early-stop-min-delta for this many evaluated epochs; --epochs is then the cap (the schedule is laid out for the cap). result.json "plateau" says whether it stopped, flattened or was still improving. 0: off."""
-    early_stop_min_delta: float = option(0.0, Range(0), training_only=True)
+    early_stop_min_delta: float = option(0.0, Range(0), training_only=True, section="optim")
     """Early stopping: the smallest gain of the selection metric that counts as an improvement (in the metric's units, e.g. 0.002 = 0.2 points of accuracy)."""
-    data_dir: str | None = option(None, Folder(), key_v1=True, report_row=False)
+    data_dir: str | None = option(None, Folder(), key_v1=True, report_row=False, section="data")
     """Local data folder (GLUE `glue_data` layout); default $PEFTLAB_DATA_DIR, then ../shared/data, then the Hub."""
     output_dir: str = option("runs/latest", Folder(exists=False), key_v1=True, resumable=True, run_managed=True,
                              searchable=False, report_row=False)
@@ -308,50 +310,50 @@ class TrainConfig(MethodConfig):
     """Allow a Hub model's own Python code to run (off by default: it is arbitrary code)."""
     allow_pickle: bool = option(False, key_v1=True, report_row=False)
     """Allow loading pickle (.bin) adapters, which can run arbitrary code."""
-    instruction_fields: str = option("instruction,input,output", Text(), key_v1=True)
+    instruction_fields: str = option("instruction,input,output", Text(), key_v1=True, section="files")
     """For --task json: the prompt, optional input and response field names of a JSON/JSONL file."""
-    train_file: str | None = option(None, File(), key_v1=True)
+    train_file: str | None = option(None, File(), key_v1=True, section="files")
     """For --task json (and mt-bench, instead of Alpaca): the training JSON/JSONL file. For --task classify/regress: the labelled training file: CSV, TSV (tab-separated, no quoting), JSON, JSONL or Parquet (datasets' csv/json/parquet builders); the digest of its bytes is recorded (data_digest), so the run key changes with its content."""
-    eval_file: str | None = option(None, File(), key_v1=True)
+    eval_file: str | None = option(None, File(), key_v1=True, section="files")
     """For --task json: the evaluation JSON/JSONL file (default: a held-out 10% of --train-file). For --task classify/regress: the labelled evaluation file (same formats); default: a held-out 10% of the training data (stratified by class for classify), drawn with a fixed seed (0) that never moves with --seed, so every seed trains and is scored on the same split."""
-    dataset: str | None = option(None, Text())
+    dataset: str | None = option(None, Text(), section="labelled")
     """For --task classify/regress, instead of --train-file: a folder written by datasets' save_to_disk (offline), else a Hugging Face Hub dataset NAME[:CONFIG] (online only). Its train split trains; --eval-split evaluates."""
-    eval_split: str | None = option(None, Text())
+    eval_split: str | None = option(None, Text(), section="labelled")
     """For --task classify/regress with --dataset: the split to evaluate on; default: validation when it has one, else a held-out 10% of train (as without --eval-file)."""
-    text_fields: str | None = option(None, Text())
+    text_fields: str | None = option(None, Text(), section="labelled")
     """For --task classify/regress: the one or two text columns, A[,B] (two are encoded as a sentence pair); default: text."""
-    label_field: str = option("label", Text())
+    label_field: str = option("label", Text(), section="labelled")
     """For --task classify/regress: the label column. classify: strings or integers, mapped to class ids in sorted order (saved as the model's id2label); regress: numbers (one output, MSE)."""
-    metric: str | None = option(None, Text())
+    metric: str | None = option(None, Text(), section="labelled")
     """For --task classify/regress: the primary metric (best epoch, reports, the chance bar). classify: accuracy (default), f1 (binary: the second of the two sorted classes is positive), f1_macro, matthews; regress: pearson (default), spearman. All of them are computed and recorded."""
-    data_digest: str | None = option(None, Text(r"[0-9a-f]{64}", "a sha256 digest (64 hex digits)"))
+    data_digest: str | None = option(None, Text(r"[0-9a-f]{64}", "a sha256 digest (64 hex digits)"), section="labelled")
     """Set by peftlab for --task classify/regress: sha256 of the bytes of --train-file/--eval-file (or of the --dataset folder's files), so a run's key changes when its data does. A run's config.yaml keeps it; evaluating that run on data that changed since is refused."""
-    eval_sets: str | None = option(None, Text())
+    eval_sets: str | None = option(None, Text(), section="generation")
     """For --task commonsense or math: the test sets to evaluate, comma-separated (default: all seven; commonsense: boolq piqa social_i_qa winogrande ARC-Easy ARC-Challenge openbookqa; math: gsm8k AQuA AddSub MultiArith SVAMP SingleEq mawps). --max-eval-samples applies to each set."""
-    train_sets: str | None = option(None, Text())
+    train_sets: str | None = option(None, Text(), section="generation")
     """For --task commonsense: the training splits, comma-separated (default: the union of all four available: boolq ARC-Easy ARC-Challenge openbookqa; the papers' 170k mix is not available offline)."""
-    eval_before: bool = option(False, key_v1=True)
+    eval_before: bool = option(False, key_v1=True, section="eval")
     """Also evaluate the untrained model before fine-tuning (the papers' "before" row; always on for gsm8k)."""
-    eval_every: int | None = option(None, Range(0), key_v1=True)
+    eval_every: int | None = option(None, Range(0), key_v1=True, section="eval")
     """Evaluate after every N epochs, and always after the last; 0: only after the last. Default 1; gsm8k: 0 (generation costs about an epoch)."""
-    eval_steps: int = option(0, Range(0))
+    eval_steps: int = option(0, Range(0), section="eval")
     """Also evaluate on the dev set every N optimizer steps during training (learning curves: result.json "curve", <run>/curve.jsonl); 0: off. Each evaluation is a full pass over the dev set (on a generation task, a full generation run), so a run pays its optimizer steps / N extra dev passes. The best epoch (and --save best) is still chosen among the epoch-end evaluations only."""
-    lm_eval: str | None = option(None, Text())
+    lm_eval: str | None = option(None, Text(), section="generation")
     """Decoder runs: after training, also score the saved weights with lm-evaluation-harness (pip install "peftlab[lm-eval]"), offline on the local data, on these tasks (comma-separated): gsm8k gsm8k_cot arc_easy arc_challenge openbookqa piqa social_iqa winogrande, or commonsense (the six multiple-choice sets; BoolQ's local copy has no passages). The harness's own prompts and metrics; multiple-choice sets by the log-likelihood of each choice. --max-eval-samples / --eval-seed draw the items (the same as the run's own evaluation), --eval-batch-size batches them. Results: result.json "lm_eval" (peftlab report --metric lm_eval/<task>/<metric>)."""
-    max_new_tokens: int | None = option(None, Range(1), key_v1=True)
+    max_new_tokens: int | None = option(None, Range(1), key_v1=True, section="generation")
     """Generation length limit; default 256 (gsm8k, math), 32 (commonsense, as LLM-Adapters), 64 (e2e). For GSM8K evaluation (and each MT-Bench answer; FastChat uses 1024)."""
-    judge_url: str | None = option(None, Text(r"https?://\S+", "an http:// or https:// URL"))
+    judge_url: str | None = option(None, Text(r"https?://\S+", "an http:// or https:// URL"), section="judge")
     """For --task mt-bench: the judge's OpenAI-compatible base URL (e.g. https://api.openai.com/v1, or http://127.0.0.1:8000/v1 for a local server). Without it the answers are generated and saved, not judged."""
-    judge_model: str = option("gpt-4", Text())
+    judge_model: str = option("gpt-4", Text(), section="judge")
     """For --task mt-bench: the judge model's name at --judge-url (FastChat's MT-Bench judge is gpt-4; anything but a strong API model is labelled a weak judge)."""
     judge_api_key_env: str = option("OPENAI_API_KEY", Text(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable's name"),
-                                    report_row=False)
+                                    report_row=False, section="judge")
     """For --task mt-bench: the environment variable holding the judge's API key (never the key itself: config.yaml is saved)."""
-    judge_timeout: float = option(120.0, POSITIVE, resumable=True, report_row=False)
+    judge_timeout: float = option(120.0, POSITIVE, resumable=True, report_row=False, section="judge")
     """For --task mt-bench: seconds per judge request; a request still unanswered is retried (--judge-retries), then recorded as unjudged, and the judge is given up on (the answers left are recorded unjudged; the preflight's one request before training waits at most 10 s)."""
-    judge_retries: int = option(3, Range(0), resumable=True, report_row=False)
+    judge_retries: int = option(3, Range(0), resumable=True, report_row=False, section="judge")
     """For --task mt-bench: retries of a failed judge request (timeouts, connection errors, HTTP 429/5xx), with exponential back-off."""
-    judge_parallel: int = option(4, Range(1), resumable=True, report_row=False)
+    judge_parallel: int = option(4, Range(1), resumable=True, report_row=False, section="judge")
     """For --task mt-bench: judge requests in flight at once."""
     log_every: int = option(10, Range(1), key_v1=True, resumable=True, hashed_as=10, report_row=False)
     """Log training loss and learning rate every N steps (see --report-to)."""
@@ -367,11 +369,15 @@ class TrainConfig(MethodConfig):
             raise PeftlabError(f"--judge-url is set, but task '{self.task}' has no judge (it would be ignored)",
                                fix="remove --judge-url, or use --task mt-bench")
 
-    # The optimizer's options read flat, as flags, YAML and config.yaml name them (cfg.lr is cfg.optim.lr).
-    lr = property(lambda self: self.optim.lr, doc="cfg.optim.lr")
-    lr_ratio = property(lambda self: self.optim.lr_ratio, doc="cfg.optim.lr_ratio")
-    head_lr = property(lambda self: self.optim.head_lr, doc="cfg.optim.head_lr")
-    weight_decay = property(lambda self: self.optim.weight_decay, doc="cfg.optim.weight_decay")
+    # peftlab.resolve marks the config it returns (resolved once per run). No field: outside to_dict(), the run
+    # key and dataclasses.replace's copy (a changed copy is unresolved again); a pickled config keeps it.
+    def mark_resolved(self) -> TrainConfig:
+        self.__dict__["resolved_once"] = True
+        return self
+
+    @property
+    def resolved(self) -> bool:
+        return self.__dict__.get("resolved_once", False)
 
 
 # Each consumer's list of options by role (run key, resume, tune, sweeps, reports, evaluate), derived once from
@@ -381,16 +387,10 @@ ROLES = role_sets(TrainConfig)
 
 # The config layer's public names: this module's, and those of config_cli (flags, YAML) and config_roles
 # (declarations, roles) that callers reach through it, so that `from peftlab.config import ...` is its one path.
-__all__ = [
-    # the schema
-    "TrainConfig", "MethodConfig", "OptimConfig", "KasaOptions", "CordaOptions", "VeraOptions", "FourierFTOptions",
-    "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "PROJECTIONS", "REPORT_TO", "HEAD_ONLY",
-    "SCHEDULERS", "KASA_MODES", "CORDA_MODES", "SEED", "POSITIVE", "MAX_LAYERS", "ROLES", "parse_layers",
-    "parse_targets",
-    # config_cli
-    "add_dataclass_flags", "build_config", "coerce", "config_yaml", "field_docs", "field_types", "load_yaml",
-    "normalise_keys", "save_config",
-    # config_roles
-    "File", "Folder", "Range", "Text", "check_fields", "flat_dict", "from_flat", "option", "option_defaults",
-    "option_names", "role_sets",
-]
+__all__ = [  # the schema; then config_cli's (flags, YAML); then config_roles' (declarations, roles)
+    "TrainConfig", "MethodConfig", "OptimConfig", "OptionGroup", "KasaOptions", "CordaOptions", "VeraOptions",
+    "FourierFTOptions", "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "PROJECTIONS", "REPORT_TO",
+    "HEAD_ONLY", "SCHEDULERS", "KASA_MODES", "CORDA_MODES", "SEED", "POSITIVE", "MAX_LAYERS", "ROLES",
+    "parse_layers", "parse_targets", "add_dataclass_flags", "build_config", "coerce", "config_yaml", "field_docs",
+    "field_types", "load_yaml", "normalise_keys", "save_config", "File", "Folder", "Range", "Text", "check_fields",
+    "flat_dict", "from_flat", "option", "option_defaults", "option_names", "role_sets"]

@@ -1,28 +1,16 @@
-"""One declaration per config field: its type, default, help, valid values and roles.
+"""One declaration per config field: its type, default, help, valid values, ``--help`` section and roles.
 
-Every field of the config dataclasses (:mod:`peftlab.config`) is declared once, with :func:`option`::
-
-    seed: int = option(0, Range(0, 2**32, high_open=True, why="numpy's seeds"), key_v1=True, searchable=False,
-                       report_row=False)
+    seed: int = option(0, Range(0, 2**32, high_open=True), key_v1=True, searchable=False, report_row=False)
     \"\"\"Training seed: head init, adapter init, ...\"\"\"
 
-- the **type** is the annotation: ``Literal[...]`` for a choice (``tuple[Literal[...], ...]`` for a set of them),
-  ``int``, ``float``, ``bool``, ``str``, ``X | None`` (None allowed);
-- the **default** is ``option``'s first argument; the **help** is the docstring under the field (jsonargparse
-  reads it: ``--help``, :func:`peftlab.config_cli.field_docs`);
-- the **valid values**: the type, a :class:`Range` for numbers (floats are always finite, integers always fit in
-  int64), :class:`Text` for text, :class:`File` / :class:`Folder` for paths. :func:`check_fields` (each config
-  dataclass's ``__post_init__``) enforces type, choice and range, so a value given on the command line, in a
-  YAML file, a sweep or tune spec, ``peftlab study --set`` or ``TrainConfig(...)`` is refused by the same line,
-  before anything is loaded or written; :func:`check_paths` checks the paths of a config resolved for a run
-  (a saved run's config.yaml reads back without its data: predict and export need none);
-- the **roles** (:class:`Roles`): what the run key, ``--resume``, ``peftlab tune``, sweeps, reports and
-  ``peftlab evaluate`` need to know about it. :func:`role_sets` derives each of their lists, so none is kept
-  by hand, and refuses roles that contradict each other (a resumable field that report rows tell apart, or that
-  key schema 1 hashed without a constant to hash it as). A resumable field is never in the run key.
-
-Option groups (``MethodConfig.kasa``, ``TrainConfig.optim``) are dataclasses whose ``PREFIX`` names their flat
-options (``kasa_beta``; ``""``: the options keep their own names, ``lr``); their fields are declared the same way.
+The **type** is the annotation (``Literal[...]``: a choice; ``tuple[Literal[...], ...]``: a set of them; ``X |
+None``: None allowed), the **help** the docstring under the field. The **valid values**: a :class:`Range` for
+numbers (floats finite, integers within int64), :class:`Text`, :class:`File` / :class:`Folder` (checked when a
+run is resolved: :func:`peftlab.resolve.check_paths`). :func:`checked_value` is a value's one check, applied
+where a flag, YAML file or spec gives it (:func:`peftlab.config_cli.coerce`) or Python builds a config
+(:func:`check_fields`, each config dataclass's ``__post_init__``). The **roles** (:class:`Roles`): what run
+keys, ``--resume``, tune, sweeps, reports and evaluate need to know; :func:`role_sets` derives their lists.
+Option groups (``cfg.kasa``, ``cfg.optim``) name their flat options by ``PREFIX`` (``kasa_beta``; ``""``: ``lr``).
 """
 
 from __future__ import annotations
@@ -35,11 +23,9 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from peftlab.errors import PeftlabError, closest, unknown
-from peftlab.io_utils import path_problem
 
 INT64_MAX = 2**63 - 1  # what torch, numpy and the tokenizers take as an integer (a length, a count, a step)
 NOT_HASHED = object()  # Roles.hashed_as: not hashed at all
@@ -61,12 +47,9 @@ class Range:
         return low_ok and high_ok
 
     def describe(self, integer: bool) -> str:
-        bounds = []
-        if self.low is not None:
-            bounds.append(f"{'>' if self.low_open else '>='} {self.low:g}" if not integer else
-                          f"{'>' if self.low_open else '>='} {int(self.low)}")
-        if self.high is not None:
-            bounds.append(f"{'<' if self.high_open else '<='} {int(self.high) if integer else f'{self.high:g}'}")
+        shown = (lambda x: str(int(x))) if integer else (lambda x: f"{x:g}")
+        bounds = [f"{sign[is_open]} {shown(bound)}" for bound, is_open, sign in (
+            (self.low, self.low_open, (">=", ">")), (self.high, self.high_open, ("<=", "<"))) if bound is not None]
         if integer and self.low == 1 and not self.low_open:
             text = "a positive integer" + (f" {bounds[1]}" if len(bounds) > 1 else "")
         else:
@@ -111,12 +94,14 @@ class Roles:
 
 def option(default: Any = dataclasses.MISSING, check: Range | Text | File | Folder | None = None, *,
            default_factory: Callable | Any = dataclasses.MISSING, noun: str | None = None, lower: bool = False,
-           normalise: Callable[[Any], Any] | None = None, **roles) -> Any:
+           normalise: Callable[[Any], Any] | None = None, section: str | None = None, **roles) -> Any:
     """A dataclass field declared with its check and roles (``field(metadata=...)``).
 
     ``noun`` names a choice's kind in the "unknown <noun> 'x'" message (default: the flag); ``lower``: a choice
-    is matched in lower case; ``normalise``: the canonical form of a text value (e.g. ``--layers 6-8`` -> 6,7,8)."""
-    metadata = {"check": check, "noun": noun, "lower": lower, "normalise": normalise, "roles": Roles(**roles)}
+    is matched in lower case; ``normalise``: the canonical form of a text value (e.g. ``--layers 6-8`` -> 6,7,8);
+    ``section``: its ``--help`` section (a key of the config's ``SECTIONS``; default: its class's ``SECTION``)."""
+    metadata = {"check": check, "noun": noun, "lower": lower, "normalise": normalise, "section": section,
+                "roles": Roles(**roles)}
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -174,17 +159,21 @@ def check_fields(obj) -> None:
 
 def as_group(group_cls, value, name: str):
     """``value`` as a ``group_cls`` option group: an instance as is, a mapping (``{"beta": 0.01}``) built into one."""
-    if isinstance(value, group_cls):
-        return value
-    names = [f.name for f in dataclasses.fields(group_cls)]
+    return value if isinstance(value, group_cls) else group_cls(**group_items(group_cls, name, value))
+
+
+def group_items(group_cls, name: str, value, where: str | None = None) -> dict[str, Any]:
+    """The options of group ``name`` given as a mapping (``kasa: {beta: 0.01}``), each checked to exist in it."""
+    subs = [f.name for f in dataclasses.fields(group_cls)]
     if not isinstance(value, Mapping):
-        raise PeftlabError(f"'{name}' must be {group_cls.__name__} or a mapping of its options, got {value!r}",
-                           fix=f"e.g. {name}: {{{names[0]}: ...}} in YAML, or {name}_{names[0]}: ...")
+        raise PeftlabError(f"config key '{name}' must be a mapping of its options, got {value!r}", where=where,
+                           fix=f"e.g. {name}: {{{subs[0]}: ...}}, or the flat key {name}_{subs[0]}: ...")
     given = {str(k).replace("-", "_"): v for k, v in value.items()}
-    for key in given:
-        if key not in names:
-            raise PeftlabError(f"unknown {name} option '{key}'{closest(key, names)}", fix=f"{name} has: {', '.join(names)}")
-    return group_cls(**given)
+    for sub in given:
+        if sub not in subs:
+            raise PeftlabError(f"unknown config key '{name}.{sub}'{closest(sub, subs)}", where=where,
+                               fix=f"{name} has: {', '.join(subs)}")
+    return given
 
 
 def checked_value(hint, metadata: Mapping, value, flag: str, example=None):
@@ -238,7 +227,6 @@ def _choice_set(value, item_hint, metadata: Mapping, flag: str) -> tuple:
 
 
 def _number(value, integer: bool, check: Range, flag: str, example=None):
-    # type errors are worded as the YAML / flag layer words them (jsonargparse's type names)
     if integer and (isinstance(value, bool) or not isinstance(value, int)):
         raise PeftlabError(f"{flag} must be int, got {value!r}")
     if not integer and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -254,28 +242,6 @@ def _number(value, integer: bool, check: Range, flag: str, example=None):
 def _text(value: str, check: Text, flag: str) -> None:
     if not value.strip() or (check.pattern and not re.fullmatch(check.pattern, value)):
         raise PeftlabError(f"{flag} must be {check.meaning}, got {value!r}")
-
-
-def check_paths(cfg) -> None:
-    """The :class:`File` / :class:`Folder` fields of ``cfg`` that are set: there, and of the right kind; a folder
-    that may not exist yet (an output) is no file, not below a file and has no name too long for its filesystem."""
-    for spec in dataclasses.fields(type(cfg)):
-        check, value = spec.metadata.get("check"), getattr(cfg, spec.name)
-        if value is None or not isinstance(check, (File, Folder)):
-            continue
-        flag, path = flag_of(type(cfg), spec.name), Path(value).expanduser()
-        problem = path_problem(path, kind="file" if isinstance(check, File) else "folder", write=False)
-        if problem is not None and not problem.startswith("it is a "):
-            raise PeftlabError(f"{flag} {value}: {problem}", fix=f"pass another path as {flag}")
-        if isinstance(check, File) and path.is_dir():
-            raise PeftlabError(f"{flag} {value} is a folder, not a file",
-                               fix="pass one file (a folder written by datasets' save_to_disk goes to --dataset)")
-        if isinstance(check, File) and not path.is_file():
-            raise PeftlabError(f"{flag} {value} not found", fix=f"pass an existing file as {flag}")
-        if isinstance(check, Folder) and path.exists() and not path.is_dir():
-            raise PeftlabError(f"{flag} {value} is a file, not a folder", fix=f"pass a folder as {flag}")
-        if isinstance(check, Folder) and check.exists and not path.is_dir():
-            raise PeftlabError(f"{flag} {value} not found", fix=f"pass an existing folder as {flag}")
 
 
 # --------------------------------------------------------------------------- flat option names
@@ -391,11 +357,6 @@ class RoleSets:
     adapter_identity: tuple  # training/evaluation.ADAPTER_IDENTITY_KEYS
 
 
-def roles_of(cls) -> dict[str, Roles]:
-    """Each flat option of ``cls`` (``kasa_beta``) and its roles."""
-    return {flat: o.owner.__dataclass_fields__[o.name].metadata.get("roles", Roles()) for flat, o in options(cls).items()}
-
-
 def _contradiction(r: Roles) -> str | None:
     """What is wrong with a field's roles, if anything."""
     if r.resumable and r.report_row:
@@ -412,7 +373,7 @@ def _contradiction(r: Roles) -> str | None:
 @functools.lru_cache(maxsize=None)
 def role_sets(cls) -> RoleSets:
     """The lists of ``cls``'s options by role; a contradiction between roles is a TypeError (a bug, not input)."""
-    roles = roles_of(cls)
+    roles = {flat: option_spec(cls, flat).metadata.get("roles", Roles()) for flat in options(cls)}
     for name, r in roles.items():
         problem = _contradiction(r)
         if problem:

@@ -1,26 +1,27 @@
-"""A run's config resolved: the method's and the task's defaults filled in, and the checks that need their tables.
+"""A run's config resolved: the method's and the task's defaults filled in, the checks that need their tables.
 
-:class:`~peftlab.config.TrainConfig` is the schema: each field's type, range and roles, nothing above it. What a
-run also needs comes from the tables: the method's learning rates (``methods.table.METHODS``: ``--lr``,
-``--head-lr``; head-only trains at its head rate alone), the task's lengths, batch size, evaluation interval and
-generation length (``tasks.table.TASKS``), the canonical ``--eval-sets``, ``--train-sets`` and ``--lm-eval``
-names, a user task's data options and data digest (``tasks.labelled_data``), and the paths that must
-exist. :func:`resolve_config` does all of that, before anything is loaded or written: ``peftlab train``, sweep
-and tune specs (every cell), ``peftlab study`` and :func:`peftlab.training.loop.train` call it, so config.yaml,
-result.json and run keys hold the resolved values. It is idempotent: resolving a resolved config (a run's
-config.yaml) changes nothing.
+:class:`~peftlab.config.TrainConfig` is the schema. What a run also needs comes from the tables: the method's
+learning rates (``methods.table.METHODS``; head-only trains at its head rate alone), the task's lengths, batch
+size, evaluation interval and generation length (``tasks.table.TASKS``), canonical ``--eval-sets``,
+``--train-sets`` and ``--lm-eval`` names, a user task's data options and digest, the paths that must exist.
 
-Torch-free: the method and task tables import no model code.
+A run is resolved once, at its entry: ``peftlab train`` (:func:`build_run_config`), each cell of a sweep or tune
+spec, ``peftlab study``, or :func:`peftlab.training.loop.train` given an unresolved config from Python. The
+config :func:`resolve_config` returns is marked (``cfg.resolved``): resolving it again is refused, and
+``training.setup`` refuses an unresolved one. A resolved config written out (a store row) reads back resolved
+(:func:`resolved_from_dict`). Torch-free: the method and task tables import no model code.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from peftlab.config import TrainConfig, build_config
-from peftlab.config_roles import check_paths
+from peftlab.config_roles import File, Folder, flag_of
 from peftlab.errors import PeftlabError
+from peftlab.io_utils import path_problem
 
 
 def resolve_config(cfg: TrainConfig, *, check_inputs: bool = True) -> TrainConfig:
@@ -30,6 +31,8 @@ def resolve_config(cfg: TrainConfig, *, check_inputs: bool = True) -> TrainConfi
     from peftlab.tasks.labelled_data import resolve_options
     from peftlab.tasks.table import TASKS, canonical_sets
 
+    if cfg.resolved:  # a bug, not input: the run's entry resolved it already
+        raise TypeError("resolve_config: this config is resolved already (a run resolves once, at its entry)")
     method, task = METHODS[cfg.method], TASKS[cfg.task]
     if check_inputs:
         check_paths(cfg)
@@ -64,7 +67,14 @@ def resolve_config(cfg: TrainConfig, *, check_inputs: bool = True) -> TrainConfi
         lm_eval=_lm_eval_names(cfg, task),
         **{name: value for name, value in defaults.items() if getattr(cfg, name) is None})
     data = resolve_options(resolved)  # classify/regress: the data options checked, defaults and the data digest
-    return dataclasses.replace(resolved, text_fields=data.text_fields, metric=data.metric, data_digest=data.data_digest)
+    return dataclasses.replace(resolved, text_fields=data.text_fields, metric=data.metric,
+                               data_digest=data.data_digest).mark_resolved()
+
+
+def resolved_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """A config that :func:`resolve_config` returned, read back from its flat form (a store row's config, a
+    sweep run's, with ``resume`` / ``overwrite`` set per attempt): typed and checked, not resolved again."""
+    return build_config(TrainConfig, overrides=data).mark_resolved()
 
 
 def _lm_eval_names(cfg: TrainConfig, task) -> str | None:
@@ -79,12 +89,44 @@ def _lm_eval_names(cfg: TrainConfig, task) -> str | None:
     return ",".join(task_names(cfg.lm_eval))
 
 
-def build_run_config(*, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
-                     flag_values: dict[str, Any] | None = None, check_explicit: bool = False) -> TrainConfig:
-    """:func:`peftlab.config.build_config` of a :class:`TrainConfig`, resolved for a run. ``check_explicit``
-    (``peftlab train``): an option set in the YAML or by a flag that the run's method ignores is an error."""
+def check_paths(cfg) -> None:
+    """The :class:`File` / :class:`Folder` fields of ``cfg`` that are set: there, and of the right kind; a folder
+    that may not exist yet (an output) is no file, not below a file and has no name too long for its filesystem."""
+    for spec in dataclasses.fields(type(cfg)):
+        check, value = spec.metadata.get("check"), getattr(cfg, spec.name)
+        if value is None or not isinstance(check, (File, Folder)):
+            continue
+        flag, path, kind = flag_of(type(cfg), spec.name), Path(value).expanduser(), type(check).__name__.lower()
+        problem = path_problem(path, kind=kind, write=False)
+        if problem is not None and not problem.startswith("it is a "):
+            raise PeftlabError(f"{flag} {value}: {problem}", fix=f"pass another path as {flag}")
+        if isinstance(check, File) and path.is_dir():
+            raise PeftlabError(f"{flag} {value} is a folder, not a file",
+                               fix="pass one file (a folder written by datasets' save_to_disk goes to --dataset)")
+        if isinstance(check, Folder) and path.exists() and not path.is_dir():
+            raise PeftlabError(f"{flag} {value} is a file, not a folder", fix=f"pass a folder as {flag}")
+        if not (path.is_file() if isinstance(check, File) else path.is_dir() or not check.exists):
+            raise PeftlabError(f"{flag} {value} not found", fix=f"pass an existing {kind} as {flag}")
+
+
+def check_ignored_options(cfg: TrainConfig, explicit: set[str]) -> None:
+    """``peftlab train``: an option set in the YAML or by a flag that this run would ignore is an error (the
+    method's options: :func:`peftlab.methods.table.check_explicit_options`; ``--lr-ratio`` without v)."""
     from peftlab.methods.table import check_explicit_options
 
+    check_explicit_options(cfg, explicit)
+    lr_ratio = cfg.optim.lr_ratio
+    if "lr_ratio" in explicit and lr_ratio != 1 and "v" not in cfg.targets:
+        raise PeftlabError(f"--lr-ratio {lr_ratio:g} sets eta_V = {lr_ratio:g} x eta_QK, but --targets "
+                           f"{','.join(cfg.targets)} has no v, so nothing would get it",
+                           fix="add v to --targets (e.g. --targets q,v), or drop --lr-ratio")
+
+
+def build_run_config(*, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
+                     flag_values: dict[str, Any] | None = None, check_explicit: bool = False) -> TrainConfig:
+    """:func:`peftlab.config.build_config` of a :class:`TrainConfig`, resolved for a run: a run's entry.
+    ``check_explicit`` (``peftlab train``): refuse an option set in the YAML or by a flag that the run would
+    ignore (:func:`check_ignored_options`)."""
     cfg = build_config(TrainConfig, yaml_path=yaml_path, overrides=overrides, flag_values=flag_values,
-                       check_explicit=check_explicit_options if check_explicit else None)
+                       check_explicit=check_ignored_options if check_explicit else None)
     return resolve_config(cfg)

@@ -95,7 +95,7 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store, *, adopt_prun
     only with ``adopt_pruned`` (a tune trial killed before it was recorded); otherwise (a sweep's cell: it
     needs the complete run) that folder is renamed aside to its pruned name and the run trains afresh.
     """
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.resolve import resolved_from_dict
     from peftlab.training import run_folder as runfiles
 
     out = Path(run_config["output_dir"])
@@ -114,7 +114,8 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store, *, adopt_prun
         same_config = _dir_config_key(out) == key
         resume = out.is_dir() and same_config and runfiles.has_checkpoint(out)
         overwrite = out.is_dir() and not resume
-        cfg = build_config(TrainConfig, overrides={**overrides, "resume": resume, "overwrite": overwrite})
+        # the config its spec resolved (store row): the run is not resolved again
+        cfg = resolved_from_dict({**overrides, "resume": resume, "overwrite": overwrite})
         if resume:
             print(f"resuming {out} from its checkpoint")
         result = train_fn(cfg)

@@ -157,6 +157,17 @@ def check_spec_keys(keys, where: str, section: str) -> None:
         normalise_keys(TrainConfig, {key: None}, f"{where}: {section}")
 
 
+def typed_base(spec: dict, where: str) -> dict[str, Any]:
+    """A sweep's or tune's ``base:`` (config keys every run shares): its keys checked, its values typed and checked."""
+    from peftlab.config import TrainConfig, normalise_keys
+
+    base = spec.get("base") or {}
+    if not isinstance(base, dict):
+        raise PeftlabError("base: must be a mapping of config keys to values", where=where)
+    check_spec_keys(base, where, "base")
+    return normalise_keys(TrainConfig, base, f"{where}: base")
+
+
 def _typed_list(values, key, name: str, where: str):
     """A grid list with each value typed like its config field; non-lists are left to expand() to reject."""
     from peftlab.config import TrainConfig, normalise_keys
@@ -205,29 +216,25 @@ def add_output_flags(parser) -> None:
 
 def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None) -> Sweep:
     """Read and validate a spec; every run's config is built (so any bad value fails before training)."""
-    from peftlab.config import TrainConfig, normalise_keys
+    from peftlab.config import TrainConfig
     from peftlab.resolve import resolve_config
 
     path, spec = read_spec(path, "sweep", SPEC_KEYS, examples="configs/sweeps/", config_keys="base: or grid:")
     where = str(path)
-    base = spec.get("base") or {}
+    base = typed_base(spec, where)
     grid = spec.get("grid") or {}
     zips = spec.get("zip") or []
-    if not isinstance(base, dict):
-        raise PeftlabError("base: must be a mapping of config keys to values", where=where)
     if not isinstance(grid, dict):
         raise PeftlabError("grid: must be a mapping of config keys to lists", where=where)
     if isinstance(zips, dict):
         zips = [zips]
     if not isinstance(zips, list):
         raise PeftlabError("zip: must be a list of groups (mappings of keys to equal-length lists)", where=where)
-    check_spec_keys(base, where, "base")
     check_spec_keys(grid, where, "grid")
     for i, group in enumerate(zips):
         if isinstance(group, dict):
             check_spec_keys(group, where, f"zip[{i}]")
-    # Type every value once here (errors name the key), not once per run: a 768-run grid stays instant.
-    base = normalise_keys(TrainConfig, base, f"{where}: base")
+    # Type and check every value once here (errors name the key), not once per run: a 768-run grid stays instant.
     grid = {str(k).replace("-", "_"): _typed_list(v, k, f"grid.{k}", where) for k, v in grid.items()}
     zips = [{str(k).replace("-", "_"): _typed_list(v, k, f"zip[{i}].{k}", where) for k, v in g.items()}
             if isinstance(g, dict) else g for i, g in enumerate(zips)]

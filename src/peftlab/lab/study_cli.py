@@ -225,7 +225,7 @@ def fair_design(args, base: dict, tasks: tuple[str, ...]) -> sp.Design:
         if method == "head":
             config.pop("targets", None)
         cfg = resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, "study")), check_inputs=False)
-        return float(cfg.lr if method != "head" else cfg.head_lr)
+        return float(cfg.optim.lr if method != "head" else cfg.optim.head_lr)
 
     if args.study_kind == "lambda":
         base["method"] = args.method

@@ -66,86 +66,103 @@ def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, tra
     """Run every unfinished run of ``sweep``; the train function is injectable (callable or "module:attr").
     ``backend(store, log_dir, note)`` makes the executor (default :func:`local_backend`; Ray:
     :func:`run_sweep_ray`)."""
-    from tqdm.auto import tqdm
-
     sweep.output_root.mkdir(parents=True, exist_ok=True)
     store = Store(sweep.store_path)
     store.register((run.key, run.config, run.output_dir) for run in sweep.runs)
     reset = store.prepare(sweep.keys, retry_failed=retry_failed)
-    keys = sweep.keys
-    counts = store.counts(keys)
-    done_before = sum(counts[s] for s in FINISHED) + counts["failed"]
+    counts = store.counts(sweep.keys)
     log_dir = sweep.log_dir if capture_output else None
-    bar_file = os.fdopen(os.dup(2), "w") if progress else None
-    # Without a terminal (CI, nohup, a log file) the bar is not drawn: each finished run is one line (note below),
-    # never a redrawn bar in the log.
-    bar = tqdm(total=len(keys), initial=done_before, desc="sweep", unit="run", file=bar_file,
-               disable=not (progress and os.isatty(2)), dynamic_ncols=True, smoothing=0.1)
-
-    def note(message: str) -> None:
-        if progress:
-            bar.write(message, file=bar_file)
-            bar_file.flush()  # a log file is block-buffered: each line when it happens, not at the sweep's end
-
+    ours = set(sweep.keys)
+    to_run = {k for k, s in store.statuses().items() if s == "pending" and k in ours}
+    shown = Progress(sweep, store, to_run, log_dir, enabled=progress,
+                     done=sum(counts[s] for s in FINISHED) + counts["failed"])
     if reset["running"]:
-        note(f"resuming {reset['running']} run(s) left unfinished by a killed sweep")
+        shown.note(f"resuming {reset['running']} run(s) left unfinished by a killed sweep")
     if reset["failed"]:
-        note(f"retrying {reset['failed']} failed run(s)")
+        shown.note(f"retrying {reset['failed']} failed run(s)")
     if counts["running"] - reset["running"] > 0:
-        note(f"{counts['running'] - reset['running']} run(s) are running in another live process: left to it "
-             "(this sweep waits for them, and resumes any whose process stops beating)")
-    by_key = {run.key: run for run in sweep.runs}
-    to_run = {k for k, s in store.statuses().items() if s == "pending" and k in by_key}
-    reported: set[str] = set()
-
-    def refresh() -> dict[str, int]:
-        now = store.counts(keys)
-        bar.update(sum(now[s] for s in FINISHED) + now["failed"] - bar.n)
-        bar.set_postfix({s: now[s] for s in ("ok", "diverged", "collapsed", "no_learning", "failed") if now[s]},
-                        refresh=True)
-        for row in store.rows(parse=False):
-            if row["key"] not in to_run or row["key"] in reported or row["status"] not in (*FINISHED, "failed"):
-                continue
-            reported.add(row["key"])
-            run = by_key[row["key"]]
-            if row["status"] == "failed":
-                log = f" (log: {log_dir / (short_key(row['key']) + '.log')})" if log_dir else ""
-                note(f"run {short_key(row['key'])} ({run.describe()}) failed: {row['error']}{log}")
-            else:
-                note(f"run {short_key(row['key'])} ({run.describe()}): {row['status']}, {finished_summary(row)}")
-        return now
-
-    executor: Executor | None = None
+        shown.note(f"{counts['running'] - reset['running']} run(s) are running in another live process: left to "
+                   "it (this sweep waits for them, and resumes any whose process stops beating)")
+    started: list[Executor] = []  # started only when there is something to run (Ray connects)
     try:
-        round_keys: set[str] | None = set(to_run)
-        while round_keys is not None:  # a round runs what is pending; then what others left (see _next_round)
-            to_run |= round_keys
-            queue = [{"key": run.key, "config": run.config} for run in sweep.runs if run.key in round_keys]
-            if queue and executor is None:  # started only when there is something to run (Ray connects)
-                executor = (backend or local_backend(train_fn, workers))(store, log_dir, note)
-            while queue or (executor is not None and len(executor)):
-                while queue and len(executor) < executor.slots:
-                    executor.submit(queue.pop(0))  # a run another live process holds is skipped: see _next_round
-                if len(executor):
-                    executor.wait(poll_seconds)
-                refresh()
-            counts = refresh()
-            round_keys = _next_round(sweep, store, note, poll_seconds=poll_seconds)
-        counts = refresh()
+        _rounds(sweep, store, shown, to_run, started, poll_seconds,
+                lambda: (backend or local_backend(train_fn, workers))(store, log_dir, shown.note))
+        counts = shown.refresh()
         statuses = store.statuses()
     except BaseException:
-        if executor is not None:
+        for executor in started:
             executor.abort()  # the runs in flight are handed back: the next sweep resumes them
         raise
     finally:
-        if executor is not None:
+        for executor in started:
             executor.close()
-        bar.close()
-        if bar_file is not None:
-            bar_file.close()
+        shown.close()
         store.close()
     failed = [k for k in sweep.keys if k in to_run and statuses.get(k) == "failed"]
-    return SweepOutcome(total=len(keys), counts=counts, ran=len(to_run), failed_keys=failed)
+    return SweepOutcome(total=len(sweep.keys), counts=counts, ran=len(to_run), failed_keys=failed)
+
+
+def _rounds(sweep: Sweep, store: Store, shown: Progress, to_run: set[str], started: list[Executor],
+            poll_seconds: float, make_executor: Callable[[], Executor]) -> None:
+    """Round after round: what is pending runs, then what others left (see :func:`_next_round`)."""
+    round_keys: set[str] | None = set(to_run)
+    while round_keys is not None:
+        to_run |= round_keys
+        queue = [{"key": run.key, "config": run.config} for run in sweep.runs if run.key in round_keys]
+        if queue and not started:
+            started.append(make_executor())
+        executor = started[0] if started else None
+        while queue or (executor is not None and len(executor)):
+            while queue and len(executor) < executor.slots:
+                executor.submit(queue.pop(0))  # a run another live process holds is skipped: see _next_round
+            if len(executor):
+                executor.wait(poll_seconds)
+            shown.refresh()
+        shown.refresh()
+        round_keys = _next_round(sweep, store, shown.note, poll_seconds=poll_seconds)
+
+
+class Progress:
+    """A sweep's progress: a bar on a terminal; without one (CI, nohup, a log file) each finished run is one
+    line (:meth:`note`), never a redrawn bar in the log."""
+
+    def __init__(self, sweep: Sweep, store: Store, to_run: set[str], log_dir, *, enabled: bool, done: int):
+        from tqdm.auto import tqdm
+
+        self.sweep, self.store, self.to_run, self.log_dir, self.enabled = sweep, store, to_run, log_dir, enabled
+        self.by_key, self.reported = {run.key: run for run in sweep.runs}, set()
+        self.file = os.fdopen(os.dup(2), "w") if enabled else None
+        self.bar = tqdm(total=len(sweep.keys), initial=done, desc="sweep", unit="run", file=self.file,
+                        disable=not (enabled and os.isatty(2)), dynamic_ncols=True, smoothing=0.1)
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self.bar.write(message, file=self.file)
+            self.file.flush()  # a log file is block-buffered: each line when it happens, not at the sweep's end
+
+    def refresh(self) -> dict[str, int]:
+        """The bar brought up to date, a line for each run finished since; the store's counts."""
+        now = self.store.counts(self.sweep.keys)
+        self.bar.update(sum(now[s] for s in FINISHED) + now["failed"] - self.bar.n)
+        self.bar.set_postfix({s: now[s] for s in ("ok", "diverged", "collapsed", "no_learning", "failed") if now[s]},
+                             refresh=True)
+        for row in self.store.rows(parse=False):
+            key = row["key"]
+            if key not in self.to_run or key in self.reported or row["status"] not in (*FINISHED, "failed"):
+                continue
+            self.reported.add(key)
+            run = self.by_key[key]
+            if row["status"] == "failed":
+                log = f" (log: {self.log_dir / (short_key(key) + '.log')})" if self.log_dir else ""
+                self.note(f"run {short_key(key)} ({run.describe()}) failed: {row['error']}{log}")
+            else:
+                self.note(f"run {short_key(key)} ({run.describe()}): {row['status']}, {finished_summary(row)}")
+        return now
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.file is not None:
+            self.file.close()
 
 
 def _next_round(sweep: Sweep, store: Store, note, *, poll_seconds: float) -> set[str] | None:

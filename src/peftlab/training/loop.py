@@ -29,8 +29,10 @@ def train(cfg: TrainConfig, on_epoch_end=None) -> dict:
     ``on_epoch_end(EpochEnd) -> bool | str | None``: optional; a truthy answer stops the run after that epoch
     (``peftlab tune`` prunes poor trials so); result.json then holds status ``pruned`` (unless the run had
     collapsed: that label is kept), ``stopped_early`` (epoch, reason: the answer when it is a string) and
-    ``epochs_run``. The run finishes normally (adapter, result.json), so it is never resumed."""
-    cfg = resolve_config(cfg)  # the method's and task's defaults, before anything is compared, loaded or written
+    ``epochs_run``. The run finishes normally (adapter, result.json), so it is never resumed. An unresolved
+    ``cfg`` is resolved here, once (:func:`peftlab.resolve.resolve_config`); a resolved one is used as it is."""
+    if not cfg.resolved:  # called from Python: this is the run's entry (the CLI, sweep and tune resolved it)
+        cfg = resolve_config(cfg)  # the method's and task's defaults, before anything is compared or written
     out = Path(cfg.output_dir)
     # Decide what to do with --output-dir first (cheap), but create nothing until setup has succeeded:
     # bad input found during setup (a data file, a rank) must not leave a half-made run folder behind.
@@ -76,9 +78,11 @@ def add_parser(sub) -> None:
     add_dataclass_flags(parser, TrainConfig)
     parser.set_defaults(func=run_cli)
 
+
 def config_from_args(args) -> TrainConfig:
     values = {name: getattr(args, name, None) for name in option_names(TrainConfig)}  # flat: kasa_beta
     return build_run_config(yaml_path=args.config, flag_values=values, check_explicit=True)
+
 
 def run_cli(args) -> int:
     cfg = config_from_args(args)

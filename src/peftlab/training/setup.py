@@ -18,7 +18,6 @@ import torch
 
 from peftlab.config import SCHEDULERS, TrainConfig, save_config
 from peftlab.errors import PeftlabError
-from peftlab.resolve import resolve_config
 from peftlab.training import run_folder as runfiles
 from peftlab.training.checkpoint import load_checkpoint, save_only_trainable
 from peftlab.training.compile import CompiledTraining, compile_for_training
@@ -70,11 +69,13 @@ def enable_gradient_checkpointing(model) -> None:
 
 
 def setup(cfg: TrainConfig, mode: str) -> Run:
-    """Model, method, data and optimizer; restores the checkpoint when resuming. ``cfg`` is resolved first (the
-    method's and task's defaults: :func:`peftlab.resolve.resolve_config`; a resolved config stays as it is)."""
+    """Model, method, data and optimizer; restores the checkpoint when resuming. ``cfg`` is the run's resolved
+    config (:func:`peftlab.resolve.resolve_config`, once, at the run's entry)."""
     from accelerate.utils import set_seed
 
-    cfg = resolve_config(cfg)
+    if not cfg.resolved:  # a bug, not input: setup never fills in defaults of its own
+        raise TypeError("setup: the config is not resolved (resolve it once at the run's entry: "
+                        "peftlab.resolve.resolve_config)")
     # Per-phase wall times for result.json's `timings` (peftlab bench --sweep-overhead sums them over a sweep).
     setup_start, started_unix = time.perf_counter(), time.time()
     if cfg.threads is not None:

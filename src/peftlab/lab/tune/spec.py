@@ -34,7 +34,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -169,10 +169,8 @@ class TuneSpec:
     def fingerprint(self) -> str:
         """What the study's trials depend on: a spec whose search changed cannot continue the same study."""
         data = {"base": self.base, "search": {k: p.to_json() for k, p in self.search.items()},
-                "metric": self.metric, "pruner": [self.pruner.kind, self.pruner.min_epochs,
-                                                  self.pruner.reduction_factor], "sampler_seed": self.sampler_seed}
-        text = json.dumps(data, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+                "metric": self.metric, "pruner": list(astuple(self.pruner)), "sampler_seed": self.sampler_seed}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
         space = " x ".join(f"{name} {list(p.values)}" if p.values is not None else
@@ -192,23 +190,21 @@ class TuneSpec:
                 f"({self.heldout_epochs} epochs, outside the budget)")
 
 
-def _positive_int(value, name: str, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PeftlabError(f"{name} must be a positive integer, got {value!r}", where=where)
+def _positive_int(value, name: str, where: str, *, low: int = 1, fix: str | None = None) -> int:
+    """A whole number >= ``low`` (1: a positive integer)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        what = "a positive integer" if low == 1 else f"a whole number >= {low}"
+        raise PeftlabError(f"{name} must be {what}, got {value!r}", where=where, fix=fix)
     return value
 
 
 def _heldout(spec: dict, where: str, n_seeds: int, base_seed: int) -> tuple[int, int]:
     """``heldout_seeds`` and ``heldout_seed_start``, checked: whole numbers >= 0, and the held-out seeds apart
     from the selection seeds (base seed ... base seed + seeds - 1)."""
-    count = spec.get("heldout_seeds", DEFAULT_HELDOUT_SEEDS)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise PeftlabError(f"heldout_seeds must be a whole number >= 0, got {count!r}", where=where,
-                           fix="e.g. heldout_seeds: 10 (the winner's re-runs on unused seeds); 0 turns them off")
-    start = spec.get("heldout_seed_start", DEFAULT_HELDOUT_SEED_START)
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise PeftlabError(f"heldout_seed_start must be a whole number >= 0, got {start!r}", where=where,
-                           fix=f"e.g. heldout_seed_start: {DEFAULT_HELDOUT_SEED_START}")
+    count = _positive_int(spec.get("heldout_seeds", DEFAULT_HELDOUT_SEEDS), "heldout_seeds", where, low=0,
+                          fix="e.g. heldout_seeds: 10 (the winner's re-runs on unused seeds); 0 turns them off")
+    start = _positive_int(spec.get("heldout_seed_start", DEFAULT_HELDOUT_SEED_START), "heldout_seed_start", where,
+                          low=0, fix=f"e.g. heldout_seed_start: {DEFAULT_HELDOUT_SEED_START}")
     selection = range(base_seed, base_seed + n_seeds)
     if count and start < selection.stop and selection.start < start + count:
         raise PeftlabError(f"the held-out seeds {start}..{start + count - 1} overlap the selection seeds "
@@ -266,33 +262,14 @@ def _search_param(name: str, raw, where: str) -> SearchParam:
 def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None,
                    seeds: int | None = None) -> TuneSpec:
     """Read and check a tune spec; a config of every grid point is built, so bad values fail before training."""
-    from peftlab.config import TrainConfig, normalise_keys
-    from peftlab.lab.spec import check_spec_keys as _check_keys
-    from peftlab.resolve import resolve_config
+    from peftlab.config import TrainConfig
     from peftlab.lab.spec import output_paths, read_spec
-    from peftlab.tasks.table import LOWER_IS_BETTER
-    from peftlab.tasks.table import primary_metric
+    from peftlab.resolve import resolve_config
+    from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
 
     path, spec = read_spec(path, "tune", SPEC_KEYS, examples="configs/tune/", config_keys="base:")
     where = str(path)
-    base = spec.get("base") or {}
-    search = spec.get("search") or {}
-    if not isinstance(base, dict):
-        raise PeftlabError("base: must be a mapping of config keys to values", where=where)
-    if not isinstance(search, dict) or not search:
-        raise PeftlabError("search: must map at least one config key to its values", where=where,
-                           fix="e.g. search: {lr_ratio: [1, 2, 4, 8, 16]}")
-    _check_keys(base, where, "base")
-    _check_keys(search, where, "search")
-    for key in search:
-        name = str(key).replace("-", "_")
-        if name in NOT_SEARCHABLE:
-            fix = {"seed": "seeds: N re-runs the top candidates with N seeds",
-                   "epochs": "set epochs under base: (the most a trial trains; the pruner stops poor ones sooner)",
-                   "task": "tune one task per spec (one spec per task)"}.get(name, "set it under base:")
-            raise PeftlabError(f"'{key}' cannot be searched by peftlab tune", where=where, fix=fix)
-    base = normalise_keys(TrainConfig, base, f"{where}: base")
-    params = {str(k).replace("-", "_"): _search_param(str(k).replace("-", "_"), v, where) for k, v in search.items()}
+    base, params = _base_and_search(spec, where)
     defaults = resolve_config(TrainConfig.from_dict(base))  # checked and resolved: the epochs, task and metric
     epochs = int(defaults.epochs)
     if epochs < 1:
@@ -301,48 +278,18 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
     metric = spec.get("metric") or primary_metric(defaults.task, defaults.metric)  # a user task's --metric
     if defaults.selection_samples and not spec.get("metric"):
         metric = "selection_" + metric  # --selection-samples: every choice (pruning, the winner) reads that split
-    direction = "minimize" if metric in LOWER_IS_BETTER else "maximize"
-
     n_seeds = seeds if seeds is not None else spec.get("seeds", 5)
     n_seeds = _positive_int(n_seeds, "seeds" if seeds is None else "--seeds", where)
-    top_k = _positive_int(spec.get("top_k", 2), "top_k", where)
-    raw_pruner = _mapping(spec.get("pruner"), "pruner", where, PRUNER_KEYS, "{kind: asha, min_epochs: 1}")
-    pruner = PrunerSpec(kind=str(raw_pruner.get("kind", "asha")),
-                        min_epochs=_positive_int(raw_pruner.get("min_epochs", 1), "pruner.min_epochs", where),
-                        reduction_factor=_positive_int(raw_pruner.get("reduction_factor", 3),
-                                                       "pruner.reduction_factor", where))
-    if pruner.kind not in PRUNERS:
-        raise PeftlabError(f"unknown pruner.kind '{pruner.kind}'{closest(pruner.kind, PRUNERS)}", where=where,
-                           fix=f"one of {', '.join(PRUNERS)}")
-    if pruner.kind != "none" and pruner.reduction_factor < 2:
-        raise PeftlabError("pruner.reduction_factor must be >= 2", where=where)
     heldout_seeds, heldout_start = _heldout(spec, where, n_seeds, int(base.get("seed") or 0))  # as TuneSpec.base_seed
-    sampler_seed = spec.get("sampler_seed", 0)
-    if isinstance(sampler_seed, bool) or not isinstance(sampler_seed, int):
-        raise PeftlabError(f"sampler_seed must be an integer, got {sampler_seed!r}", where=where)
-
+    sampler_seed = _positive_int(spec.get("sampler_seed", 0), "sampler_seed", where, low=0)  # numpy's seeds: >= 0
     grid_size = None if any(p.is_range for p in params.values()) else math.prod(len(p.values) for p in params.values())
-    budget = _mapping(spec.get("budget"), "budget", where, BUDGET_KEYS, "{grid_fraction: 0.35}")
-    if len(budget) > 1:
-        raise PeftlabError("budget: give epochs or grid_fraction, not both", where=where)
-    if "epochs" in budget:
-        budget_epochs = budget["epochs"]
-        if isinstance(budget_epochs, bool) or not isinstance(budget_epochs, (int, float)) or budget_epochs <= 0:
-            raise PeftlabError(f"budget.epochs must be a positive number, got {budget_epochs!r}", where=where)
-        source = f"budget.epochs {budget_epochs:g}"
-    else:
-        fraction = budget.get("grid_fraction", DEFAULT_GRID_FRACTION)
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-            raise PeftlabError(f"budget.grid_fraction must be in (0, 1], got {fraction!r}", where=where)
-        if grid_size is None:
-            raise PeftlabError("a search with a range has no finite grid to take a fraction of", where=where,
-                               fix="give budget: {epochs: N} (epochs trained in all)")
-        budget_epochs = fraction * grid_size * n_seeds * epochs
-        source = f"{fraction:g} of the full grid" + ("" if "grid_fraction" in budget else ", the default")
+    budget_epochs, source = _budget(spec, where, grid_size, n_seeds * epochs)
     root, store_path = output_paths(path, spec, output_dir, store)
-    tune = TuneSpec(spec_path=path, output_root=root, store_path=store_path,
-                    base=base, search=params, epochs=epochs, budget_epochs=float(budget_epochs), seeds=n_seeds,
-                    top_k=top_k, pruner=pruner, sampler_seed=sampler_seed, metric=str(metric), direction=direction,
+    tune = TuneSpec(spec_path=path, output_root=root, store_path=store_path, base=base, search=params, epochs=epochs,
+                    budget_epochs=float(budget_epochs), seeds=n_seeds,
+                    top_k=_positive_int(spec.get("top_k", 2), "top_k", where), pruner=_pruner(spec, where),
+                    sampler_seed=sampler_seed, metric=str(metric),
+                    direction="minimize" if metric in LOWER_IS_BETTER else "maximize",
                     description=str(spec.get("description") or ""), budget_source=source, grid_size=grid_size,
                     heldout_seeds=heldout_seeds, heldout_seed_start=heldout_start)
     for point in tune.grid_points or _range_points(params):  # every grid point's config is valid; a range's ends
@@ -352,6 +299,60 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
                            f"after the seed re-runs ({tune.seed_reserve} epochs), less than one trial "
                            f"({epochs} epochs)", where=where, fix="raise the budget, or lower seeds / top_k")
     return tune
+
+
+def _base_and_search(spec: dict, where: str) -> tuple[dict[str, Any], dict[str, SearchParam]]:
+    """The spec's ``base:`` (typed config keys) and ``search:`` (each key's values or range, searchable)."""
+    from peftlab.lab.spec import check_spec_keys, typed_base
+
+    base = typed_base(spec, where)
+    search = spec.get("search") or {}
+    if not isinstance(search, dict) or not search:
+        raise PeftlabError("search: must map at least one config key to its values", where=where,
+                           fix="e.g. search: {lr_ratio: [1, 2, 4, 8, 16]}")
+    check_spec_keys(search, where, "search")
+    names = {str(key).replace("-", "_"): key for key in search}
+    for name in set(names) & set(NOT_SEARCHABLE):
+        fix = {"seed": "seeds: N re-runs the top candidates with N seeds",
+               "epochs": "set epochs under base: (the most a trial trains; the pruner stops poor ones sooner)",
+               "task": "tune one task per spec (one spec per task)"}.get(name, "set it under base:")
+        raise PeftlabError(f"'{names[name]}' cannot be searched by peftlab tune", where=where, fix=fix)
+    params = {name: _search_param(name, search[key], where) for name, key in names.items()}
+    return base, params
+
+
+def _pruner(spec: dict, where: str) -> PrunerSpec:
+    raw = _mapping(spec.get("pruner"), "pruner", where, PRUNER_KEYS, "{kind: asha, min_epochs: 1}")
+    pruner = PrunerSpec(str(raw.get("kind", "asha")),
+                        _positive_int(raw.get("min_epochs", 1), "pruner.min_epochs", where),
+                        _positive_int(raw.get("reduction_factor", 3), "pruner.reduction_factor", where))
+    if pruner.kind not in PRUNERS:
+        raise PeftlabError(f"unknown pruner.kind '{pruner.kind}'{closest(pruner.kind, PRUNERS)}", where=where,
+                           fix=f"one of {', '.join(PRUNERS)}")
+    if pruner.kind != "none" and pruner.reduction_factor < 2:
+        raise PeftlabError("pruner.reduction_factor must be >= 2", where=where)
+    return pruner
+
+
+def _budget(spec: dict, where: str, grid_size: int | None, seed_epochs: int) -> tuple[float, str]:
+    """The spec's ``budget:`` in epochs trained in all, and where that number came from (``seed_epochs``: one
+    grid point's seeds x epochs)."""
+    budget = _mapping(spec.get("budget"), "budget", where, BUDGET_KEYS, "{grid_fraction: 0.35}")
+    if len(budget) > 1:
+        raise PeftlabError("budget: give epochs or grid_fraction, not both", where=where)
+    if "epochs" in budget:
+        epochs = budget["epochs"]
+        if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or epochs <= 0:
+            raise PeftlabError(f"budget.epochs must be a positive number, got {epochs!r}", where=where)
+        return epochs, f"budget.epochs {epochs:g}"
+    fraction = budget.get("grid_fraction", DEFAULT_GRID_FRACTION)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise PeftlabError(f"budget.grid_fraction must be in (0, 1], got {fraction!r}", where=where)
+    if grid_size is None:
+        raise PeftlabError("a search with a range has no finite grid to take a fraction of", where=where,
+                           fix="give budget: {epochs: N} (epochs trained in all)")
+    return fraction * grid_size * seed_epochs, (f"{fraction:g} of the full grid"
+                                                + ("" if "grid_fraction" in budget else ", the default"))
 
 
 def _range_points(params: dict[str, SearchParam]) -> list[dict[str, Any]]:
