@@ -40,11 +40,6 @@ def check_explicit_options(cfg: MethodConfig, explicit) -> None:
             raise PeftlabError(f"{flag} is set, but method '{cfg.method}' does not use it (it would be ignored)",
                                fix=f"remove {flag} for --method {cfg.method}{head_only}, or use a method that has "
                                    f"it ({users})")
-    lr_ratio = getattr(cfg, "lr_ratio", 1.0)
-    if "lr_ratio" in explicit and lr_ratio != 1 and "v" not in cfg.targets:
-        raise PeftlabError(f"--lr-ratio {lr_ratio:g} sets eta_V = {lr_ratio:g} x eta_QK, but --targets "
-                           f"{','.join(cfg.targets)} has no v, so nothing would get it",
-                           fix="add v to --targets (e.g. --targets q,v), or drop --lr-ratio")
 
 
 def _weight_shape(module: nn.Module) -> tuple[int, int]:
