@@ -282,6 +282,8 @@ def _judge_key(cfg) -> tuple:
 def _judge(cfg) -> str:
     from peftlab.tasks import judge, mt_bench
 
+    if extras.need(judge.JUDGING).missing():
+        return "not asked: its client is missing (the extra's finding)"
     settings = mt_bench.judge_settings(cfg)  # its API key set: else one line
     why = judge.probe(settings)
     if why is not None:
