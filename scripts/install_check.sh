@@ -55,11 +55,12 @@ seeds: 1
 top_k: 1
 heldout_seeds: 0
 YAML
-declare -A missing_command=(   # lm-eval: below (a Python line, not a command)
+declare -A missing_command=(
   [judge]="$peftlab serve-judge --model tiny-llama --port 0"
   [nlg]="$peftlab nlg-score --refs refs.txt --hyps hyps.txt"
   [tune]="$peftlab tune tune.yaml"
   [track]="$peftlab train ${tiny[*]} --report-to tensorboard --output-dir runs/refused"
+  [lm-eval]="$peftlab train --task gsm8k --model tiny-llama --lm-eval gsm8k --output-dir runs/refused"
   [probe]="$peftlab probe ${tiny[*]}"
 )
 order=(judge nlg tune track lm-eval probe)
@@ -68,12 +69,8 @@ still_missing() {  # still_missing FROM: every extra from FROM on in $order refu
   for extra in "${order[@]}"; do
     [ "$extra" = "$1" ] && started=1
     [ "$started" = 1 ] || continue
-    if [ "$extra" = lm-eval ]; then
-      refuses "$extra" "$py" -c 'from peftlab.tasks.lm_eval_tasks import require_harness; require_harness()'
-    else
-      # shellcheck disable=SC2086  # the command is words on purpose
-      refuses "$extra" ${missing_command[$extra]}
-    fi
+    # shellcheck disable=SC2086  # the command is words on purpose
+    refuses "$extra" ${missing_command[$extra]}
   done
 }
 
