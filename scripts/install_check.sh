@@ -45,7 +45,7 @@ refuses() {  # refuses EXTRA COMMAND...
   fi
 }
 printf 'the cafe serves cheap food\n\na cheap cafe\n' > refs.txt
-printf 'the cafe serves cheap food\n' > hyps.txt
+printf 'the cafe serves cheap food\na cheap cafe\n' > hyps.txt
 cat > tune.yaml <<'YAML'
 output_dir: tune
 base: {model: tiny-bert, task: rte, epochs: 1, max_train_samples: 8, max_eval_samples: 8, max_length: 16}
