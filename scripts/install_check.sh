@@ -39,7 +39,7 @@ same_torch() {  # an extra must install beside the CPU torch, never a CUDA build
 refuses() {  # refuses EXTRA COMMAND...
   local extra="$1" status=0
   shift
-  "$@" > "$work/refused.log" 2>&1 || status=$?
+  timeout 300 "$@" > "$work/refused.log" 2>&1 || status=$?   # a command that starts working instead: 124
   if [ "$status" != 2 ] || [ "$(wc -l < "$work/refused.log")" != 1 ] || ! grep -qF "peftlab[$extra]" "$work/refused.log"; then
     fail "without the '$extra' extra, '$*' is not one line naming it (exit $status)" "$work/refused.log"
   fi
