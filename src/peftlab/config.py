@@ -31,7 +31,7 @@ MethodName = Literal[METHOD_NAMES]
 TaskName = Literal[TASK_NAMES]
 Projection = Literal["q", "k", "v", "o", "gate", "up", "down"]  # attention, then the MLP's (they train at --lr)
 Pooling = Literal["auto", "native", "mean"]
-ReportTo = Literal["tensorboard", "wandb", "mlflow", "none"]  # Accelerate's trackers, or none
+ReportTo = Literal["auto", "tensorboard", "wandb", "mlflow", "none"]  # Accelerate's trackers, or none
 PROJECTIONS = typing.get_args(Projection)
 REPORT_TO = typing.get_args(ReportTo)
 HEAD_ONLY = "head"  # the one method that adapts no projection: its config holds no targets and no layers
@@ -357,8 +357,8 @@ class TrainConfig(MethodConfig):
     """For --task mt-bench: judge requests in flight at once."""
     log_every: int = option(10, Range(1), key_v1=True, resumable=True, hashed_as=10, report_row=False)
     """Log training loss and learning rate every N steps (see --report-to)."""
-    report_to: ReportTo = option("tensorboard", resumable=True, report_row=False)
-    """Experiment tracking through Accelerate's trackers: tensorboard (<run>/tb), wandb, mlflow (their package installed; online, their account) or none."""
+    report_to: ReportTo = option("auto", resumable=True, report_row=False)
+    """Experiment tracking through Accelerate's trackers: tensorboard (<run>/tb; the 'track' extra), wandb, mlflow (their package installed; online, their account) or none; auto: tensorboard when the 'track' extra is installed, else none."""
 
     def __post_init__(self):
         super().__post_init__()  # every field against its declaration, this class's too

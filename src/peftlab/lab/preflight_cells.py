@@ -36,7 +36,8 @@ def _cell(label: str, config: dict, *, resolved: bool = True):
 
 def _plan_needs(args) -> tuple[tuple[str, ...], list]:
     """The plan's own extras and services: Ray, and the cluster at --address within --ray-timeout."""
-    from peftlab.preflight import Service, installed
+    from peftlab.extras import installed
+    from peftlab.preflight import Service
 
     if getattr(args, "backend", "local") != "ray":
         return (), []

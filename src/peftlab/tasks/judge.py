@@ -43,10 +43,13 @@ from dataclasses import asdict, dataclass
 from typing import Sequence
 from urllib.parse import urlparse
 
+from peftlab.extras import require
+
 # FastChat's patterns (one_score_pattern, one_score_pattern_backup).
 RATING = re.compile(r"\[\[(\d+\.?\d*)\]\]")
 RATING_BACKUP = re.compile(r"\[(\d+\.?\d*)\]")
 SCORE_RANGE = (1.0, 10.0)
+JUDGING = "MT-Bench judging (--judge-url)"  # its row of peftlab.extras.NEEDS (the 'judge' extra: openai)
 # Model-name prefixes of API judges strong enough for MT-Bench numbers to mean what they mean in the
 # literature (FastChat's default judge is gpt-4). Anything else is labelled a weak judge.
 STRONG_JUDGE_PREFIXES = ("gpt-4", "gpt-5", "o1", "o3", "o4", "chatgpt-4o", "claude-3-5", "claude-3-7",
@@ -134,10 +137,10 @@ class JudgeClient:
     """Sends (system, user) prompts to the judge; :meth:`judge_all` never raises for a failed request."""
 
     def __init__(self, settings: JudgeSettings):
-        from openai import OpenAI
+        require(JUDGING)
+        from openai import OpenAI, Timeout
 
         self.settings = settings
-        from openai import Timeout
 
         # connect, each read, each write and the wait for a pooled connection: each bounded by the timeout
         bound = Timeout(settings.timeout, connect=settings.timeout, read=settings.timeout)
@@ -246,6 +249,7 @@ def probe(settings: JudgeSettings, timeout: float = PROBE_TIMEOUT) -> str | None
     None when it answers (any completion: the rating format is not checked), else why not (one line)."""
     from dataclasses import replace
 
+    require(JUDGING)
     from openai import OpenAI, Timeout
 
     bound = min(timeout, settings.timeout)

@@ -36,9 +36,11 @@ from typing import Any
 from peftlab.argtypes import text
 from peftlab.config_roles import INT64_MAX
 from peftlab.errors import PeftlabError
+from peftlab.extras import require
 
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_MAX_NEW_TOKENS = "127.0.0.1", 8000, 512
 STOP_SECONDS = 15.0  # Ctrl-C: how long the server may take to stop before the process ends anyway
+SERVING = "peftlab serve-judge"  # its row of peftlab.extras.NEEDS
 STARTUP_SECONDS = 30.0  # uvicorn binds in well under a second; this only bounds a wedged start
 
 
@@ -102,16 +104,12 @@ def load_served_model(name: str, *, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
 
 
 def _require_transformers_server() -> None:
+    require(SERVING)  # fastapi and uvicorn: the 'judge' extra
     try:
-        from transformers.utils.import_utils import is_serve_available
-
         import transformers.cli.serving.chat_completion  # noqa: F401 - present from transformers 5.x's serve rewrite
     except ImportError as err:
         raise PeftlabError(f"this transformers has no `transformers serve` module ({err})",
-                           fix="pip install -U 'transformers[serving]>=5.24,<6'") from None
-    if not is_serve_available():
-        raise PeftlabError("transformers' server needs fastapi and uvicorn, which are not installed",
-                           fix="pip install 'transformers[serving]' (or: pip install fastapi uvicorn)")
+                           fix="pip install -U 'transformers>=5.24,<5.25'") from None
 
 
 def _handler_class():
@@ -244,6 +242,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    require(SERVING)  # the 'judge' extra: one line before anything else
     check_can_listen(args.host, args.port)  # before the model load, which takes a while for real models
     served = load_served_model(args.model, max_new_tokens=args.max_new_tokens, device=args.device)
     running = start_judge_server(served, host=args.host, port=args.port, log_level=args.log_level)

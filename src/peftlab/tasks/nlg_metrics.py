@@ -50,7 +50,10 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Sequence
 
+from peftlab.extras import require
+
 METRICS = ("bleu", "nist", "meteor", "rouge_l", "cider")
+SCORED_BY = "--task e2e (its BLEU, NIST, METEOR, ROUGE-L, CIDEr)"  # its row of peftlab.extras.NEEDS
 # The script whose numbers these are: repository, commit, command.
 OFFICIAL = "tuetschek/e2e-metrics @ 1b9c4d87fd0bbb171ea966741cdc012588581ed4, measure_scores.py -p"
 # The script's printed names, in its order (``peftlab nlg-score`` prints them the same way).
@@ -253,6 +256,7 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]
         raise ValueError(f"need one list of references per hypothesis, got {len(hypotheses)} and {len(references)}")
     if any(not refs for refs in references):
         raise ValueError("every hypothesis needs at least one reference")
+    require(SCORED_BY)  # the 'nlg' extra: one line naming it, not an ImportError from the first scorer
     from pycocoevalcap.cider.cider import Cider
     from pycocoevalcap.rouge.rouge import Rouge
 

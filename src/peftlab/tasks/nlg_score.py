@@ -17,13 +17,13 @@ empty, not UTF-8, different instance counts) exit 2 with one line.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from peftlab.errors import PeftlabError
+from peftlab.extras import require
 from peftlab.io_utils import read_text_utf8
 from peftlab.tasks.nlg_metrics import METRICS, OFFICIAL, OFFICIAL_NAMES, NlgScores, corpus_scores, java_runtime
 
@@ -130,8 +130,8 @@ def add_parser(sub) -> None:
         "nlg-score", help="score outputs against references as the official E2E NLG script does (BLEU ... CIDEr)",
         description="BLEU, NIST, METEOR, ROUGE-L and CIDEr of one output per line against its references, equal to "
                     "the E2E NLG Challenge script's (tuetschek/e2e-metrics measure_scores.py -p). METEOR and the "
-                    "PTB tokenizer need Java; without it METEOR is left out and ROUGE-L/CIDEr approximate.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "PTB tokenizer need Java; without it METEOR is left out and ROUGE-L/CIDEr approximate. Needs the "
+                    "'nlg' extra.")
     parser.add_argument("--refs", required=True, type=Path,
                         help="references: one per line, a blank line between instances (or an E2E .csv, mr,ref)")
     parser.add_argument("--hyps", required=True, type=Path, help="outputs: one per line, in the instances' order")
@@ -140,6 +140,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    require("peftlab nlg-score")  # the 'nlg' extra, before any file is read
     scored = score_files(args.refs, args.hyps)
     print(json.dumps(as_json(scored, args.refs, args.hyps), indent=2) if args.json else as_text(scored))
     return 0

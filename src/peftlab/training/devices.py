@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from peftlab.errors import PeftlabError
 
 
 # `--mixed-precision auto` on a CPU: bf16 autocast from this many parameters up. Measured on this project's
@@ -46,12 +45,10 @@ def make_accelerator(precision: str, grad_accum: int = 1, report_to: str = "none
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, DistributedType
 
-    if report_to in ("wandb", "mlflow"):
-        import importlib.util
+    if report_to != "none":  # a tracker's package missing: one line naming it (the preflight found it first)
+        from peftlab.extras import require
 
-        if importlib.util.find_spec(report_to) is None:
-            raise PeftlabError(f"--report-to {report_to} needs the '{report_to}' package, which is not installed",
-                               fix=f"pip install {report_to}, or use --report-to tensorboard")
+        require(f"--report-to {report_to}")
 
     # Accelerate keeps one state per process, and its mixed precision cannot change once set. A sweep worker
     # runs many runs in one process, so a run with another precision resets it: only in a single process

@@ -18,6 +18,7 @@ import torch
 
 from peftlab.config import SCHEDULERS, TrainConfig, save_config
 from peftlab.errors import PeftlabError
+from peftlab.extras import tracker
 from peftlab.training import run_folder as runfiles
 from peftlab.training.checkpoint import load_checkpoint, save_only_trainable
 from peftlab.training.compile import CompiledTraining, compile_for_training
@@ -128,7 +129,7 @@ def build(cfg: TrainConfig, out: Path) -> Built:
     data_cfg = capped_max_length(cfg, model)  # the pipeline tokenises at most the model's positions
     # After the model: --mixed-precision auto depends on its size on a CPU.
     precision, why = resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))
-    accelerator = make_accelerator(precision, cfg.grad_accum, cfg.report_to, str(out))
+    accelerator = make_accelerator(precision, cfg.grad_accum, tracker(cfg.report_to), str(out))
     if accelerator.is_main_process:
         print(f"mixed precision: {precision} ({why})")
     if accelerator.is_main_process and task.head != "causal-lm":
@@ -200,7 +201,7 @@ def open_run_folder(run: Run, mode: str) -> None:
         run.state, run.best_weights = restored.state, restored.best_weights
         if run.main:
             print(f"resuming at epoch {run.state.epoch + 1}, step {run.state.step_in_epoch}")
-    if cfg.report_to != "none":  # only now: the run folder exists (TensorBoard writes into <run>/tb)
+    if tracker(cfg.report_to) != "none":  # only now: the run folder exists (TensorBoard writes into <run>/tb)
         hparams = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
-        accelerator.init_trackers("tb" if cfg.report_to == "tensorboard" else out.name, config=hparams)
+        accelerator.init_trackers("tb" if tracker(cfg.report_to) == "tensorboard" else out.name, config=hparams)
         run.tracking = True

@@ -346,8 +346,10 @@ def add_parser(sub) -> None:
 
 
 def run_cli(args) -> int:
+    from peftlab.extras import require
     from peftlab.lab import ray_backend
 
+    require("peftlab tune")  # the 'tune' extra (Optuna: the search, and --summary reads its study), first
     ray_backend.check_backend_args(args)
     tune = load_tune_spec(args.spec, output_dir=args.output_dir, store=args.store, seeds=args.seeds)
     from peftlab.lab.preflight_cells import check_tune, print_findings

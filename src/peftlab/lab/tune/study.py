@@ -33,6 +33,9 @@ class Ticket:
 class StudyKeeper:
     def __init__(self, storage_path: str, *, direction: str, search: dict[str, dict], grid: list[dict] | None,
                  pruner: dict, sampler_seed: int, fingerprint: str, create: bool = True):
+        from peftlab.extras import require
+
+        require("peftlab tune")  # the 'tune' extra (peftlab study's search stage comes here too)
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
