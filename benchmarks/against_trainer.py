@@ -32,8 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root makes `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.cli import check_glue_tasks, main, parser, positive_float, progress
 from benchmarks.pairs import (OK_STATUSES, Comparison, add_pair_flags, common_settings, made_together, mean,

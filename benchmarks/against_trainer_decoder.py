@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root makes `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.cli import main, parser, progress
 from benchmarks.decoder_worker import GROUPED_SETUP, PACKED_SETUP, SETUPS, TRAINER_SETUP

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root makes `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.cli import check_glue_tasks, main, names, parser, progress, seeds
 from benchmarks.machine import environment, loadavg, method_list, resolve_device, write_result

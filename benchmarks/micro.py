@@ -31,8 +31,8 @@ from typing import Any, Callable
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: the repository root makes `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.cli import main, nonnegative_int, parser, positive_float, positive_int, progress
 from benchmarks import flops

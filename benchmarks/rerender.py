@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: the repository root makes `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from peftlab.errors import USER_ERROR_EXIT, PeftlabError
 
@@ -44,7 +44,7 @@ def rerender(path: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    made = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    made = argparse.ArgumentParser(prog="benchmarks/rerender.py", description=__doc__.split("\n\n")[0])
     made.add_argument("json", help="a result .json written by a benchmark")
     args = made.parse_args(argv)
     try:

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: the repository root makes `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.cli import main, nonnegative_int, parser, positive_int, progress
 from benchmarks.machine import environment, loadavg, write_result
