@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# peftlab bench on one CUDA GPU, random-weight models only (nothing to download or carry), in under 8 minutes.
+# benchmarks/micro.py on one CUDA GPU, random-weight models only (nothing to download or carry), in under 8 minutes.
 #
 #   bash scripts/gpu_bench.sh [OUT_DIR]      # default OUT_DIR: bench_gpu/
 #
@@ -52,11 +52,11 @@ export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"   # one GPU
 nvidia-smi > "$out/gpu.txt" 2>&1 || echo "nvidia-smi not available" > "$out/gpu.txt"
 
 status=0
-run() {  # run LIMIT_S LOG_NAME bench args...
+run() {  # run LIMIT_S LOG_NAME micro.py args...
   local limit="$1" log="$2"
   shift 2
   echo "gpu_bench.sh: $* (limit ${limit}s)" >&2
-  timeout --kill-after=10 "$limit" "$py" -m peftlab.bench --device cuda --out-dir "$out" "$@" \
+  timeout --kill-after=10 "$limit" "$py" benchmarks/micro.py --device cuda --out-dir "$out" "$@" \
     > "$out/$log.log" 2>&1
   local rc=$?
   if [ "$rc" -ne 0 ]; then

@@ -1,5 +1,6 @@
-"""`peftlab bench`: the structure of what it writes (never its timings), its statistics, the batched KaSA
-regulariser it led to, and scripts/gpu_bench.sh's refusal to run without CUDA."""
+"""benchmarks/micro.py and benchmarks/e2e.py: the structure of what they write (never their timings), the
+statistics, the batched KaSA regulariser the micro benchmark led to, scripts/gpu_bench.sh's refusal to run without
+CUDA, and `peftlab bench` pointing to benchmarks/."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from peftlab.bench import timing
-from peftlab.bench.cli import rerender
-from peftlab.methods import kasa
+from benchmarks import e2e, micro, timing
+from benchmarks.rerender import rerender
 from peftlab.cli.main import main
+from peftlab.methods import kasa
 from peftlab.config import KasaOptions
 from peftlab.methods.table import MethodConfig, apply_method
 
@@ -34,9 +35,10 @@ def _only(path: Path, pattern: str) -> Path:
 @pytest.mark.slow
 def test_micro_bench_writes_every_row_with_ratios(tmp_path, capsys):
     threads_before = torch.get_num_threads()
-    status = main(["bench", "--model", "tiny-bert", "--methods", "lora,kasa", "--targets", "q,v",
-                   "--targets", "q,k,v", "--seq-len", "16", "--batch-size", "2", "--warmup", "1",
-                   "--repeats", "2", "--init-repeats", "1", "--threads", "1", "--out-dir", str(tmp_path), "--quiet"])
+    status = micro.cli_main(["--model", "tiny-bert", "--methods", "lora,kasa", "--targets", "q,v",
+                             "--targets", "q,k,v", "--seq-len", "16", "--batch-size", "2", "--warmup", "1",
+                             "--repeats", "2", "--init-repeats", "1", "--threads", "1", "--out-dir", str(tmp_path),
+                             "--quiet"])
     assert status == 0
     result = json.loads(_only(tmp_path, "micro-*.json").read_text())
     markdown = _only(tmp_path, "micro-*.md").read_text()
@@ -61,7 +63,7 @@ def test_micro_bench_writes_every_row_with_ratios(tmp_path, capsys):
             assert row["ratios"][key]["median"] > 0 and row["ratios"][key]["n"] == 2
         assert row["memory"]["peak_mb"] >= row["memory"]["weights_mb"] > 0
         assert row["trainable_params"]["total"] > 0
-        # model FLOP utilisation: FLOPs counted from the architecture, over the median step, against the probe
+        # model FLOP utilisation: FlopCounterMode's FLOPs of the step, over the median step, against the probe
         assert row["model_flops_unavailable"] is None and row["model_flops"]["tokens"] == 2 * 16
         assert row["model_flops"]["total"] == row["model_flops"]["forward"] + row["model_flops"]["backward"] > 0
         rate = row["model_flops"]["total"] / row["train_step_s"]["median"] / 1e9
@@ -95,9 +97,9 @@ def test_micro_bench_writes_every_row_with_ratios(tmp_path, capsys):
 
 
 def test_e2e_bench_runs_both_data_paths(tmp_path):
-    status = main(["bench", "--e2e", "--task", "cola", "--model", "tiny-bert", "--max-train-samples", "16",
-                   "--max-eval-samples", "16", "--batch-size", "8", "--seq-len", "32", "--rank", "4",
-                   "--threads", "1", "--out-dir", str(tmp_path), "--quiet"])
+    status = e2e.cli_main(["--tasks", "cola", "--model", "tiny-bert", "--max-train-samples", "16",
+                           "--max-eval-samples", "16", "--batch-size", "8", "--max-length", "32", "--rank", "4",
+                           "--threads", "1", "--out-dir", str(tmp_path), "--quiet"])
     assert status == 0
     result = json.loads(_only(tmp_path, "e2e-*.json").read_text())
     markdown = _only(tmp_path, "e2e-*.md").read_text()
@@ -117,7 +119,8 @@ def test_e2e_bench_runs_both_data_paths(tmp_path):
     assert padding["pad_to_max_token_slots"] == 16 * 32
     assert padding["real_tokens"] <= padding["dynamic_token_slots"] <= padding["pad_to_max_token_slots"]
     assert "| cola | lora | matthews_correlation |" in markdown
-    assert rerender(_only(tmp_path, "e2e-*.json")) == markdown  # --render rebuilds the same table
+    assert rerender(_only(tmp_path, "e2e-*.json")) == markdown  # benchmarks/rerender.py rebuilds the same table
+    assert result["settings"]["batch_size"] == 8 and result["settings"]["rank"] == 4  # peftlab train's own flags
 
 
 def test_statistics():
@@ -132,10 +135,29 @@ def test_statistics():
     assert timing.rotated([1, 2, 3], 4) == [2, 3, 1]
 
 
-def test_unknown_method_is_one_line(capsys):
-    assert main(["bench", "--methods", "lora,lorra"]) == 2
+def test_unknown_method_is_one_line(capsys, tmp_path):
+    assert micro.cli_main(["--methods", "lora,lorra", "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "unknown method 'lorra'" in err
+    assert "\n" not in err and "unknown method 'lorra'" in err and err.startswith("benchmarks/micro.py: error:")
+    assert e2e.cli_main(["--tasks", "cola,gsm8k", "--out-dir", str(tmp_path)]) == 2
+    assert "unknown GLUE task 'gsm8k'" in capsys.readouterr().err
+
+
+def test_each_benchmark_has_only_its_own_flags(capsys):
+    with pytest.raises(SystemExit):  # the micro benchmark trains nothing end to end
+        micro.cli_main(["--max-train-samples", "16"])
+    assert "unrecognized arguments: --max-train-samples" in capsys.readouterr().err
+    flags = {flag for action in e2e.make_parser()._actions for flag in action.option_strings}
+    assert {"--lr-ratio", "--max-length", "--kasa-beta"} <= flags and "--seq-len" not in flags  # peftlab train's own
+    assert {"--tasks", "--methods", "--seeds"} <= flags and not {"--task", "--method", "--seed"} & flags  # the cells
+
+
+@pytest.mark.parametrize("argv, benchmark", [([], "micro.py"), (["--e2e", "--task", "cola"], "e2e.py"),
+                                             (["--decode"], "decode.py"), (["--render=x.json"], "rerender.py")])
+def test_peftlab_bench_points_to_the_benchmarks(argv, benchmark, capsys):
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"python benchmarks/{benchmark} --help" in err
 
 
 @pytest.mark.parametrize("model_type,targets", [("bert", ("q", "k", "v")), ("llama", ("q", "k", "v"))])
@@ -201,3 +223,4 @@ def test_gpu_script_runs_random_models_only():
     assert "pip install" not in text.replace("# Installs nothing", "")
     assert "--model roberta-base-random --seq-len 128 --batch-size 32" in text
     assert "--model llama3-8b-2l-random --seq-len 512 --batch-size 8" in text
+    assert '"$py" benchmarks/micro.py --device cuda' in text and "peftlab.bench" not in text

@@ -1,4 +1,4 @@
-"""`peftlab bench --against trainer --task math` (decoders): the papers' decoder pipeline (LLM-Adapters: Trainer +
+"""benchmarks/against_trainer_decoder.py: the papers' decoder pipeline (LLM-Adapters: Trainer +
 DataCollatorForSeq2Seq) against peftlab padded and packed. What the comparison rests on, never its timings: every
 side trains the same examples and tokens (the same count of real tokens and model FLOPs), the padding differs as
 it should, the losses compare, pairs run side by side on swapped cores, the ratios pair runs made together."""
@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import against_trainer_decoder, decoder_worker
+from benchmarks.against_trainer_decoder import parse_pairs, summarize_task
+from benchmarks.pairs import pair_schedule
+from benchmarks.rerender import rerender
 from conftest import needs_data
-from peftlab.bench import decoder_worker
-from peftlab.bench.against_trainer_decoder import is_decoder_request, parse_pairs, summarize_task
-from peftlab.bench.cli import rerender
-from peftlab.bench.pairs import pair_schedule
-from peftlab.cli.main import main
 from peftlab.errors import PeftlabError
 
 SETUPS = ("llm-adapters", "peftlab", "peftlab-packed")
@@ -44,20 +43,15 @@ def test_setups_pairs_and_tasks_are_checked():
         parse_pairs("llm-adapters:peftlab-fast")
     with pytest.raises(PeftlabError, match="two different setups"):
         parse_pairs("peftlab:peftlab")
-    assert is_decoder_request("math,commonsense") and not is_decoder_request("rte") and not is_decoder_request(None)
-    with pytest.raises(PeftlabError, match="not both"):
-        is_decoder_request("math,rte")
 
 
-def test_cli_refuses_mixed_tasks_and_stray_pairs(capsys):
-    assert main(["bench", "--against", "trainer", "--task", "math,rte"]) == 2
-    assert "not both" in capsys.readouterr().err
-    assert main(["bench", "--pairs", "llm-adapters:peftlab"]) == 2
-    assert "--against trainer" in capsys.readouterr().err
-    assert main(["bench", "--against", "trainer", "--task", "rte", "--pairs", "llm-adapters:peftlab"]) == 2
-    assert "decoder tasks" in capsys.readouterr().err
-    assert main(["bench", "--against", "trainer", "--task", "math", "--threads", "2"]) == 2
-    assert "one thread each" in capsys.readouterr().err
+def test_cli_refuses_glue_tasks_and_threads(capsys, tmp_path):
+    assert against_trainer_decoder.cli_main(["--tasks", "math,rte", "--out-dir", str(tmp_path)]) == 2
+    assert "unknown decoder task 'rte'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one thread per run, one core each: there is no --threads to give
+        against_trainer_decoder.cli_main(["--threads", "2"])
+    assert "unrecognized arguments: --threads" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_summary_pairs_only_runs_made_together():
@@ -127,9 +121,10 @@ def test_every_setup_trains_the_same_examples_and_tokens(tmp_path, monkeypatch, 
 @pytest.mark.slow
 @needs_data("math", "math_data.json")
 def test_against_trainer_math_runs_a_pair_side_by_side(tmp_path):
-    status = main(["bench", "--against", "trainer", "--task", "math", "--model", "tiny-llama", "--train-examples", "8",
-                   "--batch-size", "4", "--seq-len", "512", "--rank", "4", "--pairs", "llm-adapters:peftlab-packed",
-                   "--out-dir", str(tmp_path), "--quiet"])
+    status = against_trainer_decoder.cli_main(["--tasks", "math", "--model", "tiny-llama", "--train-examples", "8",
+                                               "--batch-size", "4", "--max-length", "512", "--rank", "4",
+                                               "--pairs", "llm-adapters:peftlab-packed", "--out-dir", str(tmp_path),
+                                               "--quiet"])
     assert status == 0
     result = json.loads(_only(tmp_path, "against-trainer-math-*.json").read_text())
     assert result["kind"] == "against_trainer_decoder" and len(result["runs"]) == 4

@@ -1,4 +1,4 @@
-"""`peftlab bench --e2e --against trainer`, `--sweep-overhead` and `--decode`: the structure of what they write
+"""benchmarks/against_trainer.py, sweep_overhead.py and decode.py: the structure of what they write
 and the properties the comparisons rest on (never their timings): both Trainer setups train with the right
 per-projection learning rates, their padding differs, decoding paths give the same texts."""
 
@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import against_trainer, decode, sweep_overhead, timing
+from benchmarks.rerender import rerender
 from conftest import needs_data
-from peftlab.bench import timing
-from peftlab.bench.cli import rerender
-from peftlab.cli.main import main
 
 TIMING_KEYS = {"setup_s", "model_load_s", "data_s", "init_s", "train_s", "eval_s", "checkpoint_s", "result_s",
                "save_s", "started_unix", "finished_unix"}
@@ -42,7 +41,7 @@ def test_paired_geomean_is_symmetric_and_needs_complete_pairs():
 def test_per_projection_groups_put_q_v_and_head_at_their_rates(tiny_model):
     from peft import LoraConfig, get_peft_model
 
-    from peftlab.bench.trainer_worker import per_projection_groups
+    from benchmarks.trainer_worker import per_projection_groups
 
     model = get_peft_model(tiny_model("bert"), LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["query", "value"],
                                                           modules_to_save=["classifier", "pooler.dense"]))
@@ -54,7 +53,7 @@ def test_per_projection_groups_put_q_v_and_head_at_their_rates(tiny_model):
 
 
 def test_pad_counter_counts_pad_slots():
-    from peftlab.bench.trainer_worker import PadCounter
+    from benchmarks.worker import PadCounter
 
     counter = PadCounter(lambda features: {"attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])})
     counter([{}, {}])
@@ -62,7 +61,7 @@ def test_pad_counter_counts_pad_slots():
 
 
 def test_summary_ratios_pair_runs_made_together():
-    from peftlab.bench.against_trainer import summarize_task
+    from benchmarks.against_trainer import summarize_task
 
     def run(pair, setup, round_, orientation, train_s, metric, digest="d"):
         return {"task": "rte", "pair": pair, "setup": setup, "round": round_, "orientation": orientation,
@@ -85,7 +84,7 @@ def test_summary_ratios_pair_runs_made_together():
 
 
 def test_sweep_overhead_breakdown_adds_up():
-    from peftlab.bench.sweep_overhead import breakdown, sweep_cells
+    from benchmarks.sweep_overhead import breakdown, sweep_cells
 
     assert sweep_cells(10) == [(lam, seed) for lam in (1.0, 2.0, 4.0, 8.0, 16.0) for seed in (0, 1)]
     results = [{"timings": {"setup_s": 3.0, "model_load_s": 1.0, "data_s": 0.5, "init_s": 0.1, "train_s": 4.0,
@@ -102,17 +101,19 @@ def test_sweep_overhead_breakdown_adds_up():
     assert math.isclose(sum(phases.values()), 25.0)  # every second of the wall time is in one phase
 
 
-def test_modes_are_exclusive_and_against_implies_e2e(capsys):
-    assert main(["bench", "--decode", "--sweep-overhead"]) == 2
-    assert "separate benchmarks" in capsys.readouterr().err
-    assert main(["bench", "--against", "trainer", "--decode"]) == 2  # --against is an end-to-end comparison
-    assert "--against and --decode are separate benchmarks" in capsys.readouterr().err
-    assert main(["bench", "--against", "trainer", "--pairs", "pad128:fast"]) == 2  # no --e2e needed
-    assert "fast" in capsys.readouterr().err
-    assert main(["bench", "--e2e", "--against", "trainer", "--pairs", "pad128:fast"]) == 2
-    assert "fast" in capsys.readouterr().err
-    assert main(["bench", "--e2e", "--against", "trainer", "--pairs", "pad128"]) == 2  # a pair needs two sides
+def test_pairs_and_tasks_are_checked_before_anything_runs(capsys, tmp_path):
+    out = ["--out-dir", str(tmp_path)]
+    assert against_trainer.cli_main(["--pairs", "pad128:fast", *out]) == 2
+    assert "unknown setup 'fast'" in capsys.readouterr().err
+    assert against_trainer.cli_main(["--pairs", "pad128", *out]) == 2  # a pair needs two sides
     assert "not two different setups" in capsys.readouterr().err
+    assert against_trainer.cli_main(["--pairs", "llm-adapters:peftlab", *out]) == 2
+    assert "decoder tasks" in capsys.readouterr().err
+    assert against_trainer.cli_main(["--tasks", "rte,math", *out]) == 2
+    assert "unknown GLUE task 'math'" in capsys.readouterr().err
+    assert sweep_overhead.cli_main(["--runs", "99", *out]) == 2
+    assert "--runs 99 is more than" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing was written
 
 
 # --------------------------------------------------------------------------- end to end (subprocesses)
@@ -121,10 +122,9 @@ def test_modes_are_exclusive_and_against_implies_e2e(capsys):
 @pytest.mark.slow
 @needs_data("glue", "RTE", "train.tsv")
 def test_against_trainer_runs_every_pair_both_ways(tmp_path):
-    status = main(["bench", "--e2e", "--against", "trainer", "--model", "tiny-bert", "--tasks", "rte",
-                   "--train-examples", "48", "--batch-size", "4", "--seq-len", "64", "--rank", "4",
-                   "--repeats", "1", "--threads", "1", "--lr", "1e-3", "--lr-ratio", "4",
-                   "--out-dir", str(tmp_path), "--quiet"])
+    status = against_trainer.cli_main(["--model", "tiny-bert", "--tasks", "rte", "--train-examples", "48",
+                                       "--batch-size", "4", "--max-length", "64", "--rank", "4", "--repeats", "1",
+                                       "--lr", "1e-3", "--lr-ratio", "4", "--out-dir", str(tmp_path), "--quiet"])
     assert status == 0
     result = json.loads(_only(tmp_path, "against-trainer-*.json").read_text())
     markdown = _only(tmp_path, "against-trainer-*.md").read_text()
@@ -167,8 +167,9 @@ def test_against_trainer_runs_every_pair_both_ways(tmp_path):
 
 @needs_data("glue", "RTE", "train.tsv")
 def test_sweep_overhead_runs_a_real_sweep(tmp_path):
-    status = main(["bench", "--sweep-overhead", "--model", "tiny-bert", "--runs", "2", "--train-examples", "8",
-                   "--batch-size", "4", "--rank", "4", "--threads", "1", "--out-dir", str(tmp_path), "--quiet"])
+    status = sweep_overhead.cli_main(["--model", "tiny-bert", "--runs", "2", "--train-examples", "8",
+                                      "--batch-size", "4", "--rank", "4", "--threads", "1", "--out-dir", str(tmp_path),
+                                      "--quiet"])
     assert status == 0
     result = json.loads(_only(tmp_path, "sweep-overhead-*.json").read_text())
     assert result["kind"] == "sweep_overhead" and result["command"].startswith("sweep ")
@@ -189,14 +190,13 @@ def test_sweep_overhead_runs_a_real_sweep(tmp_path):
 
 
 def test_decoding_paths_give_identical_texts(chatty_llama):
-    from peftlab.bench.decode import decode
     from peftlab.tasks.instructions import encode_prompt
 
     model, tokenizer = chatty_llama
     questions = ["Hi", "What is 2+2? Think.", "A much longer question about cats and dogs, is it not?", "Why?",
                  "Tom has 3 apples and eats one. How many are left?"]
     prompts = [encode_prompt(tokenizer, q) for q in questions]
-    texts = {(path, order): decode(path, model, tokenizer, prompts, max_new_tokens=10, batch_size=2, order=order)
+    texts = {(path, order): decode.decode(path, model, tokenizer, prompts, max_new_tokens=10, batch_size=2, order=order)
              for path in ("peftlab_loop", "generate_stop", "generate_plain") for order in ("by_length", "as_given")}
     reference = texts[("peftlab_loop", "by_length")]
     assert len(set(reference)) == len(prompts) and all(reference)  # varied, non-empty generations
@@ -206,9 +206,9 @@ def test_decoding_paths_give_identical_texts(chatty_llama):
 
 @needs_data("gsm8k", "test.jsonl")
 def test_decode_bench_writes_every_configuration(tmp_path):
-    status = main(["bench", "--decode", "--model", "tiny-llama", "--problems", "3", "--batch-size", "2",
-                   "--max-new-tokens", "4", "--repeats", "1", "--precision", "fp32", "--threads", "1",
-                   "--out-dir", str(tmp_path), "--quiet"])
+    status = decode.cli_main(["--model", "tiny-llama", "--problems", "3", "--batch-size", "2",
+                              "--max-new-tokens", "4", "--repeats", "1", "--precision", "fp32", "--threads", "1",
+                              "--out-dir", str(tmp_path), "--quiet"])
     assert status == 0
     result = json.loads(_only(tmp_path, "decode-*.json").read_text())
     assert result["kind"] == "decode" and result["settings"]["problems"] == 3

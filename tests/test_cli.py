@@ -61,7 +61,7 @@ def test_only_the_chosen_subcommand_is_imported():
     heavy_modules_after("from peftlab.cli.main import build_parser\nbuild_parser(['report', 'x.sqlite'])\n"
                         "assert 'peftlab.lab.report' in sys.modules\n"
                         "assert not any(m in sys.modules for m in ('peftlab.training.loop', 'peftlab.lab.sweep', "
-                        "'peftlab.lab.plot', 'peftlab.bench.cli'))")
+                        "'peftlab.lab.plot', 'peftlab.cli.bench_moved'))")
 
 
 def test_subcommand_names_are_unique():

@@ -59,9 +59,11 @@ def test_non_finite_causal_lm_loss_is_diverged(tmp_path, monkeypatch, capsys):
 
 
 def test_micro_bench_on_a_decoder(tmp_path):
-    assert main(["bench", "--model", "tiny-llama", "--methods", "lora,kasa", "--targets", "q,v", "--seq-len", "16",
-                 "--batch-size", "2", "--warmup", "1", "--repeats", "2", "--init-repeats", "1", "--threads", "1",
-                 "--out-dir", str(tmp_path), "--quiet"]) == 0
+    from benchmarks import micro
+
+    assert micro.cli_main(["--model", "tiny-llama", "--methods", "lora,kasa", "--targets", "q,v", "--seq-len", "16",
+                           "--batch-size", "2", "--warmup", "1", "--repeats", "2", "--init-repeats", "1",
+                           "--threads", "1", "--out-dir", str(tmp_path), "--quiet"]) == 0
     result = json.loads(next(tmp_path.glob("micro-*.json")).read_text())
     assert [row["label"] for row in result["rows"]] == ["base", "lora[q,v]", "kasa[q,v]"]
     for row in result["rows"]:

@@ -179,13 +179,11 @@ CONFIG_READS = ("peftlab.methods.registry", "peftlab.tasks.table")
 # third-party packages (what a reader pays for before it does anything).
 TRANSITIVE_RULES: list[tuple[str, tuple[str, ...], str, str]] = [
     (CONFIG_LAYER, ("peftlab.methods", "peftlab.tasks", "peftlab.models", "peftlab.training", "peftlab.lab",
-                    "peftlab.bench", "peftlab.cli", "peftlab.resolve"), "every import",
+                    "peftlab.cli", "peftlab.resolve"), "every import",
      "the config is the leaf everything reads: method and task defaults are resolved above it (peftlab.resolve)"),
     (CONFIG_LAYER, HEAVY, "on import", "flags, YAML and the run key are checked without torch"),
-    ("peftlab.training", ("peftlab.lab", "peftlab.bench", "peftlab.cli"), "every import",
-     "one run knows nothing of the lab that runs many, of bench or of the CLI"),
-    ("peftlab.bench", ("peftlab.lab", "peftlab.cli"), "every import",
-     "bench measures methods and the data path; it neither runs sweeps nor goes through the CLI"),
+    ("peftlab.training", ("peftlab.lab", "peftlab.cli"), "every import",
+     "one run knows nothing of the lab that runs many or of the CLI"),
     (LAB_READERS, ("peftlab.methods", "peftlab.models", "peftlab.training", *HEAVY), "on import",
      "reports and plots start without torch: not directly, and not through config or the store"),
     (", ".join(CONFIG_READS), ("peftlab.config", "peftlab.methods", "peftlab.tasks", "peftlab.models",
@@ -377,6 +375,20 @@ def cycle_through(graph: dict[str, set[str]], group: list[str]) -> list[str]:
     return paths[start]
 
 
+def test_the_package_never_imports_the_benchmarks():
+    """benchmarks/ sits beside src/, is not installed (setuptools finds packages under src/ only) and drives
+    peftlab through its public API; an import of it from the package would fail in every installed copy."""
+    bad = []
+    for module, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{module}:{node.lineno} imports {n}" for n in names if under(n, "benchmarks")]
+    assert not bad, bad
+    assert not (PACKAGE / "bench").exists() and (ROOT / "benchmarks" / "micro.py").is_file()
+    assert 'where = ["src"]' in (ROOT / "pyproject.toml").read_text()
+
+
 def test_no_import_cycle_between_modules():
     """Module-level imports only (a cycle through them fails or half-initialises a module, depending on which
     side is imported first); imports inside functions run after both modules are loaded."""
@@ -458,7 +470,6 @@ def test_no_module_keeps_an_import_it_does_not_use(tmp_path):
 # Private attributes of objects a module does not own, each with why no public API does it. Everything else
 # (another peftlab module's _private name, a private attribute stored on a model or a library object) fails.
 LIBRARY_PRIVATES = {
-    ("peftlab.bench.micro", "model.base_model._get_kasa_loss"): "the benchmark times peft's own KaSA loss",
     ("peftlab.cli.main", "parser._actions"): "argparse has no public way to list a parser's options",
     ("peftlab.cli.main", "argparse._SubParsersAction"): "argparse: finding the subcommands for did-you-mean",
     ("peftlab.cli.main", "sub.choices[command]._option_string_actions"): "argparse: a subcommand's flags",

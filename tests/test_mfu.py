@@ -1,7 +1,8 @@
-"""Model FLOP utilisation (peftlab.bench.flops, peftlab.bench.peak): the FLOPs counted from the architecture equal
-what torch.utils.flop_counter.FlopCounterMode counts for a real train step (forward + backward, eager attention so
-every product is a counted matmul) on tiny encoders and decoders, for head-only, LoRA, full fine-tuning and
-layer-restricted adapters; the GEMM peak probe reports a positive rate per size. No timing is asserted."""
+"""Model FLOP utilisation (benchmarks.flops, benchmarks.peak): the FLOPs FlopCounterMode counts on a meta-device copy
+of a model equal what it counts for a real train step of the model itself (forward + backward from the logits,
+eager attention so every product is a counted matmul) on tiny encoders and decoders, for head-only, LoRA, full
+fine-tuning and layer-restricted adapters; the per-example fit adds up to whole batches; the copy leaves the model
+alone; the GEMM peak probe reports a positive rate per size. No timing is asserted."""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from peftlab.bench.flops import Architecture, Layer, Linear, architecture, count_step, step_flops
-from peftlab.bench.peak import gemm_peak
+from benchmarks.flops import ExampleFlops, count_step, meta_copy, step_flops
+from benchmarks.peak import gemm_peak
 from peftlab.methods.table import MethodConfig, apply_method
 
 BATCH, LENGTH = 3, 9
-
 
 def tiny(model_type: str, head: str):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -41,14 +41,17 @@ def adapted(model, method: str, targets, head: str, layers=None):
     return apply_method(model, cfg, train_head=head != "causal-lm", task_type=task_type).model
 
 
-def measured_flops(model, head: str) -> int:
+def measured_flops(model, rows: int = BATCH, length: int = LENGTH) -> tuple[int, int]:
+    """(forward, backward) FLOPs of a real step of ``model`` on ``rows`` random examples of ``length`` tokens."""
     generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 128, (BATCH, LENGTH), generator=generator)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    batch["labels"] = ids.clone() if head == "causal-lm" else torch.tensor([0, 1, 0])
-    with FlopCounterMode(display=False) as counter:
-        model(**batch).loss.backward()
-    return counter.get_total_flops()
+    ids = torch.randint(1, 128, (rows, length), generator=generator)
+    with FlopCounterMode(display=False) as forward:
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    with FlopCounterMode(display=False) as backward:
+        if logits.requires_grad:
+            logits.float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    return forward.get_total_flops(), backward.get_total_flops()
 
 
 CASES = [  # (model type, head, method, targets, layers)
@@ -61,62 +64,78 @@ CASES = [  # (model type, head, method, targets, layers)
     ("llama", "classification", "lora", "q,v", None),  # GQA; the score head runs on every token
     ("llama", "causal-lm", "lora", "q,v", None),
     ("llama", "causal-lm", "lora", "q,k,v,o,gate,up,down", None),
-    ("llama", "causal-lm", "dora", "q,v", None),  # counted as its low-rank part; the weight norm is noted
+    ("llama", "causal-lm", "dora", "q,v", None),  # DoRA's weight norm (B·A) is counted too
     ("qwen2", "causal-lm", "full", "k,o", None),
 ]
 
 
 @pytest.mark.parametrize("model_type,head,method,targets,layers", CASES)
-def test_counted_flops_equal_flop_counter_mode(model_type, head, method, targets, layers, single_thread):
+def test_meta_copy_counts_what_the_real_step_runs(model_type, head, method, targets, layers, single_thread):
     model = adapted(tiny(model_type, head), method, targets, head, layers)
-    counted, why_not = step_flops(model, [LENGTH] * BATCH)
+    counted, why_not = step_flops(model, BATCH, LENGTH)
     assert why_not is None, why_not
-    measured = measured_flops(model, head)
-    if method == "dora":  # DoRA also multiplies B by A for its weight norm: not model FLOPs, and said so
-        assert any("DoRA" in note for note in counted.notes) and measured > counted.total
-        return
-    assert counted.total == measured
+    forward, backward = measured_flops(model)
+    assert (counted.forward, counted.backward) == (forward, backward) and backward > 0
+    assert counted.total == forward + backward
     assert counted.tokens == BATCH * LENGTH and counted.examples == BATCH
-    assert (counted.adapter > 0) == (method in ("lora", "dora"))
+    assert (counted.adapter > 0) == (method in ("lora", "dora")) and counted.adapter < counted.total
 
 
-def test_the_count_follows_the_definition():
-    """By hand on one layer: forward 2mkn per product; backward 2mkn per operand needing a gradient."""
-    d, f, r, n = 8, 16, 2, 5
-
-    def lin(name, i, o, **kw):
-        return Linear(name, i, o, **kw)
-
-    frozen = Layer(lin("q", d, d), lin("k", d, d), lin("v", d, d), lin("o", d, d),
-                   (lin("up", d, f), lin("down", f, d)), query_heads=2, head_dim=4)
-    linear_fwd = 2 * n * (4 * d * d + 2 * d * f)
-    attention_fwd = 2 * (2 * 2 * 4 * n * n)
-    nothing = count_step(Architecture("bert", (frozen,), (), head_per_token=False), [n])
-    assert (nothing.forward, nothing.backward) == (linear_fwd + attention_fwd, 0)  # nothing trains: no backward
-
-    head = (lin("classifier", d, 2, trains=True),)  # head only: its weight gradient, no input gradient
-    only_head = count_step(Architecture("bert", (frozen,), head, head_per_token=False), [n])
-    assert only_head.backward == 2 * 1 * d * 2
-
-    lora_v = Layer(frozen.q, frozen.k, lin("v", d, d, lora_rank=r, adapted=True), frozen.o, frozen.mlp, 2, 4)
-    step = count_step(Architecture("bert", (lora_v,), (), head_per_token=False), [n])
-    adapter_fwd = 2 * n * (d * r + r * d)
-    # backward: A's weight; B's weight and input; P V's value operand (not P: q and k need none); o's input;
-    # the MLP's inputs (no weight gradients: frozen); nothing below v (q, k, the layer's input need none)
-    expected = (2 * n * d * r) + 2 * (2 * n * r * d) + 2 * 2 * 4 * n * n + 2 * n * d * d + 2 * n * (2 * d * f)
-    assert step.forward == linear_fwd + attention_fwd + adapter_fwd and step.backward == expected
-    assert step.adapter == adapter_fwd + 3 * 2 * n * d * r
+def test_less_trains_less_backward():
+    """Head only < LoRA on v in layer 1 < LoRA on q,v everywhere < full fine-tuning, in backward FLOPs; forward
+    grows only by the adapters' products."""
+    counts = {}
+    for method, targets, layers in (("head", "q", None), ("lora", "v", "1"), ("lora", "q,v", None),
+                                    ("full", "q,v", None)):
+        counted, _ = step_flops(adapted(tiny("bert", "classification"), method, targets, "classification", layers),
+                                BATCH, LENGTH)
+        counts[(method, layers)] = counted
+    order = [counts[k].backward for k in (("head", None), ("lora", "1"), ("lora", None), ("full", None))]
+    assert order == sorted(order) and len(set(order)) == 4
+    assert counts[("head", None)].forward == counts[("full", None)].forward < counts[("lora", None)].forward
 
 
-def test_architecture_is_read_through_peft_wrappers_and_refuses_what_it_cannot_count(tiny_model):
+def test_meta_copy_leaves_the_model_alone():
     model = adapted(tiny("llama", "causal-lm"), "lora", "q,v", "causal-lm")
-    arch = architecture(model)
-    assert len(arch.layers) == 2 and arch.head_per_token and arch.head[0].out_features == 128
-    first = arch.layers[0]
-    assert first.q.lora_rank == 4 and first.k.lora_rank == 0 and not first.q.trains and first.gated
-    assert (first.query_heads, first.head_dim, first.k.out_features) == (4, 8, 16)  # GQA: 2 kv heads
-    counted, why_not = step_flops(tiny_model("deberta-v2"), [4])
-    assert counted is None and "deberta-v2" in why_not
+    model.get_base_model().set_attn_implementation("sdpa")
+    before = {name: (p.device, p.requires_grad) for name, p in model.named_parameters()}
+    meta = meta_copy(model)
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    assert {n: p.requires_grad for n, p in meta.named_parameters()} == {n: g for n, (_, g) in before.items()}
+    assert meta.get_base_model().config._attn_implementation == "eager"
+    assert model.get_base_model().config._attn_implementation == "sdpa"
+    assert {name: (p.device, p.requires_grad) for name, p in model.named_parameters()} == before
+    assert count_step(meta, 2, 4).total == count_step(meta_copy(model), 2, 4).total  # nothing left behind
+
+
+def test_per_example_fit_adds_up_to_batches():
+    model = adapted(tiny("llama", "causal-lm"), "lora", "q,v", "causal-lm")
+    per_example = ExampleFlops(model)
+    meta = meta_copy(model)
+    for length in (5, 16):
+        assert per_example.total(length) == count_step(meta, 1, length).total
+    assert per_example.executed([(3, 9), (1, 4)]) == count_step(meta, 3, 9).total + count_step(meta, 1, 4).total
+    both = per_example.of([9, 4])
+    assert both.total == count_step(meta, 1, 9).total + count_step(meta, 1, 4).total
+    assert (both.tokens, both.examples) == (13, 2) and both.adapter > 0
+    with pytest.raises(ValueError, match="not additive"):  # DoRA's weight norm runs once per step, not per example
+        ExampleFlops(adapted(tiny("llama", "causal-lm"), "dora", "q,v", "causal-lm"))
+
+
+def test_a_model_that_cannot_run_on_meta_is_said_so():
+    class NoLogits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def set_attn_implementation(self, name):  # as transformers models have
+            pass
+
+        def forward(self, input_ids):
+            return {"no": "logits"}
+
+    counted, why_not = step_flops(NoLogits(), 1, 2)
+    assert counted is None and why_not.startswith("AttributeError")
 
 
 def test_gemm_peak_probe_reports_every_size():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peftlab.bench.decode import greedy_loop
+from benchmarks.decode import greedy_loop
 from peftlab.tasks import generation
 from peftlab.tasks import instruction_data as idata
 from peftlab.tasks import instructions as sft
@@ -229,7 +229,7 @@ def test_generation_equals_hf_generate_while_rows_leave_the_batch(tokenizer, cha
 
 def test_gsm8k_evaluation_generates_what_the_old_greedy_loop_did(tokenizer, chatty_model, tmp_path, monkeypatch):
     """GSM8K's evaluation runs model.generate (generate_greedy); its generations are the hand-written loop's
-    (bench's greedy_loop, the path it ran before), also when rows stop at different steps."""
+    (benchmarks/decode.py's greedy_loop, the path it ran before), also when rows stop at different steps."""
     from types import SimpleNamespace
 
     import datasets

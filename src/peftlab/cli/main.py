@@ -54,7 +54,7 @@ SUBCOMMANDS = (
                "table of results stores or run folders: paired tests, CIs, equivalence and power vs a baseline"),
     Subcommand("plot", "peftlab.lab.plot",
                "figures from a results store: eta_QK x eta_V grid, heatmap, learning curves, KaSA sigma, rank"),
-    Subcommand("bench", "peftlab.bench.cli", "benchmark every method's cost, and the data path end to end"),
+    Subcommand("bench", "peftlab.cli.bench_moved", "moved: python benchmarks/<benchmark>.py in a source checkout"),
     Subcommand("serve-judge", "peftlab.tasks.judge_server",
                "serve a local model as an OpenAI-compatible MT-Bench judge (a weak judge, offline)"),
     Subcommand("nlg-score", "peftlab.tasks.nlg_score",

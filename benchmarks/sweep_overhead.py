@@ -1,4 +1,6 @@
-"""``peftlab bench --sweep-overhead``: what a sweep of short runs spends outside training.
+"""What a sweep of short runs spends outside training.
+
+    python benchmarks/sweep_overhead.py --out-dir docs/bench
 
 A small MiniLM sweep (default 10 runs: RTE, 200 training examples, 1 epoch, lambda in {1, 2, 4, 8, 16} x seeds
 {0, 1}) is written as a spec into a temporary folder and run by the real ``peftlab sweep`` (a subprocess,
@@ -28,8 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peftlab.bench.machine import environment, loadavg, write_result
-from peftlab.bench.render import markdown_sweep_overhead, slug
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.cli import main, nonnegative_int, parser, positive_int, progress
+from benchmarks.machine import environment, loadavg, write_result
+from benchmarks.render import markdown_sweep_overhead, slug
 from peftlab.errors import PeftlabError
 
 LAMBDAS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -58,7 +64,7 @@ def sweep_spec(settings: dict, output_dir: Path) -> dict[str, Any]:
         base["batch_size"] = settings["batch_size"]
     if settings["data_dir"]:
         base["data_dir"] = settings["data_dir"]
-    return {"description": "peftlab bench --sweep-overhead", "output_dir": str(output_dir), "base": base,
+    return {"description": "benchmarks/sweep_overhead.py", "output_dir": str(output_dir), "base": base,
             "zip": [{"lr_ratio": [lam for lam, _ in cells], "seed": [seed for _, seed in cells]}]}
 
 
@@ -105,13 +111,13 @@ def breakdown(results: list[dict], wall_s: float, sweep_start_unix: float) -> di
 def run_sweep_overhead(args) -> dict[str, Any]:
     import torch
 
-    say = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
-    settings = {"model": args.model or "minilm-l6", "task": (args.task or "rte").split(",")[0].strip().lower(),
-                "runs": args.runs, "workers": args.workers, "train_examples": args.max_train_samples or 200,
+    say = progress(args.quiet)
+    settings = {"model": args.model, "task": args.task, "runs": args.runs, "workers": args.workers,
+                "train_examples": args.train_examples,
                 "epochs": args.epochs, "batch_size": args.batch_size, "rank": args.rank,
                 # everything else (report_to tensorboard, batch 16, checkpoints, --save best) as a sweep's default
                 "mixed_precision": args.mixed_precision or "no", "data_dir": args.data_dir,
-                "threads": args.threads}
+                "threads": args.torch_threads}
     sweep_cells(settings["runs"])  # refuse a bad --runs before anything is written
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -153,3 +159,27 @@ def run_sweep_overhead(args) -> dict[str, Any]:
 
 def rerender(result: dict) -> str:
     return markdown_sweep_overhead(result)
+
+
+def make_parser():
+    made = parser(__doc__, __file__)
+    made.add_argument("--model", default="minilm-l6", help="registered model or path")
+    made.add_argument("--task", default="rte", help="GLUE task")
+    made.add_argument("--runs", type=positive_int, default=10, help="runs in the sweep (lambda 1, 2, 4, ... x 2 seeds)")
+    made.add_argument("--workers", type=nonnegative_int, default=0,
+                      help="peftlab sweep --workers (0: runs in the sweep's process)")
+    made.add_argument("--train-examples", type=positive_int, default=200, help="a seeded subset of the training set")
+    made.add_argument("--epochs", type=positive_int, default=1, help="epochs per run")
+    made.add_argument("--batch-size", type=positive_int, default=None, help="examples per step (default: the sweep's)")
+    made.add_argument("--rank", type=positive_int, default=8, help="LoRA rank")
+    made.add_argument("--mixed-precision", choices=("no", "bf16"), default="no", help="every run's precision")
+    made.add_argument("--data-dir", default=None, help="GLUE data root (default as in peftlab train)")
+    return made
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    return main(make_parser(), run_sweep_overhead, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

@@ -1,7 +1,7 @@
-"""One run of ``peftlab bench --against trainer`` on a GLUE task, in its own process (pinned to one core by
-:mod:`peftlab.bench.pairs`; its peak RSS is its own).
+"""One run of the GLUE comparison (:mod:`benchmarks.against_trainer`), in its own process (pinned to one core by
+:mod:`benchmarks.pairs`; its peak RSS is its own).
 
-``python -m peftlab.bench.trainer_worker SPEC.json OUT.json`` runs the spec's ``setup``:
+``python -m benchmarks.trainer_worker SPEC.json OUT.json`` runs the spec's ``setup``:
 
 * ``pad128`` / ``longest`` / ``grouped``: the work through ``transformers.Trainer``, written the way a user would
   do Yao et al. without peftlab: ``AutoModelForSequenceClassification`` + a peft ``LoraConfig`` (q, v; the
@@ -29,23 +29,15 @@ torch thread count.
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import resource
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from benchmarks.worker import PadCounter, make_trainer, measured, worker_main
 
 TRAINER_SETUPS = ("pad128", "longest", "grouped")
 PEFTLAB_SETUP, COMPILED_SETUP = "peftlab", "peftlab-compiled"
 PEFTLAB_SETUPS = (PEFTLAB_SETUP, COMPILED_SETUP)
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _model_source(name: str):
@@ -72,45 +64,6 @@ def _model_source(name: str):
     return load, source
 
 
-class PadCounter:
-    """Wraps a collator and counts the token slots and pad slots of the batches it builds (a mask sum), and keeps
-    each batch's (rows, padded length)."""
-
-    def __init__(self, inner):
-        self.inner, self.slots, self.pads, self.batches, self.shapes = inner, 0, 0, 0, []
-
-    def __call__(self, features):
-        batch = self.inner(features)
-        mask = batch["attention_mask"]
-        self.slots += mask.numel()
-        self.pads += int((mask == 0).sum())
-        self.batches += 1
-        self.shapes.append(tuple(int(n) for n in mask.shape))
-        return batch
-
-
-def epoch_clock():
-    """A Trainer callback timing the epoch loops only (``seconds``) and keeping the logged losses: the Trainer
-    side's own timer, as result.json's ``timings.train_s`` is peftlab's (both workers use it)."""
-    from transformers import TrainerCallback
-
-    class EpochClock(TrainerCallback):
-        def __init__(self):
-            self.seconds, self.start, self.losses = 0.0, None, []
-
-        def on_epoch_begin(self, args, state, control, **kwargs):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            self.seconds += time.perf_counter() - self.start
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                self.losses.append(float(logs["loss"]))
-
-    return EpochClock()
-
-
 def per_projection_groups(model, lr: float, lr_ratio: float, head_lr: float) -> list[dict]:
     """AdamW groups by projection, as one writes them by hand: q at ``lr``, v at ``lr_ratio * lr``, the trained
     head copies (peft's ``modules_to_save``) at ``head_lr``."""
@@ -129,28 +82,9 @@ def per_projection_groups(model, lr: float, lr_ratio: float, head_lr: float) -> 
             for key, params in groups.items() if params]
 
 
-def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    import transformers
-    from peft import LoraConfig, get_peft_model
-    from transformers import (AutoTokenizer, DataCollatorWithPadding, Trainer, TrainingArguments,
-                              default_data_collator, get_linear_schedule_with_warmup)
-
+def glue_data(spec: dict[str, Any], tokenizer):
+    """The seeded training subset (raw and tokenised) and the full dev set, tokenised: padded to T for pad128."""
     from peftlab.tasks import data_files as data
-    from peftlab.tasks.metrics import compute_metrics
-    from peftlab.tasks.prepare import train_examples_digest
-    from peftlab.tasks.table import TASKS
-
-    setup_start = time.perf_counter()
-    transformers.logging.set_verbosity_error()
-    task, pad128 = TASKS[spec["task"]], spec["setup"] == "pad128"
-    num_labels = 1 if task.kind == "regression" else task.num_labels
-    transformers.set_seed(spec["seed"])
-    build_model, tokenizer_source = _model_source(spec["model"])
-    model = build_model(num_labels)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
 
     train_raw = data.subset(data.load_split(spec["task"], "train", spec["data_dir"]), spec["train_examples"],
                             spec["seed"])
@@ -160,36 +94,53 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     def encode(batch):
         texts = (batch["text_a"], batch["text_b"]) if pair else (batch["text_a"],)
         return tokenizer(*texts, truncation=True, max_length=spec["max_length"],
-                         padding="max_length" if pad128 else False)
+                         padding="max_length" if spec["setup"] == "pad128" else False)
 
     text_columns = [c for c in ("text_a", "text_b") if c in train_raw.column_names]
-    train_ds = train_raw.map(encode, batched=True, remove_columns=text_columns)
-    dev_ds = dev_raw.map(encode, batched=True, remove_columns=text_columns)
-    collator = PadCounter(default_data_collator if pad128 else DataCollatorWithPadding(tokenizer))
+    return (train_raw, train_raw.map(encode, batched=True, remove_columns=text_columns),
+            dev_raw.map(encode, batched=True, remove_columns=text_columns))
 
+
+def lora_model(spec: dict[str, Any], num_labels: int):
+    """The model a user would load, its tokenizer, and peft's LoRA on q and v (classifier and pooler trained)."""
+    import transformers
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoTokenizer
+
+    transformers.logging.set_verbosity_error()
+    transformers.set_seed(spec["seed"])
+    build_model, tokenizer_source = _model_source(spec["model"])
+    model = build_model(num_labels)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
     lora = LoraConfig(task_type="SEQ_CLS", r=spec["rank"], lora_alpha=spec["alpha"], lora_dropout=spec["dropout"],
                       target_modules=["query", "value"], modules_to_save=["classifier", "pooler.dense"])
-    model = get_peft_model(model, lora)
-    optimizer = torch.optim.AdamW(per_projection_groups(model, spec["lr"], spec["lr_ratio"], spec["head_lr"]))
-    steps = math.ceil(len(train_ds) / spec["batch_size"]) * spec["epochs"]
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(spec["warmup_ratio"] * steps), max(1, steps))
+    return get_peft_model(model, lora), tokenizer
 
-    clock = epoch_clock()
-    args = TrainingArguments(
-        output_dir=spec["run_dir"], per_device_train_batch_size=spec["batch_size"],
-        per_device_eval_batch_size=spec["eval_batch_size"], num_train_epochs=spec["epochs"],
-        max_grad_norm=spec["max_grad_norm"], seed=spec["seed"], use_cpu=True,
-        bf16=spec["mixed_precision"] == "bf16",
-        train_sampling_strategy="group_by_length" if spec["setup"] == "grouped" else "random",
-        eval_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-        logging_strategy="steps", logging_steps=spec["logging_steps"], dataloader_num_workers=0)
+
+def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from transformers import DataCollatorWithPadding, default_data_collator
+
+    from peftlab.tasks.metrics import compute_metrics
+    from peftlab.tasks.prepare import train_examples_digest
+    from peftlab.tasks.table import TASKS
+
+    setup_start = time.perf_counter()
+    task = TASKS[spec["task"]]
+    model, tokenizer = lora_model(spec, 1 if task.kind == "regression" else task.num_labels)
+    train_raw, train_ds, dev_ds = glue_data(spec, tokenizer)
+    collator = PadCounter(default_data_collator if spec["setup"] == "pad128" else DataCollatorWithPadding(tokenizer))
+    optimizer = torch.optim.AdamW(per_projection_groups(model, spec["lr"], spec["lr_ratio"], spec["head_lr"]))
 
     def metrics(prediction):
         return compute_metrics(TASKS[spec["task"]], prediction.predictions, prediction.label_ids)
 
-    trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=dev_ds, data_collator=collator,
-                      processing_class=tokenizer, optimizers=(optimizer, scheduler), compute_metrics=metrics,
-                      callbacks=[clock])
+    trainer, clock = make_trainer(spec, model, optimizer, train_ds, collator,
+                                  sampling="group_by_length" if spec["setup"] == "grouped" else "random",
+                                  arguments={"per_device_eval_batch_size": spec["eval_batch_size"]},
+                                  eval_dataset=dev_ds, processing_class=tokenizer, compute_metrics=metrics)
     setup_s = time.perf_counter() - setup_start
     train_start = time.perf_counter()
     output = trainer.train()
@@ -198,21 +149,25 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     eval_start = time.perf_counter()
     evaluated = trainer.evaluate()
     eval_s = time.perf_counter() - eval_start
+    skipped = ("loss", "runtime", "samples_per_second", "steps_per_second", "epoch")
     dev_metrics = {k[len("eval_"):]: v for k, v in evaluated.items()
-                   if k.startswith("eval_") and k[len("eval_"):] not in ("loss", "runtime", "samples_per_second",
-                                                                         "steps_per_second", "epoch")}
+                   if k.startswith("eval_") and k[len("eval_"):] not in skipped}
     groups = [{"name": g.get("name"), "initial_lr": g.get("initial_lr", g["lr"]), "tensors": len(g["params"]),
                "params": sum(p.numel() for p in g["params"])} for g in trainer.optimizer.param_groups]
-    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     return {
         "examples": len(train_ds) * spec["epochs"], "train_s": clock.seconds, "train_call_s": train_call_s,
         "setup_s": setup_s, "eval_s": eval_s, "optimizer_steps": output.global_step,
         "train_loss": output.training_loss, "logged_losses": clock.losses, "dev_metrics": dev_metrics,
         "optimizer_groups": groups, "train_token_slots": train_slots, "train_pad_tokens": train_pads,
-        "train_real_tokens": train_slots - train_pads,
-        "lora_b_abs_sum": float(sum(p.detach().abs().sum() for p in lora_b)),
-        "mixed_precision": "bf16" if args.bf16 else "no", "train_examples_digest": train_examples_digest(train_raw),
+        "train_real_tokens": train_slots - train_pads, "lora_b_abs_sum": lora_b_abs_sum(model),
+        "mixed_precision": "bf16" if trainer.args.bf16 else "no",
+        "train_examples_digest": train_examples_digest(train_raw),
     }
+
+
+def lora_b_abs_sum(model) -> float:
+    """The summed |B| of every LoRA factor: 0 until an optimizer step moved it (the run really trained)."""
+    return float(sum(p.detach().abs().sum() for n, p in model.named_parameters() if "lora_B" in n))
 
 
 def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
@@ -259,34 +214,8 @@ def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    torch.set_num_threads(spec["threads"])
-    start, cpu_start = time.perf_counter(), time.process_time()
-    out = run_peftlab(spec) if spec["setup"] in PEFTLAB_SETUPS else run_trainer(spec)
-    out.setdefault("status", "ok")
-    out["examples_per_s"] = out["examples"] / out["train_s"] if out["train_s"] else None
-    out["in_process_s"] = time.perf_counter() - start
-    out["cpu_s"] = time.process_time() - cpu_start
-    out["peak_rss_mb"] = peak_rss_mb()
-    out["torch_threads"] = torch.get_num_threads()
-    out["affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m peftlab.bench.trainer_worker SPEC.json OUT.json", file=sys.stderr)
-        return 2
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    spec = json.loads(Path(argv[0]).read_text())
-    result = run_spec(spec)
-    from peftlab.io_utils import atomic_write_text
-
-    atomic_write_text(argv[1], json.dumps(result, indent=2))
-    return 0
+    return measured(run_peftlab if spec["setup"] in PEFTLAB_SETUPS else run_trainer, spec)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker_main(run_spec, "trainer_worker"))

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from peftlab.bench.timing import Clock
+from benchmarks.timing import Clock
 
 DEFAULT_SIZES = (512, 1024, 2048)
 DEFAULT_REPEATS = 5

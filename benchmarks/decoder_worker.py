@@ -1,6 +1,7 @@
-"""One run of ``peftlab bench --against trainer --task math`` (decoders), in its own process, pinned to one core.
+"""One run of the decoder comparison (:mod:`benchmarks.against_trainer_decoder`), in its own process, pinned to
+one core.
 
-``python -m peftlab.bench.decoder_worker SPEC.json OUT.json`` runs the spec's ``setup``:
+``python -m benchmarks.decoder_worker SPEC.json OUT.json`` runs the spec's ``setup``:
 
 * ``llm-adapters``: the papers' decoder pipeline (LLM-Adapters' ``finetune.py``, which KaSA's code follows):
   ``transformers.Trainer`` + peft ``LoraConfig`` (CAUSAL_LM, q_proj and v_proj) + ``DataCollatorForSeq2Seq(
@@ -19,20 +20,19 @@ a ``TrainerCallback`` on the Trainer side, result.json's ``timings.train_s`` on 
 (the examples' lengths, prompt and response), the token slots its batches computed, the mean training loss
 (each batch's mean over its response tokens, averaged over batches: Trainer's ``training_loss``, peftlab's
 ``train_loss``), the loss after training on a fixed probe (the first ``probe_examples`` training examples, the
-same function on both sides), the model FLOPs of the examples trained (:mod:`peftlab.bench.flops`) and this
-core's GEMM peak (:mod:`peftlab.bench.peak`).
+same function on both sides), the model FLOPs of the examples trained (:mod:`benchmarks.flops`) and this
+core's GEMM peak (:mod:`benchmarks.peak`).
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import math
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from benchmarks.trainer_worker import lora_b_abs_sum
+from benchmarks.worker import PadCounter, make_trainer, measured, worker_main
 
 TRAINER_SETUP, GROUPED_SETUP, PACKED_SETUP = "llm-adapters", "peftlab", "peftlab-packed"
 SETUPS = (TRAINER_SETUP, GROUPED_SETUP, PACKED_SETUP)
@@ -85,17 +85,17 @@ def probe_loss(model, tokenizer, dataset, count: int, batch_size: int = 4) -> fl
 
 
 def model_flops(model, lengths: list[int], epochs: int, batches: list[tuple[int, int]] | None) -> dict:
-    """The model FLOPs of the real tokens trained (:mod:`peftlab.bench.flops`; additive over examples, so every
-    batch at once), and ``executed``: what the batches computed, each of ``(rows, length)`` counted as ``rows``
-    examples of that length (padding included; None: no padding, nothing beyond the real tokens)."""
-    from peftlab.bench.flops import architecture, count_step
+    """The model FLOPs of the real tokens trained (:class:`benchmarks.flops.ExampleFlops`: additive over examples,
+    so every example at once), and ``executed``: what the batches computed, each of ``(rows, length)`` counted as
+    ``rows`` examples of that length (padding included; None: no padding, nothing beyond the real tokens)."""
+    from benchmarks.flops import ExampleFlops
 
     try:
-        arch = architecture(model)
-    except ValueError as err:
-        return {"unavailable": str(err)}
-    useful = count_step(arch, list(lengths) * epochs).to_dict()
-    executed = useful["total"] if batches is None else sum(count_step(arch, [n] * rows).total for rows, n in batches)
+        per_example = ExampleFlops(model)
+    except Exception as err:  # an architecture the meta device cannot run, or not additive: say so, go on
+        return {"unavailable": f"{type(err).__name__}: {err}"}
+    useful = per_example.of(list(lengths) * epochs).to_dict()
+    executed = useful["total"] if batches is None else per_example.executed(batches)
     return {**useful, "executed": executed, "executed_per_model_flop": executed / useful["total"]}
 
 
@@ -103,10 +103,8 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model
-    from transformers import (DataCollatorForSeq2Seq, Trainer, TrainingArguments,
-                              get_linear_schedule_with_warmup)
+    from transformers import DataCollatorForSeq2Seq
 
-    from peftlab.bench.trainer_worker import PadCounter, epoch_clock
     from peftlab.models.registry import load_model
 
     setup_start = time.perf_counter()
@@ -126,17 +124,7 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
                       target_modules=["q_proj", "v_proj"], bias="none")
     model = get_peft_model(model, lora)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec["lr"], weight_decay=0.0)
-    steps = math.ceil(len(columns) / spec["batch_size"]) * spec["epochs"]
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(spec["warmup_ratio"] * steps), max(1, steps))
-
-    clock = epoch_clock()
-    args = TrainingArguments(
-        output_dir=spec["run_dir"], per_device_train_batch_size=spec["batch_size"], num_train_epochs=spec["epochs"],
-        max_grad_norm=spec["max_grad_norm"], seed=spec["seed"], use_cpu=True, bf16=spec["mixed_precision"] == "bf16",
-        train_sampling_strategy="random", eval_strategy="no", save_strategy="no", report_to="none",
-        disable_tqdm=True, logging_strategy="steps", logging_steps=spec["logging_steps"], dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=columns, data_collator=collator,
-                      optimizers=(optimizer, scheduler), callbacks=[clock])
+    trainer, clock = make_trainer(spec, model, optimizer, columns, collator)
     setup_s = time.perf_counter() - setup_start
     output = trainer.train()
     return {
@@ -146,7 +134,7 @@ def run_trainer(spec: dict[str, Any]) -> dict[str, Any]:
         "lengths_real_tokens": sum(lengths) * spec["epochs"],
         "probe_loss": probe_loss(model, tokenizer, train_ds, spec["probe_examples"]),
         "model_flops": model_flops(model, lengths, spec["epochs"], collator.shapes),
-        "lora_b_abs_sum": float(sum(p.detach().abs().sum() for n, p in model.named_parameters() if "lora_B" in n)),
+        "lora_b_abs_sum": lora_b_abs_sum(model),
     }
 
 
@@ -199,44 +187,20 @@ def run_peftlab(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The run, then its tokens/s, model FLOP/s and this core's GEMM peak (after training)."""
     import torch
 
-    from peftlab.bench.peak import gemm_peak
+    from benchmarks.peak import gemm_peak
 
-    torch.set_num_threads(1)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    out = run_trainer(spec) if spec["setup"] == TRAINER_SETUP else run_peftlab(spec)
-    out.setdefault("status", "ok")
+    out = measured(run_trainer if spec["setup"] == TRAINER_SETUP else run_peftlab, spec)
     seconds = out["train_s"]
     out["tokens_per_s"] = out["train_real_tokens"] / seconds if seconds else None
-    out["examples_per_s"] = out["examples"] / seconds if seconds else None
     total = (out.get("model_flops") or {}).get("total")
     out["model_gflops"] = total / seconds / 1e9 if total and seconds else None
     out["gemm_peak"] = gemm_peak(torch.bfloat16 if spec["mixed_precision"] == "bf16" else torch.float32,
-                                 sizes=PEAK_SIZES, repeats=PEAK_REPEATS)  # this core, after training
-    out["in_process_s"] = time.perf_counter() - start
-    out["cpu_s"] = time.process_time() - cpu_start
-    out["torch_threads"] = torch.get_num_threads()
-    out["affinity"] = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    from peftlab.bench.trainer_worker import peak_rss_mb
-
-    out["peak_rss_mb"] = peak_rss_mb()
+                                 sizes=PEAK_SIZES, repeats=PEAK_REPEATS)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m peftlab.bench.decoder_worker SPEC.json OUT.json", file=sys.stderr)
-        return 2
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    spec = json.loads(Path(argv[0]).read_text())
-    result = run_spec(spec)
-    from peftlab.io_utils import atomic_write_text
-
-    atomic_write_text(argv[1], json.dumps(result, indent=2))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker_main(run_spec, "decoder_worker"))

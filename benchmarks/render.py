@@ -1,8 +1,8 @@
-"""Markdown tables of bench results (also re-rendered from their JSON: ``peftlab bench --render``)."""
+"""Markdown tables of bench results (also re-rendered from their JSON: ``python benchmarks/rerender.py``)."""
 
 from __future__ import annotations
 
-KASA_PEFT = "kasa-peft"  # the --compare-kasa-peft row (peftlab.bench.micro): its table gets a note
+KASA_PEFT = "kasa-peft"  # the --compare-kasa-peft row (benchmarks.micro): its table gets a note
 
 
 def slug(text: str) -> str:
@@ -102,9 +102,12 @@ def _peak_lines(result: dict) -> list[str]:
         return []
     sizes = ", ".join(f"{s['n']}: {s['gflops_best']:.1f}" for s in peak["sizes"])
     missing = sorted({row["model_flops_unavailable"] for row in result["rows"] if row.get("model_flops_unavailable")})
-    return ["", f"Model FLOP/s: the train step's model FLOPs counted from the architecture (peftlab.bench.flops: "
-                f"projections, MLP, attention scores and values, the head, LoRA's A and B; backward without frozen "
-                f"weights' gradients) over its median time. GEMM peak: {peak['peak_gflops']:.1f} GFLOP/s "
+    # results written before FlopCounterMode counted the FLOPs carry no flops_method: theirs were counted by hand
+    counted = result.get("flops_method") or ("counted from the architecture (projections, MLP, attention scores "
+                                             "and values, the head, LoRA's A and B; backward without frozen weights' "
+                                             "gradients)")
+    return ["", f"Model FLOP/s: the train step's model FLOPs, {counted}, over its median time. "
+                f"GEMM peak: {peak['peak_gflops']:.1f} GFLOP/s "
                 f"({peak['dtype']}, {peak['threads']} thread(s); {peak['method']}; best GFLOP/s by n: {sizes})."
                 + (f" Not counted: {'; '.join(missing)}." if missing else "")]
 
@@ -184,7 +187,7 @@ def _env_line(env: dict) -> str:
 
 
 def markdown_against_trainer(result: dict) -> str:
-    """``peftlab bench --e2e --against trainer``: one row per task and setup."""
+    """An older against-trainer result (each setup alone, round-robin): one row per task and setup."""
     s = result["settings"]
     lines = [
         f"## peftlab vs transformers.Trainer: {s['model']}, LoRA q,v rank {s['rank']}, batch {s['batch_size']}, "
@@ -233,7 +236,7 @@ def markdown_against_trainer(result: dict) -> str:
 
 
 def markdown_sweep_overhead(result: dict) -> str:
-    """``peftlab bench --sweep-overhead``: the sweep's wall time by phase."""
+    """``benchmarks/sweep_overhead.py``: the sweep's wall time by phase."""
     s, b = result["settings"], result["breakdown"]
     share = "-" if b["overhead_share"] is None else f"{100 * b['overhead_share']:.1f} %"
     lines = [
@@ -262,7 +265,7 @@ def _share(value) -> str:
 
 
 def markdown_decode(result: dict) -> str:
-    """``peftlab bench --decode``: one row per decoding path, precision and prompt order."""
+    """``benchmarks/decode.py``: one row per decoding path, precision and prompt order."""
     s = result["settings"]
     lines = [
         f"## GSM8K decoding: {s['model']}, {s['problems']} problems, batch {s['batch_size']}, up to "

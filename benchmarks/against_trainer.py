@@ -1,6 +1,8 @@
-"""``peftlab bench --against trainer`` on GLUE tasks: peftlab side by side with the papers' Trainer pipelines.
+"""peftlab side by side with the papers' Trainer pipelines on GLUE tasks.
 
-Setups (:mod:`peftlab.bench.trainer_worker` says what each runs): ``pad128`` (Yao et al.'s pipeline:
+    python benchmarks/against_trainer.py --model minilm-l6 --tasks rte,mrpc --repeats 2
+
+Setups (:mod:`benchmarks.trainer_worker` says what each runs): ``pad128`` (Yao et al.'s pipeline:
 ``transformers.Trainer``, every example padded to T, random batches), ``longest`` (the KaSA authors' pipeline:
 Trainer, each batch padded to its longest example, random batches), ``grouped`` (Trainer's best:
 ``group_by_length`` and ``DataCollatorWithPadding``), ``peftlab`` (``peftlab train --compile off``: dynamic
@@ -8,8 +10,7 @@ padding, length-grouped batches) and ``peftlab-compiled`` (the same with ``--com
 v, rank, batch, T, training subset, epochs, optimizer groups and schedule, precision (``--mixed-precision``) on
 every side, one thread each; the dev metric on the full dev set.
 
-How they are measured (:mod:`peftlab.bench.pairs`, as the decoder comparison): the pairs A:B of ``--pairs``
-(default ``pad128:peftlab,longest:peftlab``; ``--compile`` adds ``pad128:peftlab-compiled``,
+How they are measured (:mod:`benchmarks.pairs`, as the decoder comparison): the pairs A:B of ``--pairs`` (default ``pad128:peftlab,longest:peftlab``; ``--compile`` adds ``pad128:peftlab-compiled``,
 ``longest:peftlab-compiled`` and ``peftlab:peftlab-compiled``) run two at a time, each pinned to its own core
 with one thread, then again with the cores swapped; ``--repeats`` rounds of that, round r with the r-th
 ``--seeds`` seed (cyclically). A pair's ratio is B's examples/s over A's (= A's train s / B's: both train the
@@ -31,20 +32,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from peftlab.bench.machine import environment, loadavg, write_result
-from peftlab.bench.pairs import pair_schedule, run_pair, two_cores
-from peftlab.bench.render import _env_line, _num, markdown_against_trainer, slug
-from peftlab.bench.timing import paired_geomean
-from peftlab.bench.trainer_worker import COMPILED_SETUP, PEFTLAB_SETUP, PEFTLAB_SETUPS, TRAINER_SETUPS
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.cli import check_glue_tasks, main, parser, positive_float, progress
+from benchmarks.pairs import (OK_STATUSES, Comparison, add_pair_flags, common_settings, made_together, mean,
+                              median, parse_setup_pairs, run_comparison)
+from benchmarks.render import _env_line, _num, markdown_against_trainer, slug
+from benchmarks.timing import paired_geomean
+from benchmarks.trainer_worker import COMPILED_SETUP, PEFTLAB_SETUP, PEFTLAB_SETUPS, TRAINER_SETUPS
 from peftlab.errors import PeftlabError
 
-WORKER = "peftlab.bench.trainer_worker"
 SETUPS = (*TRAINER_SETUPS, *PEFTLAB_SETUPS)
-DEFAULT_TASKS = "rte,mrpc"
-DEFAULT_REPEATS = 1
-DEFAULT_TRAIN_EXAMPLES = 1000
 DEFAULT_PAIRS = "pad128:peftlab,longest:peftlab"
-COMPILE_PAIRS = "pad128:peftlab-compiled,longest:peftlab-compiled,peftlab:peftlab-compiled"
+
 SETUP_TEXT = {
     "pad128": "transformers.Trainer, tokenised with padding=\"max_length\" (every example T tokens), random batches "
               "(Yao et al.'s pipeline)",
@@ -65,26 +66,12 @@ SETUP_NAMES = {
     PEFTLAB_SETUP: "peftlab",
     COMPILED_SETUP: "peftlab --compile on",
 }
-OK_STATUSES = ("ok", "collapsed", "no_learning")
-
-
-def _choices(text: str | None, default: str, allowed, what: str, flag: str) -> list[str]:
-    from peftlab.errors import unknown
-
-    names = [t.strip().lower() for t in (text or default).split(",") if t.strip()]
-    for name in names:
-        if name not in allowed:
-            raise unknown(what, name, list(allowed), where=flag)
-    if not names:
-        raise PeftlabError(f"{flag} is empty", fix=f"e.g. {flag} {default}")
-    return list(dict.fromkeys(names))
 
 
 def parse_pairs(text: str | None, compile_pairs: bool = False) -> list[tuple[str, str]]:
     """``--pairs A:B,...`` (default :data:`DEFAULT_PAIRS`). ``--compile`` adds the compiled setup against every
-    Trainer setup of those pairs and against eager peftlab (the default pairs: :data:`COMPILE_PAIRS`)."""
-    from peftlab.bench.decoder_worker import SETUPS as DECODER_SETUPS
-    from peftlab.bench.pairs import parse_setup_pairs
+    Trainer setup of those pairs and against eager peftlab."""
+    from benchmarks.decoder_worker import SETUPS as DECODER_SETUPS
 
     def not_a_decoder_setup(part: str) -> None:
         if part in DECODER_SETUPS and part not in SETUPS:
@@ -100,80 +87,24 @@ def parse_pairs(text: str | None, compile_pairs: bool = False) -> list[tuple[str
 
 def settings_from_args(args) -> dict[str, Any]:
     from peftlab.methods.table import METHODS
-    from peftlab.tasks.table import TASKS
 
-    if args.threads not in (None, 1):
-        raise PeftlabError(f"--threads {args.threads}: the pairs run one thread each, on one core each",
-                           fix="drop --threads")
-    tasks = _choices(args.task, DEFAULT_TASKS, [n for n, t in TASKS.items() if t.kind in ("classification",
-                                                                                             "regression")],
-                     "GLUE task", "--tasks")
+    check_glue_tasks(args.tasks)
     lora = METHODS["lora"]
-    seeds = [int(s) for s in str(args.seeds or "0").split(",") if s.strip()]
-    return {
-        "model": args.model or "minilm-l6", "tasks": tasks,
-        "pairs": [f"{a}:{b}" for a, b in parse_pairs(args.pairs, getattr(args, "compile", False))],
-        "repeats": args.repeats or DEFAULT_REPEATS, "seeds": seeds, "threads": 1,
-        "train_examples": args.max_train_samples or DEFAULT_TRAIN_EXAMPLES, "epochs": args.epochs,
-        "max_length": args.seq_len or 128, "batch_size": args.batch_size or 32, "eval_batch_size": 64,
-        "rank": args.rank, "alpha": args.alpha, "dropout": 0.0, "lr": args.lr or lora.default_lr,
-        "lr_ratio": args.lr_ratio, "head_lr": lora.default_head_lr, "warmup_ratio": 0.06, "max_grad_norm": 1.0,
-        "mixed_precision": args.mixed_precision or "no", "data_dir": args.data_dir,
-        "eval": "the full dev set (validation split)",
-    }
+    return {**common_settings(args), "pairs": [f"{a}:{b}" for a, b in parse_pairs(args.pairs, args.compile)],
+            "eval_batch_size": 64, "dropout": 0.0, "lr": args.lr or lora.default_lr, "lr_ratio": args.lr_ratio,
+            "head_lr": lora.default_head_lr, "warmup_ratio": 0.06, "max_grad_norm": 1.0,
+            "eval": "the full dev set (validation split)"}
 
 
 def run_against_trainer(args) -> dict[str, Any]:
-    import torch
-
-    say = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
     settings = settings_from_args(args)
-    cores = two_cores()
-    pairs = [tuple(p.split(":")) for p in settings["pairs"]]
     out_dir = Path(args.out_dir)
-    work = out_dir / "against-trainer-runs"
-    work.mkdir(parents=True, exist_ok=True)
     name = args.name or f"against-trainer-{slug(settings['model'])}"
-    used = list(dict.fromkeys(s for pair in pairs for s in pair))
-    result: dict[str, Any] = {"kind": "against_trainer", "environment": environment(torch.device("cpu")),
-                              "settings": settings, "setups": {s: SETUP_TEXT[s] for s in used}, "cores": list(cores),
-                              "runs": [], "summary": []}
-    result["environment"]["torch_threads"] = 1  # what every run was given
     keys = ("model", "train_examples", "epochs", "max_length", "batch_size", "eval_batch_size", "rank", "alpha",
             "dropout", "lr", "lr_ratio", "head_lr", "warmup_ratio", "max_grad_norm", "mixed_precision", "data_dir")
-    schedule = pair_schedule(pairs, settings["repeats"], cores)
-    for task in settings["tasks"]:
-        for index, entry in enumerate(schedule):
-            seed = settings["seeds"][entry["round"] % len(settings["seeds"])]
-            label = f"{task}-r{entry['round']}-{entry['pair'].replace(':', '-vs-')}-o{entry['orientation']}"
-            specs = {setup: {**{k: settings[k] for k in keys}, "task": task, "setup": setup, "seed": seed,
-                             "run_dir": str(work / f"{label}-{setup}"),
-                             "logging_steps": max(1, settings["train_examples"] // settings["batch_size"] // 8)}
-                     for setup in entry["cores"]}
-            say(f"against trainer: {task} pair {index + 1}/{len(schedule)} {entry['pair']} (cores "
-                + ", ".join(f"{s} {c}" for s, c in entry["cores"].items()) + f", seed {seed})")
-            for setup, run in run_pair(WORKER, specs, entry["cores"], work, label).items():
-                run.update(task=task, setup=setup, round=entry["round"], pair=entry["pair"],
-                           orientation=entry["orientation"], seed=seed, epochs=settings["epochs"])
-                if run["status"] == "failed":
-                    say(f"{label} {setup} failed: {run['error']} (log {run['log']})")
-                result["runs"].append(run)
-            save(result, out_dir, name)
-        result["summary"].append(summarize_task(result["runs"], task, settings["pairs"]))
-        save(result, out_dir, name)
-    result["environment"]["loadavg_end"] = loadavg()
-    save(result, out_dir, name)
-    return result
-
-
-def _median(values):
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
-
-
-def _mean(values):
-    kept = [v for v in values if v is not None]
-    return statistics.fmean(kept) if kept else None
+    bench = Comparison("against_trainer", "benchmarks.trainer_worker", SETUP_TEXT, keys, summarize_task,
+                       markdown_pairs)
+    return run_comparison(bench, settings, out_dir, name, progress(args.quiet))
 
 
 def summarize_task(runs: list[dict], task: str, pair_names: list[str]) -> dict[str, Any]:
@@ -184,20 +115,15 @@ def summarize_task(runs: list[dict], task: str, pair_names: list[str]) -> dict[s
     from peftlab.tasks.table import TASKS
 
     metric = TASKS[task].primary_metric
-    ok = [r for r in runs if r["task"] == task and r.get("status") in OK_STATUSES]
     out: dict[str, Any] = {"task": task, "metric": metric, "pairs": {}}
     for pair in pair_names:
         first, second = pair.split(":")
-        together: dict[tuple, dict] = {}
-        for r in ok:
-            if r.get("pair") == pair:
-                together.setdefault((r["round"], r["orientation"]), {})[r["setup"]] = r
-        both = [together[key] for key in sorted(together) if first in together[key] and second in together[key]]
+        both = made_together(runs, task, pair)
         ratio = paired_geomean([by[second]["examples_per_s"] for by in both], [by[first]["examples_per_s"] for by in both])
         same = all(same_work(by[first], by[second]) for by in both)
-        sides = {side: {"dev_metric": _mean([(by[side].get("dev_metrics") or {}).get(metric) for by in both]),
-                        "train_s": _median([by[side]["train_s"] for by in both]),
-                        "examples_per_s": _median([by[side]["examples_per_s"] for by in both]),
+        sides = {side: {"dev_metric": mean([(by[side].get("dev_metrics") or {}).get(metric) for by in both]),
+                        "train_s": median([by[side]["train_s"] for by in both]),
+                        "examples_per_s": median([by[side]["examples_per_s"] for by in both]),
                         "compiled": [((by[side].get("compile") or {}).get("compiled")) for by in both]
                         if side == COMPILED_SETUP else None}
                  for side in (first, second)}
@@ -233,16 +159,12 @@ def break_even(pairs: list[tuple[dict, dict]]) -> dict[str, Any] | None:
                      "compiled_step_s": per_step[1]})
     if not rows:
         return None
-    compile_s = _median([r["compile_s"] for r in rows])
-    eager_step, compiled_step = _median([r["eager_step_s"] for r in rows]), _median([r["compiled_step_s"] for r in rows])
+    compile_s = median([r["compile_s"] for r in rows])
+    eager_step, compiled_step = median([r["eager_step_s"] for r in rows]), median([r["compiled_step_s"] for r in rows])
     saving = eager_step - compiled_step
     return {"pairs": len(rows), "compile_s": compile_s, "eager_step_s": eager_step, "compiled_step_s": compiled_step,
             "step_speedup": eager_step / compiled_step if compiled_step else None,
             "break_even_steps": compile_s / saving if saving > 0 else None}
-
-
-def save(result: dict, out_dir: Path, name: str) -> None:
-    write_result(result, out_dir, name, markdown_pairs)
 
 
 def rerender(result: dict) -> str:
@@ -362,13 +284,13 @@ def summarize_sequential(runs: list[dict], task: str, setups: list[str]) -> dict
     for setup in setups:
         mine = [r for r in ok if r["setup"] == setup]
         values = [r["dev_metrics"].get(metric) for r in mine if r["dev_metrics"].get(metric) is not None]
-        slots = _median([r.get("train_token_slots") for r in mine])
-        real = _median([r.get("train_real_tokens") for r in mine])
+        slots = median([r.get("train_token_slots") for r in mine])
+        real = median([r.get("train_real_tokens") for r in mine])
         out["setups"][setup] = {
-            "runs": len(mine), "train_s_per_epoch": _median([r["train_s"] / max(1, r["epochs"]) for r in mine]),
-            "examples_per_s": _median([r.get("examples_per_s") for r in mine]),
-            "peak_rss_mb": _median([r.get("peak_rss_mb") for r in mine]),
-            "process_wall_s": _median([r.get("process_wall_s") for r in mine]),
+            "runs": len(mine), "train_s_per_epoch": median([r["train_s"] / max(1, r["epochs"]) for r in mine]),
+            "examples_per_s": median([r.get("examples_per_s") for r in mine]),
+            "peak_rss_mb": median([r.get("peak_rss_mb") for r in mine]),
+            "process_wall_s": median([r.get("process_wall_s") for r in mine]),
             "metric_mean": statistics.fmean(values) if values else None,
             "metric_std": statistics.stdev(values) if len(values) > 1 else None,
             "token_slots": slots, "real_token_share": real / slots if slots and real is not None else None,
@@ -387,3 +309,22 @@ def summarize_sequential(runs: list[dict], task: str, setups: list[str]) -> dict
             "process_wall_ratio": paired_geomean([by[setup]["process_wall_s"] for by in pairs],
                                                  [by[PEFTLAB_SETUP]["process_wall_s"] for by in pairs])}
     return out
+
+
+def make_parser():
+    made = parser(__doc__, __file__, with_threads=False)  # one thread per run, one core each
+    add_pair_flags(made, tasks=["rte", "mrpc"], model="minilm-l6", pairs=DEFAULT_PAIRS, train_examples=1000,
+                   max_length=128, batch_size=32, lr=None)
+    made.add_argument("--lr-ratio", type=positive_float, default=2.0, help="lambda = eta_V / eta_QK")
+    made.add_argument("--compile", action="store_true",
+                      help="add peftlab --compile on (setup peftlab-compiled) against pad128, longest and eager "
+                           "peftlab (its compile time and break-even too)")
+    return made
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    return main(make_parser(), run_against_trainer, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

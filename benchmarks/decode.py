@@ -1,4 +1,6 @@
-"""``peftlab bench --decode``: new tokens/s of GSM8K evaluation, peftlab's greedy loop against ``model.generate``.
+"""New tokens/s of GSM8K evaluation: peftlab's greedy loop against ``model.generate``.
+
+    python benchmarks/decode.py --model smollm2-135m --problems 32 --batch-size 16
 
 Three decoding paths over the same GSM8K test prompts (``encode_prompt`` of the first ``--problems`` of the
 seeded test subset that ``peftlab train --task gsm8k --max-eval-samples N`` scores), at the same batch size:
@@ -12,7 +14,7 @@ seeded test subset that ``peftlab train --task gsm8k --max-eval-samples N`` scor
 * ``generate_plain``: ``model.generate`` as a user calls it: greedy, stopping only at EOS / end of turn or
   ``--max-new-tokens``.
 
-Each in fp32 and in bf16 autocast (``--precision``: auto = both), with batches of similar prompt lengths
+Each in fp32 and in bf16 autocast (``--precision``: both by default), with batches of similar prompt lengths
 (``by_length``: the prompts sorted longest first, as peftlab does) or in the given order (``as_given``: one
 call per consecutive batch). Configurations are timed round-robin (order rotated per round) after one untimed
 round that also records the texts. New tokens: the generated texts re-tokenised (equal for equal texts).
@@ -30,14 +32,18 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from peftlab.bench.machine import environment, loadavg, write_result
-from peftlab.bench.render import markdown_decode, slug
-from peftlab.bench.timing import Clock, first_line, paired_ratio, round_robin, summarize
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.cli import main, nonnegative_int, parser, positive_int, progress
+from benchmarks.machine import environment, loadavg, write_result
+from benchmarks.render import markdown_decode, slug
+from benchmarks.timing import Clock, first_line, paired_ratio, round_robin, summarize
 
 PATHS = ("peftlab_loop", "generate_stop", "generate_plain")
 ORDERS = ("by_length", "as_given")
 PATH_TEXT = {
-    "peftlab_loop": "peftlab.bench.decode.greedy_loop (GSM8K evaluation: own greedy loop, finished rows leave the "
+    "peftlab_loop": "benchmarks.decode.greedy_loop (GSM8K evaluation: own greedy loop, finished rows leave the "
                     "batch, stops once the answer is final)",
     "generate_stop": "peftlab.tasks.generation.generate_greedy (model.generate, greedy, the same stop rule as a "
                      "StoppingCriteria)",
@@ -167,14 +173,10 @@ def gsm8k_prompts(tokenizer, problems: int, data_dir=None, seed: int = 0) -> tup
 
 def run_decode(args) -> dict[str, Any]:
     from peftlab.models.registry import load_model
-    from peftlab.tasks.math_answers import answers_match, extract_answer
 
-    say = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
-    model_name = args.model or "smollm2-135m"
-    batch_size = args.batch_size or 16
-    repeats = args.repeats or 2
-    precisions = ("fp32", "bf16") if args.precision == "auto" else (args.precision,)
-    model, tokenizer = load_model(model_name, head="causal-lm", seed=args.seed)
+    say = progress(args.quiet)
+    precisions = ("fp32", "bf16") if args.precision == "both" else (args.precision,)
+    model, tokenizer = load_model(args.model, head="causal-lm", seed=args.seed)
     model.eval()
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -182,16 +184,16 @@ def run_decode(args) -> dict[str, Any]:
     configs = [DecodeConfig(p, prec, o) for prec in precisions for o in ORDERS for p in PATHS]
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = args.name or f"decode-{slug(model_name)}-b{batch_size}"
-    settings = {"model": model_name, "problems": len(prompts), "batch_size": batch_size,
-                "max_new_tokens": args.max_new_tokens, "repeats": repeats, "precisions": list(precisions),
+    name = args.name or f"decode-{slug(args.model)}-b{args.batch_size}"
+    settings = {"model": args.model, "problems": len(prompts), "batch_size": args.batch_size,
+                "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "precisions": list(precisions),
                 "prompt_tokens": sum(len(p) for p in prompts), "threads": torch.get_num_threads()}
 
     def call(config: DecodeConfig):
         def fn():
             with torch.no_grad(), _autocast(config.precision):
                 return decode(config.path, model, tokenizer, prompts, max_new_tokens=args.max_new_tokens,
-                              batch_size=batch_size, order=config.order)
+                              batch_size=args.batch_size, order=config.order)
         return fn
 
     for config in configs:  # the untimed round: warms every path up and records what it generates
@@ -201,39 +203,63 @@ def run_decode(args) -> dict[str, Any]:
         except Exception as err:  # one broken path must not hide the others' numbers
             config.error = f"{type(err).__name__}: {first_line(err)}"
             say(f"{config.label}: {config.error}")
-    round_robin(configs, call, "seconds", repeats, 0, Clock(torch.device("cpu")), 1, say)
-
-    by_label = {c.label: c for c in configs}
-    rows = []
-    for c in configs:
-        row: dict[str, Any] = {"label": c.label, "path": c.path, "precision": c.precision, "order": c.order,
-                               "error": c.error, "seconds": summarize(c.seconds)}
-        if c.texts is not None:
-            new_tokens = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in c.texts)
-            median = row["seconds"]["median"]
-            loop = by_label[f"peftlab_loop/{c.precision}/{c.order}"]
-            reference = by_label.get(f"peftlab_loop/{precisions[0]}/by_length")
-            answers = [extract_answer(t) for t in c.texts]
-            row.update(
-                new_tokens=new_tokens, tokens_per_s=new_tokens / median if median else None,
-                seconds_per_problem=median / len(prompts) if median else None,
-                same_texts_as_loop=(sum(a == b for a, b in zip(c.texts, loop.texts)) / len(prompts)
-                                    if loop.texts else None),
-                same_answers_as_reference=(sum(a == extract_answer(b) for a, b in zip(answers, reference.texts))
-                                           / len(prompts) if reference and reference.texts else None),
-                accuracy=sum(answers_match(a, g) for a, g in zip(answers, golds)) / len(prompts),
-                texts=c.texts)
-            generate = by_label[f"generate_stop/{c.precision}/{c.order}"]
-            # paired per round: this config's time / generate_stop's (< 1: faster than model.generate)
-            row["time_vs_generate_stop"] = paired_ratio(c.seconds, generate.seconds)
-            row["time_vs_generate_plain"] = paired_ratio(c.seconds, by_label[f"generate_plain/{c.precision}/"
-                                                                              f"{c.order}"].seconds)
-        rows.append(row)
+    round_robin(configs, call, "seconds", args.repeats, 0, Clock(torch.device("cpu")), 1, say)
+    rows = [decode_row(c, {c.label: c for c in configs}, precisions[0], tokenizer, golds) for c in configs]
     env = environment(torch.device("cpu"))
     env["loadavg_end"] = loadavg()
     result = {"kind": "decode", "environment": env, "settings": settings, "paths": PATH_TEXT, "rows": rows}
     return write_result(result, out_dir, name, markdown_decode)
 
 
+def decode_row(c: DecodeConfig, by_label: dict, reference_precision: str, tokenizer, golds: list) -> dict[str, Any]:
+    """One configuration's line: new tokens/s, identical texts and answers, accuracy, paired time ratios."""
+    from peftlab.tasks.math_answers import answers_match, extract_answer
+
+    row: dict[str, Any] = {"label": c.label, "path": c.path, "precision": c.precision, "order": c.order,
+                           "error": c.error, "seconds": summarize(c.seconds)}
+    if c.texts is None:
+        return row
+    problems = len(golds)
+    new_tokens = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in c.texts)
+    median = row["seconds"]["median"]
+    loop = by_label[f"peftlab_loop/{c.precision}/{c.order}"]
+    reference = by_label.get(f"peftlab_loop/{reference_precision}/by_length")
+    answers = [extract_answer(t) for t in c.texts]
+    row.update(
+        new_tokens=new_tokens, tokens_per_s=new_tokens / median if median else None,
+        seconds_per_problem=median / problems if median else None,
+        same_texts_as_loop=(sum(a == b for a, b in zip(c.texts, loop.texts)) / problems if loop.texts else None),
+        same_answers_as_reference=(sum(a == extract_answer(b) for a, b in zip(answers, reference.texts)) / problems
+                                   if reference and reference.texts else None),
+        accuracy=sum(answers_match(a, g) for a, g in zip(answers, golds)) / problems, texts=c.texts)
+    # paired per round: this config's time / generate_stop's (< 1: faster than model.generate)
+    row["time_vs_generate_stop"] = paired_ratio(c.seconds, by_label[f"generate_stop/{c.precision}/{c.order}"].seconds)
+    row["time_vs_generate_plain"] = paired_ratio(c.seconds, by_label[f"generate_plain/{c.precision}/{c.order}"].seconds)
+    return row
+
+
 def rerender(result: dict) -> str:
     return markdown_decode(result)
+
+
+def make_parser():
+    made = parser(__doc__, __file__)
+    made.add_argument("--model", default="smollm2-135m", help="registered decoder or path")
+    made.add_argument("--problems", type=positive_int, default=32, help="GSM8K test problems")
+    made.add_argument("--batch-size", type=positive_int, default=16, help="prompts per batch")
+    made.add_argument("--max-new-tokens", type=positive_int, default=256,
+                      help="generation limit (as peftlab's GSM8K evaluation)")
+    made.add_argument("--repeats", type=positive_int, default=2, help="timed rounds")
+    made.add_argument("--precision", choices=("both", "fp32", "bf16"), default="both",
+                      help="fp32, bf16 autocast, or both")
+    made.add_argument("--seed", type=nonnegative_int, default=0, help="seed of a random-config model")
+    made.add_argument("--data-dir", default=None, help="data root holding gsm8k/ (default as in peftlab train)")
+    return made
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    return main(make_parser(), run_decode, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

@@ -1,13 +1,14 @@
-"""``peftlab bench --against trainer --task math`` (or commonsense, e2e): peftlab's decoder fine-tuning against the
-papers' decoder pipeline, in training tokens/s at equal loss.
+"""peftlab's decoder fine-tuning against the papers' decoder pipeline, in training tokens/s at equal loss.
 
-Setups (:mod:`peftlab.bench.decoder_worker` says what each runs): ``llm-adapters`` (LLM-Adapters' / KaSA's
+    python benchmarks/against_trainer_decoder.py --tasks math --model smollm2-135m --batch-size 4
+
+Setups (:mod:`benchmarks.decoder_worker` says what each runs): ``llm-adapters`` (LLM-Adapters' / KaSA's
 ``finetune.py``: ``transformers.Trainer`` + ``DataCollatorForSeq2Seq``, padding to the longest, random batches),
 ``peftlab`` (length-grouped batches padded to their longest) and ``peftlab-packed`` (``--packing``). Same model,
 LoRA on q_proj and v_proj, rank, alpha, dropout, batch size, the same seeded examples and token sequences (prompt
 masked), epochs, AdamW at one learning rate with a linear warm-up/decay, precision, one thread each.
 
-How they are measured (:mod:`peftlab.bench.pairs`): the pairs given by ``--pairs`` (default every pair of the
+How they are measured (:mod:`benchmarks.pairs`): the pairs given by ``--pairs`` (default every pair of the
 three) run two at a time, each pinned to its own core, then again with the cores swapped; ``--repeats`` rounds of
 that, round r with the r-th ``--seeds`` seed (cyclically). A pair's ratio is the geometric mean over its runs of
 the second setup's tokens/s over the first's, each ratio from two runs made at the same time. Tokens: the examples'
@@ -16,28 +17,30 @@ Equal loss: each side's mean training loss and its loss on a fixed probe after t
 ``probe_examples`` training examples, the same function on both sides) are printed beside the rates. Also per
 setup: the token slots its batches computed (÷ real tokens: what padding cost), the FLOPs they computed (padding
 and each row's attention square included) ÷ the real tokens' model FLOPs, the model FLOP/s of the real tokens
-(:mod:`peftlab.bench.flops`) and its share of that core's GEMM peak.
+(:mod:`benchmarks.flops`) and its share of that core's GEMM peak.
+
+The GLUE comparison is :mod:`benchmarks.against_trainer`.
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from peftlab.bench.decoder_worker import GROUPED_SETUP, PACKED_SETUP, SETUPS, TRAINER_SETUP
-from peftlab.bench.machine import environment, loadavg, write_result
-from peftlab.bench.pairs import pair_schedule, run_pair, two_cores
-from peftlab.bench.render import _env_line, _num, _ratio, slug
-from peftlab.bench.timing import paired_geomean
-from peftlab.errors import PeftlabError
+if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-WORKER = "peftlab.bench.decoder_worker"
+from benchmarks.cli import main, parser, progress
+from benchmarks.decoder_worker import GROUPED_SETUP, PACKED_SETUP, SETUPS, TRAINER_SETUP
+from benchmarks.pairs import (OK_STATUSES, Comparison, add_pair_flags, common_settings, made_together, mean,
+                              median, parse_setup_pairs, run_comparison)
+from benchmarks.render import _env_line, _num, _ratio, slug
+from benchmarks.timing import paired_geomean
+
 DECODER_TASKS = {"math": "gsm8k", "commonsense": "boolq", "e2e": None}  # task -> the one set its evaluation scores
 DEFAULT_PAIRS = f"{TRAINER_SETUP}:{GROUPED_SETUP},{TRAINER_SETUP}:{PACKED_SETUP},{GROUPED_SETUP}:{PACKED_SETUP}"
-DEFAULTS = dict(model="smollm2-135m", train_examples=256, max_length=512, batch_size=4, lr=3e-4, dropout=0.05,
-                probe_examples=32, warmup_ratio=0.06, max_grad_norm=1.0)  # LLM-Adapters' lr, dropout, micro-batch
+DROPOUT, WARMUP_RATIO, MAX_GRAD_NORM, PROBE_EXAMPLES = 0.05, 0.06, 1.0, 32  # LLM-Adapters' dropout
 SETUP_TEXT = {
     TRAINER_SETUP: "LLM-Adapters' / KaSA's finetune.py: transformers.Trainer + peft LoRA (q_proj, v_proj) + "
                    "DataCollatorForSeq2Seq(padding=True, pad_to_multiple_of=8): every batch padded to its longest "
@@ -49,92 +52,29 @@ SETUP_TEXT = {
 }
 
 
-def is_decoder_request(text: str | None) -> bool:
-    names = [t.strip().lower() for t in (text or "").split(",") if t.strip()]
-    decoder = [n in DECODER_TASKS for n in names]
-    if any(decoder) and not all(decoder):
-        raise PeftlabError(f"--against trainer compares encoder (GLUE) or decoder tasks, not both: {text}",
-                           fix="run the decoder tasks (" + ", ".join(DECODER_TASKS) + ") and the GLUE ones apart")
-    return bool(names) and all(decoder)
-
-
 def parse_pairs(text: str | None) -> list[tuple[str, str]]:
-    from peftlab.bench.pairs import parse_setup_pairs
-
     return parse_setup_pairs(text, DEFAULT_PAIRS, SETUPS)
 
 
 def settings_from_args(args) -> dict[str, Any]:
-    if args.threads not in (None, 1):
-        raise PeftlabError(f"--threads {args.threads}: the decoder pairs run one thread each, on one core each",
-                           fix="drop --threads")
-    tasks = list(dict.fromkeys(t.strip().lower() for t in args.task.split(",") if t.strip()))
-    seeds = [int(s) for s in str(args.seeds or "0").split(",") if s.strip()]
-    return {
-        "model": args.model or DEFAULTS["model"], "tasks": tasks, "pairs": [f"{a}:{b}" for a, b in parse_pairs(args.pairs)],
-        "repeats": args.repeats or 1, "seeds": seeds, "threads": 1,
-        "train_examples": args.max_train_samples or DEFAULTS["train_examples"], "epochs": args.epochs,
-        "max_length": args.seq_len or DEFAULTS["max_length"], "batch_size": args.batch_size or DEFAULTS["batch_size"],
-        "rank": args.rank, "alpha": args.alpha, "dropout": DEFAULTS["dropout"], "lr": args.lr or DEFAULTS["lr"],
-        "warmup_ratio": DEFAULTS["warmup_ratio"], "max_grad_norm": DEFAULTS["max_grad_norm"],
-        "mixed_precision": args.mixed_precision or "no", "data_dir": args.data_dir,
-        "probe_examples": min(DEFAULTS["probe_examples"], args.max_train_samples or DEFAULTS["train_examples"]),
-    }
+    from peftlab.errors import unknown
+
+    for task in args.tasks:
+        if task not in DECODER_TASKS:
+            raise unknown("decoder task", task, list(DECODER_TASKS), where="--tasks")
+    return {**common_settings(args), "pairs": [f"{a}:{b}" for a, b in parse_pairs(args.pairs)], "lr": args.lr,
+            "dropout": DROPOUT, "warmup_ratio": WARMUP_RATIO, "max_grad_norm": MAX_GRAD_NORM,
+            "probe_examples": min(PROBE_EXAMPLES, args.train_examples)}
 
 
 def run_against_trainer_decoder(args) -> dict[str, Any]:
-    import torch
-
-    say = (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)) if not args.quiet else (lambda m: None)
     settings = settings_from_args(args)
-    cores = two_cores()
-    pairs = [tuple(p.split(":")) for p in settings["pairs"]]
-    out_dir = Path(args.out_dir)
-    work = out_dir / "against-trainer-decoder-runs"
-    work.mkdir(parents=True, exist_ok=True)
     name = args.name or f"against-trainer-{'-'.join(settings['tasks'])}-{slug(settings['model'])}-b{settings['batch_size']}"
-    result: dict[str, Any] = {"kind": "against_trainer_decoder", "environment": environment(torch.device("cpu")),
-                              "settings": settings, "setups": {s: SETUP_TEXT[s] for s in SETUPS}, "cores": list(cores),
-                              "runs": [], "summary": []}
-    result["environment"]["torch_threads"] = 1  # what every run was given
     keys = ("model", "train_examples", "epochs", "max_length", "batch_size", "rank", "alpha", "dropout", "lr",
             "warmup_ratio", "max_grad_norm", "mixed_precision", "data_dir", "probe_examples")
-    schedule = pair_schedule(pairs, settings["repeats"], cores)
-    for task in settings["tasks"]:
-        for index, entry in enumerate(schedule):
-            seed = settings["seeds"][entry["round"] % len(settings["seeds"])]
-            label = f"{task}-r{entry['round']}-{entry['pair'].replace(':', '-vs-')}-o{entry['orientation']}"
-            specs = {setup: {**{k: settings[k] for k in keys}, "task": task, "setup": setup, "seed": seed,
-                             "eval_set": DECODER_TASKS[task], "run_dir": str(work / f"{label}-{setup}"),
-                             "logging_steps": max(1, settings["train_examples"] // settings["batch_size"] // 8)}
-                     for setup in entry["cores"]}
-            say(f"against trainer: {task} pair {index + 1}/{len(schedule)} {entry['pair']} (cores "
-                + ", ".join(f"{s} {c}" for s, c in entry["cores"].items()) + f", seed {seed})")
-            for setup, run in run_pair(WORKER, specs, entry["cores"], work, label).items():
-                run.update(task=task, setup=setup, round=entry["round"], pair=entry["pair"],
-                           orientation=entry["orientation"], seed=seed)
-                if run["status"] == "failed":
-                    say(f"{label} {setup} failed: {run['error']} (log {run['log']})")
-                result["runs"].append(run)
-            save(result, out_dir, name)
-        result["summary"].append(summarize_task(result["runs"], task, settings["pairs"]))
-        save(result, out_dir, name)
-    result["environment"]["loadavg_end"] = loadavg()
-    save(result, out_dir, name)
-    return result
-
-
-def _median(values):
-    kept = [v for v in values if v is not None]
-    return statistics.median(kept) if kept else None
-
-
-def _mean(values):
-    kept = [v for v in values if v is not None]
-    return statistics.fmean(kept) if kept else None
-
-
-OK_STATUSES = ("ok", "no_learning", "collapsed")
+    bench = Comparison("against_trainer_decoder", "benchmarks.decoder_worker", SETUP_TEXT, keys, summarize_task,
+                       markdown_against_trainer_decoder, task_spec=lambda task: {"eval_set": DECODER_TASKS[task]})
+    return run_comparison(bench, settings, Path(args.out_dir), name, progress(args.quiet))
 
 
 def summarize_task(runs: list[dict], task: str, pair_names: list[str]) -> dict[str, Any]:
@@ -149,35 +89,27 @@ def summarize_task(runs: list[dict], task: str, pair_names: list[str]) -> dict[s
         shares = [r["model_gflops"] / r["gemm_peak"]["peak_gflops"] for r in mine
                   if r.get("model_gflops") and (r.get("gemm_peak") or {}).get("peak_gflops")]
         out["setups"][setup] = {
-            "runs": len(mine), "tokens_per_s": _median([r.get("tokens_per_s") for r in mine]),
-            "train_s": _median([r.get("train_s") for r in mine]),
-            "real_tokens": _median([r.get("train_real_tokens") for r in mine]),
-            "slots_per_real_token": _median([r["train_token_slots"] / r["train_real_tokens"] for r in mine
+            "runs": len(mine), "tokens_per_s": median([r.get("tokens_per_s") for r in mine]),
+            "train_s": median([r.get("train_s") for r in mine]),
+            "real_tokens": median([r.get("train_real_tokens") for r in mine]),
+            "slots_per_real_token": median([r["train_token_slots"] / r["train_real_tokens"] for r in mine
                                              if r.get("train_real_tokens")]),
-            "flops_per_model_flop": _median([(r.get("model_flops") or {}).get("executed_per_model_flop")
+            "flops_per_model_flop": median([(r.get("model_flops") or {}).get("executed_per_model_flop")
                                              for r in mine]),
-            "train_loss": _mean([r.get("train_loss") for r in mine]),
-            "probe_loss": _mean([r.get("probe_loss") for r in mine]),
-            "model_gflops": _median([r.get("model_gflops") for r in mine]), "of_peak": _median(shares),
-            "peak_gflops": _median([(r.get("gemm_peak") or {}).get("peak_gflops") for r in mine]),
+            "train_loss": mean([r.get("train_loss") for r in mine]),
+            "probe_loss": mean([r.get("probe_loss") for r in mine]),
+            "model_gflops": median([r.get("model_gflops") for r in mine]), "of_peak": median(shares),
+            "peak_gflops": median([(r.get("gemm_peak") or {}).get("peak_gflops") for r in mine]),
         }
     for pair in pair_names:
         first, second = pair.split(":")
-        together: dict[tuple, dict] = {}
-        for r in ok:
-            if r["pair"] == pair:
-                together.setdefault((r["round"], r["orientation"]), {})[r["setup"]] = r
-        both = [by for by in together.values() if first in by and second in by]
+        both = made_together(runs, task, pair)
         ratio = paired_geomean([by[second]["tokens_per_s"] for by in both], [by[first]["tokens_per_s"] for by in both])
         same = all(by[first]["train_real_tokens"] == by[second]["train_real_tokens"]
                    and (by[first].get("model_flops") or {}).get("total") == (by[second].get("model_flops") or {}).get("total")
                    for by in both)
         out["pairs"][pair] = {"tokens_per_s_ratio": ratio, "same_tokens_and_flops": same if both else None}
     return out
-
-
-def save(result: dict, out_dir: Path, name: str) -> None:
-    write_result(result, out_dir, name, markdown_against_trainer_decoder)
 
 
 def rerender(result: dict) -> str:
@@ -205,7 +137,7 @@ def markdown_against_trainer_decoder(result: dict) -> str:
         "examples' real tokens over each run's training-loop seconds. Probe loss: the mean loss on the response "
         f"tokens of the first {s['probe_examples']} training examples after training (the same function on every "
         "side). Slots ÷ real: the token positions the batches computed per real token; FLOPs ÷ model: the FLOPs "
-        "they computed (padding, each row's attention square) per FLOP of the real tokens (peftlab.bench.flops).",
+        "they computed (padding, each row's attention square) per FLOP of the real tokens (benchmarks.flops).",
         "",
         "Setups: " + "; ".join(f"**{k}** = {v}" for k, v in result["setups"].items()) + ".",
         "",
@@ -234,3 +166,18 @@ def markdown_against_trainer_decoder(result: dict) -> str:
                      f"{_num(r.get('train_loss'), '.4f')} | {_num(r.get('probe_loss'), '.4f')} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def make_parser():
+    made = parser(__doc__, __file__, with_threads=False)  # one thread per run, one core each
+    add_pair_flags(made, tasks=["math"], model="smollm2-135m", pairs=DEFAULT_PAIRS, train_examples=256,
+                   max_length=512, batch_size=4, lr=3e-4)  # LLM-Adapters' learning rate and micro-batch
+    return made
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    return main(make_parser(), run_against_trainer_decoder, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

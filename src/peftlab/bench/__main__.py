@@ -1,3 +1,0 @@
-from peftlab.bench.cli import main
-
-raise SystemExit(main())
