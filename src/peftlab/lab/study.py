@@ -26,7 +26,7 @@ from peftlab.errors import PeftlabError
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab import study_design as sd
 from peftlab.lab.store import Store
-from peftlab.lab.study_plan import (SAFETY, Plan, StagePlan, StudyPaths, duration_text, keyed, load_or_save_plan,
+from peftlab.lab.study_plan import (SAFETY, Plan, StudyPaths, duration_text, keyed, load_or_save_plan,
                                     plan_stages, save_fair_plan, write_spec)
 
 # --------------------------------------------------------------------------- running stages

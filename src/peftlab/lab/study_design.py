@@ -326,7 +326,7 @@ def score_cells(runs: Iterable[tuple[dict, dict | None]], seeds: list[int]) -> l
 
 def pick_cells(task: str, scores: list[CellScore]) -> Picks:
     """The best diagonal and best off-diagonal cell: a cell any of whose seeds failed ranks below every cell
-    whose seeds all trained (as the tune's winner and :mod:`peftlab.lab.tune.compare` rank), then by mean
+    whose seeds all trained (as the tune's winner and scripts/tune_compare.py rank), then by mean
     (failed seeds at chance), then the smaller eta_V."""
 
     def best(candidates: list[CellScore]) -> CellScore | None:
