@@ -42,7 +42,8 @@ DESIGN_OPTIONS = {
     "plateau_epochs": (nonnegative_int, "fixed-rate: the plateau arm"),
     "plateau_seeds": (nonnegative_int, "fixed-rate: the plateau arm's seeds"),
     "evals_per_epoch": (positive_int, "fixed-rate: the plateau arm's dev evaluations per epoch"),
-    "no_search": ("store_true", "fixed-rate: no tune comparison in the study (its default: scripts/tune_vs_grid.py)"),
+    "no_search": ("store_true", "fixed-rate: no tune comparison in the study (always so now: it is "
+                                "scripts/tune_vs_grid.py; the flag stays in the committed stores' commands)"),
     "lr": (positive_float, "fixed-rate: the rows' shared rate"),
     "head_lr": (positive_float, "fixed-rate: the rows' head rate"),
     "long_epochs": (nonnegative_int, "fixed-rate: the spec's long rows (kasa: LoRA and paper-KaSA) this long"),
@@ -61,7 +62,7 @@ def add_parser(sub) -> None:
                     "learning-rate search on selection seeds, trains to its plateau, and is scored on the dev set "
                     "as a test split no choice read, on held-out seeds, paired. --protocol fixed-rate: the earlier "
                     "designs (one shared rate, fixed epochs).")
-    parser.add_argument("study_kind", nargs="?", choices=tuple(specs), metavar="KIND", default=None,
+    parser.add_argument("study_kind", nargs="?", choices=tuple(specs), default=None,
                         help=f"a shipped design: {', '.join(specs)} (or --spec)")
     parser.add_argument("--spec", default=None, metavar="STUDY.yaml",
                         help="your own design (copy src/peftlab/lab/studies/kasa.yaml)")
@@ -191,9 +192,6 @@ def fixed_design(args, spec, base: dict, tasks: tuple[str, ...]) -> sd.Design:
     common = dict(tasks=tasks, heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
                   equivalence_margin=args.equivalence_margin, spec=spec)
     if spec.section("fixed-rate").shape == "grid":
-        if not args.no_search:
-            raise PeftlabError("the fixed-rate study no longer runs the tune comparison",
-                               fix="pass --no-search; the grid / naive / tune comparison is scripts/tune_vs_grid.py")
         return sd.Design(spec.name, base=base, lr_grid=sd.float_list(names(args.lr_grid), "--lr-grid"),
                          ratios=sd.float_list(names(args.ratios), "--ratios"),
                          diagonal=sd.float_list(names(args.diagonal), "--diagonal"),

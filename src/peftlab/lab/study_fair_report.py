@@ -236,7 +236,7 @@ def study_command(design: sp.Design, root) -> str:
     words += [] if design.key_ablation or not section.key_ablation else ["--no-key-ablation"]
     words += [] if design.paper_arms or not section.paper_arms else ["--no-paper-arms"]
     centres = {r.centre for r in design.rows}
-    if len(centres) == 1 and section.swept:
+    if len(centres) == 1:  # one centre for every row: --rate-centre gives it back (whether given or resolved)
         words.append(f"--rate-centre {centres.pop():g}")
     return " ".join(words + command_tail(design, base, root))
 
