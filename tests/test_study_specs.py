@@ -140,3 +140,32 @@ def test_the_shipped_specs_are_package_data():
     for path in shipped().values():
         spec = load_study_spec(path)
         assert spec.command() == f"peftlab study {spec.name}" and set(spec.sections) == {"fair", "fixed-rate"}
+
+
+def test_the_lambda_spec_sweeps_lr_ratio_with_its_controls_and_the_wk_ablation(tmp_path):
+    """The fair lambda study from its spec: a row per lambda, lambda 1 at the best lambda > 1 row's eta_QK and
+    eta_V (one of them is lambda 1's own pick here: not run twice), the baseline family and W_k on --key-seeds."""
+    from peftlab.lab.study import run_fair_study
+    from test_study import FAKE, calls
+
+    design = parse(["study", "lambda", "--ratios", "4,8", "--key-seeds", "4", "--task", "rte", "--model", "tiny-bert",
+                    "--max-train-samples", "64", "--epochs", "2", "--selection-samples", "8", "--max-extensions", "1",
+                    "--heldout-seeds", "3", "--rate-centre", "1e-3"])
+    assert [(r.name, r.keys) for r in design.rows] == [("lambda 1", {"lr_ratio": 1.0}), ("lambda 4", {"lr_ratio": 4.0}),
+                                                      ("lambda 8", {"lr_ratio": 8.0})]
+    paths = StudyPaths(tmp_path / "l", tmp_path / "l" / "results.sqlite")
+    run_fair_study(design, paths, workers=0, train_fn=FAKE, progress=False, say=lambda *a: None)
+    data = json.loads((paths.root / "verdicts.json").read_text())["tasks"]["rte"]
+    # the fake world peaks at eta_V 3e-3 and gives lambda 4 one point more: lambda 4 at 1e-3 is the best swept row;
+    # its eta_V control (4e-3) is lambda 1's own pick, so only the eta_QK control is a row of its own
+    assert {name: row["rate"] for name, row in data["rows"].items()} == {
+        "lambda 1": 4e-3, "lambda 4": 1e-3, "lambda 8": 5e-4, "lambda 1 at the same eta_QK": 1e-3}
+    lam = data["families"]["lambda"]
+    assert lam["off_vs_diag: lambda 4 (best lambda > 1) − lambda 1"]["diff"] == pytest.approx(1.0)
+    assert set(lam) == {"lambda 8 − lambda 1", "off_vs_diag: lambda 4 (best lambda > 1) − lambda 1",
+                        "off_vs_same_eta_qk: lambda 4 − lambda 1 at the same eta_QK"}
+    assert data["families"]["key"]["W_k frozen (lambda 1) − W_k trained"]["n_pairs"] == 4
+    key_runs = [c for c in calls(paths.root) if c["targets"] == "q,k,v"]
+    assert {(c["lr"], c["seed"]) for c in key_runs} == {(4e-3, s) for s in range(100, 104)}
+    report = (paths.root / "REPORT.md").read_text()
+    assert "Each lambda against lambda 1" in report and "The W_k ablation" in report
