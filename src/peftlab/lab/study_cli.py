@@ -211,7 +211,7 @@ def fair_design(args, spec, base: dict, tasks: tuple[str, ...]) -> sp.Design:
     section = spec.section("fair")
     key_seeds = getattr(args, "key_seeds", None) or 20
     # the seeds before anything is resolved: a bad seed is its own one-line error, not whatever comes next
-    sp.check_seeds(args.heldout_seed_start, max(args.heldout_seeds, key_seeds if section.key_ablation else 0),
+    sd.check_seeds(args.heldout_seed_start, max(args.heldout_seeds, key_seeds if section.key_ablation else 0),
                    protocol.selection_seeds)
     return sp.Design(spec.name, tasks, base, fair_rows(args, section, base, tasks), protocol,
                      heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,

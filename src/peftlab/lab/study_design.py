@@ -53,6 +53,21 @@ def float_list(values: Iterable, what: str) -> tuple[float, ...]:
     return tuple(out)
 
 
+def check_seeds(start, count, selection_seeds: int, *, minimum: int = 2) -> None:
+    """The held-out seeds: at least ``minimum`` (2: pairs), within the seed range, after the selection seeds."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < minimum:
+        raise PeftlabError(f"--heldout-seeds must be an integer >= {minimum}{' (pairs)' if minimum == 2 else ''}, "
+                           f"got {count!r}")
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < 2**31 - 1000:
+        raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), got {start!r}")
+    if start + count > 2**31:  # else a list of seeds no machine can hold
+        raise PeftlabError(f"--heldout-seeds {count} from --heldout-seed-start {start} goes past seed 2**31 - 1",
+                           fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
+    if start < selection_seeds:
+        raise PeftlabError(f"--heldout-seed-start {start} overlaps the selection seeds 0-{selection_seeds - 1}",
+                           fix="held-out seeds must be seeds no selection used")
+
+
 @dataclass(frozen=True)
 class Design:
     """One study: its kind, tasks, the base config every run shares, and the design's knobs."""
@@ -103,23 +118,14 @@ class Design:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise PeftlabError(f"--{name.replace('_', '-')} must be an integer >= 0, got {value!r}")
-        for name in ("heldout_seeds", "evals_per_epoch", "top_k"):
+        for name in ("evals_per_epoch", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PeftlabError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         if self.shape == "grid" and self.selection_seeds == 1:
             raise PeftlabError("--selection-seeds 1 picks on a single seed",
                                fix="use 2 or more (3 is the default), or 0 to run every cell on the held-out seeds")
-        if not (isinstance(self.heldout_seed_start, int) and 0 <= self.heldout_seed_start < 2**31 - 1000):
-            raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), "
-                               f"got {self.heldout_seed_start!r}")
-        if self.heldout_seed_start + self.heldout_seeds > 2**31:  # else a list of seeds no machine can hold
-            raise PeftlabError(f"--heldout-seeds {self.heldout_seeds} from --heldout-seed-start "
-                               f"{self.heldout_seed_start} goes past seed 2**31 - 1",
-                               fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
-        if self.heldout_seed_start < self.selection_seeds:
-            raise PeftlabError(f"--heldout-seed-start {self.heldout_seed_start} overlaps the selection seeds "
-                               f"0-{self.selection_seeds - 1}", fix="held-out seeds must be seeds no selection used")
+        check_seeds(self.heldout_seed_start, self.heldout_seeds, self.selection_seeds, minimum=1)
         if self.plateau_seeds > self.heldout_seeds:
             raise PeftlabError(f"--plateau-seeds {self.plateau_seeds} exceeds --heldout-seeds {self.heldout_seeds}",
                                fix="the plateau arm runs on the first held-out seeds")

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from peftlab.errors import PeftlabError
+from peftlab.lab.study_design import check_seeds
 from peftlab.lab.study_spec import Section, StudySpec, load_study_spec, shipped
 
 
@@ -240,20 +241,6 @@ class Design:
         """The row at the swept key's baseline (lambda 1), against which the other rows are compared."""
         swept = self.section.swept
         return next((r for r in self.rows if swept and self.swept_value(r.keys) == swept["baseline"]), None)
-
-
-def check_seeds(start, count, selection_seeds: int) -> None:
-    """The held-out seeds: at least 2 (pairs), within the seed range, after the selection seeds."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 2:
-        raise PeftlabError(f"--heldout-seeds must be an integer >= 2 (pairs), got {count!r}")
-    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < 2**31 - 1000:
-        raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), got {start!r}")
-    if start + count > 2**31:
-        raise PeftlabError(f"--heldout-seeds {count} from --heldout-seed-start {start} goes past seed 2**31 - 1",
-                           fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
-    if start < selection_seeds:
-        raise PeftlabError(f"--heldout-seed-start {start} overlaps the selection seeds 0-{selection_seeds - 1}",
-                           fix="held-out seeds must be seeds no selection used")
 
 
 def search_configs(design: Design, task: str, row: Row, steps: Iterable[int]) -> list[dict]:
