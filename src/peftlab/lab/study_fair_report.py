@@ -23,11 +23,6 @@ from peftlab.lab.table_model import Cell
 
 ALPHA = 0.05
 SECTION_FILE = "SECTION.md"  # the report's task sections, as docs/RESULTS.md embeds them
-# KaSA's optimizer steps on GLUE (epochs x full training set / batch size, from the authors' run scripts): what
-# sigma's movement is set beside
-# (configs/kasa_glue_roberta/<task>.yaml)
-PAPER_STEPS = {"stsb": "7,200 (40 epochs x 5,749 / 32)", "mrpc": "11,500 (100 epochs x 3,668 / 32)",
-               "sst2": "52,600 (100 epochs x 67,349 / 128)"}
 
 
 def arm_cell(design: sp.Design, task: str, arm: sp.Arm, by_key: dict, seeds: list[int]) -> tuple[Cell, list[dict]]:
@@ -213,9 +208,14 @@ def task_lines(design: sp.Design, data: dict) -> list[str]:
                   + ", ".join(f"{k} {v:.3g}" for k, v in movement.items()) + ". Steps run here: "
                   + ", ".join(f"{k} {data['rows'][k]['steps_median']:g}" for k in movement
                               if data["rows"].get(k, {}).get("steps_median") is not None)
-                  + f" (median); the paper's: about {PAPER_STEPS.get(data['task'], 'n/a')} "
+                  + f" (median); the paper's: about {paper_steps(design, data['task'])} "
                     "(its epochs of the full training set at its batch size)."]
     return lines + [""]
+
+
+def paper_steps(design: sp.Design, task: str) -> str:
+    """The paper's optimizer steps on the task, as its spec states them (kasa: epochs x training set / batch)."""
+    return str((design.spec.paper_settings.get(task) or {}).get("steps", "n/a"))
 
 
 def study_command(design: sp.Design, root) -> str:
