@@ -135,7 +135,8 @@ def protocol_defaults(args, spec) -> None:
             raise PeftlabError(f"{flag} is an option of the {other} protocol, not of --protocol {protocol}",
                                fix="drop it" + (", or pass --protocol fixed-rate" if protocol == "fair" else ""))
         raise PeftlabError(f"{flag} is not an option of study {spec.name}", where=str(spec.path),
-                           fix=f"drop it; the {protocol} design takes {', '.join(sorted(section.options)) or 'none'}")
+                           fix=f"drop it; the {protocol} design takes "
+                               + (", ".join("--" + o.replace("_", "-") for o in sorted(section.options)) or "none"))
     for dest, default in {**own, **{k: v[protocol] for k, v in BY_PROTOCOL.items()}}.items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, default)
