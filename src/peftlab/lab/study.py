@@ -1,16 +1,18 @@
-"""``peftlab study lambda|kasa``: a claim checked on your model and data as a reviewer would design it, in one command.
+"""``peftlab study``: a claim checked on your model and data as a reviewer would design it, in one command.
 
-The design (:mod:`peftlab.lab.study_design`) becomes stages; each stage is written as an ordinary sweep (or
-tune) spec under ``<output dir>/specs/`` and run through :func:`peftlab.lab.sweep.run_sweep` (or
-:func:`peftlab.lab.tune.run.run_tune`) into one results store, so every run is a run like any other
-(``peftlab report`` / ``plot`` read the store) and the study is resumable by construction: a rerun of the same
-command re-derives each stage from the store, skips finished runs and resumes unfinished ones.
+The design (:mod:`peftlab.lab.study_design` for the fixed-rate protocol, :mod:`peftlab.lab.study_protocol` for the
+fair one, both from a spec file) becomes stages; each stage is written as an ordinary sweep spec under
+``<output dir>/specs/`` and run through :func:`peftlab.lab.sweep.run_sweep` into one results store, so every run
+is a run like any other (``peftlab report`` / ``plot`` read the store) and the study is resumable by
+construction: a rerun of the same command re-derives each stage from the store, skips finished runs and resumes
+unfinished ones.
 
 The plan (runs and epochs per stage, the estimated wall time with ``--workers`` processes, once runs have
 finished) is printed before anything long starts; the design is saved in ``plan.json`` and a rerun with other
 settings is refused, so a resumed study is the same study.
 
-Output: ``results.sqlite``, ``plan.json``, ``specs/``, ``runs/`` (run folders), and from :mod:`peftlab.lab.study_report` the tables (md, csv, tex), the figures and ``REPORT.md``.
+Output: ``results.sqlite``, ``plan.json``, ``specs/``, ``runs/`` (run folders), and from
+:mod:`peftlab.lab.study_report` (or ``study_fair_report``) the tables, the figures, verdicts.json and ``REPORT.md``.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class Study:
         return f", ~{duration_text(epochs * per * SAFETY / max(1, self.workers))}"
 
     def seconds_per_epoch(self) -> float | None:
-        """Median wall seconds per trained epoch of this study's finished runs (the pilot's, at first)."""
+        """Median wall seconds per trained epoch of this study's finished runs (None before the first)."""
         per = []
         for row in self.rows_by_key().values():
             epochs = len(((row.get("result") or {}).get("epochs_log")) or [])

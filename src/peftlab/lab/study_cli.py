@@ -19,7 +19,7 @@ from peftlab.config import ROLES
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_design as sd
 from peftlab.lab import study_protocol as sp
-from peftlab.lab.study_spec import PROTOCOLS, shipped, spec_for
+from peftlab.lab.study_spec import PROTOCOLS, load_study_spec, shipped, spec_for
 
 # the design's own keys, and those every run of a sweep sets itself (the config's run-managed options)
 DESIGN_SET = ("lr", "lr_ratio", "seed", "task", "eval_steps", "head_lr", "selection_samples", "early_stop_patience",
@@ -63,7 +63,8 @@ def add_parser(sub) -> None:
                     "as a test split no choice read, on held-out seeds, paired. --protocol fixed-rate: the earlier "
                     "designs (one shared rate, fixed epochs).")
     parser.add_argument("study_kind", nargs="?", choices=tuple(specs), default=None,
-                        help=f"a shipped design: {', '.join(specs)} (or --spec)")
+                        help="a shipped design (or --spec): " + "; ".join(f"{name}: {load_study_spec(path).help}"
+                                                                          for name, path in specs.items()))
     parser.add_argument("--spec", default=None, metavar="STUDY.yaml",
                         help="your own design (copy src/peftlab/lab/studies/kasa.yaml)")
     shared_options(parser)

@@ -85,7 +85,7 @@ class Design:
     plateau_seeds: int = 5
     evals_per_epoch: int = 4
     key_ablation: bool = True
-    search_comparison: bool = True
+    search_comparison: bool = False  # plan.json of the committed stores; the comparison is scripts/tune_vs_grid.py
     top_k: int = 2
     rows: tuple[str, ...] = ()  # rows shape: the spec's rows to run (empty: its default)
     long_epochs: int = 0

@@ -16,7 +16,7 @@ from peftlab.io_utils import atomic_write_text
 from peftlab.lab import study_design as sd
 
 PLAN_FILE = "plan.json"
-SAFETY = 1.15  # workers sharing a machine's memory bandwidth run slower than the pilot alone
+SAFETY = 1.15  # workers sharing a machine's memory bandwidth run slower than one run alone
 # The fixed-rate design's knobs that a rerun must not change (a resumed study is the same study), by its shape.
 PLAN_KEYS = {"grid": ("kind", "tasks", "base", "lr_grid", "ratios", "diagonal", "selection_seeds", "heldout_seeds",
                       "heldout_seed_start", "plateau_epochs", "plateau_seeds", "evals_per_epoch", "key_ablation",
@@ -40,7 +40,7 @@ class StagePlan:
 @dataclass
 class Plan:
     stages: list[StagePlan]
-    seconds_per_epoch: float | None  # from the pilot (or the store's finished runs)
+    seconds_per_epoch: float | None  # from the store's finished runs
     workers: int
 
     @property

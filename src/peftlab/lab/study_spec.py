@@ -18,7 +18,7 @@ from peftlab.errors import PeftlabError, unknown
 
 SHIPPED = Path(__file__).parent / "studies"
 PROTOCOLS = ("fair", "fixed-rate")
-TOP_KEYS = {"name", "help", "description", "paper_settings", *PROTOCOLS}
+TOP_KEYS = {"name", "help", "paper_settings", *PROTOCOLS}
 SECTION_KEYS = {"title", "options", "rows", "swept", "paper_arms", "paper_rows", "long_rows", "controls",
                 "key_ablation", "families", "shape"}
 FAMILY_KEYS = {"name", "intro", "family", "verdict", "pairs", "compare"}
@@ -68,8 +68,7 @@ class Section:
 @dataclass(frozen=True)
 class StudySpec:
     name: str
-    help: str
-    description: str
+    help: str  # a line of `peftlab study --help`
     path: Path
     sections: dict[str, Section]
     paper_settings: dict[str, dict] = field(default_factory=dict)
@@ -116,8 +115,8 @@ def load_study_spec(path: str | Path) -> StudySpec:
     sections = {p: _section(data[p], path, p) for p in PROTOCOLS if p in data}
     if not sections:
         raise PeftlabError("the study spec has no 'fair' or 'fixed-rate' section", where=str(path))
-    return StudySpec(str(data["name"]), str(data.get("help") or data["name"]), str(data.get("description") or ""),
-                     path, sections, dict(data.get("paper_settings") or {}))
+    return StudySpec(str(data["name"]), str(data.get("help") or data["name"]), path, sections,
+                     dict(data.get("paper_settings") or {}))
 
 
 def _section(data: Any, path: Path, protocol: str) -> Section:
