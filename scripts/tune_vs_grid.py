@@ -1,7 +1,7 @@
 """docs/RESULTS.md "Choosing lambda within a budget": the full grid's best, the naive search's pick and
 `peftlab tune`'s pick, each scored on the seeds that chose it and on held-out seeds that did not.
 
-Reads only data (peftlab.lab.tune.compare does the work): the grid's runs (configs/sweeps/lambda_grid_minilm.yaml)
+Reads only data (tune_compare.py beside it does the work): the grid's runs (configs/sweeps/lambda_grid_minilm.yaml)
 in a results store, each tune's spec and its output (tune.json + results.sqlite, which holds its winner's
 held-out runs), and any further stores (e.g. a sweep of the other picks' held-out seeds). Prints one Markdown table.
 
@@ -21,8 +21,10 @@ from pathlib import Path
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import STORE_NAME
-from peftlab.lab.tune.compare import compare_files, render_comparison
 from peftlab.lab.tune.spec import SUMMARY_FILE, load_tune_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tune_compare.py, beside this script
+from tune_compare import compare_files, render_comparison  # noqa: E402
 
 
 def comparison_for(item: str, grid_store: str, stores: list[str], naive_top_k: int | None, equal_budget: bool):

@@ -83,8 +83,7 @@ def valid_arguments(command: tuple[str, ...], inputs: dict[str, Path]) -> list[s
         ("export",): ["export", i["run"], "--merged", "merged"],
         ("sweep",): ["sweep", i["sweep"], "--dry-run", "--output-dir", "sweep-out"],
         ("tune",): ["tune", i["tune"], "--dry-run", "--output-dir", "tune-out"],
-        ("study", "lambda"): ["study", "lambda", "--task", "rte", "--dry-run", "--output-dir", "study-out"],
-        ("study", "kasa"): ["study", "kasa", "--task", "rte", "--dry-run", "--output-dir", "study-out"],
+        ("study",): ["study", "kasa", "--task", "rte", "--dry-run", "--output-dir", "study-out"],
         ("store", "check"): ["store", "check", i["store"]],
         ("report",): ["report", i["store"]],
         ("plot",): ["plot", i["store"], "--kind", "heatmap", "--out", "figure.png"],
@@ -175,7 +174,7 @@ def declared_values(flat: str) -> list[str]:
 
 # argparse options that name files or folders, by what they must be (their type is plain text).
 PATHS = {
-    "in-file": {"--config", "--input", "--render", "spec", "store", "stores"},
+    "in-file": {"--config", "--input", "--render", "spec", "--spec", "store", "stores"},
     "in-folder": {"run_dir", "--adapter", "--data-dir"},
     "out-file": {"--out", "--output", "--store", "--probe-out"},
     "out-folder": {"--merged", "--output-dir", "--out-dir"},
@@ -235,7 +234,7 @@ def argv_of(path: tuple[str, ...], name: str, value: str, positional: bool, inpu
     argv = valid_arguments(path, inputs)
     if positional:  # in place of the valid one
         valid = {"run_dir": inputs["run"], "spec": inputs["sweep" if path == ("sweep",) else "tune"],
-                 "store": inputs["store"], "stores": inputs["store"]}[name]
+                 "store": inputs["store"], "stores": inputs["store"], "study_kind": "kasa"}[name]
         return [value if arg == str(valid) else arg for arg in argv]
     return [*argv, f"{name}={value}"]  # `=`: a value that starts with '-' is still the option's value
 

@@ -4,6 +4,7 @@ groups of the run it mirrors (every method), and its one-line refusals (bad inpu
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,7 +205,8 @@ def test_without_the_extra_the_probe_says_which_extra_in_one_line(monkeypatch, c
 
 
 def test_the_grid_check_fits_the_constant_and_places_lambda_against_the_grid():
-    from peftlab.lab.probe_check import Cell, best_region, fit_constant, placement
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # research code beside the package
+    from probe_check import Cell, best_region, fit_constant, placement
 
     assert fit_constant([(1e-3, 40.0), (4e-3, 10.0)]) == pytest.approx(0.04)  # both pairs say c = 0.04
     assert fit_constant([(1e-3, 10.0), (1e-2, 10.0)]) == pytest.approx(10 ** -1.5)  # least squares in log rate

@@ -116,7 +116,7 @@ def test_a_run_that_rises_and_falls_back_between_epoch_ends_is_collapsed(tmp_pat
 
 def fake_store(design: sp.Design, task: str, scores: dict[str, dict[float, float]]) -> dict[str, dict]:
     """Store rows by run key for every search config whose rate has a score (row name -> rate -> value)."""
-    from peftlab.lab.study_fair import keyed
+    from peftlab.lab.study_plan import keyed
 
     rows = {}
     for row in design.rows:
@@ -204,7 +204,7 @@ def test_study_help_shows_the_protocol_options():
 
 def test_plan_json_is_written_once_and_a_rerun_with_other_settings_is_refused(tmp_path):
     from peftlab.errors import PeftlabError
-    from peftlab.lab.study import save_fair_plan
+    from peftlab.lab.study_plan import save_fair_plan
     from peftlab.lab.study_plan import StudyPaths
 
     paths = StudyPaths(tmp_path / "s", tmp_path / "s" / "results.sqlite")

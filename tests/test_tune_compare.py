@@ -1,4 +1,4 @@
-"""The tune-vs-grid comparison (lab/tune/compare.py): the grid's best, the naive search's pick and the tune's
+"""The tune-vs-grid comparison (scripts/tune_compare.py): the grid's best, the naive search's pick and the tune's
 winner from a store built here with known metrics, each recomputed in the test with plain Python/numpy; only
 finished ok runs count; missing held-out runs are named; and the committed lambda grid gives the issue's
 naive cost (36 epochs)."""
@@ -9,6 +9,7 @@ import importlib.util
 import json
 import sqlite3
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,11 @@ import yaml
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store, config_key
-from peftlab.lab.tune.compare import (
-    compare, compare_files, grid_best, index_rows, load_rows, naive_pick, naive_top_k_within, render_comparison)
 from peftlab.lab.tune.spec import load_tune_spec, run_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # research code beside the package
+from tune_compare import (  # noqa: E402
+    compare, compare_files, grid_best, index_rows, load_rows, naive_pick, naive_top_k_within, render_comparison)
 from fake_results import checked  # noqa: E402 - tests/ is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]

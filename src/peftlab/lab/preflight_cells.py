@@ -97,19 +97,15 @@ def check_tune(tune, args, *, dry_run: bool = False) -> list:
 def check_study(design, root: Path, args, *, dry_run: bool = False) -> list:
     """The preflight of a study (``peftlab study``, before its first stage): its rows' first runs, sized for the
     runs its stages may train. ``dry_run``: the findings are returned to be printed with the plan."""
-    from peftlab.lab import study_design as sd
-    from peftlab.lab import study_protocol as sp
     from peftlab.lab.store import STORE_NAME
     from peftlab.preflight import Output
 
-    fair = isinstance(design, sp.Design)
-    cells, planned = [], 0
+    cells = []
     for task in design.tasks:
-        configs, runs = _study_configs(design, task) if fair else _fixed_rate_configs(design, task, sd)
-        planned += runs
-        for config in configs:
+        for config in study_first_configs(design, task):
             keys = " ".join(f"{k}={config[k]}" for k in ("task", "method", "lr_ratio") if k in config)
             cells.append(_cell(f"study run {{{keys}}}", config, resolved=False))
+    planned = sum(_study_runs(design, task) for task in design.tasks)
     largest = max(cells, key=lambda cell: (cell.cfg.method == "full", str(cell.cfg.model)))
     needs, services = _plan_needs(args)
     return _check(cells, [Output(root, "folder", "the study folder (--output-dir)"),
@@ -118,27 +114,33 @@ def check_study(design, root: Path, args, *, dry_run: bool = False) -> list:
                   services=services, dry_run=dry_run)
 
 
-def _study_configs(design, task: str) -> tuple[list[dict], int]:
+def study_first_configs(design, task: str) -> list[dict]:
+    """A study's distinct first runs of a task: each row's (and fixed arm's) first config."""
+    from peftlab.lab import study_design as sd
     from peftlab.lab import study_protocol as sp
 
-    arms = sp.kasa_paper_arms(task) if design.paper_arms else []
-    configs = [sp.search_configs(design, task, row, [0])[0] for row in design.rows]
-    configs += sp.heldout_configs(design, task, arms, design.heldout_seed_list[:1])
-    protocol = design.protocol
-    points = 2 * protocol.grid_width + 1 + protocol.max_extensions
-    runs = len(design.rows) * (points * protocol.selection_seeds + design.heldout_seeds)
-    runs += (len(arms) + (2 if design.kind == "lambda" else 0)) * design.heldout_seeds
-    runs += design.key_seeds if design.key_ablation else 0
-    return configs, runs
+    if isinstance(design, sp.Design):
+        configs = [sp.search_configs(design, task, row, [0])[0] for row in design.rows]
+        return configs + sp.heldout_configs(design, task, sp.paper_arms(design, task), design.heldout_seed_list[:1])
+    if design.shape == "grid":
+        return sd.grid_configs(design, task)[:len(sd.grid_cells(design))]
+    return sd.kasa_configs(design, task)[:len(design.rows) + 1]
 
 
-def _fixed_rate_configs(design, task: str, sd) -> tuple[list[dict], int]:
-    if design.kind == "lambda":
-        grid = sd.grid_configs(design, task)
-        cells = len(sd.grid_cells(design))
-        return grid[:cells], len(grid) + 3 * cells * design.heldout_seeds
-    configs = sd.kasa_configs(design, task)
-    return configs[:len(design.rows) + 1], len(configs)
+def _study_runs(design, task: str) -> int:
+    """The most runs a task of the study may train."""
+    from peftlab.lab import study_design as sd
+    from peftlab.lab import study_protocol as sp
+
+    if isinstance(design, sp.Design):
+        protocol = design.protocol
+        points = 2 * protocol.grid_width + 1 + protocol.max_extensions
+        arms = len(sp.paper_arms(design, task)) + len(design.section.controls)
+        runs = len(design.rows) * (points * protocol.selection_seeds + design.heldout_seeds)
+        return runs + arms * design.heldout_seeds + (design.key_seeds if design.key_ablation else 0)
+    if design.shape == "grid":
+        return len(sd.grid_configs(design, task)) + 3 * len(sd.grid_cells(design)) * design.heldout_seeds
+    return len(sd.kasa_configs(design, task))
 
 
 def _check(cells, outputs, *, dry_run: bool = False, **options) -> list:

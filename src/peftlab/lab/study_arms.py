@@ -186,7 +186,7 @@ def metric_scale(rows: list[dict]) -> float:
 def design_summary(design: sd.Design) -> list[str]:
     base = ", ".join(f"{k}={v}" for k, v in sorted(design.base.items()))
     lines = [f"- tasks: {', '.join(design.tasks)}; shared config: {base}"]
-    if design.kind == "lambda":
+    if design.shape == "grid":
         lines.append(f"- grid: lambda in {{{', '.join(f'{r:g}' for r in design.ratios)}}} at eta_QK in "
                      f"{{{', '.join(f'{r:g}' for r in design.lr_grid)}}}; the diagonal lambda = 1 at "
                      f"{{{', '.join(f'{r:g}' for r in design.diagonal)}}}")
@@ -199,4 +199,33 @@ def design_summary(design: sd.Design) -> list[str]:
     lines += [f"- {note}" for note in design.notes]
     return lines
 
+
+# --------------------------------------------------------------------------- the command beside the numbers
+
+
+def number_text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def command_head(design, prog: str, knobs: list[str]) -> tuple[list[str], dict]:
+    """The start of the `peftlab study` command that gives ``design`` back: the shared config's options, then
+    ``knobs``; returns the words and the base keys not spelled out yet."""
+    base = dict(design.base)
+    words = [prog, f"--task {','.join(design.tasks)}", f"--model {base.pop('model')}",
+             f"--targets {base.pop('targets')}", f"--epochs {base.pop('epochs')}",
+             f"--max-train-samples {base.pop('max_train_samples')}", *knobs]
+    if base.get("max_eval_samples") is not None:
+        words.append(f"--max-eval-samples {base.pop('max_eval_samples')}")
+    if base.get("report_to") == "none":
+        base.pop("report_to")
+    return words, base
+
+
+def command_tail(design, base: dict, root) -> list[str]:
+    """The end of that command: the held-out seeds, the margin, the other shared keys (--set), the folder."""
+    words = [f"--heldout-seeds {design.heldout_seeds}", f"--heldout-seed-start {design.heldout_seed_start}",
+             f"--equivalence-margin {number_text(design.equivalence_margin)}"]
+    if base:
+        words.append("--set " + ",".join(f"{k}={number_text(v)}" for k, v in sorted(base.items())))
+    return words + [f"--output-dir {root}"]
 

@@ -1,11 +1,12 @@
-"""``peftlab study lambda|kasa``: the command line of a study (the protocol, its options, --dry-run, --report-only).
+"""``peftlab study lambda|kasa`` and ``peftlab study --spec my.yaml``: the command line of a study.
 
-Two protocols. ``fair`` (the default, :mod:`peftlab.lab.study_protocol`): every row at its own searched
-learning rate, trained to its plateau (early stopping on a selection split carved out of the training data),
-scored on the dev set as a test split no choice read, on held-out seeds. ``fixed-rate``: the earlier designs
-(:mod:`peftlab.lab.study_design`: one shared rate, a fixed number of epochs, the dev set both choosing and
-reporting), kept so that the committed stores made with them still report; its options are refused under
-``fair`` and the other way round, so that no flag is silently ignored.
+The design is a spec file (:mod:`peftlab.lab.study_spec`: ``lambda`` and ``kasa`` are the shipped ones): its rows,
+its options and their defaults under each protocol. Two protocols. ``fair`` (the default,
+:mod:`peftlab.lab.study_protocol`): every row at its own searched learning rate, trained to its plateau (early
+stopping on a selection split carved out of the training data), scored on the dev set as a test split no choice
+read, on held-out seeds. ``fixed-rate``: the earlier designs (:mod:`peftlab.lab.study_design`: one shared rate, a
+fixed number of epochs, the dev set both choosing and reporting), kept so that the committed stores made with them
+still report. An option the spec does not take under the chosen protocol is refused, never ignored.
 """
 
 from __future__ import annotations
@@ -18,72 +19,66 @@ from peftlab.config import ROLES
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_design as sd
 from peftlab.lab import study_protocol as sp
-from peftlab.lab.study import Study, run_fair_study, run_study, save_fair_plan
-from peftlab.lab.study_plan import Plan, StudyPaths, load_or_save_plan, plan_stages
+from peftlab.lab.study_spec import PROTOCOLS, load_study_spec, shipped, spec_for
 
 # the design's own keys, and those every run of a sweep sets itself (the config's run-managed options)
 DESIGN_SET = ("lr", "lr_ratio", "seed", "task", "eval_steps", "head_lr", "selection_samples", "early_stop_patience",
               "early_stop_min_delta", *ROLES.run_managed)
-# options of one protocol only (default None: given under the other, they are refused, never ignored), and
-# their defaults where they apply
-FIXED_ONLY = {"lr_grid": "5e-4,1e-3,2e-3", "diagonal": "5e-4,1e-3,2e-3,4e-3,8e-3", "top_k": 2, "plateau_epochs": 6,
-              "plateau_seeds": 5, "evals_per_epoch": 4, "no_search": False, "lr": None, "head_lr": None,
-              "long_epochs": 0, "long_seeds": 5, "budget_hours": None}
-FAIR_ONLY = {"selection_samples": 500, "patience": 3, "min_delta": 0.002, "grid_factor": 2.0, "grid_width": 1,
-             "max_extensions": 3, "key_seeds": 20, "no_paper_arms": False, "rate_centre": None}
-# options of both whose default depends on the protocol
-BY_PROTOCOL = {"epochs": {"fair": 20, "fixed-rate": 2}, "selection_seeds": {"fair": 2, "fixed-rate": 3},
-               "ratios": {"fair": "2,4,8", "fixed-rate": "2,4,8,16"},
-               "rows": {"fair": ",".join(sp.KASA_ROWS), "fixed-rate": ",".join(sd.KASA_ROWS)}}
-
-
-def _float_list(text: str) -> tuple[float, ...]:
-    return tuple(p.strip() for p in text.split(",") if p.strip())
+# the protocols' own options (refused under the other one) with their defaults, and those whose default differs
+PROTOCOL_ONLY = {"fair": {"selection_samples": 500, "patience": 3, "min_delta": 0.002, "grid_factor": 2.0,
+                          "grid_width": 1, "max_extensions": 3, "rate_centre": None}, "fixed-rate": {}}
+BY_PROTOCOL = {"epochs": {"fair": 20, "fixed-rate": 2}, "selection_seeds": {"fair": 2, "fixed-rate": 3}}
+# the options a spec may take (its `options:`), as flags: dest -> (type or action, help)
+DESIGN_OPTIONS = {
+    "method": (str, "the method of every row (lambda: lora, dora or full, or any method with q/v)"),
+    "ratios": (text, "the swept values beside the baseline (lambda: fair default 2,4,8; fixed-rate 2,4,8,16)"),
+    "rows": (text, "the rows to compare (kasa fair default head,lora,pissa,milora,dora,kasa,kasa-reference)"),
+    "no_key_ablation": ("store_true", "skip the W_k ({q,k,v}) ablation"),
+    "key_seeds": (positive_int, "fair: held-out seeds of the W_k ablation (default 20: about +-2 points)"),
+    "no_paper_arms": ("store_true", "fair: leave out the arms at the authors' per-task settings (kasa: the 2 x 2)"),
+    "lr_grid": (text, "fixed-rate: eta_QK of the lambda > 1 cells"),
+    "diagonal": (text, "fixed-rate: lambda = 1 at these rates"),
+    "top_k": (positive_int, "fixed-rate: candidates a naive search re-seeds (recorded; scripts/tune_vs_grid.py)"),
+    "plateau_epochs": (nonnegative_int, "fixed-rate: the plateau arm"),
+    "plateau_seeds": (nonnegative_int, "fixed-rate: the plateau arm's seeds"),
+    "evals_per_epoch": (positive_int, "fixed-rate: the plateau arm's dev evaluations per epoch"),
+    "no_search": ("store_true", "fixed-rate: no tune comparison in the study (always so now: it is "
+                                "scripts/tune_vs_grid.py; the flag stays in the committed stores' commands)"),
+    "lr": (positive_float, "fixed-rate: the rows' shared rate"),
+    "head_lr": (positive_float, "fixed-rate: the rows' head rate"),
+    "long_epochs": (nonnegative_int, "fixed-rate: the spec's long rows (kasa: LoRA and paper-KaSA) this long"),
+    "long_seeds": (nonnegative_int, "fixed-rate: the long rows' seeds"),
+}
 
 
 def add_parser(sub) -> None:
+    specs = shipped()
     parser = sub.add_parser(
-        "study", help="check Yao et al.'s lambda claim or KaSA's on your model and data, as a reviewer would",
+        "study", help="check Yao et al.'s lambda claim or KaSA's (or your own design) on your model and data",
         description="A whole study in one command, into one folder with the store, tables, figures and REPORT.md, "
-                    "resumable. Default protocol (fair): every row (a method, a lambda) gets its own learning-rate "
-                    "search on selection seeds (x2 apart around its default, extended past an edge), trains to its "
-                    "plateau (early stopping on a selection split carved out of the training data), and is scored "
-                    "on the dev set as a test split no choice read, on held-out seeds, paired. --protocol "
-                    "fixed-rate: the earlier designs (one shared rate, fixed epochs).")
-    kinds = parser.add_subparsers(dest="study_kind", metavar="KIND", required=True)
-    lam = kinds.add_parser("lambda", help="eta_V = lambda * eta_QK: each lambda with its own eta_QK, against lambda 1",
-                           description="Yao et al.'s eta_V = lambda * eta_QK against its learning-rate control.")
-    kasa = kinds.add_parser("kasa", help="KaSA against head-only, LoRA, PiSSA, MiLoRA, DoRA, each at its own rate, "
-                                         "and at the paper's settings")
-    for p in (lam, kasa):
-        shared_options(p)
-    lam.add_argument("--method", default="lora", help="lora (default), dora or full, or any method with q/v")
-    lam.add_argument("--ratios", type=text, default=None,
-                     help="lambda > 1 values (fair default 2,4,8: each a row beside lambda 1; fixed-rate 2,4,8,16)")
-    lam.add_argument("--no-key-ablation", action="store_true", help="skip the W_k ({q,k,v}) ablation")
-    lam.add_argument("--key-seeds", type=positive_int, default=None,
-                     help="fair: held-out seeds of the W_k ablation (default 20: about +-2 points at 80%% power)")
-    lam.add_argument("--lr-grid", type=text, default=None, help="fixed-rate: eta_QK of the lambda > 1 cells")
-    lam.add_argument("--diagonal", type=text, default=None, help="fixed-rate: lambda = 1 at these rates")
-    lam.add_argument("--top-k", type=positive_int, default=None, help="fixed-rate: candidates the search re-seeds")
-    lam.add_argument("--plateau-epochs", type=nonnegative_int, default=None, help="fixed-rate: the plateau arm")
-    lam.add_argument("--plateau-seeds", type=nonnegative_int, default=None, help="fixed-rate: the plateau arm's seeds")
-    lam.add_argument("--evals-per-epoch", type=positive_int, default=None, help="fixed-rate: the plateau arm")
-    lam.add_argument("--no-search", action="store_true", default=None, help="fixed-rate: no tune comparison")
-    kasa.add_argument("--rows", type=text, default=None,
-                      help=f"rows (fair default {BY_PROTOCOL['rows']['fair']}; fixed-rate "
-                           f"{BY_PROTOCOL['rows']['fixed-rate']})")
-    kasa.add_argument("--no-paper-arms", action="store_true", default=None,
-                      help="fair: leave out LoRA and KaSA at the authors' per-task settings (the 2 x 2)")
-    kasa.add_argument("--lr", type=positive_float, default=None, help="fixed-rate: the rows' shared rate")
-    kasa.add_argument("--head-lr", type=positive_float, default=None, help="fixed-rate: the rows' head rate")
-    kasa.add_argument("--long-epochs", type=nonnegative_int, default=None, help="fixed-rate: LoRA and KaSA this long")
-    kasa.add_argument("--long-seeds", type=nonnegative_int, default=None, help="fixed-rate: the long rows' seeds")
+                    "resumable. The design is a spec file: lambda (eta_V = lambda * eta_QK, each lambda with its "
+                    "own eta_QK, against lambda 1), kasa (KaSA against its baselines, each at its own rate, and at "
+                    "the paper's settings), or --spec my.yaml. Default protocol (fair): every row gets its own "
+                    "learning-rate search on selection seeds, trains to its plateau, and is scored on the dev set "
+                    "as a test split no choice read, on held-out seeds, paired. --protocol fixed-rate: the earlier "
+                    "designs (one shared rate, fixed epochs).")
+    parser.add_argument("study_kind", nargs="?", choices=tuple(specs), default=None,
+                        help="a shipped design (or --spec): " + "; ".join(f"{name}: {load_study_spec(path).help}"
+                                                                          for name, path in specs.items()))
+    parser.add_argument("--spec", default=None, metavar="STUDY.yaml",
+                        help="your own design (copy src/peftlab/lab/studies/kasa.yaml)")
+    shared_options(parser)
+    for dest, (kind, help_text) in DESIGN_OPTIONS.items():
+        flag = "--" + dest.replace("_", "-")
+        if kind == "store_true":
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=None, help=help_text)
     parser.set_defaults(func=run_cli)
 
 
 def shared_options(p) -> None:
-    p.add_argument("--protocol", choices=("fair", "fixed-rate"), default="fair",
+    p.add_argument("--protocol", choices=PROTOCOLS, default="fair",
                    help="fair (default): own rate per row, to the plateau, test split; fixed-rate: the earlier designs")
     p.add_argument("--model", default="minilm-l6", help="a registered model, a local folder or a Hub id")
     p.add_argument("--task", required=True, help="task(s), comma-separated: each is studied on its own")
@@ -117,8 +112,6 @@ def shared_options(p) -> None:
     p.add_argument("--heldout-seed-start", type=int, default=100, help="first held-out seed (default 100)")
     p.add_argument("--equivalence-margin", type=positive_float, default=1.0,
                    help="TOST margin in table points (accuracy x100) for 'loses nothing' claims (default 1)")
-    p.add_argument("--budget-hours", type=positive_float, default=None,
-                   help="fixed-rate: fit the design to this wall time (from a pilot run)")
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
                    help="runs at once, one process each (default: the CPU count)")
     p.add_argument("--output-dir", type=output_folder, default=None,
@@ -130,17 +123,23 @@ def shared_options(p) -> None:
     add_backend_flags(p)  # --backend ray: every run a Ray task (a cluster); --workers is then Ray's to place
 
 
-def protocol_defaults(args) -> None:
-    """Refuse the other protocol's options; fill in this one's defaults (in place)."""
-    fair = args.protocol == "fair"
-    foreign, own = (FIXED_ONLY, FAIR_ONLY) if fair else (FAIR_ONLY, FIXED_ONLY)
-    for dest in foreign:
-        if getattr(args, dest, None) not in (None, False):
-            raise PeftlabError(f"--{dest.replace('_', '-')} is an option of the "
-                               f"{'fixed-rate' if fair else 'fair'} protocol, not of --protocol {args.protocol}",
-                               fix="drop it" + (", or pass --protocol fixed-rate" if fair else ""))
-    for dest, default in {**own, **{k: v[args.protocol] for k, v in BY_PROTOCOL.items()}}.items():
-        if hasattr(args, dest) and getattr(args, dest) is None:
+def protocol_defaults(args, spec) -> None:
+    """Refuse the options neither this protocol nor the spec's section takes; fill in their defaults (in place)."""
+    protocol, other = args.protocol, next(p for p in PROTOCOLS if p != args.protocol)
+    section = spec.section(protocol)
+    own = {**PROTOCOL_ONLY[protocol], **section.options}
+    for dest in (*PROTOCOL_ONLY[other], *DESIGN_OPTIONS):
+        if dest in own or getattr(args, dest, None) in (None, False):
+            continue
+        flag = f"--{dest.replace('_', '-')}"
+        if dest in PROTOCOL_ONLY[other] or (other in spec.sections and dest in spec.sections[other].options):
+            raise PeftlabError(f"{flag} is an option of the {other} protocol, not of --protocol {protocol}",
+                               fix="drop it" + (", or pass --protocol fixed-rate" if protocol == "fair" else ""))
+        raise PeftlabError(f"{flag} is not an option of study {spec.name}", where=str(spec.path),
+                           fix=f"drop it; the {protocol} design takes "
+                               + (", ".join("--" + o.replace("_", "-") for o in sorted(section.options)) or "none"))
+    for dest, default in {**own, **{k: v[protocol] for k, v in BY_PROTOCOL.items()}}.items():
+        if getattr(args, dest, None) is None:
             setattr(args, dest, default)
 
 
@@ -160,6 +159,8 @@ def shared_base(args) -> dict:
     base.setdefault("report_to", "none")  # hundreds of runs: no event files (the store holds every number)
     if args.max_eval_samples is not None:
         base["max_eval_samples"] = args.max_eval_samples
+    if args.method is not None:
+        base["method"] = args.method
     return base
 
 
@@ -170,114 +171,100 @@ def study_tasks(args) -> tuple[str, ...]:
     return tasks
 
 
+def names(value: str) -> list[str]:
+    return [p.strip() for p in str(value).split(",") if p.strip()]
+
+
 def design_from_args(args):
     """The study's design: a :class:`peftlab.lab.study_protocol.Design` (fair) or a
     :class:`peftlab.lab.study_design.Design` (fixed-rate); every run config checked before anything runs."""
-    if args.protocol == "fixed-rate" and args.study_kind == "kasa" and args.selection_seeds is not None:
-        raise PeftlabError("--selection-seeds: the fixed-rate kasa study runs every row on the held-out seeds",
-                           fix="drop it, or use the fair protocol (the default)")
-    protocol_defaults(args)
+    spec = spec_for(args.study_kind, args.spec)
+    if args.protocol == "fixed-rate" and spec.section("fixed-rate").shape == "rows" \
+            and args.selection_seeds is not None:
+        raise PeftlabError(f"--selection-seeds: the fixed-rate {spec.name} study runs every row on the held-out "
+                           "seeds", fix="drop it, or use the fair protocol (the default)")
+    protocol_defaults(args, spec)
     base, tasks = shared_base(args), study_tasks(args)
-    if args.protocol == "fair":
-        design = fair_design(args, base, tasks)
-        check_fair_configs(design)
-        return design
-    common = dict(tasks=tasks, heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
-                  equivalence_margin=args.equivalence_margin)
-    if args.study_kind == "lambda":
-        base["method"] = args.method
-        design = sd.Design("lambda", base=base, lr_grid=sd.float_list(_float_list(args.lr_grid), "--lr-grid"),
-                           ratios=sd.float_list(_float_list(args.ratios), "--ratios"),
-                           diagonal=sd.float_list(_float_list(args.diagonal), "--diagonal"),
-                           selection_seeds=args.selection_seeds, top_k=args.top_k,
-                           plateau_epochs=args.plateau_epochs, plateau_seeds=args.plateau_seeds,
-                           evals_per_epoch=args.evals_per_epoch, key_ablation=not args.no_key_ablation,
-                           search_comparison=not args.no_search, **common)
-    else:
-        for key in ("lr", "head_lr"):
-            if getattr(args, key) is not None:
-                base[key] = getattr(args, key)
-        design = sd.Design("kasa", base=base, selection_seeds=0,
-                           rows=tuple(r.strip() for r in args.rows.split(",") if r.strip()),
-                           long_epochs=args.long_epochs, plateau_epochs=0, plateau_seeds=args.long_seeds, **common)
+    design = fair_design(args, spec, base, tasks) if args.protocol == "fair" else fixed_design(args, spec, base, tasks)
     check_configs(design)
     return design
 
 
-def fair_design(args, base: dict, tasks: tuple[str, ...]) -> sp.Design:
+def fixed_design(args, spec, base: dict, tasks: tuple[str, ...]) -> sd.Design:
+    common = dict(tasks=tasks, heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
+                  equivalence_margin=args.equivalence_margin, spec=spec)
+    if spec.section("fixed-rate").shape == "grid":
+        return sd.Design(spec.name, base=base, lr_grid=sd.float_list(names(args.lr_grid), "--lr-grid"),
+                         ratios=sd.float_list(names(args.ratios), "--ratios"),
+                         diagonal=sd.float_list(names(args.diagonal), "--diagonal"),
+                         selection_seeds=args.selection_seeds, top_k=args.top_k, plateau_epochs=args.plateau_epochs,
+                         plateau_seeds=args.plateau_seeds, evals_per_epoch=args.evals_per_epoch,
+                         key_ablation=not args.no_key_ablation, search_comparison=False, **common)
+    base.update({key: getattr(args, key) for key in ("lr", "head_lr") if getattr(args, key, None) is not None})
+    return sd.Design(spec.name, base=base, selection_seeds=0, rows=tuple(names(args.rows)),
+                     long_epochs=args.long_epochs, plateau_epochs=0, plateau_seeds=args.long_seeds, **common)
+
+
+def fair_design(args, spec, base: dict, tasks: tuple[str, ...]) -> sp.Design:
     protocol = sp.Protocol(selection_samples=args.selection_samples, patience=args.patience,
                            min_delta=args.min_delta, selection_seeds=args.selection_seeds,
                            grid_factor=args.grid_factor, grid_width=args.grid_width,
                            max_extensions=args.max_extensions)
+    section = spec.section("fair")
+    key_seeds = getattr(args, "key_seeds", None) or 20
     # the seeds before anything is resolved: a bad seed is its own one-line error, not whatever comes next
-    sp.check_seeds(args.heldout_seed_start, max(args.heldout_seeds, getattr(args, "key_seeds", 0) or 0),
+    sd.check_seeds(args.heldout_seed_start, max(args.heldout_seeds, key_seeds if section.key_ablation else 0),
                    protocol.selection_seeds)
+    return sp.Design(spec.name, tasks, base, fair_rows(args, section, base, tasks), protocol,
+                     heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
+                     key_seeds=key_seeds, equivalence_margin=args.equivalence_margin,
+                     paper_arms=bool(section.paper_arms) and not args.no_paper_arms,
+                     key_ablation=section.key_ablation and not args.no_key_ablation, spec=spec)
 
-    def centre(method: str) -> float:
-        """The row's search centre: --rate-centre, else the rate the method trains at by default (its module rate;
-        head-only: the head's), as `peftlab train` resolves it."""
+
+def fair_rows(args, section, base: dict, tasks: tuple[str, ...]) -> tuple[sp.Row, ...]:
+    """The spec's rows, each centred on --rate-centre or its method's default rate: a row per value of the swept
+    option (and the baseline first), or the named rows of --rows."""
+
+    def centre(keys: dict) -> float:
+        """The rate `peftlab train` resolves for the row by default (its module rate; head-only: the head's)."""
         if args.rate_centre is not None:
             return args.rate_centre
         from peftlab.config import TrainConfig, normalise_keys
         from peftlab.resolve import resolve_config
 
+        method = keys.get("method", base.get("method"))
         config = {**base, "task": tasks[0], "method": method}
         if method == "head":
             config.pop("targets", None)
         cfg = resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, "study")), check_inputs=False)
         return float(cfg.optim.lr if method != "head" else cfg.optim.head_lr)
 
-    if args.study_kind == "lambda":
-        base["method"] = args.method
-        ratios = (1.0,) + tuple(r for r in sd.float_list(_float_list(args.ratios), "--ratios") if r != 1)
-        rows = tuple(sp.Row(f"lambda {r:g}", {"lr_ratio": r}, centre(args.method)) for r in ratios)
-    else:
-        names = [r.strip() for r in args.rows.split(",") if r.strip()]
-        unknown_rows = [r for r in names if r not in sp.KASA_ROWS]
-        if unknown_rows:
-            from peftlab.errors import unknown
+    swept = section.swept
+    if swept:
+        flag = "--" + swept["option"].replace("_", "-")
+        values = sd.float_list(names(getattr(args, swept["option"])), flag)
+        values = (float(swept["baseline"]),) + tuple(v for v in values if v != swept["baseline"])
+        return tuple(sp.Row(swept["name"].format(v), {swept["key"]: v}, centre({})) for v in values)
+    chosen = names(args.rows)
+    unknown_rows = [r for r in chosen if r not in section.rows]
+    if unknown_rows:
+        from peftlab.errors import unknown
 
-            raise unknown("kasa study row", unknown_rows[0], sp.KASA_ROWS, where="--rows")
-        rows = tuple(sp.Row(n, sp.KASA_ROWS[n], centre(sp.KASA_ROWS[n]["method"])) for n in dict.fromkeys(names))
-    return sp.Design(args.study_kind, tasks, base, rows, protocol, heldout_seeds=args.heldout_seeds,
-                     heldout_seed_start=args.heldout_seed_start, key_seeds=args.key_seeds if args.study_kind ==
-                     "lambda" else 20, equivalence_margin=args.equivalence_margin,
-                     paper_arms=not args.no_paper_arms if args.study_kind == "kasa" else False,
-                     key_ablation=not args.no_key_ablation if args.study_kind == "lambda" else False)
+        raise unknown(f"{args.study_kind or 'study'} row", unknown_rows[0], section.rows, where="--rows")
+    return tuple(sp.Row(n, section.rows[n], centre(section.rows[n])) for n in dict.fromkeys(chosen))
 
 
-def check_fair_configs(design: sp.Design) -> None:
-    """Every row's first config built once (bad keys and values fail here, before anything runs); a
-    lower-is-better metric refused (the searches pick the highest)."""
+def check_configs(design) -> None:
+    """Every row's first config built once (bad keys and values fail here, before anything runs); a task whose
+    metric is lower-is-better refused (picks, searches and verdicts assume higher is better)."""
     from peftlab.config import TrainConfig, normalise_keys
+    from peftlab.lab.preflight_cells import study_first_configs
     from peftlab.resolve import resolve_config
     from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
 
     for task in design.tasks:
-        configs = [sp.search_configs(design, task, row, [0])[0] for row in design.rows]
-        configs += sp.heldout_configs(design, task, sp.kasa_paper_arms(task) if design.paper_arms else [],
-                                      design.heldout_seed_list[:1])
-        for config in configs:
-            cfg = resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, f"study {task}")))
-        metric = primary_metric(cfg.task, getattr(cfg, "metric", None))
-        if metric in LOWER_IS_BETTER:
-            raise PeftlabError(f"task '{task}' is scored by {metric} (lower is better), which a study cannot pick on",
-                               fix="study a task with a higher-is-better metric (accuracy, F1, correlation)")
-
-
-def check_configs(design: sd.Design) -> None:
-    """Every distinct run config of the design built once (bad keys and values fail here, before anything
-    runs), and a task whose metric is lower-is-better refused (picks and verdicts assume higher is better)."""
-    from peftlab.config import TrainConfig, normalise_keys
-    from peftlab.resolve import resolve_config
-    from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
-
-    for task in design.tasks:
-        if design.kind == "lambda":
-            configs = sd.grid_configs(design, task)[:len(sd.grid_cells(design))]
-        else:
-            configs = sd.kasa_configs(design, task)[:len(design.rows) + 1]
-        for config in configs:
+        for config in study_first_configs(design, task):
             cfg = resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, f"study {task}")))
         metric = primary_metric(cfg.task, getattr(cfg, "metric", None))  # a user task's --metric
         if metric in LOWER_IS_BETTER:
@@ -285,53 +272,65 @@ def check_configs(design: sd.Design) -> None:
                                fix="study a task with a higher-is-better metric (accuracy, F1, correlation)")
 
 
-def default_output_dir(design: sd.Design) -> Path:
+def default_output_dir(design) -> Path:
     model = str(design.base["model"]).replace("/", "_")
     return Path("runs") / "study" / f"{design.kind}-{model}-{'_'.join(design.tasks)}"
 
 
 def run_cli(args) -> int:
     from peftlab.lab import ray_backend
+    from peftlab.lab.preflight_cells import check_study
     from peftlab.lab.store import STORE_NAME
+    from peftlab.lab.study_plan import StudyPaths
 
     ray_backend.check_backend_args(args)  # before --dry-run too: a Ray flag without --backend ray is a mistake
     design = design_from_args(args)
     root = Path(args.output_dir) if args.output_dir else default_output_dir(design)
     paths = StudyPaths(root=root, store=root / STORE_NAME)
-    fair = isinstance(design, sp.Design)
     if args.dry_run:
-        print(f"study {design.kind} on {', '.join(design.tasks)} ({design.base['model']}), folder {root}")
-        if fair:
-            from peftlab.lab.study_fair import plan_lines
-
-            print("\n".join(plan_lines(design, {t: split_text(design, t) for t in design.tasks})))
-        else:
-            study = Study(design, paths, workers=args.workers)
-            print(Plan(plan_stages(design), study.seconds_per_epoch(), args.workers).describe())
-        from peftlab.lab.preflight_cells import check_study, print_findings
-
-        return print_findings(check_study(design, root, args, dry_run=True))  # its problems: exit 2
+        return dry_run(design, paths, args)
     if args.report_only:
-        if not paths.plan.is_file():
-            raise PeftlabError(f"no study in {root} yet (no {paths.plan.name})", fix="run the study first")
-        if fair:
-            from peftlab.lab.study_fair_report import write_fair_report
-
-            save_fair_plan(paths, design)  # refuses a folder planned with other settings
-            print(f"report: {write_fair_report(paths, design)}")
-            return 0
-        from peftlab.lab.study_report import write_report
-
-        print(f"report: {write_report(paths, load_or_save_plan(paths, design, lambda: None))}")
-        return 0
+        return report_only(design, paths)
     options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
-    from peftlab.lab.preflight_cells import check_study
-
     check_study(design, root, args)  # data, models, extras, the folder and its room: before any stage runs
-    if fair:
-        run_fair_study(design, paths, workers=args.workers, ray_options=options)
+    from peftlab.lab.study import run_fair_study, run_study
+
+    run = run_fair_study if isinstance(design, sp.Design) else run_study
+    run(design, paths, workers=args.workers, ray_options=options)
+    return 0
+
+
+def dry_run(design, paths, args) -> int:
+    from peftlab.lab.preflight_cells import check_study, print_findings
+
+    print(f"study {design.kind} on {', '.join(design.tasks)} ({design.base['model']}), folder {paths.root}")
+    if isinstance(design, sp.Design):
+        from peftlab.lab.study_fair import plan_lines
+
+        print("\n".join(plan_lines(design, {t: split_text(design, t) for t in design.tasks})))
     else:
-        run_study(design, paths, workers=args.workers, budget_hours=args.budget_hours, ray_options=options)
+        from peftlab.lab.study import Study
+        from peftlab.lab.study_plan import Plan, plan_stages
+
+        print(Plan(plan_stages(design), Study(design, paths, workers=args.workers).seconds_per_epoch(),
+                   args.workers).describe())
+    return print_findings(check_study(design, paths.root, args, dry_run=True))  # its problems: exit 2
+
+
+def report_only(design, paths) -> int:
+    from peftlab.lab.study_plan import load_or_save_plan, save_fair_plan
+
+    if not paths.plan.is_file():
+        raise PeftlabError(f"no study in {paths.root} yet (no {paths.plan.name})", fix="run the study first")
+    if isinstance(design, sp.Design):
+        from peftlab.lab.study_fair_report import write_fair_report
+
+        save_fair_plan(paths, design)  # refuses a folder planned with other settings
+        print(f"report: {write_fair_report(paths, design)}")
+        return 0
+    from peftlab.lab.study_report import write_report
+
+    print(f"report: {write_report(paths, load_or_save_plan(paths, design))}")
     return 0
 
 

@@ -1,33 +1,30 @@
-"""What `peftlab study` runs: the designs a reviewer accepts, as data, and the picks made from their results.
+"""The *fixed-rate* designs of `peftlab study` (``--protocol fixed-rate``): their run configs and picks, pure.
 
 A design is a list of *stages*; a stage is a set of run configs (one sweep spec per task), some of which
-depend on what earlier stages found. Everything here is pure: configs in, configs or picks out; the driver
-(:mod:`peftlab.lab.study`) runs the stages through the sweep / tune machinery into one results store.
+depend on what earlier stages found; the driver (:mod:`peftlab.lab.study`) runs them into one results store.
+The design's rows, paper settings and defaults are its spec's ``fixed-rate`` section
+(:mod:`peftlab.lab.study_spec`); its *shape* says which stages it has:
 
-**lambda** (Yao et al.'s eta_V = lambda * eta_QK, checked against its own control):
+**grid** (lambda: Yao et al.'s eta_V = lambda * eta_QK, checked against its own control):
 
-1. ``search`` (optional): `peftlab tune` (ASHA) over the eta_QK x lambda sub-grid at the naive search's
-   budget, so that "how to choose lambda" is answered with the compute each answer costs.
-2. ``grid``: every cell x the *selection seeds*: lambda in ``ratios`` at every eta_QK of ``lr_grid``, and
+1. ``grid``: every cell x the *selection seeds*: lambda in ``ratios`` at every eta_QK of ``lr_grid``, and
    the diagonal lambda = 1 at every rate of ``diagonal`` (which should cover the off-diagonal cells' eta_V,
    so that "a larger eta_V" can be told apart from "a larger learning rate").
-3. ``heldout``: the best diagonal cell and the best off-diagonal cell of each task (by the mean over the
-   selection seeds; a cell that broke a seed ranks below every cell whose seeds all trained: it is not the one
-   to pick), the off-diagonal pick's lambda-1 controls at its eta_QK and at its eta_V, and the tune's and the
-   naive search's picks, re-run on *held-out seeds* that no selection used.
-4. ``key``: W_k trained as well ({q,k,v} when the design tunes {q,v}) at the best diagonal cell's rate, on the
+2. ``heldout``: the best diagonal cell and the best off-diagonal cell of each task (by the mean over the
+   selection seeds; a cell that broke a seed ranks below every cell whose seeds all trained), and the
+   off-diagonal pick's lambda-1 controls at its eta_QK and at its eta_V, re-run on *held-out seeds*.
+3. ``key``: W_k trained as well ({q,k,v} when the design tunes {q,v}) at the best diagonal cell's rate, on the
    held-out seeds: the "freezing W_k loses nothing" claim, tested for equivalence (TOST) by the report.
-5. ``plateau``: the two picks trained ``plateau_epochs`` epochs with ``evals_per_epoch`` dev evaluations per
+4. ``plateau``: the two picks trained ``plateau_epochs`` epochs with ``evals_per_epoch`` dev evaluations per
    epoch, on the first ``plateau_seeds`` held-out seeds: final quality and speed of learning, apart.
 
 With ``selection_seeds = 0`` there is no selection: every cell runs on the held-out seeds (a confirmatory
-design, e.g. full fine-tuning at lambda 1 and 8 with the lambda-1 control at the larger rate).
+design). The tune / naive-search comparison over the same space is ``scripts/tune_vs_grid.py``.
 
-**kasa** (KaSA against its baselines at equal budget, and at the paper's own hyper-parameters): the rows
-of ``KASA_ROWS`` (head only, LoRA, PiSSA, MiLoRA, KaSA at the common settings, KaSA at the authors'
-per-task settings) and the before-fine-tuning row, on the held-out seeds; with ``long_epochs`` also LoRA and
-paper-KaSA trained that long (on the first ``plateau_seeds`` held-out seeds), so a slower method is not
-judged only at an arbitrary early point.
+**rows** (kasa: KaSA against its baselines at equal budget, and at the paper's own settings): the spec's rows
+and the before-fine-tuning row, on the held-out seeds; with ``long_epochs`` also the spec's long rows trained
+that long (on the first ``plateau_seeds`` held-out seeds), so a slower method is not judged only at an
+arbitrary early point.
 """
 
 from __future__ import annotations
@@ -38,21 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from peftlab.errors import PeftlabError
-
-STAGES = {"lambda": ("search", "grid", "heldout", "key", "plateau"), "kasa": ("rows",)}
-# KaSA authors' per-task GLUE settings (configs/kasa_glue_roberta/, from their run scripts): module lr = head lr.
-KASA_PAPER = {"cola": (4e-4, 1e-4, 1e-3), "mrpc": (4e-4, 0.1, 1e-3), "qnli": (4e-4, 0.01, 1e-5),
-              "rte": (4e-4, 0.24, 2.4e-4), "sst2": (5e-4, 1e-4, 1e-3), "stsb": (3e-4, 1e-4, 1e-5)}
-KASA_PAPER_DEFAULT = (5e-4, 1e-4, 1e-3)  # (lr = head_lr, beta, gamma) for a task the authors did not run
-# name -> the config keys of the row (on top of the design's base); "paper" rows take KASA_PAPER per task.
-KASA_ROWS = {
-    "head": {"method": "head"},
-    "lora": {"method": "lora"},
-    "pissa": {"method": "pissa"},
-    "milora": {"method": "milora"},
-    "kasa": {"method": "kasa"},
-    "kasa-paper": {"method": "kasa", "alpha": 16.0, "weight_decay": 0.0},
-}
+from peftlab.lab.study_spec import Section, StudySpec, load_study_spec, shipped
 
 
 def float_list(values: Iterable, what: str) -> tuple[float, ...]:
@@ -70,11 +53,26 @@ def float_list(values: Iterable, what: str) -> tuple[float, ...]:
     return tuple(out)
 
 
+def check_seeds(start, count, selection_seeds: int, *, minimum: int = 2) -> None:
+    """The held-out seeds: at least ``minimum`` (2: pairs), within the seed range, after the selection seeds."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < minimum:
+        raise PeftlabError(f"--heldout-seeds must be an integer >= {minimum}{' (pairs)' if minimum == 2 else ''}, "
+                           f"got {count!r}")
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < 2**31 - 1000:
+        raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), got {start!r}")
+    if start + count > 2**31:  # else a list of seeds no machine can hold
+        raise PeftlabError(f"--heldout-seeds {count} from --heldout-seed-start {start} goes past seed 2**31 - 1",
+                           fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
+    if start < selection_seeds:
+        raise PeftlabError(f"--heldout-seed-start {start} overlaps the selection seeds 0-{selection_seeds - 1}",
+                           fix="held-out seeds must be seeds no selection used")
+
+
 @dataclass(frozen=True)
 class Design:
     """One study: its kind, tasks, the base config every run shares, and the design's knobs."""
 
-    kind: str  # lambda | kasa
+    kind: str  # the spec's name: lambda | kasa | a user's own
     tasks: tuple[str, ...]
     base: dict[str, Any]  # train keys shared by every run (model, method, targets, epochs, data ...)
     lr_grid: tuple[float, ...] = (5e-4, 1e-3, 2e-3)
@@ -87,50 +85,60 @@ class Design:
     plateau_seeds: int = 5
     evals_per_epoch: int = 4
     key_ablation: bool = True
-    search_comparison: bool = True
+    search_comparison: bool = False  # plan.json of the committed stores; the comparison is scripts/tune_vs_grid.py
     top_k: int = 2
-    rows: tuple[str, ...] = tuple(KASA_ROWS)
+    rows: tuple[str, ...] = ()  # rows shape: the spec's rows to run (empty: its default)
     long_epochs: int = 0
     equivalence_margin: float = 1.0  # in the table's points (x100 for accuracy-like metrics)
-    notes: tuple[str, ...] = field(default=())  # what budget fitting changed, for the plan and REPORT.md
+    notes: tuple[str, ...] = field(default=())  # what an earlier budget fitting changed (plan.json, REPORT.md)
+    spec: StudySpec | None = field(default=None, compare=False, repr=False)  # None: the shipped one of its kind
 
     def __post_init__(self):
-        if self.kind not in STAGES:
-            raise PeftlabError(f"unknown study '{self.kind}'", fix="use peftlab study lambda or peftlab study kasa")
+        if self.spec is None:
+            if self.kind not in shipped():
+                from peftlab.errors import unknown
+
+                raise unknown("study", self.kind, shipped(), where="peftlab study")
+            object.__setattr__(self, "spec", load_study_spec(shipped()[self.kind]))
+        if self.shape == "rows" and not self.rows:
+            default = str(self.section.options.get("rows") or ",".join(self.section.rows))
+            object.__setattr__(self, "rows", tuple(r.strip() for r in default.split(",") if r.strip()))
+        self.check()
+
+    @property
+    def section(self) -> Section:
+        return self.spec.section("fixed-rate")
+
+    @property
+    def shape(self) -> str:
+        return self.section.shape
+
+    def check(self) -> None:
         for name in ("selection_seeds", "plateau_epochs", "plateau_seeds", "long_epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise PeftlabError(f"--{name.replace('_', '-')} must be an integer >= 0, got {value!r}")
-        for name in ("heldout_seeds", "evals_per_epoch", "top_k"):
+        for name in ("evals_per_epoch", "top_k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise PeftlabError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
-        if self.kind == "lambda" and self.selection_seeds == 1:
+        if self.shape == "grid" and self.selection_seeds == 1:
             raise PeftlabError("--selection-seeds 1 picks on a single seed",
                                fix="use 2 or more (3 is the default), or 0 to run every cell on the held-out seeds")
-        if not (isinstance(self.heldout_seed_start, int) and 0 <= self.heldout_seed_start < 2**31 - 1000):
-            raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), "
-                               f"got {self.heldout_seed_start!r}")
-        if self.heldout_seed_start + self.heldout_seeds > 2**31:  # else a list of seeds no machine can hold
-            raise PeftlabError(f"--heldout-seeds {self.heldout_seeds} from --heldout-seed-start "
-                               f"{self.heldout_seed_start} goes past seed 2**31 - 1",
-                               fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
-        if self.heldout_seed_start < self.selection_seeds:
-            raise PeftlabError(f"--heldout-seed-start {self.heldout_seed_start} overlaps the selection seeds "
-                               f"0-{self.selection_seeds - 1}", fix="held-out seeds must be seeds no selection used")
+        check_seeds(self.heldout_seed_start, self.heldout_seeds, self.selection_seeds, minimum=1)
         if self.plateau_seeds > self.heldout_seeds:
             raise PeftlabError(f"--plateau-seeds {self.plateau_seeds} exceeds --heldout-seeds {self.heldout_seeds}",
                                fix="the plateau arm runs on the first held-out seeds")
         if not math.isfinite(self.equivalence_margin) or self.equivalence_margin <= 0:
             raise PeftlabError(f"--equivalence-margin must be > 0, got {self.equivalence_margin}")
-        unknown_rows = [r for r in self.rows if r not in KASA_ROWS]
+        unknown_rows = [r for r in self.rows if r not in self.section.rows] if self.shape == "rows" else []
         if unknown_rows:
             from peftlab.errors import unknown
 
-            raise unknown("kasa study row", unknown_rows[0], KASA_ROWS, where="--rows")
-        if self.kind == "lambda" and not (self.ratios or self.diagonal):
+            raise unknown(f"{self.kind} study row", unknown_rows[0], self.section.rows, where="--rows")
+        if self.shape == "grid" and not (self.ratios or self.diagonal):
             raise PeftlabError("the lambda grid is empty", fix="give --ratios and/or --diagonal")
-        if self.kind == "lambda" and any(r == 1 for r in self.ratios):
+        if self.shape == "grid" and any(r == 1 for r in self.ratios):
             raise PeftlabError("--ratios lists lambda 1, which is the diagonal",
                                fix="put lambda-1 rates in --diagonal; --ratios holds lambda > 1")
 
@@ -186,12 +194,6 @@ def grid_cells(design: Design) -> list[Cell]:
     return list(dict.fromkeys(cells))
 
 
-def search_space(design: Design) -> dict[str, list[float]]:
-    """The tune's (and the naive search's) space: eta_QK in lr_grid x lambda in {1} + ratios. A cartesian
-    grid, as a tune searches one; the diagonal's extra rates stay out of it."""
-    return {"lr": sorted(design.lr_grid), "lr_ratio": [1.0] + sorted(float(r) for r in design.ratios)}
-
-
 def cell_of(config: dict) -> Cell:
     return Cell(float(config["lr"]), float(config.get("lr_ratio") or 1.0))
 
@@ -240,19 +242,21 @@ def plateau_configs(design: Design, task: str, cells: Iterable[Cell], eval_steps
 
 
 def kasa_row_config(design: Design, task: str, row: str) -> dict:
-    config = {**task_base(design, task), **KASA_ROWS[row]}
-    if row == "head":  # no adapter: projections and their rates do not apply (and are refused if given)
+    """A rows-shape row's config: its spec keys; a paper row at the task's paper rate and settings."""
+    config = {**task_base(design, task), **design.section.rows[row]}
+    if config.get("method") == "head":  # no adapter: projections and their rates do not apply (and are refused)
         for key in ("targets", "layers", "lr", "lr_ratio"):
             config.pop(key, None)
-    if row == "kasa-paper":
-        lr, beta, gamma = KASA_PAPER.get(task, KASA_PAPER_DEFAULT)
-        config.update(lr=lr, head_lr=lr, kasa_beta=beta, kasa_gamma=gamma)
+    if row in design.section.paper_rows:
+        settings = design.spec.paper(task)
+        config.update(lr=settings["lr"], head_lr=settings["lr"],
+                      **{k: settings[k] for k in design.section.paper_rows[row]})
     return config
 
 
 def long_rows(design: Design) -> tuple[str, ...]:
-    """The rows trained ``long_epochs`` too: LoRA and KaSA at the paper's settings (the paper trains long)."""
-    return tuple(row for row in ("lora", "kasa-paper") if row in design.rows) if design.long_epochs else ()
+    """The rows trained ``long_epochs`` too: the spec's long rows (kasa: LoRA and KaSA at the paper's settings)."""
+    return tuple(row for row in design.section.long_rows if row in design.rows) if design.long_epochs else ()
 
 
 def long_seed_list(design: Design) -> list[int]:
@@ -328,7 +332,7 @@ def score_cells(runs: Iterable[tuple[dict, dict | None]], seeds: list[int]) -> l
 
 def pick_cells(task: str, scores: list[CellScore]) -> Picks:
     """The best diagonal and best off-diagonal cell: a cell any of whose seeds failed ranks below every cell
-    whose seeds all trained (as the tune's winner and :mod:`peftlab.lab.tune.compare` rank), then by mean
+    whose seeds all trained (as the tune's winner and scripts/tune_compare.py rank), then by mean
     (failed seeds at chance), then the smaller eta_V."""
 
     def best(candidates: list[CellScore]) -> CellScore | None:

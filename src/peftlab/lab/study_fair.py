@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_protocol as sp
 from peftlab.lab.study_design import key_ablation_targets
+from peftlab.lab.study_plan import keyed
 
 
 @dataclass(frozen=True)
@@ -23,19 +24,6 @@ class TaskPicks:
     task: str
     searches: dict[str, sp.Search]
     arms: tuple[sp.Arm, ...]
-
-
-def keyed(configs: list[dict]) -> list[tuple[dict, str]]:
-    """Each config resolved as a sweep resolves it, with its run key."""
-    from peftlab.config import TrainConfig, normalise_keys
-    from peftlab.lab.store import config_key
-    from peftlab.resolve import resolve_config
-
-    out = []
-    for config in configs:
-        typed = normalise_keys(TrainConfig, config, "study")
-        out.append((config, config_key(resolve_config(TrainConfig.from_dict(typed), check_inputs=False).to_dict())))
-    return out
 
 
 def search_state(design: sp.Design, task: str, row: sp.Row, steps: tuple[int, ...], extensions: int,
@@ -75,23 +63,22 @@ def replay_searches(design: sp.Design, task: str, by_key: dict[str, dict], run_r
 
 
 def heldout_arms(design: sp.Design, task: str, searches: dict[str, sp.Search]) -> tuple[sp.Arm, ...]:
-    """Each row at its chosen rate, then the design's extra arms: the kasa study's paper-settings arms; the
-    lambda study's lambda-1 controls at the best lambda > 1 row's eta_QK and eta_V."""
+    """Each row at its chosen rate, then the spec's extra arms: those at the paper's settings (kasa), the
+    baseline's rate controls at the best swept row's rate (lambda: lambda 1 at its eta_QK and eta_V)."""
     arms = [sp.Arm(name, s.row.keys, s.best.rate) for name, s in searches.items() if s.best is not None]
-    if design.kind == "kasa" and design.paper_arms:
-        arms += sp.kasa_paper_arms(task)
-    if design.kind == "lambda":
-        diagonal = next((r for r in design.rows if float(r.keys.get("lr_ratio", 1.0)) == 1.0), None)
-        off = best_off_diagonal(design, searches)
-        if diagonal is not None and off is not None:
-            known = {(a.rate, float(a.keys.get("lr_ratio", 1.0))) for a in arms}
-            arms += [c for c in sp.lambda_controls(off, diagonal) if (c.rate, 1.0) not in known]
+    arms += sp.paper_arms(design, task)
+    baseline, off = design.baseline_row(), best_off_diagonal(design, searches)
+    if baseline is not None and off is not None:
+        known = {(a.rate, design.swept_value(a.keys)) for a in arms}
+        value = design.swept_value(baseline.keys)
+        arms += [c for c in sp.rate_controls(design, off, baseline) if (c.rate, value) not in known]
     return tuple(arms)
 
 
 def best_off_diagonal(design: sp.Design, searches: dict[str, sp.Search]) -> sp.Arm | None:
-    """The lambda > 1 row whose chosen rate scored best on the selection seeds."""
-    candidates = [s for s in searches.values() if float(s.row.keys.get("lr_ratio", 1.0)) != 1.0 and s.best]
+    """The swept row off the baseline (lambda > 1) whose chosen rate scored best on the selection seeds."""
+    baseline = design.baseline_row()
+    candidates = [s for s in searches.values() if baseline is not None and s.row.name != baseline.name and s.best]
     if not candidates:
         return None
     best = max(candidates, key=lambda s: s.best.mean)
@@ -99,12 +86,13 @@ def best_off_diagonal(design: sp.Design, searches: dict[str, sp.Search]) -> sp.A
 
 
 def key_arms(design: sp.Design, searches: dict[str, sp.Search]) -> tuple[sp.Arm, sp.Arm] | None:
-    """The W_k ablation: the lambda-1 row's pick as it is, and with W_k trained too."""
+    """The W_k ablation: the baseline row's pick as it is, and with W_k trained too."""
     targets = key_ablation_targets(design.base.get("targets", "q,v"))
-    diagonal = next((s for s in searches.values() if float(s.row.keys.get("lr_ratio", 1.0)) == 1.0), None)
-    if not (design.key_ablation and targets and diagonal and diagonal.best):
+    baseline = design.baseline_row()
+    search = searches.get(baseline.name) if baseline is not None else None
+    if not (design.key_ablation and targets and search and search.best):
         return None
-    frozen = sp.Arm(diagonal.row.name, diagonal.row.keys, diagonal.best.rate)
+    frozen = sp.Arm(search.row.name, search.row.keys, search.best.rate)
     return frozen, sp.Arm(f"{frozen.name} with W_k trained", {**frozen.keys, "targets": targets}, frozen.rate)
 
 
@@ -124,7 +112,7 @@ def run_task(study, design: sp.Design, task: str) -> TaskPicks:
     arms = heldout_arms(design, task, searches)
     study.run_configs(f"heldout-{task}", sp.heldout_configs(design, task, arms),
                       f"fair study, {task}: each row at its chosen rate on the held-out seeds")
-    pair = key_arms(design, searches) if design.kind == "lambda" else None
+    pair = key_arms(design, searches)
     if pair is not None:
         study.run_configs(f"key-{task}", sp.heldout_configs(design, task, list(pair), design.key_seed_list),
                           f"fair study, {task}: the W_k ablation at the lambda-1 pick, {len(design.key_seed_list)} "
@@ -142,9 +130,9 @@ def plan_lines(design: sp.Design, split_sizes: dict[str, str]) -> list[str]:
     rows = [f"  {row.name}: " + ", ".join(f"{sp.rate_at(row, s, p.grid_factor):g}" for s in p.initial_steps())
             + f" (then x{p.grid_factor:g} past an edge, up to {p.max_extensions} more)" for row in design.rows]
     search = len(design.rows) * len(p.initial_steps()) * p.selection_seeds
-    extra = 2 if design.kind == "kasa" and design.paper_arms else 2 if design.kind == "lambda" else 0
+    extra = (len(design.section.paper_arms) if design.paper_arms else 0) + len(design.section.controls)
     heldout = (len(design.rows) + extra) * design.heldout_seeds
-    key = 2 * len(design.key_seed_list) if design.kind == "lambda" and design.key_ablation else 0
+    key = 2 * len(design.key_seed_list) if design.key_ablation else 0
     most = len(design.rows) * p.max_extensions * p.selection_seeds
     per_task = search + heldout + key
     return ["protocol: fair (each row at its own searched rate, to its plateau, scored on a test split no choice "

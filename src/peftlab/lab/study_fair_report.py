@@ -16,17 +16,13 @@ from peftlab.io_utils import atomic_write_text
 from peftlab.lab import stats
 from peftlab.lab import study_protocol as sp
 from peftlab.lab import verdicts as vt
-from peftlab.lab.study_arms import load_store_rows, metric_scale, write_json
-from peftlab.lab.study_fair import heldout_arms, key_arms, keyed, replay_searches
+from peftlab.lab.study_arms import command_head, command_tail, load_store_rows, metric_scale, write_json
+from peftlab.lab.study_fair import heldout_arms, key_arms, replay_searches
+from peftlab.lab.study_plan import keyed
 from peftlab.lab.table_model import Cell
 
 ALPHA = 0.05
 SECTION_FILE = "SECTION.md"  # the report's task sections, as docs/RESULTS.md embeds them
-# KaSA's optimizer steps on GLUE (epochs x full training set / batch size, from the authors' run scripts): what
-# sigma's movement is set beside
-# (configs/kasa_glue_roberta/<task>.yaml)
-PAPER_STEPS = {"stsb": "7,200 (40 epochs x 5,749 / 32)", "mrpc": "11,500 (100 epochs x 3,668 / 32)",
-               "sst2": "52,600 (100 epochs x 67,349 / 128)"}
 
 
 def arm_cell(design: sp.Design, task: str, arm: sp.Arm, by_key: dict, seeds: list[int]) -> tuple[Cell, list[dict]]:
@@ -126,29 +122,14 @@ def task_data(design: sp.Design, task: str, store_rows: list[dict]) -> dict:
             return comparison_data(name, (a, cells[a][0]), (b, cells[b][0]), margin, scale, family)
         return None
 
-    if design.kind == "kasa":
-        kasa_rows = [n for n in ("kasa", "kasa-reference") if n in cells]
-        families = {
-            "kasa": [pair(f"{k} − {b}", k, b, "KaSA against each baseline") for k in kasa_rows
-                     for b in ("lora", "pissa", "milora", "dora", "head")],
-            "paper": [pair("kasa@paper-settings − lora@paper-rate (the method, at the authors' rate)",
-                           "kasa@paper-settings", "lora@paper-rate", "the paper-settings 2 x 2"),
-                      pair("kasa − lora (the method, each at its tuned rate)", "kasa", "lora",
-                           "the paper-settings 2 x 2"),
-                      pair("lora − lora@paper-rate (the rate, LoRA)", "lora", "lora@paper-rate",
-                           "the paper-settings 2 x 2"),
-                      pair("kasa − kasa@paper-settings (the settings, KaSA)", "kasa", "kasa@paper-settings",
-                           "the paper-settings 2 x 2")],
-            "adapter": [pair("lora − head (what the adapter adds)", "lora", "head", "what the adapter adds")]}
-        data["sigma_vs_adam"] = {n: sigma_vs_adam(cells[n][1]) for n in cells if "kasa" in n}
-    else:
-        families = {"lambda": lambda_family(design, finished, pair)}
-        pair = key_arms(design, finished)
-        if pair is not None:
-            seeds, (base, key) = design.key_seed_list, pair
-            qv, qkv = (arm_cell(design, task, a, by_key, seeds)[0] for a in (base, key))
-            families["key"] = [comparison_data(f"W_k frozen ({base.name}) − W_k trained", (base.name, qv),
-                                               (key.name, qkv), margin, scale, "the W_k ablation")]
+    families = {family.name: family_data(design, family, finished, pair) for family in design.section.families}
+    if design.key_ablation and any(f.compare == "key_ablation" for f in design.section.families):
+        arms_pair = key_arms(design, finished)
+        name = next(f for f in design.section.families if f.compare == "key_ablation").name
+        families[name] = key_family(design, task, arms_pair, by_key, margin, scale) if arms_pair else []
+    kasa_arms = [a.name for a in arms if a.keys.get("method") == "kasa" and a.name in cells]
+    if kasa_arms:
+        data["sigma_vs_adam"] = {n: sigma_vs_adam(cells[n][1]) for n in kasa_arms}
     for name, family in families.items():
         present = [d for d in family if d is not None]
         holm(present)
@@ -157,21 +138,35 @@ def task_data(design: sp.Design, task: str, store_rows: list[dict]) -> dict:
     return data
 
 
-def lambda_family(design: sp.Design, searches: dict, pair) -> list:
-    """Each lambda > 1 row against lambda 1 (both at their own rates), and the best lambda > 1 row against lambda 1
-    at its eta_QK and at its eta_V; named as :func:`peftlab.lab.verdicts.lambda_verdict` reads them."""
+def family_data(design: sp.Design, family, searches: dict, pair) -> list:
+    """A spec family's comparisons: its listed pairs, or each swept row against the baseline (``baseline``)."""
+    if family.compare == "baseline":
+        return baseline_family(design, family.family, searches, pair)
+    return [pair(name, a, b, family.family) for a, b, name in family.pairs]
+
+
+def key_family(design: sp.Design, task: str, arms: tuple, by_key: dict, margin: float, scale: float) -> list:
+    seeds, (base, key) = design.key_seed_list, arms
+    qv, qkv = (arm_cell(design, task, a, by_key, seeds)[0] for a in (base, key))
+    return [comparison_data(f"W_k frozen ({base.name}) − W_k trained", (base.name, qv), (key.name, qkv), margin,
+                            scale, next(f.family for f in design.section.families if f.compare == "key_ablation"))]
+
+
+def baseline_family(design: sp.Design, family: str, searches: dict, pair) -> list:
+    """Each swept row against the baseline (both at their own rates), and the best swept row against the baseline
+    at its rate controls (lambda: at its eta_QK and at its eta_V); named as
+    :func:`peftlab.lab.verdicts.lambda_verdict` reads them."""
     from peftlab.lab.study_fair import best_off_diagonal
 
-    diagonal = next((r.name for r in design.rows if float(r.keys.get("lr_ratio", 1.0)) == 1.0), None)
+    baseline = design.baseline_row()
+    diagonal = baseline.name if baseline is not None else None
     off = best_off_diagonal(design, searches)
-    out = [pair(f"{r.name} − {diagonal}", r.name, diagonal, "each lambda against lambda 1")
+    out = [pair(f"{r.name} − {diagonal}", r.name, diagonal, family)
            for r in design.rows if r.name != diagonal and off is not None and r.name != off.name]
     if off is not None:
-        out.append(pair(f"off_vs_diag: {off.name} (best lambda > 1) − {diagonal}", off.name, diagonal,
-                        "each lambda against lambda 1"))
-        for key, control in (("off_vs_same_eta_qk", "lambda 1 at the same eta_QK"),
-                             ("off_vs_same_eta_v", "lambda 1 at the same eta_V")):
-            out.append(pair(f"{key}: {off.name} − {control}", off.name, control, "each lambda against lambda 1"))
+        out.append(pair(f"off_vs_diag: {off.name} (best lambda > 1) − {diagonal}", off.name, diagonal, family))
+        for key, control in zip(("off_vs_same_eta_qk", "off_vs_same_eta_v"), design.section.controls):
+            out.append(pair(f"{key}: {off.name} − {control}", off.name, control, family))
     return out
 
 
@@ -195,15 +190,14 @@ def task_lines(design: sp.Design, data: dict) -> list[str]:
                      f"{plateau} |")
     if data["unfinished_searches"]:
         lines += ["", f"Searches not finished yet: {', '.join(data['unfinished_searches'])}."]
-    intros = {"kasa": "KaSA against each baseline", "paper": "The paper-settings 2 x 2 (method and rate apart)",
-              "adapter": "What the adapter adds", "lambda": "Each lambda against lambda 1", "key": "The W_k ablation"}
+    specs = {f.name: f for f in design.section.families}
     for name, family in data["families"].items():
-        lines += ["", vt.family_heading(family, intros[name]), ""]
+        lines += ["", vt.family_heading(family, specs[name].intro), ""]
         for d in family.values():
-            lines += vt.key_lines(d) if name == "key" else vt.comparison_lines(d)
-        if name == "kasa":
+            lines += vt.key_lines(d) if specs[name].compare == "key_ablation" else vt.comparison_lines(d)
+        if specs[name].verdict == "kasa":
             lines += ["", vt.kasa_verdict(family)]
-        if name == "lambda":
+        if specs[name].verdict == "lambda":
             lines += ["", vt.lambda_verdict({k.split(":")[0]: d for k, d in family.items()})]
         sensitivity = vt.sensitivity_verdict(family)
         lines += [sensitivity] if sensitivity else []
@@ -214,38 +208,37 @@ def task_lines(design: sp.Design, data: dict) -> list[str]:
                   + ", ".join(f"{k} {v:.3g}" for k, v in movement.items()) + ". Steps run here: "
                   + ", ".join(f"{k} {data['rows'][k]['steps_median']:g}" for k in movement
                               if data["rows"].get(k, {}).get("steps_median") is not None)
-                  + f" (median); the paper's: about {PAPER_STEPS.get(data['task'], 'n/a')} "
+                  + f" (median); the paper's: about {paper_steps(design, data['task'])} "
                     "(its epochs of the full training set at its batch size)."]
     return lines + [""]
 
 
+def paper_steps(design: sp.Design, task: str) -> str:
+    """The paper's optimizer steps on the task, as its spec states them (kasa: epochs x training set / batch)."""
+    return str((design.spec.paper_settings.get(task) or {}).get("steps", "n/a"))
+
+
 def study_command(design: sp.Design, root) -> str:
     """The `peftlab study` command whose options give ``design`` back, every knob spelled out."""
-    base, p = dict(design.base), design.protocol
-    words = [f"peftlab study {design.kind}", f"--task {','.join(design.tasks)}", f"--model {base.pop('model')}",
-             f"--targets {base.pop('targets')}", f"--epochs {base.pop('epochs')}",
-             f"--max-train-samples {base.pop('max_train_samples')}", f"--selection-samples {p.selection_samples}",
-             f"--patience {p.patience}", f"--min-delta {p.min_delta:g}", f"--selection-seeds {p.selection_seeds}",
-             f"--grid-factor {p.grid_factor:g}", f"--grid-width {p.grid_width}", f"--max-extensions {p.max_extensions}"]
-    if base.get("max_eval_samples") is not None:
-        words.append(f"--max-eval-samples {base.pop('max_eval_samples')}")
-    if base.get("report_to") == "none":
-        base.pop("report_to")
-    if design.kind == "lambda":
-        words += [f"--method {base.pop('method')}", "--ratios " + ",".join(
-            f"{float(r.keys['lr_ratio']):g}" for r in design.rows if float(r.keys["lr_ratio"]) != 1.0),
-            f"--key-seeds {design.key_seeds}"] + ([] if design.key_ablation else ["--no-key-ablation"])
+    p, section = design.protocol, design.section
+    words, base = command_head(design, design.spec.command(), [
+        f"--selection-samples {p.selection_samples}", f"--patience {p.patience}", f"--min-delta {p.min_delta:g}",
+        f"--selection-seeds {p.selection_seeds}", f"--grid-factor {p.grid_factor:g}", f"--grid-width {p.grid_width}",
+        f"--max-extensions {p.max_extensions}"])
+    if "method" in section.options:
+        words.append(f"--method {base.pop('method')}")
+    if section.swept:
+        values = [design.swept_value(r.keys) for r in design.rows if r is not design.baseline_row()]
+        words.append(f"--{section.swept['option'].replace('_', '-')} " + ",".join(f"{v:g}" for v in values))
     else:
-        words += ["--rows " + ",".join(r.name for r in design.rows)] + ([] if design.paper_arms
-                                                                      else ["--no-paper-arms"])
+        words.append("--rows " + ",".join(r.name for r in design.rows))
+    words += [f"--key-seeds {design.key_seeds}"] if "key_seeds" in section.options else []
+    words += [] if design.key_ablation or not section.key_ablation else ["--no-key-ablation"]
+    words += [] if design.paper_arms or not section.paper_arms else ["--no-paper-arms"]
     centres = {r.centre for r in design.rows}
-    if len(centres) == 1 and design.kind == "lambda":
+    if len(centres) == 1:  # one centre for every row: --rate-centre gives it back (whether given or resolved)
         words.append(f"--rate-centre {centres.pop():g}")
-    words += [f"--heldout-seeds {design.heldout_seeds}", f"--heldout-seed-start {design.heldout_seed_start}",
-              f"--equivalence-margin {design.equivalence_margin:g}"]
-    if base:
-        words.append("--set " + ",".join(f"{k}={v}" for k, v in sorted(base.items())))
-    return " ".join(words + [f"--output-dir {root}"])
+    return " ".join(words + command_tail(design, base, root))
 
 
 def write_fair_report(paths, design: sp.Design, *, seconds: float | None = None) -> Path:
@@ -263,8 +256,7 @@ def write_fair_report(paths, design: sp.Design, *, seconds: float | None = None)
     summary = provenance.summarize(r.get("result") for r in rows)
     run_seconds = sum(float(r.get("seconds") or 0) for r in finished)
     p = design.protocol
-    title = {"lambda": "Yao et al.'s lambda, each lambda at its own rate", "kasa": "KaSA against its baselines, "
-             "each at its own rate"}[design.kind]
+    title = design.section.title
     lines = [f"# Study: {title}", "", f"Model {design.base['model']}; reproduce: `{study_command(design, paths.root)} "
              "--report-only` (every number below is read from the store; without --report-only the same command "
              "reruns whatever the store lacks).", "",

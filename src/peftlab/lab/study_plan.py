@@ -1,30 +1,28 @@
-"""The plan of a `peftlab study`: runs and epochs per stage, the wall-time estimate, fitting a design to
-``--budget-hours``, and the study folder (``plan.json``, ``specs/``) that makes a rerun resume the same study.
-
-Fitting cuts, in this order, until the estimate fits: the plateau arm, the search comparison, held-out seeds
-down to 5, selection seeds down to 2, then the largest lambda and the largest diagonal rate (each cut is
-noted on the design: the plan and REPORT.md say it); a design that cannot fit is refused with its minimum.
+"""The plan of a `peftlab study`: runs and epochs per stage, the wall-time estimate, and the study folder
+(``plan.json``, ``specs/``) that makes a rerun resume the same study (a rerun with other settings is refused).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab import study_design as sd
 
 PLAN_FILE = "plan.json"
-SAFETY = 1.15  # workers sharing a machine's memory bandwidth run slower than the pilot alone
-MIN_HELDOUT = 5
-# The design's knobs that a rerun must not change (a resumed study is the same study).
-PLAN_KEYS = ("kind", "tasks", "base", "lr_grid", "ratios", "diagonal", "selection_seeds", "heldout_seeds",
-             "heldout_seed_start", "plateau_epochs", "plateau_seeds", "evals_per_epoch", "key_ablation",
-             "search_comparison", "top_k", "rows", "long_epochs")
+SAFETY = 1.15  # workers sharing a machine's memory bandwidth run slower than one run alone
+# The fixed-rate design's knobs that a rerun must not change (a resumed study is the same study), by its shape.
+PLAN_KEYS = {"grid": ("kind", "tasks", "base", "lr_grid", "ratios", "diagonal", "selection_seeds", "heldout_seeds",
+                      "heldout_seed_start", "plateau_epochs", "plateau_seeds", "evals_per_epoch", "key_ablation",
+                      "search_comparison", "top_k"),
+             "rows": ("kind", "tasks", "base", "selection_seeds", "heldout_seeds", "heldout_seed_start",
+                      "plateau_epochs", "plateau_seeds", "rows", "long_epochs")}
 
 
 # --------------------------------------------------------------------------- the plan
@@ -42,7 +40,7 @@ class StagePlan:
 @dataclass
 class Plan:
     stages: list[StagePlan]
-    seconds_per_epoch: float | None  # from the pilot (or the store's finished runs)
+    seconds_per_epoch: float | None  # from the store's finished runs
     workers: int
 
     @property
@@ -77,30 +75,20 @@ def duration_text(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def naive_budget(design: sd.Design) -> int:
-    """Epochs of the naive search over the tune's space: every point once, the top k re-seeded."""
-    space = sd.search_space(design)
-    points = len(space["lr"]) * len(space["lr_ratio"])
-    return (points + design.top_k * (design.selection_seeds - 1)) * design.epochs
-
-
 def plan_stages(design: sd.Design) -> list[StagePlan]:
     """Runs and epochs per stage; the held-out picks are not known yet, so their count is the most they can
-    be (diagonal + off-diagonal pick, their eta_QK and eta_V controls, the search's picks)."""
+    be (diagonal + off-diagonal pick, their eta_QK and eta_V controls)."""
     tasks = len(design.tasks)
     e = design.epochs
     stages = []
-    if design.kind == "kasa":
+    if design.shape == "rows":
         configs = sd.kasa_configs(design, design.tasks[0])
         return [StagePlan("rows", len(configs) * tasks, sd.count_epochs(configs) * tasks)]
-    if design.search_comparison and design.selection_seeds >= 2:
-        budget = naive_budget(design)
-        stages.append(StagePlan("search", 0, budget * tasks, note="tune at the naive search's budget"))
     cells = len(sd.grid_cells(design))
     seeds = design.selection_seeds or design.heldout_seeds
     stages.append(StagePlan("grid", cells * seeds * tasks, cells * seeds * e * tasks))
     if design.selection_seeds:
-        picks = 4 + (2 if design.search_comparison else 0)
+        picks = 4
         stages.append(StagePlan("heldout", picks * design.heldout_seeds * tasks,
                                 picks * design.heldout_seeds * e * tasks, note="at most"))
     if design.key_ablation and sd.key_ablation_targets(design.base.get("targets", "q,v")):
@@ -111,50 +99,6 @@ def plan_stages(design: sd.Design) -> list[StagePlan]:
         extra = 1 + design.evals_per_epoch / 8
         stages.append(StagePlan("plateau", n, int(math.ceil(n * design.plateau_epochs * extra)), optional=True))
     return stages
-
-
-def fit_to_budget(design: sd.Design, seconds_per_epoch: float, workers: int, budget_s: float) -> sd.Design:
-    """Shrink the design until its estimate fits ``budget_s``; every cut is noted on the design."""
-    def estimate(d: sd.Design) -> float:
-        return Plan(plan_stages(d), seconds_per_epoch, workers).seconds()
-
-    cuts: list[tuple[str, Callable[[sd.Design], sd.Design | None]]] = [
-        ("no plateau arm", lambda d: d.with_changes("budget: the plateau arm was dropped", plateau_epochs=0)
-         if d.plateau_epochs else None),
-        ("no search comparison", lambda d: d.with_changes("budget: the tune / naive-search comparison was dropped",
-                                                          search_comparison=False) if d.search_comparison else None),
-    ]
-    design_now = design
-    for _, cut in cuts:
-        if estimate(design_now) <= budget_s:
-            return design_now
-        design_now = cut(design_now) or design_now
-    while estimate(design_now) > budget_s and design_now.heldout_seeds > MIN_HELDOUT:
-        n = max(MIN_HELDOUT, design_now.heldout_seeds - 1)
-        design_now = replace(design_now, heldout_seeds=n, plateau_seeds=min(design_now.plateau_seeds, n))
-    if design_now.heldout_seeds != design.heldout_seeds:
-        design_now = design_now.with_changes(f"budget: {design_now.heldout_seeds} held-out seeds instead of "
-                                             f"{design.heldout_seeds}")
-    if estimate(design_now) > budget_s and design_now.selection_seeds > 2:
-        design_now = design_now.with_changes(f"budget: 2 selection seeds instead of {design_now.selection_seeds}",
-                                             selection_seeds=2)
-    while estimate(design_now) > budget_s and design_now.kind == "lambda":
-        if len(design_now.ratios) > 2:
-            top = max(design_now.ratios)
-            design_now = design_now.with_changes(f"budget: lambda {top:g} dropped",
-                                                 ratios=tuple(r for r in design_now.ratios if r != top))
-        elif len(design_now.diagonal) > 2:
-            top = max(design_now.diagonal)
-            design_now = design_now.with_changes(f"budget: diagonal rate {top:g} dropped",
-                                                 diagonal=tuple(r for r in design_now.diagonal if r != top))
-        else:
-            break
-    need = estimate(design_now)
-    if need > budget_s:
-        raise PeftlabError(f"the smallest design this study allows needs ~{duration_text(need)}, more than "
-                           f"--budget-hours {budget_s / 3600:g} ({seconds_per_epoch:.1f} s per epoch measured)",
-                           fix="raise --budget-hours, lower --max-train-samples / --epochs, or add --workers")
-    return design_now
 
 
 # --------------------------------------------------------------------------- the study folder
@@ -182,29 +126,58 @@ class StudyPaths:
 
 
 def design_record(design: sd.Design) -> dict:
-    data = asdict(design)
+    data = {k: v for k, v in asdict(design).items() if k != "spec"}
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in data.items()}
 
 
-def load_or_save_plan(paths: StudyPaths, design: sd.Design, fitted: Callable[[], sd.Design]) -> sd.Design:
-    """The study's design: the one saved in plan.json when this folder has a study already (same knobs:
-    else refused), else ``fitted()`` saved now."""
-    wanted = {k: v for k, v in design_record(design).items() if k in PLAN_KEYS}
+def load_or_save_plan(paths: StudyPaths, design: sd.Design) -> sd.Design:
+    """The study's design: the one saved in plan.json when this folder has a study already (same knobs: else
+    refused; a design an earlier budget fit cut comes back as it ran), else ``design``, saved now."""
+    keys = PLAN_KEYS[design.shape]
+    wanted = {k: v for k, v in design_record(design).items() if k in keys}
     if paths.plan.is_file():
         saved = json.loads(paths.plan.read_text())
-        asked = saved.get("asked") or {}
-        changed = sorted(k for k in PLAN_KEYS if _canon(asked.get(k)) != _canon(wanted.get(k)))
-        if changed:
-            key = changed[0]
-            raise PeftlabError(f"{paths.root} holds a study planned with other settings ({key}: "
-                               f"{asked.get(key)!r}, now {wanted.get(key)!r})",
-                               where=str(paths.plan), fix="rerun with the same options, or use another --output-dir")
-        record = saved["design"]
-        return sd.Design(**{k: tuple(v) if isinstance(v, list) else v for k, v in record.items()})
-    chosen = fitted()
+        refuse_changes(paths, saved.get("asked") or {}, wanted, keys)
+        fields = {f.name for f in dataclasses.fields(sd.Design)}
+        record = {k: tuple(v) if isinstance(v, list) else v for k, v in saved["design"].items() if k in fields}
+        return sd.Design(**record, spec=design.spec)
     paths.root.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(paths.plan, json.dumps({"asked": wanted, "design": design_record(chosen)}, indent=2) + "\n")
-    return chosen
+    atomic_write_text(paths.plan, json.dumps({"asked": wanted, "design": design_record(design)}, indent=2) + "\n")
+    return design
+
+
+def save_fair_plan(paths: StudyPaths, design) -> None:
+    """plan.json of a fair study: its design, saved on the first run; a rerun with other settings is refused."""
+    record = design.record()
+    if paths.plan.is_file():
+        saved = json.loads(paths.plan.read_text()).get("design") or {}
+        refuse_changes(paths, saved, record, list(record))
+        return
+    paths.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(paths.plan, json.dumps({"protocol": "fair", "design": record}, indent=2) + "\n")
+
+
+def refuse_changes(paths: StudyPaths, saved: dict, wanted: dict, keys) -> None:
+    """A resumed study is the same study: the first of ``keys`` whose value changed is refused."""
+    changed = sorted(k for k in keys if _canon(saved.get(k)) != _canon(wanted.get(k)))
+    if changed:
+        key = changed[0]
+        raise PeftlabError(f"{paths.root} holds a study planned with other settings ({key}: {saved.get(key)!r}, "
+                           f"now {wanted.get(key)!r})", where=str(paths.plan),
+                           fix="rerun with the same options, or use another --output-dir")
+
+
+def keyed(configs: list[dict]) -> list[tuple[dict, str]]:
+    """Each config resolved as a sweep resolves it, with its run key."""
+    from peftlab.config import TrainConfig, normalise_keys
+    from peftlab.lab.store import config_key
+    from peftlab.resolve import resolve_config
+
+    out = []
+    for config in configs:
+        typed = normalise_keys(TrainConfig, config, "study")
+        out.append((config, config_key(resolve_config(TrainConfig.from_dict(typed), check_inputs=False).to_dict())))
+    return out
 
 
 def _canon(value):

@@ -20,30 +20,21 @@ speaks to the methods and not to one shared learning rate:
 * **Held out.** Each row's chosen rate is re-run on held-out seeds no choice used; those runs are the reported
   numbers, paired by seed across rows (every finished run stays in the comparison).
 
-Everything here is pure: configs in, configs or picks out. :mod:`peftlab.lab.study` runs the stages.
+The rows, the fixed arms and the controls come from the design's spec (:mod:`peftlab.lab.study_spec`). Everything
+here is pure: configs in, configs or picks out. :mod:`peftlab.lab.study` runs the stages.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from peftlab.errors import PeftlabError
-# the KaSA authors' per-task settings (the 2 x 2's fixed arms), as the fixed-rate designs have them
-from peftlab.lab.study_design import KASA_PAPER, KASA_PAPER_DEFAULT
-
-# the kasa study's rows: name -> config keys on top of the design's base
-KASA_ROWS = {
-    "head": {"method": "head"},
-    "lora": {"method": "lora"},
-    "pissa": {"method": "pissa"},
-    "milora": {"method": "milora"},
-    "dora": {"method": "dora"},
-    "kasa": {"method": "kasa"},
-    "kasa-reference": {"method": "kasa", "kasa_mode": "reference"},
-}
+from peftlab.lab.study_design import check_seeds
+from peftlab.lab.study_spec import Section, StudySpec, load_study_spec, shipped
 
 
 @dataclass(frozen=True)
@@ -200,7 +191,7 @@ def grid_steps(protocol: Protocol, extensions: Iterable[int]) -> tuple[int, ...]
 class Design:
     """A fair study: its kind, tasks, base config, rows, the protocol and the held-out seeds."""
 
-    kind: str  # lambda | kasa
+    kind: str  # the spec's name: lambda | kasa | a user's own
     tasks: tuple[str, ...]
     base: dict[str, Any]
     rows: tuple[Row, ...]
@@ -209,10 +200,13 @@ class Design:
     heldout_seed_start: int = 100
     key_seeds: int = 20  # lambda: the W_k ablation's held-out seeds (sized for about +-2 points)
     equivalence_margin: float = 1.0
-    paper_arms: bool = True  # kasa: LoRA and KaSA at the authors' per-task settings (the 2 x 2)
-    key_ablation: bool = True  # lambda: {q,k,v} at the lambda-1 pick
+    paper_arms: bool = True  # the spec's arms at the paper's per-task settings (kasa: the 2 x 2)
+    key_ablation: bool = True  # {q,k,v} at the baseline's pick (lambda: the lambda-1 row)
+    spec: StudySpec | None = field(default=None, compare=False, repr=False)  # None: the shipped one of its kind
 
     def __post_init__(self):
+        if self.spec is None:
+            object.__setattr__(self, "spec", load_study_spec(shipped()[self.kind]))
         check_seeds(self.heldout_seed_start, max(self.heldout_seeds, self.key_seeds), self.protocol.selection_seeds)
         if not self.rows:
             raise PeftlabError("the study has no rows", fix="give --rows (kasa) or --ratios (lambda)")
@@ -229,19 +223,24 @@ class Design:
     def base_for(self, task: str) -> dict:
         return {**self.base, **self.protocol.run_keys(), "task": task}
 
+    @property
+    def section(self) -> Section:
+        return self.spec.section("fair")
 
-def check_seeds(start, count, selection_seeds: int) -> None:
-    """The held-out seeds: at least 2 (pairs), within the seed range, after the selection seeds."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 2:
-        raise PeftlabError(f"--heldout-seeds must be an integer >= 2 (pairs), got {count!r}")
-    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < 2**31 - 1000:
-        raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), got {start!r}")
-    if start + count > 2**31:
-        raise PeftlabError(f"--heldout-seeds {count} from --heldout-seed-start {start} goes past seed 2**31 - 1",
-                           fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
-    if start < selection_seeds:
-        raise PeftlabError(f"--heldout-seed-start {start} overlaps the selection seeds 0-{selection_seeds - 1}",
-                           fix="held-out seeds must be seeds no selection used")
+    def record(self) -> dict:
+        """The design as plan.json holds it (its spec is named by ``kind``, not copied)."""
+        fields = {k: v for k, v in asdict(self).items() if k != "spec"}
+        return json.loads(json.dumps(fields, default=str))
+
+    def swept_value(self, keys: dict) -> float | None:
+        """The row's value of the spec's swept key (lambda: lr_ratio, 1 where unset); None without a swept key."""
+        swept = self.section.swept
+        return None if swept is None else float(keys.get(swept["key"], swept["baseline"]))
+
+    def baseline_row(self) -> Row | None:
+        """The row at the swept key's baseline (lambda 1), against which the other rows are compared."""
+        swept = self.section.swept
+        return next((r for r in self.rows if swept and self.swept_value(r.keys) == swept["baseline"]), None)
 
 
 def search_configs(design: Design, task: str, row: Row, steps: Iterable[int]) -> list[dict]:
@@ -255,17 +254,21 @@ def heldout_configs(design: Design, task: str, arms: Iterable[Arm], seeds: list[
     return [run_config(design.base_for(task), task, arm.keys, arm.rate, seed) for seed in seeds for arm in arms]
 
 
-def kasa_paper_arms(task: str) -> list[Arm]:
-    """The 2 x 2's fixed-rate arms: LoRA and KaSA at the authors' per-task rate (KaSA with their beta, gamma,
-    alpha 16 and no weight decay); the tuned rows are the other two cells."""
-    lr, beta, gamma = KASA_PAPER.get(task, KASA_PAPER_DEFAULT)
-    return [Arm("lora@paper-rate", {"method": "lora"}, lr),
-            Arm("kasa@paper-settings", {"method": "kasa", "alpha": 16.0, "weight_decay": 0.0, "kasa_beta": beta,
-                                        "kasa_gamma": gamma}, lr)]
+def paper_arms(design: Design, task: str) -> list[Arm]:
+    """The spec's fixed arms at the task's paper rate (kasa: LoRA at the authors' rate, KaSA at their settings:
+    the 2 x 2 whose other two cells are the tuned rows); none when the design leaves them out."""
+    if not design.paper_arms:
+        return []
+    settings = design.spec.paper(task) if design.section.paper_arms else {}
+    return [Arm(arm.name, {**arm.keys, **{k: settings[k] for k in arm.paper}}, float(settings["lr"]))
+            for arm in design.section.paper_arms]
 
 
-def lambda_controls(off: Arm, diagonal: Row) -> list[Arm]:
-    """lambda 1 at the best lambda > 1 row's eta_QK and at its eta_V: "a larger eta_V" against "a larger rate"."""
-    ratio = float(off.keys.get("lr_ratio", 1.0))
-    return [Arm("lambda 1 at the same eta_QK", diagonal.keys, off.rate),
-            Arm("lambda 1 at the same eta_V", diagonal.keys, float(f"{off.rate * ratio:.6g}"))]
+def rate_controls(design: Design, off: Arm, baseline: Row) -> list[Arm]:
+    """The baseline at the best swept row's rate and at that rate x its swept value (lambda 1 at the best lambda
+    > 1 row's eta_QK and at its eta_V: "a larger eta_V" against "a larger rate")."""
+    names = design.section.controls
+    if len(names) != 2:
+        return []
+    value = design.swept_value(off.keys)
+    return [Arm(names[0], baseline.keys, off.rate), Arm(names[1], baseline.keys, float(f"{off.rate * value:.6g}"))]

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Iterable
 
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab import study_design as sd
 from peftlab.lab.records import matches
-from peftlab.lab.study_arms import (Arm, arm, compare_arms, comparison_data, describe_arm, design_summary,
-                                    first_epoch_value, holm_family, load_store_rows, metric_scale, write_json)
+from peftlab.lab.study_arms import (Arm, arm, command_head, command_tail, compare_arms, comparison_data,
+                                    describe_arm, design_summary, first_epoch_value, holm_family, load_store_rows,
+                                    metric_scale, number_text, write_json)
 from peftlab.lab.verdicts import Slot, render_lines
 
 
@@ -96,7 +96,6 @@ def lambda_task_section(design: sd.Design, rows: list[dict], task: str, root: Pa
     data.setdefault("comparisons", {})
     lines += key_section(design, rows, task, diag_cell, scale, margin, data)
     lines += plateau_section(design, rows, task, diag_cell, off_cell, scale, data)
-    lines += search_section(design, rows, task, picks, scale, data)
     return lines, data
 
 
@@ -193,36 +192,6 @@ def plateau_section(design, rows, task, diag_cell, off_cell, scale, data) -> lis
                                                                            for k in family] + [""]
 
 
-def search_section(design, rows, task, picks, scale, data) -> list[str | Slot]:
-    search = picks.get("search") or {}
-    if not search:
-        return []
-    heldout = design.heldout_seed_list
-    arms = {name: cell_arm(design, rows, task, name, sd.Cell(**p["cell"]), heldout, epochs=design.epochs)
-            for name, p in search.items() if p.get("cell")}
-    if "grid" not in arms:
-        return []
-    lines = ["Choosing lambda within a budget, judged on the held-out seeds (each search's pick − the grid's, paired "
-             "by seed, Holm over these comparisons):", "",
-             "| search | pick | epochs spent | held-out mean ± std (n) | − grid's pick |", "|---|---|---|---|---|"]
-    family = {name: (compare_arms(a, arms["grid"], None), a, arms["grid"]) for name, a in arms.items()
-              if name != "grid" and search[name]["cell"] != search["grid"]["cell"]}
-    holm_family(family, None)
-    over = f"the {len(family)} comparisons of {task}'s searches with the grid's pick"
-    data["search"] = {name: {"pick": search[name]["cell"], "epochs": search[name].get("epochs"),
-                             "vs_grid": comparison_data(f"{name} − grid", *family[name], scale, margin=None,
-                                                        family=over) if name in family else None}
-                      for name in arms}
-    for name, a in arms.items():
-        p = search[name]
-        row = f"| {name} | {cell_name(sd.Cell(**p['cell']))} | {p.get('epochs', '?')} | {describe_arm(a, scale)} | "
-        if name in family:
-            lines.append(Slot("cell", ("tasks", task, "search", name, "vs_grid"), row, " |"))
-        else:
-            lines.append(row + ("–" if name == "grid" else "the grid's pick") + " |")
-    return lines + [""]
-
-
 # --------------------------------------------------------------------------- the kasa study
 
 
@@ -281,20 +250,12 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
              "| row | mean ± std (n) |", "|---|---|", f"| before fine-tuning | {describe_arm(before, scale)} |"]
     lines += [f"| {a.name} | {describe_arm(a, scale)} |" for a in arms.values()]
     family = {}
-    if "kasa" in arms:
-        for name in ("lora", "pissa", "milora", "head"):
-            if name in arms:
-                family[f"kasa − {name}"] = (compare_arms(arms["kasa"], arms[name], margin), arms["kasa"], arms[name])
-    if "kasa-paper" in arms and "lora" in arms:
-        family["kasa-paper − lora"] = (compare_arms(arms["kasa-paper"], arms["lora"], margin), arms["kasa-paper"],
-                                       arms["lora"])
-    if "lora" in arms and "head" in arms:
-        family["lora − head (what the adapter adds)"] = (compare_arms(arms["lora"], arms["head"], margin),
-                                                         arms["lora"], arms["head"])
-    long_k, long_l = f"kasa-paper@{design.long_epochs}ep", f"lora@{design.long_epochs}ep"
-    if long_k in arms and long_l in arms:
-        family[f"kasa-paper − lora, {design.long_epochs} epochs"] = (compare_arms(arms[long_k], arms[long_l], margin),
-                                                                      arms[long_k], arms[long_l])
+    for spec_family in design.section.families:
+        for a, b, name in spec_family.pairs:
+            a, b = (n.replace("@long", f"@{design.long_epochs}ep") for n in (a, b))
+            if a in arms and b in arms:
+                name = name.replace("{long}", str(design.long_epochs))
+                family[name] = (compare_arms(arms[a], arms[b], margin), arms[a], arms[b])
     holm_family(family, margin)
     over = f"the {len(family)} comparisons of {task} below"
     data = {"task": task, "comparisons": {k: comparison_data(k, c, a, b, scale, margin=design.equivalence_margin,
@@ -302,8 +263,8 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
     path = ("tasks", task, "comparisons")
     lines += ["", Slot("family", path, "Comparisons"), ""] + [Slot("comparison", path + (k,)) for k in family]
     movement = {}
-    for name in ("kasa", "kasa-paper"):
-        if name in arms:
+    for name in design.rows:
+        if matches_of[name].get("method") == "kasa":
             movement[name] = sigma_movement(rows, matches_of[name], seeds, more_specific(name, design.epochs))
     if any(v is not None for v in movement.values()):
         lines += ["", "KaSA's learned singular values, median relative change ||sigma - sigma_init|| / "
@@ -317,50 +278,34 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
 # --------------------------------------------------------------------------- the report
 
 
-def _number(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def study_command(design: sd.Design, root) -> str:
     """The `peftlab study` command line whose options give ``design`` back (``design_from_args``'s inverse): every
     knob spelled out, so the command beside a number needs no defaults looked up."""
-    base = dict(design.base)
-    words = [f"peftlab study {design.kind} --protocol fixed-rate", f"--task {','.join(design.tasks)}",
-             f"--model {base.pop('model')}",
-             f"--targets {base.pop('targets')}", f"--epochs {base.pop('epochs')}",
-             f"--max-train-samples {base.pop('max_train_samples')}"]
-    if base.get("max_eval_samples") is not None:
-        words.append(f"--max-eval-samples {base.pop('max_eval_samples')}")
-    if base.get("report_to") == "none":
-        base.pop("report_to")
-    if design.kind == "lambda":
-        words += [f"--method {base.pop('method')}", "--lr-grid " + ",".join(map(_number, design.lr_grid)),
-                  "--ratios " + ",".join(map(_number, design.ratios)),
-                  "--diagonal " + ",".join(map(_number, design.diagonal)),
+    words, base = command_head(design, f"{design.spec.command()} --protocol fixed-rate", [])
+    if design.shape == "grid":
+        words += [f"--method {base.pop('method')}", "--lr-grid " + ",".join(map(number_text, design.lr_grid)),
+                  "--ratios " + ",".join(map(number_text, design.ratios)),
+                  "--diagonal " + ",".join(map(number_text, design.diagonal)),
                   f"--selection-seeds {design.selection_seeds}", f"--top-k {design.top_k}",
                   f"--plateau-epochs {design.plateau_epochs}", f"--plateau-seeds {design.plateau_seeds}",
                   f"--evals-per-epoch {design.evals_per_epoch}"]
         words += [] if design.key_ablation else ["--no-key-ablation"]
         words += [] if design.search_comparison else ["--no-search"]
     else:
-        words += [f"--{key.replace('_', '-')} {_number(base.pop(key))}" for key in ("lr", "head_lr") if key in base]
+        words += [f"--{key.replace('_', '-')} {number_text(base.pop(key))}" for key in ("lr", "head_lr")
+                  if key in base]
         words += ["--rows " + ",".join(design.rows), f"--long-epochs {design.long_epochs}",
                   f"--long-seeds {design.plateau_seeds}"]
-    words += [f"--heldout-seeds {design.heldout_seeds}", f"--heldout-seed-start {design.heldout_seed_start}",
-              f"--equivalence-margin {_number(design.equivalence_margin)}"]
-    if base:
-        words.append("--set " + ",".join(f"{k}={_number(v)}" for k, v in sorted(base.items())))
-    return " ".join(words + [f"--output-dir {root}"])
+    return " ".join(words + command_tail(design, base, root))
 
 
-def write_report(paths, design: sd.Design, *, skipped: Iterable[str] = (), seconds: float | None = None) -> Path:
+def write_report(paths, design: sd.Design, *, seconds: float | None = None) -> Path:
     """REPORT.md (+ verdicts.json, tables/, figures/) in the study folder, from its store; returns REPORT.md."""
     from peftlab.lab import provenance
 
     rows = load_store_rows(paths.store)
     summary = provenance.summarize(r.get("result") for r in rows)
-    title = {"lambda": "Yao et al.'s lambda, against its learning-rate control",
-             "kasa": "KaSA against its baselines"}[design.kind]
+    title = design.section.title
     finished = [r for r in rows if r.get("status") not in ("pending", "running")]
     run_seconds = sum(float(r.get("seconds") or 0) for r in finished)
     lines = [f"# Study: {title}", "", f"Model {design.base['model']}; reproduce: `{study_command(design, paths.root)} "
@@ -370,10 +315,9 @@ def write_report(paths, design: sd.Design, *, skipped: Iterable[str] = (), secon
              f"Compute: {len(finished)} runs, {run_seconds / 3600:.2f} h of run time"
              + (f", {seconds / 3600:.2f} h wall for this invocation" if seconds else "") + ".",
              f"{provenance.code_line(summary)[:1].upper()}{provenance.code_line(summary)[1:]}.", ""]
-    lines += [f"Skipped: {s}." for s in skipped]
     verdicts = {"kind": design.kind, "tasks": {}}
     for task in design.tasks:
-        section, data = (lambda_task_section(design, rows, task, paths.root) if design.kind == "lambda"
+        section, data = (lambda_task_section(design, rows, task, paths.root) if design.shape == "grid"
                          else kasa_task_section(design, rows, task))
         lines += section
         verdicts["tasks"][task] = data
@@ -413,7 +357,7 @@ def write_figures(paths, design: sd.Design, rows: list[dict]) -> list[str]:
         made.append((name, f"peftlab plot {store} --kind {kind} --seeds {min(seeds)}-{max(seeds)} "
                            f'--where "{where}"{extra} --out {name}'))
 
-    if design.kind == "lambda":
+    if design.shape == "grid":
         seeds = design.selection_seed_list or design.heldout_seed_list
         plot("lr_grid.png", "lr-grid", seeds, f"targets={targets},epochs={design.epochs}")
         if design.plateau_epochs and design.selection_seeds:

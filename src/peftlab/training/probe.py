@@ -17,7 +17,7 @@ loss plus the method's extra loss) restricted to each block (:mod:`peftlab.train
 Each block's lambda_max is the mean over the batches (their spread is reported); its stable rate for plain
 gradient descent is 2 / lambda_max; the suggested rate is ``RULE[kind] / lambda_max`` and the suggested lambda is
 rate(v) / rate(q) = lambda_max(q) / lambda_max(v), which does not depend on the constant. The constants were
-fitted on the committed lambda grids (``python -m peftlab.lab.probe_check``, docs/RESULTS.md "Choosing lambda
+fitted on the committed lambda grids (``python scripts/probe_check.py``, docs/RESULTS.md "Choosing lambda
 without a grid"), which also answers whether the rule predicts them: it does not (:data:`VERDICT`, printed under
 every table).
 The run's precision and compile choice do not apply: the probe runs eagerly in fp32.
@@ -44,7 +44,7 @@ KINDS = ("raw_init", "raw_after_adam", "preconditioned")
 KIND_LABELS = {"raw_init": "raw Hessian at init", "raw_after_adam": "raw Hessian after the Adam steps",
                "preconditioned": "Adam-preconditioned Hessian after the Adam steps"}
 # rate = c / lambda_max per kind of curvature: c fitted on docs/study/lambda/results.sqlite (LoRA {q,v},
-# MiniLM-L6, SST-2 and STS-B) by `python -m peftlab.lab.probe_check` (least squares in log rate over both tasks
+# MiniLM-L6, SST-2 and STS-B) by `python scripts/probe_check.py` (least squares in log rate over both tasks
 # and both blocks: the best cell's eta_QK for q, its eta_V for v). See docs/RESULTS.md before trusting it.
 RULE: dict[str, float | None] = {"raw_init": 5.33e-4, "raw_after_adam": 1.96e-3, "preconditioned": 22.9}
 RULE_SOURCE = "docs/study/lambda/results.sqlite: LoRA {q,v}, MiniLM-L6, SST-2 and STS-B, 2 epochs of 500 examples"

@@ -1,7 +1,7 @@
 """probe_check: does ``peftlab probe`` predict the committed lambda grids? The numbers of docs/RESULTS.md's
 "Choosing lambda without a grid: the curvature probe", from the grid's store and the probe's probe.json files.
 
-    python -m peftlab.lab.probe_check docs/study/lambda/results.sqlite stsb.json sst2.json [--kind preconditioned]
+    python scripts/probe_check.py docs/study/lambda/results.sqlite stsb.json sst2.json [--kind preconditioned]
 
 The grid: LoRA {q,v} on MiniLM-L6, eta_QK x lambda, 2 epochs of 500 examples, selection seeds 0 and 1 on every
 cell, held-out seeds 100-109 on the study's three picks per task. Per task and kind of curvature it reports:
@@ -17,7 +17,8 @@ cell, held-out seeds 100-109 on the study's three picks per task. Per task and k
   the study ran that cell on the held-out seeds, the paired held-out difference (95 % CI, TOST at +-1 point);
 * compute: the probe's wall seconds against the grid's run hours.
 
-A reader of run records and probe.json files only (it imports neither models nor training).
+A reader of run records and probe.json files only (it imports neither models nor training); research code beside
+the package, on its public readers.
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ def run(store: str, probe_paths: list[str], kinds: list[str] | None = None, runs
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m peftlab.lab.probe_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python scripts/probe_check.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("store", help="the lambda study's results.sqlite")
     parser.add_argument("probes", nargs="+", help="probe.json files, one per task")
     parser.add_argument("--kind", action="append", help="raw_init, raw_after_adam, preconditioned (default: all)")

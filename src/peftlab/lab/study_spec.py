@@ -1,0 +1,178 @@
+"""A study's design as data: the spec files `peftlab study` reads, checked once into a :class:`StudySpec`.
+
+The shipped designs are ``studies/lambda.yaml`` and ``studies/kasa.yaml`` beside this module (``peftlab study
+lambda|kasa``); ``peftlab study --spec my.yaml`` runs a user's own. A spec names the rows a study compares (a
+mapping of names to train keys, or one key swept over an option's values), each protocol's options with their
+defaults, the arms at a paper's per-task settings, the baseline's rate controls, the W_k ablation, and the
+comparison families of the report. The runner (:mod:`peftlab.lab.study_fair`, :mod:`peftlab.lab.study`) and the
+reports read only this; nothing in them names a method or a row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from peftlab.errors import PeftlabError, unknown
+
+SHIPPED = Path(__file__).parent / "studies"
+PROTOCOLS = ("fair", "fixed-rate")
+TOP_KEYS = {"name", "help", "paper_settings", *PROTOCOLS}
+SECTION_KEYS = {"title", "options", "rows", "swept", "paper_arms", "paper_rows", "long_rows", "controls",
+                "key_ablation", "families", "shape"}
+FAMILY_KEYS = {"name", "intro", "family", "verdict", "pairs", "compare"}
+COMPARES = ("pairs", "baseline", "key_ablation")
+
+
+@dataclass(frozen=True)
+class Family:
+    """Paired comparisons (a − b, named) on the held-out seeds, Holm within the family."""
+
+    name: str
+    intro: str  # the report's heading
+    family: str  # what Holm ran over, as verdicts.json names it
+    pairs: tuple[tuple[str, str, str], ...] = ()
+    verdict: str | None = None  # kasa | lambda: the sentence written after the family
+    # pairs: the listed ones; baseline: each swept row − the baseline, the best swept row − each control;
+    # key_ablation: the baseline's pick with W_k frozen − with W_k trained
+    compare: str = "pairs"
+
+
+@dataclass(frozen=True)
+class PaperArm:
+    """A fixed arm at the task's paper rate, with ``paper`` keys taken from the task's paper settings."""
+
+    name: str
+    keys: dict[str, Any]
+    paper: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Section:
+    """One protocol's part of a spec."""
+
+    title: str
+    options: dict[str, Any]  # option dest -> default: the options this design takes under this protocol
+    rows: dict[str, dict] = field(default_factory=dict)  # name -> train keys
+    swept: dict | None = None  # {key, option, baseline, name}: a row per value of the option
+    paper_arms: tuple[PaperArm, ...] = ()
+    paper_rows: dict[str, tuple[str, ...]] = field(default_factory=dict)  # fixed-rate rows at the paper settings
+    long_rows: tuple[str, ...] = ()
+    controls: tuple[str, ...] = ()  # names of the baseline's arms at the best swept row's eta_QK and eta_V
+    key_ablation: bool = False
+    families: tuple[Family, ...] = ()
+    shape: str = "rows"  # fixed-rate: rows | grid
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    name: str
+    help: str  # a line of `peftlab study --help`
+    path: Path
+    sections: dict[str, Section]
+    paper_settings: dict[str, dict] = field(default_factory=dict)
+
+    def section(self, protocol: str) -> Section:
+        if protocol not in self.sections:
+            raise PeftlabError(f"study '{self.name}' has no {protocol} design", where=str(self.path),
+                               fix=f"use --protocol {next(iter(self.sections))}, or add a '{protocol}' section")
+        return self.sections[protocol]
+
+    def command(self) -> str:
+        """How the command line names this design: ``peftlab study kasa`` or ``peftlab study --spec FILE``."""
+        shipped_path = shipped().get(self.name)
+        if shipped_path is not None and shipped_path.resolve() == self.path.resolve():
+            return f"peftlab study {self.name}"
+        return f"peftlab study --spec {self.path}"
+
+    def paper(self, task: str) -> dict[str, Any]:
+        """The task's paper settings (``default`` for a task the authors did not run)."""
+        settings = self.paper_settings.get(task, self.paper_settings.get("default"))
+        if settings is None:
+            raise PeftlabError(f"study '{self.name}' has no paper settings for {task} (and no default)",
+                               where=str(self.path), fix="add paper_settings: {default: {lr: ...}}")
+        return settings
+
+
+def shipped() -> dict[str, Path]:
+    """The shipped specs by name (``peftlab study <name>``)."""
+    return {path.stem: path for path in sorted(SHIPPED.glob("*.yaml"))}
+
+
+def load_study_spec(path: str | Path) -> StudySpec:
+    """A spec file, checked: unknown keys, a missing name or section, a bad family are one-line errors."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise PeftlabError(f"cannot read the study spec: {err}", where=str(path)) from None
+    if not isinstance(data, dict) or not data.get("name"):
+        raise PeftlabError("a study spec is a mapping with a name", where=str(path), fix="see studies/kasa.yaml")
+    _known(data, TOP_KEYS, path, "study spec")
+    sections = {p: _section(data[p], path, p) for p in PROTOCOLS if p in data}
+    if not sections:
+        raise PeftlabError("the study spec has no 'fair' or 'fixed-rate' section", where=str(path))
+    return StudySpec(str(data["name"]), str(data.get("help") or data["name"]), path, sections,
+                     dict(data.get("paper_settings") or {}))
+
+
+def _section(data: Any, path: Path, protocol: str) -> Section:
+    if not isinstance(data, dict):
+        raise PeftlabError(f"'{protocol}' must be a mapping", where=str(path))
+    _known(data, SECTION_KEYS, path, protocol)
+    rows = dict(data.get("rows") or {})
+    swept = data.get("swept")
+    if protocol == "fair" and bool(rows) == bool(swept):
+        raise PeftlabError(f"'{protocol}' needs either rows (name: keys) or swept (one key over an option's values)",
+                           where=str(path))
+    families = tuple(_family(f, path) for f in data.get("families") or ())
+    for family in families:
+        unknown = [n for a, b, _ in family.pairs for n in (a, b) if not _names_arm(n, rows, data)]
+        if unknown:
+            raise PeftlabError(f"family '{family.name}' compares '{unknown[0]}', which is no row or arm",
+                               where=str(path))
+    arms = tuple(PaperArm(str(a["name"]), dict(a.get("keys") or {}), tuple(a.get("paper") or ()))
+                 for a in data.get("paper_arms") or ())
+    return Section(str(data.get("title") or ""), dict(data.get("options") or {}), rows, swept, arms,
+                   {k: tuple(v) for k, v in (data.get("paper_rows") or {}).items()}, tuple(data.get("long_rows") or ()),
+                   tuple(data.get("controls") or ()), bool(data.get("key_ablation")), families,
+                   str(data.get("shape") or "rows"))
+
+
+def _names_arm(name: str, rows: dict, data: dict) -> bool:
+    arms = {a.get("name") for a in data.get("paper_arms") or ()}
+    return name in rows or name in arms or name.split("@")[0] in rows
+
+
+def _family(data: Any, path: Path) -> Family:
+    if not isinstance(data, dict) or not data.get("name"):
+        raise PeftlabError("a family is a mapping with a name", where=str(path))
+    _known(data, FAMILY_KEYS, path, f"family {data['name']}")
+    pairs = []
+    for pair in data.get("pairs") or ():
+        if not isinstance(pair, list) or len(pair) not in (2, 3):
+            raise PeftlabError(f"family {data['name']}: a pair is [a, b] or [a, b, name], got {pair!r}",
+                               where=str(path))
+        pairs.append((str(pair[0]), str(pair[1]), str(pair[2]) if len(pair) == 3 else f"{pair[0]} − {pair[1]}"))
+    compare = data.get("compare", "pairs")
+    if compare not in COMPARES:
+        raise unknown(f"compare of family {data['name']}", str(compare), COMPARES, where=str(path))
+    return Family(str(data["name"]), str(data.get("intro") or data["name"]), str(data.get("family") or ""),
+                  tuple(pairs), data.get("verdict"), compare)
+
+
+def _known(data: dict, allowed: set[str], path: Path, what: str) -> None:
+    extra = sorted(set(data) - allowed)
+    if extra:
+        raise unknown(f"key of the {what}", extra[0], sorted(allowed), where=str(path))
+
+
+def spec_for(kind: str | None, spec_file: str | None) -> StudySpec:
+    """``peftlab study KIND`` (a shipped spec) or ``--spec FILE``: exactly one of them."""
+    if (kind is None) == (spec_file is None):
+        raise PeftlabError("name a study: peftlab study lambda|kasa, or peftlab study --spec my.yaml",
+                           fix="give one of them")
+    return load_study_spec(spec_file if spec_file is not None else shipped()[kind])

@@ -1,0 +1,171 @@
+"""The study designs as spec files: the committed stores still plan and report the same from the shipped specs
+(``docs/study/kasa-fair``'s runs, ``docs/study/lambda`` and ``docs/study/kasa`` rewritten byte for byte from their
+REPORT.md's own command, on copies), a user's own spec runs through ``--spec``, and a bad spec or an option the
+design does not take is one line."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+
+from peftlab.cli.main import build_parser, main
+from peftlab.errors import PeftlabError
+from peftlab.lab import study_protocol as sp
+from peftlab.lab.study_cli import design_from_args
+from peftlab.lab.study_plan import StudyPaths, keyed, save_fair_plan
+from peftlab.lab.study_spec import load_study_spec, shipped
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDY = ROOT / "docs" / "study"
+
+
+def parse(argv: list[str]):
+    return design_from_args(build_parser(argv).parse_args(argv))
+
+
+def reproduce_command(report: Path) -> list[str]:
+    """The `peftlab study ...` words of a REPORT.md's "reproduce" line."""
+    line = next(line for line in report.read_text().splitlines() if "reproduce: `" in line)
+    return shlex.split(line.split("reproduce: `")[1].split("`")[0])[1:]
+
+
+def test_the_running_kasa_study_plans_the_runs_its_store_holds(tmp_path):
+    root = tmp_path / "kasa-fair"
+    shutil.copytree(STUDY / "kasa-fair", root)
+    design = parse(["study", "kasa", "--task", "stsb", "--model", "minilm-l6", "--set", "max_length=64",
+                    "--output-dir", str(root)])
+    assert design.record() == json.loads((root / "plan.json").read_text())["design"]
+    save_fair_plan(StudyPaths(root, root / "results.sqlite"), design)  # the resumed study is the same study
+    steps = sp.grid_steps(design.protocol, ())
+    planned = {key for row in design.rows for _, key in keyed(sp.search_configs(design, "stsb", row, steps))}
+    with sqlite3.connect(root / "results.sqlite") as db:
+        stored = {key for (key,) in db.execute("select key from runs")}
+    assert stored and stored <= planned
+    spec = yaml.safe_load((root / "specs" / "search-stsb-round0.yaml").read_text())
+    assert len(spec["zip"][0]["seed"]) == len(planned) == 42  # 7 rows x 3 rates x 2 selection seeds
+    # the 2 x 2's arms at the authors' STS-B settings, as the study has run them from the start
+    arms = {arm.name: (arm.rate, arm.keys) for arm in sp.paper_arms(design, "stsb")}
+    assert arms == {"lora@paper-rate": (3e-4, {"method": "lora"}),
+                    "kasa@paper-settings": (3e-4, {"method": "kasa", "alpha": 16.0, "weight_decay": 0.0,
+                                                   "kasa_beta": 1e-4, "kasa_gamma": 1e-5})}
+
+
+@pytest.mark.parametrize("study", ["lambda", "kasa"])
+def test_a_committed_fixed_rate_study_reports_byte_for_byte_from_its_own_command(study, tmp_path, monkeypatch,
+                                                                                capsys):
+    copy = tmp_path / "docs" / "study" / study
+    shutil.copytree(STUDY / study, copy)
+    for name in ("REPORT.md", "verdicts.json"):
+        (copy / name).unlink()
+    monkeypatch.chdir(tmp_path)  # the command names docs/study/<study>, as REPORT.md prints it
+    argv = reproduce_command(STUDY / study / "REPORT.md")
+    assert "--report-only" in argv and "--protocol" in argv
+    assert main(argv) == 0
+    for name in ("REPORT.md", "verdicts.json"):
+        assert (copy / name).read_bytes() == (STUDY / study / name).read_bytes(), name
+
+
+def own_spec(tmp_path: Path) -> Path:
+    """A user's design: two rows of their own, a family of one comparison, no paper arms."""
+    spec = {"name": "mine", "help": "LoRA against DoRA", "fair": {
+        "title": "LoRA against DoRA, each at its own rate", "options": {"rows": "lora,head"},
+        "rows": {"lora": {"method": "lora"}, "head": {"method": "head"}},
+        "families": [{"name": "adapter", "intro": "What the adapter adds", "family": "the adapter",
+                      "pairs": [["lora", "head"]]}]}}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_a_users_spec_runs_as_a_study_and_its_command_gives_it_back(tmp_path):
+    from peftlab.lab.study import run_fair_study
+    from peftlab.lab.study_fair_report import study_command
+    from test_study import FAKE
+
+    path = own_spec(tmp_path)
+    design = parse(["study", "--spec", str(path), "--task", "rte", "--model", "tiny-bert", "--max-train-samples",
+                    "64", "--epochs", "2", "--selection-samples", "8", "--max-extensions", "0", "--heldout-seeds",
+                    "2", "--rate-centre", "1e-3"])
+    assert design.kind == "mine" and [r.name for r in design.rows] == ["lora", "head"]
+    command = study_command(design, tmp_path / "out")
+    assert command.startswith(f"peftlab study --spec {path} ")
+    assert parse(shlex.split(command)[1:]) == design
+    paths = StudyPaths(tmp_path / "out", tmp_path / "out" / "results.sqlite")
+    run_fair_study(design, paths, workers=0, train_fn=FAKE, progress=False, say=lambda *a: None)
+    verdicts = json.loads((paths.root / "verdicts.json").read_text())["tasks"]["rte"]
+    assert list(verdicts["families"]) == ["adapter"]
+    assert verdicts["families"]["adapter"]["lora − head"]["n_pairs"] == 2
+    report = (paths.root / "REPORT.md").read_text()
+    assert report.startswith("# Study: LoRA against DoRA, each at its own rate") and "What the adapter adds" in report
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.update(colour="red"), "unknown key of the study spec 'colour'"),
+    (lambda s: s["fair"]["families"][0]["pairs"].append(["lora", "dora"]), "compares 'dora', which is no row"),
+    (lambda s: s["fair"].pop("rows"), "needs either rows"),
+    (lambda s: s["fair"]["families"][0].update(compare="all"), "unknown compare of family adapter 'all'"),
+])
+def test_a_bad_spec_is_one_line(change, message, tmp_path):
+    path = own_spec(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    change(spec)
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(PeftlabError, match=message) as info:
+        load_study_spec(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["study", "kasa", "--ratios", "2"], "--ratios is not an option of study kasa"),
+    (["study", "lambda", "--rows", "lora"], "--rows is not an option of study lambda"),
+    (["study", "lambda", "--lr-grid", "1e-3"], "--lr-grid is an option of the fixed-rate protocol"),
+    (["study", "kasa", "--protocol", "fixed-rate", "--no-paper-arms"], "--no-paper-arms is an option of the fair"),
+    (["study"], "name a study"),
+])
+def test_an_option_the_design_does_not_take_is_refused(argv, message, tmp_path):
+    argv = argv + ["--task", "rte", "--model", "tiny-bert"]
+    with pytest.raises(PeftlabError, match=message):
+        parse(argv)
+
+
+def test_the_shipped_specs_are_package_data():
+    assert set(shipped()) == {"lambda", "kasa"}
+    assert "lab/studies/*.yaml" in (ROOT / "pyproject.toml").read_text()
+    for path in shipped().values():
+        spec = load_study_spec(path)
+        assert spec.command() == f"peftlab study {spec.name}" and set(spec.sections) == {"fair", "fixed-rate"}
+
+
+def test_the_lambda_spec_sweeps_lr_ratio_with_its_controls_and_the_wk_ablation(tmp_path):
+    """The fair lambda study from its spec: a row per lambda, lambda 1 at the best lambda > 1 row's eta_QK and
+    eta_V (one of them is lambda 1's own pick here: not run twice), the baseline family and W_k on --key-seeds."""
+    from peftlab.lab.study import run_fair_study
+    from test_study import FAKE, calls
+
+    design = parse(["study", "lambda", "--ratios", "4,8", "--key-seeds", "4", "--task", "rte", "--model", "tiny-bert",
+                    "--max-train-samples", "64", "--epochs", "2", "--selection-samples", "8", "--max-extensions", "1",
+                    "--heldout-seeds", "3", "--rate-centre", "1e-3"])
+    assert [(r.name, r.keys) for r in design.rows] == [("lambda 1", {"lr_ratio": 1.0}), ("lambda 4", {"lr_ratio": 4.0}),
+                                                      ("lambda 8", {"lr_ratio": 8.0})]
+    paths = StudyPaths(tmp_path / "l", tmp_path / "l" / "results.sqlite")
+    run_fair_study(design, paths, workers=0, train_fn=FAKE, progress=False, say=lambda *a: None)
+    data = json.loads((paths.root / "verdicts.json").read_text())["tasks"]["rte"]
+    # the fake world peaks at eta_V 3e-3 and gives lambda 4 one point more: lambda 4 at 1e-3 is the best swept row;
+    # its eta_V control (4e-3) is lambda 1's own pick, so only the eta_QK control is a row of its own
+    assert {name: row["rate"] for name, row in data["rows"].items()} == {
+        "lambda 1": 4e-3, "lambda 4": 1e-3, "lambda 8": 5e-4, "lambda 1 at the same eta_QK": 1e-3}
+    lam = data["families"]["lambda"]
+    assert lam["off_vs_diag: lambda 4 (best lambda > 1) − lambda 1"]["diff"] == pytest.approx(1.0)
+    assert set(lam) == {"lambda 8 − lambda 1", "off_vs_diag: lambda 4 (best lambda > 1) − lambda 1",
+                        "off_vs_same_eta_qk: lambda 4 − lambda 1 at the same eta_QK"}
+    assert data["families"]["key"]["W_k frozen (lambda 1) − W_k trained"]["n_pairs"] == 4
+    key_runs = [c for c in calls(paths.root) if c["targets"] == "q,k,v"]
+    assert {(c["lr"], c["seed"]) for c in key_runs} == {(4e-3, s) for s in range(100, 104)}
+    report = (paths.root / "REPORT.md").read_text()
+    assert "Each lambda against lambda 1" in report and "The W_k ablation" in report
