@@ -33,7 +33,7 @@ the fallback and the graphs compiled.
 
 ``auto`` (:func:`choose`): compile when the run's optimizer steps reach the break-even measured on this device
 type (:data:`AUTO_BREAK_EVEN_STEPS`: the steps after which the per-step gain has paid for the compile time).
-Until ``peftlab bench --against trainer --compile`` has measured it on a device type, auto stays eager there.
+Until ``python benchmarks/against_trainer.py --compile`` has measured it on a device type, auto stays eager there.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def backend_name() -> str:
 INDUCTOR_OPTIONS = {"fallback_random": True}  # dropout masks from torch's generator, as in eager (module doc)
 
 # `--compile auto`: from how many optimizer steps a run compiles, per device type: the break-even of the compile
-# time against the per-step gain, measured by `peftlab bench --against trainer --compile` (MiniLM-L6, LoRA q,v,
+# time against the per-step gain, measured by `python benchmarks/against_trainer.py --compile` (MiniLM-L6, LoRA q,v,
 # batch 32: docs/BENCHMARKS.md, "Compiled training steps"). None: not measured on that device type yet, so auto
 # trains eagerly there (a compile that costs more than it saves must not be a default). math.inf: measured, and
 # the compiled step is no faster than the eager one, so no run is long enough. CPU: measured on a 2-core AMD EPYC

@@ -98,7 +98,7 @@ def result_record(run: Run, unwrapped, saved_epoch: int | None) -> dict:
     }
     result.update(kasa_record(state, unwrapped))
     # Per-phase wall times (setup_s, model_load_s, data_s, init_s, train_s, eval_s, checkpoint_s, save_s,
-    # result_s: versions, git commit, peak memory); peftlab bench --sweep-overhead reads them.
+    # result_s: versions, git commit, peak memory); benchmarks/sweep_overhead.py reads them.
     result["timings"] = dict(state.timings)
     return result
 

@@ -77,7 +77,7 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
     if not cfg.resolved:  # a bug, not input: setup never fills in defaults of its own
         raise TypeError("setup: the config is not resolved (resolve it once at the run's entry: "
                         "peftlab.resolve.resolve_config)")
-    # Per-phase wall times for result.json's `timings` (peftlab bench --sweep-overhead sums them over a sweep).
+    # Per-phase wall times for result.json's `timings` (benchmarks/sweep_overhead.py sums them over a sweep).
     setup_start, started_unix = time.perf_counter(), time.time()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
