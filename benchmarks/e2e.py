@@ -58,7 +58,8 @@ def run_config(args, out_dir: Path, task: str, method: str, seed: int, setup: st
 
     from peftlab.config import TrainConfig, build_config, option_names
 
-    flags = {name: getattr(args, name) for name in option_names(TrainConfig) if name not in PER_RUN}
+    flags = {name: getattr(args, name) for name in option_names(TrainConfig)
+             if name not in PER_RUN and getattr(args, name) is not None}
     overrides = {**DEFAULTS, "mixed_precision": "auto" if torch.cuda.is_available() else "no",
                  "task": task, "method": method, "seed": seed, "pad_to_max": pad, "overwrite": True,
                  "output_dir": str(out_dir / "e2e-runs" / f"{task}-{method}-{setup}-seed{seed}")}
@@ -165,13 +166,15 @@ def rerender(result: dict) -> str:
 
 
 def make_parser():
-    from peftlab.config import TrainConfig, add_dataclass_flags
+    from peftlab.config import TrainConfig, add_dataclass_flags, option_names
 
     made = parser(__doc__, __file__, with_threads=False)  # --threads is peftlab train's own
     made.add_argument("--tasks", type=names, default=["cola"], help="GLUE task(s), comma list")
     made.add_argument("--methods", type=names, default=["lora"], help="method(s), comma list")
     made.add_argument("--seeds", type=seeds, default=[0], help="comma list of seeds; each runs both setups")
-    add_dataclass_flags(made, TrainConfig, skip=PER_RUN)
+    training = tuple(name for name in option_names(TrainConfig) if name not in PER_RUN)
+    # no default of their own: only the flags given override the benchmark's DEFAULTS
+    add_dataclass_flags(made, TrainConfig, only=training, defaults=dict.fromkeys(training))
     return made
 
 
