@@ -215,7 +215,7 @@ def test_a_tune_trial_held_by_another_process_is_waited_for_not_failed(tmp_path)
     a second time nor records the trial failed."""
     import threading
 
-    from peftlab.config import TrainConfig, build_config
+    from peftlab.resolve import resolved_from_dict
     from peftlab.lab.store_owner import write_beat
     from peftlab.lab.tune.run import run_tune
     from peftlab.lab.tune.spec import load_tune_spec, run_config
@@ -239,7 +239,7 @@ def test_a_tune_trial_held_by_another_process_is_waited_for_not_failed(tmp_path)
         while not tune.study_path.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(2.0)  # the tune has asked for its trial and met the held run by now
-        result = fake_train(build_config(TrainConfig, overrides=run.config))
+        result = fake_train(resolved_from_dict(run.config))  # a store row holds a resolved config
         with Store(tune.store_path) as store:
             assert store.finish(run.key, result, owner=owner)
         holder.kill()
