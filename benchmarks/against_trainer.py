@@ -35,7 +35,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: import `benchmarks` from the repository root, not its own folder
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from benchmarks.cli import check_glue_tasks, main, parser, positive_float, progress
+from benchmarks.cli import check_glue_tasks, main, parser, progress
 from benchmarks.pairs import (OK_STATUSES, Comparison, add_pair_flags, common_settings, made_together, mean,
                               median, parse_setup_pairs, run_comparison)
 from benchmarks.render import _env_line, _num, markdown_against_trainer, slug
@@ -314,8 +314,7 @@ def summarize_sequential(runs: list[dict], task: str, setups: list[str]) -> dict
 def make_parser():
     made = parser(__doc__, __file__, with_threads=False)  # one thread per run, one core each
     add_pair_flags(made, tasks=["rte", "mrpc"], model="minilm-l6", pairs=DEFAULT_PAIRS, train_examples=1000,
-                   max_length=128, batch_size=32, lr=None)
-    made.add_argument("--lr-ratio", type=positive_float, default=2.0, help="lambda = eta_V / eta_QK")
+                   max_length=128, batch_size=32, lr=None, lr_ratio=2.0)
     made.add_argument("--compile", action="store_true",
                       help="add peftlab --compile on (setup peftlab-compiled) against pad128, longest and eager "
                            "peftlab (its compile time and break-even too)")

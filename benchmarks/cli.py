@@ -67,11 +67,18 @@ def check_glue_tasks(tasks: list[str]) -> None:
             raise unknown("GLUE task", task, glue, where="--tasks")
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's ``(default: ...)`` in ``--help``, but once: train's flags (``add_dataclass_flags``) say theirs."""
+
+    def _get_help_string(self, action):
+        return action.help if "(default: " in (action.help or "") else super()._get_help_string(action)
+
+
 def parser(doc: str, script: str, *, with_threads: bool = True) -> argparse.ArgumentParser:
     """The parser of the benchmark in file ``script``: its docstring's first paragraph as description, and the
     flags every benchmark has."""
     made = argparse.ArgumentParser(prog=f"benchmarks/{Path(script).name}", description=doc.split("\n\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                   formatter_class=_DefaultsHelp)
     made.add_argument("--out-dir", default="bench_out", help="where the JSON and Markdown go")
     made.add_argument("--name", default=None, help="file name stem (default: derived from the settings)")
     made.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.cli import names, positive_float, positive_int, seeds
+from benchmarks.cli import names, positive_int, seeds
 from benchmarks.machine import environment, loadavg, write_result
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import atomic_write_text
@@ -111,26 +111,28 @@ def run_pair(worker: str, specs: dict[str, dict], cores: dict[str, int], work: P
     return results
 
 
-def add_pair_flags(made: argparse.ArgumentParser, **defaults) -> None:
-    """The flags both comparisons take, with this comparison's ``defaults`` (tasks, model, pairs, train_examples,
-    max_length, batch_size, lr)."""
-    made.add_argument("--tasks", type=names, default=defaults["tasks"], help="task(s), comma list")
-    made.add_argument("--model", default=defaults["model"], help="registered model or path")
-    made.add_argument("--pairs", default=defaults["pairs"],
-                      help="comma list of A:B setup pairs run side by side, one core each")
+# `peftlab train` options both comparisons take, named, checked and documented by their declarations. Their own,
+# though train has the option: --mixed-precision (no or bf16 only, what both sides can run on a CPU)
+PAIR_TRAIN_FLAGS = ("model", "epochs", "max_length", "batch_size", "rank", "alpha", "lr", "data_dir")
+
+
+def add_pair_flags(made: argparse.ArgumentParser, *, tasks: list[str], pairs: str, train_examples: int,
+                   **train_defaults) -> None:
+    """The flags both comparisons take, with this comparison's defaults: its ``tasks``, ``pairs`` and
+    ``train_examples``, and ``train_defaults`` of train's options (any option there beyond
+    :data:`PAIR_TRAIN_FLAGS` is one more flag: ``lr_ratio``)."""
+    from peftlab.config import TrainConfig, add_dataclass_flags
+
+    made.add_argument("--tasks", type=names, default=tasks, help="task(s), comma list")
+    made.add_argument("--pairs", default=pairs, help="comma list of A:B setup pairs run side by side, one core each")
     made.add_argument("--repeats", type=positive_int, default=1, help="rounds of every pair, both ways")
     made.add_argument("--seeds", type=seeds, default=[0], help="comma list; round r uses the r-th, cyclically")
-    made.add_argument("--train-examples", type=positive_int, default=defaults["train_examples"],
+    made.add_argument("--train-examples", type=positive_int, default=train_examples,
                       help="a seeded subset of the training set")
-    made.add_argument("--epochs", type=positive_int, default=1, help="epochs per run")
-    made.add_argument("--max-length", type=positive_int, default=defaults["max_length"], help="tokens per example, T")
-    made.add_argument("--batch-size", type=positive_int, default=defaults["batch_size"], help="examples per step")
-    made.add_argument("--rank", type=positive_int, default=8, help="LoRA rank")
-    made.add_argument("--alpha", type=positive_float, default=16.0, help="LoRA alpha")
-    made.add_argument("--lr", type=positive_float, default=defaults["lr"], help="learning rate")
     made.add_argument("--mixed-precision", choices=("no", "bf16"), default="no",
                       help="the same precision on every side (bf16: CPU autocast; Trainer bf16=True, use_cpu=True)")
-    made.add_argument("--data-dir", default=None, help="data root (default as in peftlab train)")
+    only = PAIR_TRAIN_FLAGS + tuple(name for name in train_defaults if name not in PAIR_TRAIN_FLAGS)
+    add_dataclass_flags(made, TrainConfig, only=only, defaults={"epochs": 1, **train_defaults})
 
 
 def common_settings(args) -> dict[str, Any]:

@@ -219,8 +219,10 @@ def _cases() -> list[tuple[tuple[str, ...], str, str, bool]]:
         name = name_of(action)
         if switch(action) or (path[0], name) in NO_BAD_VALUE:
             continue
-        # probe takes train's flags through train's parsing: the same declared bad values
-        from_declaration = path in (("train",), ("probe",)) and action.dest in options(TrainConfig)
+        # probe takes train's flags through train's parsing, study its chosen ones typed by their declarations
+        # (add_dataclass_flags with `only`: the type is named after the option): the same declared bad values
+        from_declaration = action.dest in options(TrainConfig) and (
+            path in (("train",), ("probe",)) or getattr(action.type, "__name__", None) == action.dest)
         for value in declared_values(action.dest) if from_declaration else argparse_values(action):
             out.append((path, name, value, not action.option_strings))
     return out

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from peftlab.argtypes import assignments, nonnegative_int, output_folder, positive_float, positive_int, text
-from peftlab.config import ROLES
+from peftlab.config import ROLES, TrainConfig, add_dataclass_flags
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_design as sd
 from peftlab.lab import study_protocol as sp
@@ -30,7 +30,6 @@ PROTOCOL_ONLY = {"fair": {"selection_samples": 500, "patience": 3, "min_delta": 
 BY_PROTOCOL = {"epochs": {"fair": 20, "fixed-rate": 2}, "selection_seeds": {"fair": 2, "fixed-rate": 3}}
 # the options a spec may take (its `options:`), as flags: dest -> (type or action, help)
 DESIGN_OPTIONS = {
-    "method": (str, "the method of every row (lambda: lora, dora or full, or any method with q/v)"),
     "ratios": (text, "the swept values beside the baseline (lambda: fair default 2,4,8; fixed-rate 2,4,8,16)"),
     "rows": (text, "the rows to compare (kasa fair default head,lora,pissa,milora,dora,kasa,kasa-reference)"),
     "no_key_ablation": ("store_true", "skip the W_k ({q,k,v}) ablation"),
@@ -44,11 +43,16 @@ DESIGN_OPTIONS = {
     "evals_per_epoch": (positive_int, "fixed-rate: the plateau arm's dev evaluations per epoch"),
     "no_search": ("store_true", "fixed-rate: no tune comparison in the study (always so now: it is "
                                 "scripts/tune_vs_grid.py; the flag stays in the committed stores' commands)"),
-    "lr": (positive_float, "fixed-rate: the rows' shared rate"),
-    "head_lr": (positive_float, "fixed-rate: the rows' head rate"),
     "long_epochs": (nonnegative_int, "fixed-rate: the spec's long rows (kasa: LoRA and paper-KaSA) this long"),
     "long_seeds": (nonnegative_int, "fixed-rate: the long rows' seeds"),
 }
+# `peftlab train` options a spec may take (the rows' method; fixed-rate: their shared rate and head rate)
+DESIGN_TRAIN_OPTIONS = ("method", "lr", "head_lr")
+# `peftlab train` options every study takes, as their declarations spell, check and document them; None: the
+# protocol's default (BY_PROTOCOL, PROTOCOL_ONLY) or the spec's. Study's own, though a TrainConfig field has the
+# name: --task (a comma list: each task studied on its own), --output-dir (the study's folder, not a run's).
+TRAIN_FLAGS = ("model", "targets", "epochs", "max_train_samples", "max_eval_samples", "selection_samples")
+TRAIN_DEFAULTS = {"epochs": None, "max_train_samples": 1000, "selection_samples": None, "method": None}
 
 
 def add_parser(sub) -> None:
@@ -61,7 +65,7 @@ def add_parser(sub) -> None:
                     "the paper's settings), or --spec my.yaml. Default protocol (fair): every row gets its own "
                     "learning-rate search on selection seeds, trains to its plateau, and is scored on the dev set "
                     "as a test split no choice read, on held-out seeds, paired. --protocol fixed-rate: the earlier "
-                    "designs (one shared rate, fixed epochs).")
+                    "designs (one shared rate, fixed epochs).", epilog=protocol_defaults_text())
     parser.add_argument("study_kind", nargs="?", choices=tuple(specs), default=None,
                         help="a shipped design (or --spec): " + "; ".join(f"{name}: {load_study_spec(path).help}"
                                                                           for name, path in specs.items()))
@@ -77,20 +81,20 @@ def add_parser(sub) -> None:
     parser.set_defaults(func=run_cli)
 
 
+def protocol_defaults_text() -> str:
+    """The defaults of the shared options that depend on --protocol (their --help is train's declaration)."""
+    by = [f"--{k.replace('_', '-')} {v['fair']} (fair), {v['fixed-rate']} (fixed-rate)" for k, v in BY_PROTOCOL.items()]
+    fair_only = f"--selection-samples {PROTOCOL_ONLY['fair']['selection_samples']} (fair only)"
+    return (f"defaults by protocol: {'; '.join(by)}; {fair_only}. --epochs is the cap of early stopping under fair, "
+            "every run's epochs under fixed-rate.")
+
+
 def shared_options(p) -> None:
     p.add_argument("--protocol", choices=PROTOCOLS, default="fair",
                    help="fair (default): own rate per row, to the plateau, test split; fixed-rate: the earlier designs")
-    p.add_argument("--model", default="minilm-l6", help="a registered model, a local folder or a Hub id")
     p.add_argument("--task", required=True, help="task(s), comma-separated: each is studied on its own")
-    p.add_argument("--targets", default="q,v", help="projections the adapter tunes (default q,v)")
-    p.add_argument("--epochs", type=positive_int, default=None,
-                   help="fair: the epoch cap of early stopping (default 20); fixed-rate: every run's epochs (2)")
-    p.add_argument("--max-train-samples", type=int, default=1000,
-                   help="training examples per run, drawn with the run's seed (default 1000)")
-    p.add_argument("--max-eval-samples", type=int, default=None,
-                   help="a fixed subset of the dev (test) set, the same for every run (default: all of it)")
-    p.add_argument("--selection-samples", type=positive_int, default=None,
-                   help="fair: the selection split carved out of the training data (default 500)")
+    add_dataclass_flags(p, TrainConfig, only=TRAIN_FLAGS + DESIGN_TRAIN_OPTIONS, defaults=TRAIN_DEFAULTS)
+    # study's own: the options of early stopping are spelled shorter than train's (--early-stop-patience)
     p.add_argument("--patience", type=positive_int, default=None,
                    help="fair: evaluated epochs without a selection gain before a run stops (default 3)")
     p.add_argument("--min-delta", type=float, default=None,
@@ -128,7 +132,7 @@ def protocol_defaults(args, spec) -> None:
     protocol, other = args.protocol, next(p for p in PROTOCOLS if p != args.protocol)
     section = spec.section(protocol)
     own = {**PROTOCOL_ONLY[protocol], **section.options}
-    for dest in (*PROTOCOL_ONLY[other], *DESIGN_OPTIONS):
+    for dest in (*PROTOCOL_ONLY[other], *DESIGN_OPTIONS, *DESIGN_TRAIN_OPTIONS):
         if dest in own or getattr(args, dest, None) in (None, False):
             continue
         flag = f"--{dest.replace('_', '-')}"
@@ -155,7 +159,8 @@ def shared_base(args) -> dict:
     if clash:
         raise PeftlabError(f"'{clash[0]}' is set by the study design, not by --config/--set",
                            fix="the design chooses rates, seeds, splits, tasks and folders; drop it")
-    base.update(model=args.model, targets=args.targets, epochs=args.epochs, max_train_samples=args.max_train_samples)
+    base.update(model=args.model, targets=",".join(args.targets), epochs=args.epochs,
+                max_train_samples=args.max_train_samples)
     base.setdefault("report_to", "none")  # hundreds of runs: no event files (the store holds every number)
     if args.max_eval_samples is not None:
         base["max_eval_samples"] = args.max_eval_samples
@@ -184,6 +189,8 @@ def design_from_args(args):
         raise PeftlabError(f"--selection-seeds: the fixed-rate {spec.name} study runs every row on the held-out "
                            "seeds", fix="drop it, or use the fair protocol (the default)")
     protocol_defaults(args, spec)
+    if args.epochs == 0:  # train's declaration takes 0 (evaluate the untrained model); a study compares training
+        raise PeftlabError("--epochs 0: a study trains every run", fix="give --epochs 1 or more, or leave it out")
     base, tasks = shared_base(args), study_tasks(args)
     design = fair_design(args, spec, base, tasks) if args.protocol == "fair" else fixed_design(args, spec, base, tasks)
     check_configs(design)
