@@ -105,6 +105,25 @@ def tiny_cfg(tmp_path, method: str) -> TrainConfig:
         fourierft_n_frequency=40, corda_samples=4, kasa_beta=0.01, kasa_gamma=0.01))
 
 
+def test_the_probe_resolves_its_config_once(tmp_path, monkeypatch):
+    import dataclasses
+
+    from peftlab.resolve import resolve_config
+    from peftlab.training import probe as probe_module
+
+    cfg = tiny_cfg(tmp_path, "lora")
+    cfg = dataclasses.replace(cfg, mixed_precision="bf16", compile="on")
+    resolved = resolve_config(cfg)  # `peftlab probe`: resolved at its entry, as train's is
+    expected = resolve_config(dataclasses.replace(cfg, mixed_precision="no", compile="off")).to_dict()
+    monkeypatch.setattr(probe_module, "resolve_config", lambda *a, **k: pytest.fail("resolved a second time"))
+    variant = probe_module.probe_config(resolved)
+    assert variant.resolved and variant.to_dict() == expected  # fp32, eager; equal to resolving the copy afresh
+    assert (variant.mixed_precision, variant.compile) == ("no", "off")
+    assert (resolved.mixed_precision, resolved.compile) == ("bf16", "on")  # the caller's config is untouched
+    with pytest.raises(BaseException, match="resolved a second time"):  # an unresolved one is resolved here
+        probe_module.probe_config(cfg)
+
+
 def optimizer_membership(run) -> dict[str, set[str]]:
     """Group name -> parameter names, read off the torch optimizer a training run steps."""
     names = {id(p): n for n, p in run.accelerator.unwrap_model(run.model).named_parameters()}

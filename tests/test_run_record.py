@@ -141,14 +141,18 @@ def test_the_chance_bar_and_the_before_bar(tmp_path, monkeypatch, task, chance, 
 def test_no_learning_is_never_given_to_loss_scored_tasks_or_runs_that_trained_nothing(tmp_path):
     from types import SimpleNamespace
 
+    from peftlab.tasks.table import task
     from peftlab.training.guards import no_learning_reason
     from peftlab.training.state import LoopState
 
+    def pipeline(metric: str, name: str):  # the pipeline carries its task's row (tasks.prepare.build_pipeline)
+        return SimpleNamespace(choice_metric=metric, choice_chance=0.0, task=task(name))
+
     state = LoopState(best={"epoch": 1, "metrics": {"eval_loss": 9.0}}, before={"eval_loss": 1.0})
-    assert no_learning_reason(state, SimpleNamespace(choice_metric="eval_loss", choice_chance=0.0), "alpaca") is None
+    assert no_learning_reason(state, pipeline("eval_loss", "alpaca")) is None
     flat = LoopState(best={"epoch": 1, "metrics": {"accuracy": 0.0}})
-    assert no_learning_reason(flat, SimpleNamespace(choice_metric="accuracy", choice_chance=0.0), "gsm8k") is None
-    assert no_learning_reason(flat, SimpleNamespace(choice_metric="accuracy", choice_chance=0.0), "rte") is not None
+    assert no_learning_reason(flat, pipeline("accuracy", "gsm8k")) is None
+    assert no_learning_reason(flat, pipeline("accuracy", "rte")) is not None
     before_row = train(tiny_cfg(tmp_path / "before", epochs=0))  # the before-fine-tuning row: nothing trained
     validate(before_row)
     assert before_row["status"] == "ok" and before_row["epochs_run"] == 0 and before_row["curve"] == []
@@ -292,6 +296,11 @@ def test_train_examples_digest_is_the_raw_examples_drawn(tmp_path):
     assert HEX64.match(drawn) and drawn == digest() == digest(max_length=64)  # raw text, not tokens
     assert digest(seed=1) != drawn and digest(max_train_samples=25) != drawn
     assert digest(eval_seed=3, max_eval_samples=8) == drawn  # the dev draw is not the training set
+    from peftlab.tasks.table import task
+
+    rte = task("rte")  # the pipeline carries the Task it was built for: the one passed, else looked up once
+    assert build_pipeline(tiny_cfg(tmp_path), tokenizer, None, rte).task is rte
+    assert build_pipeline(tiny_cfg(tmp_path), tokenizer, None).task is rte
     # end to end: result.json records it; equal for equal data and seed, not otherwise
     first = train(tiny_cfg(tmp_path / "a", epochs=1))
     again = train(tiny_cfg(tmp_path / "b", epochs=1, method="kasa"))

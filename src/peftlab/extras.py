@@ -36,9 +36,9 @@ class Need:
 
 
 def _task_kind(cfg) -> str:
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import find_task
 
-    task = TASKS.get(cfg.task)
+    task = find_task(cfg.task)
     return task.kind if task is not None else ""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import path_problem
+from peftlab.tasks.table import task as registered_task
 
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
@@ -48,30 +49,26 @@ def _local_or_hub(found: Path | None, what: str, hub_id: str, data_dir) -> str:
     return f"the Hub ({hub_id})"
 
 
-def _glue(cfg) -> list[str]:
+def _glue(cfg, task) -> list[str]:
     from peftlab.tasks import data_files as data
-    from peftlab.tasks.table import TASKS
 
-    task = TASKS[cfg.task]
     return [_local_or_hub(None if source is None else source.path, f"{task.glue_dir} {split}", data.HUB_DATASET,
                           cfg.data_dir)
-            for split in ("train", *data.available_eval_splits(cfg.task, cfg.data_dir))
-            for source in [data.locate_split(cfg.task, split, cfg.data_dir)[0]]]
+            for split in ("train", *data.available_eval_splits(task, cfg.data_dir))
+            for source in [data.locate_split(task, split, cfg.data_dir)[0]]]
 
 
-def _instruction(cfg, task: str | None = None) -> list[str]:
+def _instruction(cfg, task) -> list[str]:
+    """An instruction task's data (``task``: the run's, or alpaca: MT-Bench's training data)."""
     from peftlab.tasks import instruction_data as idata
-    from peftlab.tasks.table import task as registered_task
 
-    source = registered_task(task or cfg.task).instruction_source
-    task = task or cfg.task
-    if source == "files" or (registered_task(cfg.task).pipeline == "mt_bench" and cfg.train_file):
+    if task.instruction_source == "files":
         if not cfg.train_file:
             raise PeftlabError("--task json needs --train-file", fix="pass a JSON list or JSONL of instruction records")
         return [str(Path(cfg.train_file).parent)]
-    splits = ("train", "test") if source == "test_split" else ("train",)
-    return [_local_or_hub(idata.local_file(task, split, cfg.data_dir)[0], f"{task} {split}", idata.HUB[task][0],
-                          cfg.data_dir) for split in splits]
+    splits = ("train", "test") if task.instruction_source == "test_split" else ("train",)
+    return [_local_or_hub(idata.local_file(task.name, split, cfg.data_dir)[0], f"{task.name} {split}",
+                          idata.HUB[task.name][0], cfg.data_dir) for split in splits]
 
 
 def _mt_bench(cfg) -> list[str]:
@@ -81,15 +78,16 @@ def _mt_bench(cfg) -> list[str]:
     if not (folder / mt_bench.JUDGE_PROMPTS).is_file():
         raise PeftlabError(f"MT-Bench judge prompts not found: {folder / mt_bench.JUDGE_PROMPTS}",
                            fix="use FastChat's mt_bench data folder unchanged")
-    return [str(folder), *_instruction(cfg, "alpaca")]
+    if cfg.train_file:  # instruction tuning on the user's file instead of alpaca
+        return [str(folder), str(Path(cfg.train_file).parent)]
+    return [str(folder), *_instruction(cfg, registered_task("alpaca"))]
 
 
-def _generation_sets(cfg) -> list[str]:
+def _generation_sets(cfg, task) -> list[str]:
     """commonsense, math and e2e: every file the task reads, by the task's own lookup."""
     from peftlab.tasks import e2e, generative, math_tasks
-    from peftlab.tasks.table import COMMONSENSE_TRAIN_SETS, TASKS
+    from peftlab.tasks.table import COMMONSENSE_TRAIN_SETS
 
-    task = TASKS[cfg.task]
     tests = cfg.eval_sets.split(",") if cfg.eval_sets else list(task.eval_set_names)
     trains = cfg.train_sets.split(",") if cfg.train_sets else list(COMMONSENSE_TRAIN_SETS)
     files = {"commonsense": [f"commonsense/{n}/train.json" for n in trains]
@@ -100,17 +98,15 @@ def _generation_sets(cfg) -> list[str]:
 
 
 def data(cfg) -> str:
-    from peftlab.tasks.table import TASKS
-
-    task = TASKS[cfg.task]
+    task = registered_task(cfg.task)
     if task.pipeline == "glue":
-        found = _glue(cfg)
+        found = _glue(cfg, task)
     elif task.pipeline == "mt_bench":
         found = _mt_bench(cfg)
     elif task.pipeline == "instruction":
-        found = _instruction(cfg)
+        found = _instruction(cfg, task)
     elif task.pipeline in ("commonsense", "math", "e2e"):
-        found = _generation_sets(cfg)
+        found = _generation_sets(cfg, task)
     else:  # classify / regress: read and digested when the config was resolved
         return "read when the config was resolved"
     return ", ".join(dict.fromkeys(found))

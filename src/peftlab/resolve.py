@@ -29,11 +29,11 @@ def resolve_config(cfg: TrainConfig, *, check_inputs: bool = True) -> TrainConfi
     ``check_inputs``: its files and folders exist (off for a saved run read back: predict needs no training data)."""
     from peftlab.methods.table import METHODS
     from peftlab.tasks.labelled_data import resolve_options
-    from peftlab.tasks.table import TASKS, canonical_sets
+    from peftlab.tasks.table import canonical_sets, task as registered_task
 
     if cfg.resolved:  # a bug, not input: the run's entry resolved it already
         raise TypeError("resolve_config: this config is resolved already (a run resolves once, at its entry)")
-    method, task = METHODS[cfg.method], TASKS[cfg.task]
+    method, task = METHODS[cfg.method], registered_task(cfg.task)
     if check_inputs:
         check_paths(cfg)
     if cfg.packing and task.head != "causal-lm":
@@ -62,8 +62,8 @@ def resolve_config(cfg: TrainConfig, *, check_inputs: bool = True) -> TrainConfi
         "max_new_tokens": task.default_max_new_tokens or 256}
     resolved = dataclasses.replace(
         cfg, optim=dataclasses.replace(optim, lr=lr, lr_ratio=lr_ratio, head_lr=head_lr),
-        eval_sets=canonical_sets(cfg.eval_sets, cfg.task, "eval_sets"),
-        train_sets=canonical_sets(cfg.train_sets, cfg.task, "train_sets"),
+        eval_sets=canonical_sets(cfg.eval_sets, task, "eval_sets"),
+        train_sets=canonical_sets(cfg.train_sets, task, "train_sets"),
         lm_eval=_lm_eval_names(cfg, task),
         **{name: value for name, value in defaults.items() if getattr(cfg, name) is None})
     data = resolve_options(resolved)  # classify/regress: the data options checked, defaults and the data digest

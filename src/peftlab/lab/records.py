@@ -314,9 +314,9 @@ def task_determined_keys(records: list[RunRecord]) -> dict[str, dict[str, Any]]:
 
 def task_order(tasks: Iterable[str]) -> list[str]:
     """Tasks in the task table's (GLUE) order, unknown ones after, alphabetically."""
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import TASK_NAMES
 
-    order = list(TASKS)
+    order = list(TASK_NAMES)
     return sorted(set(tasks), key=lambda t: (order.index(t) if t in order else len(order), t))
 
 

@@ -73,11 +73,11 @@ def require_one_test_set(records: list[RunRecord]) -> None:
 
 def majority_value(rec: RunRecord) -> float | None:
     """The run's majority-class score, when it scores the reported metric of a GLUE-style task."""
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import find_task
 
     result = rec.result or {}
     # the config's task, not rec.task: a user task's column is named after its data (tickets), not "classify"
-    value, task = result.get("majority_baseline"), TASKS.get(str(rec.config.get("task")))
+    value, task = result.get("majority_baseline"), find_task(str(rec.config.get("task")))
     if (value is None or task is None or task.kind not in MAJORITY_KINDS
             or rec.metric != result.get("primary_metric", task.primary_metric)):
         return None

@@ -147,9 +147,9 @@ def format_majority(cell: Cell | None, scale: float, digits: int) -> str:
 
 
 def header(table: Table) -> list[str]:
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import task_title
 
-    names = [TASKS[t].glue_dir or t.upper() if t in TASKS else t for t in table.tasks]
+    names = [task_title(t) for t in table.tasks]
     # A 10k offline subset (MNLI/QNLI/QQP) is never passed off as the full task: the column says so.
     names = [f"{n} ({table.datasets[t]})" if t in table.datasets else n for n, t in zip(names, table.tasks)]
     labels = table.label_keys or [""]  # a table of reference rows only still has a label column

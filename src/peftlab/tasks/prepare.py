@@ -15,7 +15,7 @@ builder ``(cfg, tokenizer, model) -> Pipeline`` to ``BUILDERS``.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -82,6 +82,8 @@ class Pipeline:
     # --selection-samples: the chance level of the selection split's metric; None: no selection split, the dev
     # set chooses (best epoch, early stopping, labels) as well as reports
     selection_chance: float | None = None
+    # The task's row, attached by build_pipeline: what the loop, its guards and result.json read of the task
+    task: Task | None = None
 
     @property
     def choice_metric(self) -> str:
@@ -306,9 +308,12 @@ BUILDERS: dict[str, str | Callable] = {
 }
 
 
-def build_pipeline(cfg, tokenizer, model) -> Pipeline:
-    builder = BUILDERS[registered_task(cfg.task).pipeline]
+def build_pipeline(cfg, tokenizer, model, task: Task | None = None) -> Pipeline:
+    """The run's pipeline, carrying its :class:`Task` (``task``: the one the caller resolved from ``cfg.task``;
+    looked up here when it has none)."""
+    task = task or registered_task(cfg.task)
+    builder = BUILDERS[task.pipeline]
     if isinstance(builder, str):
         module, name = builder.split(":")
         builder = getattr(importlib.import_module(module), name)
-    return builder(cfg, tokenizer, model)
+    return replace(builder(cfg, tokenizer, model), task=task)

@@ -139,12 +139,27 @@ TASK_NAMES = tuple(TASKS)  # config.TaskName: the --task choices, in this order
 
 
 def task(name: str) -> Task:
-    """The registered task called ``name`` (one line naming the choices if there is none)."""
-    if name not in TASKS:
+    """The registered task called ``name`` (one line naming the choices if there is none): a run's entry resolves
+    its task so, once, and passes the :class:`Task` along."""
+    found = find_task(name)
+    if found is None:
         from peftlab.errors import unknown
 
         raise unknown("task", name, TASKS)
-    return TASKS[name]
+    return found
+
+
+def find_task(name: str) -> Task | None:
+    """The registered task called ``name``, or None: readers of run records meet names that are no task (a user
+    task's column is named after its data, ``tickets``)."""
+    return TASKS.get(name)
+
+
+def task_title(name: str) -> str:
+    """A task's title in tables and figures: GLUE's own spelling (CoLA, SST-2), else the name upper-cased; a
+    name that is no task (a user task's data) as it is."""
+    found = find_task(name)
+    return name if found is None else found.glue_dir or name.upper()
 
 
 # Tasks whose data, labels and metric the user brings (--train-file or --dataset).
@@ -154,10 +169,10 @@ USER_METRICS = {"classify": ("accuracy", "f1", "f1_macro", "matthews_correlation
 METRIC_ALIASES = {"matthews": "matthews_correlation", "mcc": "matthews_correlation", "macro_f1": "f1_macro"}
 
 
-def primary_metric(task: str, metric: str | None = None) -> str:
-    """The metric a run of ``task`` is judged by: ``metric`` (a user task's --metric) when given, else the
+def primary_metric(name: str, metric: str | None = None) -> str:
+    """The metric a run of the task ``name`` is judged by: ``metric`` (a user task's --metric) when given, else the
     table's."""
-    return metric if metric and task in USER_TASKS else TASKS[task].primary_metric
+    return metric if metric and name in USER_TASKS else task(name).primary_metric
 
 
 def task_label(config: dict) -> str:
@@ -185,7 +200,7 @@ UNAVAILABLE_SETS = {"hellaswag": "HellaSwag's test set is not available offline 
                                  "shared data)"}
 
 
-def canonical_sets(value: str | None, task_name: str, flag: str) -> str | None:
+def canonical_sets(value: str | None, task: Task, flag: str) -> str | None:
     """``--eval-sets``/``--train-sets`` (comma-separated, any case) -> the canonical names, comma-joined in the
     order given (duplicates dropped); None stays None (every set). One-line errors for an unknown name, a set
     that is unavailable offline, or a task that has no named sets."""
@@ -193,12 +208,11 @@ def canonical_sets(value: str | None, task_name: str, flag: str) -> str | None:
         return None
     from peftlab.errors import PeftlabError, unknown
 
-    task = TASKS[task_name]
     names = task.eval_set_names if flag == "eval_sets" else task.train_set_names
     option = "--" + flag.replace("_", "-")
     if not names:
         having = [n for n, t in TASKS.items() if (t.eval_set_names if flag == "eval_sets" else t.train_set_names)]
-        raise PeftlabError(f"{option} is set, but task '{task_name}' has no named sets (it would be ignored)",
+        raise PeftlabError(f"{option} is set, but task '{task.name}' has no named sets (it would be ignored)",
                            fix=f"remove {option}, or use a task that has them: {', '.join(having)}")
     by_lower = {n.lower(): n for n in names}
     chosen: list[str] = []
@@ -209,7 +223,7 @@ def canonical_sets(value: str | None, task_name: str, flag: str) -> str | None:
         if piece.lower() in UNAVAILABLE_SETS:
             raise PeftlabError(f"{option}: {UNAVAILABLE_SETS[piece.lower()]}", fix=f"use some of: {', '.join(names)}")
         if piece.lower() not in by_lower:
-            raise unknown(f"{task_name} set", piece, names, where=option)
+            raise unknown(f"{task.name} set", piece, names, where=option)
         if by_lower[piece.lower()] not in chosen:
             chosen.append(by_lower[piece.lower()])
     if not chosen:

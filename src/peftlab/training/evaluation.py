@@ -58,6 +58,7 @@ class LoadedRun:
     """A saved run rebuilt on a fresh base model: what evaluate and predict need."""
 
     cfg: object  # TrainConfig from the run's config.yaml
+    task: object  # tasks.table.Task: the task its config names, resolved once here
     model: object
     tokenizer: object
     precision: str  # the run's recorded (or re-resolved) --mixed-precision
@@ -72,7 +73,7 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
     from peftlab.resolve import resolve_config
     from peftlab.models.registry import load_model_with_pooling
     from peftlab.tasks.labelled_data import head_labels
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import task as registered_task
     from peftlab.training.devices import resolve_precision
 
     run_dir = Path(run_dir)
@@ -85,7 +86,7 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
                          check_inputs=False)
     if adapter is not None:
         adapter = _check_adapter_matches(Path(adapter), cfg, run_dir)
-    task = TASKS[cfg.task]
+    task = registered_task(cfg.task)
     # The head as the run saved it (labels.json: a user task's classes), else as its task defines it.
     labels = head_labels(cfg, saved=saved_head_labels(adapter or run_dir / "adapter"))
     loaded = load_model_with_pooling(cfg.model, head=task.head, num_labels=labels.num_labels, seed=cfg.seed,
@@ -99,7 +100,7 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
     # a run without one (older, or killed before its result) resolves the saved config's setting again.
     recorded = _recorded_precision(run_dir)
     precision = recorded or resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))[0]
-    return LoadedRun(cfg, model, loaded.tokenizer, precision, loaded.pooling, labels.names)
+    return LoadedRun(cfg, task, model, loaded.tokenizer, precision, loaded.pooling, labels.names)
 
 
 def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
@@ -111,7 +112,7 @@ def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merg
 
     overrides = {"max_eval_samples": max_eval_samples} if max_eval_samples is not None else None
     run = load_run(run_dir, adapter=adapter, merge=merge, allow_pickle=allow_pickle, overrides=overrides)
-    pipeline = build_pipeline(run.cfg, run.tokenizer, run.model)
+    pipeline = build_pipeline(run.cfg, run.tokenizer, run.model, run.task)
     accelerator = make_accelerator(run.precision)
     model = accelerator.prepare(run.model)
     return pipeline.evaluate(model, accelerator, EVALUATE_TAG).metrics

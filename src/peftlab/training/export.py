@@ -28,7 +28,7 @@ def _sample_batch(run, n: int = 4):
     from peftlab.tasks.prepare import build_pipeline
 
     cfg = run.cfg
-    pipeline = build_pipeline(cfg, run.tokenizer, run.model)
+    pipeline = build_pipeline(cfg, run.tokenizer, run.model, run.task)
     split = next(iter(pipeline.eval_sets.values()))
     rows = split.select(range(min(n, len(split))))
     if "text_a" in rows.column_names:
@@ -47,7 +47,6 @@ def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool =
     from peftlab.methods.fused_qkv import read_split
     from peftlab.methods.saving import merged
     from peftlab.training.evaluation import load_run
-    from peftlab.tasks.table import TASKS
 
     out = Path(out_dir)
     if out.exists() and not overwrite:
@@ -62,7 +61,7 @@ def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool =
         expected = run.model.eval()(**batch).logits.float()
     model = merged(run.model, split=read_split(Path(run_dir) / "adapter"))  # split q/k/v fused back
     model.eval()
-    head = TASKS[run.cfg.task].head
+    head = run.task.head
     auto = AutoModelForCausalLM if head == "causal-lm" else AutoModelForSequenceClassification
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

@@ -49,7 +49,7 @@ def result_record(run: Run, unwrapped, saved_epoch: int | None) -> dict:
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
     init_stats = run.applied.init_stats if run.applied is not None else InitStats()
     before = state.before
-    status, status_reason = final_status(state, run.pipeline, cfg.task)
+    status, status_reason = final_status(state, run.pipeline)
     result = {
         "schema_version": 1,
         "status": status,

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from peftlab.io_utils import atomic_write_text
 from peftlab.tasks.prepare import BEFORE_TAG, epoch_tag, merge_extras, step_tag
-from peftlab.tasks.table import TASKS
 from peftlab.training import run_folder as runfiles
 from peftlab.training.checkpoint import save_checkpoint, trainable_tensors
 from peftlab.training.guards import better, check_collapse, early_stop_reason
@@ -56,7 +55,7 @@ def fit(run: Run, on_epoch_end=None) -> None:
 def evaluate_before(run: Run) -> None:
     """The dev metrics before any step (with --epochs 0, --eval-before, or tasks that always want them)."""
     cfg, state = run.cfg, run.state
-    if state.before is None and (cfg.epochs == 0 or cfg.eval_before or TASKS[cfg.task].eval_before):
+    if state.before is None and (cfg.epochs == 0 or cfg.eval_before or run.pipeline.task.eval_before):
         state.before = evaluate(run, BEFORE_TAG)
         if run.main:
             print("before fine-tuning: " + format_metrics(state.before))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from peftlab.config import ROLES, TrainConfig
 from peftlab.errors import PeftlabError
-from peftlab.tasks.table import LOWER_IS_BETTER, TASKS  # LOWER_IS_BETTER: smaller eval_loss is the better epoch
+from peftlab.tasks.table import LOWER_IS_BETTER  # LOWER_IS_BETTER: smaller eval_loss is the better epoch
 
 if TYPE_CHECKING:
     from peftlab.training.state import LoopState
@@ -140,13 +140,13 @@ def plateau_record(state: LoopState, patience: int, min_delta: float) -> dict | 
             "evals_without_gain": state.evals_without_gain}
 
 
-def no_learning_reason(state: LoopState, pipeline, task: str) -> str | None:
+def no_learning_reason(state: LoopState, pipeline) -> str | None:
     """Why a finished run learned nothing measurable, or None: its best (epoch-end) primary metric is not above
     chance + CLEARLY_ABOVE_CHANCE, or not above the run's own before-fine-tuning metric when that was
     evaluated. Only for tasks with a chance bar (:data:`CHANCE_BAR_KINDS`, higher-is-better metric); None for a
     run that trained nothing (``--epochs 0``: there is no best epoch to judge)."""
     name = pipeline.choice_metric  # the selection split's metric where there is one
-    if TASKS[task].kind not in CHANCE_BAR_KINDS or name in LOWER_IS_BETTER or not state.best:
+    if pipeline.task.kind not in CHANCE_BAR_KINDS or name in LOWER_IS_BETTER or not state.best:
         return None
     value = state.best["metrics"].get(name)
     if value is None:
@@ -162,7 +162,7 @@ def no_learning_reason(state: LoopState, pipeline, task: str) -> str | None:
     return None
 
 
-def final_status(state: LoopState, pipeline, task: str) -> tuple[str, str | None]:
+def final_status(state: LoopState, pipeline) -> tuple[str, str | None]:
     """(status, status_reason) of a run that ended in :func:`peftlab.training.fit.fit`, in this order:
     diverged or collapsed (kept as the loop labelled it), pruned (an on_epoch_end hook stopped it before its
     last epoch: it never finished, so no verdict on learning), no_learning (:func:`no_learning_reason`), ok."""
@@ -170,7 +170,7 @@ def final_status(state: LoopState, pipeline, task: str) -> tuple[str, str | None
         return state.status, state.status_reason
     if state.stopped_early:
         return "pruned", f"stopped after epoch {state.stopped_early['epoch']}: {state.stopped_early['reason']}"
-    reason = no_learning_reason(state, pipeline, task)
+    reason = no_learning_reason(state, pipeline)
     if reason is not None:
         return "no_learning", reason
     return "ok", None

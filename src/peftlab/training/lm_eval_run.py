@@ -326,7 +326,7 @@ def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merg
     """``peftlab evaluate RUN --lm-eval TASKS``: the saved run's model through the harness; its numbers are
     added to RUN/result.json (not with ``--adapter``: another adapter's numbers are not this run's)."""
     from peftlab.tasks.lm_eval_tasks import harness_index, task_configs, task_names
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import find_task
     from peftlab.training.devices import make_accelerator
     from peftlab.training.evaluation import load_run
     from peftlab.training.run_folder import FINISHED, read_result
@@ -341,7 +341,7 @@ def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merg
     if result is None or result.get("status") not in FINISHED:
         raise PeftlabError(f"{run_dir} holds no finished run (result.json with a final status)",
                            fix="evaluate a folder written by a finished peftlab train")
-    task = TASKS.get(str(result.get("task")))
+    task = find_task(str(result.get("task")))
     if task is None or task.head != "causal-lm":
         raise PeftlabError(f"--lm-eval scores decoder runs; {run_dir} is a '{result['task']}' run of an encoder head",
                            fix="use it on a run of --task commonsense, math, gsm8k, alpaca, json, e2e or mt-bench")

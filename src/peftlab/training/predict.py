@@ -54,14 +54,13 @@ def predict_run(run_dir: str | Path, input_path: str | Path, output_path: str | 
     from peftlab.training.evaluation import load_run
     from peftlab.io_utils import atomic_write_text
     from peftlab.tasks.labelled_data import column_texts
-    from peftlab.tasks.table import TASKS
     from peftlab.training.devices import make_accelerator
 
     if batch_size <= 0:
         raise PeftlabError(f"--batch-size must be a positive integer, got {batch_size}")
     records = read_inputs(Path(input_path))
     run = load_run(run_dir, adapter=adapter)
-    task = TASKS[run.cfg.task]
+    task = run.task
     if task.head == "causal-lm":
         raise PeftlabError(f"predict serves classification and regression runs; {run_dir} is the instruction task "
                            f"'{task.name}'", fix="generate with the model through transformers instead")

@@ -213,13 +213,21 @@ def first_batches(run, count: int) -> list:
     return batches
 
 
+def probe_config(cfg: TrainConfig) -> TrainConfig:
+    """The run the probe measures: ``cfg`` in fp32 and eager (no --compile), resolved once. Resolving reads
+    neither option (setup decides precision and compilation from them), so the copy of a resolved config (the
+    CLI's) is resolved as it stands; an unresolved one (from Python) is resolved here."""
+    variant = dataclasses.replace(cfg, mixed_precision="no", compile="off")
+    return variant.mark_resolved() if cfg.resolved else resolve_config(variant)
+
+
 def build_run(cfg: TrainConfig):
     """The run ``peftlab train`` would set up, without its folder: fp32, eager (no --compile)."""
     from accelerate.utils import set_seed
 
     from peftlab.training.setup import build, prepare_training
 
-    cfg = resolve_config(dataclasses.replace(cfg, mixed_precision="no", compile="off"))
+    cfg = probe_config(cfg)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     set_seed(cfg.seed)

@@ -112,9 +112,9 @@ def build(cfg: TrainConfig, out: Path) -> Built:
     from peftlab.models.registry import load_model_with_pooling
     from peftlab.tasks.labelled_data import head_labels
     from peftlab.tasks.prepare import build_pipeline
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import task as registered_task
 
-    task = TASKS[cfg.task]
+    task = registered_task(cfg.task)  # resolved here once; the pipeline carries it on (Run.pipeline.task)
     labels = head_labels(cfg)  # a user task's classes come from its data: read and checked before anything loads
     load_start = time.perf_counter()
     if not sys.stderr.isatty():  # in a log, transformers' "Loading weights" bar is redrawn frames, not progress
@@ -135,7 +135,7 @@ def build(cfg: TrainConfig, out: Path) -> Built:
     if accelerator.is_main_process and task.head != "causal-lm":
         print(f"pooling: {loaded.pooling} (--pooling {cfg.pooling})")
     data_start = time.perf_counter()
-    pipeline = build_pipeline(data_cfg, loaded.tokenizer, model)  # data files, subsets, tokenisation (or cache)
+    pipeline = build_pipeline(data_cfg, loaded.tokenizer, model, task)  # data files, subsets, tokenisation (or cache)
     if cfg.packing:  # packed examples must not attend to each other: set up and checked on every process
         from peftlab.tasks.batching import prepare_packed_attention
 

@@ -156,9 +156,9 @@ def num_key(value):
 
 
 def task_title(task: str) -> str:
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import task_title as title
 
-    return (TASKS[task].glue_dir or task.upper()) if task in TASKS else task
+    return title(task)
 
 
 def status_summary(counts: dict[str, int]) -> str:
@@ -181,12 +181,13 @@ def metric_range(name: str | None, task: str | None = None) -> tuple[float, floa
     """The values ``name`` can take (unscaled): [0, 1] for accuracy-like scores, [-1, 1] for correlations, or
     None when it has no fixed range (losses, judge scores, unknown metrics). ``combined`` is the mean of the
     task's two metrics: a correlation's range on regression tasks, [0, 1] otherwise."""
-    from peftlab.tasks.table import TASKS
+    from peftlab.tasks.table import find_task
 
     if name is None:
         return None
     if name == "combined":
-        return (-1.0, 1.0) if task in TASKS and TASKS[task].kind == "regression" else (0.0, 1.0)
+        found = find_task(str(task))
+        return (-1.0, 1.0) if found is not None and found.kind == "regression" else (0.0, 1.0)
     if name in CORRELATIONS:
         return (-1.0, 1.0)
     if name in UNIT_METRICS:
