@@ -85,3 +85,20 @@ def test_every_subcommand_registers_the_parser_its_row_names(entry):
     full = build_parser([entry.name])  # the entry point gives the chosen command its full parser
     chosen = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction)).choices[entry.name]
     assert chosen.get_default("func") is not None
+
+
+@pytest.mark.parametrize("argv, fix", [
+    # a value its declaration refuses while parsing: that check's own fix, once
+    (["study", "kasa", "--task", "stsb", "--targets", "q,x", "--dry-run"],
+     "fix: use one of: down, gate, k, o, q, up, v"),
+    # argparse's own refusal (no fix of its own): the subcommand's --help
+    (["sweep", "--workers", "x"], "fix: see `peftlab sweep --help`"),
+])
+def test_a_parse_error_is_one_line_with_one_fix(argv, fix, capsys):
+    from peftlab.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.count("fix:") == 1 and err.endswith(fix), err

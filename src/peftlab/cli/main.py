@@ -67,7 +67,9 @@ class OneLineParser(argparse.ArgumentParser):
     other user error is, instead of the usage block and a line without a fix. Subcommand parsers inherit it."""
 
     def error(self, message: str):
-        print(f"peftlab: error: {PeftlabError(message, where=self.prog, fix=f'see `{self.prog} --help`')}",
+        # a value refused by its declaration's check (a `type=`) already says how to fix it: keep that fix
+        what, _, fix = message.partition("; fix: ")
+        print(f"peftlab: error: {PeftlabError(what, where=self.prog, fix=fix or f'see `{self.prog} --help`')}",
               file=sys.stderr)
         raise SystemExit(USER_ERROR_EXIT)
 
