@@ -299,3 +299,17 @@ def test_the_reports_command_gives_the_design_back(argv, tmp_path):
     again = design_from_args(build_parser(words[1:]).parse_args(words[1:]))
     assert again == design
     assert f"--output-dir {tmp_path / 'study'}" in command
+
+
+def test_top_k_without_no_search_is_refused_not_ignored(tmp_path, capsys):
+    """The tune comparison --top-k sized left the study: the flag alone would do nothing, so it is refused; with
+    --no-search (the committed stores' reproduce commands) it is only recorded, as their plan.json holds it."""
+    from peftlab.cli.main import main
+
+    argv = ["study", "lambda", "--protocol", "fixed-rate", "--task", "sst2", "--top-k", "3", "--dry-run",
+            "--output-dir", str(tmp_path / "study")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--top-k" in err and "scripts/tune_vs_grid.py" in err
+    assert main(argv + ["--no-search"]) in (0, None)
+    assert not (tmp_path / "study").exists()  # a dry run writes nothing

@@ -188,6 +188,10 @@ def design_from_args(args):
             and args.selection_seeds is not None:
         raise PeftlabError(f"--selection-seeds: the fixed-rate {spec.name} study runs every row on the held-out "
                            "seeds", fix="drop it, or use the fair protocol (the default)")
+    if getattr(args, "top_k", None) is not None and not getattr(args, "no_search", None):
+        raise PeftlabError("--top-k sized the study's tune comparison, which is now python scripts/tune_vs_grid.py",
+                           fix="run that script for the comparison, or drop --top-k (with --no-search, as in the "
+                               "committed stores' commands, it is only recorded in plan.json)")
     protocol_defaults(args, spec)
     if args.epochs == 0:  # train's declaration takes 0 (evaluate the untrained model); a study compares training
         raise PeftlabError("--epochs 0: a study trains every run", fix="give --epochs 1 or more, or leave it out")
