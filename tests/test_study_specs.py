@@ -46,7 +46,9 @@ def test_the_running_kasa_study_plans_the_runs_its_store_holds(tmp_path):
     planned = {key for row in design.rows for _, key in keyed(sp.search_configs(design, "stsb", row, steps))}
     with sqlite3.connect(root / "results.sqlite") as db:
         stored = {key for (key,) in db.execute("select key from runs")}
-    assert stored and stored <= planned
+    # round 0 registered all its 42 runs at its start (2e9e855's code): this code plans exactly those keys; later
+    # rounds and the held-out arms add rows as the study goes on
+    assert planned <= stored
     spec = yaml.safe_load((root / "specs" / "search-stsb-round0.yaml").read_text())
     assert len(spec["zip"][0]["seed"]) == len(planned) == 42  # 7 rows x 3 rates x 2 selection seeds
     # the 2 x 2's arms at the authors' STS-B settings, as the study has run them from the start
