@@ -331,7 +331,7 @@ def test_loglikelihood_and_generation_items_per_second_on_the_commonsense_sets(t
     from peftlab.config import TrainConfig
     from peftlab.resolve import build_run_config
     from peftlab.models.registry import load_model
-    from peftlab.tasks.commonsense import build_pipeline
+    from peftlab.tasks.prepare import build_pipeline
     from peftlab.training.lm_eval_run import run_harness
 
     model, tokenizer = load_model("tiny-llama", head="causal-lm")

@@ -25,6 +25,7 @@ from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.tasks import judge as judge_mod
 from peftlab.tasks import mt_bench
+from peftlab.tasks.prepare import build_pipeline
 
 SLOW_SECONDS = 3.0
 
@@ -216,7 +217,7 @@ def test_judge_options_are_checked_before_any_work(tmp_path, monkeypatch):
                                                    judge_api_key_env="PEFTLAB_TEST_NO_KEY",
                                                    output_dir=str(tmp_path / "run")))
     with pytest.raises(PeftlabError, match="PEFTLAB_TEST_NO_KEY .* is empty") as err:
-        mt_bench.build_pipeline(cfg, object())
+        build_pipeline(cfg, object(), None)
     assert "export PEFTLAB_TEST_NO_KEY=" in err.value.fix
     with pytest.raises(PeftlabError, match="task 'rte' has no judge"):
         build_run_config(overrides=dict(task="rte", judge_url="http://x/v1"))

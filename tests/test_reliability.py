@@ -270,8 +270,8 @@ def test_collapse_after_being_clearly_above_chance_is_labelled(tmp_path, monkeyp
     real = pipelines.build_glue
     scripted = iter([{"accuracy": 0.90}, {"accuracy": 0.40}])
 
-    def fake_glue(cfg, tokenizer, model=None):
-        pipe = real(cfg, tokenizer, model)
+    def fake_glue(cfg, tokenizer, model, task):
+        pipe = real(cfg, tokenizer, model, task)
         pipe.chance = 0.5
         pipe.evaluate = lambda model, accelerator, tag: pipelines.Evaluation(next(scripted))
         return pipe

@@ -80,8 +80,8 @@ def scripted_glue(monkeypatch, values: dict, chance: float | None = None):
     real = pipelines.build_glue
     calls = []
 
-    def fake_glue(cfg, tokenizer, model=None):
-        pipe = real(cfg, tokenizer, model)
+    def fake_glue(cfg, tokenizer, model, task):
+        pipe = real(cfg, tokenizer, model, task)
         if chance is not None:
             pipe.chance = chance
 
@@ -392,8 +392,8 @@ def test_evaluation_during_training_leaves_training_unchanged(tmp_path, monkeypa
 
     real = pipelines.build_glue
 
-    def leaves_eval_mode(cfg, tokenizer, model=None):
-        pipe = real(cfg, tokenizer, model)
+    def leaves_eval_mode(cfg, tokenizer, model, task):
+        pipe = real(cfg, tokenizer, model, task)
         inner = pipe.evaluate
 
         def evaluate(model, accelerator, tag):

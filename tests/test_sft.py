@@ -16,6 +16,8 @@ from peftlab.tasks import generation
 from peftlab.tasks import instruction_data as idata
 from peftlab.tasks import instructions as sft
 from peftlab.tasks.math_answers import answers_match, extract_answer, normalize_number
+from peftlab.tasks.prepare import build_pipeline
+from peftlab.tasks.table import task
 from peftlab.config import TrainConfig
 from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
@@ -361,13 +363,13 @@ def test_bad_fields_flag_and_missing_train_file(tmp_path):
         idata.parse_fields("only_one")
     cfg = build_run_config(overrides=dict(task="json", model="tiny-llama", output_dir=str(tmp_path / "r")))
     with pytest.raises(PeftlabError, match="--train-file"):
-        idata.load_instruction_data(cfg)
+        idata.load_instruction_data(cfg, task("json"))
 
 
 def test_offline_without_data_names_the_paths_tried(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(PeftlabError) as err:
-        idata.load_raw("gsm8k", "test", tmp_path)
+        idata.load_raw(task("gsm8k"), "test", tmp_path)
     message = str(err.value)
     assert str(tmp_path / "gsm8k" / "test.jsonl") in message and "not trying the Hub" in message
 
@@ -378,14 +380,14 @@ def test_json_task_pipeline_with_held_out_split(tmp_path, tokenizer):
     cfg = build_run_config(overrides=dict(task="json", model="tiny-llama", train_file=str(path),
                                                    instruction_fields="q,,a", max_length=64,
                                                    output_dir=str(tmp_path / "r")))
-    train_raw, eval_raw = idata.load_instruction_data(cfg)
+    train_raw, eval_raw = idata.load_instruction_data(cfg, task("json"))
     assert len(train_raw) == 18 and len(eval_raw) == 2  # 10% held out, the same split on every call
-    assert list(idata.load_instruction_data(cfg)[1]["instruction"]) == list(eval_raw["instruction"])
+    assert list(idata.load_instruction_data(cfg, task("json"))[1]["instruction"]) == list(eval_raw["instruction"])
     assert not set(train_raw["instruction"]) & set(eval_raw["instruction"])
-    pipeline = sft.build_pipeline(cfg, tokenizer)
+    pipeline = build_pipeline(cfg, tokenizer, None)
     assert pipeline.primary_metric == "eval_loss" and pipeline.num_eval_examples == 2
     assert {"input_ids", "attention_mask", "labels", "length"} <= set(pipeline.train_dataset.column_names)
-    again = sft.build_pipeline(cfg, tokenizer)  # tokenised once: the second build reads the cache file
+    again = build_pipeline(cfg, tokenizer, None)  # tokenised once: the second build reads the cache file
     assert again.train_dataset.cache_files == pipeline.train_dataset.cache_files != []
 
 

@@ -21,6 +21,7 @@ from peftlab.errors import PeftlabError
 from peftlab.tasks import commonsense, e2e, generation, generative, math_tasks, nlg_metrics
 from peftlab.tasks.nlg_metrics import corpus_scores
 from peftlab.tasks.nlg_score import score_files
+from peftlab.tasks.prepare import build_pipeline
 
 from conftest import DATA_DIR, needs_data  # noqa: E402
 
@@ -261,7 +262,7 @@ def test_malformed_llm_adapters_files_name_the_record(tmp_path):
     cfg = build_run_config(overrides={"model": "tiny-llama", "task": "commonsense", "train_sets": "boolq",
                                                "eval_sets": "boolq", "data_dir": str(tmp_path)})
     with pytest.raises(PeftlabError, match=r"gold answer 'maybe' is not one of true/false.*record 1"):
-        commonsense.build_pipeline(cfg, _tokenizer())
+        build_pipeline(cfg, _tokenizer(), None)
 
 
 def _tokenizer():

@@ -112,9 +112,9 @@ def test_kasa_result_records_learned_singular_values(tmp_path):
 
 def _eval_texts(cfg):
     from peftlab.models.registry import load_tokenizer
-    from peftlab.tasks.prepare import build_glue
+    from peftlab.tasks.prepare import build_pipeline
 
-    pipeline = build_glue(cfg, load_tokenizer(cfg.model))
+    pipeline = build_pipeline(cfg, load_tokenizer(cfg.model), None)
     return pipeline, list(pipeline.eval_sets["validation"]["text_a"]), list(pipeline.train_dataset["input_ids"])
 
 

@@ -32,6 +32,14 @@ FAST = ["--model", "tiny-bert", "--method", "lora", "--lr", "0.02", "--head-lr",
         "--batch-size", "16", "--max-length", "8", "--report-to", "none", "--threads", "1"]
 
 
+def load_labelled(cfg):
+    """``cfg``'s labelled data, read for the task its ``task`` names (as the run's pipeline reads it)."""
+    from peftlab.tasks.labelled_data import load_labelled as load
+    from peftlab.tasks.table import task
+
+    return load(cfg, task(cfg.task))
+
+
 def write_tickets(path: Path, n: int = 180, seed: int = 0) -> Path:
     """A CSV whose label is fixed by a keyword of the text (billing / login / shipping, in turn)."""
     rng = random.Random(seed)
@@ -282,7 +290,6 @@ def test_bad_options_are_one_line(tmp_path, capsys, flags, piece):
 
 def test_the_held_out_split_is_stratified_and_the_same_for_every_seed(tmp_path):
     from peftlab.models.registry import load_tokenizer
-    from peftlab.tasks.labelled_data import load_labelled
     from peftlab.tasks.prepare import build_pipeline
 
     rows = ["text,label"] + [f"w{i} a,a" for i in range(160)] + [f"w{i} b,b" for i in range(40)]
@@ -308,7 +315,6 @@ def test_the_held_out_split_is_stratified_and_the_same_for_every_seed(tmp_path):
 
 def test_one_changed_byte_changes_the_run_key_and_an_old_config_refuses_the_new_data(tmp_path):
     from peftlab.lab.store import config_key
-    from peftlab.tasks.labelled_data import load_labelled
 
     path = write_tickets(tmp_path / "tickets.csv", n=30)
     before = cfg_for(task="classify", train_file=str(path))
@@ -366,7 +372,6 @@ def test_a_save_to_disk_folder_trains_offline_with_its_class_names(tmp_path, cap
 def test_every_file_format_reads_the_same_examples(tmp_path):
     import datasets
 
-    from peftlab.tasks.labelled_data import load_labelled
 
     rows = [{"question": f"q{i} \"quoted\"" if i == 3 else f"q{i}", "passage": f"p{i}", "label": ["no", "yes"][i % 2]}
             for i in range(40)]
@@ -392,7 +397,6 @@ def test_every_file_format_reads_the_same_examples(tmp_path):
 def test_a_single_dataset_folder_is_split_held_out(tmp_path):
     import datasets
 
-    from peftlab.tasks.labelled_data import load_labelled
 
     folder = tmp_path / "one_split"
     datasets.Dataset.from_dict({"text": [f"t{i}" for i in range(40)],
@@ -402,7 +406,6 @@ def test_a_single_dataset_folder_is_split_held_out(tmp_path):
 
 
 def test_integer_labels_sort_numerically_and_the_baseline_is_the_eval_majority(tmp_path):
-    from peftlab.tasks.labelled_data import load_labelled
     from peftlab.tasks.metrics import chance_level
 
     lines = lambda labels: "".join(json.dumps({"text": f"t{i}", "label": v}) + "\n" for i, v in enumerate(labels))

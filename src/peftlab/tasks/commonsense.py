@@ -25,7 +25,7 @@ import re
 from collections import Counter
 from typing import Any, Callable
 
-from peftlab.tasks.table import COMMONSENSE_TEST_SETS, COMMONSENSE_TRAIN_SETS, UNAVAILABLE_SETS
+from peftlab.tasks.table import UNAVAILABLE_SETS
 
 _ANSWER_CHOICES = tuple(f"answer{i}" for i in range(1, 6))
 ANSWER_WORDS: dict[str, tuple[str, ...]] = {
@@ -87,16 +87,17 @@ def _scorer(tests: dict, items: list) -> Callable:
     return score
 
 
-def build_pipeline(cfg, tokenizer, model=None):
-    """The ``commonsense`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
+def build_pipeline(cfg, tokenizer, model, task):
+    """The ``commonsense`` kind's :class:`~peftlab.tasks.prepare.Pipeline` (``task``: its row, whose set names are
+    the defaults of ``--train-sets`` / ``--eval-sets``)."""
     from datasets import concatenate_datasets
 
     from peftlab.tasks import generative
     from peftlab.tasks.generation import generation_evaluator
 
     generative.ensure_pad_token(cfg, tokenizer)
-    train_sets = tuple(cfg.train_sets.split(",")) if cfg.train_sets else COMMONSENSE_TRAIN_SETS
-    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else COMMONSENSE_TEST_SETS
+    train_sets = tuple(cfg.train_sets.split(",")) if cfg.train_sets else task.train_set_names
+    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names
     files: dict[str, str] = {}
     parts, skipped = [], 0
     for name in train_sets:

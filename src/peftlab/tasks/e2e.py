@@ -67,8 +67,8 @@ def group_references(rows: list[tuple[str, str]]) -> list[tuple[str, list[str]]]
     return list(grouped.items())
 
 
-def build_pipeline(cfg, tokenizer, model=None):
-    """The ``e2e`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
+def build_pipeline(cfg, tokenizer, model, task):
+    """The ``e2e`` kind's :class:`~peftlab.tasks.prepare.Pipeline` (``task``: its row; E2E reads nothing from it)."""
     from peftlab.tasks import generative
     from peftlab.tasks.data_files import subset
     from peftlab.tasks.generation import generation_evaluator

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from peftlab.errors import PeftlabError
 from peftlab.tasks.data_files import candidate_roots, check_data_dir, hub_offline
 from peftlab.tasks.json_files import JsonRecord, read_json_records
-from peftlab.tasks.table import task as registered_task
+from peftlab.tasks.table import Task
 
 FORMAT_VERSION = "1"  # bump when prompt formatting or truncation changes: token caches key on it
 INSTRUCTION_FILE_FIX = "a JSON list of records, or one JSON object per line (JSONL)"
@@ -145,12 +145,13 @@ def _hub_rows(task: str, split: str) -> list[dict]:
     return [dict(r) for r in datasets.load_dataset(name, config, split=split)]
 
 
-def load_raw(task: str, split: str, data_dir=None):
+def load_raw(spec: Task, split: str, data_dir=None):
     """One split of ``gsm8k`` (train/test) or ``alpaca`` (train) as a ``Dataset`` of ``instruction``, ``input``,
-    ``output`` (GSM8K also ``gold``, the canonical final answer)."""
+    ``output`` (GSM8K also ``gold``, the canonical final answer), its records read as its row's ``record_format``."""
+    task, gsm8k = spec.name, spec.record_format == "gsm8k"
     path, tried = local_file(task, split, data_dir)
     if path is not None:
-        if task == "gsm8k":
+        if gsm8k:
             rows = read_json_records(path, ("question", "answer"), fix=GSM8K_FIX)
             if not rows:
                 raise PeftlabError("file holds no records", where=str(path), fix=GSM8K_FIX)
@@ -166,7 +167,7 @@ def load_raw(task: str, split: str, data_dir=None):
             reason = f"the Hub ({HUB[task][0]}) failed: {first}"
         else:
             located = [JsonRecord(f"{HUB[task][0]}, record {i}", r) for i, r in enumerate(rows, 1)]
-            records = _gsm8k_records(located) if task == "gsm8k" else [
+            records = _gsm8k_records(located) if gsm8k else [
                 parse_record(r.value, Fields(), r.where) for r in located]
             return make_dataset(records)
     raise PeftlabError(
@@ -187,14 +188,13 @@ def held_out_split(ds):
     return split["train"], split["test"]
 
 
-def load_instruction_data(cfg):
-    """(train, eval) raw datasets of ``cfg.task``, before subsetting, from where its row says
-    (``Task.instruction_source``)."""
-    task = registered_task(cfg.task)
+def load_instruction_data(cfg, task: Task):
+    """(train, eval) raw datasets of ``task`` (the run's, resolved from ``cfg.task``), before subsetting, from where
+    its row says (``Task.instruction_source``)."""
     if task.instruction_source == "test_split":
-        return load_raw(task.name, "train", cfg.data_dir), load_raw(task.name, "test", cfg.data_dir)
+        return load_raw(task, "train", cfg.data_dir), load_raw(task, "test", cfg.data_dir)
     if task.instruction_source == "held_out":
-        return held_out_split(load_raw(task.name, "train", cfg.data_dir))
+        return held_out_split(load_raw(task, "train", cfg.data_dir))
     if task.instruction_source == "files":
         if not cfg.train_file:
             raise PeftlabError("--task json needs --train-file", fix="pass a JSON list or JSONL of instruction records")

@@ -59,7 +59,7 @@ from peftlab.errors import PeftlabError
 from peftlab.tasks.prepare import Evaluation, Pipeline, eval_loader_on, examples_digest, train_examples_digest
 from peftlab.tasks.generation import generation_evaluator
 from peftlab.tasks.instruction_data import FORMAT_VERSION, load_instruction_data
-from peftlab.tasks.table import task as registered_task
+from peftlab.tasks.table import Task
 
 LOSS_EVAL_TOKENS = 8192  # padded tokens per loss-evaluation batch (logits are batch x length x vocabulary)
 PLAIN_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
@@ -257,15 +257,15 @@ def response_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torc
 # --------------------------------------------------------------------------- the pipeline
 
 
-def build_pipeline(cfg, tokenizer, model=None):
-    """The ``instruction`` kind's :class:`~peftlab.tasks.prepare.Pipeline` for ``cfg.task`` (gsm8k, alpaca, json)."""
+def build_pipeline(cfg, tokenizer, model, task: Task):
+    """The ``instruction`` kind's :class:`~peftlab.tasks.prepare.Pipeline` for ``task`` (gsm8k, alpaca, json)."""
     from peftlab.tasks import data_files as data
 
     if tokenizer is None:
         raise PeftlabError(f"model '{cfg.model}' has no tokenizer", fix="use a causal LM with a tokenizer")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    train_raw, eval_raw = load_instruction_data(cfg)
+    train_raw, eval_raw = load_instruction_data(cfg, task)
     train_raw = data.subset(train_raw, cfg.max_train_samples, cfg.seed)
     eval_raw = data.subset(eval_raw, cfg.max_eval_samples, cfg.eval_seed)  # fixed across training seeds
     prefix = f"{cfg.model}-{cfg.task}"
@@ -278,7 +278,7 @@ def build_pipeline(cfg, tokenizer, model=None):
                               "eval_examples_digest": examples_digest({"eval": eval_raw})}
     collate = training_collator(cfg, tokenizer)
     digest = train_examples_digest(train_raw)  # the drawn records, before tokenisation drops any
-    if registered_task(cfg.task).primary_metric != "eval_loss":  # scored on its generated answers (GSM8K)
+    if task.primary_metric != "eval_loss":  # scored on its generated answers (GSM8K)
         evaluate = gsm8k_evaluator(cfg, tokenizer, eval_raw)
         return Pipeline(train, collate, evaluate, "accuracy", 0.0, num_eval_examples=len(eval_raw), extras=extras,
                         eval_sets={"test": eval_raw}, train_examples_digest=digest)

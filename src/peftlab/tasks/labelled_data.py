@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from peftlab.errors import PeftlabError, closest, unknown
 from peftlab.tasks import labelled_files as files
-from peftlab.tasks.table import METRIC_ALIASES, USER_METRICS, USER_TASKS, task as registered_task
+from peftlab.tasks.table import METRIC_ALIASES, USER_METRICS, USER_TASKS, Task, task as registered_task
 
 HELDOUT_FRACTION = 0.1  # of the training data, when there is no eval file or split
 HELDOUT_SEED = 0  # fixed: the held-out split is the same for every --seed
@@ -134,7 +134,7 @@ class LabelledData:
 
 class _DataKey(NamedTuple):
     cwd: str
-    task: str
+    task: Task
     train_file: str | None
     eval_file: str | None
     dataset: str | None
@@ -145,16 +145,17 @@ class _DataKey(NamedTuple):
     digest: str | None
 
 
-def load_labelled(cfg) -> LabelledData:
-    """``cfg``'s data (read once per process and data content). A run's config carries the digest of its data:
-    data that changed since (config.yaml of an older run) is refused rather than silently used."""
+def load_labelled(cfg, task: Task) -> LabelledData:
+    """``cfg``'s data for ``task`` (its row, resolved from ``cfg.task``), read once per process and data content. A
+    run's config carries the digest of its data: data that changed since (config.yaml of an older run) is refused
+    rather than silently used."""
     digest = current_digest(cfg)
     if cfg.data_digest and digest and digest != cfg.data_digest:
         source = cfg.dataset or ", ".join(filter(None, (cfg.train_file, cfg.eval_file)))
         raise PeftlabError(f"the data changed since this run was configured: its bytes hash to {digest[:12]}, the "
                            f"config's data_digest is {cfg.data_digest[:12]}", where=source,
                            fix="restore the data the run was trained on, or train a new run on it (a new run key)")
-    return _load(_DataKey(os.getcwd(), cfg.task, cfg.train_file, cfg.eval_file, cfg.dataset, cfg.eval_split,
+    return _load(_DataKey(os.getcwd(), task, cfg.train_file, cfg.eval_file, cfg.dataset, cfg.eval_split,
                           cfg.text_fields, cfg.label_field, cfg.metric, digest))
 
 
@@ -177,7 +178,7 @@ def _load(key: _DataKey) -> LabelledData:
         shown = Path(key.train_file).name
     for table in filter(None, (train_table, eval_table)):
         _check_columns(table, fields, key.label_field)
-    regression = registered_task(key.task).kind == "regression"
+    regression = key.task.kind == "regression"
     if regression:
         train_labels = _targets(train_table, key.label_field)
         eval_labels = _targets(eval_table, key.label_field) if eval_table else None
@@ -387,5 +388,5 @@ def head_labels(cfg, saved: dict | None = None) -> HeadLabels:
         id2label = {int(k): str(v) for k, v in saved["id2label"].items()}
         return HeadLabels(len(id2label), tuple(id2label[i] for i in range(len(id2label))))
     if task.user_data:
-        return HeadLabels(len(load_labelled(cfg).label_names), load_labelled(cfg).label_names)
+        return HeadLabels(len(load_labelled(cfg, task).label_names), load_labelled(cfg, task).label_names)
     return HeadLabels(task.num_labels, task.label_names if task.kind == "classification" else ())

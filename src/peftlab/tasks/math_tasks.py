@@ -27,7 +27,6 @@ import re
 from decimal import Decimal
 from typing import Any, Callable
 
-from peftlab.tasks.table import MATH_TEST_SETS
 
 # lm-evaluation-harness lm_eval/tasks/gsm8k/gsm8k.yaml (strict-match) and gsm8k-cot.yaml (strict-match), and the
 # flexible-extract filter of both (group_select -1: the last match).
@@ -121,13 +120,14 @@ def _scorer(tests: dict, items: list) -> Callable:
     return score
 
 
-def build_pipeline(cfg, tokenizer, model=None):
-    """The ``math`` kind's :class:`~peftlab.tasks.prepare.Pipeline`."""
+def build_pipeline(cfg, tokenizer, model, task):
+    """The ``math`` kind's :class:`~peftlab.tasks.prepare.Pipeline` (``task``: its row, whose set names are the
+    default ``--eval-sets``)."""
     from peftlab.tasks import generative
     from peftlab.tasks.generation import generation_evaluator
 
     generative.ensure_pad_token(cfg, tokenizer)
-    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else MATH_TEST_SETS
+    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names
     train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "math training set math_data.json")
     files = {"train": str(train_path)}
     # 3 of math_data.json's records have an empty output: nothing to learn from, so not trained on.

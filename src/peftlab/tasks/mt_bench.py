@@ -1,6 +1,6 @@
 """The ``mt-bench`` task: instruction tuning, then MT-Bench's 80 two-turn questions judged 1-10 by an LLM.
 
-``build_pipeline(cfg, tokenizer, model)`` is the task's builder (:data:`peftlab.tasks.prepare.BUILDERS`).
+``build_pipeline(cfg, tokenizer, model, task)`` is the task's builder (:data:`peftlab.tasks.prepare.BUILDERS`).
 
 * **Training** reuses :mod:`peftlab.tasks.instructions` unchanged (prompt-masked loss, chat template,
   truncation, token cache): on the Alpaca records (``<root>/alpaca/``) by default, or on any JSON/JSONL
@@ -248,18 +248,19 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 def _training_records(cfg):
     """(records, where they came from): ``--train-file`` if given, else Alpaca."""
     from peftlab.tasks import instruction_data as idata
+    from peftlab.tasks.table import task
 
     if getattr(cfg, "train_file", None):
         fields = idata.parse_fields(cfg.instruction_fields)
         path = Path(cfg.train_file)
         return idata.make_dataset(idata.read_records(path, fields)), str(path)
-    raw = idata.load_raw("alpaca", "train", cfg.data_dir)
+    raw = idata.load_raw(task("alpaca"), "train", cfg.data_dir)
     source, _ = idata.local_file("alpaca", "train", cfg.data_dir)
     return raw, str(source) if source is not None else idata.HUB["alpaca"][0]
 
 
-def build_pipeline(cfg, tokenizer, model=None):
-    """The ``mt-bench`` task's :class:`~peftlab.tasks.prepare.Pipeline`."""
+def build_pipeline(cfg, tokenizer, model, task):
+    """The ``mt-bench`` task's :class:`~peftlab.tasks.prepare.Pipeline` (``task``: its row; nothing read from it)."""
     from datasets import Dataset
 
     from peftlab.tasks import data_files as data

@@ -164,7 +164,7 @@ def gather_predictions(model, accelerator, tokenised, collate, batch_size: int) 
     return torch.cat(logits).numpy(), torch.cat(labels).numpy()
 
 
-def build_glue(cfg, tokenizer, model=None) -> Pipeline:
+def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
     """GLUE: the training subset, the dev set (the *test* split when ``--selection-samples`` carves a
     selection split out of the training data, else the split that chooses and reports) and its metrics."""
     from peftlab.tasks import data_files as data
@@ -172,7 +172,6 @@ def build_glue(cfg, tokenizer, model=None) -> Pipeline:
 
     from peftlab.tasks.metrics import chance_level
 
-    task = registered_task(cfg.task)
     cache_prefix = f"{cfg.model}"
     pool = data.load_split(task, "train", cfg.data_dir)
     selection_raw, extras = None, {}
@@ -252,7 +251,7 @@ def glue_evaluate(cfg, task: Task, evals: dict, selection: Selection | None, col
     return evaluate
 
 
-def build_labelled(cfg, tokenizer, model=None) -> Pipeline:
+def build_labelled(cfg, tokenizer, model, task: Task) -> Pipeline:
     """The user's own labelled data (``--task classify|regress``, :mod:`peftlab.tasks.labelled_data`): tokenised as
     GLUE is, scored by :func:`~peftlab.tasks.metrics.compute_label_metrics` at its ``--metric``."""
     from peftlab.errors import PeftlabError
@@ -261,8 +260,8 @@ def build_labelled(cfg, tokenizer, model=None) -> Pipeline:
     from peftlab.tasks.metrics import chance_level, compute_label_metrics
     from peftlab.tasks.table import task_label
 
-    loaded = load_labelled(cfg)
-    kind = registered_task(cfg.task).kind
+    loaded = load_labelled(cfg, task)
+    kind = task.kind
     labels = HeadLabels(len(loaded.label_names) or 1, loaded.label_names)
     if model is not None and kind == "classification":  # a saved run evaluated on its data: the same classes
         trained = tuple(model.config.id2label[i] for i in range(model.config.num_labels))
@@ -294,7 +293,8 @@ def build_labelled(cfg, tokenizer, model=None) -> Pipeline:
                     eval_sets={"validation": eval_raw}, train_examples_digest=train_examples_digest(train_raw))
 
 
-# A task's row names its pipeline (``Task.pipeline``); the modules other than GLUE's are imported on demand.
+# A task's row names its pipeline (``Task.pipeline``); the modules other than GLUE's are imported on demand. Each
+# builder takes ``(cfg, tokenizer, model, task)``: the resolved Task, so none looks ``cfg.task`` up again.
 BUILDERS: dict[str, str | Callable] = {
     "glue": build_glue,
     "instruction": "peftlab.tasks.instructions:build_pipeline",
@@ -316,4 +316,4 @@ def build_pipeline(cfg, tokenizer, model, task: Task | None = None) -> Pipeline:
     if isinstance(builder, str):
         module, name = builder.split(":")
         builder = getattr(importlib.import_module(module), name)
-    return replace(builder(cfg, tokenizer, model), task=task)
+    return replace(builder(cfg, tokenizer, model, task), task=task)

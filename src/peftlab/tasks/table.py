@@ -60,6 +60,8 @@ class Task:
     # Instruction tasks: where (train, eval) come from: "test_split" (its own test split), "held_out" (10 % of its
     # training split), "files" (--train-file / --eval-file).
     instruction_source: str = ""
+    # Instruction tasks: how its published records read ("gsm8k": question/answer, the answer ending "#### N").
+    record_format: str = "instruction"
 
     @property
     def num_labels(self) -> int:
@@ -107,7 +109,7 @@ TASKS: dict[str, Task] = {
         Task("wnli", "classification", "accuracy", _BIN, ("sentence1", "sentence2"), "WNLI", tsv=TsvLayout(1, 2, 3)),
         Task("gsm8k", "instruction", "accuracy", eval_splits=("test",), eval_before=True,
              default_max_length=512, default_batch_size=8, default_eval_every=0, pipeline="instruction",
-             instruction_source="test_split"),
+             instruction_source="test_split", record_format="gsm8k"),
         Task("alpaca", "instruction", "eval_loss", default_max_length=512, default_batch_size=8,
              pipeline="instruction", instruction_source="held_out"),
         Task("json", "instruction", "eval_loss", default_max_length=512, default_batch_size=8,
