@@ -88,8 +88,7 @@ def _scorer(tests: dict, items: list) -> Callable:
 
 
 def build_pipeline(cfg, tokenizer, model, task):
-    """The ``commonsense`` kind's :class:`~peftlab.tasks.prepare.Pipeline` (``task``: its row, whose set names are
-    the defaults of ``--train-sets`` / ``--eval-sets``)."""
+    """The ``commonsense`` kind's Pipeline; ``task``'s set names default ``--train-sets`` / ``--eval-sets``."""
     from datasets import concatenate_datasets
 
     from peftlab.tasks import generative

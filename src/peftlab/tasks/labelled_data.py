@@ -146,9 +146,8 @@ class _DataKey(NamedTuple):
 
 
 def load_labelled(cfg, task: Task) -> LabelledData:
-    """``cfg``'s data for ``task`` (its row, resolved from ``cfg.task``), read once per process and data content. A
-    run's config carries the digest of its data: data that changed since (config.yaml of an older run) is refused
-    rather than silently used."""
+    """``cfg``'s data for ``task`` (read once per process and data content). A run's config carries the digest of its
+    data: data that changed since (config.yaml of an older run) is refused rather than silently used."""
     digest = current_digest(cfg)
     if cfg.data_digest and digest and digest != cfg.data_digest:
         source = cfg.dataset or ", ".join(filter(None, (cfg.train_file, cfg.eval_file)))

@@ -121,8 +121,7 @@ def _scorer(tests: dict, items: list) -> Callable:
 
 
 def build_pipeline(cfg, tokenizer, model, task):
-    """The ``math`` kind's :class:`~peftlab.tasks.prepare.Pipeline` (``task``: its row, whose set names are the
-    default ``--eval-sets``)."""
+    """The ``math`` kind's Pipeline; ``task``'s set names are the default ``--eval-sets``."""
     from peftlab.tasks import generative
     from peftlab.tasks.generation import generation_evaluator
 

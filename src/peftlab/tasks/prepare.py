@@ -167,9 +167,7 @@ def gather_predictions(model, accelerator, tokenised, collate, batch_size: int) 
 def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
     """GLUE: the training subset, the dev set (the *test* split when ``--selection-samples`` carves a
     selection split out of the training data, else the split that chooses and reports) and its metrics."""
-    from peftlab.tasks import data_files as data
-    from peftlab.tasks import batching
-
+    from peftlab.tasks import batching, data_files as data
     from peftlab.tasks.metrics import chance_level
 
     cache_prefix = f"{cfg.model}"
@@ -293,8 +291,8 @@ def build_labelled(cfg, tokenizer, model, task: Task) -> Pipeline:
                     eval_sets={"validation": eval_raw}, train_examples_digest=train_examples_digest(train_raw))
 
 
-# A task's row names its pipeline (``Task.pipeline``); the modules other than GLUE's are imported on demand. Each
-# builder takes ``(cfg, tokenizer, model, task)``: the resolved Task, so none looks ``cfg.task`` up again.
+# A task's row names its pipeline (``Task.pipeline``); builders other than GLUE's are imported on demand. Each takes
+# ``(cfg, tokenizer, model, task)``: the Task resolved once, so none looks ``cfg.task`` up again.
 BUILDERS: dict[str, str | Callable] = {
     "glue": build_glue,
     "instruction": "peftlab.tasks.instructions:build_pipeline",

@@ -60,8 +60,7 @@ class Task:
     # Instruction tasks: where (train, eval) come from: "test_split" (its own test split), "held_out" (10 % of its
     # training split), "files" (--train-file / --eval-file).
     instruction_source: str = ""
-    # Instruction tasks: how its published records read ("gsm8k": question/answer, the answer ending "#### N").
-    record_format: str = "instruction"
+    record_format: str = "instruction"  # instruction tasks' records; "gsm8k": question/answer, answers end "#### N"
 
     @property
     def num_labels(self) -> int:
