@@ -166,8 +166,9 @@ def gsm8k_prompts(tokenizer, problems: int, data_dir=None, seed: int = 0) -> tup
     from peftlab.tasks import data_files as data
     from peftlab.tasks.instruction_data import load_raw
     from peftlab.tasks.instructions import encode_prompt
+    from peftlab.tasks.table import task
 
-    raw = data.subset(load_raw("gsm8k", "test", data_dir), problems, seed)
+    raw = data.subset(load_raw(task("gsm8k"), "test", data_dir), problems, seed)
     return [encode_prompt(tokenizer, q) for q in raw["instruction"]], list(raw["gold"])
 
 
