@@ -35,20 +35,21 @@ class Need:
                             fix=self.install or f'pip install "peftlab[{self.extra}]"')
 
 
-def _task_kind(cfg) -> str:
+def _task_field(cfg, field: str) -> str:
+    """A field of the run's registered Task ("" for a name no row holds)."""
     from peftlab.tasks.table import find_task
 
     task = find_task(cfg.task)
-    return task.kind if task is not None else ""
+    return getattr(task, field) if task is not None else ""
 
 
 NEEDS: tuple[Need, ...] = (
     Need("peftlab serve-judge", ("fastapi", "uvicorn"), "judge"),
     Need("MT-Bench judging (--judge-url)", ("openai",), "judge",
-         applies=lambda cfg: cfg.task == "mt-bench" and bool(cfg.judge_url)),
+         applies=lambda cfg: _task_field(cfg, "pipeline") == "mt_bench" and bool(cfg.judge_url)),
     Need("peftlab nlg-score", ("sacrebleu", "nltk", "pycocoevalcap"), "nlg"),
     Need("--task e2e (its BLEU, NIST, METEOR, ROUGE-L, CIDEr)", ("sacrebleu", "nltk", "pycocoevalcap"), "nlg",
-         applies=lambda cfg: _task_kind(cfg) == "e2e"),
+         applies=lambda cfg: _task_field(cfg, "kind") == "e2e"),
     Need("peftlab tune", ("optuna",), "tune"),
     Need("--report-to tensorboard", ("tensorboard",), "track", applies=lambda cfg: cfg.report_to == "tensorboard"),
     Need("--report-to wandb", ("wandb",), what="the 'wandb' package",
