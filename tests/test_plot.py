@@ -18,7 +18,7 @@ from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.lab.figures.paper import fmt_tick, key_value, metric_label, metric_range, with_defaults
 from peftlab.lab.figures.sigma import SIGMA_DELTA, parse_module
-from peftlab.lab.plot import KINDS, draw, make_figure, make_plot
+from peftlab.lab.plot import KINDS, draw, make_plot
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
 from fake_results import checked  # noqa: E402 - tests/ is on sys.path
@@ -208,7 +208,7 @@ def test_sigma_refuses_runs_without_their_initial_values(tmp_path, store_path):
         draw(make_store(tmp_path / "m.sqlite", runs), kind="sigma")
     rows = load_rows([store_path])  # the fixture's KaSA runs come from an older peftlab
     with pytest.raises(PeftlabError, match="lack kasa_sigma_init"):
-        make_figure(rows, kind="sigma", where="method=kasa,rank=4,task=rte,lr=1e-4,lr_ratio=1")
+        draw(rows, kind="sigma", where="method=kasa,rank=4,task=rte,lr=1e-4,lr_ratio=1")
 
 
 def test_rank_shows_every_run_and_keeps_failed_runs_out_of_the_mean(store_path):

@@ -17,7 +17,7 @@ import pytest
 
 from peftlab.config import TrainConfig
 from peftlab.resolve import build_run_config
-from peftlab.lab.plot import make_figure, save_figure
+from peftlab.lab.plot import draw, save_figure
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
 from fake_results import checked  # noqa: E402 - tests/ is on sys.path
@@ -141,7 +141,7 @@ def test_every_text_lies_inside_the_saved_canvas(rows, tmp_path, case):
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # e.g. "constrained_layout not applied": text would clip
-        fig = make_figure(rows, **CASES[case])
+        fig = draw(rows, **CASES[case]).figure
         out = save_figure(fig, Path(OUT or tmp_path) / f"{case}.png", close=False)
     try:
         assert layout_problems(fig, out) == []

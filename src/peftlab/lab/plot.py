@@ -1,24 +1,6 @@
 """``peftlab plot STORE|RUN... --kind lr-grid|heatmap|curves|sigma|rank --out FILE.{png,pdf,svg}``: figures for
-a paper from results stores and run folders.
-
-* ``lr-grid``: eta_QK (``lr``) x eta_V (``lr * lr_ratio``) per task, log axes, the lambda = 1 diagonal dashed
-  (:mod:`peftlab.lab.figures.heatmap`).
-* ``heatmap``: a metric over any two config keys (``--x lr --y lr_ratio`` by default).
-  Both heatmaps: cells ``mean`` / ``(n)`` and ``k/N ✗`` (failed), blank where nothing ran, one colour scale
-  per task (a colour bar per panel), the best cell boxed only where a paired 95 % CI against the runner-up
-  excludes 0; a one-row or one-column selection is drawn as lines instead (and says so).
-* ``curves``: learning curves from step-level evaluations (result.json ``curve``; epoch ends otherwise), median
-  over seeds with a quantile band (``--band quartiles|range``), over ``--curve-x epoch|step``; runs that
-  failed to learn drawn thin (:mod:`peftlab.lab.figures.curves`).
-* ``sigma``: what training changed in KaSA's Δσ (``kasa_sigma - kasa_sigma_init``) per layer and projection;
-  runs without the initial values are refused (:mod:`peftlab.lab.figures.sigma`).
-* ``rank``: the metric against ``--x`` (default rank), a line per other config, every run a dot
-  (:mod:`peftlab.lab.figures.points`).
-
-Every figure is drawn in a paper style (:func:`peftlab.lab.figures.paper.style`: 8-pt type at its printed size,
-Okabe-Ito colours, text kept as text in PDF/SVG) with constrained layout, and saved uncropped; the file type
-follows ``--out``'s suffix. Pruned tune trials are left out (they are incomplete runs), and the CLI prints a
-line saying so. All of this reads run records (:mod:`peftlab.lab.records`) only.
+a paper from results stores and run folders (the kinds: :mod:`peftlab.lab.figures`), in a paper style, saved
+uncropped. Pruned tune trials are left out (incomplete runs), with a note. It reads run records only.
 """
 
 from __future__ import annotations
@@ -90,15 +72,8 @@ def draw(rows: list[dict], *, kind: str, x: str | None = None, y: str | None = N
     return drawn
 
 
-def make_figure(rows: list[dict], **options):
-    """The matplotlib Figure of :func:`draw` (constrained layout; :func:`save_figure` writes it)."""
-    return draw(rows, **options).figure
-
-
 def make_plot(rows: list[dict], *, kind: str, out: str | Path, **options) -> Drawn:
     """:func:`draw` written to ``out`` (.png, .pdf or .svg); the Drawn's ``data`` and ``notes``, figure closed."""
-    if kind not in KINDS:
-        raise PeftlabError(f"unknown --kind '{kind}'", fix=f"use one of {', '.join(KINDS)}")
     out = Path(out)
     if out.suffix.lower() not in SUFFIXES:
         raise PeftlabError(f"--out must end in {', '.join(SUFFIXES)}, got '{out.name}'")

@@ -1,18 +1,10 @@
 """The cells of a sweep, a tune and a study for :mod:`peftlab.preflight`, and their preflight before any run.
 
-Each command turns what it plans into :class:`~peftlab.preflight.Cell` s (a label the problem lines use and a
-resolved config), names the paths it writes (the runs' root, the store), the runs it may train (sized for disk
-room) and what the plan itself needs (Ray and its cluster with ``--backend ray``), then calls
-:func:`peftlab.preflight.check`: every problem one line naming its cells, exit 2, before any store or run folder
-is made. ``dry_run``: the findings are returned to be printed with the plan, and raised after it.
-
-* a **sweep**: every run of the grid is a cell; the runs still to train (those the store does not hold as
-  finished) are sized;
-* a **tune**: each point of a list-only search space (the base seed), else the base config with each range at
-  its low end; sized: the trials its budget allows (at most the grid), the seed re-runs and the held-out runs;
-* a **study**: the first run of each row (and arm) of each task, the configs its own check builds; sized: the
-  runs its searches may train (every grid point and extension on the selection seeds), the held-out runs and
-  the ablations.
+Each command turns its plan into :class:`~peftlab.preflight.Cell` s (a label and a resolved config), names the
+paths it writes, sizes the runs it may train for disk room and names what the plan needs (Ray with
+``--backend ray``), then calls :func:`peftlab.preflight.check` before any store or run folder is made. A sweep's
+cells are its runs; a tune's its grid points (else each range at its low end); a study's the first run of each row
+and arm of each task. ``dry_run``: the findings are returned to be printed with the plan.
 """
 
 from __future__ import annotations

@@ -1,31 +1,14 @@
-"""``peftlab sweep --backend ray`` (and ``peftlab tune --backend ray``): each run as a Ray task.
+"""``peftlab sweep --backend ray`` (and ``tune``, ``study``): each run as a Ray task.
 
-The driver (the process that runs the sweep) owns the SQLite results store exactly as the local backend
-does: it registers the runs, claims each pending one (owner = the driver process), submits it as a Ray task
-and records what the task returns (:class:`peftlab.lab.runner.Detached`, as ``--workers N`` does). The task
-trains with the runner's :func:`peftlab.lab.runner.run_one` (adopting a finished result.json, resuming a
-checkpoint) but hands the outcome back instead of writing the store, so the store never has to be reachable
-from other machines and only the driver ever writes it; ``peftlab report``/``plot`` read it as before.
+The driver owns the SQLite store as the local backend does: it claims each run, submits it as a task and records
+what the task returns (:class:`peftlab.lab.runner.Detached`), so the store never has to be reachable from other
+machines. A task trains with :func:`peftlab.lab.runner.run_detached` (adopting a finished result.json, resuming a
+checkpoint). A worker or node that dies mid-run is retried by Ray (``--max-retries``), resuming the run's
+checkpoint, then recorded ``failed``; a killed driver leaves rows with a dead owner, which the next sweep resumes.
 
-What happens when something dies:
-
-* a run that raises: recorded ``failed`` with its reason, as locally (an error is not retried);
-* a Ray worker process (or its node) that dies mid-run, e.g. the OOM killer or a preempted machine: Ray
-  runs the task again (``--max-retries``, default 2); the retry resumes from the run's last checkpoint, as
-  its folder is the same. After the last retry the run is recorded ``failed`` with Ray's reason, and
-  ``--retry-failed`` queues it again;
-* the driver killed: its rows stay ``running`` with a dead owner, which the next sweep resets to pending
-  (they resume from their checkpoints); Ray ends a dead driver's tasks with its job.
-
-A run is recorded once: only the driver writes, and a claim takes one outcome (``Store.finish``, which also
-moves a pruned tune trial off the complete run's key, as locally).
-
-A cluster: ``ray start --head`` on one machine, ``ray start --address HEAD:6379`` on the others, then the
-sweep on the head with ``--address HEAD:6379`` (or ``auto``). Every node needs peftlab installed and must
-see the runs' root and the data at the same paths (a shared file system): run folders are written by the
-workers, with absolute paths. The driver's ``PEFTLAB_*``, ``HF_*`` and ``TOKENIZERS_PARALLELISM``
-variables are passed to the tasks. Without ``--address`` a local Ray is started for the sweep and stopped
-after it.
+A cluster needs peftlab on every node and the runs' root and data at the same paths (run folders are absolute);
+the driver's ``PEFTLAB_*``, ``HF_*``, ``TRANSFORMERS_*`` and ``TOKENIZERS_PARALLELISM`` variables reach the tasks.
+Without ``--address`` a local Ray is started for the command and stopped after it.
 """
 
 from __future__ import annotations

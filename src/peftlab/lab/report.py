@@ -1,46 +1,15 @@
 """``peftlab report PATH...``: the papers' table from results stores or run folders, with a reviewer's statistics.
 
-Inputs: each PATH is a sweep's ``results.sqlite`` (or the sweep's output folder holding it), or a run folder
-written by ``peftlab train`` (``result.json``, optionally ``config.yaml``), so ``peftlab report runs/*/``
-works; a folder with only ``config.yaml`` is an unfinished run. Anything else is an error.
-
-Rows are configs grouped without the seed (nor task, output folder, or settings that vary only with the
-task, such as a per-task epoch count), methods in the order the runs list them (a sweep's grid order), other
-keys by value; columns are tasks (their primary metric, ``best`` epoch by default), an Avg column (mean over
-tasks of the cell means, only for rows with every task, and left out when a column is a lower-is-better metric
-such as eval_loss) and #Param. A cell is ``mean ± std (n)`` with the sample std (ddof=1) over the seeds of its
-*finished* runs: ``ok`` ones and those labelled ``no_learning``, ``collapsed`` or ``diverged``, each at its measured
-value. A run is never left out for how it came out: its label is counted in [brackets] with the cell's median and
-range (``49.7 ± 42.0 (5) [2 no_learning; median 79.0, range 2.5–82.0]``), so a bimodal cell never reads as a bare
-mean; a labelled run without a value (diverged before its first evaluation) is counted as "no value" (it cannot be
-paired). Runs that crashed (``failed``) and pruned tune trials (status ``pruned``, or older ``ok`` rows with
-result.json ``stopped_early``) did not finish: they are counted after "left out:", never averaged, and a pruned
-trial is not counted at all where a complete run of the same config and seed exists (a (config, seed) appears
-once). Runs with ``epochs: 0`` form the before-fine-tuning row(s). A "majority class" row follows them: per
-task, the mean of the runs' ``majority_baseline`` (always predicting the evaluated dev set's most frequent class; 0
-for correlation metrics), for GLUE-style tasks scored on their primary metric; a note says when runs disagree. It is
-``Table.majority`` (not one of ``Table.rows``); in the CSV a row labelled "majority class".
-
-``--baseline "method=lora,targets=q,k,v,lr_ratio=1"`` picks a row (labelled "(baseline)"); every other cell is
-compared with the baseline's cell of its task (lab/stats.py: ``--test auto|paired|wilcoxon|welch|student``,
-``--ci t|bootstrap``, ``--correction bh|holm|none``, ``--equivalence-margin M``, ``--power``, ``--power-diff D``).
-The cell then reads ``85.0 ± 1.0 (3)† Δ +5.0 (CI +2.1, +7.9) p=0.0036 (adj 0.0072), 3 pairs``: † marks p (the
-adjusted p under a correction) < ``--alpha``; Δ is the difference to the baseline with its 95 % CI; paired tests
-say how many seeds they paired (every seed both rows finished with a value); ``equivalent within M`` is added only
-where the TOST passes after the correction. Where a comparison holds labelled runs, the bracket adds the same
-comparison without them (``without labels: Δ ...``, corrected over those sensitivity comparisons apart).
-The CSV carries ``{task}_labels``, ``_no_value``, ``_excluded`` (left out), ``_diff``, ``_ci_low``, ``_ci_high``,
-``_n_pairs``, ``_p``, ``_p_adj``, the sensitivity's ``_diff_without_labels``, ``_n_pairs_without_labels``,
-``_p_without_labels``, ``_p_adj_without_labels`` (and ``_tost_p``, ``_equivalent``; ``_detectable``,
-``_seeds_needed`` with --power) unrounded.
-
-Code provenance (lab/provenance.py): under each table a line says how many commits and dirty runs it mixes; a
-table of runs from more than one commit is refused (PeftlabError, exit 2) unless ``--allow-mixed-code``.
-
-``--params`` picks the #Param convention: ``total`` (default: every trainable parameter, the classification
-head included, once), ``adapter`` (the head left out) or ``yao`` (Yao et al.'s: adapter + 2 × head for every
-adapter method, so their LoRA {q,v} r=8 on RoBERTa-base reads 1.48M = 294,912 + 2 × 592,130; the total for
-``full`` fine-tuning). The footnote says which.
+Each PATH is a sweep's ``results.sqlite`` (or its folder) or a ``peftlab train`` run folder. Rows are configs
+grouped without the seed (nor anything that varies only with the task, :mod:`peftlab.lab.report_rows`), columns
+are tasks, then Avg and #Param. A cell is ``mean ± std (n)`` over the seeds of its *finished* runs, labelled ones
+(no_learning, collapsed, diverged) at their value: a run is never left out for how it came out, its label is
+counted in [brackets] with the cell's median and range, so a bimodal cell never reads as a bare mean. Failed runs
+and pruned tune trials did not finish: counted as "left out", never averaged (a pruned trial not at all where a
+complete run of its config and seed exists). Epochs-0 runs form the before-fine-tuning rows; the majority-class
+row (``Table.majority``) follows them. ``--baseline`` compares every other cell with the baseline's cell of its
+task (:mod:`peftlab.lab.stats`); the footnote (:mod:`peftlab.lab.tables`) says what every mark and number means.
+A table of runs from more than one commit is refused unless ``--allow-mixed-code`` (:mod:`peftlab.lab.provenance`).
 """
 
 from __future__ import annotations

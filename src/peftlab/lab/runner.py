@@ -1,17 +1,10 @@
-"""One run of a sweep or a tune, and the executors that train runs: the code ``peftlab sweep`` and ``peftlab tune``
-share, whatever the backend.
+"""One run of a sweep or a tune, and the executors that train runs, whatever the backend.
 
-A run is a dict ``{"key", "config"}`` (a registered row of the results store). :func:`run_one` trains a claimed
-run and records its outcome: an output folder from an earlier attempt is reused (a finished result.json
-adopted, a checkpoint resumed, anything else replaced). It records into the store, or into an
-:class:`Outcome` where the run trains away from the store (another process, a Ray worker: :func:`run_detached`)
-and the process that claimed it records what comes back (:func:`record`).
-
-Every executor has the same four calls (:class:`Executor`): ``submit`` a run, ``wait`` for the keys whose
-outcome is now in the store, ``len()`` the runs in flight against ``slots``, and ``abort`` (hand back what is
-in flight, e.g. on Ctrl-C). :class:`InProcess` trains here, one run at a time; :class:`Detached` claims each
-run in this process and trains it elsewhere: local processes (:mod:`peftlab.lab.sweep_workers`) or Ray
-tasks (:mod:`peftlab.lab.ray_backend`).
+:func:`run_one` trains a claimed run and records its outcome (a finished result.json adopted, a checkpoint resumed,
+anything else replaced) into the store, or into an :class:`Outcome` where it trains away from the store (another
+process, a Ray worker) and the claiming process records what comes back (:func:`record`). Every executor has
+the same calls (:class:`Executor`): :class:`InProcess` trains here, one run at a time; :class:`Detached` claims
+each run here and trains it elsewhere (:mod:`peftlab.lab.sweep_workers`, :mod:`peftlab.lab.ray_backend`).
 """
 
 from __future__ import annotations

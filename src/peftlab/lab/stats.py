@@ -2,43 +2,13 @@
 (TOST), a multiple-comparison correction and power. All of it is scipy's; only Holm's step-down is written here
 (neither scipy nor any other dependency has it).
 
-Tests (``--test``). Runs of different rows at the same seed train on the same subset and are scored on the same
-dev set, so rows are *paired* by seed:
-
-* ``paired``: ``scipy.stats.ttest_rel`` over the seeds present in both cells, matched by seed (a seed run twice
-  in one cell counts at its mean); each cell says its number of pairs.
-* ``wilcoxon``: ``scipy.stats.wilcoxon`` (signed-rank, exact for small n) on the same pairs.
-* ``welch`` / ``student``: ``scipy.stats.ttest_ind`` with ``equal_var`` False / True over all the seeds of each
-  cell (KaSA's "independent two-sample t-test" is Student's).
-* ``auto`` (default): ``paired`` when the compared rows share seeds (every comparison with 2+ runs on both sides
-  has 2+ seeds in common), else ``welch``; the footnote says which and why.
-
-The difference is cell minus baseline (the mean paired difference for the paired tests). Its 95 % CI: ``--ci t``
-(default) is the t interval of the test's own statistic (``ttest_rel`` / ``ttest_ind(...).confidence_interval``;
-the paired t interval for Wilcoxon too); ``--ci bootstrap`` is ``scipy.stats.bootstrap`` (BCa, 9,999 resamples,
-``rng=numpy.random.default_rng(0)`` per cell, so a table is reproducible) of the mean paired difference, or of the
-difference of means for the unpaired tests.
-
-Equivalence (``--equivalence-margin M``, in the table's scale): two one-sided tests of the same kind as
-``--test`` (paired: ``ttest_rel(cell, baseline - M, alternative="greater")`` and ``ttest_rel(cell, baseline + M,
-alternative="less")``); its p is the larger of the two (intersection-union: both must pass, no adjustment between
-them), corrected over the table's equivalence tests like the difference tests; a cell is "equivalent within M"
-only when that corrected p < alpha.
-
-Labelled runs (``no_learning``, ``collapsed``, ``diverged``) finished: they are in every comparison at their value,
-never dropped for how they came out. Where one is, :func:`without_labels` runs the same test with them left out of
-both cells (the *sensitivity*), corrected over the sensitivity comparisons as a family of their own.
-
-Corrections (``--correction``) over all the table's comparisons together: ``bh`` (default;
-``scipy.stats.false_discovery_control(method="bh")``, false discovery rate), ``holm`` (Holm's step-down,
-family-wise error: :func:`holm`) or ``none``.
-
-Power (``--power``): per comparison, from the observed sd of the paired differences and the number of pairs, the
-smallest true difference a two-sided paired t-test at ``--alpha`` (uncorrected) detects with 80 % power, and the
-seeds needed for 80 % power at ``--power-diff`` (default: the observed difference). Exact, from the noncentral t
-distribution: power = P(|T| > t_crit) with T ~ ``scipy.stats.nct(df=n-1, nc=d * sqrt(n) / sd)``; no normal
-approximation. The unpaired tests use the two-sample t (pooled sd, df = n1 + n2 - 2, nc = d / (sd * sqrt(1/n1 +
-1/n2)), equal seeds per row for the seeds needed).
+Runs of different rows at the same seed train on the same subset and are scored on the same dev set, so the
+paired tests match cells by seed (a seed run twice in one cell counts at its mean); ``--test auto`` pairs when the
+compared rows share 2+ seeds, else uses Welch's. ``--ci bootstrap`` resamples with a fixed seed per cell, so a
+table is reproducible. TOST's p is the larger of its two one-sided p-values (intersection-union), corrected over
+the table's equivalence tests. Labelled runs (no_learning, collapsed, diverged) finished: they are in every
+comparison at their value; :func:`without_labels` repeats the test without them, a family of its own for the
+correction. Power is exact, from the noncentral t (``scipy.stats.nct``), no normal approximation.
 """
 
 from __future__ import annotations

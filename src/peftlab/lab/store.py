@@ -1,26 +1,13 @@
-"""The results store: one SQLite row per run of a sweep, keyed by a hash of the run's resolved config.
+"""The results store: one SQLite row per run, keyed by a hash of the run's resolved config (:func:`config_key`).
 
-Columns: ``key`` (sha256 of the resolved config without what may change on resume: :func:`config_key`), ``status``
-(pending, running, ok, diverged, collapsed, no_learning, pruned, failed), ``config`` and ``result`` (JSON),
-``output_dir``, ``started``/``finished`` (ISO 8601 UTC), ``seconds``, ``attempts``, ``error`` and ``owner``
-(the process that holds a running row: ``host|pid|token``). The ``owners`` table holds each holder's heartbeat
-(:mod:`peftlab.lab.store_owner`).
+A pruned run (a ``peftlab tune`` trial its pruner stopped) never keeps the complete run's key: :meth:`Store.finish`
+moves its row to :func:`pruned_key` and its folder to :func:`pruned_dir`, so a later complete run of the same
+config trains afresh. A schema-1 store opened for writing is migrated in place in one transaction; read-only it
+is left as it is, its pruned rows read as ``pruned`` (:func:`effective_status`).
 
-A pruned run (a ``peftlab tune`` trial its pruner stopped: result status ``pruned``, or ``ok`` with
-``stopped_early`` from before that status existed) is never kept under the key of the complete run of its
-config: :meth:`Store.finish` moves its row to :func:`pruned_key` (``<key>.pruned-e<epochs run>``, config and
-result kept) and renames its run folder to :func:`pruned_dir` (``<folder>.pruned-e<epochs run>``), so a later
-complete run of the same config (a sweep into the same store and folder) is pending and trains afresh.
-
-Schema 2 (this one) admits no_learning and pruned. A schema-1 store opened for writing is migrated in place
-in one transaction (rows and rowids kept; its pruned rows, stored ``ok`` then, move to their pruned keys);
-opened read-only it is left as it is, and its pruned rows read as status ``pruned`` (:func:`effective_status`).
-
-Concurrency: WAL journal, a busy timeout, and every read-modify-write in one ``BEGIN IMMEDIATE``
-transaction, so several worker processes can claim and record runs in one store without losing or
-duplicating rows. A ``running`` row whose holder stopped beating (a killed sweep, a lost machine) is claimable
-again.
-WAL needs a local file system (not NFS).
+Concurrency: WAL (a local file system, not NFS), a busy timeout, and every read-modify-write in one
+``BEGIN IMMEDIATE`` transaction, so worker processes claim and record runs without losing or duplicating rows; a
+``running`` row whose holder stopped beating (:mod:`peftlab.lab.store_owner`) is claimable again.
 """
 
 from __future__ import annotations
@@ -60,7 +47,7 @@ STORE_NAME = "results.sqlite"
 def config_key(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of a resolved config (``TrainConfig.to_dict()``): its resumable options
     left out (or pinned: KEY_PINNED), the options added after key schema 1 left out while at their defaults."""
-    defaults = _added_option_defaults()
+    defaults = option_defaults_json()
     canonical = {}
     for k, v in config.items():
         if k in KEY_EXCLUDED:
@@ -76,11 +63,11 @@ def config_key(config: dict[str, Any]) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _added_option_defaults() -> dict[str, Any]:
-    """Defaults of the TrainConfig options that key schema 1 did not have (the schema, not a run's values)."""
-    # flat names, as to_dict() keys them: an option added to a group (cfg.kasa.x) is kasa_x here
+def option_defaults_json() -> dict[str, Any]:
+    """Every TrainConfig option's default as a run's config records it: flat names, as to_dict() keys them (an
+    option of a group, cfg.kasa.x, is kasa_x here), tuples as JSON lists."""
     return {name: list(value) if isinstance(value, tuple) else value
-            for name, value in option_defaults(TrainConfig).items() if name not in KEY_FIELDS_V1}
+            for name, value in option_defaults(TrainConfig).items()}
 
 
 def short_key(key: str) -> str:
@@ -225,16 +212,6 @@ class Store:
             self._heartbeat = heartbeat(self.path, self.owner)
             self._heartbeat.hold()
         return row_dict(row)
-
-    def claim_next(self, keys: Iterable[str]) -> dict | None:
-        """Claim the first pending run among ``keys`` (in their order); None when none is left."""
-        statuses = self.statuses()
-        for key in keys:
-            if statuses.get(key) == "pending":
-                row = self.claim(key)
-                if row is not None:
-                    return row
-        return None
 
     def release(self, key: str) -> bool:
         """Give a claimed run back (pending), e.g. on Ctrl-C."""

@@ -1,28 +1,10 @@
 """``peftlab store check STORE [--repair] [--json]``: verify a results store, and requeue what is stale.
 
-What is checked (one line per problem found: the row's short key, what is wrong, how to fix it):
-
-* the file: SQLite's ``PRAGMA quick_check`` and ``PRAGMA integrity_check`` (a truncated or overwritten file);
-* every row's config: it parses, and its key is :func:`~peftlab.lab.store.config_key` of it (a pruned row's
-  key is :func:`~peftlab.lab.store.pruned_key` of it), so no row is filed under another run's key;
-* every row's status against its result: a finished row has a result that parses and whose status implies
-  the row's (a pruned trial lives under a pruned key, and only a pruned trial does); a failed row has an error;
-* ``running`` rows: one whose holder stopped beating (its heartbeat in the store is older than the lease, or it
-  never beat; on this machine also a pid that is gone: a killed sweep or tune) is stale, whichever machine
-  held it (:mod:`peftlab.lab.store_owner`);
-* run folders, where they are found (relative paths are tried against the working directory, then beside
-  the store): a finished row's ``result.json`` must parse and name the same run and status; two rows must not
-  share a folder; a run folder beside the store's runs that no row names is an orphan.
-
-``--repair`` changes only what it can change safely, each in its own conditional transaction (a row a live
-sweep changed meanwhile is left alone), and prints each change: a stale running row goes back to pending (the
-next sweep or tune resumes it from its checkpoint); a finished row whose result cannot be parsed, or whose
-result says failed, is marked failed with the reason (``--retry-failed`` reruns it); a finished row whose
-result names another finished status takes that status (the result is the run's own record); a failed row
-without an error gets one; a pruned row under a complete run's key moves to its pruned key; a finished run's
-unreadable ``result.json`` is rewritten from the store's copy. It never deletes a row. Running it twice
-changes nothing the second time. Exit status: 0 clean (after the repairs, with ``--repair``), 1 problems
-remain, 2 bad input (no such store, not a results store).
+One line per problem (the row's short key, what is wrong, how to fix it): the file's integrity, each row's key
+against its config, each status against its result, stale ``running`` rows (:mod:`peftlab.lab.store_owner`), and
+the run folders found from here (relative paths: the working directory, then beside the store). ``--repair``
+(:mod:`peftlab.lab.store_repair`) applies only the safe fixes, never deletes a row, and is idempotent. Exit
+status: 0 clean, 1 problems remain, 2 not a results store.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Who holds a running row of a results store, and whether it still does: a heartbeat in the store itself.
 
-A process that claims a row writes its owner string (``host|pid|token``, the token random per process) into the
-row and its heartbeat into the store's ``owners`` table (owner -> unix time), then a daemon thread of that
-process renews the beat every :data:`BEAT_SECONDS` for as long as a :class:`~peftlab.lab.store.Store` of the
-process that claimed something is open. Any process, on any machine that sees the store, reads liveness from
-that table: a holder whose beat is older than :data:`LEASE_SECONDS` is gone, and its running rows are claimable
-again. On the holder's own machine a pid that no longer exists is gone at once (``os.kill(pid, 0)``), so a
-killed sweep's runs resume without waiting out the lease; a recycled pid is told apart by its beat (the new
-process never beats under the old owner string).
-
-The lease must exceed the clocks' skew between machines that share a store (WAL stores need one local file
-system anyway) and the longest a beat can wait for the store's write lock; a beat that cannot get the lock is
-retried at the next tick, so a lease of many beats rides that out.
+A claiming process writes its owner (``host|pid|token``) into the row and its beat into the ``owners`` table, then a
+daemon thread renews the beat while a Store of that process is open. Any machine that sees the store reads
+liveness there: a beat older than the lease is gone; on the holder's own machine a missing pid is gone at once,
+and a recycled pid never beats under the old token. The lease must exceed the clock skew between machines and
+the longest wait for the write lock; a beat that misses the lock is retried at the next tick.
 """
 
 from __future__ import annotations

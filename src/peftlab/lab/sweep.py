@@ -1,20 +1,11 @@
-"""``peftlab sweep SPEC.yaml``: run each run of a spec once, recording every run in a results store.
+"""``peftlab sweep SPEC.yaml``: run each run of a spec (:mod:`peftlab.lab.spec`) once, recording it in a results store.
 
-The spec (base config, grid, zip groups) and how it expands into runs, keys and output folders:
-:mod:`peftlab.lab.spec`. Re-running a spec (or a spec that overlaps it) skips finished runs (ok, diverged,
-collapsed, no_learning), reruns unfinished ones (resuming from their checkpoint) and, with ``--retry-failed``,
-failed ones. A run that raises is recorded as failed and the sweep goes on. A pruned tune trial of the same
-config is never a finished cell: it is stored under another key (:func:`peftlab.lab.store.pruned_key`), and a
-pruned run's folder found where the cell's run goes is renamed aside (:func:`peftlab.lab.store.pruned_dir`)
-before the cell trains afresh.
-
-Runs train through an executor (:mod:`peftlab.lab.runner`): in this process (default), in ``--workers N``
-spawned processes, one per run (:mod:`peftlab.lab.sweep_workers`; a worker that dies has its run marked
-failed and is replaced), or as Ray tasks (``--backend ray``: :mod:`peftlab.lab.ray_backend`). Another process
-training runs of the same spec (a second sweep, a tune) is waited for, so a sweep returns when every run it
-sees is settled. A full disk is the machine's fault, not the run's: the run is handed back (pending, resumed
-next time) and the sweep stops with one line; so does a write the store refuses. Each run's output
-(stdout/stderr, also of C code) goes to ``<output_dir>/logs/<short key>.log``.
+A rerun skips finished runs, resumes unfinished ones and, with ``--retry-failed``, reruns failed ones; a run that
+raises is recorded failed and the sweep goes on. Runs train through an executor (:mod:`peftlab.lab.runner`): in
+this process, ``--workers N`` processes (:mod:`peftlab.lab.sweep_workers`) or Ray tasks
+(:mod:`peftlab.lab.ray_backend`). Runs another process holds are waited for, so a sweep returns when every run it
+sees is settled. A full disk is the machine's fault, not the run's: the run is handed back (pending) and the sweep
+stops with one line. Each run's output (C code's too) goes to ``<output_dir>/logs/<short key>.log``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The data behind ``peftlab plot --kind heatmap`` and ``--kind lr-grid``: panels of cells over two config keys,
 and the one cell a figure may call best.
 
-A cell holds the runs of one (x, y) value pair: its mean over the runs that ended ok, how many those are, and
-how many did not end ok (diverged, collapsed, no_learning, failed: counted, never averaged). A cell no run
-reached is NaN and drawn blank. The best cell is marked only when it is *distinguishable* from the runner-up:
-the paired difference over the seeds both cells ran (matched by seed) has a 95 % t confidence interval
-(``scipy.stats.ttest_rel``) that excludes 0. Only cells whose runs all ended ok are candidates: a cell that
-breaks a seed is not the one to pick, whatever the mean of its other seeds.
-
-:func:`heatmap_data` refuses, or hands back a :class:`LineInstead`, rather than build a one-row or one-column
-heatmap (a grid with a single value on an axis says nothing a line would not say better); panels that are
-not grids beside panels that are are left out, with a note naming them.
+A cell's mean is over its runs that ended ok; the others are counted, never averaged; a cell no run reached is NaN
+(blank). The best cell is marked only when it is *distinguishable* from the runner-up (a paired 95 % t CI over
+their common seeds excludes 0), and only cells whose runs all ended ok are candidates. A one-row or one-column
+heatmap is refused or drawn as lines (:class:`LineInstead`): it says nothing a line would not say better.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """``peftlab plot --kind curves``: learning curves, one panel per task, one line per config.
 
-Points are the dev evaluations during training, result.json ``"curve"`` (``{step, epoch, metrics}`` for every
-``--eval-steps`` and epoch-end evaluation), over fractional epochs (``--curve-x epoch``) or optimizer steps
-(``--curve-x step``). A run without a curve contributes its epoch-end evaluations (``epochs_log``) and its
-line says so. Each line is the median over the seeds that ended ok, with a band of their quantiles (25-75 %, or
-the full range with ``--band range``), never mean ± std, and never outside the metric's valid range (accuracy
-and F1 in [0, 1], correlations in [-1, 1], times ``--scale``). Runs that failed to learn (collapsed,
-no_learning, diverged) are drawn as thin dotted lines of their own, not folded into the band. ``--loss`` adds a
-row of the epoch-end train loss.
+Points are result.json's ``curve`` (every ``--eval-steps`` and epoch-end evaluation; a run without one
+contributes its ``epochs_log``, and its line says so). Each line is the median over the seeds that ended ok with
+a quantile band, never mean ± std, and never outside the metric's valid range; runs that failed to learn are thin
+dotted lines of their own, not folded into the band.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""``peftlab plot --kind heatmap`` and ``--kind lr-grid``: a metric over two config keys, one panel per task.
-
-* ``lr-grid``: eta_QK (``lr``) x eta_V (``lr * lr_ratio``) as in Yao et al. Figure 1, both on log axes with
-  ticks at the rates present, so the lambda = 1 control is the diagonal (dashed).
-* ``heatmap``: any two keys (``--x lr --y lr_ratio`` by default); learning rates and lambda on log axes.
-
-Every cell says the mean and ``(n)`` of its runs that ended ok and ``k/N ✗`` for those that did not (never in
-the mean; a cell of failures only is hatched); a cell no run reached is blank. One colour scale per task: each
-panel has its colour bar, and panels of a task share its limits. A box marks the best cell only where it is
-distinguishable from the runner-up (:func:`peftlab.lab.figures.cells.best_cell`); the panel title says so
-either way. A selection that would make a one-row or one-column heatmap is drawn as lines
-(:mod:`peftlab.lab.figures.points`) with a note saying so (:mod:`peftlab.lab.figures.cells`).
+"""``peftlab plot --kind heatmap`` and ``--kind lr-grid`` (eta_QK x eta_V, Yao et al. Figure 1, the lambda = 1
+diagonal dashed): a metric over two config keys, one panel per task, one colour scale per task. Each cell
+states its mean and ``(n)`` of the runs that ended ok and ``k/N ✗`` for the others (a cell of failures only is
+hatched); the best cell is boxed only where :func:`peftlab.lab.figures.cells.best_cell` tells it apart.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ two or three fit the text width at 8-pt type.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import re
 from collections import defaultdict
@@ -19,6 +18,7 @@ from typing import Any
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.records import RunRecord, fmt_value, hashable, varying_keys
+from peftlab.lab.store import option_defaults_json
 
 DERIVED = {"v_lr": "lr * lr_ratio (eta_V)", "qk_lr": "lr (eta_QK)"}
 # Axis titles for config keys whose name alone does not say what they are (the papers' symbols; mathtext
@@ -161,11 +161,6 @@ def task_title(task: str) -> str:
     return title(task)
 
 
-def status_summary(counts: dict[str, int]) -> str:
-    """``collapsed, diverged ×2``: the statuses of the runs left out, with their counts."""
-    return ", ".join(f"{s} ×{n}" if n > 1 else s for s, n in sorted(counts.items()))
-
-
 # --------------------------------------------------------------------------- metrics
 
 
@@ -205,18 +200,10 @@ def lower_is_better(names) -> bool:
 # --------------------------------------------------------------------------- groups of runs
 
 
-@functools.lru_cache(maxsize=1)
-def _option_defaults() -> dict:
-    from peftlab.config import TrainConfig, option_defaults
-
-    return {name: list(value) if isinstance(value, tuple) else value
-            for name, value in option_defaults(TrainConfig).items()}
-
-
 def with_defaults(config: dict) -> dict:
     """``config`` with the options it lacks at their defaults: a run recorded before an option existed ran as
     its default does (the store's run keys assume the same), so it groups with runs that record the default."""
-    return {**{k: v for k, v in _option_defaults().items() if k not in config}, **config}
+    return {**{k: v for k, v in option_defaults_json().items() if k not in config}, **config}
 
 
 def split_by_config(records: list[RunRecord], drop: set[str]

@@ -1,36 +1,17 @@
 """``peftlab tune SPEC.yaml``: choose lambda (and eta_QK, rank, KaSA's beta/gamma...) within a budget.
 
-Two phases, both ordinary runs in the tune's results store (``<output_dir>/results.sqlite``, the same
-result.json as ``peftlab train``, so ``peftlab report``/``plot`` read them):
+Three phases, all ordinary runs in the tune's results store (so ``peftlab report``/``plot`` read them):
+**search** (trials on the base seed, each epoch's dev metric reported to a pruner; a diverged or collapsed run
+stopped at once), **seeds** (the ``top_k`` complete trials re-run on ``seeds`` seeds, never pruned: the best mean
+wins, so one lucky seed cannot) and **held-out** (the winner on seeds nothing chose with, outside the budget: the
+selection seeds' mean flatters it). A pruned trial is stored under its own key (:func:`peftlab.lab.store.pruned_key`).
 
-1. **search**: trials (one run each, the base seed) of the spec's search space, each reporting its dev
-   metric after every epoch to a pruner that stops the poor ones early (successive halving / ASHA by
-   default, or Hyperband). A run that diverges (the loop's non-finite guard) or collapses to chance (its
-   collapse label) is stopped at once and reported as such. Trials start while the search budget lasts
-   (the seed re-runs are reserved first) and the grid has points left; a started trial runs to its end
-   or its pruning.
-2. **seeds**: the ``top_k`` complete trials are re-run with ``seeds`` seeds (the trial itself is the first),
-   never pruned, and the candidate with the best mean over its seeds wins (see :mod:`peftlab.lab.tune.summary`),
-   so one lucky seed cannot.
-3. **held-out**: the winner is re-run on ``heldout_seeds`` seeds that no trial or re-run used; their mean ±
-   std is its score (the selection seeds' mean is reported apart: it chose the winner, so it flatters it).
-   These epochs are counted apart from the budget (:func:`run_heldout` runs the same check for any point).
-
-A pruned trial is stored under its own key (:func:`peftlab.lab.store.pruned_key`), its folder renamed: the
-trial's Optuna attribute ``key`` and the summary follow it there, and a sweep of the same grid into the same
-store trains the complete runs of those configs afresh.
-
-Why Optuna (not Ray Tune): it runs in this process with nothing to start, its pruners (successive
-halving, Hyperband) take one ``report``/``should_prune`` per epoch from our own loop through a small
-``on_epoch_end`` hook, and its study lives in an SQLite file beside the store, so a killed tune resumes
-from the file: trials left running are continued from their runs' checkpoints, none is asked twice, and
-finished runs are found in the store by their config key. Ray Tune would bring its own trainable
-lifecycle, checkpoint format and results folders next to ours; with ``--backend ray`` we use plain Ray
-tasks for the trials instead (:mod:`peftlab.lab.ray_backend`), and the study stays with one process, a
-Ray actor on the driver's machine (:mod:`peftlab.lab.tune.study`).
-
-Kill and rerun: the study, the store and the runs' checkpoints hold everything; ``tune.lock`` keeps a
-second tune off the same folder while one runs.
+Why Optuna, not Ray Tune: it runs in this process with nothing to start, its pruners take one ``report`` per
+epoch through our ``on_epoch_end`` hook, and its study is an SQLite file beside the store, so a killed tune
+resumes from the files (trials left running continue from their checkpoints; finished runs are found by key).
+Ray Tune would bring its own trainable lifecycle, checkpoints and folders; with ``--backend ray`` the trials are
+plain Ray tasks and the study stays with one Ray actor on the driver's machine. ``tune.lock`` keeps a second
+tune off the same folder.
 """
 
 from __future__ import annotations

@@ -1,31 +1,11 @@
-"""The ``peftlab tune`` spec: what to search, with which budget, and how a winner is named.
+"""The ``peftlab tune`` spec: what to search, with which budget, and how a winner is named (its keys: README,
+"Choosing lambda within a budget").
 
-A spec is YAML, in the sweeps' format where it can be (``base`` is any ``peftlab train`` keys)::
-
-    description: lambda for LoRA q,v on RTE, MiniLM-L6
-    output_dir: runs/tune-rte          # default runs/<spec file stem>; results.sqlite and the study live here
-    base: {model: minilm-l6, task: rte, method: lora, targets: "q,v", epochs: 10, seed: 0}
-    search:                            # key -> list (a grid) or {low, high, log, step} (a range)
-      lr_ratio: [1, 2, 4, 8, 16]
-      lr: [5.0e-4, 1.0e-3]
-    budget: {grid_fraction: 0.35}      # or {epochs: 170}: epochs trained in all, search and seed re-runs
-    seeds: 5                           # the top candidates are re-run with this many seeds (base seed + i)
-    top_k: 2                           # how many candidates get the seed re-runs
-    heldout_seeds: 10                  # then the winner is re-run on this many held-out seeds (0: off) ...
-    heldout_seed_start: 1000           # ... heldout_seed_start + i, which no trial or re-run used
-    pruner: {kind: asha, min_epochs: 1, reduction_factor: 3}   # asha | hyperband | none
-    sampler_seed: 0                    # grid order / TPE seed
-
-The full grid is every search point x ``seeds`` seeds x ``epochs`` epochs (what a sweep of the same space
-would train); ``grid_fraction`` is the budget as a fraction of it. The seed re-runs are reserved out of
-the budget first (``top_k x (seeds - 1) x epochs``: each candidate's search trial is its first seed); the
-search spends the rest. A search with a range (not a list) has no finite grid: give ``budget: {epochs: N}``.
-
-The seeds that chose the winner (the *selection* seeds) flatter it: its mean over them is the best of several
-noisy means. So after the choice the winner is re-run on ``heldout_seeds`` seeds that nothing used to choose
-(``heldout_seed_start`` on; they may not overlap the selection seeds), and that mean ± std is its score. Those
-epochs (``heldout_seeds x epochs``) are counted apart, outside ``budget``: they check the pick, they do not
-make it, and a grid's pick checked the same way costs them too.
+The budget is in epochs trained in all: the seed re-runs (``top_k x (seeds - 1) x epochs``) are reserved first and
+the search spends the rest; ``grid_fraction`` is a fraction of the full grid (every point x ``seeds`` x
+``epochs``), so a search with a range needs ``budget: {epochs: N}``. The held-out seeds (``heldout_seeds``
+from ``heldout_seed_start``) may not overlap the selection seeds, and their epochs are counted outside the
+budget: they check the pick, they do not make it.
 """
 
 from __future__ import annotations
@@ -69,11 +49,6 @@ class SearchParam:
     @property
     def is_range(self) -> bool:
         return self.values is None
-
-    @property
-    def is_int(self) -> bool:
-        return self.is_range and all(isinstance(v, int) for v in (self.low, self.high)) and (
-            self.step is None or isinstance(self.step, int))
 
     def to_json(self) -> dict:
         if self.values is not None:

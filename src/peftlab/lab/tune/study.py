@@ -83,7 +83,7 @@ class StudyKeeper:
         used = []
         for trial in self.study.get_trials(deepcopy=False):
             used.append(trial.params or trial.system_attrs.get("fixed_params") or {})
-        return next((p for p in self.grid if not any(_same(p, u) for u in used)), None)
+        return next((p for p in self.grid if p not in used), None)
 
     def ask(self) -> Ticket | None:
         TrialState = self.optuna.trial.TrialState
@@ -163,10 +163,6 @@ class StudyKeeper:
                         "value": trial.value, "intermediate": {int(k): v for k, v in trial.intermediate_values.items()},
                         "attrs": dict(trial.user_attrs)})
         return out
-
-
-def _same(a: dict, b: dict) -> bool:
-    return set(a) == set(b) and all(a[k] == b[k] for k in a)
 
 
 def _pruner(optuna, spec: dict):

@@ -1,19 +1,10 @@
-"""What a ``peftlab tune`` found: its trials, the candidates' seed re-runs, the winner, and what it spent.
+"""What a ``peftlab tune`` found: its trials, the candidates' seed re-runs, the winner, and what it spent; written
+to ``<output_dir>/tune.json`` after every trial, rendered by ``--summary`` and by ``peftlab report``.
 
-The summary is built from the study's trials and the results store (the runs' result.json), written to
-``<output_dir>/tune.json`` after every trial, and rendered by ``peftlab tune SPEC --summary`` and by
-``peftlab report`` for a store that has a ``tune.json`` beside it.
-
-The winner: among the ``top_k`` complete trials (best dev metric of their best epoch), the one whose seed
-re-runs have the best mean; a candidate any of whose seeds diverged, collapsed, failed or never left chance
-ranks below every candidate whose seeds all trained (a lambda that breaks one seed in five is not the one to
-pick). A trial that ran every epoch but never rose above chance (``no_learning``) is told to Optuna with its
-value; as a candidate it counts as one such seed (its first), so it wins only where nothing learned, and then
-its seed runs give no value (only ``ok`` runs are averaged) and there is no winner.
-
-Its score: the mean over the selection seeds chose it, so it is optimistic; the summary reports it apart
-from the winner's mean ± std on the held-out seeds (``heldout``), whose epochs are counted apart from the
-search budget (``heldout_epochs``; ``spent_epochs`` is what the budget paid for).
+The winner: among the ``top_k`` complete trials, the one whose seed re-runs have the best mean; a candidate any
+of whose seeds did not end ok ranks below every candidate whose seeds all trained (a lambda that breaks one seed
+in five is not the one to pick), so a ``no_learning`` trial wins only where nothing learned, and then there is no
+winner. The selection seeds' mean flatters the winner: the held-out seeds' mean ± std is reported apart.
 """
 
 from __future__ import annotations
