@@ -17,13 +17,7 @@ A spec is YAML::
         weight_decay: [0.0, null]    # null: that run leaves the key at base / its default
 
 Axes vary in the order written (grid keys, then zip groups), the last fastest. Each run's output folder is
-``<output_dir>/<readable name>-<first 12 hex digits of its key>``, e.g. ``rte-lora-qv-l4-s0-3f2a9c1b7d0e``
-(task, method, targets, lambda, seed; ``before`` for an epochs-0 run); the key is a hash of the resolved config without
-output_dir/resume/overwrite, so re-running a spec (or a spec that overlaps it) skips finished runs
-(ok, diverged, collapsed, no_learning), reruns unfinished ones (resuming from their checkpoint) and, with
-``--retry-failed``, failed ones (:mod:`peftlab.lab.sweep` runs them). A pruned tune trial is never a run's
-finished cell: the store keeps it under a key of its own (:func:`peftlab.lab.store.pruned_key`).
-
+``<output_dir>/<readable name>-<first 12 hex digits of its key>``, e.g. ``rte-lora-qv-l4-s0-3f2a9c1b7d0e``.
 :func:`load_spec` builds and checks every run's ``TrainConfig`` before anything trains, and writes nothing.
 """
 

@@ -1,12 +1,7 @@
 """The results store's schema (version 2), how a row's columns are written and read, and how a pruned run is
-named, apart from :mod:`peftlab.lab.store`.
-
-Statuses: a run row is pending or running, then one of RESULT_STATUSES. FINISHED rows are never rerun under
-their key; NOT_OK rows are counted apart by a tune's candidate scores and a figure's cells (reports and
-studies keep finished labelled runs, diverged / collapsed / no_learning, in their means and pairs at their
-value: lab/table_model.Cell). A pruned trial (result status ``pruned``, or ``ok``
-with ``stopped_early`` from before that status) lives under :func:`pruned_key`, its folder at
-:func:`pruned_dir`: the complete run of the same config keeps its own key and folder.
+named, apart from :mod:`peftlab.lab.store`. FINISHED rows are never rerun under their key; NOT_OK rows are counted
+apart by a tune's candidate scores and a figure's cells (reports keep labelled runs at their value:
+lab/table_model.Cell).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``peftlab sweep --workers N``: each run in a fresh spawned process (``concurrent.futures``, one task per child).
 
-An executor (:class:`peftlab.lab.runner.Executor`) whose runs are claimed and recorded by the sweep's process,
-the only writer of the store; a worker trains one run (:func:`peftlab.lab.runner.run_detached`) and exits, so
-no run inherits another's memory, threads or compiled code. Each slot is its own one-process pool: a worker
-that dies (the OOM killer, a crash) breaks only its pool, so its run is known, recorded failed, and the slot
-gets a new pool while the other runs go on. A worker watches its parent and exits when the sweep dies (a
-SIGKILLed sweep must not leave runs training in the background, into folders its rerun resumes). A run that
-meets a full disk is handed back (pending) and the sweep stops with that one line once the others ended.
+The sweep's process claims and records every run (the only writer of the store); a worker trains one run and
+exits, so no run inherits another's memory, threads or compiled code. Each slot is its own one-process pool: a
+worker that dies breaks only its pool, so its run is known and recorded failed while the others go on. A worker
+exits when the sweep dies: a SIGKILLed sweep must not leave runs training into folders its rerun resumes.
 """
 
 from __future__ import annotations

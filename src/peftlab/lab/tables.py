@@ -1,10 +1,7 @@
 """Rendering a report :class:`~peftlab.lab.table_model.Table`: Markdown, LaTeX (booktabs) and CSV, through pandas.
 
-The cells are formatted here (``mean ± std (n)``, the † mark, the difference to the baseline with its CI, p-values,
-pairs, equivalence, the labelled runs with the median and range and the comparison without them, the runs left
-out); pandas lays them out (``DataFrame.to_markdown`` via tabulate, ``to_latex``, ``to_csv``). The CSV carries
-unrounded numbers. With ``--power`` a second table follows (md, latex) or power columns join the CSV
-(:mod:`peftlab.lab.tables_power`).
+The cells are formatted here; pandas lays them out (``to_markdown`` via tabulate, ``to_latex``, ``to_csv``). The
+CSV carries unrounded numbers. With ``--power`` a second table follows (md, latex) or power columns join the CSV.
 """
 
 from __future__ import annotations

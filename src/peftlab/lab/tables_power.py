@@ -1,10 +1,5 @@
-"""``peftlab report --power``: what each comparison with the baseline could detect, and the seeds a difference needs.
-
-One line per comparison (row × task): the pairs (or seeds), the sd of the paired differences (pooled sd for the
-unpaired tests), the observed difference, the smallest true difference a two-sided t-test at ``--alpha`` detects
-with 80 % power at that n, and the seeds for 80 % power at ``--power-diff`` (default: the observed difference).
-The numbers come from :func:`peftlab.lab.stats.power_of` (scipy's noncentral t); here they are only laid out,
-in the table's scale.
+"""``peftlab report --power``: what each comparison with the baseline could detect, and the seeds a difference needs
+(:func:`peftlab.lab.stats.power_of`), laid out in the table's scale.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """``peftlab plot --kind sigma``: what training did to KaSA's Delta_sigma per layer and projection (KaSA Fig. 4).
 
-Each run contributes result.json's ``kasa_sigma - kasa_sigma_init`` (learned minus initial values; the random
-init would otherwise dominate), averaged over the selected runs (seeds), one symmetric colour scale for all
-panels; the title sets the largest change against the mean |sigma_init|. A selection with runs of an older
-peftlab (no ``kasa_sigma_init``) is refused: their initial values are not what training learned. Module names
-come from the records (``kasa_sigma``'s keys), never from model code.
+Each run contributes ``kasa_sigma - kasa_sigma_init`` (the random init would otherwise dominate), averaged over
+the seeds; runs of an older peftlab without ``kasa_sigma_init`` are refused. Module names come from the records,
+never from model code.
 """
 
 from __future__ import annotations
@@ -143,12 +141,7 @@ def sigma_data(records: list[RunRecord]) -> SigmaData:
 
 
 def plot_sigma(records: list[RunRecord], *, title: str | None = None) -> Drawn:
-    """KaSA Figure 4: what training changed in Δσ, per layer (rows) and singular value (columns), mean over seeds.
-
-    Each run contributes ``kasa_sigma - kasa_sigma_init``; Δσ's random initialisation would otherwise dominate the
-    picture (two tasks would look alike). Runs without ``kasa_sigma_init`` are refused, never drawn as if their
-    values were learned. One diverging colour scale, symmetric about 0, for every panel.
-    """
+    """KaSA Figure 4: Δσ's change per layer (rows) and singular value (columns), one colour scale about 0."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     data = sigma_data(records)

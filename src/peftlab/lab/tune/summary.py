@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -173,17 +174,14 @@ def render_summary(summary: dict) -> str:
         note = (trial.get("reason") or "").replace("|", "/")
         lines.append(f"| {trial['number']} | {_point(trial['params'])} | {trial['outcome']} | {trial['epochs']} | "
                      f"{_num(trial['value'])} | {note[:90]} |")
-    counts: dict[str, int] = {}
-    for trial in summary["trials"]:
-        counts[trial["outcome"]] = counts.get(trial["outcome"], 0) + 1
+    counts = Counter(trial["outcome"] for trial in summary["trials"])
     lines += ["", "trials: " + ", ".join(f"{n} {name}" for name, n in sorted(counts.items())), ""]
     if summary["candidates"]:
         lines += [f"Top {len(summary['candidates'])} re-run with {summary['seeds']} seeds:", "",
                   f"| point | {metric} mean ± std (n) | seeds not ok |", "|---|---|---|"]
         for cand in summary["candidates"]:
-            std = f" ± {cand['std']:.4f}" if cand["std"] is not None else ""
             bad = ", ".join(f"seed {s}: {st}" for s, st in cand["statuses"].items() if st != "ok") or "-"
-            lines.append(f"| {_point(cand['params'])} | {_num(cand['mean'])}{std} ({cand['n']}) | {bad} |")
+            lines.append(f"| {_point(cand['params'])} | {_mean_std(cand)} ({cand['n']}) | {bad} |")
         lines.append("")
     winner = summary.get("winner")
     if winner:
