@@ -172,19 +172,19 @@ def test_welch_t_test_against_scipy(store_path):
         for task in ("rte", "mrpc"):  # the labelled runs in, at their value
             expected = stats.ttest_ind(finished(key, task), base[task], equal_var=False).pvalue
             cell = rows[key].cells[task]
-            assert cell.p == pytest.approx(expected, rel=1e-12)
-            assert cell.marked == (expected < 0.05)
-            marked[(key, task)] = cell.marked
+            assert cell.comparison.p == pytest.approx(expected, rel=1e-12)
+            assert cell.comparison.marked == (expected < 0.05)
+            marked[(key, task)] = cell.comparison.marked
     assert any(marked.values()) and not all(marked.values())  # the inputs give both outcomes
-    assert rows[("lora", "q,k,v", 1.0)].cells["rte"].p is None  # the baseline itself
+    assert rows[("lora", "q,k,v", 1.0)].cells["rte"].comparison is None  # the baseline itself
     with warnings.catch_warnings():  # scipy warns about the constant group, as the report's footnote would say
         warnings.simplefilter("ignore")
         collapsed_p = stats.ttest_ind([0.47, 0.47], base["rte"], equal_var=False).pvalue
-    assert rows[("lora", "q,v", 8.0)].cells["rte"].p == pytest.approx(collapsed_p, rel=1e-12)  # at their value
+    assert rows[("lora", "q,v", 8.0)].cells["rte"].comparison.p == pytest.approx(collapsed_p, rel=1e-12)  # at their value
     # a stricter alpha marks fewer cells
     strict = build_table(load_rows([store_path]), baseline="method=lora,targets=q,k,v,lr_ratio=1", alpha=0.001,
                          test="welch")
-    assert sum(c.marked for r in strict.rows for c in r.cells.values()) < sum(marked.values())
+    assert sum(r.cells[t].comparison.marked for r, t in strict.comparisons) < sum(marked.values())
     # the CSV carries the p-values
     lines = list(csv.DictReader(io.StringIO(render_csv(table))))
     kasa = next(line for line in lines if line["method"] == "kasa")

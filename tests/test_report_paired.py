@@ -98,7 +98,7 @@ def test_paired_is_the_default_and_equals_ttest_rel_with_a_numpy_t_interval(stor
         assert line[f"{task}_n_pairs"] == "3" and float(line[f"{task}_p"]) == comparison.p
     # the pairing is what finds RTE's gain: Welch on the same runs does not
     welch = stats.ttest_ind(OTHER["rte"], BASE["rte"], equal_var=False).pvalue
-    assert cells["rte"].p < 0.05 < welch and cells["rte"].marked
+    assert cells["rte"].comparison.p < 0.05 < welch and cells["rte"].comparison.marked
     md = markdown(table)
     assert "paired t-test over the seeds both cells ran, matched by seed (scipy.stats.ttest_rel)" in md
     assert "--test auto chose it: the compared rows share seeds" in md
@@ -108,7 +108,7 @@ def test_paired_is_the_default_and_equals_ttest_rel_with_a_numpy_t_interval(stor
     half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
     assert rte == (f"{np.mean(OTHER['rte']) * 100:.1f} ± {np.std(OTHER['rte'], ddof=1) * 100:.1f} (3)† "
                    f"Δ {d.mean() * 100:+.1f} (CI {(d.mean() - half) * 100:+.1f}, {(d.mean() + half) * 100:+.1f}) "
-                   f"p={cells['rte'].p:.2g} (adj {cells['rte'].p_adj:.2g}), 3 pairs")
+                   f"p={cells['rte'].comparison.p:.2g} (adj {cells['rte'].comparison.p_adj:.2g}), 3 pairs")
 
 
 def test_default_is_welch_when_the_rows_share_no_seeds(tmp_path):
@@ -196,7 +196,7 @@ def test_tost_verdict_equals_two_one_sided_ttest_rel(store_path):
     line = next(text for text in markdown(table).splitlines() if text.startswith("| 2 |"))
     assert line.count("equivalent within 5") == 2
     mrpc = line.split(" | ")[1]
-    assert "equivalent" not in mrpc and other_cells(table)["mrpc"].p > 0.05  # not different, still not equivalent
+    assert "equivalent" not in mrpc and other_cells(table)["mrpc"].comparison.p > 0.05  # not different, still not equivalent
     csv = csv_line(table)
     assert csv["qnli_equivalent"] == "1" and csv["mrpc_equivalent"] == "0"
     assert float(csv["mrpc_tost_p"]) == pytest.approx(max(tost_by_hand("mrpc", 0.05)), rel=1e-12)
@@ -234,13 +234,13 @@ def holm_by_hand(p: dict[str, float]) -> dict[str, float]:
 
 def test_holm_equals_a_hand_computation(store_path):
     table = build_table(load_rows([store_path]), baseline=BASELINE, correction="holm")
-    cells = other_cells(table)
+    cells = {task: cell.comparison for task, cell in other_cells(table).items()}
     expected = holm_by_hand({task: cells[task].p for task in TASKS})
     for task in TASKS:
         assert cells[task].p_adj == pytest.approx(expected[task], rel=1e-12)
         assert cells[task].marked == (expected[task] < 0.05)
     bh = other_cells(build_table(load_rows([store_path]), baseline=BASELINE, correction="bh"))
-    assert any(bh[t].p_adj != pytest.approx(cells[t].p_adj) for t in TASKS)  # a different correction
+    assert any(bh[t].comparison.p_adj != pytest.approx(cells[t].p_adj) for t in TASKS)  # a different correction
     md = markdown(table)
     assert "† Holm-adjusted p < 0.05" in md and "Holm's step-down (family-wise error rate) over the 3" in md
     # a textbook case, ties and the cap included

@@ -151,18 +151,19 @@ def test_benjamini_hochberg_over_all_comparisons(store_path):
                 adj.append(float(line[f"{task}_p_adj"]))
     assert len(raw) == 2 * 3  # two rows against the baseline, three tasks each
     assert adj == list(stats.false_discovery_control(raw, method="bh"))
-    assert [row.cells[task].p for row, task in table.comparisons] == raw
+    assert [row.cells[task].comparison.p for row, task in table.comparisons] == raw
 
     # the marks use the adjusted p: lora lr_ratio 2 on RTE (raw 0.045, adjusted 0.091) loses its dagger
     rows = {(r.label["method"], r.label["lr_ratio"]): r for r in table.rows if not r.reference}
-    lora_rte, kasa_rte = rows[("lora", 2.0)].cells["rte"], rows[("kasa", 2.0)].cells["rte"]
+    lora_rte, kasa_rte = rows[("lora", 2.0)].cells["rte"].comparison, rows[("kasa", 2.0)].cells["rte"].comparison
     assert lora_rte.p < 0.05 <= lora_rte.p_adj and not lora_rte.marked
     assert kasa_rte.p_adj < 0.05 and kasa_rte.marked
     raw_table = build_table(load_rows([store_path]), baseline=BASELINE, correction="none", test="welch")
     raw_rows = {(r.label["method"], r.label["lr_ratio"]): r for r in raw_table.rows if not r.reference}
-    assert raw_rows[("lora", 2.0)].cells["rte"].marked and raw_rows[("lora", 2.0)].cells["rte"].p_adj is None
-    assert sum(c.marked for r in raw_table.rows for c in r.cells.values()) > sum(
-        c.marked for r in table.rows for c in r.cells.values())
+    assert raw_rows[("lora", 2.0)].cells["rte"].comparison.marked
+    assert raw_rows[("lora", 2.0)].cells["rte"].comparison.p_adj is None
+    assert sum(r.cells[t].comparison.marked for r, t in raw_table.comparisons) > sum(
+        r.cells[t].comparison.marked for r, t in table.comparisons)
 
     md, raw_md = markdown(table), markdown(raw_table)
     assert "† BH-adjusted p < 0.05 vs the baseline (method=lora,lr_ratio=1" in md
@@ -226,7 +227,7 @@ def test_constant_groups_are_flagged_and_nan_left_out_of_the_correction():
     rows = [row("lora", s, 0.5) for s in range(2)] + [row("kasa", s, 0.5) for s in range(2)]
     rows += [row("full", s, v) for s, v in enumerate([0.6, 0.7, 0.65])]
     table = build_table(rows, baseline="method=lora")
-    cells = {r.label["method"]: r.cells["rte"] for r in table.rows}
+    cells = {r.label["method"]: r.cells["rte"].comparison for r in table.rows}
     assert cells["kasa"].p != cells["kasa"].p and cells["kasa"].p_adj is None  # nan: same constant
     assert cells["full"].p_adj == pytest.approx(cells["full"].p)  # one defined comparison: BH leaves it
     md = markdown(table)

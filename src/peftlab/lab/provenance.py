@@ -105,7 +105,6 @@ def code_line(summary: CodeSummary) -> str:
 
 def require_one_code(summary: CodeSummary, *, allow_mixed: bool) -> None:
     """Refuse a table whose runs come from more than one commit (or source digest, or unrecorded code)."""
-    summary.allowed_mixed = allow_mixed
     if len(summary.groups) <= 1 or allow_mixed:
         return
     raise PeftlabError(

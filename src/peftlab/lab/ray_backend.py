@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 from peftlab.argtypes import nonnegative_float, nonnegative_int, positive_float, text
 from peftlab.errors import PeftlabError
-from peftlab.lab.runner import Detached, log_path, resolve_train_fn, run_detached, train_fn_name, with_epoch_hook
+from peftlab.lab.runner import (
+    Detached, limit_threads, log_path, resolve_train_fn, run_detached, train_fn_name, with_epoch_hook)
 
 INSTALL_HINT = 'pip install "peftlab[ray]"  (or: pip install "ray[default]")'
 DEFAULT_MAX_RETRIES = 2
@@ -217,10 +218,6 @@ def _shutdown_if(started: bool) -> None:
         require_ray().shutdown()
 
 
-def disconnect(connection: Connection) -> None:
-    _shutdown_if(connection.started_here)
-
-
 def forwarded_env(local: bool) -> dict[str, str]:
     """The driver's variables the tasks get; on a local Ray also its import path (like multiprocessing's spawn),
     so a train function named "module:attr" imports in the workers as it does here."""
@@ -239,13 +236,7 @@ def execute_run(run: dict, fn_name: str, log: str | None, threads: int, reporter
 
     ``reporter`` (``peftlab tune``) has ``hook()``: the run's ``on_epoch_end``, which reports each epoch's dev
     metric to the study and answers whether to stop (prune) the run."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import torch
-
-        torch.set_num_threads(max(1, threads))
-    except ImportError:  # pragma: no cover - a test double of the train function
-        pass
+    limit_threads(threads)
     train_fn = with_epoch_hook(resolve_train_fn(fn_name), reporter.hook() if reporter is not None else None)
     return run_detached(run, train_fn, Path(log) if log else None, where="in a Ray worker",
                         adopt_pruned=reporter is not None)
@@ -334,5 +325,5 @@ class RaySession:
 
     def close(self) -> None:
         for connection in self.connections:
-            disconnect(connection)
+            _shutdown_if(connection.started_here)
         self.connections.clear()

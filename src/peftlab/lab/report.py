@@ -266,8 +266,6 @@ def run_cli(args) -> int:
     if fmt is None:
         suffix = Path(args.out).suffix.lower() if args.out else ""
         fmt = {".tex": "latex", ".csv": "csv"}.get(suffix, "md")
-    if args.digits < 0:
-        raise PeftlabError(f"--digits must be >= 0, got {args.digits}")
     rows = load_rows(args.stores)
     if args.seeds is not None:
         rows = rows_of_seeds(rows, parse_seeds(args.seeds))

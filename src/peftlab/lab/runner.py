@@ -80,13 +80,9 @@ def _dir_config_key(out: Path) -> str | None:
 
 
 def run_one(run_config: dict, key: str, train_fn: Callable, store, *, adopt_pruned: bool = False) -> str:
-    """Run a claimed run (already marked running by this process) and record its outcome into ``store`` (a
-    :class:`Store` or an :class:`Outcome`); returns the status.
-
-    An output folder from an earlier attempt is reused: a finished result.json is adopted, a checkpoint
-    is resumed, anything else (or a folder of another config) is replaced. A pruned result there is adopted
-    only with ``adopt_pruned`` (a tune trial killed before it was recorded); otherwise (a sweep's cell: it
-    needs the complete run) that folder is renamed aside to its pruned name and the run trains afresh.
+    """Run a claimed run and record its outcome into ``store`` (a :class:`Store` or an :class:`Outcome`); returns
+    the status. A pruned result in its folder is adopted only with ``adopt_pruned`` (a tune trial killed before it
+    was recorded); a sweep's cell needs the complete run, so that folder is renamed aside and the run trains afresh.
     """
     from peftlab.resolve import resolved_from_dict
     from peftlab.training import run_folder as runfiles
@@ -170,11 +166,9 @@ def log_path(log_dir: Path | None, key: str) -> Path | None:
 
 def attempt(run: dict, store: Store, train_fn: Callable, log: Path | None, *,
             adopt_pruned: bool = False, wait_if_held: bool = True, poll_seconds: float = 1.0) -> str | None:
-    """Claim ``run`` and run it here (:func:`run_one`); None when it was not claimable: finished, failed, or held
-    by another live process. With ``wait_if_held`` (a tune's trial or seed re-run, whose outcome the caller
-    reads next) a run another live process holds is waited for: then its outcome is in the store, or it is
-    pending again (its holder died, stopped beating, or gave it back) and is claimed here. A sweep passes False and waits
-    for such runs after every other run."""
+    """Claim ``run`` and run it here (:func:`run_one`); None when it was not claimable. With ``wait_if_held`` (a
+    tune's run, whose outcome the caller reads next) a run another live process holds is waited for, and claimed
+    here should its holder stop; a sweep passes False and waits for such runs after every other run."""
     row = store.claim(run["key"])
     while row is None and wait_if_held and held_by_another(store, run["key"]):
         time.sleep(poll_seconds)
@@ -222,6 +216,17 @@ def held_by_another(store: Store, key: str) -> bool:
 
 
 # --------------------------------------------------------------------------- a run away from the store
+
+
+def limit_threads(threads: int) -> None:
+    """A worker's share of the CPU threads, and no tokenizer threads of its own."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+    except ImportError:  # pragma: no cover - a test double of the train function
+        pass
 
 
 class Outcome:

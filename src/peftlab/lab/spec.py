@@ -210,9 +210,6 @@ def add_output_flags(parser) -> None:
 
 def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None) -> Sweep:
     """Read and validate a spec; every run's config is built (so any bad value fails before training)."""
-    from peftlab.config import TrainConfig
-    from peftlab.resolve import resolve_config
-
     path, spec = read_spec(path, "sweep", SPEC_KEYS, examples="configs/sweeps/", config_keys="base: or grid:")
     where = str(path)
     base = typed_base(spec, where)
@@ -240,23 +237,30 @@ def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: 
     seen: set[str] = set()
     for cell in cells:
         varying = {k: cell[k] for k in sweep.axes if k in cell}  # a null left the key unset
-        try:
-            # values typed above; each checked against its declaration, then resolved as the run will be
-            cfg = resolve_config(TrainConfig.from_dict(cell))
-        except PeftlabError as err:
-            desc = " ".join(f"{k}={_fmt_value(v)}" for k, v in varying.items())
-            what = f"run {{{desc}}}: {err.what}" if desc else err.what
-            raise PeftlabError(what, where=where, fix=err.fix) from None
-        config = cfg.to_dict()
-        key = config_key(config)
+        desc = " ".join(f"{k}={_fmt_value(v)}" for k, v in varying.items())
+        key, config = resolved_run(cell, root, label=f"run {{{desc}}}" if desc else "", where=where)
         if key in seen:
             sweep.duplicates += 1
             continue
         seen.add(key)
-        run_dir = str(root / f"{run_name(config)}-{short_key(key)}")
-        config["output_dir"] = run_dir
-        sweep.runs.append(Run(index=len(sweep.runs) + 1, key=key, cell=varying, config=config, output_dir=run_dir))
+        sweep.runs.append(Run(index=len(sweep.runs) + 1, key=key, cell=varying, config=config,
+                              output_dir=config["output_dir"]))
     return sweep
+
+
+def resolved_run(values: dict[str, Any], root: Path, *, label: str, where: str) -> tuple[str, dict[str, Any]]:
+    """The run of config ``values`` (typed): its key and resolved config (``TrainConfig.to_dict()``), resolved as the
+    run will be, with its output folder ``<root>/<run name>-<short key>``; an error names the run by ``label``."""
+    from peftlab.config import TrainConfig
+    from peftlab.resolve import resolve_config
+
+    try:
+        config = resolve_config(TrainConfig.from_dict(values)).to_dict()
+    except PeftlabError as err:
+        raise PeftlabError(f"{label}: {err.what}" if label else err.what, where=where, fix=err.fix) from None
+    key = config_key(config)
+    config["output_dir"] = str(root / f"{run_name(config)}-{short_key(key)}")
+    return key, config
 
 
 def run_name(config: dict) -> str:

@@ -19,7 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Callable
 
-from peftlab.lab.runner import Detached, log_path, resolve_train_fn, run_detached, train_fn_name
+from peftlab.lab.runner import Detached, limit_threads, log_path, resolve_train_fn, run_detached, train_fn_name
 from peftlab.lab.store import Store, short_key
 
 PARENT_POLL_SECONDS = 0.5
@@ -41,13 +41,7 @@ def start_worker(parent_pid: int, threads: int, pids) -> None:
     threading.Thread(target=_die_with, args=(parent_pid,), daemon=True, name="peftlab-parent-watch").start()
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(threads))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import torch
-
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    except ImportError:  # pragma: no cover - a fake train function in tests
-        pass
+    limit_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def train_in_worker(run: dict, fn_name: str, log: str | None) -> dict:

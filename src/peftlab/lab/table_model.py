@@ -124,19 +124,6 @@ class Cell:
             by_seed.setdefault(seed, []).append(value)
         return {seed: statistics.fmean(values) for seed, values in by_seed.items()}
 
-    # the comparison's p-values, read where the table used to keep them
-    @property
-    def p(self) -> float | None:
-        return None if self.comparison is None else self.comparison.p
-
-    @property
-    def p_adj(self) -> float | None:
-        return None if self.comparison is None else self.comparison.p_adj
-
-    @property
-    def marked(self) -> bool:
-        return self.comparison is not None and self.comparison.marked
-
 
 @dataclass
 class Row:
@@ -167,7 +154,6 @@ class CodeSummary:
     dirty: int = 0  # runs from a tree with uncommitted changes
     digests: int = 0  # distinct source digests recorded
     runs: int = 0
-    allowed_mixed: bool = False  # --allow-mixed-code
 
 
 @dataclass

@@ -122,7 +122,7 @@ def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±",
     if cell.std is not None:
         text += f" {pm} {cell.std * scale:.{digits}f}"
     text += f" ({cell.n})"
-    if cell.marked:
+    if cell.comparison is not None and cell.comparison.marked:
         text += mark
     if cell.comparison is not None:
         text += " " + format_comparison(cell.comparison, scale, digits, alpha=alpha, margin=margin)

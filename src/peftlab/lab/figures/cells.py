@@ -31,6 +31,7 @@ from peftlab.lab.figures.paper import (
     underlying,
 )
 from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, fmt_value, task_determined_keys, task_order
+from peftlab.lab.table_model import Cell
 
 CONFIDENCE = 0.95
 
@@ -113,16 +114,6 @@ class LineInstead:
     note: str
 
 
-def _cell_of(values: dict[tuple[int, int], list[tuple[int, float]]]) -> dict[tuple[int, int], dict[int, float]]:
-    out = {}
-    for cell, pairs in values.items():
-        by_seed: dict[int, list[float]] = defaultdict(list)
-        for seed, value in pairs:
-            by_seed[seed].append(value)
-        out[cell] = {seed: statistics.fmean(vals) for seed, vals in by_seed.items()}
-    return out
-
-
 def best_cell(mean, n_ok, n_failed, seeds: dict[tuple[int, int], dict[int, float]], *, lower: bool,
               seed_axis: bool = False, unit: str = "") -> BestCell:
     """The best candidate cell and whether a paired 95 % t interval against the runner-up excludes 0
@@ -185,7 +176,9 @@ def _fill(recs: list[RunRecord], row_of, col_of, rows: list, cols: list, scale: 
     mean = np.full((len(rows), len(cols)), np.nan)
     for cell, pairs in values.items():
         mean[cell] = statistics.fmean(v for _, v in pairs)
-    return mean, n_ok, n_failed, {c: dict(v) for c, v in failed.items()}, _cell_of(values)
+    by_seed = {cell: Cell(values=[v for _, v in pairs], seeds=[s for s, _ in pairs]).per_seed()
+               for cell, pairs in values.items()}  # a seed run twice in a cell: its mean
+    return mean, n_ok, n_failed, {c: dict(v) for c, v in failed.items()}, by_seed
 
 
 def _axis(key: str, values: list) -> GridAxis:

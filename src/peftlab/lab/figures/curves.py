@@ -24,9 +24,9 @@ from peftlab.lab.figures.paper import (
     panel_grid,
     panel_title,
     suptitle,
-    task_title,
 )
 from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
+from peftlab.tasks.table import task_title
 
 BANDS = {"quartiles": (0.25, 0.75), "range": (0.0, 1.0)}
 BAND_TEXT = {"quartiles": "25-75\u00a0% quantiles", "range": "min-max range"}

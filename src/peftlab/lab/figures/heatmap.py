@@ -17,11 +17,11 @@ from peftlab.lab.figures.paper import (
     panel_title,
     set_log_ticks,
     suptitle,
-    task_title,
     wrap,
 )
 from peftlab.lab.figures.cells import HeatmapData, HeatPanel, LineInstead, heatmap_data
 from peftlab.lab.records import RunRecord
+from peftlab.tasks.table import task_title
 
 ANNOT_PT = 7.0  # cell annotations; smaller only when a panel would otherwise grow past MAX_AXES_IN
 MIN_ANNOT_PT = 5.5

@@ -19,6 +19,7 @@ from typing import Any
 from peftlab.errors import PeftlabError
 from peftlab.lab.records import RunRecord, fmt_value, hashable, varying_keys
 from peftlab.lab.store import option_defaults_json
+from peftlab.tasks.table import LOWER_IS_BETTER, find_task
 
 DERIVED = {"v_lr": "lr * lr_ratio (eta_V)", "qk_lr": "lr (eta_QK)"}
 # Axis titles for config keys whose name alone does not say what they are (the papers' symbols; mathtext
@@ -155,12 +156,6 @@ def num_key(value):
     return (1, 0.0, str(value))
 
 
-def task_title(task: str) -> str:
-    from peftlab.tasks.table import task_title as title
-
-    return title(task)
-
-
 # --------------------------------------------------------------------------- metrics
 
 
@@ -176,8 +171,6 @@ def metric_range(name: str | None, task: str | None = None) -> tuple[float, floa
     """The values ``name`` can take (unscaled): [0, 1] for accuracy-like scores, [-1, 1] for correlations, or
     None when it has no fixed range (losses, judge scores, unknown metrics). ``combined`` is the mean of the
     task's two metrics: a correlation's range on regression tasks, [0, 1] otherwise."""
-    from peftlab.tasks.table import find_task
-
     if name is None:
         return None
     if name == "combined":
@@ -191,8 +184,6 @@ def metric_range(name: str | None, task: str | None = None) -> tuple[float, floa
 
 
 def lower_is_better(names) -> bool:
-    from peftlab.tasks.table import LOWER_IS_BETTER
-
     names = [n for n in names if n]
     return bool(names) and all(n in LOWER_IS_BETTER for n in names)
 

@@ -30,10 +30,10 @@ from peftlab.lab.figures.paper import (
     panel_title,
     set_log_ticks,
     suptitle,
-    task_title,
     underlying,
 )
 from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
+from peftlab.tasks.table import task_title
 
 
 @dataclass

@@ -23,10 +23,10 @@ from peftlab.lab.figures.paper import (
     panel_title,
     split_by_config,
     suptitle,
-    task_title,
     wrap,
 )
 from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
+from peftlab.tasks.table import task_title
 
 _PROJ_NAMES = {"query": "q", "q_proj": "q", "q_lin": "q", "q": "q", "key": "k", "k_proj": "k", "k_lin": "k",
                "k": "k", "value": "v", "v_proj": "v", "v_lin": "v", "v": "v", "o_proj": "o", "out_proj": "o",

@@ -123,7 +123,7 @@ class Tuner:
         if self.store.get(run.key)["status"] in (*FINISHED, "failed"):  # trained already (told before a kill)
             self.finish(run.key)
             return
-        reporter = TrialReporter(self.keeper.target, ticket.number, self.tune.metric, self.tune.pruner.kind)
+        reporter = TrialReporter(self.keeper, ticket.number, self.tune.metric, self.tune.pruner.kind)
         if not self.executor.submit({"key": run.key, "config": run.config}, reporter):
             raise held_elsewhere(self.store, run.key)
 
@@ -219,27 +219,23 @@ def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_
     from peftlab.lab.tune.study import start_keeper
 
     say = print if progress else (lambda *a, **k: None)
+    session = None
     if backend == "ray":
-        from peftlab.lab import ray_backend
+        from peftlab.lab.ray_backend import RayOptions, RaySession
 
-        ray_backend.require_ray()
+        session = RaySession(ray_options or RayOptions(), train_fn=train_fn, capture_output=capture_output)
     with exclusive(tune.output_root):
         store = Store(tune.store_path)
-        connection, keeper, executor = None, None, None
+        keeper, executor = None, None
         try:
             reset = store.prepare(list(store.statuses()))
             if reset["running"]:
                 say(f"resuming {reset['running']} run(s) left unfinished by a killed tune")
             log_dir = tune.output_root / "logs" if capture_output else None
             say(tune.describe())
-            if backend == "ray":
-                from peftlab.lab.ray_backend import RayOptions, RayTasks, connect
-
-                options = ray_options or RayOptions()
-                connection = connect(options, show_output=not capture_output)
-                say(connection.describe())
+            if session is not None:
+                executor = session.backend(store, log_dir, say)  # starts or joins Ray, says how many runs fit
                 keeper = start_keeper(keeper_kwargs(tune), on_ray=True)
-                executor = RayTasks(store, connection, options, train_fn=train_fn, log_dir=log_dir)
             else:
                 keeper = start_keeper(keeper_kwargs(tune), on_ray=False)
                 executor = InProcess(store, train_fn, log_dir)
@@ -258,10 +254,8 @@ def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_
             if keeper is not None:
                 keeper.close()
             store.close()
-            if connection is not None:
-                from peftlab.lab.ray_backend import disconnect
-
-                disconnect(connection)
+            if session is not None:
+                session.close()
 
 
 def run_heldout(tune: TuneSpec, points: list[dict], *, train_fn: Callable | str | None = None,

@@ -347,22 +347,12 @@ class TrialRun:
 
 def run_config(tune: TuneSpec, params: dict[str, Any], seed: int, *, where: str | None = None) -> TrialRun:
     """The run of one search point with one seed: its config, key and folder (named as a sweep's runs)."""
-    from peftlab.config import TrainConfig
-    from peftlab.lab.store import config_key, short_key
-    from peftlab.lab.spec import run_name
-    from peftlab.resolve import resolve_config
+    from peftlab.lab.spec import resolved_run
 
-    try:
-        cfg = resolve_config(TrainConfig.from_dict({**tune.base, **params, "seed": seed}))
-    except PeftlabError as err:
-        point = " ".join(f"{k}={v}" for k, v in params.items())
-        raise PeftlabError(f"search point {{{point}}}: {err.what}", where=where or str(tune.spec_path),
-                           fix=err.fix) from None
-    config = cfg.to_dict()
-    key = config_key(config)
-    out = str(tune.output_root / f"{run_name(config)}-{short_key(key)}")
-    config["output_dir"] = out
-    return TrialRun(key=key, config=config, output_dir=out)
+    point = " ".join(f"{k}={v}" for k, v in params.items())
+    key, config = resolved_run({**tune.base, **params, "seed": seed}, tune.output_root,
+                               label=f"search point {{{point}}}", where=where or str(tune.spec_path))
+    return TrialRun(key=key, config=config, output_dir=config["output_dir"])
 
 
 def heldout_runs(tune: TuneSpec, params: dict[str, Any]) -> list[TrialRun]:

@@ -180,7 +180,8 @@ def _pruner(optuna, spec: dict):
 
 
 class KeeperHandle:
-    """Calls a StudyKeeper in this process, or its Ray actor, with the same method names."""
+    """Calls a StudyKeeper in this process, or its Ray actor, with the same method names; picklable with an actor
+    inside (a trial's reporter on a Ray worker holds one)."""
 
     def __init__(self, keeper=None, actor=None):
         self.keeper, self.actor = keeper, actor
@@ -191,11 +192,6 @@ class KeeperHandle:
         import ray
 
         return ray.get(getattr(self.actor, method).remote(*args))
-
-    @property
-    def target(self):
-        """What a trial's reporter holds: the keeper itself in process, the actor handle on Ray."""
-        return self.keeper if self.actor is None else self.actor
 
     def close(self) -> None:
         if self.actor is not None:
@@ -227,7 +223,7 @@ class TrialReporter:
     """A trial's ``on_epoch_end``: reports each epoch's dev metric to the keeper and stops the run when the
     pruner says so, or at once when the run collapsed to chance. Picklable (a Ray actor handle inside)."""
 
-    keeper: Any  # StudyKeeper in process, or its Ray actor handle
+    keeper: KeeperHandle
     number: int
     metric: str
     pruner: str
@@ -237,19 +233,12 @@ class TrialReporter:
             value = end.metrics.get(self.metric)
             if end.status == "collapsed":
                 if value is not None:
-                    self._report(end.epoch, float(value))
+                    self.keeper.call("report", self.number, end.epoch, float(value))
                 return f"collapsed: stopped by peftlab tune at epoch {end.epoch}"
             if value is None:  # --eval-every skipped this epoch
                 return None
-            if self._report(end.epoch, float(value)):
+            if self.keeper.call("report", self.number, end.epoch, float(value)):
                 return f"pruned by peftlab tune ({self.pruner}) at epoch {end.epoch}: {self.metric} {value:.4f}"
             return None
 
         return on_epoch_end
-
-    def _report(self, epoch: int, value: float) -> bool:
-        if isinstance(self.keeper, StudyKeeper):
-            return self.keeper.report(self.number, epoch, value)
-        import ray
-
-        return ray.get(self.keeper.report.remote(self.number, epoch, value))
