@@ -55,8 +55,8 @@ def choose_test(table: Table) -> None:
         table.test = table.test_requested
         return
     unshared = testable = 0
-    for cell, ref in _candidate_pairs(table):
-        if cell.n >= 2 and ref.n >= 2:
+    for _, _, cell, ref in _cells_to_compare(table):
+        if ref is not None and cell.n >= 2 and ref.n >= 2:
             testable += 1
             unshared += len(set(cell.seeds) & set(ref.seeds)) < 2
     if unshared:
@@ -68,15 +68,16 @@ def choose_test(table: Table) -> None:
         table.test_reason = "--test auto chose it: the compared rows share seeds"
 
 
-def _candidate_pairs(table: Table):
+def _cells_to_compare(table: Table):
+    """``(row, task, cell, the baseline's cell of the task)`` of every trained cell with values but the baseline's."""
     base = table.baseline
     for row in table.rows:
         if row is base or row.reference:
             continue
         for task in table.tasks:
-            cell, ref = row.cells.get(task), base.cells.get(task)
-            if cell is not None and cell.values and ref is not None and ref.values:
-                yield cell, ref
+            cell = row.cells.get(task)
+            if cell is not None and cell.values:
+                yield row, task, cell, base.cells.get(task)
 
 
 def paired_values(cell: Cell, reference: Cell) -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -292,26 +293,19 @@ def compare_with_baseline(table: Table) -> None:
     ``auto``), then the correction over all of them together, the marks, equivalence and power; where labelled runs
     (no_learning, collapsed, diverged) are in a comparison, also the comparison without them (corrected apart)."""
     choose_test(table)
-    base = table.baseline
     margin = None if table.margin is None else table.margin / table.scale
     target = None if table.power_diff is None else table.power_diff / table.scale
-    for row in table.rows:
-        if row is base or row.reference:
+    for row, task, cell, ref in _cells_to_compare(table):
+        reason = untestable(cell, ref, table.test)
+        if reason:
+            table.untested[reason] += 1
             continue
-        for task in table.tasks:
-            cell, ref = row.cells.get(task), base.cells.get(task)
-            if cell is None or not cell.values:
-                continue
-            reason = untestable(cell, ref, table.test)
-            if reason:
-                table.untested[reason] += 1
-                continue
-            cell.comparison = compare(cell, ref, test=table.test, ci=table.ci, margin=margin)
-            if table.power:
-                cell.comparison.power = power_of(cell, ref, cell.comparison, alpha=table.alpha, target=target)
-            table.comparisons.append((row, task))
-            table.constant += cell.comparison.constant
-            cell.comparison.without_labels = without_labels(cell, ref, test=table.test, ci=table.ci)
+        cell.comparison = compare(cell, ref, test=table.test, ci=table.ci, margin=margin)
+        if table.power:
+            cell.comparison.power = power_of(cell, ref, cell.comparison, alpha=table.alpha, target=target)
+        table.comparisons.append((row, task))
+        table.constant += cell.comparison.constant
+        cell.comparison.without_labels = without_labels(cell, ref, test=table.test, ci=table.ci)
     found = [row.cells[task].comparison for row, task in table.comparisons]
     _correct(found, table.correction, table.alpha)
     # the sensitivity comparisons are a family of their own: they restate the same questions

@@ -27,7 +27,7 @@ from peftlab.errors import PeftlabError
 from peftlab.lab.store_owner import heartbeat, owner_alive, process_identity, read_beats, write_beat
 from peftlab.lab.store_schema import (
     PRUNED_MARK, RESULT_STATUSES, SCHEMA_VERSION, SHORT_KEY, STATUSES, StoreWriteError, effective_status, epochs_run,
-    is_pruned_result, json_default, loads, migrate_v1, move_run_folder, now_iso, pruned_dir, pruned_key, row_dict,
+    is_pruned_result, json_default, migrate_v1, move_run_folder, now_iso, parse_json, pruned_dir, pruned_key, row_dict,
     seconds_between, unpruned_key)
 from peftlab.lab.store_schema import SCHEMA as _SCHEMA
 
@@ -300,7 +300,7 @@ class Store:
     def statuses(self) -> dict[str, str]:
         if self.schema >= 2:
             return {row[0]: row[1] for row in self.conn.execute("SELECT key, status FROM runs")}
-        return {row[0]: effective_status(row[1], loads(row[2]) if row[1] in ("ok", "no_learning") else None)
+        return {row[0]: effective_status(row[1], parse_json(row[2])[0] if row[1] in ("ok", "no_learning") else None)
                 for row in self.conn.execute("SELECT key, status, result FROM runs")}
 
     def holder_alive(self, owner: str | None) -> bool:
@@ -336,7 +336,7 @@ class Store:
     def _row(self, row: sqlite3.Row, *, parse: bool = True) -> dict:
         out = row_dict(row, parse=parse)
         if self.schema < 2 and out["status"] in ("ok", "no_learning"):
-            result = out["result"] if parse else loads(out["result"])
+            result = out["result"] if parse else parse_json(out["result"])[0]
             out["status"] = effective_status(out["status"], result)
         return out
 

@@ -157,14 +157,6 @@ def move_run_folder(src: str | os.PathLike, dst: str | os.PathLike) -> bool:
     return True
 
 
-def loads(text: str | None):
-    """A JSON column's value (None when empty or unreadable)."""
-    try:
-        return json.loads(text) if text else None
-    except ValueError:
-        return None
-
-
 def parse_json(text: str | None) -> tuple:
     """A JSON column's ``(value, None)``, or ``(None, why it does not parse)``; ``(None, None)`` when empty."""
     if text is None:
@@ -190,7 +182,7 @@ def migrate_v1(conn: sqlite3.Connection, stamp: str) -> list[tuple[str, str, str
     for rowid, key, result, folder in conn.execute(
             "SELECT rowid, key, result, output_dir FROM runs WHERE status IN ('ok', 'no_learning') "
             "AND result IS NOT NULL").fetchall():
-        result = loads(result)
+        result = parse_json(result)[0]
         if not is_pruned_result(result):
             continue
         epochs = epochs_run(result)

@@ -261,8 +261,6 @@ def dry_run(sweep: Sweep) -> None:
 
 
 def run_cli(args) -> int:
-    if args.workers < 0:
-        raise PeftlabError(f"--workers must be >= 0, got {args.workers}")
     sweep = load_spec(args.spec, output_dir=args.output_dir, store=args.store)
     from peftlab.lab import ray_backend
     from peftlab.lab.preflight_cells import check_sweep, print_findings

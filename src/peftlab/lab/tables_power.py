@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 POWER_COLUMNS = ("power_sd", "detectable", "power_diff", "seeds_needed")  # the CSV's, per task: {task}_detectable
 
+
 def power_csv_values(power: Power | None, scale: float) -> list:
     """Unrounded, in the table's scale; seeds_needed empty where undefined or beyond the search cap."""
     if power is None:

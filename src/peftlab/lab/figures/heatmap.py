@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from peftlab.lab.figures.paper import (
     CHAR_EM,
     Drawn,
+    hide_unused,
     metric_label,
     panel_grid,
     panel_title,
@@ -152,10 +153,7 @@ def draw_heatmap(data: HeatmapData, *, title: str | None, scale: float):
         bar = fig.colorbar(mesh, ax=ax, fraction=0.07, pad=0.03, aspect=max(10.0, axes_h / 0.12))
         bar.ax.tick_params(labelsize=7)
         bar.set_label(wrap(label, 0.9 * axes_h, 8), fontsize=8)
-    for i in range(data.n_rows):
-        for j in range(data.n_cols):
-            if (i, j) not in used:
-                axes[i][j].set_axis_off()
+    hide_unused(axes, used)
     suptitle(fig, title or _caption(data))
     _fit_axes(fig, [axes[p.row][p.col] for p in data.panels], layout, data.n_rows, data.n_cols)
     return fig

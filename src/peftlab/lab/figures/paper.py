@@ -299,6 +299,14 @@ def panel_grid(n_rows: int, n_cols: int, *, width: float = 3.0, height: float = 
     return plt, fig, axes
 
 
+def hide_unused(axes, used: set[tuple[int, int]]) -> None:
+    """No frame or ticks where a grid of panels has no panel (not in ``used``: (row, column))."""
+    for i, row in enumerate(axes):
+        for j, ax in enumerate(row):
+            if (i, j) not in used:
+                ax.set_axis_off()
+
+
 def colorbar(fig, image, axes: list, width: float, height: float):
     """One colour bar for ``axes`` (panels of ``width`` x ``height`` inches that share the colour scale), about
     as long as the rows they span (its aspect ratio sets its length under constrained layout)."""

@@ -17,6 +17,7 @@ from typing import Any
 from peftlab.errors import PeftlabError
 from peftlab.lab.figures.paper import (
     Drawn,
+    hide_unused,
     colorbar,
     config_label,
     panel_grid,
@@ -162,10 +163,7 @@ def plot_sigma(records: list[RunRecord], *, title: str | None = None) -> Drawn:
         ax.set_ylabel("layer")
         panel_title(ax, f"{task_title(p.task)} · $W_{{{p.projection}}}$ · mean of {p.runs} run(s)"
                     + (f"\n{p.subtitle}" if p.subtitle else ""), width)
-    for i in range(data.n_rows):
-        for j in range(data.n_cols):
-            if (i, j) not in used:
-                axes[i][j].set_axis_off()
+    hide_unused(axes, used)
     bar = colorbar(fig, images[0][1], [ax for ax, _ in images], width, height)
     bar.set_label(wrap(SIGMA_DELTA, 0.8 * height * data.n_rows, 8), fontsize=8)
     suptitle(fig, title or f"KaSA: {SIGMA_DELTA} per layer and projection, mean over seeds; largest |change| "
