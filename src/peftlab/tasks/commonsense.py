@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
 
 from peftlab.tasks.table import UNAVAILABLE_SETS
 
@@ -65,36 +65,20 @@ def _gold_check(name: str):
     return lambda gold: None if gold in words else "one of " + "/".join(words)
 
 
-def _scorer(tests: dict, items: list) -> Callable:
-    """``score(texts)`` of the generated answers: the records and the metrics (per set and their mean)."""
-
-    def score(texts: list[str]):
-        records, by_set = [], {name: [] for name in tests}
-        for (name, row), text in zip(items, texts):
-            predicted = extract_answer(name, text)
-            record = {"set": name, "instruction": row["instruction"], "gold": row["answer"], "generated": text,
-                      "extracted": predicted, "correct": predicted == row["answer"]}
-            records.append(record)
-            by_set[name].append(record)
-        metrics: dict[str, float] = {}
-        for name, rows in by_set.items():
-            metrics[f"{metric_key(name)}_accuracy"] = sum(r["correct"] for r in rows) / max(1, len(rows))
-            metrics[f"{metric_key(name)}_answered"] = sum(r["extracted"] != "" for r in rows) / max(1, len(rows))
-        metrics["accuracy"] = sum(metrics[f"{metric_key(n)}_accuracy"] for n in tests) / len(tests)
-        metrics["answered"] = sum(metrics[f"{metric_key(n)}_answered"] for n in tests) / len(tests)
-        return records, metrics
-
-    return score
+def _record(name: str, row: dict, text: str) -> dict:
+    predicted = extract_answer(name, text)
+    return {"set": name, "instruction": row["instruction"], "gold": row["answer"], "generated": text,
+            "extracted": predicted, "correct": predicted == row["answer"]}
 
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``commonsense`` kind's Pipeline; ``task``'s set names default ``--train-sets`` / ``--eval-sets``."""
-    from datasets import concatenate_datasets
+    from datasets import Dataset, concatenate_datasets
 
-    from peftlab.tasks import generative
+    from peftlab.tasks import generative, instructions
     from peftlab.tasks.generation import generation_evaluator
 
-    generative.ensure_pad_token(cfg, tokenizer)
+    instructions.ensure_pad_token(cfg, tokenizer)
     train_sets = tuple(cfg.train_sets.split(",")) if cfg.train_sets else task.train_set_names
     eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names
     files: dict[str, str] = {}
@@ -105,14 +89,15 @@ def build_pipeline(cfg, tokenizer, model, task):
         files[f"train/{name}"] = str(path)
         records, empty = generative.training_records(generative.read_llm_adapters_json(path))
         skipped += empty
-        parts.append(generative.records_dataset(records))
+        parts.append(Dataset.from_list(records))
     train_raw = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     n_train_available = len(train_raw)
 
     tests = generative.read_test_sets(cfg, "commonsense", eval_sets, _gold_check, files)
     items, prompts = generative.prompt_items(tests, tokenizer)
 
-    score = _scorer(tests, items)
+    score = generative.set_scorer(tests, items, _record, metric_key,
+                                  {"accuracy": lambda r: r["correct"], "answered": lambda r: r["extracted"] != ""})
     # A row stops at its own set's first answer word (another set's word, e.g. "answer1" in a BoolQ answer, is
     # not an answer and must not stop it).
     stops = {name: (lambda text, pattern=_PATTERNS[name]: pattern.search(text) is not None) for name in tests}
@@ -127,5 +112,5 @@ def build_pipeline(cfg, tokenizer, model, task):
         **generative.test_set_extras(tests),
         "answer_extraction": "LLM-Adapters commonsense_evaluate.py extract_answer: the first answer word of the set",
     }
-    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="accuracy",
+    return instructions.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="accuracy",
                                         chance=chance, num_eval_examples=len(items), extras=extras, eval_sets=tests)

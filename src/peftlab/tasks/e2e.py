@@ -69,22 +69,26 @@ def group_references(rows: list[tuple[str, str]]) -> list[tuple[str, list[str]]]
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``e2e`` kind's :class:`~peftlab.tasks.prepare.Pipeline` (``task``: its row; E2E reads nothing from it)."""
-    from peftlab.tasks import generative
+    from datasets import Dataset
+
+    from peftlab.tasks import generative, instructions
     from peftlab.tasks.data_files import subset
     from peftlab.tasks.generation import generation_evaluator
     from peftlab.tasks.instructions import encode_prompt
-    from peftlab.tasks.nlg_metrics import OFFICIAL, corpus_scores, implementations, java_runtime, meteor_missing, \
-        no_java_note
+    from peftlab.extras import require
+    from peftlab.tasks.nlg_metrics import (OFFICIAL, SCORED_BY, corpus_scores, implementations, java_runtime,
+                                           meteor_missing, no_java_note)
     from peftlab.tasks.prepare import examples_digest
 
-    generative.ensure_pad_token(cfg, tokenizer)
+    require(SCORED_BY)  # the 'nlg' extra, before any generation (peftlab evaluate has no preflight)
+    instructions.ensure_pad_token(cfg, tokenizer)
     train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "E2E devset.csv (the training data offline)")
     test_path = generative.find_data_file(cfg.data_dir, TEST_FILE, "E2E testset_w_refs.csv")
     train_rows = read_e2e_csv(train_path)
-    train_raw = generative.records_dataset(
+    train_raw = Dataset.from_list(
         [{"instruction": INSTRUCTION, "input": mr, "output": ref} for mr, ref in train_rows])
     grouped = group_references(read_e2e_csv(test_path))
-    test = generative.records_dataset([{"mr": mr, "references": refs} for mr, refs in grouped])
+    test = Dataset.from_list([{"mr": mr, "references": refs} for mr, refs in grouped])
     test = subset(test, cfg.max_eval_samples, cfg.eval_seed)
     mrs, references = list(test["mr"]), [list(r) for r in test["references"]]
     prompts = [encode_prompt(tokenizer, INSTRUCTION, mr) for mr in mrs]
@@ -115,6 +119,6 @@ def build_pipeline(cfg, tokenizer, model, task):
         # is absent from that evaluation's metrics, with the reason in metric_notes[tag].
         "metrics_unavailable": {"meteor": meteor_reason} if meteor_reason else {},
     }
-    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=generation_evaluator(
+    return instructions.training_pipeline(cfg, tokenizer, train_raw, evaluate=generation_evaluator(
         cfg, tokenizer, prompts, score), primary_metric="bleu", chance=0.0, num_eval_examples=len(mrs),
         extras=extras, eval_sets={"test": test})

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 
 # lm-evaluation-harness lm_eval/tasks/gsm8k/gsm8k.yaml (strict-match) and gsm8k-cot.yaml (strict-match), and the
@@ -95,48 +95,35 @@ def _gold_check(name: str):
     return lambda gold: None if _clean_number(gold) is not None else "a number"
 
 
-def _scorer(tests: dict, items: list) -> Callable:
-    """``score(texts)`` of the generated answers: the records and both extractions' accuracy (per set, mean)."""
-
-    def score(texts: list[str]):
-        records, by_set = [], {name: [] for name in tests}
-        for (name, row), text in zip(items, texts):
-            letters = name in LETTER_SETS
-            strict, flexible = strict_answer(text, letters=letters), flexible_answer(text, letters=letters)
-            record = {"set": name, "question": row["instruction"], "gold": row["answer"], "generated": text,
-                      "strict": strict, "flexible": flexible,
-                      "strict_correct": is_correct(strict, row["answer"], letters=letters),
-                      "flexible_correct": is_correct(flexible, row["answer"], letters=letters)}
-            records.append(record)
-            by_set[name].append(record)
-        metrics: dict[str, float] = {}
-        for kind in ("strict", "flexible"):
-            metric = "strict_match" if kind == "strict" else "flexible_extract"
-            for name, rows in by_set.items():
-                metrics[f"{set_key(name)}_{metric}"] = sum(r[f"{kind}_correct"] for r in rows) / max(1, len(rows))
-            metrics[metric] = sum(metrics[f"{set_key(n)}_{metric}"] for n in tests) / len(tests)
-        return records, metrics
-
-    return score
+def _record(name: str, row: dict, text: str) -> dict:
+    letters = name in LETTER_SETS
+    strict, flexible = strict_answer(text, letters=letters), flexible_answer(text, letters=letters)
+    return {"set": name, "question": row["instruction"], "gold": row["answer"], "generated": text,
+            "strict": strict, "flexible": flexible,
+            "strict_correct": is_correct(strict, row["answer"], letters=letters),
+            "flexible_correct": is_correct(flexible, row["answer"], letters=letters)}
 
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``math`` kind's Pipeline; ``task``'s set names are the default ``--eval-sets``."""
-    from peftlab.tasks import generative
+    from datasets import Dataset
+
+    from peftlab.tasks import generative, instructions
     from peftlab.tasks.generation import generation_evaluator
 
-    generative.ensure_pad_token(cfg, tokenizer)
+    instructions.ensure_pad_token(cfg, tokenizer)
     eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names
     train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "math training set math_data.json")
     files = {"train": str(train_path)}
     # 3 of math_data.json's records have an empty output: nothing to learn from, so not trained on.
     train_records, skipped = generative.training_records(generative.read_llm_adapters_json(train_path))
-    train_raw = generative.records_dataset(train_records)
+    train_raw = Dataset.from_list(train_records)
 
     tests = generative.read_test_sets(cfg, "math", eval_sets, _gold_check, files)
     items, prompts = generative.prompt_items(tests, tokenizer)
 
-    score = _scorer(tests, items)
+    score = generative.set_scorer(tests, items, _record, set_key, {
+        "strict_match": lambda r: r["strict_correct"], "flexible_extract": lambda r: r["flexible_correct"]})
     evaluate = generation_evaluator(cfg, tokenizer, prompts, score)
     extras: dict[str, Any] = {
         "dataset": DATASET,
@@ -153,5 +140,5 @@ def build_pipeline(cfg, tokenizer, model, task):
             "match": "numbers within 0.001 of the gold (LLM-Adapters), after removing ',', '$' and a trailing '.'",
         },
     }
-    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="strict_match",
+    return instructions.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="strict_match",
                                         chance=0.0, num_eval_examples=len(items), extras=extras, eval_sets=tests)

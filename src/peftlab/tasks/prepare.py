@@ -168,7 +168,7 @@ def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
     """GLUE: the training subset, the dev set (the *test* split when ``--selection-samples`` carves a
     selection split out of the training data, else the split that chooses and reports) and its metrics."""
     from peftlab.tasks import batching, data_files as data
-    from peftlab.tasks.metrics import chance_level
+    from peftlab.tasks.metrics import chance_level, compute_metrics
 
     cache_prefix = f"{cfg.model}"
     pool = data.load_split(task, "train", cfg.data_dir)
@@ -203,7 +203,8 @@ def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
         selection = Selection(batching.tokenize(selection_raw, tokenizer, cfg.max_length, task=cfg.task,
                                                 cache_key=f"{cache_prefix}-selection"),
                               chance_level(task.kind, task.primary_metric, selection_raw["label"], task.num_labels))
-    evaluate = glue_evaluate(cfg, task, evals, selection, collate)
+    evaluate = label_evaluate(cfg, lambda logits, labels: compute_metrics(task, logits, labels), evals, selection,
+                              collate)
     return Pipeline(train, collate, evaluate, task.primary_metric, chance,
                     num_eval_examples=sum(len(t) for _, t in evals.values()), extras=extras,
                     eval_sets={split: raw for split, (raw, _) in evals.items()},
@@ -219,15 +220,14 @@ class Selection:
     chance: float
 
 
-def glue_evaluate(cfg, task: Task, evals: dict, selection: Selection | None, collate) -> Callable:
-    """GLUE's ``evaluate(model, accelerator, tag)``: the dev metrics under their plain names (MNLI: per split and
-    their mean). With a selection split, every evaluation during training scores it alone (``selection_<name>``)
-    and the dev set becomes the test split, scored once, by the ``test`` evaluation at the end of the run."""
-    from peftlab.tasks.metrics import compute_metrics
+def label_evaluate(cfg, metrics: Callable, evals: dict, selection: Selection | None, collate) -> Callable:
+    """A classifier's or regressor's ``evaluate(model, accelerator, tag)``: ``metrics(logits, labels)`` of the dev
+    set under their plain names (MNLI: per split and their mean). With a selection split, every evaluation during
+    training scores it alone (``selection_<name>``) and the dev set becomes the test split, scored once, by the
+    ``test`` evaluation at the end of the run."""
 
     def scores(model, accelerator, tokenised) -> dict[str, float]:
-        logits, labels = gather_predictions(model, accelerator, tokenised, collate, cfg.eval_batch_size)
-        return compute_metrics(task, logits, labels)
+        return metrics(*gather_predictions(model, accelerator, tokenised, collate, cfg.eval_batch_size))
 
     @torch.no_grad()
     def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: GLUE writes no files
@@ -273,14 +273,8 @@ def build_labelled(cfg, tokenizer, model, task: Task) -> Pipeline:
     evals = batching.tokenize(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-eval")
     collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
     chance = chance_level(kind, cfg.metric, eval_raw["label"][:], labels.num_labels)
-
-    @torch.no_grad()
-    def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: writes no files
-        model.eval()
-        logits, gold = gather_predictions(model, accelerator, evals, collate, cfg.eval_batch_size)
-        model.train()
-        return Evaluation(compute_label_metrics(kind, logits, gold, labels.num_labels))
-
+    evaluate = label_evaluate(cfg, lambda logits, gold: compute_label_metrics(kind, logits, gold, labels.num_labels),
+                              {"validation": (eval_raw, evals)}, None, collate)
     extras = {"dataset": loaded.dataset, "data_files": dict(loaded.sources), "task_label": task_label(cfg.to_dict()),
               "eval_examples_digest": examples_digest({"validation": eval_raw})}
     if loaded.heldout:
