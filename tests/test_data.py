@@ -467,19 +467,19 @@ def test_collator_dynamic_and_max_padding(tokenizer, tmp_path, monkeypatch):
     features = [out[i] for i in range(len(out))]
     longest = max(out["length"])
 
-    batch = batching.make_collator(tokenizer, False, 20)(features)
+    batch = batching.Collator(tokenizer, False, 20)(features)
     assert "length" not in batch
     assert batch["input_ids"].shape == (2, longest)
     assert batch["labels"].tolist() == [0, 1] and batch["labels"].dtype == torch.long
     assert batch["attention_mask"].sum(dim=1).tolist() == out["length"]
     assert batch["input_ids"][0, -1].item() == tokenizer.pad_token_id
 
-    fixed = batching.make_collator(tokenizer, True, 20)(features)
+    fixed = batching.Collator(tokenizer, True, 20)(features)
     assert fixed["input_ids"].shape == (2, 20) and fixed["attention_mask"].shape == (2, 20)
     assert fixed["attention_mask"].sum(dim=1).tolist() == out["length"]
 
     reg = [{"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1], "labels": 2.5, "length": 3}]
-    assert batching.make_collator(tokenizer, False, 8)(reg)["labels"].dtype == torch.float32
+    assert batching.Collator(tokenizer, False, 8)(reg)["labels"].dtype == torch.float32
 
 
 # --------------------------------------------------------------------------- length-grouped batches

@@ -1,22 +1,14 @@
 """``--task commonsense``: LLM-Adapters' commonsense-reasoning benchmark, answers generated and extracted.
 
-* **Data** (``<data>/commonsense/<set>/{train,test}.json``, LLM-Adapters' instruction format: ``instruction``
-  holds the question, its choices and the answer format; ``output`` is "the correct answer is answer2";
-  ``answer`` the gold word). Training: the union of the available training splits (``boolq``, ``ARC-Easy``,
-  ``ARC-Challenge``, ``openbookqa``) or those named by ``--train-sets``, subset by ``--max-train-samples``.
-  Evaluation: the seven available test sets or ``--eval-sets``, each subset by ``--max-eval-samples``
-  (``--eval-seed``). HellaSwag's test set and the ``commonsense_170k`` training mix the papers train on are
-  not available offline: result.json's ``report_notes`` say so, and every report repeats them.
-* **Answer extraction** (:func:`extract_answer`), as LLM-Adapters' ``commonsense_evaluate.py`` does: the first
-  occurrence of one of the set's answer words in the generated text (a case-sensitive regex alternation:
-  ``true|false`` for BoolQ, ``solution1|solution2`` for PIQA, ``answer1`` .. ``answer5`` for SIQA, ARC and
-  OpenBookQA, ``option1|option2`` for WinoGrande), or "" when none occurs; correct when it equals ``answer``.
-  Generation is greedy (LLM-Adapters samples with 4 beams), at most ``--max-new-tokens`` (default 32, as
-  LLM-Adapters) and stops at the first answer word, after which the extracted answer cannot change.
-* **Metrics**: ``<set>_accuracy`` and ``<set>_answered`` (a valid answer word was generated) per set (set names
-  lower-cased, ``-`` as ``_``: ``arc_easy``), and their means over the evaluated sets, ``accuracy`` (the
-  primary metric, the papers' Avg column) and ``answered``. The chance level is the mean over sets of the
-  majority answer's share of the evaluated examples.
+* **Data**: ``<data>/commonsense/<set>/{train,test}.json`` (LLM-Adapters' instruction format). Training: the union
+  of the sets with a train split (or ``--train-sets``); evaluation: the seven test sets (or ``--eval-sets``).
+  HellaSwag and the ``commonsense_170k`` mix are not offline: result.json's ``report_notes`` say so.
+* **Answer** (:func:`extract_answer`, LLM-Adapters' ``commonsense_evaluate.py``): the first of the set's answer
+  words in the generated text, "" when none. Greedy generation (LLM-Adapters: 4 beams, sampled) stops at the
+  first answer word, after which the extracted answer cannot change.
+* **Metrics**: ``<set>_accuracy`` and ``<set>_answered`` (``arc_easy``...) and their means over the sets,
+  ``accuracy`` (primary, the papers' Avg) and ``answered``. Chance: the mean over sets of the majority answer's
+  share.
 """
 
 from __future__ import annotations

@@ -1,29 +1,19 @@
-"""GLUE data: reading the ``glue_data`` TSV files (or the Hub), subsets, the selection split.
+"""GLUE data: the ``glue_data`` TSV files (or the Hub), subsets, the selection split.
 
-Tokenisation, collation and length-grouped batching are in :mod:`peftlab.tasks.batching` (also importable
-from here).
+Every split becomes a :class:`datasets.Dataset` of ``text_a``, [``text_b``,] ``label`` (a class id in
+``Task.label_names`` order; STS-B's score). Where it comes from, in order:
 
-Every split becomes a :class:`datasets.Dataset` with the columns ``text_a`` (str), ``text_b`` (str; absent
-for single-sentence tasks) and ``label`` (class id in ``Task.label_names`` order; float for STS-B).
+1. ``<root>/glue/<Task>/`` or ``<root>/<Task>/`` (a glue_data folder), ``<root>`` being ``--data-dir``, else the
+   first of ``$PEFTLAB_DATA_DIR``, ``./data``, ``../shared/data`` holding the file (:func:`candidate_roots`);
+2. for MNLI, QNLI and QQP, whose full training sets are not offline: ``<root>/glue_subsets/<Task>/``, 10k random
+   subsets of GLUE *train* (ZhengxiangShi/PowerfulPromptFT). result.json records ``dataset: glue_subsets`` and
+   reports label the column, so a subset is never passed off as the full task; QNLI's real dev set is found
+   first (step 1), and MNLI from the subsets has one dev set;
+3. the Hub (``nyu-mll/glue``), unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set;
+4. else one line listing every file looked for.
 
-Where the data comes from, in order:
-
-1. a local GLUE ``glue_data`` layout: ``<root>/glue/<Task>/{train,dev}.tsv`` or ``<root>/<Task>/...``
-   (MNLI: ``dev_matched.tsv``/``dev_mismatched.tsv``). ``<root>`` is ``--data-dir`` if given, else the
-   first of ``$PEFTLAB_DATA_DIR``, ``./data``, ``../shared/data`` that holds the file;
-2. for MNLI, QNLI and QQP only, whose full training sets are not available offline:
-   ``<root>/glue_subsets/<Task>/{train,dev}.json``, 10k random subsets of GLUE *train* split 8,999/1,000
-   (ZhengxiangShi/PowerfulPromptFT). They are never passed off as the full task: result.json records
-   ``dataset: glue_subsets`` and the files read, and reports label the column. QNLI's real GLUE dev set
-   (``glue/QNLI/dev.tsv``) is found first, so QNLI trains on the subset and is scored on the real dev set;
-   MNLI from the subsets has one dev set (no matched/mismatched split);
-3. the Hugging Face Hub (``nyu-mll/glue``), unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set;
-4. otherwise a :class:`~peftlab.errors.PeftlabError` that lists the files it looked for.
-
-The TSVs are read with quoting disabled (sentences contain unbalanced ``"``), a leading UTF-8 BOM is
-dropped (MRPC dev has one), and every malformed row is reported as ``file:line``.
-
-The JSON list / JSONL files of the other task kinds are read by :mod:`peftlab.tasks.json_files`.
+The TSVs are read with quoting off (sentences hold unbalanced ``"``), a UTF-8 BOM dropped (MRPC dev has one),
+and a malformed row is reported as ``file:line``.
 """
 
 from __future__ import annotations

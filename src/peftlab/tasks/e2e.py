@@ -1,20 +1,11 @@
 """``--task e2e``: E2E NLG (restaurant meaning representation -> description), scored on generated text.
 
-* **Data** (``<data>/e2e/``, the E2E NLG Challenge CSVs with header ``mr,ref``). The official 42k training set is
-  not available offline, so training uses ``devset.csv`` (4,672 MR/reference pairs, each pair one example) and
-  evaluation ``testset_w_refs.csv``: its 4,693 references grouped by MR (630 MRs, in file order), every reference
-  of an MR used. ``--max-eval-samples`` draws MRs (``--eval-seed``). result.json's ``report_notes`` and every
-  report say that dev was trained on, so the numbers are not the challenge's (train -> test) setting.
-* **Format**: instruction :data:`INSTRUCTION`, input the MR, response the reference, with the tokenizer's chat
-  template like every instruction task (loss on the response only).
-* **Metrics** (:mod:`peftlab.tasks.nlg_metrics`): ``bleu`` (the primary metric, a fraction: ×100 in reports),
-  ``nist``, ``meteor``, ``rouge_l`` and ``cider``, equal to the official E2E NLG Challenge script's
-  (tuetschek/e2e-metrics ``measure_scores.py -p``, the papers' tables) on the generated texts written one per
-  line (``peftlab nlg-score`` scores such files). METEOR 1.5 and the PTB tokenizer that ROUGE-L and CIDEr use
-  need Java: without it result.json's ``metrics_unavailable`` and ``report_notes`` say that METEOR is not
-  computed and that ROUGE-L/CIDEr use nltk's tokens instead (approximations), and ``java`` is null.
-  ``metric_implementations`` names the package, version and settings of each metric, ``metrics_reproduce``
-  the script. Generation is greedy up to EOS / end of turn or ``--max-new-tokens`` (default 64).
+* **Data** (``<data>/e2e/``, the challenge's CSVs ``mr,ref``): the 42k training set is not offline, so
+  ``devset.csv`` trains (each pair an example) and ``testset_w_refs.csv`` evaluates, its references grouped by
+  MR (``--max-eval-samples`` draws MRs). ``report_notes`` say dev was trained on: not the challenge's setting.
+* **Metrics** (:mod:`peftlab.tasks.nlg_metrics`): ``bleu`` (primary), ``nist``, ``meteor``, ``rouge_l``,
+  ``cider``, equal to the official script's. Without Java, METEOR is left out and ROUGE-L/CIDEr approximate;
+  result.json's ``metrics_unavailable``, ``report_notes`` and ``metric_implementations`` say so.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Instruction data: GSM8K, Alpaca and any JSON/JSONL instruction file, as ``datasets.Dataset`` records.
+"""Instruction data: GSM8K, Alpaca and JSON/JSONL instruction files, as ``instruction``/``input``/``output`` records.
 
-Every record has ``instruction``, ``input`` and ``output`` (GSM8K also ``gold``, its canonical final answer).
-``gsm8k``: ``<root>/gsm8k/{train,test}.jsonl`` (``question``/``answer``; the final answer follows ``####``;
-calculator annotations ``<<16-3-4=9>>`` are removed from the targets). ``alpaca``:
-``<root>/alpaca/alpaca_data.json`` or ``alpaca_data_1k.json``, with a held-out 10% split (fixed seed
-:data:`SPLIT_SEED`, so every run seed scores on the same held-out records). ``json``: ``--train-file`` (and
-optionally ``--eval-file``, else a held-out 10%) whose field names ``--instruction-fields`` gives.
-``<root>`` is found like GLUE's (:func:`peftlab.tasks.data_files.candidate_roots`); with no local copy the Hub
-is used unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set, else one :class:`PeftlabError` lists the
-paths tried. Files are read with datasets' ``json`` builder (:func:`peftlab.tasks.json_files.read_json_records`);
-malformed files and records are reported with file and line (JSONL) or record number.
+``gsm8k``: ``<root>/gsm8k/{train,test}.jsonl`` (the final answer follows ``####``, kept as ``gold``; calculator
+annotations ``<<16-3-4=9>>`` removed from the targets). ``alpaca``: ``<root>/alpaca/alpaca_data.json`` (or
+``alpaca_data_1k.json``), a held-out 10% with the fixed seed :data:`SPLIT_SEED`, so every run seed scores on
+the same records. ``json``: ``--train-file`` [``--eval-file``] with ``--instruction-fields``. With no local copy
+the Hub is used unless offline.
 """
 
 from __future__ import annotations

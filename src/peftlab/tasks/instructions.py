@@ -103,30 +103,23 @@ def _template_digest(tokenizer) -> str:
 
 
 def tokenize_instructions(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
-    """Tokenise ``instruction``/``input``/``output`` rows with :func:`encode_example` (cached like
-    :func:`peftlab.tasks.batching.tokenize`); columns ``input_ids``, ``attention_mask``, ``labels``, ``length``,
+    """Tokenise ``instruction``/``input``/``output`` rows with :func:`encode_example`, cached
+    (:func:`peftlab.tasks.batching.cached_map`); columns ``input_ids``, ``attention_mask``, ``labels``, ``length``,
     ``prompt_length``, ``truncated``. Rows with no response token left are dropped."""
-    from peftlab.tasks.batching import tokenize_hash, tokenized_cache_dir
+    from peftlab.tasks.batching import cached_map
 
-    if max_length is None or int(max_length) <= 0:
-        raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 512")
-    key = f"sft{FORMAT_VERSION}-{cache_key}-{_template_digest(tokenizer)}-eos{tokenizer.eos_token_id}"
-    digest = tokenize_hash(ds, tokenizer, max_length, task, key)
-    out_dir = tokenized_cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    def encode(batch):
+    def encode(batch, max_length: int):
         out: dict[str, list] = {k: [] for k in ("input_ids", "attention_mask", "labels", "length", "prompt_length",
                                                 "truncated")}
         for instruction, input_text, output in zip(batch["instruction"], batch["input"], batch["output"]):
-            example = encode_example(tokenizer, instruction, input_text, output, int(max_length))
+            example = encode_example(tokenizer, instruction, input_text, output, max_length)
             if example is not None:
                 for k, v in example.items():
                     out[k].append(v)
         return out
 
-    return ds.map(encode, batched=True, remove_columns=ds.column_names, cache_file_name=str(out_dir / f"{digest}.arrow"),
-                  load_from_cache_file=True, new_fingerprint=digest, desc=f"tokenising {task}")
+    key = f"sft{FORMAT_VERSION}-{cache_key}-{_template_digest(tokenizer)}-eos{tokenizer.eos_token_id}"
+    return cached_map(ds, encode, tokenizer, max_length, task=task, cache_key=key)
 
 
 class SFTCollator:

@@ -1,26 +1,20 @@
 """The user's own labelled data as a task: ``--task classify`` and ``--task regress``.
 
-Sources (:mod:`peftlab.tasks.labelled_files` reads them): ``--train-file`` [``--eval-file``] (CSV, TSV, JSON,
-JSONL, Parquet), or ``--dataset`` (a save_to_disk folder, offline; or a Hub dataset ``NAME[:CONFIG]``, online)
-whose ``train`` split trains and whose ``--eval-split`` (default: ``validation`` when it has one) evaluates.
-``--text-fields A[,B]`` names the one or two text columns (two are encoded as a sentence pair), ``--label-field``
-the target.
+Sources (read by :mod:`peftlab.tasks.labelled_files`): ``--train-file`` [``--eval-file``], or ``--dataset`` (a
+save_to_disk folder, or online a Hub dataset) whose ``train`` split trains and whose ``--eval-split`` (default
+``validation`` when it has one) evaluates. ``--text-fields A[,B]`` names one text column or a pair,
+``--label-field`` the target.
 
-* classify: labels are strings or integers (a float with a fraction is refused), mapped to class ids in sorted
-  order (integers numerically, then strings; surrounding spaces dropped); a datasets ``ClassLabel`` column keeps
-  its own ids and names. The mapping is the model's ``id2label``/``label2id`` (so the saved adapter, a merged
-  export and ``peftlab predict`` name the classes) and result.json's.
-* regress: numbers (numeric strings too), one output trained with MSE (transformers' ``num_labels=1``).
-* Without an eval file or split: a held-out :data:`HELDOUT_FRACTION` of the training data, drawn by scikit-learn's
-  ``train_test_split`` with the fixed seed :data:`HELDOUT_SEED` (stratified by class for classify). It never
-  moves with ``--seed`` (nor ``--eval-seed``): every seed trains and is scored on the same split.
-  ``--max-train-samples`` / ``--max-eval-samples`` then draw from the two parts as for GLUE.
-* Chance (the no_learning bar): ``--metric`` of predicting the eval set's most frequent class, as for GLUE
-  (:func:`peftlab.tasks.metrics.chance_level`); 0 for correlations. The pipeline is
-  :func:`peftlab.tasks.prepare.build_labelled`.
+* classify: labels are strings or integers (a float with a fraction is refused), class ids in sorted order
+  (integers numerically, then strings); a datasets ``ClassLabel`` keeps its own. The mapping is the model's
+  ``id2label`` (so the adapter, a merged export and ``peftlab predict`` name the classes) and result.json's.
+* regress: numbers (numeric strings too), one output trained with MSE.
+* Without eval data: a held-out :data:`HELDOUT_FRACTION` of the training data, scikit-learn's
+  ``train_test_split`` with the fixed seed :data:`HELDOUT_SEED` (stratified for classify), so every ``--seed``
+  trains and is scored on the same split.
 
-Bad data is one line naming the file, row and column (``tickets.csv:7, column label``) and what to do; all of
-it is found before the model is loaded or anything is written.
+Bad data is one line naming the file, row and column (``tickets.csv:7, column label``), found before the model
+is loaded or anything is written.
 """
 
 from __future__ import annotations

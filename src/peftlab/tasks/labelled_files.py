@@ -1,17 +1,12 @@
 """The user's labelled data as read: CSV, TSV, JSON, JSONL, Parquet files, save_to_disk folders and Hub datasets.
 
-Files are read with datasets' builders: ``csv`` (``,``; TSV: tab-separated with quoting off, as GLUE's and
-``peftlab predict`` read them), ``json`` (through :func:`peftlab.tasks.json_files.read_json_records`: a JSON list
-or JSONL) and ``parquet``; CSV cells are read as written (``keep_default_na=False``: the text "NA" or "None" stays
-text, an empty cell is ""). A ``--dataset`` is a folder written by ``Dataset``/``DatasetDict.save_to_disk``
-(``datasets.load_from_disk``, offline) or else a Hub dataset ``NAME[:CONFIG]`` (``datasets.load_dataset``, online
-only: with HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set it is an error, never a silent fall-back).
-
-Every source becomes a :class:`RawTable`: its columns as read and a ``locate(row)`` that names a row the way a
-user finds it: ``file:line`` (CSV/TSV/JSONL), ``file, record n`` (a JSON list), ``file, row n`` (Parquet) or
-``folder [split], row n``. When a builder fails (datasets says only "An error occurred while generating the
-dataset"), the file is re-read with the stdlib :mod:`csv` / :mod:`json` module, only to name the line at fault.
-:func:`data_digest` hashes the bytes of the files (or of a folder's files) a run reads; the run key carries it.
+Files are read with datasets' builders (TSV: tab-separated with quoting off, as GLUE's; CSV cells as written,
+``keep_default_na=False``: the text "NA" stays text). A ``--dataset`` folder goes through ``load_from_disk``; any
+other ``--dataset`` is a Hub dataset, online only (offline it is an error, never a silent fall-back). Every
+source becomes a :class:`RawTable` whose ``locate(row)`` names a row as a user finds it (``file:line``,
+``file, record n``, ``file, row n``). When a builder fails (datasets only says "An error occurred while
+generating the dataset"), the file is re-read with the stdlib to name the line at fault. :func:`data_digest`
+hashes the bytes a run reads; the run key carries it.
 """
 
 from __future__ import annotations

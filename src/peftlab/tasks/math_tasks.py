@@ -1,24 +1,15 @@
 """``--task math``: math word problems (LLM-Adapters' sets), trained on ``math_data.json``, answers generated.
 
-* **Data** (LLM-Adapters' instruction format). Training: ``<data>/math/math_data.json`` (3,260 worked solutions
-  ending "The answer is N."), the stand-in for MetaMathQA, which Yao et al. train on and which is not
-  available offline: result.json's ``report_notes`` and every report say so. Evaluation: ``<data>/math/<set>/
-  test.json`` for ``gsm8k`` (LLM-Adapters' copy of the GSM8K test set), ``AQuA``, ``AddSub``, ``MultiArith``,
-  ``SVAMP``, ``SingleEq`` and ``mawps``, or those named by ``--eval-sets``, each subset by
-  ``--max-eval-samples`` (``--eval-seed``). ``answer`` is the final number (AQuA: a letter A-E).
-* **Two extractions**, as lm-evaluation-harness scores GSM8K, so numbers compare with the harness:
-  ``strict_match``: the first match of the harness's gsm8k strict regex ``#### (\\-?[0-9\\.\\,]+)``, else of its
-  gsm8k-cot strict regex ``The answer is (\\-?[0-9\\.\\,]+).`` (the format math_data.json teaches);
-  ``flexible_extract``: the last match of the harness's flexible regex ``(-?[$0-9.,]{2,})|(-?[0-9]+)``.
-  A match is cleaned like the harness's ``regexes_to_ignore`` (``,``, ``$``, a trailing ``.``) and read as a
-  number; it is correct when within 0.001 of the gold number (LLM-Adapters' rule: its golds are floats such as
-  ``576.0`` or ``1.8333333333333335``). AQuA (letters): strict is the letter after ``####`` or "The answer is"
-  (``(D)`` or ``D``), flexible the last standalone capital A-E anywhere (an article "A" counts: it is the loose
-  extraction).
-* **Metrics**: ``<set>_strict_match`` and ``<set>_flexible_extract`` per set (lower-cased: ``aqua``), and their
-  means over the evaluated sets, ``strict_match`` (the primary metric) and ``flexible_extract``. Generation is
-  greedy up to EOS / end of turn or ``--max-new-tokens`` (default 256); it never stops at the first answer,
-  since the flexible extraction reads the last number.
+* **Data**: ``<data>/math/math_data.json`` trains (a stand-in for MetaMathQA, not offline: ``report_notes`` say
+  so); ``<data>/math/<set>/test.json`` of :data:`peftlab.tasks.table.MATH_TEST_SETS` (or ``--eval-sets``)
+  evaluate. ``answer`` is a number (AQuA: a letter A-E).
+* **Two extractions**, as lm-evaluation-harness scores GSM8K, so numbers compare with it: ``strict_match``, the
+  first match of the harness's gsm8k strict regex, else of gsm8k-cot's (the format math_data.json teaches);
+  ``flexible_extract``, the last match of its flexible regex. A match is cleaned like the harness's
+  ``regexes_to_ignore`` and correct within 0.001 of the gold (LLM-Adapters' golds are floats, ``576.0``).
+  AQuA: the letter after ``####`` / "The answer is", or the last standalone capital A-E.
+* **Metrics**: ``<set>_strict_match``, ``<set>_flexible_extract`` and their means over the sets (primary:
+  ``strict_match``). Generation never stops at the first answer: the flexible extraction reads the last number.
 """
 
 from __future__ import annotations

@@ -1,34 +1,18 @@
 """The ``mt-bench`` task: instruction tuning, then MT-Bench's 80 two-turn questions judged 1-10 by an LLM.
 
-``build_pipeline(cfg, tokenizer, model, task)`` is the task's builder (:data:`peftlab.tasks.prepare.BUILDERS`).
-
-* **Training** reuses :mod:`peftlab.tasks.instructions` unchanged (prompt-masked loss, chat template,
-  truncation, token cache): on the Alpaca records (``<root>/alpaca/``) by default, or on any JSON/JSONL
-  instruction file given as ``--train-file`` (field names: ``--instruction-fields``).
-* **Answers.** The questions are FastChat's ``<root>/mt_bench/question.jsonl`` (``--max-eval-samples`` draws a
-  fixed subset with ``--eval-seed``). Turn 1 is generated from the chat-templated question; turn 2 from the
-  conversation [question 1, the model's answer 1, question 2], so the second turn sees the first answer, as
-  FastChat's ``gen_model_answer`` does. Decoding is greedy for every category (deterministic; FastChat samples
-  writing/roleplay at temperature 0.7) and stops at end of turn or ``--max-new-tokens`` (FastChat: 1024).
-* **Judging** (``--judge-url``; :mod:`peftlab.tasks.judge`): FastChat's single-answer grading prompts from
-  ``mt_bench/judge_prompts.jsonl``: ``single-v1`` for turn 1 and ``single-v1-multi-turn`` for turn 2, and
-  for the categories FastChat grades against a reference (math, reasoning, coding) ``single-math-v1`` /
-  ``single-math-v1-multi-turn`` with the GPT-4 reference answers of ``reference_answer_gpt-4.jsonl``. Without
-  ``--judge-url`` the answers are generated and saved and every judgment reads "not judged".
-* **Files** (atomic, in the run folder; ``<tag>`` is the evaluation's: ``before``, ``epoch<N>``, ``evaluate``):
-  ``mt_bench_answers_<tag>.jsonl`` in FastChat's model-answer format (``question_id``, ``model_id``,
-  ``choices[0].turns``; so FastChat's own ``gen_judgment.py`` can grade them too) and
-  ``mt_bench_judgments_<tag>.jsonl``, one line per (question, turn): the judge prompt's name, the prompt sent,
-  the judge's reply, the score or ``null`` with the reason it is unjudged. result.json's ``mt_bench_answers`` and
-  ``mt_bench_judgments`` map each tag to its file.
-* **Metrics**: ``mt_bench_score`` (mean over every judged answer, both turns: FastChat's "score"),
-  ``mt_bench_turn1``, ``mt_bench_turn2``, ``mt_bench_<category>`` (both turns), ``mt_bench_judged`` and
-  ``mt_bench_unjudged`` (answers). Unjudged answers are left out of the means, as FastChat drops score -1.
-  A score is absent when no answer behind it was judged. result.json's ``judge`` says who judged (url, model)
-  and labels a judge that is not a strong API model as ``weak: true``; reports repeat it.
-* **When**: after the last epoch only (160 generations and judge calls per evaluation); ``--eval-before``
-  adds the untrained model's row. **Several processes**: generation is sharded by question and gathered; the
-  main process alone writes the files and asks the judge, then broadcasts the metrics to the others.
+* **Training**: :func:`peftlab.tasks.instructions.training_pipeline` on Alpaca, or ``--train-file``.
+* **Answers**: FastChat's ``<root>/mt_bench/question.jsonl``; turn 2 is generated from [question 1, the model's
+  answer 1, question 2], as FastChat's ``gen_model_answer``. Greedy for every category (FastChat samples
+  writing/roleplay at 0.7), at most ``--max-new-tokens`` (FastChat: 1024).
+* **Judging** (``--judge-url``, :mod:`peftlab.tasks.judge`): FastChat's single-answer prompts (``single-v1``,
+  ``-multi-turn``; ``single-math-v1`` with GPT-4's reference answers for math, reasoning, coding). Without
+  ``--judge-url`` every judgment reads "not judged".
+* **Files** (``<tag>``: ``before``, ``epoch<N>``, ``evaluate``): ``mt_bench_answers_<tag>.jsonl`` in FastChat's
+  model-answer format (its ``gen_judgment.py`` can grade them) and ``mt_bench_judgments_<tag>.jsonl``.
+* **Metrics**: ``mt_bench_score`` (every judged answer, both turns: FastChat's score), ``mt_bench_turn1/2``,
+  ``mt_bench_<category>``, ``mt_bench_judged`` / ``_unjudged``; unjudged answers are left out of the means, as
+  FastChat drops score -1. result.json's ``judge`` labels a judge that is not a strong API model ``weak``.
+* **Several processes**: generation is sharded; the main process alone writes and judges, then broadcasts.
 """
 
 from __future__ import annotations

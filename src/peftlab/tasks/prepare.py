@@ -188,7 +188,7 @@ def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
         raw = data.subset(data.load_split(task, split, cfg.data_dir), cfg.max_eval_samples, cfg.eval_seed)
         evals[split] = (raw, batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task,
                                                cache_key=f"{cache_prefix}-{split}"))
-    collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    collate = batching.Collator(tokenizer, cfg.pad_to_max, cfg.max_length)
     # Say in result.json which data was used: a 10k subset is never passed off as the full task.
     kinds = {s.dataset if s is not None else "hub" for s in sources.values()}
     extras.update({
@@ -271,7 +271,7 @@ def build_labelled(cfg, tokenizer, model, task: Task) -> Pipeline:
     eval_raw = data.subset(loaded.eval, cfg.max_eval_samples, cfg.eval_seed)
     train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-train")
     evals = batching.tokenize(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-eval")
-    collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    collate = batching.Collator(tokenizer, cfg.pad_to_max, cfg.max_length)
     chance = chance_level(kind, cfg.metric, eval_raw["label"][:], labels.num_labels)
     evaluate = label_evaluate(cfg, lambda logits, gold: compute_label_metrics(kind, logits, gold, labels.num_labels),
                               {"validation": (eval_raw, evals)}, None, collate)
