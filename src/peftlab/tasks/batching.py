@@ -145,24 +145,16 @@ def length_grouped_batches(lengths: Sequence[int], batch_size: int, seed: int, e
 
 
 class PackingCollator:
-    """``--packing``: a batch's examples concatenated into ONE row, no padding (transformers'
-    ``DataCollatorWithFlattening``).
+    """``--packing``: a batch's examples concatenated into ONE unpadded row (transformers'
+    ``DataCollatorWithFlattening``): ``position_ids`` restarting at 0 per example, the boundaries as
+    flash-attention's ``cu_seq_lens``, no ``attention_mask``; each example's first label is -100, so no example is
+    trained to predict the next one's first token (the loss covers the same tokens as a padded batch's).
 
-    The row holds exactly the examples the sampler drew (``--batch-size`` still counts examples): ``input_ids``
-    and ``labels`` of shape (1, sum of lengths), ``position_ids`` restarting at 0 for every example, the examples'
-    boundaries (``cu_seq_lens_q``/``_k``, ``max_length_q``/``_k``: flash-attention's variable-length arguments)
-    and no ``attention_mask``. ``labels`` keep each example's own -100 on its prompt; the collator also sets each
-    example's FIRST label to -100 (the prompt's anyway), so the last token of one example is never trained to
-    predict the first token of the next. The model's loss is then the mean over the same response tokens as the
-    padded batch's.
-
-    What keeps examples apart on a CPU: transformers' ``masking_utils.create_causal_mask`` reads the restarting
-    ``position_ids`` (``find_packed_sequence_indices``) and builds a block-diagonal causal mask, but only when
-    there is no attention mask AND no cache (``_preprocess_mask_arguments``). A causal LM whose config says
-    ``use_cache=True`` (Llama's, Qwen2's, SmolLM2's default) creates an empty ``DynamicCache`` even in a training
-    forward, which turns that detection off and lets every token attend across the whole row. So the batch
-    carries ``use_cache=False``. :func:`prepare_packed_attention` also moves an SDPA model to attention over
-    each example alone (:mod:`peftlab.models.packed_attention`, using the boundaries) and verifies the result.
+    The batch carries ``use_cache=False``: transformers builds the block-diagonal causal mask from restarting
+    ``position_ids`` only with no attention mask AND no cache, and a causal LM whose config says ``use_cache``
+    (Llama's, Qwen2's, SmolLM2's) makes an empty cache even in a training forward, letting every token attend
+    across the whole row. :func:`prepare_packed_attention` also moves an SDPA model to per-example attention and
+    verifies it.
     """
 
     KEEP = ("input_ids", "labels")

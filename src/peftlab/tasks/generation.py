@@ -1,13 +1,6 @@
-"""Greedy generation from token-id prompts, and the ``evaluate`` of every task scored on generated text.
-
-* :func:`generate_greedy`, the one path evaluation uses (GSM8K, commonsense, math, E2E, MT-Bench): prompts
-  sorted by length, left-padded into batches, ``model.generate`` with a greedy
-  :class:`transformers.GenerationConfig` that stops at EOS / the chat end-of-turn token (:func:`stop_token_ids`)
-  or ``max_new_tokens``, optionally a per-row stopping rule on the text so far.
-* :func:`generation_evaluator`, the ``evaluate(model, accelerator, tag)`` of those tasks: prompts are sharded by
-  index across processes (``accelerate launch``), the texts gathered with ``accelerate.utils.gather_object``,
-  scored, and (main process only) written to ``<output_dir>/generations_<tag>.jsonl``, a file named in the
-  evaluation's extras.
+"""Greedy generation from token-id prompts (:func:`generate_greedy`, the one path every generation-scored task
+uses), sharded over processes (:func:`generate_sharded`), and those tasks' ``evaluate`` (:func:`generation_evaluator`:
+scored, and written by the main process to ``<output_dir>/generations_<tag>.jsonl``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
-"""Instruction tuning of causal LMs: GSM8K, Alpaca and any JSON/JSONL instruction file (the ``instruction`` pipeline;
-data: :mod:`peftlab.tasks.instruction_data`), and the formatting and tokenising every generation task shares.
+"""Instruction tuning of causal LMs (the ``instruction`` pipeline: GSM8K, Alpaca, JSON; data:
+:mod:`peftlab.tasks.instruction_data`), and the training set every generation task shares (:func:`training_pipeline`).
 
 * **Format.** With a chat template: user = instruction [+ "\\n\\n" + input], assistant = response (the template's
-  own end-of-turn token, e.g. ``<|im_end|>``, ends the response and is trained on, so the model learns to stop).
-  Without one: ``### Instruction:`` / ``### Input:`` / ``### Response:`` blocks and the EOS token. Prompt and
-  response are tokenised separately and concatenated, so the training prompt is token-for-token the prompt
-  used at generation time.
-* **Loss on the response only** (``labels`` -100 on the prompt). An example longer than ``--max-length`` is cut
-  on the prompt side first (its start, keeping the generation prefix; the prompt keeps at least half of
-  ``--max-length`` when the response is longer), then the response from the right; one with no response token
-  left is dropped. The cut happens at tokenisation (cached as :func:`peftlab.tasks.batching.tokenize`);
-  :class:`SFTCollator` only pads.
-* **Evaluation.** GSM8K: greedy answers (:mod:`peftlab.tasks.generation`), exact match of the final number
-  (:mod:`peftlab.tasks.math_answers`): ``accuracy`` and ``answered`` (a number was generated). Alpaca/JSON:
-  token-weighted mean cross-entropy on the held-out responses (``eval_loss``) and ``perplexity``; lower is
-  better. With several processes the loss gathers per-example sums with ``accelerator.gather_for_metrics``
-  (which drops the duplicates of an uneven last batch).
+  end-of-turn token ends the response and is trained on, so the model learns to stop); without one, Alpaca's
+  ``### Instruction:`` blocks and EOS. Prompt and response are tokenised apart and concatenated, so the
+  training prompt is token for token the prompt generation starts from.
+* **Loss on the response only.** A long example loses the start of its prompt first (the prompt keeps at least
+  half of ``--max-length`` when the response is longer), then the end of its response; one with no response
+  token left is dropped.
+* **Evaluation.** GSM8K: greedy answers, exact match of the final number (:mod:`peftlab.tasks.math_answers`),
+  ``accuracy`` and ``answered``. Alpaca/JSON: token-weighted cross-entropy on the held-out responses
+  (``eval_loss``, ``perplexity``; lower is better), per-example sums gathered with ``gather_for_metrics``.
 """
 
 from __future__ import annotations

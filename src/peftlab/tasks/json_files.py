@@ -33,13 +33,10 @@ class JsonRecord:
 def read_json_records(path: Path, text_fields: Sequence[str] = (), *, fix: str) -> list[JsonRecord]:
     """The records of a JSON list or JSONL file, in order, each with where it is (an empty list if none).
 
-    datasets' ``json`` builder reads the file, into memory, with its cache in a temporary folder under
-    peftlab's cache (nothing is written next to the data, nothing stale is reused). Where the builder cannot
-    (invalid JSON or UTF-8, a record that is not an object, a field whose type changes between records) or
-    types one of ``text_fields`` as anything but text (pyarrow reads "2020-01-01" as a timestamp, pandas'
-    fall-back "12" as a number), the file is re-read by hand with :mod:`json`: invalid JSON or UTF-8 raises a
-    :class:`PeftlabError` naming the file and line (``fix`` says what to do), and anything else is returned as
-    written, for the caller to name the record at fault.
+    Where datasets' ``json`` builder cannot read the file (invalid JSON or UTF-8, a record that is not an object,
+    a field whose type changes) or types one of ``text_fields`` as anything but text (pyarrow reads "2020-01-01"
+    as a timestamp), it is re-read with :mod:`json`: invalid JSON raises a :class:`PeftlabError` naming the line
+    (``fix`` says what to do), anything else is returned as written, for the caller to name the record at fault.
     """
     path = Path(path)
     loaded = _load_json_with_datasets(path, tuple(text_fields))

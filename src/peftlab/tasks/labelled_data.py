@@ -229,9 +229,7 @@ def column_texts(table, column: str) -> list[str]:
 
 def _class_name(value, table, row: int, column: str) -> str:
     """The class a raw label names: integers (and integral floats) by their digits, strings stripped."""
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
+    if isinstance(value, int):  # bool too: True, False
         return str(value)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return str(int(value))

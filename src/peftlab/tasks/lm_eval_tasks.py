@@ -18,9 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -216,16 +214,9 @@ def harness_gsm8k_scores(texts: list[str], questions: list[str], data_dir: str |
 def same_number_otherwise_written(extracted: str | None, gold: str) -> bool:
     """``extracted`` and GSM8K's ``gold`` are numbers within 0.001 (peftlab: equal) written differently as the
     harness compares them (strings, after ',', '$' and one trailing '.' are removed, case ignored)."""
-    def cleaned(text: str) -> str:
-        return re.sub(r"\.$", "", text.replace(",", "").replace("$", "").strip()).lower()
+    from peftlab.tasks.math_tasks import cleaned, is_correct
 
-    if extracted is None:
-        return False
-    a, b = cleaned(extracted), cleaned(gold)
-    try:
-        return a != b and abs(Decimal(a) - Decimal(b)) <= Decimal("0.001")
-    except InvalidOperation:
-        return False
+    return extracted is not None and cleaned(extracted).lower() != cleaned(gold).lower() and is_correct(extracted, gold)
 
 
 def gsm8k_agreement(records: list[dict], data_dir: str | None = None, task_manager=None) -> dict:

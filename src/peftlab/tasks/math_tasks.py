@@ -33,14 +33,16 @@ DATASET_NOTE = ("trained on LLM-Adapters' math_data.json ({n} records with a sol
                 "(not available offline); gsm8k is LLM-Adapters' copy of the GSM8K test set")
 
 
+def cleaned(match: str) -> str:
+    """A captured answer cleaned as the harness's regexes_to_ignore: ``,``, ``$`` and a trailing ``.`` removed."""
+    return re.sub(r"\.$", "", match.replace(",", "").replace("$", "").strip())
+
+
 def _clean_number(match: str | None) -> Decimal | None:
-    """A captured answer cleaned as the harness's regexes_to_ignore (``,``, ``$``, a trailing ``.``) -> a number."""
     if match is None:
         return None
-    text = match.replace(",", "").replace("$", "").strip()
-    text = re.sub(r"\.$", "", text)
     try:
-        value = Decimal(text)
+        value = Decimal(cleaned(match))
     except ArithmeticError:
         return None
     return value if value.is_finite() else None

@@ -1,15 +1,9 @@
-"""Task pipelines: the data a run trains on and how it is evaluated, by task kind.
+"""Task pipelines: the data a run trains on and how it is evaluated (GLUE's and the labelled data's builders here).
 
-A :class:`Pipeline` is what the training loop needs from a task and nothing more: a tokenised training set
-(with a ``length`` column for length-grouped batching), a collator, and an ``evaluate(model, accelerator, tag)``
-function returning an :class:`Evaluation` (a flat metric dict, plus extras for result.json such as the
-generation files it wrote). ``tag`` says which evaluation it is: ``before`` (before fine-tuning), ``epoch<N>``
-(after epoch N), ``step<N>`` (after optimizer step N, ``--eval-steps``) or ``evaluate`` (``peftlab evaluate`` of a
-saved run); a task that writes files names them by it. ``train_examples_digest`` identifies the raw training
-examples the run draws (:func:`train_examples_digest`). Classification/regression (GLUE) lives here;
-the user's own labelled data (classify, regress) in :mod:`peftlab.tasks.labelled_data`; instruction tuning
-(GSM8K, Alpaca, JSON) in :mod:`peftlab.tasks.instructions`. Add a task kind by adding a
-builder ``(cfg, tokenizer, model) -> Pipeline`` to ``BUILDERS``.
+A :class:`Pipeline` is what the training loop needs from a task: a tokenised training set (with ``length`` for
+length-grouped batching), a collator and ``evaluate(model, accelerator, tag) -> Evaluation``. ``tag`` names the
+evaluation (``before``, ``epoch<N>``, ``step<N>``, ``test``, ``evaluate``); a task that writes files names them by
+it. :data:`BUILDERS` maps ``Task.pipeline`` to its builder ``(cfg, tokenizer, model, task) -> Pipeline``.
 """
 
 from __future__ import annotations
