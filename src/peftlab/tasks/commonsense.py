@@ -65,27 +65,15 @@ def _record(name: str, row: dict, text: str) -> dict:
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``commonsense`` kind's Pipeline; ``task``'s set names default ``--train-sets`` / ``--eval-sets``."""
-    from datasets import Dataset, concatenate_datasets
-
     from peftlab.tasks import generative, instructions
     from peftlab.tasks.generation import generation_evaluator
 
     instructions.ensure_pad_token(cfg, tokenizer)
     train_sets = tuple(cfg.train_sets.split(",")) if cfg.train_sets else task.train_set_names
-    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names
-    files: dict[str, str] = {}
-    parts, skipped = [], 0
-    for name in train_sets:
-        path = generative.find_data_file(cfg.data_dir, f"commonsense/{name}/train.json",
-                                         f"commonsense training split '{name}'")
-        files[f"train/{name}"] = str(path)
-        records, empty = generative.training_records(generative.read_llm_adapters_json(path))
-        skipped += empty
-        parts.append(Dataset.from_list(records))
-    train_raw = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-    n_train_available = len(train_raw)
-
-    tests = generative.read_test_sets(cfg, "commonsense", eval_sets, _gold_check, files)
+    train_raw, skipped, files = generative.training_set(cfg, {
+        f"train/{name}": (f"commonsense/{name}/train.json", f"commonsense training split '{name}'")
+        for name in train_sets})
+    tests = generative.read_test_sets(cfg, task, _gold_check, files)
     items, prompts = generative.prompt_items(tests, tokenizer)
 
     score = generative.set_scorer(tests, items, _record, metric_key,
@@ -97,7 +85,7 @@ def build_pipeline(cfg, tokenizer, model, task):
     chance = sum(max(Counter(ds["answer"]).values()) / len(ds) for ds in tests.values()) / len(tests)
     extras: dict[str, Any] = {
         "dataset": DATASET,
-        "report_notes": [dataset_note(train_sets, eval_sets, n_train_available)],  # lab/report.py prints them
+        "report_notes": [dataset_note(train_sets, tests, len(train_raw))],  # lab/report.py prints them
         "data_files": files,
         "train_sets": list(train_sets),
         "train_records_without_output": skipped,  # not trained on: nothing to learn

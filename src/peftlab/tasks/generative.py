@@ -59,10 +59,20 @@ def read_llm_adapters_json(path: Path) -> list[dict[str, str]]:
     return records
 
 
-def training_records(records: list[dict[str, str]]) -> tuple[list[dict[str, str]], int]:
-    """(``instruction``/``input``/``output`` of the records with a response to train on, how many had none)."""
-    kept = [{k: r[k] for k in ("instruction", "input", "output")} for r in records if r["output"].strip()]
-    return kept, len(records) - len(kept)
+def training_set(cfg, sources: dict[str, tuple[str, str]]):
+    """(the records with a response, joined in order; how many had none; files key -> the file read) of
+    LLM-Adapters training files, ``sources``: files key -> (path under a data root, what it is for messages)."""
+    from datasets import Dataset, concatenate_datasets
+
+    files, parts, skipped = {}, [], 0
+    for key, (relative, what) in sources.items():
+        path = find_data_file(cfg.data_dir, relative, what)
+        files[key] = str(path)
+        records = read_llm_adapters_json(path)
+        kept = [{k: r[k] for k in ("instruction", "input", "output")} for r in records if r["output"].strip()]
+        skipped += len(records) - len(kept)
+        parts.append(Dataset.from_list(kept))
+    return concatenate_datasets(parts) if len(parts) > 1 else parts[0], skipped, files
 
 
 def test_set(path: Path, records: list[dict[str, str]], gold_problem: Callable[[str], str | None]):
@@ -87,14 +97,15 @@ def prompt_items(tests: dict, tokenizer) -> tuple[list[tuple[str, dict]], list[l
     return items, [encode_prompt(tokenizer, row["instruction"], row["input"]) for _, row in items]
 
 
-def read_test_sets(cfg, family: str, names, gold_problem: Callable[[str], Callable[[str], str | None]],
-                   files: dict[str, str]) -> dict:
-    """The named test sets ``<data>/<family>/<name>/test.json`` (each gold answer checked by ``gold_problem(name)``),
-    each cut to ``--max-eval-samples``; every file read is added to ``files`` as ``test/<name>``."""
+def read_test_sets(cfg, task, gold_problem: Callable[[str], Callable[[str], str | None]], files: dict) -> dict:
+    """``--eval-sets`` (default: all of ``task``'s) ``<data>/<family>/<name>/test.json``, each gold answer checked by
+    ``gold_problem(name)``, each cut to ``--max-eval-samples``; every file read goes into ``files`` as
+    ``test/<name>``."""
     from peftlab.tasks.data_files import subset
 
+    family = task.kind  # its data folder: commonsense/, math/
     tests = {}
-    for name in names:
+    for name in tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names:
         path = find_data_file(cfg.data_dir, f"{family}/{name}/test.json", f"{family} test set '{name}'")
         files[f"test/{name}"] = str(path)
         # --eval-seed, not --seed: every training seed is scored on the same examples

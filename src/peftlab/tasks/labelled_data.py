@@ -126,19 +126,6 @@ class LabelledData:
     heldout: dict | None  # the held-out split's fraction, seed and stratification, when there was one
 
 
-class _DataKey(NamedTuple):
-    cwd: str
-    task: Task
-    train_file: str | None
-    eval_file: str | None
-    dataset: str | None
-    eval_split: str | None
-    text_fields: str
-    label_field: str
-    metric: str
-    digest: str | None
-
-
 def load_labelled(cfg, task: Task) -> LabelledData:
     """``cfg``'s data for ``task`` (read once per process and data content). A run's config carries the digest of its
     data: data that changed since (config.yaml of an older run) is refused rather than silently used."""
@@ -150,6 +137,19 @@ def load_labelled(cfg, task: Task) -> LabelledData:
                            fix="restore the data the run was trained on, or train a new run on it (a new run key)")
     return _load(_DataKey(os.getcwd(), task, cfg.train_file, cfg.eval_file, cfg.dataset, cfg.eval_split,
                           cfg.text_fields, cfg.label_field, cfg.metric, digest))
+
+
+class _DataKey(NamedTuple):  # what _load's cache keys on (the working directory too: paths may be relative)
+    cwd: str
+    task: Task
+    train_file: str | None
+    eval_file: str | None
+    dataset: str | None
+    eval_split: str | None
+    text_fields: str
+    label_field: str
+    metric: str
+    digest: str | None
 
 
 @functools.lru_cache(maxsize=4)

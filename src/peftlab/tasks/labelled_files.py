@@ -15,13 +15,13 @@ import csv
 import functools
 import hashlib
 import io
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import read_text_utf8
+from peftlab.tasks.json_files import load_builder
 
 FILE_KINDS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 FORMATS = "CSV, TSV, JSON, JSONL or Parquet"
@@ -121,7 +121,7 @@ def read_file(path: Path, text_fields: tuple[str, ...] = ()) -> RawTable:
     if kind == "tsv":
         options.update(delimiter="\t", quoting=csv.QUOTE_NONE)
     try:
-        ds = _load_builder("parquet" if kind == "parquet" else "csv", path, options)
+        ds = load_builder("parquet" if kind == "parquet" else "csv", path, options)
     except Exception as err:  # noqa: BLE001 - "An error occurred while generating the dataset": find the line
         if kind == "parquet":
             raise PeftlabError(f"cannot read Parquet file: {_cause_line(err)}", where=str(path),
@@ -135,20 +135,6 @@ def read_file(path: Path, text_fields: tuple[str, ...] = ()) -> RawTable:
         return RawTable(str(path), columns, lambda i: f"{path}, row {i + 1}", _class_names(ds))
     lines = _LineIndex(path, kind, len(ds))
     return RawTable(str(path), columns, lines.locate, {})
-
-
-def _load_builder(builder: str, path: Path, options: dict):
-    import datasets
-
-    from peftlab.models.registry import cache_dir
-    from peftlab.tasks.json_files import _datasets_quiet
-
-    root = cache_dir() / "datasets-tables"
-    root.mkdir(parents=True, exist_ok=True)
-    # A private cache folder per read: nothing is written next to the data, nothing stale is reused.
-    with tempfile.TemporaryDirectory(dir=root) as tmp, _datasets_quiet():
-        return datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=tmp,
-                                     keep_in_memory=True, **options)
 
 
 def _cause_line(err: BaseException) -> str:

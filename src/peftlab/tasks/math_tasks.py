@@ -99,20 +99,14 @@ def _record(name: str, row: dict, text: str) -> dict:
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``math`` kind's Pipeline; ``task``'s set names are the default ``--eval-sets``."""
-    from datasets import Dataset
-
     from peftlab.tasks import generative, instructions
     from peftlab.tasks.generation import generation_evaluator
 
     instructions.ensure_pad_token(cfg, tokenizer)
-    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names
-    train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "math training set math_data.json")
-    files = {"train": str(train_path)}
     # 3 of math_data.json's records have an empty output: nothing to learn from, so not trained on.
-    train_records, skipped = generative.training_records(generative.read_llm_adapters_json(train_path))
-    train_raw = Dataset.from_list(train_records)
-
-    tests = generative.read_test_sets(cfg, "math", eval_sets, _gold_check, files)
+    train_raw, skipped, files = generative.training_set(cfg, {
+        "train": (TRAIN_FILE, "math training set math_data.json")})
+    tests = generative.read_test_sets(cfg, task, _gold_check, files)
     items, prompts = generative.prompt_items(tests, tokenizer)
 
     score = generative.set_scorer(tests, items, _record, set_key, {
