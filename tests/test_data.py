@@ -179,27 +179,34 @@ def test_no_data_anywhere_lists_every_folder_tried(isolated, offline, monkeypatc
 # --------------------------------------------------------------------------- finding the data
 
 
-def test_resolve_data_dir_order(isolated, monkeypatch, tmp_path):
-    assert data.resolve_data_dir(None) is None
+def test_data_roots_order(isolated, monkeypatch, tmp_path):
+    def found(data_dir=None):
+        return data.locate_data_file(data_dir, ("f.txt",))[0]
+
+    assert found() is None
     (isolated / "data").mkdir()
-    assert data.resolve_data_dir(None) == isolated / "data"
+    (isolated / "data" / "f.txt").write_text("x")
+    assert found() == isolated / "data" / "f.txt"
     env = tmp_path / "env"
     env.mkdir()
+    (env / "f.txt").write_text("x")
     monkeypatch.setenv("PEFTLAB_DATA_DIR", str(env))
-    assert data.resolve_data_dir(None) == env
-    assert data.resolve_data_dir(str(tmp_path)) == tmp_path
+    assert found() == env / "f.txt"
+    (tmp_path / "f.txt").write_text("x")
+    assert found(str(tmp_path)) == tmp_path / "f.txt"
     with pytest.raises(PeftlabError, match="does not exist"):
-        data.resolve_data_dir(str(tmp_path / "missing"))
+        found(str(tmp_path / "missing"))
 
 
-def test_resolve_data_dir_shared_fallback(tmp_path, monkeypatch):
+def test_data_roots_shared_fallback(tmp_path, monkeypatch):
     shared = tmp_path / "shared" / "data"
     shared.mkdir(parents=True)
+    (shared / "f.txt").write_text("x")
     work = tmp_path / "repo"
     work.mkdir()
     monkeypatch.chdir(work)
     monkeypatch.delenv("PEFTLAB_DATA_DIR", raising=False)
-    assert data.resolve_data_dir(None) == shared
+    assert data.locate_data_file(None, ("f.txt",))[0] == shared / "f.txt"
 
 
 def test_glue_data_layout_and_env_var(isolated, monkeypatch, tmp_path):
@@ -460,19 +467,19 @@ def test_collator_dynamic_and_max_padding(tokenizer, tmp_path, monkeypatch):
     features = [out[i] for i in range(len(out))]
     longest = max(out["length"])
 
-    batch = batching.make_collator(tokenizer, False, 20)(features)
+    batch = batching.Collator(tokenizer, False, 20)(features)
     assert "length" not in batch
     assert batch["input_ids"].shape == (2, longest)
     assert batch["labels"].tolist() == [0, 1] and batch["labels"].dtype == torch.long
     assert batch["attention_mask"].sum(dim=1).tolist() == out["length"]
     assert batch["input_ids"][0, -1].item() == tokenizer.pad_token_id
 
-    fixed = batching.make_collator(tokenizer, True, 20)(features)
+    fixed = batching.Collator(tokenizer, True, 20)(features)
     assert fixed["input_ids"].shape == (2, 20) and fixed["attention_mask"].shape == (2, 20)
     assert fixed["attention_mask"].sum(dim=1).tolist() == out["length"]
 
     reg = [{"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1], "labels": 2.5, "length": 3}]
-    assert batching.make_collator(tokenizer, False, 8)(reg)["labels"].dtype == torch.float32
+    assert batching.Collator(tokenizer, False, 8)(reg)["labels"].dtype == torch.float32
 
 
 # --------------------------------------------------------------------------- length-grouped batches

@@ -421,3 +421,19 @@ def test_sweep_and_report_of_the_three_families(tmp_path, capsys):
                  "--out", str(out)]) == 0
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
     assert any(r.get("commonsense_n") == "1" for r in rows)
+
+
+def test_e2e_and_judged_mt_bench_need_their_extra_before_any_generation(monkeypatch):
+    """`peftlab evaluate` has no preflight: the builders check the extra first (no tokenizer is even looked at)."""
+    from types import SimpleNamespace
+
+    from peftlab import extras
+    from peftlab.tasks import mt_bench
+    from peftlab.tasks.table import task
+
+    monkeypatch.setattr(extras, "installed", lambda module: False)
+    cfg = SimpleNamespace(model="tiny-llama", judge_url="http://127.0.0.1:9/v1", judge_api_key_env="HOME")
+    with pytest.raises(PeftlabError, match=r"--task e2e .* needs the 'nlg' extra"):
+        e2e.build_pipeline(cfg, None, None, task("e2e"))
+    with pytest.raises(PeftlabError, match=r"MT-Bench judging \(--judge-url\) needs the 'judge' extra"):
+        mt_bench.build_pipeline(cfg, None, None, task("mt-bench"))

@@ -66,7 +66,7 @@ def resolve_config(cfg: TrainConfig, *, check_inputs: bool = True) -> TrainConfi
         train_sets=canonical_sets(cfg.train_sets, task, "train_sets"),
         lm_eval=_lm_eval_names(cfg, task),
         **{name: value for name, value in defaults.items() if getattr(cfg, name) is None})
-    data = resolve_options(resolved)  # classify/regress: the data options checked, defaults and the data digest
+    data = resolve_options(resolved, task)  # classify/regress: the data options checked, defaults and the data digest
     return dataclasses.replace(resolved, text_fields=data.text_fields, metric=data.metric,
                                data_digest=data.data_digest).mark_resolved()
 

@@ -1,8 +1,8 @@
 """Tokenisation (cached), collation, length-grouped batching and packing (--packing) of a task's examples.
 
-:func:`tokenize` is GLUE's (``text_a``/``text_b`` -> token ids); instruction data reuses its cache folder
-and hash (:func:`tokenize_hash`, keyed on the rows' :func:`content_digest`). :func:`length_grouped_batches` is what the training loop's sampler draws.
-:class:`PackingCollator` (``--packing``, decoder training) puts a batch's examples into one unpadded row;
+:func:`tokenize` is GLUE's (``text_a``/``text_b`` -> token ids); instruction data shares its cache
+(:func:`cached_map`). :func:`length_grouped_batches` is what the training loop's sampler draws.
+:class:`PackingCollator` (``--packing``) puts a batch's examples into one unpadded row;
 :func:`prepare_packed_attention` makes the run's model attend within each packed example and verifies it.
 """
 
@@ -54,9 +54,13 @@ def _json_text(value) -> str:
     return json.dumps(value.tolist() if hasattr(value, "tolist") else value, sort_keys=True, default=str)
 
 
-def tokenize_hash(ds, tokenizer, max_length: int, task: str, cache_key: str) -> str:
-    """The token cache's file name: tokenizer, task, ``cache_key``, the rows' :func:`content_digest` and
-    ``max_length``."""
+def cached_map(ds, encode, tokenizer, max_length: int, *, task: str, cache_key: str):
+    """``ds.map(encode)`` (batched, ``encode(batch, max_length)``: the token columns), cached in
+    ``$PEFTLAB_CACHE/tokenized/<hash>.arrow``: the hash covers the tokenizer (name/path, class, vocabulary size,
+    truncation side), ``task``, ``cache_key``, the rows' :func:`content_digest` and ``max_length``, so a second
+    call only reads the file."""
+    if max_length is None or int(max_length) <= 0:
+        raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 128")
     key = {
         "version": _TOKENIZE_VERSION,
         "tokenizer": str(getattr(tokenizer, "name_or_path", "")),
@@ -68,71 +72,44 @@ def tokenize_hash(ds, tokenizer, max_length: int, task: str, cache_key: str) -> 
         "content": content_digest(ds),
         "max_length": int(max_length),
     }
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    out_dir = tokenized_cache_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return ds.map(lambda batch: encode(batch, int(max_length)), batched=True, remove_columns=ds.column_names,
+                  cache_file_name=str(out_dir / f"{digest}.arrow"), load_from_cache_file=True, new_fingerprint=digest,
+                  desc=f"tokenising {task}")
 
 
 def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
-    """Tokenise ``text_a``/``text_b`` with truncation to ``max_length`` (no padding).
-
-    Returns a ``Dataset`` with ``input_ids``, ``attention_mask``, [``token_type_ids``,] ``labels`` and
-    ``length``. The result is cached in ``$PEFTLAB_CACHE/tokenized/<hash>.arrow``; the hash covers the
-    tokenizer (name/path, class, vocabulary size), ``task``, ``cache_key``, the rows' content
-    (:func:`content_digest`) and ``max_length``, so a second call only reads the file.
-    """
-    if max_length is None or int(max_length) <= 0:
-        raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 128")
-    digest = tokenize_hash(ds, tokenizer, max_length, task, cache_key)
-    out_dir = tokenized_cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """``text_a``/``text_b`` tokenised with truncation to ``max_length`` (no padding), cached (:func:`cached_map`):
+    ``input_ids``, ``attention_mask``, [``token_type_ids``,] ``labels`` and ``length``."""
     pair = "text_b" in ds.column_names
 
-    def encode(batch):
+    def encode(batch, max_length: int):
         texts = (batch["text_a"], batch["text_b"]) if pair else (batch["text_a"],)
-        enc = tokenizer(*texts, truncation=True, max_length=int(max_length))
-        out = dict(enc)
-        out["labels"] = batch["label"]
-        out["length"] = [len(ids) for ids in enc["input_ids"]]
-        return out
+        out = dict(tokenizer(*texts, truncation=True, max_length=max_length))
+        return {**out, "labels": batch["label"], "length": [len(ids) for ids in out["input_ids"]]}
 
-    return ds.map(
-        encode,
-        batched=True,
-        remove_columns=ds.column_names,
-        cache_file_name=str(out_dir / f"{digest}.arrow"),
-        load_from_cache_file=True,
-        new_fingerprint=digest,
-        desc=f"tokenising {task}",
-    )
+    return cached_map(ds, encode, tokenizer, max_length, task=task, cache_key=cache_key)
 
 
 # --------------------------------------------------------------------------- collation and batching
 
 
 class Collator:
-    """Pads a list of tokenised examples into a batch of tensors (``length`` is dropped first)."""
+    """Pads tokenised examples into a batch of tensors (``length`` dropped first): to the longest example, or to
+    ``max_length`` when ``pad_to_max``."""
 
     DROP = ("length", "text_a", "text_b")
 
     def __init__(self, tokenizer, pad_to_max: bool, max_length: int):
         from transformers import DataCollatorWithPadding
 
-        self.pad_to_max = bool(pad_to_max)
-        self.max_length = int(max_length)
-        self.inner = DataCollatorWithPadding(
-            tokenizer,
-            padding="max_length" if self.pad_to_max else "longest",
-            max_length=self.max_length if self.pad_to_max else None,
-            return_tensors="pt",
-        )
+        self.inner = DataCollatorWithPadding(tokenizer, padding="max_length" if pad_to_max else "longest",
+                                             max_length=int(max_length) if pad_to_max else None, return_tensors="pt")
 
     def __call__(self, features: Sequence[dict]):
-        clean = [{k: v for k, v in f.items() if k not in self.DROP} for f in features]
-        return self.inner(clean)
-
-
-def make_collator(tokenizer, pad_to_max: bool, max_length: int) -> Collator:
-    """Dynamic padding to the longest example, or to ``max_length`` when ``pad_to_max``."""
-    return Collator(tokenizer, pad_to_max, max_length)
+        return self.inner([{k: v for k, v in f.items() if k not in self.DROP} for f in features])
 
 
 def _derived_seed(seed: int, epoch: int) -> int:
@@ -168,24 +145,16 @@ def length_grouped_batches(lengths: Sequence[int], batch_size: int, seed: int, e
 
 
 class PackingCollator:
-    """``--packing``: a batch's examples concatenated into ONE row, no padding (transformers'
-    ``DataCollatorWithFlattening``).
+    """``--packing``: a batch's examples concatenated into ONE unpadded row (transformers'
+    ``DataCollatorWithFlattening``): ``position_ids`` restarting at 0 per example, the boundaries as
+    flash-attention's ``cu_seq_lens``, no ``attention_mask``; each example's first label is -100, so no example is
+    trained to predict the next one's first token (the loss covers the same tokens as a padded batch's).
 
-    The row holds exactly the examples the sampler drew (``--batch-size`` still counts examples): ``input_ids``
-    and ``labels`` of shape (1, sum of lengths), ``position_ids`` restarting at 0 for every example, the examples'
-    boundaries (``cu_seq_lens_q``/``_k``, ``max_length_q``/``_k``: flash-attention's variable-length arguments)
-    and no ``attention_mask``. ``labels`` keep each example's own -100 on its prompt; the collator also sets each
-    example's FIRST label to -100 (the prompt's anyway), so the last token of one example is never trained to
-    predict the first token of the next. The model's loss is then the mean over the same response tokens as the
-    padded batch's.
-
-    What keeps examples apart on a CPU: transformers' ``masking_utils.create_causal_mask`` reads the restarting
-    ``position_ids`` (``find_packed_sequence_indices``) and builds a block-diagonal causal mask, but only when
-    there is no attention mask AND no cache (``_preprocess_mask_arguments``). A causal LM whose config says
-    ``use_cache=True`` (Llama's, Qwen2's, SmolLM2's default) creates an empty ``DynamicCache`` even in a training
-    forward, which turns that detection off and lets every token attend across the whole row. So the batch
-    carries ``use_cache=False``. :func:`prepare_packed_attention` also moves an SDPA model to attention over
-    each example alone (:mod:`peftlab.models.packed_attention`, using the boundaries) and verifies the result.
+    The batch carries ``use_cache=False``: transformers builds the block-diagonal causal mask from restarting
+    ``position_ids`` only with no attention mask AND no cache, and a causal LM whose config says ``use_cache``
+    (Llama's, Qwen2's, SmolLM2's) makes an empty cache even in a training forward, letting every token attend
+    across the whole row. :func:`prepare_packed_attention` also moves an SDPA model to per-example attention and
+    verifies it.
     """
 
     KEEP = ("input_ids", "labels")

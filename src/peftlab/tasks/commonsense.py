@@ -1,29 +1,21 @@
 """``--task commonsense``: LLM-Adapters' commonsense-reasoning benchmark, answers generated and extracted.
 
-* **Data** (``<data>/commonsense/<set>/{train,test}.json``, LLM-Adapters' instruction format: ``instruction``
-  holds the question, its choices and the answer format; ``output`` is "the correct answer is answer2";
-  ``answer`` the gold word). Training: the union of the available training splits (``boolq``, ``ARC-Easy``,
-  ``ARC-Challenge``, ``openbookqa``) or those named by ``--train-sets``, subset by ``--max-train-samples``.
-  Evaluation: the seven available test sets or ``--eval-sets``, each subset by ``--max-eval-samples``
-  (``--eval-seed``). HellaSwag's test set and the ``commonsense_170k`` training mix the papers train on are
-  not available offline: result.json's ``report_notes`` say so, and every report repeats them.
-* **Answer extraction** (:func:`extract_answer`), as LLM-Adapters' ``commonsense_evaluate.py`` does: the first
-  occurrence of one of the set's answer words in the generated text (a case-sensitive regex alternation:
-  ``true|false`` for BoolQ, ``solution1|solution2`` for PIQA, ``answer1`` .. ``answer5`` for SIQA, ARC and
-  OpenBookQA, ``option1|option2`` for WinoGrande), or "" when none occurs; correct when it equals ``answer``.
-  Generation is greedy (LLM-Adapters samples with 4 beams), at most ``--max-new-tokens`` (default 32, as
-  LLM-Adapters) and stops at the first answer word, after which the extracted answer cannot change.
-* **Metrics**: ``<set>_accuracy`` and ``<set>_answered`` (a valid answer word was generated) per set (set names
-  lower-cased, ``-`` as ``_``: ``arc_easy``), and their means over the evaluated sets, ``accuracy`` (the
-  primary metric, the papers' Avg column) and ``answered``. The chance level is the mean over sets of the
-  majority answer's share of the evaluated examples.
+* **Data**: ``<data>/commonsense/<set>/{train,test}.json`` (LLM-Adapters' instruction format). Training: the union
+  of the sets with a train split (or ``--train-sets``); evaluation: the seven test sets (or ``--eval-sets``).
+  HellaSwag and the ``commonsense_170k`` mix are not offline: result.json's ``report_notes`` say so.
+* **Answer** (:func:`extract_answer`, LLM-Adapters' ``commonsense_evaluate.py``): the first of the set's answer
+  words in the generated text, "" when none. Greedy generation (LLM-Adapters: 4 beams, sampled) stops at the
+  first answer word, after which the extracted answer cannot change.
+* **Metrics**: ``<set>_accuracy`` and ``<set>_answered`` (``arc_easy``...) and their means over the sets,
+  ``accuracy`` (primary, the papers' Avg) and ``answered``. Chance: the mean over sets of the majority answer's
+  share.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
 
 from peftlab.tasks.table import UNAVAILABLE_SETS
 
@@ -65,54 +57,27 @@ def _gold_check(name: str):
     return lambda gold: None if gold in words else "one of " + "/".join(words)
 
 
-def _scorer(tests: dict, items: list) -> Callable:
-    """``score(texts)`` of the generated answers: the records and the metrics (per set and their mean)."""
-
-    def score(texts: list[str]):
-        records, by_set = [], {name: [] for name in tests}
-        for (name, row), text in zip(items, texts):
-            predicted = extract_answer(name, text)
-            record = {"set": name, "instruction": row["instruction"], "gold": row["answer"], "generated": text,
-                      "extracted": predicted, "correct": predicted == row["answer"]}
-            records.append(record)
-            by_set[name].append(record)
-        metrics: dict[str, float] = {}
-        for name, rows in by_set.items():
-            metrics[f"{metric_key(name)}_accuracy"] = sum(r["correct"] for r in rows) / max(1, len(rows))
-            metrics[f"{metric_key(name)}_answered"] = sum(r["extracted"] != "" for r in rows) / max(1, len(rows))
-        metrics["accuracy"] = sum(metrics[f"{metric_key(n)}_accuracy"] for n in tests) / len(tests)
-        metrics["answered"] = sum(metrics[f"{metric_key(n)}_answered"] for n in tests) / len(tests)
-        return records, metrics
-
-    return score
+def _record(name: str, row: dict, text: str) -> dict:
+    predicted = extract_answer(name, text)
+    return {"set": name, "instruction": row["instruction"], "gold": row["answer"], "generated": text,
+            "extracted": predicted, "correct": predicted == row["answer"]}
 
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``commonsense`` kind's Pipeline; ``task``'s set names default ``--train-sets`` / ``--eval-sets``."""
-    from datasets import concatenate_datasets
-
-    from peftlab.tasks import generative
+    from peftlab.tasks import generative, instructions
     from peftlab.tasks.generation import generation_evaluator
 
-    generative.ensure_pad_token(cfg, tokenizer)
+    instructions.ensure_pad_token(cfg, tokenizer)
     train_sets = tuple(cfg.train_sets.split(",")) if cfg.train_sets else task.train_set_names
-    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names
-    files: dict[str, str] = {}
-    parts, skipped = [], 0
-    for name in train_sets:
-        path = generative.find_data_file(cfg.data_dir, f"commonsense/{name}/train.json",
-                                         f"commonsense training split '{name}'")
-        files[f"train/{name}"] = str(path)
-        records, empty = generative.training_records(generative.read_llm_adapters_json(path))
-        skipped += empty
-        parts.append(generative.records_dataset(records))
-    train_raw = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-    n_train_available = len(train_raw)
-
-    tests = generative.read_test_sets(cfg, "commonsense", eval_sets, _gold_check, files)
+    train_raw, skipped, files = generative.training_set(cfg, {
+        f"train/{name}": (f"commonsense/{name}/train.json", f"commonsense training split '{name}'")
+        for name in train_sets})
+    tests = generative.read_test_sets(cfg, task, _gold_check, files)
     items, prompts = generative.prompt_items(tests, tokenizer)
 
-    score = _scorer(tests, items)
+    score = generative.set_scorer(tests, items, _record, metric_key,
+                                  {"accuracy": lambda r: r["correct"], "answered": lambda r: r["extracted"] != ""})
     # A row stops at its own set's first answer word (another set's word, e.g. "answer1" in a BoolQ answer, is
     # not an answer and must not stop it).
     stops = {name: (lambda text, pattern=_PATTERNS[name]: pattern.search(text) is not None) for name in tests}
@@ -120,12 +85,12 @@ def build_pipeline(cfg, tokenizer, model, task):
     chance = sum(max(Counter(ds["answer"]).values()) / len(ds) for ds in tests.values()) / len(tests)
     extras: dict[str, Any] = {
         "dataset": DATASET,
-        "report_notes": [dataset_note(train_sets, eval_sets, n_train_available)],  # lab/report.py prints them
+        "report_notes": [dataset_note(train_sets, tests, len(train_raw))],  # lab/report.py prints them
         "data_files": files,
         "train_sets": list(train_sets),
         "train_records_without_output": skipped,  # not trained on: nothing to learn
         **generative.test_set_extras(tests),
         "answer_extraction": "LLM-Adapters commonsense_evaluate.py extract_answer: the first answer word of the set",
     }
-    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="accuracy",
+    return instructions.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="accuracy",
                                         chance=chance, num_eval_examples=len(items), extras=extras, eval_sets=tests)

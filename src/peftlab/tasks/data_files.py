@@ -1,29 +1,19 @@
-"""GLUE data: reading the ``glue_data`` TSV files (or the Hub), subsets, the selection split.
+"""GLUE data: the ``glue_data`` TSV files (or the Hub), subsets, the selection split.
 
-Tokenisation, collation and length-grouped batching are in :mod:`peftlab.tasks.batching` (also importable
-from here).
+Every split becomes a :class:`datasets.Dataset` of ``text_a``, [``text_b``,] ``label`` (a class id in
+``Task.label_names`` order; STS-B's score). Where it comes from, in order:
 
-Every split becomes a :class:`datasets.Dataset` with the columns ``text_a`` (str), ``text_b`` (str; absent
-for single-sentence tasks) and ``label`` (class id in ``Task.label_names`` order; float for STS-B).
+1. ``<root>/glue/<Task>/`` or ``<root>/<Task>/`` (a glue_data folder), ``<root>`` being ``--data-dir``, else the
+   first of ``$PEFTLAB_DATA_DIR``, ``./data``, ``../shared/data`` holding the file (:func:`candidate_roots`);
+2. for MNLI, QNLI and QQP, whose full training sets are not offline: ``<root>/glue_subsets/<Task>/``, 10k random
+   subsets of GLUE *train* (ZhengxiangShi/PowerfulPromptFT). result.json records ``dataset: glue_subsets`` and
+   reports label the column, so a subset is never passed off as the full task; QNLI's real dev set is found
+   first (step 1), and MNLI from the subsets has one dev set;
+3. the Hub (``nyu-mll/glue``), unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set;
+4. else one line listing every file looked for.
 
-Where the data comes from, in order:
-
-1. a local GLUE ``glue_data`` layout: ``<root>/glue/<Task>/{train,dev}.tsv`` or ``<root>/<Task>/...``
-   (MNLI: ``dev_matched.tsv``/``dev_mismatched.tsv``). ``<root>`` is ``--data-dir`` if given, else the
-   first of ``$PEFTLAB_DATA_DIR``, ``./data``, ``../shared/data`` that holds the file;
-2. for MNLI, QNLI and QQP only, whose full training sets are not available offline:
-   ``<root>/glue_subsets/<Task>/{train,dev}.json``, 10k random subsets of GLUE *train* split 8,999/1,000
-   (ZhengxiangShi/PowerfulPromptFT). They are never passed off as the full task: result.json records
-   ``dataset: glue_subsets`` and the files read, and reports label the column. QNLI's real GLUE dev set
-   (``glue/QNLI/dev.tsv``) is found first, so QNLI trains on the subset and is scored on the real dev set;
-   MNLI from the subsets has one dev set (no matched/mismatched split);
-3. the Hugging Face Hub (``nyu-mll/glue``), unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set;
-4. otherwise a :class:`~peftlab.errors.PeftlabError` that lists the files it looked for.
-
-The TSVs are read with quoting disabled (sentences contain unbalanced ``"``), a leading UTF-8 BOM is
-dropped (MRPC dev has one), and every malformed row is reported as ``file:line``.
-
-The JSON list / JSONL files of the other task kinds are read by :mod:`peftlab.tasks.json_files`.
+The TSVs are read with quoting off (sentences hold unbalanced ``"``), a UTF-8 BOM dropped (MRPC dev has one),
+and a malformed row is reported as ``file:line``.
 """
 
 from __future__ import annotations
@@ -39,7 +29,6 @@ from peftlab.errors import PeftlabError
 from peftlab.tasks.table import Task, task as registered_task
 
 
-SPLITS = ("train", "validation", "validation_matched", "validation_mismatched")
 HUB_DATASET = "nyu-mll/glue"
 
 csv.field_size_limit(1 << 24)  # a few GLUE sentences are long; the default limit is 128 KiB
@@ -70,18 +59,38 @@ def check_data_dir(data_dir: str | os.PathLike | None) -> None:
         )
 
 
-def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path | None:
-    """The data root: ``data_dir`` if given, else the first existing of ``$PEFTLAB_DATA_DIR``,
-    ``./data`` and ``../shared/data`` (relative to the working directory); ``None`` if none exists.
-
-    A root may hold ``glue/`` (and other data sets) or be a ``glue_data`` folder holding ``CoLA/`` etc.
-    An explicit ``data_dir`` that does not exist is an error, not a silent fall-back.
-    """
+def locate_data_file(data_dir, relatives) -> tuple[Path | None, list[Path]]:
+    """The first ``<root>/<relative>`` that is a file, over the data roots (every relative tried in each root in
+    turn), and every path tried; an explicit ``data_dir`` that does not exist is an error."""
     check_data_dir(data_dir)
+    tried = []
     for root in candidate_roots(data_dir):
-        if root.is_dir():
-            return root
-    return None
+        for relative in relatives:
+            path = root / relative
+            tried.append(path)
+            if path.is_file():
+                return path, tried
+    return None, tried
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def from_hub(load, name: str, *, what: str, tried: list[Path], holding: str):
+    """``load()``: ``what`` from the Hub dataset ``name``, there being no local copy at the paths ``tried``; when
+    offline or when it fails, one line saying so and where a local copy goes (a data root holding ``holding``)."""
+    if hub_offline():
+        reason = "not trying the Hub (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)"
+    else:
+        try:
+            return load()
+        except Exception as err:  # noqa: BLE001 - any Hub failure becomes the message below
+            reason = f"the Hub ({name}) failed: {first_line(err)}"
+    raise PeftlabError(f"no local copy of {what}; {reason}", where="looked for " + ", ".join(map(str, tried)),
+                       fix=f"pass --data-dir (or set PEFTLAB_DATA_DIR) to a folder holding {holding}, or run with "
+                       "network access (HF_DATASETS_OFFLINE and HF_HUB_OFFLINE unset) to load it from the Hub")
 
 
 def _named_split(task: Task, split: str) -> str:
@@ -171,14 +180,16 @@ def read_glue_tsv(path: Path, task: Task | str) -> dict[str, list]:
     return out
 
 
-def _features(task: Task):
+def label_features(pair: bool, regression: bool):
+    """The columns of every labelled split: ``text_a`` [, ``text_b``], ``label`` (a class id, or a score)."""
     from datasets import Features, Value
 
-    cols = {"text_a": Value("string")}
-    if len(task.text_fields) > 1:
-        cols["text_b"] = Value("string")
-    cols["label"] = Value("float32") if task.kind == "regression" else Value("int64")
-    return Features(cols)
+    return Features({"text_a": Value("string"), **({"text_b": Value("string")} if pair else {}),
+                     "label": Value("float32") if regression else Value("int64")})
+
+
+def _features(task: Task):
+    return label_features(len(task.text_fields) > 1, task.kind == "regression")
 
 
 def _load_local(path: Path, task: Task):
@@ -292,22 +303,8 @@ def load_split(task: Task | str, split: str, data_dir: str | os.PathLike | None 
         from datasets import Dataset
 
         return Dataset.from_dict(read_subset_json(source.path, spec), features=_features(spec))
-    hub_error = ""
-    if not hub_offline():
-        try:
-            return _load_hub(spec, split)
-        except Exception as err:  # noqa: BLE001 - any Hub failure becomes the message below
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            hub_error = f"; the Hub ({HUB_DATASET}) failed: {first}"
-    else:
-        hub_error = "; not trying the Hub (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)"
-    raise PeftlabError(
-        f"no local copy of {spec.glue_dir} {split}{hub_error}",
-        where="looked for " + ", ".join(str(p) for p in tried),
-        fix=f"pass --data-dir (or set PEFTLAB_DATA_DIR) to a folder holding glue/{spec.glue_dir}/"
-        f"{_split_files(spec, split)[0]}, or run with network access (HF_DATASETS_OFFLINE and HF_HUB_OFFLINE "
-        "unset) to load it from the Hub",
-    )
+    return from_hub(lambda: _load_hub(spec, split), HUB_DATASET, what=f"{spec.glue_dir} {split}", tried=tried,
+                    holding=f"glue/{spec.glue_dir}/{_split_files(spec, split)[0]}")
 
 
 # --------------------------------------------------------------------------- subsets

@@ -1,20 +1,11 @@
 """``--task e2e``: E2E NLG (restaurant meaning representation -> description), scored on generated text.
 
-* **Data** (``<data>/e2e/``, the E2E NLG Challenge CSVs with header ``mr,ref``). The official 42k training set is
-  not available offline, so training uses ``devset.csv`` (4,672 MR/reference pairs, each pair one example) and
-  evaluation ``testset_w_refs.csv``: its 4,693 references grouped by MR (630 MRs, in file order), every reference
-  of an MR used. ``--max-eval-samples`` draws MRs (``--eval-seed``). result.json's ``report_notes`` and every
-  report say that dev was trained on, so the numbers are not the challenge's (train -> test) setting.
-* **Format**: instruction :data:`INSTRUCTION`, input the MR, response the reference, with the tokenizer's chat
-  template like every instruction task (loss on the response only).
-* **Metrics** (:mod:`peftlab.tasks.nlg_metrics`): ``bleu`` (the primary metric, a fraction: ×100 in reports),
-  ``nist``, ``meteor``, ``rouge_l`` and ``cider``, equal to the official E2E NLG Challenge script's
-  (tuetschek/e2e-metrics ``measure_scores.py -p``, the papers' tables) on the generated texts written one per
-  line (``peftlab nlg-score`` scores such files). METEOR 1.5 and the PTB tokenizer that ROUGE-L and CIDEr use
-  need Java: without it result.json's ``metrics_unavailable`` and ``report_notes`` say that METEOR is not
-  computed and that ROUGE-L/CIDEr use nltk's tokens instead (approximations), and ``java`` is null.
-  ``metric_implementations`` names the package, version and settings of each metric, ``metrics_reproduce``
-  the script. Generation is greedy up to EOS / end of turn or ``--max-new-tokens`` (default 64).
+* **Data** (``<data>/e2e/``, the challenge's CSVs ``mr,ref``): the 42k training set is not offline, so
+  ``devset.csv`` trains (each pair an example) and ``testset_w_refs.csv`` evaluates, its references grouped by
+  MR (``--max-eval-samples`` draws MRs). ``report_notes`` say dev was trained on: not the challenge's setting.
+* **Metrics** (:mod:`peftlab.tasks.nlg_metrics`): ``bleu`` (primary), ``nist``, ``meteor``, ``rouge_l``,
+  ``cider``, equal to the official script's. Without Java, METEOR is left out and ROUGE-L/CIDEr approximate;
+  result.json's ``metrics_unavailable``, ``report_notes`` and ``metric_implementations`` say so.
 """
 
 from __future__ import annotations
@@ -69,22 +60,26 @@ def group_references(rows: list[tuple[str, str]]) -> list[tuple[str, list[str]]]
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``e2e`` kind's :class:`~peftlab.tasks.prepare.Pipeline` (``task``: its row; E2E reads nothing from it)."""
-    from peftlab.tasks import generative
+    from datasets import Dataset
+
+    from peftlab.tasks import generative, instructions
     from peftlab.tasks.data_files import subset
     from peftlab.tasks.generation import generation_evaluator
     from peftlab.tasks.instructions import encode_prompt
-    from peftlab.tasks.nlg_metrics import OFFICIAL, corpus_scores, implementations, java_runtime, meteor_missing, \
-        no_java_note
+    from peftlab.extras import require
+    from peftlab.tasks.nlg_metrics import (OFFICIAL, SCORED_BY, corpus_scores, implementations, java_runtime,
+                                           meteor_missing, no_java_note)
     from peftlab.tasks.prepare import examples_digest
 
-    generative.ensure_pad_token(cfg, tokenizer)
+    require(SCORED_BY)  # the 'nlg' extra, before any generation (peftlab evaluate has no preflight)
+    instructions.ensure_pad_token(cfg, tokenizer)
     train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "E2E devset.csv (the training data offline)")
     test_path = generative.find_data_file(cfg.data_dir, TEST_FILE, "E2E testset_w_refs.csv")
     train_rows = read_e2e_csv(train_path)
-    train_raw = generative.records_dataset(
+    train_raw = Dataset.from_list(
         [{"instruction": INSTRUCTION, "input": mr, "output": ref} for mr, ref in train_rows])
     grouped = group_references(read_e2e_csv(test_path))
-    test = generative.records_dataset([{"mr": mr, "references": refs} for mr, refs in grouped])
+    test = Dataset.from_list([{"mr": mr, "references": refs} for mr, refs in grouped])
     test = subset(test, cfg.max_eval_samples, cfg.eval_seed)
     mrs, references = list(test["mr"]), [list(r) for r in test["references"]]
     prompts = [encode_prompt(tokenizer, INSTRUCTION, mr) for mr in mrs]
@@ -115,6 +110,6 @@ def build_pipeline(cfg, tokenizer, model, task):
         # is absent from that evaluation's metrics, with the reason in metric_notes[tag].
         "metrics_unavailable": {"meteor": meteor_reason} if meteor_reason else {},
     }
-    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=generation_evaluator(
+    return instructions.training_pipeline(cfg, tokenizer, train_raw, evaluate=generation_evaluator(
         cfg, tokenizer, prompts, score), primary_metric="bleu", chance=0.0, num_eval_examples=len(mrs),
         extras=extras, eval_sets={"test": test})

@@ -1,13 +1,6 @@
-"""Greedy generation from token-id prompts, and the ``evaluate`` of every task scored on generated text.
-
-* :func:`generate_greedy`, the one path evaluation uses (GSM8K, commonsense, math, E2E, MT-Bench): prompts
-  sorted by length, left-padded into batches, ``model.generate`` with a greedy
-  :class:`transformers.GenerationConfig` that stops at EOS / the chat end-of-turn token (:func:`stop_token_ids`)
-  or ``max_new_tokens``, optionally a per-row stopping rule on the text so far.
-* :func:`generation_evaluator`, the ``evaluate(model, accelerator, tag)`` of those tasks: prompts are sharded by
-  index across processes (``accelerate launch``), the texts gathered with ``accelerate.utils.gather_object``,
-  scored, and (main process only) written to ``<output_dir>/generations_<tag>.jsonl``, a file named in the
-  evaluation's extras.
+"""Greedy generation from token-id prompts (:func:`generate_greedy`, the one path every generation-scored task
+uses), sharded over processes (:func:`generate_sharded`), and those tasks' ``evaluate`` (:func:`generation_evaluator`:
+scored, and written by the main process to ``<output_dir>/generations_<tag>.jsonl``).
 """
 
 from __future__ import annotations
@@ -108,11 +101,30 @@ def generate_greedy(model, tokenizer, prompts: Sequence[list[int]], *, max_new_t
     return [texts[i] for i in range(len(prompts))]
 
 
+def generate_sharded(cfg, tokenizer, model, accelerator, prompts: Sequence[list[int]],
+                     stop_when: StopWhen | Sequence[StopWhen] | None = None) -> list[str]:
+    """:func:`generate_greedy`'s texts of every prompt (at most ``cfg.max_new_tokens`` each, batches of
+    ``cfg.eval_batch_size``), sharded by index across processes and gathered: every process gets them all."""
+    from accelerate.utils import gather_object
+
+    rank, world = accelerator.process_index, accelerator.num_processes
+    mine = list(range(rank, len(prompts), world))
+    texts = generate_greedy(accelerator.unwrap_model(model), tokenizer, [prompts[i] for i in mine],
+                            max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
+                            device=accelerator.device,
+                            stop_when=stop_when if stop_when is None or callable(stop_when)
+                            else [stop_when[i] for i in mine])
+    pairs = list(zip(mine, texts))
+    if world > 1:
+        pairs = gather_object(pairs)
+    generated = dict(pairs)
+    return [generated[i] for i in range(len(prompts))]
+
+
 def generation_evaluator(cfg, tokenizer, prompts: Sequence[list[int]],
                          score: Callable[[list[str]], tuple], *,
                          stop_when: StopWhen | Sequence[StopWhen] | None = None) -> Callable:
-    """``evaluate(model, accelerator, tag) -> Evaluation`` scoring :func:`generate_greedy`'s texts from
-    ``prompts`` (at most ``cfg.max_new_tokens`` each, batches of ``cfg.eval_batch_size``).
+    """``evaluate(model, accelerator, tag) -> Evaluation`` scoring :func:`generate_sharded`'s texts of ``prompts``.
 
     ``score(texts)`` (one per prompt, in order) returns the records to log and the metrics, and optionally a
     third item: notes on this evaluation (e.g. why a metric is missing), kept in result.json's
@@ -121,22 +133,10 @@ def generation_evaluator(cfg, tokenizer, prompts: Sequence[list[int]],
     """
 
     def evaluate(model, accelerator, tag: str) -> Evaluation:
-        from accelerate.utils import gather_object
-
         was_training = model.training
         model.eval()
-        rank, world = accelerator.process_index, accelerator.num_processes
-        mine = list(range(rank, len(prompts), world))
-        texts = generate_greedy(accelerator.unwrap_model(model), tokenizer, [prompts[i] for i in mine],
-                                max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size,
-                                device=accelerator.device,
-                                stop_when=stop_when if stop_when is None or callable(stop_when)
-                                else [stop_when[i] for i in mine])
-        pairs = list(zip(mine, texts))
-        if world > 1:
-            pairs = gather_object(pairs)
-        generated = dict(pairs)
-        records, metrics, *notes = score([generated[i] for i in range(len(prompts))])
+        texts = generate_sharded(cfg, tokenizer, model, accelerator, prompts, stop_when)
+        records, metrics, *notes = score(texts)
         extras: dict[str, Any] = {"metric_notes": {tag: notes[0]}} if notes and notes[0] else {}
         if accelerator.is_main_process:
             name = generation_file(tag)

@@ -1,27 +1,11 @@
-"""What the generation-scored task families share (``commonsense``, ``math``, ``e2e``): locating and reading their
-data files and the prompt-masked training set. Generation and its evaluation are
-:mod:`peftlab.tasks.generation`'s (:func:`generate_greedy`, :func:`generation_evaluator`, importable from here).
-
-* **Data.** Files are found under the data roots every task uses (``--data-dir``, ``$PEFTLAB_DATA_DIR``,
-  ``./data``, ``../shared/data``; :func:`peftlab.tasks.data_files.candidate_roots`); a missing file is a
-  :class:`~peftlab.errors.PeftlabError` naming every path tried. LLM-Adapters' JSON files (a list of
-  ``{"instruction", "input", "output", "answer"}``) are read by :func:`read_llm_adapters_json` (datasets'
-  ``json`` builder, :func:`peftlab.tasks.json_files.read_json_records`), which names the file and record of a
-  malformed one.
-* **Training.** Prompt and response are formatted and tokenised exactly as for the instruction tasks
-  (:func:`peftlab.tasks.instructions.tokenize_instructions`: the chat template when the tokenizer has one, the
-  loss on the response only, the prompt cut first), so generation at evaluation time starts from the same
-  prompt tokens; batches are right-padded by :class:`peftlab.tasks.instructions.SFTCollator`, or with
-  ``--packing`` packed into one unpadded row (:class:`peftlab.tasks.batching.PackingCollator`).
-* **Evaluation.** :func:`peftlab.tasks.generation.generation_evaluator`: greedy ``model.generate``, optionally
-  with a per-row stopping rule on the text so far (commonsense stops at the first answer word, after which
-  nothing can change the extracted answer), the family's ``score(texts) -> (records, metrics)``, and every
-  generation logged in ``<output_dir>/generations_<tag>.jsonl`` (``before``, ``epoch<N>``, ``evaluate``).
+"""What the generation-scored tasks share: their data files (found under the data roots,
+:func:`peftlab.tasks.data_files.candidate_roots`) and LLM-Adapters' JSON records. The prompt-masked training
+set is :func:`peftlab.tasks.instructions.training_pipeline`'s (so generation starts from the training prompt);
+generation and its evaluation are :mod:`peftlab.tasks.generation`'s.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable
 
@@ -35,17 +19,14 @@ LLM_ADAPTERS_FIX = "use the published LLM-Adapters files unchanged"
 
 def find_data_file(data_dir, relative: str, what: str) -> Path:
     """``<root>/<relative>`` in the first data root that has it; else one line listing every path tried."""
-    from peftlab.tasks.data_files import candidate_roots, check_data_dir
+    from peftlab.tasks.data_files import locate_data_file
 
-    check_data_dir(data_dir)
-    tried = []
-    for root in candidate_roots(data_dir):
-        path = root / relative
-        tried.append(str(path))
-        if path.is_file():
-            return path
-    raise PeftlabError(f"{what} not found", where="looked for " + ", ".join(tried),
-                       fix=f"pass --data-dir (or set PEFTLAB_DATA_DIR) to the shared data folder holding {relative}")
+    path, tried = locate_data_file(data_dir, (relative,))
+    if path is None:
+        raise PeftlabError(f"{what} not found", where="looked for " + ", ".join(map(str, tried)),
+                           fix="pass --data-dir (or set PEFTLAB_DATA_DIR) to the shared data folder holding "
+                           f"{relative}")
+    return path
 
 
 def read_llm_adapters_json(path: Path) -> list[dict[str, str]]:
@@ -78,17 +59,20 @@ def read_llm_adapters_json(path: Path) -> list[dict[str, str]]:
     return records
 
 
-def training_records(records: list[dict[str, str]]) -> tuple[list[dict[str, str]], int]:
-    """(``instruction``/``input``/``output`` of the records with a response to train on, how many had none)."""
-    kept = [{k: r[k] for k in ("instruction", "input", "output")} for r in records if r["output"].strip()]
-    return kept, len(records) - len(kept)
+def training_set(cfg, sources: dict[str, tuple[str, str]]):
+    """(the records with a response, joined in order; how many had none; files key -> the file read) of
+    LLM-Adapters training files, ``sources``: files key -> (path under a data root, what it is for messages)."""
+    from datasets import Dataset, concatenate_datasets
 
-
-def records_dataset(records: list[dict]):
-    """A ``datasets.Dataset`` of ``records`` (the token cache keys on its rows' content)."""
-    from datasets import Dataset
-
-    return Dataset.from_list(records)
+    files, parts, skipped = {}, [], 0
+    for key, (relative, what) in sources.items():
+        path = find_data_file(cfg.data_dir, relative, what)
+        files[key] = str(path)
+        records = read_llm_adapters_json(path)
+        kept = [{k: r[k] for k in ("instruction", "input", "output")} for r in records if r["output"].strip()]
+        skipped += len(records) - len(kept)
+        parts.append(Dataset.from_list(kept))
+    return concatenate_datasets(parts) if len(parts) > 1 else parts[0], skipped, files
 
 
 def test_set(path: Path, records: list[dict[str, str]], gold_problem: Callable[[str], str | None]):
@@ -99,7 +83,9 @@ def test_set(path: Path, records: list[dict[str, str]], gold_problem: Callable[[
         if problem:
             raise PeftlabError(f"gold answer '{record['answer']}' is not {problem}", where=f"{path}, record {number}",
                                fix="use the published LLM-Adapters files")
-    return records_dataset([{k: r[k] for k in ("instruction", "input", "answer")} for r in records])
+    from datasets import Dataset
+
+    return Dataset.from_list([{k: r[k] for k in ("instruction", "input", "answer")} for r in records])
 
 
 def prompt_items(tests: dict, tokenizer) -> tuple[list[tuple[str, dict]], list[list[int]]]:
@@ -111,23 +97,39 @@ def prompt_items(tests: dict, tokenizer) -> tuple[list[tuple[str, dict]], list[l
     return items, [encode_prompt(tokenizer, row["instruction"], row["input"]) for _, row in items]
 
 
-def subset_per_set(datasets_by_set: dict, n: int | None, seed: int) -> dict:
-    """``--max-eval-samples`` applied to each set (drawn with ``--eval-seed``: the same for every training seed)."""
+def read_test_sets(cfg, task, gold_problem: Callable[[str], Callable[[str], str | None]], files: dict) -> dict:
+    """``--eval-sets`` (default: all of ``task``'s) ``<data>/<family>/<name>/test.json``, each gold answer checked by
+    ``gold_problem(name)``, each cut to ``--max-eval-samples``; every file read goes into ``files`` as
+    ``test/<name>``."""
     from peftlab.tasks.data_files import subset
 
-    return {name: subset(ds, n, seed) for name, ds in datasets_by_set.items()}
-
-
-def read_test_sets(cfg, family: str, names, gold_problem: Callable[[str], Callable[[str], str | None]],
-                   files: dict[str, str]) -> dict:
-    """The named test sets ``<data>/<family>/<name>/test.json`` (each gold answer checked by ``gold_problem(name)``),
-    each cut to ``--max-eval-samples``; every file read is added to ``files`` as ``test/<name>``."""
+    family = task.kind  # its data folder: commonsense/, math/
     tests = {}
-    for name in names:
+    for name in tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names:
         path = find_data_file(cfg.data_dir, f"{family}/{name}/test.json", f"{family} test set '{name}'")
         files[f"test/{name}"] = str(path)
-        tests[name] = test_set(path, read_llm_adapters_json(path), gold_problem(name))
-    return subset_per_set(tests, cfg.max_eval_samples, cfg.eval_seed)
+        # --eval-seed, not --seed: every training seed is scored on the same examples
+        tests[name] = subset(test_set(path, read_llm_adapters_json(path), gold_problem(name)), cfg.max_eval_samples,
+                             cfg.eval_seed)
+    return tests
+
+
+def set_scorer(tests: dict, items: list, record: Callable, key: Callable[[str], str], fields: dict) -> Callable:
+    """``score(texts)`` of a family's generated texts: ``record(set, row, text)`` of each (a dict with ``set``), and
+    per metric of ``fields`` (name -> whether a record counts) ``<key(set)>_<name>``, the share of the set's records
+    that count, and ``<name>``, its mean over the sets."""
+
+    def score(texts: list[str]):
+        records = [record(name, row, text) for (name, row), text in zip(items, texts)]
+        metrics: dict[str, float] = {}
+        for metric, counts in fields.items():
+            for name in tests:
+                rows = [r for r in records if r["set"] == name]
+                metrics[f"{key(name)}_{metric}"] = sum(map(counts, rows)) / max(1, len(rows))
+            metrics[metric] = sum(metrics[f"{key(n)}_{metric}"] for n in tests) / len(tests)
+        return records, metrics
+
+    return score
 
 
 def test_set_extras(tests: dict) -> dict:
@@ -139,40 +141,3 @@ def test_set_extras(tests: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- training set
-
-
-def training_pipeline(cfg, tokenizer, train_raw, *, evaluate: Callable, primary_metric: str, chance: float,
-                      num_eval_examples: int, extras: dict, eval_sets: dict):
-    """The :class:`~peftlab.tasks.prepare.Pipeline`: ``train_raw`` (``instruction``/``input``/``output``) subset
-    by ``--max-train-samples`` (seeded by ``--seed``), tokenised with the loss on the response only."""
-    from peftlab.tasks.data_files import subset
-    from peftlab.tasks.instructions import tokenize_instructions, training_collator
-    from peftlab.tasks.prepare import Pipeline, train_examples_digest
-
-    train_raw = subset(train_raw, cfg.max_train_samples, cfg.seed)
-    train = tokenize_instructions(train_raw, tokenizer, cfg.max_length, task=cfg.task,
-                                  cache_key=f"{cfg.model}-{cfg.task}-train")
-    if len(train) == 0:
-        raise PeftlabError(f"no training example has a response token left at --max-length {cfg.max_length}",
-                           fix="raise --max-length")
-    truncated = sum(train["truncated"])
-    if truncated and _is_main():
-        print(f"{cfg.task} train: {truncated} of {len(train_raw)} examples truncated to --max-length "
-              f"{cfg.max_length} (prompt first), {len(train_raw) - len(train)} dropped")
-    extras = {**extras, "train_examples_used": len(train)}
-    collate = training_collator(cfg, tokenizer)  # right-padded, or one unpadded row per batch (--packing)
-    return Pipeline(train, collate, evaluate, primary_metric, chance, num_eval_examples=num_eval_examples,
-                    extras=extras, eval_sets=eval_sets,
-                    # the drawn records, before tokenisation drops any (train_examples_used counts those kept)
-                    train_examples_digest=train_examples_digest(train_raw))
-
-
-def ensure_pad_token(cfg, tokenizer) -> None:
-    if tokenizer is None:
-        raise PeftlabError(f"model '{cfg.model}' has no tokenizer", fix="use a causal LM with a tokenizer")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-
-
-def _is_main() -> bool:
-    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0

@@ -1,15 +1,10 @@
-"""Instruction data: GSM8K, Alpaca and any JSON/JSONL instruction file, as ``datasets.Dataset`` records.
+"""Instruction data: GSM8K, Alpaca and JSON/JSONL instruction files, as ``instruction``/``input``/``output`` records.
 
-Every record has ``instruction``, ``input`` and ``output`` (GSM8K also ``gold``, its canonical final answer).
-``gsm8k``: ``<root>/gsm8k/{train,test}.jsonl`` (``question``/``answer``; the final answer follows ``####``;
-calculator annotations ``<<16-3-4=9>>`` are removed from the targets). ``alpaca``:
-``<root>/alpaca/alpaca_data.json`` or ``alpaca_data_1k.json``, with a held-out 10% split (fixed seed
-:data:`SPLIT_SEED`, so every run seed scores on the same held-out records). ``json``: ``--train-file`` (and
-optionally ``--eval-file``, else a held-out 10%) whose field names ``--instruction-fields`` gives.
-``<root>`` is found like GLUE's (:func:`peftlab.tasks.data_files.candidate_roots`); with no local copy the Hub
-is used unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set, else one :class:`PeftlabError` lists the
-paths tried. Files are read with datasets' ``json`` builder (:func:`peftlab.tasks.json_files.read_json_records`);
-malformed files and records are reported with file and line (JSONL) or record number.
+``gsm8k``: ``<root>/gsm8k/{train,test}.jsonl`` (the final answer follows ``####``, kept as ``gold``; calculator
+annotations ``<<16-3-4=9>>`` removed from the targets). ``alpaca``: ``<root>/alpaca/alpaca_data.json`` (or
+``alpaca_data_1k.json``), a held-out 10% with the fixed seed :data:`SPLIT_SEED`, so every run seed scores on
+the same records. ``json``: ``--train-file`` [``--eval-file``] with ``--instruction-fields``. With no local copy
+the Hub is used unless offline.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from peftlab.errors import PeftlabError
-from peftlab.tasks.data_files import candidate_roots, check_data_dir, hub_offline
+from peftlab.tasks.data_files import from_hub, locate_data_file
 from peftlab.tasks.json_files import JsonRecord, read_json_records
 from peftlab.tasks.table import Task
 
@@ -105,7 +100,6 @@ def read_records(path: str | os.PathLike, fields: Fields = Fields()) -> list[dic
 
 
 def make_dataset(records: list[dict]):
-    """A ``datasets.Dataset`` of ``records`` (the token cache keys on its rows' content)."""
     from datasets import Dataset
 
     return Dataset.from_list(records)
@@ -127,15 +121,7 @@ def _gsm8k_records(rows: list[JsonRecord]) -> list[dict[str, str]]:
 
 
 def local_file(task: str, split: str, data_dir) -> tuple[Path | None, list[Path]]:
-    check_data_dir(data_dir)
-    tried = []
-    for root in candidate_roots(data_dir):
-        for rel in LOCAL[(task, split)]:
-            path = root / rel
-            tried.append(path)
-            if path.is_file():
-                return path, tried
-    return None, tried
+    return locate_data_file(data_dir, LOCAL[(task, split)])
 
 
 def _hub_rows(task: str, split: str) -> list[dict]:
@@ -157,25 +143,11 @@ def load_raw(spec: Task, split: str, data_dir=None):
                 raise PeftlabError("file holds no records", where=str(path), fix=GSM8K_FIX)
             return make_dataset(_gsm8k_records(rows))
         return make_dataset(read_records(path))
-    if hub_offline():
-        reason = "not trying the Hub (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)"
-    else:
-        try:
-            rows = _hub_rows(task, split)
-        except Exception as err:  # noqa: BLE001 - any Hub failure becomes the message below
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            reason = f"the Hub ({HUB[task][0]}) failed: {first}"
-        else:
-            located = [JsonRecord(f"{HUB[task][0]}, record {i}", r) for i, r in enumerate(rows, 1)]
-            records = _gsm8k_records(located) if gsm8k else [
-                parse_record(r.value, Fields(), r.where) for r in located]
-            return make_dataset(records)
-    raise PeftlabError(
-        f"no local copy of {task} {split}; {reason}",
-        where="looked for " + ", ".join(str(p) for p in tried),
-        fix=f"pass --data-dir (or set PEFTLAB_DATA_DIR) to a folder holding {LOCAL[(task, split)][0]}, or run with "
-        "network access (HF_DATASETS_OFFLINE and HF_HUB_OFFLINE unset) to load it from the Hub",
-    )
+    rows = from_hub(lambda: _hub_rows(task, split), HUB[task][0], what=f"{task} {split}", tried=tried,
+                    holding=LOCAL[(task, split)][0])
+    located = [JsonRecord(f"{HUB[task][0]}, record {i}", r) for i, r in enumerate(rows, 1)]
+    return make_dataset(_gsm8k_records(located) if gsm8k else
+                        [parse_record(r.value, Fields(), r.where) for r in located])
 
 
 def held_out_split(ds):

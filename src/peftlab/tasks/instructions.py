@@ -1,48 +1,16 @@
-"""Instruction tuning of causal LMs: GSM8K, Alpaca and any JSON/JSONL instruction file.
+"""Instruction tuning of causal LMs (the ``instruction`` pipeline: GSM8K, Alpaca, JSON; data:
+:mod:`peftlab.tasks.instruction_data`), and the training set every generation task shares (:func:`training_pipeline`).
 
-``build_pipeline(cfg, tokenizer, model)`` is the ``instruction`` task kind's builder (see
-:mod:`peftlab.tasks.prepare`). What it does, top to bottom:
-
-* **Data** (:mod:`peftlab.tasks.instruction_data`). ``gsm8k``: ``<root>/gsm8k/{train,test}.jsonl``
-  (``question``/``answer``; the final answer follows ``####``); trains on train, evaluates on a seeded subset of
-  test (``--max-eval-samples``; the same problems before and after fine-tuning). ``alpaca``:
-  ``<root>/alpaca/alpaca_data.json`` or ``alpaca_data_1k.json`` (``instruction``/``input``/``output``), with a
-  held-out 10% split (fixed seed :data:`SPLIT_SEED`, so every run seed scores on the same held-out records).
-  ``json``: ``--train-file`` (and optionally ``--eval-file``, else a held-out 10%), a JSON list or JSONL of
-  objects whose field names ``--instruction-fields`` gives as ``prompt,input,response`` (input optional:
-  ``question,,answer`` or ``question,answer``). ``<root>`` is found like GLUE's (``--data-dir``,
-  ``$PEFTLAB_DATA_DIR``, ``./data``, ``../shared/data``); when no local copy exists the Hub (``openai/gsm8k``
-  "main", ``tatsu-lab/alpaca``) is used unless ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` is set, in which case
-  a :class:`~peftlab.errors.PeftlabError` lists the paths tried. GSM8K's calculator annotations
-  (``<<16-3-4=9>>``) are removed from the training targets.
 * **Format.** With a chat template: user = instruction [+ "\\n\\n" + input], assistant = response (the template's
-  own end-of-turn token, e.g. ``<|im_end|>``, ends the response and is trained on, so the model learns to stop).
-  Without one: ``### Instruction:`` / ``### Input:`` / ``### Response:`` blocks and the EOS token.
-  Prompt and response are tokenised separately and concatenated, so the training prompt is token-for-token
-  the prompt used at generation time.
-* **Loss on the response only.** ``labels`` is -100 on every prompt token (and padding). Examples longer than
-  ``--max-length`` are cut on the prompt side first (its start is dropped, keeping the generation prefix),
-  but the prompt keeps at least half of ``--max-length`` when the response is longer; then the response is
-  cut from the right. An example left with no response token is dropped. Tokenisation is a cached
-  ``datasets.map`` in the same cache folder and with the same hash as :func:`peftlab.tasks.batching.tokenize`.
-  The truncation happens there; :class:`SFTCollator` (transformers' ``DataCollatorForSeq2Seq``) only pads, on
-  the right, ``labels`` with -100. With ``--packing`` a batch is one unpadded row instead
-  (:class:`peftlab.tasks.batching.PackingCollator`, :func:`training_collator`).
-* **Evaluation.** GSM8K: batched greedy ``model.generate`` (:func:`peftlab.tasks.generation.generate_greedy`;
-  left padding, stop at EOS/end of turn, once the answer is final, or at ``--max-new-tokens``), exact match of
-  the final number
-  (:mod:`peftlab.tasks.math_answers`); every generation is written to ``<output_dir>/generations_<tag>.jsonl``
-  (the tag the training loop passes: ``before``, then ``epoch1``, ``epoch2``...; ``evaluate`` when
-  ``peftlab evaluate`` re-scores a saved run) with the question, gold answer, generated
-  text, extracted answer and whether it is correct. Metrics: ``accuracy`` and ``answered`` (the fraction of
-  generations with any number in them).
-  Alpaca/JSON: token-weighted mean cross-entropy on the held-out responses (``eval_loss``) and
-  ``perplexity`` = exp(eval_loss); **lower is better** for both.
-* **Several processes** (``accelerate launch``): generation is sharded by example index across processes
-  and the per-example records are gathered with ``accelerate.utils.gather_object`` before scoring (so every
-  process returns the same metrics); the loss evaluation gathers per-example sums with
-  ``accelerator.gather_for_metrics`` (which drops the duplicates of an uneven last batch). Only the main
-  process writes generation files.
+  end-of-turn token ends the response and is trained on, so the model learns to stop); without one, Alpaca's
+  ``### Instruction:`` blocks and EOS. Prompt and response are tokenised apart and concatenated, so the
+  training prompt is token for token the prompt generation starts from.
+* **Loss on the response only.** A long example loses the start of its prompt first (the prompt keeps at least
+  half of ``--max-length`` when the response is longer), then the end of its response; one with no response
+  token left is dropped.
+* **Evaluation.** GSM8K: greedy answers, exact match of the final number (:mod:`peftlab.tasks.math_answers`),
+  ``accuracy`` and ``answered``. Alpaca/JSON: token-weighted cross-entropy on the held-out responses
+  (``eval_loss``, ``perplexity``; lower is better), per-example sums gathered with ``gather_for_metrics``.
 """
 
 from __future__ import annotations
@@ -51,7 +19,7 @@ import copy
 import hashlib
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -130,30 +98,23 @@ def _template_digest(tokenizer) -> str:
 
 
 def tokenize_instructions(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
-    """Tokenise ``instruction``/``input``/``output`` rows with :func:`encode_example` (cached like
-    :func:`peftlab.tasks.batching.tokenize`); columns ``input_ids``, ``attention_mask``, ``labels``, ``length``,
+    """Tokenise ``instruction``/``input``/``output`` rows with :func:`encode_example`, cached
+    (:func:`peftlab.tasks.batching.cached_map`); columns ``input_ids``, ``attention_mask``, ``labels``, ``length``,
     ``prompt_length``, ``truncated``. Rows with no response token left are dropped."""
-    from peftlab.tasks.batching import tokenize_hash, tokenized_cache_dir
+    from peftlab.tasks.batching import cached_map
 
-    if max_length is None or int(max_length) <= 0:
-        raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 512")
-    key = f"sft{FORMAT_VERSION}-{cache_key}-{_template_digest(tokenizer)}-eos{tokenizer.eos_token_id}"
-    digest = tokenize_hash(ds, tokenizer, max_length, task, key)
-    out_dir = tokenized_cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    def encode(batch):
+    def encode(batch, max_length: int):
         out: dict[str, list] = {k: [] for k in ("input_ids", "attention_mask", "labels", "length", "prompt_length",
                                                 "truncated")}
         for instruction, input_text, output in zip(batch["instruction"], batch["input"], batch["output"]):
-            example = encode_example(tokenizer, instruction, input_text, output, int(max_length))
+            example = encode_example(tokenizer, instruction, input_text, output, max_length)
             if example is not None:
                 for k, v in example.items():
                     out[k].append(v)
         return out
 
-    return ds.map(encode, batched=True, remove_columns=ds.column_names, cache_file_name=str(out_dir / f"{digest}.arrow"),
-                  load_from_cache_file=True, new_fingerprint=digest, desc=f"tokenising {task}")
+    key = f"sft{FORMAT_VERSION}-{cache_key}-{_template_digest(tokenizer)}-eos{tokenizer.eos_token_id}"
+    return cached_map(ds, encode, tokenizer, max_length, task=task, cache_key=key)
 
 
 class SFTCollator:
@@ -189,27 +150,20 @@ def training_collator(cfg, tokenizer):
     return SFTCollator(tokenizer, cfg.max_length if getattr(cfg, "pad_to_max", False) else None)
 
 
-def score_generations(questions, golds, generated) -> list[dict]:
-    from peftlab.tasks.math_answers import answers_match, extract_answer
-
-    records = []
-    for question, gold, text in zip(questions, golds, generated):
-        predicted = extract_answer(text)
-        records.append({"question": question, "gold": gold, "generated": text, "extracted": predicted,
-                        "correct": answers_match(predicted, gold)})
-    return records
-
-
 def gsm8k_evaluator(cfg, tokenizer, eval_raw):
     """GSM8K's ``evaluate(model, accelerator, tag)``: greedy answers to the test problems, exact match of the
     final number; ``accuracy`` and ``answered``, every generation logged in ``generations_<tag>.jsonl``."""
-    from peftlab.tasks.math_answers import answer_is_final
+    from peftlab.tasks.math_answers import answer_is_final, answers_match, extract_answer
 
     questions = list(eval_raw["instruction"])
     golds = list(eval_raw["gold"])
 
     def score(texts: list[str]):
-        records = score_generations(questions, golds, texts)
+        records = []
+        for question, gold, text in zip(questions, golds, texts):
+            predicted = extract_answer(text)
+            records.append({"question": question, "gold": gold, "generated": text, "extracted": predicted,
+                            "correct": answers_match(predicted, gold)})
         accuracy = sum(r["correct"] for r in records) / max(1, len(records))
         answered = sum(r["extracted"] is not None for r in records) / max(1, len(records))
         return records, {"accuracy": accuracy, "answered": answered}
@@ -261,45 +215,59 @@ def build_pipeline(cfg, tokenizer, model, task: Task):
     """The ``instruction`` kind's :class:`~peftlab.tasks.prepare.Pipeline` for ``task`` (gsm8k, alpaca, json)."""
     from peftlab.tasks import data_files as data
 
-    if tokenizer is None:
-        raise PeftlabError(f"model '{cfg.model}' has no tokenizer", fix="use a causal LM with a tokenizer")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    ensure_pad_token(cfg, tokenizer)
     train_raw, eval_raw = load_instruction_data(cfg, task)
-    train_raw = data.subset(train_raw, cfg.max_train_samples, cfg.seed)
     eval_raw = data.subset(eval_raw, cfg.max_eval_samples, cfg.eval_seed)  # fixed across training seeds
-    prefix = f"{cfg.model}-{cfg.task}"
-    train = tokenize_instructions(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{prefix}-train")
-    if len(train) == 0:
-        raise PeftlabError(f"no training example has a response token left at --max-length {cfg.max_length}",
-                           fix="raise --max-length")
-    report_truncation(cfg, "train", len(train_raw), train)
-    extras: dict[str, Any] = {"train_examples_used": len(train), "eval_examples": len(eval_raw),
+    extras: dict[str, Any] = {"eval_examples": len(eval_raw),
                               "eval_examples_digest": examples_digest({"eval": eval_raw})}
-    collate = training_collator(cfg, tokenizer)
-    digest = train_examples_digest(train_raw)  # the drawn records, before tokenisation drops any
     if task.primary_metric != "eval_loss":  # scored on its generated answers (GSM8K)
-        evaluate = gsm8k_evaluator(cfg, tokenizer, eval_raw)
-        return Pipeline(train, collate, evaluate, "accuracy", 0.0, num_eval_examples=len(eval_raw), extras=extras,
-                        eval_sets={"test": eval_raw}, train_examples_digest=digest)
-    eval_tok = tokenize_instructions(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{prefix}-eval")
+        return training_pipeline(
+            cfg, tokenizer, train_raw, evaluate=gsm8k_evaluator(cfg, tokenizer, eval_raw), primary_metric="accuracy",
+            chance=0.0, num_eval_examples=len(eval_raw), extras=extras, eval_sets={"test": eval_raw})
+    eval_tok = tokenize_instructions(eval_raw, tokenizer, cfg.max_length, task=cfg.task,
+                                     cache_key=f"{cfg.model}-{cfg.task}-eval")
     report_truncation(cfg, "eval", len(eval_raw), eval_tok)
-    if len(eval_tok) == 0:
-        raise PeftlabError(f"no evaluation example has a response token left at --max-length {cfg.max_length}",
-                           fix="raise --max-length")
+    nonempty(cfg, "evaluation", eval_tok)
     extras["eval_examples"] = len(eval_tok)
-    return Pipeline(train, collate, loss_evaluator(cfg, tokenizer, eval_tok), "eval_loss", 0.0,
-                    num_eval_examples=len(eval_tok), extras=extras, eval_sets={"eval": eval_raw},
-                    train_examples_digest=digest)
+    return training_pipeline(cfg, tokenizer, train_raw, evaluate=loss_evaluator(cfg, tokenizer, eval_tok),
+                                        primary_metric="eval_loss", chance=0.0, num_eval_examples=len(eval_tok),
+                                        extras=extras, eval_sets={"eval": eval_raw})
+
+
+def training_pipeline(cfg, tokenizer, train_raw, *, evaluate: Callable, primary_metric: str, chance: float,
+                      num_eval_examples: int, extras: dict, eval_sets: dict):
+    """The :class:`~peftlab.tasks.prepare.Pipeline`: ``train_raw`` (``instruction``/``input``/``output``) subset
+    by ``--max-train-samples`` (seeded by ``--seed``), tokenised with the loss on the response only."""
+    from peftlab.tasks.data_files import subset
+
+    train_raw = subset(train_raw, cfg.max_train_samples, cfg.seed)
+    train = tokenize_instructions(train_raw, tokenizer, cfg.max_length, task=cfg.task,
+                                  cache_key=f"{cfg.model}-{cfg.task}-train")
+    nonempty(cfg, "training", train)
+    report_truncation(cfg, "train", len(train_raw), train)
+    collate = training_collator(cfg, tokenizer)  # right-padded, or one unpadded row per batch (--packing)
+    return Pipeline(train, collate, evaluate, primary_metric, chance, num_eval_examples=num_eval_examples,
+                    extras={**extras, "train_examples_used": len(train)}, eval_sets=eval_sets,
+                    # the drawn records, before tokenisation drops any (train_examples_used counts those kept)
+                    train_examples_digest=train_examples_digest(train_raw))
+
+
+def nonempty(cfg, what: str, tokenised) -> None:
+    if len(tokenised) == 0:
+        raise PeftlabError(f"no {what} example has a response token left at --max-length {cfg.max_length}",
+                           fix="raise --max-length")
 
 
 def report_truncation(cfg, split: str, n_raw: int, tokenised) -> None:
     truncated = sum(tokenised["truncated"])
     dropped = n_raw - len(tokenised)
-    if (truncated or dropped) and _is_main():
+    if (truncated or dropped) and int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:
         print(f"{cfg.task} {split}: {truncated} of {n_raw} examples truncated to --max-length {cfg.max_length} "
               f"(prompt first), {dropped} dropped (no response token left)")
 
 
-def _is_main() -> bool:
-    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0
+def ensure_pad_token(cfg, tokenizer) -> None:
+    if tokenizer is None:
+        raise PeftlabError(f"model '{cfg.model}' has no tokenizer", fix="use a causal LM with a tokenizer")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token

@@ -33,13 +33,10 @@ class JsonRecord:
 def read_json_records(path: Path, text_fields: Sequence[str] = (), *, fix: str) -> list[JsonRecord]:
     """The records of a JSON list or JSONL file, in order, each with where it is (an empty list if none).
 
-    datasets' ``json`` builder reads the file, into memory, with its cache in a temporary folder under
-    peftlab's cache (nothing is written next to the data, nothing stale is reused). Where the builder cannot
-    (invalid JSON or UTF-8, a record that is not an object, a field whose type changes between records) or
-    types one of ``text_fields`` as anything but text (pyarrow reads "2020-01-01" as a timestamp, pandas'
-    fall-back "12" as a number), the file is re-read by hand with :mod:`json`: invalid JSON or UTF-8 raises a
-    :class:`PeftlabError` naming the file and line (``fix`` says what to do), and anything else is returned as
-    written, for the caller to name the record at fault.
+    Where datasets' ``json`` builder cannot read the file (invalid JSON or UTF-8, a record that is not an object,
+    a field whose type changes) or types one of ``text_fields`` as anything but text (pyarrow reads "2020-01-01"
+    as a timestamp), it is re-read with :mod:`json`: invalid JSON raises a :class:`PeftlabError` naming the line
+    (``fix`` says what to do), anything else is returned as written, for the caller to name the record at fault.
     """
     path = Path(path)
     loaded = _load_json_with_datasets(path, tuple(text_fields))
@@ -49,21 +46,14 @@ def read_json_records(path: Path, text_fields: Sequence[str] = (), *, fix: str) 
 def _load_json_with_datasets(path: Path, text_fields: tuple[str, ...]) -> list[JsonRecord] | None:
     """:func:`read_json_records` through ``datasets.load_dataset("json")``; None when the by-hand pass must say
     what is wrong (or read what pyarrow would mistype)."""
-    import datasets
     from datasets.packaged_modules.json.json import JsonConfig
-
-    from peftlab.models.registry import cache_dir
 
     # Where this datasets version has them: a field of mixed types is an error (not silently re-encoded as
     # JSON, which turns the string "true" into True), and records are never read as agent traces.
     known = {f.name for f in dataclasses.fields(JsonConfig)}
     options = {k: v for k, v in (("on_mixed_types", None), ("parse_agent_traces", False)) if k in known}
-    root = cache_dir() / "datasets-json"
-    root.mkdir(parents=True, exist_ok=True)
     try:
-        with tempfile.TemporaryDirectory(dir=root) as tmp, _datasets_quiet():
-            ds = datasets.load_dataset("json", data_files=str(path), split="train", cache_dir=tmp,
-                                       keep_in_memory=True, **options)
+        ds = load_builder("json", path, options)
     except Exception:  # noqa: BLE001 - whatever the builder's complaint, the by-hand pass names the line
         return None
     columns = ds.features
@@ -82,6 +72,20 @@ def _load_json_with_datasets(path: Path, text_fields: tuple[str, ...]) -> list[J
     if len(lines) != len(rows):
         return None  # not one record per line (e.g. one object over several lines): let the by-hand pass judge
     return [JsonRecord(f"{path}:{number}", row) for number, row in zip(lines, rows)]
+
+
+def load_builder(builder: str, path: Path, options: dict):
+    """One file through a datasets builder, into memory, quietly; its cache in a private temporary folder under
+    peftlab's cache: nothing is written next to the data, nothing stale is reused."""
+    import datasets
+
+    from peftlab.models.registry import cache_dir
+
+    root = cache_dir() / "datasets-tables"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as tmp, _datasets_quiet():
+        return datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=tmp,
+                                     keep_in_memory=True, **options)
 
 
 @contextmanager

@@ -1,34 +1,17 @@
 """LLM-as-a-judge client: FastChat's single-answer grading over any OpenAI-compatible chat endpoint.
 
-The HTTP side is the ``openai`` package's client (``base_url`` = ``--judge-url``, e.g.
-``http://127.0.0.1:8000/v1`` for a local vLLM / llama.cpp / Ollama server), which already retries what is
-worth retrying (connection errors, timeouts, HTTP 408/409/429/5xx, with exponential back-off and jitter,
-honouring ``Retry-After``) and applies a per-request timeout. This module adds what a benchmark run needs on
-top: **no judgment ever raises**. Each request ends as a :class:`Verdict`, judged with a 1-10 score or
-unjudged with the reason (timeout, HTTP status, connection refused, a reply without ``[[N]]``), so a
-flaky judge costs scores, never the run.
+The ``openai`` client (``base_url`` = ``--judge-url``) already retries what is worth retrying and bounds each
+request (``--judge-timeout``, ``--judge-retries``). This module adds what a benchmark run needs: **no judgment
+ever raises**; each request ends as a :class:`Verdict`, judged 1-10 or unjudged with the reason, so a flaky
+judge costs scores, never the run. **A circuit breaker**: the first request that timed out or could not connect
+opens it (other failures after ``max_consecutive_failures`` in a row): nothing more is sent, the rest is
+recorded unjudged, and one line on stderr names the judge and the fix. So a dead or silent judge costs at most
+one request's time, ``(retries + 1) * timeout`` plus back-off, whatever the number of questions.
 
-**A circuit breaker.** The first request that timed out or could not connect (after the client's own retries)
-opens it: no further request is sent, every answer not yet judged is recorded unjudged with the reason, and
-the judging stage ends with one line on stderr naming the judge, what failed and the fix. Other failures (an
-HTTP 500, a 429 after its retries) open it after ``max_consecutive_failures`` in a row.
-
-Every request is bounded: connecting and each read wait at most ``timeout`` seconds (``--judge-timeout``) and
-each request is tried ``retries + 1`` times, so a judge that is dead (refuses) or silent (accepts and never
-answers) costs at most **one request's time**, ``(retries + 1) * timeout`` seconds plus the client's back-off
-between tries (at most 8 s each), whatever the number of questions: the requests already in flight when it
-opens end within that time too, and none starts after. A closed port costs only the back-off between tries.
-
-:func:`probe` is the preflight's check (:mod:`peftlab.preflight`): one short request, no retry, at most
-``PROBE_TIMEOUT`` (10 s) per connect or read, before anything trains.
-
-The rating is parsed as FastChat's ``fastchat/llm_judge/common.py`` does: the first ``[[N]]`` (N an integer
-or decimal), else the first ``[N]``; a reply with neither is unjudged. A rating outside 1-10 is unjudged as
-well (FastChat would keep it; a 0 or 42 means the judge did not follow the format).
-
-:func:`judge_strength` labels a judge *weak* unless it is a strong API model (the GPT-4 class FastChat's
-MT-Bench was validated with, or its peers) reached at a non-local address: a small local model behind the
-same interface gives numbers that do not compare with published MT-Bench scores.
+Ratings are parsed as FastChat's ``llm_judge/common.py`` does (the first ``[[N]]``, else ``[N]``); one outside
+1-10 is unjudged (the judge did not follow the format). :func:`judge_strength` labels a judge *weak* unless it
+is a strong API model at a non-local address: a small local model's scores do not compare with published
+MT-Bench numbers. :func:`probe` is the preflight's one short request.
 """
 
 from __future__ import annotations

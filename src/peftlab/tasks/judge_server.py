@@ -1,23 +1,12 @@
 """``peftlab serve-judge``: a local model behind an OpenAI-compatible chat endpoint, the offline MT-Bench judge.
 
-``peftlab serve-judge --model qwen2.5-coder-0.5b`` serves ``POST /v1/chat/completions`` (streaming too),
-``GET /v1/models`` and ``GET /health`` on 127.0.0.1:8000, so ``peftlab train --task mt-bench --judge-url
-http://127.0.0.1:8000/v1 --judge-model qwen2.5-coder-0.5b`` can be judged with no network. The judge client
-(:mod:`peftlab.tasks.judge`) labels such a judge *weak*: a 0.5B model's scores do not compare with GPT-4's.
-
-The serving is transformers' own (``transformers serve``, :mod:`transformers.cli.serving`; needs fastapi and
-uvicorn, transformers' ``serving`` extra): its chat handler validates the request, applies the tokenizer's chat
-template, runs ``model.generate`` on one inference thread (so requests are served one at a time, whatever the
-client's parallelism) and answers in the OpenAI schema. Two things are peftlab's, in :func:`_handler_class`:
-
-* **The model** is loaded by peftlab's registry (:func:`peftlab.models.registry.load_model`), so registry names
-  (converted cache folders, and the random ``tiny-*`` decoders of the tests, which have no folder at all) are
-  served under their registry name. ``transformers serve <folder>`` pins a server to the folder's *path* and
-  answers HTTP 400 to a client naming the model any other way; here a request naming another model gets 404.
-* **Decoding** is greedy whatever the request says (``do_sample=False``; FastChat's judge runs at temperature
-  0), stops at EOS or end of turn, and a request's ``max_tokens`` (FastChat asks for 2048) is capped at
-  ``--max-new-tokens``: a judge that rambles past the cap is cut off, and a reply cut before its ``[[N]]``
-  is recorded by the client as unjudged (no rating), not scored.
+Serves ``POST /v1/chat/completions``, ``GET /v1/models`` and ``GET /health`` (127.0.0.1:8000 by default) through
+transformers' own serving (``transformers serve``'s chat handler: fastapi and uvicorn, the 'judge' extra),
+one request at a time. Two things are peftlab's (:func:`_handler_class`): the model is loaded by peftlab's
+registry and served under its registry name (``transformers serve <folder>`` pins a server to the folder's
+path, so a registry name would get HTTP 400; another model name gets 404 here), and decoding is greedy
+(FastChat's judge runs at temperature 0), stops at end of turn and caps ``max_tokens`` at
+``--max-new-tokens``. The judge client labels such a judge *weak*.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations (Request, dict)

@@ -1,26 +1,20 @@
 """The user's own labelled data as a task: ``--task classify`` and ``--task regress``.
 
-Sources (:mod:`peftlab.tasks.labelled_files` reads them): ``--train-file`` [``--eval-file``] (CSV, TSV, JSON,
-JSONL, Parquet), or ``--dataset`` (a save_to_disk folder, offline; or a Hub dataset ``NAME[:CONFIG]``, online)
-whose ``train`` split trains and whose ``--eval-split`` (default: ``validation`` when it has one) evaluates.
-``--text-fields A[,B]`` names the one or two text columns (two are encoded as a sentence pair), ``--label-field``
-the target.
+Sources (read by :mod:`peftlab.tasks.labelled_files`): ``--train-file`` [``--eval-file``], or ``--dataset`` (a
+save_to_disk folder, or online a Hub dataset) whose ``train`` split trains and whose ``--eval-split`` (default
+``validation`` when it has one) evaluates. ``--text-fields A[,B]`` names one text column or a pair,
+``--label-field`` the target.
 
-* classify: labels are strings or integers (a float with a fraction is refused), mapped to class ids in sorted
-  order (integers numerically, then strings; surrounding spaces dropped); a datasets ``ClassLabel`` column keeps
-  its own ids and names. The mapping is the model's ``id2label``/``label2id`` (so the saved adapter, a merged
-  export and ``peftlab predict`` name the classes) and result.json's.
-* regress: numbers (numeric strings too), one output trained with MSE (transformers' ``num_labels=1``).
-* Without an eval file or split: a held-out :data:`HELDOUT_FRACTION` of the training data, drawn by scikit-learn's
-  ``train_test_split`` with the fixed seed :data:`HELDOUT_SEED` (stratified by class for classify). It never
-  moves with ``--seed`` (nor ``--eval-seed``): every seed trains and is scored on the same split.
-  ``--max-train-samples`` / ``--max-eval-samples`` then draw from the two parts as for GLUE.
-* Chance (the no_learning bar): ``--metric`` of predicting the eval set's most frequent class, as for GLUE
-  (:func:`peftlab.tasks.metrics.chance_level`); 0 for correlations. The pipeline is
-  :func:`peftlab.tasks.prepare.build_labelled`.
+* classify: labels are strings or integers (a float with a fraction is refused), class ids in sorted order
+  (integers numerically, then strings); a datasets ``ClassLabel`` keeps its own. The mapping is the model's
+  ``id2label`` (so the adapter, a merged export and ``peftlab predict`` name the classes) and result.json's.
+* regress: numbers (numeric strings too), one output trained with MSE.
+* Without eval data: a held-out :data:`HELDOUT_FRACTION` of the training data, scikit-learn's
+  ``train_test_split`` with the fixed seed :data:`HELDOUT_SEED` (stratified for classify), so every ``--seed``
+  trains and is scored on the same split.
 
-Bad data is one line naming the file, row and column (``tickets.csv:7, column label``) and what to do; all of
-it is found before the model is loaded or anything is written.
+Bad data is one line naming the file, row and column (``tickets.csv:7, column label``), found before the model
+is loaded or anything is written.
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ from typing import Any, NamedTuple
 
 from peftlab.errors import PeftlabError, closest, unknown
 from peftlab.tasks import labelled_files as files
-from peftlab.tasks.table import METRIC_ALIASES, USER_METRICS, USER_TASKS, Task, task as registered_task
+from peftlab.tasks.table import METRIC_ALIASES, USER_METRICS, USER_TASKS, Task
 
 HELDOUT_FRACTION = 0.1  # of the training data, when there is no eval file or split
 HELDOUT_SEED = 0  # fixed: the held-out split is the same for every --seed
@@ -63,20 +57,20 @@ class UserOptions:
     data_digest: str | None  # sha256 of the data files' bytes (None: a Hub dataset)
 
 
-def resolve_options(cfg) -> UserOptions:
+def resolve_options(cfg, task: Task) -> UserOptions:
     """Check a TrainConfig's data options for its task and complete them: the text fields and metric defaults,
     and the data digest (computed from the files unless the config already carries one, e.g. a run's
     config.yaml). Another task with one of these options set is refused (it would be ignored)."""
-    if not registered_task(cfg.task).user_data:
+    if not task.user_data:
         for name, default in USER_ONLY_OPTIONS.items():
             if getattr(cfg, name) != default:
-                raise PeftlabError(f"{_flag(name)} is set, but task '{cfg.task}' reads its own data (it would be "
+                raise PeftlabError(f"{_flag(name)} is set, but task '{task.name}' reads its own data (it would be "
                                    "ignored)", fix=f"remove {_flag(name)}, or train on your own data with --task "
                                    "classify or --task regress")
         return UserOptions(None, None, None)
     if bool(cfg.train_file) == bool(cfg.dataset):
         both = "both --train-file and --dataset are set" if cfg.train_file else "no data given"
-        raise PeftlabError(f"--task {cfg.task}: {both}", fix="pass --train-file FILE (CSV, TSV, JSON, JSONL, Parquet) "
+        raise PeftlabError(f"--task {task.name}: {both}", fix="pass --train-file FILE (CSV, TSV, JSON, JSONL, Parquet) "
                            "or --dataset FOLDER|NAME[:CONFIG], one of them")
     if cfg.eval_file and cfg.dataset:
         raise PeftlabError("--eval-file goes with --train-file",
@@ -91,13 +85,13 @@ def resolve_options(cfg) -> UserOptions:
     if not str(cfg.label_field).strip() or cfg.label_field in fields:
         raise PeftlabError(f"--label-field '{cfg.label_field}' must name a column, and not one of --text-fields "
                            f"({','.join(fields)})", fix="name the text column(s) and the label column apart")
-    choices = USER_METRICS[cfg.task]
+    choices = USER_METRICS[task.name]
     metric = str(cfg.metric or choices[0]).strip().lower()
     metric = METRIC_ALIASES.get(metric, metric)
     if metric not in choices:
-        other = next(t for t in USER_TASKS if t != cfg.task)
+        other = next(t for t in USER_TASKS if t != task.name)
         hint = f" ({metric} is a --task {other} metric)" if metric in USER_METRICS[other] else ""
-        raise PeftlabError(f"--metric {cfg.metric} cannot score --task {cfg.task}{hint}{closest(metric, choices)}",
+        raise PeftlabError(f"--metric {cfg.metric} cannot score --task {task.name}{hint}{closest(metric, choices)}",
                            fix=f"use one of: {', '.join(choices)}")
     digest = cfg.data_digest
     if digest is None:
@@ -132,19 +126,6 @@ class LabelledData:
     heldout: dict | None  # the held-out split's fraction, seed and stratification, when there was one
 
 
-class _DataKey(NamedTuple):
-    cwd: str
-    task: Task
-    train_file: str | None
-    eval_file: str | None
-    dataset: str | None
-    eval_split: str | None
-    text_fields: str
-    label_field: str
-    metric: str
-    digest: str | None
-
-
 def load_labelled(cfg, task: Task) -> LabelledData:
     """``cfg``'s data for ``task`` (read once per process and data content). A run's config carries the digest of its
     data: data that changed since (config.yaml of an older run) is refused rather than silently used."""
@@ -156,6 +137,19 @@ def load_labelled(cfg, task: Task) -> LabelledData:
                            fix="restore the data the run was trained on, or train a new run on it (a new run key)")
     return _load(_DataKey(os.getcwd(), task, cfg.train_file, cfg.eval_file, cfg.dataset, cfg.eval_split,
                           cfg.text_fields, cfg.label_field, cfg.metric, digest))
+
+
+class _DataKey(NamedTuple):  # what _load's cache keys on (the working directory too: paths may be relative)
+    cwd: str
+    task: Task
+    train_file: str | None
+    eval_file: str | None
+    dataset: str | None
+    eval_split: str | None
+    text_fields: str
+    label_field: str
+    metric: str
+    digest: str | None
 
 
 @functools.lru_cache(maxsize=4)
@@ -235,9 +229,7 @@ def column_texts(table, column: str) -> list[str]:
 
 def _class_name(value, table, row: int, column: str) -> str:
     """The class a raw label names: integers (and integral floats) by their digits, strings stripped."""
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
+    if isinstance(value, int):  # bool too: True, False
         return str(value)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return str(int(value))
@@ -349,15 +341,12 @@ def heldout_split(labels: list, *, stratify: bool, table=None, column: str = "",
 
 
 def _dataset(texts: list[list[str]], labels: list, regression: bool):
-    from datasets import Dataset, Features, Value
+    from datasets import Dataset
 
-    columns: dict[str, list] = {"text_a": texts[0]}
-    features = {"text_a": Value("string")}
-    if len(texts) > 1:
-        columns["text_b"], features["text_b"] = texts[1], Value("string")
-    columns["label"] = labels
-    features["label"] = Value("float32") if regression else Value("int64")
-    return Dataset.from_dict(columns, features=Features(features))
+    from peftlab.tasks.data_files import label_features
+
+    columns = {"text_a": texts[0], **({"text_b": texts[1]} if len(texts) > 1 else {}), "label": labels}
+    return Dataset.from_dict(columns, features=label_features(len(texts) > 1, regression))
 
 
 # --------------------------------------------------------------------------- the model's head
@@ -377,15 +366,15 @@ class HeadLabels:
         return {"id2label": dict(enumerate(self.names)), "label2id": {n: i for i, n in enumerate(self.names)}}
 
 
-def head_labels(cfg, saved: dict | None = None) -> HeadLabels:
-    """The head a run of ``cfg`` trains: a table task's labels; a user task's from its data (read and checked
-    here, before the model is loaded) or, for a saved run, from its adapter's ``saved`` labels (id2label)."""
-    task = registered_task(cfg.task)
+def head_labels(cfg, task: Task, saved: dict | None = None) -> HeadLabels:
+    """The head a run of ``cfg`` on ``task`` trains: a table task's labels; a user task's from its data (read and
+    checked here, before the model is loaded) or, for a saved run, from its adapter's ``saved`` labels (id2label)."""
     if task.kind == "regression":
         return HeadLabels(1)
     if saved and saved.get("id2label"):
         id2label = {int(k): str(v) for k, v in saved["id2label"].items()}
         return HeadLabels(len(id2label), tuple(id2label[i] for i in range(len(id2label))))
     if task.user_data:
-        return HeadLabels(len(load_labelled(cfg, task).label_names), load_labelled(cfg, task).label_names)
+        names = load_labelled(cfg, task).label_names
+        return HeadLabels(len(names), names)
     return HeadLabels(task.num_labels, task.label_names if task.kind == "classification" else ())

@@ -1,17 +1,12 @@
 """The user's labelled data as read: CSV, TSV, JSON, JSONL, Parquet files, save_to_disk folders and Hub datasets.
 
-Files are read with datasets' builders: ``csv`` (``,``; TSV: tab-separated with quoting off, as GLUE's and
-``peftlab predict`` read them), ``json`` (through :func:`peftlab.tasks.json_files.read_json_records`: a JSON list
-or JSONL) and ``parquet``; CSV cells are read as written (``keep_default_na=False``: the text "NA" or "None" stays
-text, an empty cell is ""). A ``--dataset`` is a folder written by ``Dataset``/``DatasetDict.save_to_disk``
-(``datasets.load_from_disk``, offline) or else a Hub dataset ``NAME[:CONFIG]`` (``datasets.load_dataset``, online
-only: with HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set it is an error, never a silent fall-back).
-
-Every source becomes a :class:`RawTable`: its columns as read and a ``locate(row)`` that names a row the way a
-user finds it: ``file:line`` (CSV/TSV/JSONL), ``file, record n`` (a JSON list), ``file, row n`` (Parquet) or
-``folder [split], row n``. When a builder fails (datasets says only "An error occurred while generating the
-dataset"), the file is re-read with the stdlib :mod:`csv` / :mod:`json` module, only to name the line at fault.
-:func:`data_digest` hashes the bytes of the files (or of a folder's files) a run reads; the run key carries it.
+Files are read with datasets' builders (TSV: tab-separated with quoting off, as GLUE's; CSV cells as written,
+``keep_default_na=False``: the text "NA" stays text). A ``--dataset`` folder goes through ``load_from_disk``; any
+other ``--dataset`` is a Hub dataset, online only (offline it is an error, never a silent fall-back). Every
+source becomes a :class:`RawTable` whose ``locate(row)`` names a row as a user finds it (``file:line``,
+``file, record n``, ``file, row n``). When a builder fails (datasets only says "An error occurred while
+generating the dataset"), the file is re-read with the stdlib to name the line at fault. :func:`data_digest`
+hashes the bytes a run reads; the run key carries it.
 """
 
 from __future__ import annotations
@@ -20,13 +15,13 @@ import csv
 import functools
 import hashlib
 import io
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import read_text_utf8
+from peftlab.tasks.json_files import load_builder
 
 FILE_KINDS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 FORMATS = "CSV, TSV, JSON, JSONL or Parquet"
@@ -126,7 +121,7 @@ def read_file(path: Path, text_fields: tuple[str, ...] = ()) -> RawTable:
     if kind == "tsv":
         options.update(delimiter="\t", quoting=csv.QUOTE_NONE)
     try:
-        ds = _load_builder("parquet" if kind == "parquet" else "csv", path, options)
+        ds = load_builder("parquet" if kind == "parquet" else "csv", path, options)
     except Exception as err:  # noqa: BLE001 - "An error occurred while generating the dataset": find the line
         if kind == "parquet":
             raise PeftlabError(f"cannot read Parquet file: {_cause_line(err)}", where=str(path),
@@ -140,20 +135,6 @@ def read_file(path: Path, text_fields: tuple[str, ...] = ()) -> RawTable:
         return RawTable(str(path), columns, lambda i: f"{path}, row {i + 1}", _class_names(ds))
     lines = _LineIndex(path, kind, len(ds))
     return RawTable(str(path), columns, lines.locate, {})
-
-
-def _load_builder(builder: str, path: Path, options: dict):
-    import datasets
-
-    from peftlab.models.registry import cache_dir
-    from peftlab.tasks.json_files import _datasets_quiet
-
-    root = cache_dir() / "datasets-tables"
-    root.mkdir(parents=True, exist_ok=True)
-    # A private cache folder per read: nothing is written next to the data, nothing stale is reused.
-    with tempfile.TemporaryDirectory(dir=root) as tmp, _datasets_quiet():
-        return datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=tmp,
-                                     keep_in_memory=True, **options)
 
 
 def _cause_line(err: BaseException) -> str:

@@ -1,26 +1,12 @@
 """LLM-Adapters' commonsense test records -> the fields lm-evaluation-harness's own task configs read.
 
-The local test sets (``<data>/commonsense/<set>/test.json``) are the harness's evaluation splits (ARC's and
-OpenBookQA's test, PIQA's, SIQA's and WinoGrande-xl's validation: the same items, in LLM-Adapters' order),
-rewritten by LLM-Adapters into one instruction per item ("Please choose the correct answer to the question:
-... Answer1: ... Answer2: ... Answer format: answer1/answer2"). Each function here is a harness
-``process_docs`` (``datasets.Dataset`` -> ``datasets.Dataset``, named in the shipped YAMLs with the harness's
-``!function``) that recovers the original fields, so that the harness's prompt (``doc_to_text``), choices and
-target templates apply unchanged:
-
-* ARC-Easy / ARC-Challenge: ``question``, ``choices`` {``text``, ``label``}, ``answerKey`` (labels "1".."k":
-  LLM-Adapters numbered the choices and dropped ARC's letters; the harness only uses the label's index).
-* OpenBookQA: ``question_stem``, ``choices``, ``answerKey``.
-* PIQA: ``goal``, ``sol1``, ``sol2``, ``label`` (0/1).
-* SIQA: ``context``, ``question``, ``answerA/B/C``, ``label`` ("1".."3"). LLM-Adapters joined context and
-  question with one space; the harness's prompt ``Q: {{context}} {{question}}`` joins them with one space
-  too, so splitting the joined text at any single space renders the harness's prompt exactly. It is split
-  before the last sentence (the question), or at the last space.
-* WinoGrande: ``sentence`` (with its ``_``), ``option1``, ``option2``, ``answer`` ("1"/"2").
-
-BoolQ is not here: LLM-Adapters kept the question without its passage, and the harness's prompt is the
-passage first (:data:`peftlab.tasks.lm_eval_tasks.UNAVAILABLE`). A record that does not parse is a
-:class:`~peftlab.errors.PeftlabError` naming the set and record number.
+The local test sets are the harness's evaluation splits in LLM-Adapters' order, rewritten into one instruction
+per item. Each function here is a harness ``process_docs`` (named in the shipped YAMLs by ``!function``) that
+recovers the original fields, so the harness's prompts, choices and targets apply unchanged. ARC's labels
+become "1".."k" (LLM-Adapters dropped the letters; the harness only uses the index). SIQA's context and
+question were joined with one space, as the harness's prompt joins them, so splitting at any single space
+renders its prompt exactly. BoolQ is not here: LLM-Adapters dropped its passage, the harness's prompt starts
+with it.
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """lm-evaluation-harness (``lm-eval`` 0.4.x) task definitions on the local data, and its GSM8K scoring of any text.
 
-* **Task definitions** (``tasks/lm_eval_yaml/<task>.yaml``, shipped as package data): each names the
-  harness's own task by ``include_task`` and sets only where the documents come from (``dataset_path: json``,
-  ``dataset_kwargs.data_files`` relative to peftlab's data roots, and for the commonsense sets a
-  ``process_docs`` of :mod:`peftlab.tasks.lm_eval_docs`). :func:`task_configs` reads the harness's config of
-  that task from the installed harness (its own task index, of the one folder ``include_from`` names, and YAML
-  loader: prompts, choices, few-shot examples, filters and metrics are the harness's, its ``!function``
-  references resolved in its folder),
-  lays peftlab's keys over it and resolves the data files (:func:`peftlab.tasks.generative.find_data_file`:
-  ``--data-dir``, ``$PEFTLAB_DATA_DIR``, ``./data``, ``../shared/data``). Shipped: :data:`SHIPPED`; the
-  commonsense test sets' names as peftlab spells them are aliases (``ARC-Easy`` -> ``arc_easy``), and
-  ``commonsense`` is the six multiple-choice sets. BoolQ and HellaSwag are not available (:data:`UNAVAILABLE`).
-* **Install**: the harness is the optional extra ``peftlab[lm-eval]``; :func:`require_harness` is the one line
-  that says so when it is missing.
-* **GSM8K scoring of peftlab's own generations** (:func:`gsm8k_agreement`): the harness's own ``gsm8k`` and
-  ``gsm8k_cot`` task objects (their filter ensembles ``strict-match`` / ``flexible-extract``, then their
-  ``process_results``: ``exact_match`` with ``regexes_to_ignore`` and ``ignore_case``, against the item's GSM8K
-  gold) applied to texts that ``--task math`` generated, beside :mod:`peftlab.tasks.math_tasks`' ``strict_match`` / ``flexible_extract``
-  of the same texts. They differ by design in two ways, and in no other (the agreement record counts each):
-  (1) peftlab's strict match reads ``#### N`` (harness ``gsm8k``) and, where a text has none, ``The answer is
-  N.`` (harness ``gsm8k_cot``), so it is compared per item with ``gsm8k`` where the text has ``#### N`` and
-  ``gsm8k_cot`` elsewhere; (2) peftlab compares numbers within 0.001 (LLM-Adapters' golds are floats such as
-  ``576.0``), the harness compares strings after removing ``,``, ``$`` and a trailing ``.``, so ``18.0`` or
-  ``018`` against the gold ``18`` is right for peftlab and wrong for the harness. The harness's numbers are
-  therefore the ones to compare with papers; ``--lm-eval gsm8k`` is the path that produces them.
+* **Task definitions** (``lm_eval_yaml/<task>.yaml``, package data): each names the harness's own task
+  (``include_task``) and sets only where the documents come from (local data files, and for the commonsense
+  sets a ``process_docs`` of :mod:`peftlab.tasks.lm_eval_docs`). :func:`task_configs` lays them over the
+  installed harness's config (its prompts, few-shot examples, filters and metrics). BoolQ and HellaSwag are not
+  available offline (:data:`UNAVAILABLE`).
+* **GSM8K agreement** (:func:`gsm8k_agreement`): the harness's ``gsm8k`` / ``gsm8k_cot`` filters and
+  ``process_results`` on the texts ``--task math`` generated, beside :mod:`peftlab.tasks.math_tasks`' scores.
+  They differ by design in two ways only: peftlab's strict match reads ``#### N`` and else ``The answer is N.``
+  (so it is compared per item with ``gsm8k`` or ``gsm8k_cot``), and peftlab compares numbers within 0.001
+  where the harness compares strings (``18.0`` vs ``18``). The harness's numbers are the ones to compare with
+  papers; ``--lm-eval gsm8k`` produces them.
 """
 
 from __future__ import annotations
@@ -31,9 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -229,16 +214,9 @@ def harness_gsm8k_scores(texts: list[str], questions: list[str], data_dir: str |
 def same_number_otherwise_written(extracted: str | None, gold: str) -> bool:
     """``extracted`` and GSM8K's ``gold`` are numbers within 0.001 (peftlab: equal) written differently as the
     harness compares them (strings, after ',', '$' and one trailing '.' are removed, case ignored)."""
-    def cleaned(text: str) -> str:
-        return re.sub(r"\.$", "", text.replace(",", "").replace("$", "").strip()).lower()
+    from peftlab.tasks.math_tasks import cleaned, is_correct
 
-    if extracted is None:
-        return False
-    a, b = cleaned(extracted), cleaned(gold)
-    try:
-        return a != b and abs(Decimal(a) - Decimal(b)) <= Decimal("0.001")
-    except InvalidOperation:
-        return False
+    return extracted is not None and cleaned(extracted).lower() != cleaned(gold).lower() and is_correct(extracted, gold)
 
 
 def gsm8k_agreement(records: list[dict], data_dir: str | None = None, task_manager=None) -> dict:

@@ -1,17 +1,10 @@
-"""Final-answer extraction for math word problems (GSM8K): text -> canonical number, and exact match.
+"""Final-answer extraction for GSM8K: text -> canonical number, and exact match.
 
-Which number is "the answer", in order of preference:
-
-1. the first number after the first ``####`` (GSM8K's own convention; the gold answers end ``#### N``);
-2. the number in the last ``\\boxed{...}``;
-3. the first number after the last "answer is" / "answer:" phrase ("The answer is $1,234.", "Answer: -3");
-4. otherwise the last number anywhere in the text.
-
-Numbers are read robustly: thousands separators (``1,234,567``), currency and units around them (``$5``,
-``5 dollars``, ``5%``, ``5kg``), a sentence's trailing period (``5.``), negative signs (``-5``, the Unicode
-minus ``−5``; a hyphen between two numbers as in ``10-3`` is subtraction, not a sign) and decimals. The
-canonical form is a plain decimal string without trailing zeros, so ``5.0``, ``5.00`` and ``5`` all become
-``5``, and ``0.50`` becomes ``0.5``. Matching compares canonical forms exactly (no tolerance).
+The answer is, in order: the first number after the first ``####`` (GSM8K's convention), the number in the last
+``\\boxed{...}``, the first number after the last "answer is" / "answer:", else the last number. Numbers may
+carry thousands separators, currency and units, a sentence's period and a (Unicode) minus; a hyphen between
+two numbers (``10-3``) is subtraction. Canonical forms have no trailing zeros (``5.0`` -> ``5``), and matching
+compares them exactly.
 """
 
 from __future__ import annotations

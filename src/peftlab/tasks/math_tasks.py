@@ -1,31 +1,22 @@
 """``--task math``: math word problems (LLM-Adapters' sets), trained on ``math_data.json``, answers generated.
 
-* **Data** (LLM-Adapters' instruction format). Training: ``<data>/math/math_data.json`` (3,260 worked solutions
-  ending "The answer is N."), the stand-in for MetaMathQA, which Yao et al. train on and which is not
-  available offline: result.json's ``report_notes`` and every report say so. Evaluation: ``<data>/math/<set>/
-  test.json`` for ``gsm8k`` (LLM-Adapters' copy of the GSM8K test set), ``AQuA``, ``AddSub``, ``MultiArith``,
-  ``SVAMP``, ``SingleEq`` and ``mawps``, or those named by ``--eval-sets``, each subset by
-  ``--max-eval-samples`` (``--eval-seed``). ``answer`` is the final number (AQuA: a letter A-E).
-* **Two extractions**, as lm-evaluation-harness scores GSM8K, so numbers compare with the harness:
-  ``strict_match``: the first match of the harness's gsm8k strict regex ``#### (\\-?[0-9\\.\\,]+)``, else of its
-  gsm8k-cot strict regex ``The answer is (\\-?[0-9\\.\\,]+).`` (the format math_data.json teaches);
-  ``flexible_extract``: the last match of the harness's flexible regex ``(-?[$0-9.,]{2,})|(-?[0-9]+)``.
-  A match is cleaned like the harness's ``regexes_to_ignore`` (``,``, ``$``, a trailing ``.``) and read as a
-  number; it is correct when within 0.001 of the gold number (LLM-Adapters' rule: its golds are floats such as
-  ``576.0`` or ``1.8333333333333335``). AQuA (letters): strict is the letter after ``####`` or "The answer is"
-  (``(D)`` or ``D``), flexible the last standalone capital A-E anywhere (an article "A" counts: it is the loose
-  extraction).
-* **Metrics**: ``<set>_strict_match`` and ``<set>_flexible_extract`` per set (lower-cased: ``aqua``), and their
-  means over the evaluated sets, ``strict_match`` (the primary metric) and ``flexible_extract``. Generation is
-  greedy up to EOS / end of turn or ``--max-new-tokens`` (default 256); it never stops at the first answer,
-  since the flexible extraction reads the last number.
+* **Data**: ``<data>/math/math_data.json`` trains (a stand-in for MetaMathQA, not offline: ``report_notes`` say
+  so); ``<data>/math/<set>/test.json`` of :data:`peftlab.tasks.table.MATH_TEST_SETS` (or ``--eval-sets``)
+  evaluate. ``answer`` is a number (AQuA: a letter A-E).
+* **Two extractions**, as lm-evaluation-harness scores GSM8K, so numbers compare with it: ``strict_match``, the
+  first match of the harness's gsm8k strict regex, else of gsm8k-cot's (the format math_data.json teaches);
+  ``flexible_extract``, the last match of its flexible regex. A match is cleaned like the harness's
+  ``regexes_to_ignore`` and correct within 0.001 of the gold (LLM-Adapters' golds are floats, ``576.0``).
+  AQuA: the letter after ``####`` / "The answer is", or the last standalone capital A-E.
+* **Metrics**: ``<set>_strict_match``, ``<set>_flexible_extract`` and their means over the sets (primary:
+  ``strict_match``). Generation never stops at the first answer: the flexible extraction reads the last number.
 """
 
 from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 
 # lm-evaluation-harness lm_eval/tasks/gsm8k/gsm8k.yaml (strict-match) and gsm8k-cot.yaml (strict-match), and the
@@ -42,14 +33,16 @@ DATASET_NOTE = ("trained on LLM-Adapters' math_data.json ({n} records with a sol
                 "(not available offline); gsm8k is LLM-Adapters' copy of the GSM8K test set")
 
 
+def cleaned(match: str) -> str:
+    """A captured answer cleaned as the harness's regexes_to_ignore: ``,``, ``$`` and a trailing ``.`` removed."""
+    return re.sub(r"\.$", "", match.replace(",", "").replace("$", "").strip())
+
+
 def _clean_number(match: str | None) -> Decimal | None:
-    """A captured answer cleaned as the harness's regexes_to_ignore (``,``, ``$``, a trailing ``.``) -> a number."""
     if match is None:
         return None
-    text = match.replace(",", "").replace("$", "").strip()
-    text = re.sub(r"\.$", "", text)
     try:
-        value = Decimal(text)
+        value = Decimal(cleaned(match))
     except ArithmeticError:
         return None
     return value if value.is_finite() else None
@@ -95,48 +88,29 @@ def _gold_check(name: str):
     return lambda gold: None if _clean_number(gold) is not None else "a number"
 
 
-def _scorer(tests: dict, items: list) -> Callable:
-    """``score(texts)`` of the generated answers: the records and both extractions' accuracy (per set, mean)."""
-
-    def score(texts: list[str]):
-        records, by_set = [], {name: [] for name in tests}
-        for (name, row), text in zip(items, texts):
-            letters = name in LETTER_SETS
-            strict, flexible = strict_answer(text, letters=letters), flexible_answer(text, letters=letters)
-            record = {"set": name, "question": row["instruction"], "gold": row["answer"], "generated": text,
-                      "strict": strict, "flexible": flexible,
-                      "strict_correct": is_correct(strict, row["answer"], letters=letters),
-                      "flexible_correct": is_correct(flexible, row["answer"], letters=letters)}
-            records.append(record)
-            by_set[name].append(record)
-        metrics: dict[str, float] = {}
-        for kind in ("strict", "flexible"):
-            metric = "strict_match" if kind == "strict" else "flexible_extract"
-            for name, rows in by_set.items():
-                metrics[f"{set_key(name)}_{metric}"] = sum(r[f"{kind}_correct"] for r in rows) / max(1, len(rows))
-            metrics[metric] = sum(metrics[f"{set_key(n)}_{metric}"] for n in tests) / len(tests)
-        return records, metrics
-
-    return score
+def _record(name: str, row: dict, text: str) -> dict:
+    letters = name in LETTER_SETS
+    strict, flexible = strict_answer(text, letters=letters), flexible_answer(text, letters=letters)
+    return {"set": name, "question": row["instruction"], "gold": row["answer"], "generated": text,
+            "strict": strict, "flexible": flexible,
+            "strict_correct": is_correct(strict, row["answer"], letters=letters),
+            "flexible_correct": is_correct(flexible, row["answer"], letters=letters)}
 
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``math`` kind's Pipeline; ``task``'s set names are the default ``--eval-sets``."""
-    from peftlab.tasks import generative
+    from peftlab.tasks import generative, instructions
     from peftlab.tasks.generation import generation_evaluator
 
-    generative.ensure_pad_token(cfg, tokenizer)
-    eval_sets = tuple(cfg.eval_sets.split(",")) if cfg.eval_sets else task.eval_set_names
-    train_path = generative.find_data_file(cfg.data_dir, TRAIN_FILE, "math training set math_data.json")
-    files = {"train": str(train_path)}
+    instructions.ensure_pad_token(cfg, tokenizer)
     # 3 of math_data.json's records have an empty output: nothing to learn from, so not trained on.
-    train_records, skipped = generative.training_records(generative.read_llm_adapters_json(train_path))
-    train_raw = generative.records_dataset(train_records)
-
-    tests = generative.read_test_sets(cfg, "math", eval_sets, _gold_check, files)
+    train_raw, skipped, files = generative.training_set(cfg, {
+        "train": (TRAIN_FILE, "math training set math_data.json")})
+    tests = generative.read_test_sets(cfg, task, _gold_check, files)
     items, prompts = generative.prompt_items(tests, tokenizer)
 
-    score = _scorer(tests, items)
+    score = generative.set_scorer(tests, items, _record, set_key, {
+        "strict_match": lambda r: r["strict_correct"], "flexible_extract": lambda r: r["flexible_correct"]})
     evaluate = generation_evaluator(cfg, tokenizer, prompts, score)
     extras: dict[str, Any] = {
         "dataset": DATASET,
@@ -153,5 +127,5 @@ def build_pipeline(cfg, tokenizer, model, task):
             "match": "numbers within 0.001 of the gold (LLM-Adapters), after removing ',', '$' and a trailing '.'",
         },
     }
-    return generative.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="strict_match",
+    return instructions.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="strict_match",
                                         chance=0.0, num_eval_examples=len(items), extras=extras, eval_sets=tests)

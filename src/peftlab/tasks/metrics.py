@@ -1,14 +1,8 @@
-"""Task metrics, computed with scikit-learn and SciPy (the definitions of the GLUE benchmark), and chance levels.
+"""Task metrics, computed with scikit-learn and SciPy (the GLUE benchmark's definitions), and chance levels.
 
-* classification: ``accuracy``, ``f1`` (two classes: class id 1 positive), ``f1_macro``, ``matthews_correlation``
-* regression: ``pearson``, ``spearman``
-
-A GLUE task reports the metrics of its row (``Task.metrics``: CoLA ``matthews_correlation``; MRPC, QQP
-``accuracy``, ``f1``; STS-B ``pearson``, ``spearman``; the rest ``accuracy``) and, where there are two, their
-mean ``combined``. A user task (``--task classify`` / ``regress``) gets every metric its ``--metric`` may pick.
-
-A correlation that is undefined because one side is constant (an untrained regressor predicting a constant)
-is reported as 0.0, its chance level, rather than NaN, so model selection never compares against NaN.
+A GLUE task reports the metrics of its row (``Task.metrics``) and, where there are two, their mean ``combined``;
+a user task gets every metric its ``--metric`` may pick. A correlation undefined because one side is constant
+(an untrained regressor) is 0.0, its chance level, not NaN, so model selection never compares against NaN.
 """
 
 from __future__ import annotations

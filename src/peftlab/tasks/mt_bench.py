@@ -1,39 +1,22 @@
 """The ``mt-bench`` task: instruction tuning, then MT-Bench's 80 two-turn questions judged 1-10 by an LLM.
 
-``build_pipeline(cfg, tokenizer, model, task)`` is the task's builder (:data:`peftlab.tasks.prepare.BUILDERS`).
-
-* **Training** reuses :mod:`peftlab.tasks.instructions` unchanged (prompt-masked loss, chat template,
-  truncation, token cache): on the Alpaca records (``<root>/alpaca/``) by default, or on any JSON/JSONL
-  instruction file given as ``--train-file`` (field names: ``--instruction-fields``).
-* **Answers.** The questions are FastChat's ``<root>/mt_bench/question.jsonl`` (``--max-eval-samples`` draws a
-  fixed subset with ``--eval-seed``). Turn 1 is generated from the chat-templated question; turn 2 from the
-  conversation [question 1, the model's answer 1, question 2], so the second turn sees the first answer, as
-  FastChat's ``gen_model_answer`` does. Decoding is greedy for every category (deterministic; FastChat samples
-  writing/roleplay at temperature 0.7) and stops at end of turn or ``--max-new-tokens`` (FastChat: 1024).
-* **Judging** (``--judge-url``; :mod:`peftlab.tasks.judge`): FastChat's single-answer grading prompts from
-  ``mt_bench/judge_prompts.jsonl``: ``single-v1`` for turn 1 and ``single-v1-multi-turn`` for turn 2, and
-  for the categories FastChat grades against a reference (math, reasoning, coding) ``single-math-v1`` /
-  ``single-math-v1-multi-turn`` with the GPT-4 reference answers of ``reference_answer_gpt-4.jsonl``. Without
-  ``--judge-url`` the answers are generated and saved and every judgment reads "not judged".
-* **Files** (atomic, in the run folder; ``<tag>`` is the evaluation's: ``before``, ``epoch<N>``, ``evaluate``):
-  ``mt_bench_answers_<tag>.jsonl`` in FastChat's model-answer format (``question_id``, ``model_id``,
-  ``choices[0].turns``; so FastChat's own ``gen_judgment.py`` can grade them too) and
-  ``mt_bench_judgments_<tag>.jsonl``, one line per (question, turn): the judge prompt's name, the prompt sent,
-  the judge's reply, the score or ``null`` with the reason it is unjudged. result.json's ``mt_bench_answers`` and
-  ``mt_bench_judgments`` map each tag to its file.
-* **Metrics**: ``mt_bench_score`` (mean over every judged answer, both turns: FastChat's "score"),
-  ``mt_bench_turn1``, ``mt_bench_turn2``, ``mt_bench_<category>`` (both turns), ``mt_bench_judged`` and
-  ``mt_bench_unjudged`` (answers). Unjudged answers are left out of the means, as FastChat drops score -1.
-  A score is absent when no answer behind it was judged. result.json's ``judge`` says who judged (url, model)
-  and labels a judge that is not a strong API model as ``weak: true``; reports repeat it.
-* **When**: after the last epoch only (160 generations and judge calls per evaluation); ``--eval-before``
-  adds the untrained model's row. **Several processes**: generation is sharded by question and gathered; the
-  main process alone writes the files and asks the judge, then broadcasts the metrics to the others.
+* **Training**: :func:`peftlab.tasks.instructions.training_pipeline` on Alpaca, or ``--train-file``.
+* **Answers**: FastChat's ``<root>/mt_bench/question.jsonl``; turn 2 is generated from [question 1, the model's
+  answer 1, question 2], as FastChat's ``gen_model_answer``. Greedy for every category (FastChat samples
+  writing/roleplay at 0.7), at most ``--max-new-tokens`` (FastChat: 1024).
+* **Judging** (``--judge-url``, :mod:`peftlab.tasks.judge`): FastChat's single-answer prompts (``single-v1``,
+  ``-multi-turn``; ``single-math-v1`` with GPT-4's reference answers for math, reasoning, coding). Without
+  ``--judge-url`` every judgment reads "not judged".
+* **Files** (``<tag>``: ``before``, ``epoch<N>``, ``evaluate``): ``mt_bench_answers_<tag>.jsonl`` in FastChat's
+  model-answer format (its ``gen_judgment.py`` can grade them) and ``mt_bench_judgments_<tag>.jsonl``.
+* **Metrics**: ``mt_bench_score`` (every judged answer, both turns: FastChat's score), ``mt_bench_turn1/2``,
+  ``mt_bench_<category>``, ``mt_bench_judged`` / ``_unjudged``; unjudged answers are left out of the means, as
+  FastChat drops score -1. result.json's ``judge`` labels a judge that is not a strong API model ``weak``.
+* **Several processes**: generation is sharded; the main process alone writes and judges, then broadcasts.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -54,19 +37,10 @@ NOT_JUDGED = "not judged (no --judge-url)"
 
 
 def locate_folder(data_dir=None) -> Path:
-    """``<root>/mt_bench`` holding ``question.jsonl``, the root found like GLUE's."""
-    from peftlab.tasks.data_files import candidate_roots, check_data_dir
+    """``<root>/mt_bench`` holding ``question.jsonl`` (FastChat's fastchat/llm_judge/data/mt_bench/)."""
+    from peftlab.tasks.generative import find_data_file
 
-    check_data_dir(data_dir)
-    tried = []
-    for root in candidate_roots(data_dir):
-        folder = root / FOLDER
-        tried.append(folder / QUESTIONS)
-        if (folder / QUESTIONS).is_file():
-            return folder
-    raise PeftlabError("MT-Bench questions not found", where="looked for " + ", ".join(map(str, tried)),
-                       fix=f"pass --data-dir (or set PEFTLAB_DATA_DIR) to a folder holding {FOLDER}/{QUESTIONS} "
-                       "(FastChat's fastchat/llm_judge/data/mt_bench/)")
+    return find_data_file(data_dir, f"{FOLDER}/{QUESTIONS}", "MT-Bench questions").parent
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -155,32 +129,17 @@ def conversation_ids(tokenizer, questions: list[str], answers: list[str]) -> lis
     return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
 
 
-def _generate_all(cfg, tokenizer, model, accelerator, prompts: list[list[int]]) -> list[str]:
-    """Greedy answers, sharded by index across processes and gathered (every process gets them all)."""
-    from accelerate.utils import gather_object
-
-    from peftlab.tasks.generation import generate_greedy
-
-    rank, world = accelerator.process_index, accelerator.num_processes
-    mine = list(range(rank, len(prompts), world))
-    texts = generate_greedy(model, tokenizer, [prompts[i] for i in mine], max_new_tokens=cfg.max_new_tokens,
-                            batch_size=cfg.eval_batch_size, device=accelerator.device)
-    pairs = list(zip(mine, texts))
-    if world > 1:
-        pairs = gather_object(pairs)
-    done = dict(pairs)
-    return [done[i] for i in range(len(prompts))]
-
-
 # --------------------------------------------------------------------------- judging and scores
 
 
 def judge_settings(cfg):
     """The judge of ``cfg`` (None without ``--judge-url``); a missing API key fails before any training."""
-    from peftlab.tasks.judge import JudgeSettings
+    from peftlab.extras import require
+    from peftlab.tasks.judge import JUDGING, JudgeSettings
 
     if not getattr(cfg, "judge_url", None):
         return None
+    require(JUDGING)  # the 'judge' extra, before any training or generation (peftlab evaluate has no preflight)
     key = os.environ.get(cfg.judge_api_key_env, "")
     if not key:
         raise PeftlabError(f"--judge-url is set, but the environment variable {cfg.judge_api_key_env} (the judge's "
@@ -236,24 +195,19 @@ def summarise(judgments: list[dict]) -> dict[str, float]:
     return metrics
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    from peftlab.io_utils import atomic_write_text
-
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-
-
 # --------------------------------------------------------------------------- the pipeline
 
 
 def _training_records(cfg):
     """(records, where they came from): ``--train-file`` if given, else Alpaca."""
+    from datasets import Dataset
+
     from peftlab.tasks import instruction_data as idata
     from peftlab.tasks.table import task
 
     if getattr(cfg, "train_file", None):
         fields = idata.parse_fields(cfg.instruction_fields)
-        path = Path(cfg.train_file)
-        return idata.make_dataset(idata.read_records(path, fields)), str(path)
+        return Dataset.from_list(idata.read_records(cfg.train_file, fields)), str(Path(cfg.train_file))
     raw = idata.load_raw(task("alpaca"), "train", cfg.data_dir)
     source, _ = idata.local_file("alpaca", "train", cfg.data_dir)
     return raw, str(source) if source is not None else idata.HUB["alpaca"][0]
@@ -263,57 +217,45 @@ def build_pipeline(cfg, tokenizer, model, task):
     """The ``mt-bench`` task's :class:`~peftlab.tasks.prepare.Pipeline` (``task``: its row; nothing read from it)."""
     from datasets import Dataset
 
-    from peftlab.tasks import data_files as data
-    from peftlab.tasks import instructions
-    from peftlab.tasks.prepare import Pipeline, examples_digest, train_examples_digest
+    from peftlab.tasks import data_files as data, instructions
+    from peftlab.tasks.prepare import examples_digest
 
     settings = judge_settings(cfg)  # first: a missing key is a one-line error before anything slow
-    if tokenizer is None:
-        raise PeftlabError(f"model '{cfg.model}' has no tokenizer", fix="use a causal LM with a tokenizer")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    instructions.ensure_pad_token(cfg, tokenizer)
     folder = locate_folder(cfg.data_dir)
     prompts = load_judge_prompts(folder)
     questions = Dataset.from_list(load_questions(folder))
     questions = data.subset(questions, cfg.max_eval_samples, cfg.eval_seed)  # the same for every training seed
     train_raw, train_source = _training_records(cfg)
-    train_raw = data.subset(train_raw, cfg.max_train_samples, cfg.seed)
-    train = instructions.tokenize_instructions(train_raw, tokenizer, cfg.max_length, task=cfg.task,
-                                               cache_key=f"{cfg.model}-{cfg.task}-train")
-    if len(train) == 0:
-        raise PeftlabError(f"no training example has a response token left at --max-length {cfg.max_length}",
-                           fix="raise --max-length")
-    instructions.report_truncation(cfg, "train", len(train_raw), train)
     info = judge_info(settings)
     extras: dict[str, Any] = {
-        "train_examples_used": len(train), "eval_examples": len(questions),
-        "eval_examples_digest": examples_digest({"mt_bench": questions}),
+        "eval_examples": len(questions), "eval_examples_digest": examples_digest({"mt_bench": questions}),
         "data_files": {"train": train_source, "questions": str(folder / QUESTIONS)},
         "judge": info,
         "mt_bench": {"questions": len(questions), "decoding": "greedy", "max_new_tokens": cfg.max_new_tokens},
         "report_notes": [_report_note(info, cfg.max_new_tokens)],
     }
-    evaluate = _evaluator(cfg, tokenizer, settings, prompts, questions.to_list())
-    return Pipeline(train, instructions.training_collator(cfg, tokenizer), evaluate, "mt_bench_score", 0.0,
-                    num_eval_examples=len(questions), extras=extras, eval_sets={"mt_bench": questions},
-                    train_examples_digest=train_examples_digest(train_raw))
+    return instructions.training_pipeline(
+        cfg, tokenizer, train_raw, evaluate=_evaluator(cfg, tokenizer, settings, prompts, questions.to_list()),
+        primary_metric="mt_bench_score", chance=0.0, num_eval_examples=len(questions), extras=extras,
+        eval_sets={"mt_bench": questions})
 
 
 def _evaluator(cfg, tokenizer, settings, prompts: dict, rows: list[dict]) -> Callable:
     """MT-Bench's ``evaluate(model, accelerator, tag)``: both turns generated greedily, the answers saved, then judged
     (on the main process; every process returns the same metrics)."""
+    from peftlab.tasks.generation import generate_sharded, write_generations
     from peftlab.tasks.prepare import Evaluation
 
     def evaluate(model, accelerator, tag: str) -> Evaluation:
         from accelerate.utils import broadcast_object_list
 
         model.eval()
-        unwrapped = accelerator.unwrap_model(model)
-        first = _generate_all(cfg, tokenizer, unwrapped, accelerator,
-                              [conversation_ids(tokenizer, [q["turn_1"]], []) for q in rows])
-        second = _generate_all(cfg, tokenizer, unwrapped, accelerator,
-                               [conversation_ids(tokenizer, [q["turn_1"], q["turn_2"]], [a])
-                                for q, a in zip(rows, first)])
+        first = generate_sharded(cfg, tokenizer, model, accelerator,
+                                 [conversation_ids(tokenizer, [q["turn_1"]], []) for q in rows])
+        second = generate_sharded(cfg, tokenizer, model, accelerator,
+                                  [conversation_ids(tokenizer, [q["turn_1"], q["turn_2"]], [a])
+                                   for q, a in zip(rows, first)])
         answers = [[a, b] for a, b in zip(first, second)]
         metrics: list[Any] = [None]
         files = {}
@@ -322,12 +264,12 @@ def _evaluator(cfg, tokenizer, settings, prompts: dict, rows: list[dict]) -> Cal
             answer_name, judgment_name = f"mt_bench_answers_{tag}.jsonl", f"mt_bench_judgments_{tag}.jsonl"
             model_id = f"{cfg.model}-{cfg.method}-{tag}"
             # Answers first: if judging is interrupted, the generations are already saved.
-            _write_jsonl(out / answer_name, [
+            write_generations(out / answer_name, [
                 {"question_id": q["question_id"], "model_id": model_id, "category": q["category"],
                  "turns": [q["turn_1"], q["turn_2"]], "choices": [{"index": 0, "turns": a}], "tstamp": time.time()}
                 for q, a in zip(rows, answers)])
             judgments = judge_answers(settings, prompts, rows, answers)
-            _write_jsonl(out / judgment_name, judgments)
+            write_generations(out / judgment_name, judgments)
             files = {"mt_bench_answers": {tag: answer_name}, "mt_bench_judgments": {tag: judgment_name}}
             metrics = [summarise(judgments)]
         if accelerator.num_processes > 1:

@@ -1,42 +1,22 @@
 """E2E NLG corpus metrics, computed as the official E2E NLG Challenge script computes them.
 
-The LoRA and KaSA E2E tables come from tuetschek/e2e-metrics' ``measure_scores.py -p`` (:data:`OFFICIAL`);
-:func:`corpus_scores` gives its five numbers on the same outputs and references (tests/test_nlg_score.py pins
-the script's values on a fixed file). What the script computes, and where each number comes from here:
+The LoRA and KaSA E2E tables come from :data:`OFFICIAL`; :func:`corpus_scores` gives its five numbers on the same
+outputs and references (tests/test_nlg_score.py pins the script's values). Each text is one stripped line, as
+the script reads files.
 
-* **Text.** Each output and reference is one line, stripped (the script reads files line by line), so an
-  output with line breaks is scored with them joined by spaces.
-* ``bleu``: mteval-v13a BLEU as the script's Python port (``metrics/pymteval.py``): lower-cased, 13a tokens,
-  n-grams 1-4 clipped against the most frequent count over all references, the closest reference length (the
-  shorter on ties). sacrebleu computes it (``BLEU(lowercase=True)``, its 13a tokeniser is mteval's); peftlab
-  only supplies the port's n-gram totals, which sacrebleu counts differently on degenerate outputs: an
-  output of k tokens adds k-n+1 n-grams of order n even when that is negative, an empty output counts as one
-  (empty) token, and an order with no match has 1e-15 matches (sacrebleu's ``floor`` smoothing) over at
-  least 1e-9 n-grams. A fraction, as the script prints it (``peftlab report`` shows it x100).
-* ``nist``: the port's mteval NIST (n = 5) on the same tokens. No installed library computes this variant:
-  nltk's ``corpus_nist`` clips each output against the one reference with the best score and uses that
-  reference's length, sacrebleu has no NIST; so :func:`mteval_nist` is peftlab's (the port's formula:
-  information weights from every reference's n-gram counts, matches clipped against all references, the
-  length penalty from the average reference length of each input).
-* ``meteor``, ``rouge_l``, ``cider``: the script runs coco-caption's scorers, which pycocoevalcap packages
-  unchanged (the same ``meteor-1.5.jar``, Stanford CoreNLP 3.4.1 jar and Python scorers, byte for byte), on
-  the text that coco-caption's ``PTBTokenizer`` (Java) returns: lower-cased PTB tokens with punctuation
-  removed, references and outputs tokenised in two calls. METEOR 1.5 (``-l en -norm``, Java) is the corpus
-  score from the summed statistics; ROUGE-L is pycocoevalcap's ``Rouge`` (the best precision and the best
-  recall over an input's references, beta 1.2), averaged over inputs; CIDEr is its ``Cider`` (CIDEr-D,
-  document frequencies from the evaluated references).
+* ``bleu``: the script's mteval-v13a port (lower-cased 13a tokens, n-grams clipped over all references, the
+  closest reference length), by sacrebleu (``BLEU(lowercase=True)``); peftlab supplies the port's n-gram totals,
+  which sacrebleu counts differently on degenerate outputs (k tokens add k-n+1 n-grams even when negative, an
+  empty output is one empty token, an order without a match has 1e-15 matches). A fraction (reports show x100).
+* ``nist``: the port's mteval NIST (n = 5), :func:`mteval_nist`: no library computes this variant (nltk's
+  ``corpus_nist`` clips against one best reference, sacrebleu has none).
+* ``meteor``, ``rouge_l``, ``cider``: coco-caption's scorers as pycocoevalcap packages them unchanged (METEOR
+  1.5 jar, ``-l en -norm``; ROUGE-L beta 1.2; CIDEr-D) on the tokens of coco-caption's ``PTBTokenizer`` (Java).
 
-**Without Java** (:func:`java_runtime` looks for ``java`` on PATH and runs ``java -version``; the jars run
-the same way): METEOR is left out, with the reason in ``unavailable`` (no other METEOR stands in for 1.5),
-and ROUGE-L and CIDEr are computed on nltk's tokens instead of the PTB tokenizer's (``NLTKWordTokenizer``
-per sentence of an untrained ``PunktSentenceTokenizer``, lower-cased, pycocoevalcap's punctuation list
-removed; on the E2E test references 98.7 % of the PTB tokens, the rest mostly ``£``, which PTB writes ``#``),
-so they approximate the script's (on the whole test set with other MRs' references as outputs, ROUGE-L 0.01 %
-and CIDEr 0.25 % off; on outputs full of stray brackets, quotes and SGML entities CIDEr up to 16 %); ``notes``
-and their ``implementations`` say so.
-
-A metric the formula cannot give on a degenerate corpus (NIST when an order's n-gram total, tokens - n + 1
-summed over the outputs, is 0: the script divides by it) is left out with its reason, never set to a guess.
+**Without Java** METEOR is left out (no other METEOR stands in for 1.5) and ROUGE-L and CIDEr use nltk's tokens
+(:func:`nltk_tokenize`: 98.7 % of the PTB tokens on the E2E references, so ROUGE-L 0.01 % and CIDEr 0.25 % off
+there, CIDEr up to 16 % on outputs full of brackets and SGML entities); ``notes`` and ``implementations`` say
+so. A metric the formula cannot give (NIST when an order's n-gram total is 0) is left out with its reason.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """``peftlab nlg-score``: any system's E2E-style outputs scored as the official E2E NLG Challenge script scores them.
 
-Reads the script's (tuetschek/e2e-metrics ``measure_scores.py``) plain-text formats, as it reads them:
-
-* ``--refs``: one reference per line, the references of consecutive instances separated by a blank line; a
-  file without any blank line holds one reference per instance (the script's single-reference case). Every
-  line is stripped. Blank lines at the end are ignored; two blank lines in a row (an instance with no
-  reference, on which the script fails) are an error. An E2E CSV (``.csv``, header ``mr,ref``, as
-  ``testset_w_refs.csv``) is read as the script reads it: consecutive rows with the same MR are one
-  instance, with the script's fixes of mis-encoded ``£`` and ``é``.
-* ``--hyps``: one output per line, stripped; a blank line is an empty output (the script counts it too).
-
-and prints the script's five numbers in its format (``--json``: full precision, with how each was computed
-and what is missing) from :func:`peftlab.tasks.nlg_metrics.corpus_scores`. Files that do not fit (missing,
-empty, not UTF-8, different instance counts) exit 2 with one line.
+Reads the script's formats as it reads them: ``--refs``, one reference per line with a blank line between
+instances (no blank line at all: one reference per instance), or an E2E ``.csv`` (consecutive rows with the same
+MR are one instance, with the script's repairs of mis-encoded ``£`` and ``é``); ``--hyps``, one output per line
+(a blank line is an empty output). Prints the script's five numbers in its format (``--json``: full precision,
+how each was computed, what is missing).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""Task pipelines: the data a run trains on and how it is evaluated, by task kind.
+"""Task pipelines: the data a run trains on and how it is evaluated (GLUE's and the labelled data's builders here).
 
-A :class:`Pipeline` is what the training loop needs from a task and nothing more: a tokenised training set
-(with a ``length`` column for length-grouped batching), a collator, and an ``evaluate(model, accelerator, tag)``
-function returning an :class:`Evaluation` (a flat metric dict, plus extras for result.json such as the
-generation files it wrote). ``tag`` says which evaluation it is: ``before`` (before fine-tuning), ``epoch<N>``
-(after epoch N), ``step<N>`` (after optimizer step N, ``--eval-steps``) or ``evaluate`` (``peftlab evaluate`` of a
-saved run); a task that writes files names them by it. ``train_examples_digest`` identifies the raw training
-examples the run draws (:func:`train_examples_digest`). Classification/regression (GLUE) lives here;
-the user's own labelled data (classify, regress) in :mod:`peftlab.tasks.labelled_data`; instruction tuning
-(GSM8K, Alpaca, JSON) in :mod:`peftlab.tasks.instructions`. Add a task kind by adding a
-builder ``(cfg, tokenizer, model) -> Pipeline`` to ``BUILDERS``.
+A :class:`Pipeline` is what the training loop needs from a task: a tokenised training set (with ``length`` for
+length-grouped batching), a collator and ``evaluate(model, accelerator, tag) -> Evaluation``. ``tag`` names the
+evaluation (``before``, ``epoch<N>``, ``step<N>``, ``test``, ``evaluate``); a task that writes files names them by
+it. :data:`BUILDERS` maps ``Task.pipeline`` to its builder ``(cfg, tokenizer, model, task) -> Pipeline``.
 """
 
 from __future__ import annotations
@@ -168,7 +162,7 @@ def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
     """GLUE: the training subset, the dev set (the *test* split when ``--selection-samples`` carves a
     selection split out of the training data, else the split that chooses and reports) and its metrics."""
     from peftlab.tasks import batching, data_files as data
-    from peftlab.tasks.metrics import chance_level
+    from peftlab.tasks.metrics import chance_level, compute_metrics
 
     cache_prefix = f"{cfg.model}"
     pool = data.load_split(task, "train", cfg.data_dir)
@@ -188,7 +182,7 @@ def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
         raw = data.subset(data.load_split(task, split, cfg.data_dir), cfg.max_eval_samples, cfg.eval_seed)
         evals[split] = (raw, batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task,
                                                cache_key=f"{cache_prefix}-{split}"))
-    collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    collate = batching.Collator(tokenizer, cfg.pad_to_max, cfg.max_length)
     # Say in result.json which data was used: a 10k subset is never passed off as the full task.
     kinds = {s.dataset if s is not None else "hub" for s in sources.values()}
     extras.update({
@@ -203,7 +197,8 @@ def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
         selection = Selection(batching.tokenize(selection_raw, tokenizer, cfg.max_length, task=cfg.task,
                                                 cache_key=f"{cache_prefix}-selection"),
                               chance_level(task.kind, task.primary_metric, selection_raw["label"], task.num_labels))
-    evaluate = glue_evaluate(cfg, task, evals, selection, collate)
+    evaluate = label_evaluate(cfg, lambda logits, labels: compute_metrics(task, logits, labels), evals, selection,
+                              collate)
     return Pipeline(train, collate, evaluate, task.primary_metric, chance,
                     num_eval_examples=sum(len(t) for _, t in evals.values()), extras=extras,
                     eval_sets={split: raw for split, (raw, _) in evals.items()},
@@ -219,15 +214,14 @@ class Selection:
     chance: float
 
 
-def glue_evaluate(cfg, task: Task, evals: dict, selection: Selection | None, collate) -> Callable:
-    """GLUE's ``evaluate(model, accelerator, tag)``: the dev metrics under their plain names (MNLI: per split and
-    their mean). With a selection split, every evaluation during training scores it alone (``selection_<name>``)
-    and the dev set becomes the test split, scored once, by the ``test`` evaluation at the end of the run."""
-    from peftlab.tasks.metrics import compute_metrics
+def label_evaluate(cfg, metrics: Callable, evals: dict, selection: Selection | None, collate) -> Callable:
+    """A classifier's or regressor's ``evaluate(model, accelerator, tag)``: ``metrics(logits, labels)`` of the dev
+    set under their plain names (MNLI: per split and their mean). With a selection split, every evaluation during
+    training scores it alone (``selection_<name>``) and the dev set becomes the test split, scored once, by the
+    ``test`` evaluation at the end of the run."""
 
     def scores(model, accelerator, tokenised) -> dict[str, float]:
-        logits, labels = gather_predictions(model, accelerator, tokenised, collate, cfg.eval_batch_size)
-        return compute_metrics(task, logits, labels)
+        return metrics(*gather_predictions(model, accelerator, tokenised, collate, cfg.eval_batch_size))
 
     @torch.no_grad()
     def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: GLUE writes no files
@@ -271,16 +265,10 @@ def build_labelled(cfg, tokenizer, model, task: Task) -> Pipeline:
     eval_raw = data.subset(loaded.eval, cfg.max_eval_samples, cfg.eval_seed)
     train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-train")
     evals = batching.tokenize(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-eval")
-    collate = batching.make_collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    collate = batching.Collator(tokenizer, cfg.pad_to_max, cfg.max_length)
     chance = chance_level(kind, cfg.metric, eval_raw["label"][:], labels.num_labels)
-
-    @torch.no_grad()
-    def evaluate(model, accelerator, tag: str) -> Evaluation:  # tag: writes no files
-        model.eval()
-        logits, gold = gather_predictions(model, accelerator, evals, collate, cfg.eval_batch_size)
-        model.train()
-        return Evaluation(compute_label_metrics(kind, logits, gold, labels.num_labels))
-
+    evaluate = label_evaluate(cfg, lambda logits, gold: compute_label_metrics(kind, logits, gold, labels.num_labels),
+                              {"validation": (eval_raw, evals)}, None, collate)
     extras = {"dataset": loaded.dataset, "data_files": dict(loaded.sources), "task_label": task_label(cfg.to_dict()),
               "eval_examples_digest": examples_digest({"validation": eval_raw})}
     if loaded.heldout:

@@ -1,14 +1,10 @@
 """The task table: every task peftlab can train, registered once as a :class:`Task`.
 
-A task's row says everything the code needs to know about it: its kind and head, labels, metrics (and so its
-chance level), its files (GLUE: the TSV layout, the 10k subsets), the pipeline that builds its data and scores it
-(``pipeline``: a key of :data:`peftlab.tasks.prepare.BUILDERS`) and its defaults. Code takes the ``Task`` (resolved
-once from the name, :func:`task`), never branches on a task's name; ``config.TaskName`` is read off this table,
-which is why it is torch-free and imports nothing of peftlab at module level.
-
-GLUE tasks are sequence classification (STS-B: regression); ``gsm8k``, ``alpaca`` and ``json`` are
-instruction tasks for causal LMs; ``commonsense``, ``math`` and ``e2e`` are causal-LM tasks scored on generated
-text (each its own pipeline). A GLUE-style task is one row here (with its ``TsvLayout``).
+A task's row says everything the code needs to know about it: kind and head, labels, metrics (and so its chance
+level), files, the pipeline that builds its data and scores it (a key of :data:`peftlab.tasks.prepare.BUILDERS`)
+and its defaults. Code takes the ``Task`` (resolved once from the name, :func:`task`), never branches on a task's
+name. ``config.TaskName`` is read off this table, which is why it is torch-free and imports nothing of peftlab at
+module level.
 """
 
 from __future__ import annotations

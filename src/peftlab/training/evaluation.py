@@ -88,7 +88,7 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
         adapter = _check_adapter_matches(Path(adapter), cfg, run_dir)
     task = registered_task(cfg.task)
     # The head as the run saved it (labels.json: a user task's classes), else as its task defines it.
-    labels = head_labels(cfg, saved=saved_head_labels(adapter or run_dir / "adapter"))
+    labels = head_labels(cfg, task, saved=saved_head_labels(adapter or run_dir / "adapter"))
     loaded = load_model_with_pooling(cfg.model, head=task.head, num_labels=labels.num_labels, seed=cfg.seed,
                                      trust_remote_code=cfg.trust_remote_code, pooling=cfg.pooling)
     loaded.model.config.update(labels.config_values())  # id2label/label2id: predict and export name the classes

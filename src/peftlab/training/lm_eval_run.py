@@ -280,7 +280,7 @@ def score_run(model, tokenizer, cfg, result: dict, out_dir: Path, names: list[st
               write: bool = True) -> dict:
     """The harness on a run's model, recorded in its result.json (and its items in
     ``lm_eval_samples_<tag>.jsonl``) unless not ``write``; returns the updated result."""
-    from peftlab.tasks.generative import ensure_pad_token
+    from peftlab.tasks.instructions import ensure_pad_token
 
     ensure_pad_token(cfg, tokenizer)
     section = run_harness(model, tokenizer, names, data_dir=cfg.data_dir, batch_size=cfg.eval_batch_size,

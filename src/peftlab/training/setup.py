@@ -115,7 +115,7 @@ def build(cfg: TrainConfig, out: Path) -> Built:
     from peftlab.tasks.table import task as registered_task
 
     task = registered_task(cfg.task)  # resolved here once; the pipeline carries it on (Run.pipeline.task)
-    labels = head_labels(cfg)  # a user task's classes come from its data: read and checked before anything loads
+    labels = head_labels(cfg, task)  # a user task's classes come from its data: read and checked before anything loads
     load_start = time.perf_counter()
     if not sys.stderr.isatty():  # in a log, transformers' "Loading weights" bar is redrawn frames, not progress
         from transformers.utils import logging as hf_logging
