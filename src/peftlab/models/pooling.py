@@ -1,24 +1,12 @@
 """Which token representation feeds an encoder's classification head: ``native`` or ``mean``.
 
-BERT-style sequence classifiers pool by taking the first token ([CLS]) through ``pooler.dense`` + tanh.
-Sentence-transformers checkpoints (all-MiniLM-L6-v2, our ``minilm-l6``) were trained with *mean* pooling and
-say so in ``1_Pooling/config.json``: their [CLS] output was never trained to summarise the input, and
-MiniLM's shipped pooler maps every input to nearly the same vector. On RTE, the two poolings gave the same
-accuracy within seed noise (docs/RESULTS.md), so the default follows the checkpoint's training, not a
-measured gain.
-
-RoBERTa-style heads (RoBERTa, MPNet: ``classifier.dense`` + ``classifier.out_proj`` reading the first
-token, no pooler) get mean pooling by a forward hook on the encoder that puts the masked mean of the tokens
-in the first position, the one the head reads (our ``mpnet-base``, all-mpnet-base-v2, declares mean).
-
-``--pooling auto`` (default) uses the checkpoint's declared sentence-transformers pooling when it is
-``mean`` and the architecture supports it (a BERT-style pooler or a RoBERTa-style first-token head), else
-``native``, the architecture's own pooling.
-(Only local folders are inspected: a Hub id resolves to ``native`` unless ``--pooling mean`` is given.) The
-pooler's ``dense`` layer keeps its name and weights, so heads, adapters and saved files are unchanged;
-only the tokens it reads change. result.json records the resolved pooling; ``peftlab evaluate`` resolves
-the saved config's ``pooling`` the same way, so it rebuilds the same model.
-"""
+Sentence-transformers checkpoints (``minilm-l6``, ``mpnet-base``) were trained with *mean* pooling and declare it
+in ``1_Pooling/config.json``: their [CLS] output was never trained to summarise the input. ``--pooling auto``
+(default) uses the declared pooling when it is ``mean`` and the architecture supports it, else ``native`` (only
+local folders are inspected). Mean pooling is a forward hook on the encoder: for a BERT-style pooler the pooled
+output is recomputed from the masked token mean with the pooler's own layer; for a RoBERTa-style first-token head
+the mean is written into token 0. Parameter names and saved files are unchanged; ``peftlab evaluate`` resolves the
+saved config's ``pooling`` the same way, so it rebuilds the same model."""
 
 from __future__ import annotations
 
