@@ -11,6 +11,8 @@ import json
 import time
 from dataclasses import dataclass
 
+from tqdm.auto import tqdm
+
 from peftlab.io_utils import atomic_write_text
 from peftlab.tasks.prepare import BEFORE_TAG, epoch_tag, merge_extras, step_tag
 from peftlab.training import run_folder as runfiles
@@ -66,20 +68,18 @@ def run_epoch(run: Run, plan: Plan) -> bool:
     loader = run.train_loader
     if state.step_in_epoch:  # resuming mid-epoch: the same batches, minus those already done
         loader = run.accelerator.skip_first_batches(run.train_loader, state.step_in_epoch)
-    progress = progress_bar(run.main, plan.steps_per_epoch, state.step_in_epoch,
-                            f"epoch {state.epoch + 1}/{plan.epochs}")
     start = time.perf_counter()  # the epoch's wall time: steps plus batch loading and collation
     state.in_epoch = True  # until the epoch's end: a divergence or failure mid-epoch counts it in epochs_run
-    try:
+    # The bar on a terminal only (disable=None): in a log (CI, nohup, a sweep's worker) the epoch's one printed line
+    # is its progress, not thousands of redrawn frames.
+    with tqdm(total=plan.steps_per_epoch, initial=state.step_in_epoch, desc=f"epoch {state.epoch + 1}/{plan.epochs}",
+              dynamic_ncols=True, leave=False, disable=None if run.main else True) as progress:
         for batch in loader:
             result = train_step(run, batch, plan.trainable)
             if result is None:
                 return False
             if after_step(run, plan, result, progress):  # --max-steps: this (maybe partial) epoch is the last
                 break
-    finally:
-        if progress is not None:
-            progress.close()
     state.add_time("train_s", time.perf_counter() - start)
     return True
 
@@ -89,8 +89,8 @@ def after_step(run: Run, plan: Plan, result: StepResult, progress) -> bool:
     --max-steps."""
     state, cfg = run.state, run.cfg
     state.count_batch(result)
-    if progress is not None:
-        progress.update(1)
+    progress.update(1)
+    if not progress.disable:
         progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{run.scheduler.get_last_lr()[0]:.2e}",
                              ex_s=f"{result.examples / result.seconds:.1f}")
     log_step(run, result)
@@ -220,15 +220,3 @@ def checkpoint(run: Run) -> None:
 
 def format_metrics(metrics: dict) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-
-
-def progress_bar(enabled: bool, total: int, initial: int, desc: str):
-    """The epoch's bar, on a terminal only: in a log (CI, nohup, a sweep's worker) the epoch's one printed line is
-    its progress, not thousands of redrawn frames."""
-    import sys
-
-    if not enabled or not sys.stderr.isatty():
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False)

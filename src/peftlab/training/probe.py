@@ -27,7 +27,6 @@ from peftlab.resolve import resolve_config
 from peftlab.training.curvature import Solve, require_extra, top_eigenvalues
 
 PROBE_SCHEMA = 1
-KINDS = ("raw_init", "raw_after_adam", "preconditioned")
 KIND_LABELS = {"raw_init": "raw Hessian at init", "raw_after_adam": "raw Hessian after the Adam steps",
                "preconditioned": "Adam-preconditioned Hessian after the Adam steps"}
 # rate = c / lambda_max per kind of curvature: c fitted on docs/study/lambda/results.sqlite (LoRA {q,v},
