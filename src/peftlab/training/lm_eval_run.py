@@ -39,17 +39,25 @@ _PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 @contextmanager
 def offline():
     """No network for whatever runs inside: the variables, and the constants the hub and datasets read them into
-    at import."""
+    at import. (Only these two variables are restored: os.environ is never cleared under other threads.)"""
     import datasets.config
     import huggingface_hub.constants as hub
 
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    with ExitStack() as stack:
-        stack.enter_context(mock.patch.dict(os.environ, dict.fromkeys(names, "1")))
-        stack.enter_context(mock.patch.object(hub, "HF_HUB_OFFLINE", True))
-        for name in names:
-            stack.enter_context(mock.patch.object(datasets.config, name, True))
-        yield
+    saved_env = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, "1"))
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(mock.patch.object(hub, "HF_HUB_OFFLINE", True))
+            for name in names:
+                stack.enter_context(mock.patch.object(datasets.config, name, True))
+            yield
+    finally:
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def draw_samples(definitions, n: int | None, seed: int, data_dir: str | None) -> dict[str, list[int]] | None:
