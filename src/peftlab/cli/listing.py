@@ -5,11 +5,6 @@ from __future__ import annotations
 import json
 
 
-def add_parser(sub) -> None:
-    add_models_parser(sub)
-    add_methods_parser(sub)
-
-
 def add_models_parser(sub) -> None:
     parser = sub.add_parser("models", help="list registered models and whether each is installed")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

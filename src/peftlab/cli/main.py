@@ -1,14 +1,6 @@
-"""``peftlab`` command line: a table of subcommands, each module imported only when its subcommand runs.
-
-:data:`SUBCOMMANDS` names every subcommand, the module that implements it and the one-line help that
-``peftlab --help`` lists, so ``peftlab --help`` imports no subcommand module (and neither torch nor
-transformers), and ``peftlab models`` imports only :mod:`peftlab.cli.listing`. The chosen subcommand's module
-registers its full parser (``register(subparsers)``, by default its ``add_parser``), which sets ``func`` on it;
-``func(args)`` returns an exit status. User errors (:class:`PeftlabError`) become one line on stderr and exit
-status 2.
-
-To add a subcommand: write ``add_parser(sub)`` in its module and add one :class:`Subcommand` row here.
-"""
+"""``peftlab`` command line: a table of subcommands, each module imported only when its subcommand runs, so
+``peftlab --help`` imports neither torch nor transformers. A subcommand module's ``add_parser(sub)`` (or the row's
+``register``) sets ``func``, which returns an exit status; a :class:`PeftlabError` becomes one line, exit 2."""
 
 from __future__ import annotations
 
@@ -19,6 +11,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 
+from peftlab import __version__
 from peftlab.errors import USER_ERROR_EXIT, PeftlabError, closest
 
 
@@ -86,7 +79,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         prog="peftlab",
         description="Attention-targeted parameter-efficient fine-tuning lab (Yao et al. lambda, KaSA, baselines).",
     )
-    parser.add_argument("--version", action="version", version=f"peftlab {_version()}")
+    parser.add_argument("--version", action="version", version=f"peftlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for entry in SUBCOMMANDS:
         if entry.name == command:
@@ -94,15 +87,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         else:
             sub.add_parser(entry.name, help=entry.help)
     return parser
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("peftlab")
-    except PackageNotFoundError:  # run from a source tree without installing
-        return "unknown (not installed)"
 
 
 def _unknown_flags(parser: argparse.ArgumentParser, args, extra: list[str]) -> PeftlabError:

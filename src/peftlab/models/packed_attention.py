@@ -1,23 +1,11 @@
 """Attention over each example of a packed row on its own (``--packing``): the CPU's stand-in for flash-attention's
 variable-length kernel, which is CUDA-only.
 
-A packed row (:class:`peftlab.tasks.batching.PackingCollator`) holds several examples back to back. transformers
-keeps them apart with a block-diagonal causal mask (``masking_utils.create_causal_mask``, from the restarting
-``position_ids``), but SDPA then computes the scores of the whole row, (sum of lengths)² per head, most of them
-masked; padding to the longest costs only batch x longest². :func:`packed_sdpa_attention` runs
-transformers' own ``sdpa_attention_forward`` once per example instead, causal, on the example's slice of the
-row (the boundaries are the collator's ``cu_seq_lens_q``), which is the sum of the examples' own squares, what
-the padded batch's real tokens cost. Without those boundaries (an evaluation or generation batch, padded, with its
-mask) it is plain SDPA, so a model switched to it evaluates and generates as before. Under ``--compile`` the
-per-example loop (:func:`attend_each_example`) runs eagerly between the compiled graphs: a graph break in each
-layer, never a recompile per batch (its loop depends on the row's boundaries).
-
-:func:`use_packed_attention` switches a model that runs SDPA to it (``model.set_attn_implementation``; the setting
-is not saved with the model's config), registering it first with transformers' ``AttentionInterface`` and, for
-the masks of unpacked batches, SDPA's mask function. Left alone: models on another attention (flash-attention
-handles packed rows natively; eager is the user's choice) and sliding-window attention (a window inside a long
-example would be lost); their packed rows keep transformers' block-diagonal mask.
-"""
+transformers keeps a packed row's examples apart with a block-diagonal causal mask, but SDPA then computes the
+scores of the whole row ((sum of lengths)² per head). :func:`packed_sdpa_attention` runs transformers' own
+``sdpa_attention_forward`` once per example instead (the boundaries are the collator's ``cu_seq_lens_q``); without
+them (evaluation, generation) it is plain SDPA. It is registered with transformers' ``AttentionInterface``; models
+on another attention, or with a sliding window, keep the block-diagonal mask."""
 
 from __future__ import annotations
 

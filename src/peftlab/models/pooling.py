@@ -1,24 +1,12 @@
 """Which token representation feeds an encoder's classification head: ``native`` or ``mean``.
 
-BERT-style sequence classifiers pool by taking the first token ([CLS]) through ``pooler.dense`` + tanh.
-Sentence-transformers checkpoints (all-MiniLM-L6-v2, our ``minilm-l6``) were trained with *mean* pooling and
-say so in ``1_Pooling/config.json``: their [CLS] output was never trained to summarise the input, and
-MiniLM's shipped pooler maps every input to nearly the same vector. On RTE, the two poolings gave the same
-accuracy within seed noise (docs/RESULTS.md), so the default follows the checkpoint's training, not a
-measured gain.
-
-RoBERTa-style heads (RoBERTa, MPNet: ``classifier.dense`` + ``classifier.out_proj`` reading the first
-token, no pooler) get mean pooling by a forward hook on the encoder that puts the masked mean of the tokens
-in the first position, the one the head reads (our ``mpnet-base``, all-mpnet-base-v2, declares mean).
-
-``--pooling auto`` (default) uses the checkpoint's declared sentence-transformers pooling when it is
-``mean`` and the architecture supports it (a BERT-style pooler or a RoBERTa-style first-token head), else
-``native``, the architecture's own pooling.
-(Only local folders are inspected: a Hub id resolves to ``native`` unless ``--pooling mean`` is given.) The
-pooler's ``dense`` layer keeps its name and weights, so heads, adapters and saved files are unchanged;
-only the tokens it reads change. result.json records the resolved pooling; ``peftlab evaluate`` resolves
-the saved config's ``pooling`` the same way, so it rebuilds the same model.
-"""
+Sentence-transformers checkpoints (``minilm-l6``, ``mpnet-base``) were trained with *mean* pooling and declare it
+in ``1_Pooling/config.json``: their [CLS] output was never trained to summarise the input. ``--pooling auto``
+(default) uses the declared pooling when it is ``mean`` and the architecture supports it, else ``native`` (only
+local folders are inspected). Mean pooling is a forward hook on the encoder: for a BERT-style pooler the pooled
+output is recomputed from the masked token mean with the pooler's own layer; for a RoBERTa-style first-token head
+the mean is written into token 0. Parameter names and saved files are unchanged; ``peftlab evaluate`` resolves the
+saved config's ``pooling`` the same way, so it rebuilds the same model."""
 
 from __future__ import annotations
 
@@ -50,28 +38,25 @@ def declared_pooling(source: str | Path | None) -> str | None:
     return None
 
 
-def _encoder_with_pooler(model: nn.Module) -> nn.Module | None:
-    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    pooler = getattr(base, "pooler", None)
-    if pooler is None or not isinstance(getattr(pooler, "dense", None), nn.Linear) or not hasattr(pooler, "activation"):
-        return None
-    return base
+def _encoder(model: nn.Module) -> nn.Module | None:
+    return getattr(model, getattr(model, "base_model_prefix", ""), None)
 
 
-def _encoder_with_first_token_head(model: nn.Module) -> nn.Module | None:
+def _pooler(model: nn.Module) -> nn.Module | None:
+    """A BERT-style pooler: ``dense`` + ``activation`` on [CLS]."""
+    pooler = getattr(_encoder(model), "pooler", None)
+    return pooler if isinstance(getattr(pooler, "dense", None), nn.Linear) and hasattr(pooler, "activation") else None
+
+
+def _first_token_head(model: nn.Module) -> bool:
     """RoBERTa/MPNet classifiers: ``classifier.dense`` + ``classifier.out_proj`` on token 0, no pooler."""
-    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    head = getattr(model, "classifier", None)
-    if base is None or getattr(base, "pooler", None) is not None or head is None:
-        return None
-    if not isinstance(getattr(head, "dense", None), nn.Linear) or not isinstance(getattr(head, "out_proj", None),
-                                                                              nn.Linear):
-        return None
-    return base
+    base, head = _encoder(model), getattr(model, "classifier", None)
+    return (base is not None and getattr(base, "pooler", None) is None
+            and all(isinstance(getattr(head, name, None), nn.Linear) for name in ("dense", "out_proj")))
 
 
 def supports_mean(model: nn.Module) -> bool:
-    return _encoder_with_pooler(model) is not None or _encoder_with_first_token_head(model) is not None
+    return _pooler(model) is not None or _first_token_head(model)
 
 
 def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -81,60 +66,32 @@ def masked_mean(hidden_states: torch.Tensor, mask: torch.Tensor | None) -> torch
     return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
 
 
-def _attention_mask(args, kwargs):
-    """The attention mask an encoder's forward hook sees: by keyword, or BertModel.forward(input_ids, mask, ...)."""
-    mask = kwargs.get("attention_mask")
-    return args[1] if mask is None and len(args) > 1 else mask
-
-
-def _mean_into_first_token(encoder: nn.Module) -> None:
-    """The head reads token 0: a forward hook on the encoder writes the masked token mean there."""
-
-    def put_mean_first(module, args, kwargs, output):
-        mask = _attention_mask(args, kwargs)
-        hidden = output[0]
-        pooled = masked_mean(hidden, mask)
-        hidden = torch.cat([pooled.unsqueeze(1), hidden[:, 1:]], dim=1)
-        if isinstance(output, tuple):
-            return (hidden,) + tuple(output[1:])
-        output.last_hidden_state = hidden  # ModelOutput keeps output[0] in sync
-        return output
-
-    encoder.register_forward_hook(put_mean_first, with_kwargs=True)
-
-
 def use_mean_pooling(model: nn.Module) -> None:
-    """Switch a BERT-style or RoBERTa-style classifier to masked mean pooling, in place."""
-    first_token = _encoder_with_first_token_head(model)
-    if first_token is not None:
-        _mean_into_first_token(first_token)
-        return
-    encoder = _encoder_with_pooler(model)
-    if encoder is None:
+    """Switch a BERT-style or RoBERTa-style classifier to masked mean pooling, in place: a forward hook on the
+    encoder (which sees the attention mask the pooler never gets) writes the masked token mean into token 0 for a
+    first-token head, or recomputes ``pooler_output`` from it with the pooler's own dense layer and activation."""
+    first_token = _first_token_head(model)
+    if not first_token and _pooler(model) is None:
         raise PeftlabError(f"--pooling mean needs a BERT-style pooler or a RoBERTa-style head; "
                            f"{type(model).__name__} has neither", fix="use --pooling native (or auto)")
-    _mean_through_pooler(encoder)
-
-
-def _mean_into_pooler_output(pooler: nn.Module, mask, output):
-    """The encoder's output with ``pooler_output`` = tanh(dense(masked token mean)) (BERT's pooler on the mean)."""
-    pooled = pooler.activation(pooler.dense(masked_mean(output[0], mask)))
-    if isinstance(output, tuple):
-        return (output[0], pooled) + tuple(output[2:])
-    output.pooler_output = pooled  # ModelOutput keeps output[1] in sync
-    return output
-
-
-def _mean_through_pooler(encoder: nn.Module) -> None:
-    """A BERT-style encoder's pooler reads [CLS]: a forward hook on the encoder, which sees the attention mask
-    the pooler never gets, recomputes the pooled output from the masked token mean with the pooler's own dense
-    layer and activation (their parameters and names unchanged; the pooler's [CLS] product it replaces is one
-    batch x hidden x hidden matmul)."""
 
     def pool_mean(module, args, kwargs, output):
-        return _mean_into_pooler_output(module.pooler, _attention_mask(args, kwargs), output)
+        mask = kwargs.get("attention_mask")
+        mask = args[1] if mask is None and len(args) > 1 else mask  # BertModel.forward(input_ids, mask, ...)
+        pooled = masked_mean(output[0], mask)
+        if first_token:
+            hidden = torch.cat([pooled.unsqueeze(1), output[0][:, 1:]], dim=1)
+            if isinstance(output, tuple):
+                return (hidden,) + tuple(output[1:])
+            output.last_hidden_state = hidden  # ModelOutput keeps output[0] in sync
+            return output
+        pooled = module.pooler.activation(module.pooler.dense(pooled))
+        if isinstance(output, tuple):
+            return (output[0], pooled) + tuple(output[2:])
+        output.pooler_output = pooled  # ModelOutput keeps output[1] in sync
+        return output
 
-    encoder.register_forward_hook(pool_mean, with_kwargs=True)
+    _encoder(model).register_forward_hook(pool_mean, with_kwargs=True)
 
 
 def resolve(pooling: str, model: nn.Module, source: str | Path | None, head: str) -> str:

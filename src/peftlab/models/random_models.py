@@ -1,11 +1,8 @@
 """Architectures built from a config with random weights: ``tiny-*`` for tests, ``*-random`` for speed benchmarks.
 
-No real weights of RoBERTa-base or Llama-3.1-8B are available offline, and tests need models that build in
-milliseconds. Each entry is data (``AutoConfig.for_model(model_type, **config)``); :mod:`peftlab.models.registry`
-makes a ``ModelSpec`` of it. A random model borrows a real tokenizer (``tokenizer_from``), so its vocabulary is
-that tokenizer's. ``tiny-gpt2``, ``tiny-phi3``, ``tiny-falcon`` and ``tiny-modernbert`` fuse q, k and v into one
-matrix (peftlab splits it for training: :mod:`peftlab.methods.fused_qkv`).
-"""
+Each entry is data (``AutoConfig.for_model(model_type, **config)``) and borrows a real tokenizer
+(``tokenizer_from``). ``tiny-gpt2``, ``tiny-phi3``, ``tiny-falcon`` and ``tiny-modernbert`` fuse q, k and v into
+one matrix (split for training: :mod:`peftlab.methods.fused_qkv`)."""
 
 from __future__ import annotations
 

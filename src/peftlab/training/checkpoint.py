@@ -1,38 +1,19 @@
 """Checkpoints through Accelerate: ``accelerator.save_state`` / ``load_state`` write and restore the trainable
-tensors, the optimizer, the scheduler, the fp16 grad scaler and the RNG states of every process; peftlab adds
-the loop state (:class:`~peftlab.training.state.LoopState`, JSON, one file per process), ``--save best``'s
-weights, and the atomic swap.
-
-A checkpoint folder (Accelerate's file names, then ours)::
-
-    trainable.safetensors      the tensors that train (save_state's model part, through a pre-hook)
-    optimizer.bin, scheduler.bin, scaler.pt (fp16)
-    random_states_<rank>.pkl   Python, NumPy, torch (CUDA) RNG of each process, and Accelerate's step counter
-    state.json                 process 0's loop state (what a reader watching a run sees: global_step, ...)
-    state_<rank>.json          each other process's loop state (its own loss sums, timings)
-    best.safetensors           --save best: the trainable tensors of the best epoch so far
-
-Only the tensors that train are saved: the frozen base (KaSA's truncation, PiSSA/MiLoRA residuals included,
-all deterministic) is rebuilt by setup. The pre-hooks are Accelerate's documented way to replace its model
-saving (:func:`save_only_trainable`).
-
-Atomic: every process writes into ``.checkpoint-new/`` (cleared first); once all have, process 0 swaps it in
-(:func:`swap_in`), so a kill at any moment leaves a complete checkpoint that loads, never half of one.
-Loading runs no pickled code: safetensors, and Accelerate's ``load`` (``torch.load(weights_only=True)``).
-A checkpoint written by a peftlab before this (``training_state.pt`` beside ``trainable.safetensors``; process
-0's RNG only) still resumes: :func:`load_legacy`.
-"""
+tensors (``trainable.safetensors``, through a pre-hook: the frozen base, PiSSA/MiLoRA residuals and KaSA's
+truncation included, is deterministic and rebuilt by setup), the optimizer, the scheduler, the fp16 grad scaler
+and every process's RNG; peftlab adds the loop state (``state.json`` for process 0, ``state_<rank>.json`` for the
+others), ``--save best``'s ``best.safetensors``, and the atomic swap: every process writes into
+``.checkpoint-new/``, then process 0 swaps it in, so a kill at any moment leaves a complete checkpoint. Loading
+runs no pickled code."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from peftlab.errors import PeftlabError
@@ -41,7 +22,7 @@ from peftlab.training.state import LoopState
 
 TRAINABLE_FILE = "trainable.safetensors"
 BEST_WEIGHTS = "best.safetensors"
-LEGACY_TRAINING_STATE = "training_state.pt"  # optimizer, scheduler and RNG before Accelerate's save_state
+LEGACY_TRAINING_STATE = "training_state.pt"  # a checkpoint from before Accelerate's save_state: refused
 
 
 def state_file(process_index: int) -> str:
@@ -137,13 +118,12 @@ def load_checkpoint(run) -> Restored:
 
     ckpt, accelerator = runfiles.checkpoint_dir(run.out), run.accelerator
     if (ckpt / LEGACY_TRAINING_STATE).is_file():
-        load_legacy(ckpt, run)
-        name = runfiles.CHECKPOINT_MARKER  # such a checkpoint kept process 0's loop state only
-    else:
-        check_process_count(ckpt, accelerator.num_processes)
-        accelerator.load_state(str(ckpt))
-        check_rng_restored(ckpt, accelerator.process_index)
-        name = state_file(accelerator.process_index)
+        raise PeftlabError(f"the checkpoint in {ckpt} was written by an earlier peftlab (before Accelerate's "
+                           "save_state) and does not resume", fix="pass --overwrite to start over")
+    check_process_count(ckpt, accelerator.num_processes)
+    accelerator.load_state(str(ckpt))
+    check_rng_restored(ckpt, accelerator.process_index)
+    name = state_file(accelerator.process_index)
     state = LoopState.from_dict(json.loads((ckpt / name).read_text()), where=str(ckpt / name))
     best = ckpt / BEST_WEIGHTS
     return Restored(state, load_file(str(best)) if best.is_file() else None)
@@ -169,20 +149,3 @@ def check_rng_restored(ckpt: Path, process_index: int) -> None:
     if not torch.equal(saved["torch_manual_seed"], torch.get_rng_state()):
         raise PeftlabError(f"the random state of process {process_index} in {ckpt} was not restored",
                            fix="resume with the accelerate version that wrote it, or pass --overwrite")
-
-
-def load_legacy(ckpt: Path, run) -> None:
-    """A checkpoint written before Accelerate's save_state: ``trainable.safetensors``, ``training_state.pt``
-    (optimizer, scheduler, process 0's RNG as plain containers), ``state.json``."""
-    load_trainable(run.accelerator.unwrap_model(run.model), ckpt / TRAINABLE_FILE)
-    training = torch.load(ckpt / LEGACY_TRAINING_STATE, weights_only=True)  # no pickled code runs
-    run.optimizer.load_state_dict(training["optimizer"])
-    run.scheduler.load_state_dict(training["scheduler"])
-    rng = training["rng"]
-    version, internal, gauss = rng["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = rng["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])

@@ -1,39 +1,19 @@
 """``--compile auto|on|off``: ``torch.compile`` of the model for the train step, and the fallback to eager.
 
-What is compiled: the run's prepared model, as the train step calls it (``model(**batch).loss``); AOTAutograd
-compiles its backward with it. The method's extra loss (KaSA's regulariser), the optimizer step (AdamW over the
-per-projection groups, whose learning rates the scheduler changes every step) and the gradient clipping stay
-eager. The compiled module is a view of the run's model (:class:`CompiledTraining` ``.module``: it shares the
-parameters and is used by :mod:`peftlab.training.step` only), so everything else uses the eager module as before:
-the dev evaluations and generation (whose shapes and no-grad mode would compile graphs of their own), ``--save
-best``'s copies, checkpoints and the saved adapter (no state dict ever carries ``_orig_mod.`` prefixes).
+Only the train step's ``model(**batch).loss`` (and its backward, through AOTAutograd) is compiled; the method's
+extra loss, the optimizer step and clipping stay eager. The compiled module is a view sharing the run's parameters
+(:class:`CompiledTraining` ``.module``), so evaluation, generation, checkpoints and the saved adapter use the eager
+module (no ``_orig_mod.`` prefixes, no graphs for no-grad shapes). ``dynamic=True``: length-grouped batches change
+their padded length every batch, so the graph is traced with symbolic dimensions once (``tests/test_compile.py``
+counts the graphs). Inductor's ``fallback_random``: dropout draws its masks from torch's generator, so a compiled
+run trains on the masks of its eager twin (and resumes from a checkpoint's RNG the same way).
 
-How it compiles (:func:`compile_for_training`):
-
-* ``dynamic=True``: length-grouped batches change their padded length every batch (and the last batch its row
-  count), so the graph is traced with symbolic batch and length dimensions once, instead of once per shape
-  (dynamo would otherwise retrace at the second shape, and per shape for graphs behind a graph break such as
-  DoRA's). Only a dimension of size 1 is specialised (dynamo's 0/1 rule): a batch of one row or one token
-  compiles one more graph. ``tests/test_compile.py`` counts the graphs of a length-grouped run.
-* inductor (C++ through the system compiler on a CPU) with ``fallback_random``: dropout draws its masks with the
-  eager ops from torch's generator instead of inductor's own random stream, so a compiled run trains on the
-  masks its eager twin draws (the same experiment: equal loss curves within float tolerance; a checkpoint's RNG
-  state resumes it the same way).
-* ``--packing``'s per-example attention (:mod:`peftlab.models.packed_attention`) loops over a data-dependent
-  number of examples; it runs eagerly between compiled graphs (``torch.compiler.disable``: a graph break per
-  layer, not a recompile per batch).
-
-Failure: compilation happens at the first call. When the first compiled step fails in any way (dynamo cannot
-trace the method, inductor or the C++ compiler fails, ...) the run prints one line and trains eagerly from that
-very batch: its gradients are cleared and torch's RNG restored first, so the eager retry is exactly the step an
-eager run makes. A compile error at a later step (a new shape, e.g. a batch of one) falls back the same way when
-no gradient of the accumulation window is pending; otherwise it is raised (the run fails and can resume, with
-``--compile off`` if need be: the key may change on ``--resume``). result.json ``compile`` records the choice,
-the fallback and the graphs compiled.
-
-``auto`` (:func:`choose`): compile when the run's optimizer steps reach the break-even measured on this device
-type (:data:`AUTO_BREAK_EVEN_STEPS`: the steps after which the per-step gain has paid for the compile time).
-Until ``python benchmarks/against_trainer.py --compile`` has measured it on a device type, auto stays eager there.
+When a compiled step fails (dynamo cannot trace the method, the C++ compiler fails, ...) the run prints one line
+and trains eagerly from that very batch, its gradients cleared and torch's RNG restored first; a compile error at a
+later step falls back the same way unless a gradient of the accumulation window is pending (then it is raised, and
+the run resumes, with ``--compile off`` if need be). result.json ``compile`` records the choice, the fallback and
+the graphs compiled. ``auto`` compiles when the run's optimizer steps reach the break-even measured on its device
+type (:data:`AUTO_BREAK_EVEN_STEPS`, by ``python benchmarks/against_trainer.py --compile``).
 """
 
 from __future__ import annotations
@@ -47,24 +27,20 @@ import torch
 
 T = TypeVar("T")
 
-COMPILE_CHOICES = ("auto", "on", "off")
 BACKEND = "inductor"  # torch.compile's backend (tests swap in "aot_eager": the same tracing without C++ builds)
+INDUCTOR_OPTIONS = {"fallback_random": True}  # dropout masks from torch's generator, as in eager (module doc)
+
+# `--compile auto`: from how many optimizer steps a run compiles, per device type (docs/BENCHMARKS.md, "Compiled
+# training steps"). None: not measured there yet, so auto trains eagerly (a compile that costs more than it saves
+# must not be a default). math.inf: the compiled step is no faster. CPU: on a 2-core AMD EPYC (AVX-512, no AMX),
+# torch 2.13, the compiled step ran 0.99x-1.03x eager after a 23-25 s compile: within noise of no gain.
+AUTO_BREAK_EVEN_STEPS: dict[str, float | None] = {"cpu": math.inf, "cuda": None}
+BREAK_EVEN_SOURCE = "docs/BENCHMARKS.md, \"Compiled training steps\""
 
 
 def backend_name() -> str:
     """BACKEND as result.json records it: torch.compile also takes a callable backend, which JSON cannot hold."""
     return BACKEND if isinstance(BACKEND, str) else getattr(BACKEND, "__name__", type(BACKEND).__name__)
-INDUCTOR_OPTIONS = {"fallback_random": True}  # dropout masks from torch's generator, as in eager (module doc)
-
-# `--compile auto`: from how many optimizer steps a run compiles, per device type: the break-even of the compile
-# time against the per-step gain, measured by `python benchmarks/against_trainer.py --compile` (MiniLM-L6, LoRA q,v,
-# batch 32: docs/BENCHMARKS.md, "Compiled training steps"). None: not measured on that device type yet, so auto
-# trains eagerly there (a compile that costs more than it saves must not be a default). math.inf: measured, and
-# the compiled step is no faster than the eager one, so no run is long enough. CPU: measured on a 2-core AMD EPYC
-# (AVX-512, no AMX), torch 2.13: compiled step 0.99x eager on RTE and 1.03x on MRPC (474 steps to break even), after a
-# 23-25 s compile: within noise of no gain, so auto stays eager on CPU.
-AUTO_BREAK_EVEN_STEPS: dict[str, float | None] = {"cpu": math.inf, "cuda": None}
-BREAK_EVEN_SOURCE = "docs/BENCHMARKS.md, \"Compiled training steps\""
 
 
 @dataclass(frozen=True)
@@ -87,11 +63,9 @@ def choose(requested: str, device_type: str, optimizer_steps: int) -> CompileCho
     if math.isinf(break_even):
         return CompileChoice(False, f"auto: a compiled step measured no faster than an eager one on {device_type} "
                                     f"({BREAK_EVEN_SOURCE}); --compile on forces it")
-    if optimizer_steps < break_even:
-        return CompileChoice(False, f"auto: {optimizer_steps} optimizer steps < {break_even}, the break-even "
-                                    f"measured on {device_type} ({BREAK_EVEN_SOURCE})")
-    return CompileChoice(True, f"auto: {optimizer_steps} optimizer steps >= {break_even}, the break-even measured "
-                               f"on {device_type} ({BREAK_EVEN_SOURCE})")
+    enough = optimizer_steps >= break_even
+    return CompileChoice(enough, f"auto: {optimizer_steps} optimizer steps {'>=' if enough else '<'} {break_even}, "
+                                 f"the break-even measured on {device_type} ({BREAK_EVEN_SOURCE})")
 
 
 def compiled_graphs() -> int:
@@ -175,9 +149,9 @@ def guarded_step(compiled: CompiledTraining | None, work: Callable[[], T], train
     run again eagerly, after one line through ``say``. The first call's seconds are kept (``first_step_s``)."""
     if compiled is None:
         return work()
-    start = time.perf_counter() if compiled.first_step_s is None else None
+    start = time.perf_counter()
     result = _attempt(compiled, work, trainable, clear, say)
-    if start is not None:
+    if compiled.first_step_s is None:
         compiled.first_step_s = time.perf_counter() - start
     return result
 

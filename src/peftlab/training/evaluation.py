@@ -1,27 +1,14 @@
-"""What ``peftlab evaluate`` runs (its command: :mod:`peftlab.training.evaluate_cli`): load a saved run's adapter
-onto a fresh base model and evaluate it.
-
-Reads the run's ``config.yaml`` for model and task, attaches ``adapter/`` (peft safetensors, or the full-FT
-tensors) with :func:`peftlab.methods.saving.load_trained` (pickles refused unless ``--allow-pickle``), optionally
-merges it, and evaluates on the task's dev split. This is also the check that a saved adapter reproduces
-the trained model: its metrics equal the run's final metrics.
-"""
+"""What ``peftlab evaluate`` runs: a saved run's adapter on a fresh base model (:func:`load_run`, shared with predict
+and export), evaluated on its task's dev split. Its metrics equal the run's final ones: the check that a saved
+adapter reproduces the trained model."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from peftlab.config import ROLES
 from peftlab.errors import PeftlabError
-
-
-def _recorded_precision(run_dir: Path) -> str | None:
-    try:
-        return json.loads((run_dir / "result.json").read_text()).get("mixed_precision")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 # What an adapter was trained for must be what the run evaluates: another task's head, another model's
@@ -75,6 +62,7 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
     from peftlab.tasks.labelled_data import head_labels
     from peftlab.tasks.table import task as registered_task
     from peftlab.training.devices import resolve_precision
+    from peftlab.training.run_folder import read_result
 
     run_dir = Path(run_dir)
     config_file = run_dir / "config.yaml"
@@ -98,7 +86,7 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
         model = merged(model)
     # The precision the run was trained and scored with (result.json), so the number is reproduced;
     # a run without one (older, or killed before its result) resolves the saved config's setting again.
-    recorded = _recorded_precision(run_dir)
+    recorded = (read_result(run_dir) or {}).get("mixed_precision")
     precision = recorded or resolve_precision(cfg.mixed_precision, sum(p.numel() for p in model.parameters()))[0]
     return LoadedRun(cfg, task, model, loaded.tokenizer, precision, loaded.pooling, labels.names)
 

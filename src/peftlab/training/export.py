@@ -1,16 +1,9 @@
 """``peftlab export RUN_DIR --merged OUT_DIR``: a trained run as a standard transformers model folder.
 
-The run is rebuilt as ``peftlab evaluate`` does, the adapter is merged into the weights (full fine-tuning
-needs no merge), and the model and its tokenizer are written with ``save_pretrained`` into a staging folder.
-Before that folder is renamed to ``OUT_DIR``, it is loaded back with plain
-``AutoModelForSequenceClassification`` / ``AutoModelForCausalLM.from_pretrained`` and its logits are compared
-with peftlab's own on a few dev examples: an export that would predict differently is refused, and nothing
-is left behind. A fused-QKV model trained on split q/k/v layers (the adapter's ``fused_qkv.json``) is fused back
-into its original layout after the merge (:mod:`peftlab.methods.fused_qkv`), so the folder is a model of the
-original architecture. Mean pooling (``--pooling mean``, minilm-l6's and mpnet-base's default) is peftlab's, not the
-architecture's: plain transformers would read [CLS] instead, so such a run is refused with a clear message.
-``--push-to-hub REPO`` uploads the checked folder (online only; not exercised by the tests).
-"""
+The adapter is merged (a split fused QKV fused back: :mod:`peftlab.methods.fused_qkv`) and saved with
+``save_pretrained`` into a staging folder, which is loaded back with plain ``AutoModelFor...`` and renamed to
+``OUT_DIR`` only when its logits equal peftlab's on a few dev examples. Mean pooling is peftlab's, not the
+architecture's (plain transformers reads [CLS]): such a run is refused."""
 
 from __future__ import annotations
 

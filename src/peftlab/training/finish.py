@@ -1,10 +1,5 @@
-"""finish: the trained weights saved (the best epoch's with ``--save best``) and result.json written last.
-
-result.json (schemas/result.schema.json) is written atomically after the adapter; its presence with a
-final status is what marks a run finished. The checkpoint is removed only then. The final status is decided
-here from what the loop recorded (:func:`peftlab.training.guards.final_status`: diverged / collapsed as the loop
-labelled them, pruned, no_learning, ok).
-"""
+"""finish: the trained weights saved (the best epoch's with ``--save best``) and result.json
+(schemas/result.schema.json) written last, atomically: its presence with a final status marks a finished run."""
 
 from __future__ import annotations
 

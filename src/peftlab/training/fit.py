@@ -1,22 +1,17 @@
 """fit: epochs of optimizer steps under Accelerate, an evaluation and a checkpoint after each epoch.
 
-:func:`fit` reads top to bottom: the before-fine-tuning evaluation, then per epoch :func:`run_epoch` (each
-batch: :func:`peftlab.training.step.train_step`, then :func:`after_step`: counts, logs, the ``--eval-steps``
-evaluation, a checkpoint every ``--checkpoint-every`` optimizer steps) and :func:`end_epoch` (the task's
-evaluation, told its tag; the best epoch, the collapse label, epochs.jsonl, a checkpoint, the
-``on_epoch_end`` hook). Everything the loop knows is in ``run.state``, a :class:`~peftlab.training.state.LoopState`.
-
-The learning curve (``LoopState.curve``, result.json ``curve``, ``curve.jsonl`` with ``--eval-steps``) holds
-every evaluation during training in order: the ``--eval-steps`` ones and the epoch-end ones. It lives in the
-loop state, so a checkpoint carries it, and the file is rewritten whole from it: after a kill and ``--resume``
-the curve has neither a duplicate nor a missing point. An evaluation runs before the checkpoint of its step.
-"""
+The learning curve (``LoopState.curve``: every evaluation during training, the ``--eval-steps`` ones and the
+epoch-end ones) lives in the loop state, so a checkpoint carries it and ``curve.jsonl`` is rewritten whole from
+it: after a kill and ``--resume`` it has neither a duplicate nor a missing point. An evaluation runs before the
+checkpoint of its step."""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass
+
+from tqdm.auto import tqdm
 
 from peftlab.io_utils import atomic_write_text
 from peftlab.tasks.prepare import BEFORE_TAG, epoch_tag, merge_extras, step_tag
@@ -40,8 +35,8 @@ class Plan:
 
 
 def fit(run: Run, on_epoch_end=None) -> None:
-    """Epochs of steps; evaluation and a checkpoint after each epoch. Stops early on divergence, or when
-    ``on_epoch_end`` (see :func:`peftlab.training.loop.train`) says so."""
+    """Epochs of steps; stops early on divergence, or when ``on_epoch_end`` (:func:`peftlab.training.loop.train`)
+    says so."""
     evaluate_before(run)
     plan = make_plan(run)
     run.model.train()
@@ -53,7 +48,6 @@ def fit(run: Run, on_epoch_end=None) -> None:
 
 
 def evaluate_before(run: Run) -> None:
-    """The dev metrics before any step (with --epochs 0, --eval-before, or tasks that always want them)."""
     cfg, state = run.cfg, run.state
     if state.before is None and (cfg.epochs == 0 or cfg.eval_before or run.pipeline.task.eval_before):
         state.before = evaluate(run, BEFORE_TAG)
@@ -74,32 +68,29 @@ def run_epoch(run: Run, plan: Plan) -> bool:
     loader = run.train_loader
     if state.step_in_epoch:  # resuming mid-epoch: the same batches, minus those already done
         loader = run.accelerator.skip_first_batches(run.train_loader, state.step_in_epoch)
-    progress = progress_bar(run.main, plan.steps_per_epoch, state.step_in_epoch,
-                            f"epoch {state.epoch + 1}/{plan.epochs}")
     start = time.perf_counter()  # the epoch's wall time: steps plus batch loading and collation
     state.in_epoch = True  # until the epoch's end: a divergence or failure mid-epoch counts it in epochs_run
-    try:
+    # The bar on a terminal only (disable=None): in a log (CI, nohup, a sweep's worker) the epoch's one printed line
+    # is its progress, not thousands of redrawn frames.
+    with tqdm(total=plan.steps_per_epoch, initial=state.step_in_epoch, desc=f"epoch {state.epoch + 1}/{plan.epochs}",
+              dynamic_ncols=True, leave=False, disable=None if run.main else True) as progress:
         for batch in loader:
             result = train_step(run, batch, plan.trainable)
             if result is None:
                 return False
             if after_step(run, plan, result, progress):  # --max-steps: this (maybe partial) epoch is the last
                 break
-    finally:
-        if progress is not None:
-            progress.close()
     state.add_time("train_s", time.perf_counter() - start)
     return True
 
 
 def after_step(run: Run, plan: Plan, result: StepResult, progress) -> bool:
-    """Count and log the batch; at an optimizer step the --eval-steps evaluation and the checkpoint. True
-    when --max-steps is reached."""
+    """Count and log the batch; at an optimizer step the --eval-steps evaluation and the checkpoint. True at
+    --max-steps."""
     state, cfg = run.state, run.cfg
-    state.count_batch(examples=result.examples, seconds=result.seconds, loss=result.loss, aux=result.aux,
-                      stepped=result.stepped)
-    if progress is not None:
-        progress.update(1)
+    state.count_batch(result)
+    progress.update(1)
+    if not progress.disable:
         progress.set_postfix(loss=f"{result.loss:.4f}", lr=f"{run.scheduler.get_last_lr()[0]:.2e}",
                              ex_s=f"{result.examples / result.seconds:.1f}")
     log_step(run, result)
@@ -123,8 +114,7 @@ def epoch_end_evaluates_here(run: Run, plan: Plan, done: bool) -> bool:
 
 
 def end_epoch(run: Run, plan: Plan, on_epoch_end) -> bool:
-    """The epoch's evaluation, record, best epoch, collapse label, epochs.jsonl, checkpoint and hook; True when
-    the hook stopped the run."""
+    """The epoch's evaluation, record, best epoch, labels, checkpoint and hook; True when the run stops."""
     state, cfg, pipeline = run.state, run.cfg, run.pipeline
     epoch = state.epoch + 1  # 1-based: the epoch now ending
     last = epoch == plan.epochs or reached_max_steps(cfg, state)
@@ -187,8 +177,7 @@ def stopped_by_hook(run: Run, on_epoch_end, end: EpochEnd, last: bool) -> bool:
 
 def evaluate(run: Run, tag: str) -> dict:
     """The task's evaluation ``tag`` (``before``, ``epoch<N>``, ``step<N>``): its metrics; its extras (e.g. the
-    generation file it wrote) are kept in the loop state, checkpointed, and written to result.json at the end.
-    The model's train/eval mode is restored afterwards, whatever the task's evaluation left it in (training
+    generation file it wrote) go to the loop state. The model's train/eval mode is restored afterwards (training
     must go on with dropout)."""
     start = time.perf_counter()
     was_training = run.model.training
@@ -210,9 +199,7 @@ def evaluate_step(run: Run, steps_per_epoch: int) -> None:
 
 
 def add_curve_point(run: Run, metrics: dict, steps_per_epoch: int, *, epoch_end: bool) -> dict:
-    """Append one evaluation to the learning curve: ``step`` (optimizer steps so far), ``epoch`` (epochs done, a
-    fraction of batches mid-epoch), ``metrics``, ``epoch_end``; with --eval-steps, ``curve.jsonl`` is rewritten
-    whole (atomically) from the loop state, like epochs.jsonl."""
+    """Append one evaluation to the learning curve (``curve.jsonl`` rewritten whole with --eval-steps)."""
     state = run.state
     point = {"step": state.optimizer_steps, "epoch": state.epochs_done(steps_per_epoch), "metrics": metrics,
              "epoch_end": epoch_end}
@@ -226,7 +213,6 @@ def add_curve_point(run: Run, metrics: dict, steps_per_epoch: int, *, epoch_end:
 
 
 def checkpoint(run: Run) -> None:
-    """A checkpoint now (:func:`peftlab.training.checkpoint.save_checkpoint`), its time in the timings."""
     start = time.perf_counter()
     save_checkpoint(run)
     run.state.add_time("checkpoint_s", time.perf_counter() - start)  # (not in the checkpoint it times)
@@ -234,15 +220,3 @@ def checkpoint(run: Run) -> None:
 
 def format_metrics(metrics: dict) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-
-
-def progress_bar(enabled: bool, total: int, initial: int, desc: str):
-    """The epoch's bar, on a terminal only: in a log (CI, nohup, a sweep's worker) the epoch's one printed line is
-    its progress, not thousands of redrawn frames."""
-    import sys
-
-    if not enabled or not sys.stderr.isatty():
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False)

@@ -1,10 +1,5 @@
-"""What a run refuses, and how it labels itself: config checks, divergence and collapse, the chance bar.
-
-Nothing is hidden: a diverged run stops with status ``diverged``, a collapsed one is labelled ``collapsed``
-and keeps its best epoch, a run stopped by its ``on_epoch_end`` hook (a ``peftlab tune`` trial) is ``pruned``,
-and a finished run whose best dev metric never rose clearly above chance (or above its own before-fine-tuning
-metric) is ``no_learning`` (:func:`final_status`), with the bar and the numbers in its status_reason.
-"""
+"""What a run refuses, and how it labels itself: config checks, divergence and collapse, the chance bar. Nothing is
+hidden: diverged, collapsed, pruned and no_learning are statuses with their reasons (:func:`final_status`)."""
 
 from __future__ import annotations
 

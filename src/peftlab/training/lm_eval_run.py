@@ -1,51 +1,31 @@
 """lm-evaluation-harness on a decoder run's in-memory model: ``--lm-eval`` of ``peftlab train`` and ``evaluate``.
 
-:func:`run_harness` wraps the adapted model (peft or merged) and its tokenizer in the harness's ``HFLM``
-(``backend="causal"``, ``batch_size`` = ``--eval-batch-size``, the run's device; ``--mixed-precision`` bf16/fp16
-as HFLM's ``mixed_precision_dtype`` autocast with fp32 log-softmax) and runs the task definitions of
-:mod:`peftlab.tasks.lm_eval_tasks` (the harness's own configs on the local files) through
-:func:`evaluate_tasks` (``simple_evaluate``'s task preparation, then the harness's ``evaluate``).
-Multiple-choice tasks are scored the harness's way: batched forwards over the (context, choice) requests, the
-log-likelihood of each choice's tokens summed, ``acc`` = argmax of the sums, ``acc_norm`` = argmax
-per byte of the choice; GSM8K generates (the harness's prompt, few-shot examples, stop strings) and scores
-``exact_match`` after its ``strict-match`` and ``flexible-extract`` filters.
+The adapted model and its tokenizer go into the harness's ``HFLM`` (the run's device, ``--eval-batch-size``,
+``--mixed-precision`` as autocast with fp32 log-softmax); the task definitions of :mod:`peftlab.tasks.lm_eval_tasks`
+run through the harness's own ``evaluate``, offline (:func:`offline`) on local ``json`` data files only.
+``--max-eval-samples N`` draws the same items as peftlab's own evaluation (``--eval-seed``), so a commonsense run's
+generate-and-extract ``<set>_accuracy`` and the harness's ``acc`` score the same items. Results go to result.json's
+``lm_eval`` section (:mod:`peftlab.training.lm_eval_section`; schemas/result.schema.json)::
 
-Offline: the harness runs inside :func:`offline` (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` in the
-environment and in huggingface_hub's and datasets' own constants, which they read at import), on
-``dataset_path: json`` data files only; nothing it runs downloads.
-
-``--max-eval-samples N`` draws the same items as peftlab's own evaluation (``--eval-seed``): a commonsense
-set's items in LLM-Adapters' order; GSM8K's by question text from the math task's draw of its LLM-Adapters
-copy. So a commonsense run's generate-and-extract ``<set>_accuracy`` and the harness's ``acc`` score the same
-items. Results go to result.json's ``lm_eval`` section (:func:`record`; a later call adds its tasks and replaces
-the same tasks': :mod:`peftlab.training.lm_eval_section`)::
-
-    "lm_eval": {"version": "0.4.13",
-                "results": {task: {metric: value}},           # e.g. {"arc_easy": {"acc": .., "acc_norm": ..}}
-                "n_samples": {task: items}, "n_shot": {task: k},
-                "configs": {task: {"sha256", "harness_yaml", "data_sha256", "config"}},  # what ran, its digest
-                "settings": {task: {"batch_size", "precision", "max_eval_samples", "eval_seed", "num_fewshot",
-                                    "max_new_tokens", "harness_version"}},
-                "generate_and_extract": {task: {"metric", "value", "epoch", "same_items"}},  # peftlab's, beside
-                "gsm8k_agreement": {...},                      # a math run: its generations scored both ways
+    "lm_eval": {"version", "results": {task: {metric: value}}, "n_samples", "n_shot",
+                "configs": {task: {"sha256", "harness_yaml", "data_sha256", "config"}}, "settings": {task: {...}},
+                "generate_and_extract": {task: {"metric", "value", "epoch", "same_items"}}, "gsm8k_agreement",
                 "calls": [{"tag", "tasks", "seconds", "items_per_second", "model_seconds",
                            "model_items_per_second", "samples_file", "version"}]}
 
-Metric names are the harness's (``acc``, ``acc_norm``, ``acc_stderr``, ``exact_match,strict-match``): its
-``<metric>,<filter>`` keys with the filter ``none`` dropped. ``peftlab report RUN_DIRS --metric
-lm_eval/<task>/<metric>`` tables them (:func:`peftlab.lab.records.lm_eval_value`, result.json only; a sweep's
-store keeps the result.json of when the run finished, so numbers added later by ``evaluate`` are read from the
-run folders). Each item's requests, responses and scores: ``<run>/lm_eval_samples_<train|evaluate>.jsonl``.
-"""
+Metric names are the harness's ``<metric>,<filter>`` keys with the filter ``none`` dropped (``acc``,
+``exact_match,strict-match``); ``peftlab report --metric lm_eval/<task>/<metric>`` tables them. Each item's
+requests, responses and scores: ``<run>/lm_eval_samples_<train|evaluate>.jsonl``."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from peftlab.errors import PeftlabError
 from peftlab.training.lm_eval_section import agreement_on_run, beside, record
@@ -58,22 +38,21 @@ _PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 @contextmanager
 def offline():
-    """No network for whatever runs inside: the variables, and the constants the hub and datasets read them into."""
+    """No network for whatever runs inside: the variables, and the constants the hub and datasets read them into
+    at import. (Only these two variables are restored: os.environ is never cleared under other threads.)"""
     import datasets.config
     import huggingface_hub.constants as hub
 
     names = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     saved_env = {name: os.environ.get(name) for name in names}
-    saved = [(hub, "HF_HUB_OFFLINE", hub.HF_HUB_OFFLINE)] + [
-        (datasets.config, name, getattr(datasets.config, name)) for name in names]
-    os.environ.update({name: "1" for name in names})
-    for module, name, _ in saved:
-        setattr(module, name, True)
+    os.environ.update(dict.fromkeys(names, "1"))
     try:
-        yield
+        with ExitStack() as stack:
+            stack.enter_context(mock.patch.object(hub, "HF_HUB_OFFLINE", True))
+            for name in names:
+                stack.enter_context(mock.patch.object(datasets.config, name, True))
+            yield
     finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -250,6 +229,14 @@ def _write_samples(path, samples: dict, definitions) -> None:
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
+# The harness warns that a model object, not a name, was passed: that is how peftlab uses it.
+EXPECTED_WARNINGS = ("`pretrained` model kwarg is not of type `str`", "Passed an already-initialized model")
+
+
+def _unexpected(record) -> bool:
+    return not str(record.getMessage()).startswith(EXPECTED_WARNINGS)
+
+
 @contextmanager
 def _quiet_harness():
     """The harness logs every request batch at INFO, datasets a progress bar per file read; peftlab prints its own
@@ -261,16 +248,16 @@ def _quiet_harness():
     logger = logging.getLogger("lm_eval")
     level, bars_were_on = logger.level, not datasets.utils.are_progress_bars_disabled()
     logger.setLevel(logging.WARNING)
-    expected, sources = _ExpectedWarnings(), [logging.getLogger(f"lm_eval.{n}") for n in _ExpectedWarnings.LOGGERS]
+    sources = [logging.getLogger(f"lm_eval.{name}") for name in ("models.huggingface", "evaluator")]
     for source in sources:
-        source.addFilter(expected)
+        source.addFilter(_unexpected)
     datasets.disable_progress_bars()
     try:
         yield
     finally:
         logger.setLevel(level)
         for source in sources:
-            source.removeFilter(expected)
+            source.removeFilter(_unexpected)
         if bars_were_on:
             datasets.enable_progress_bars()
 
@@ -358,13 +345,3 @@ def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merg
             "n_samples": {n: updated["n_samples"][n] for n in names},
             "recorded_in": str(run_dir / "result.json") if adapter is None else None,
             **({"gsm8k_agreement": updated["gsm8k_agreement"]} if "gsm8k_agreement" in updated else {})}
-
-
-class _ExpectedWarnings:
-    """The harness warns that a model object, not a name, was passed: that is how peftlab uses it."""
-
-    LOGGERS = ("models.huggingface", "evaluator")
-    PREFIXES = ("`pretrained` model kwarg is not of type `str`", "Passed an already-initialized model")
-
-    def filter(self, record) -> bool:
-        return not str(record.getMessage()).startswith(self.PREFIXES)

@@ -1,13 +1,5 @@
-"""``peftlab train``: one fine-tuning run, an explicit loop on Accelerate that reads top to bottom.
-
-:func:`train` = :func:`~peftlab.training.setup.setup` (model, method, data, optimizer) ->
-:func:`~peftlab.training.fit.fit` (epochs of steps, evaluation each epoch, checkpoints) ->
-:func:`~peftlab.training.finish.finish` (adapter, result.json). Accelerate supplies the device, mixed
-precision (:mod:`peftlab.training.devices`), DDP under ``accelerate launch`` and gradient clipping; nothing
-else is hidden. The guards (config on resume, collapse, the chance bar) are in :mod:`peftlab.training.guards`
-(divergence: :mod:`peftlab.training.step`), the step / epoch / checkpoint counts in
-:mod:`peftlab.training.schedule`, the loop state in :mod:`peftlab.training.state`.
-"""
+"""``peftlab train``: one fine-tuning run, an explicit loop on Accelerate that reads top to bottom:
+:func:`peftlab.training.setup.setup` -> :func:`peftlab.training.fit.fit` -> :func:`peftlab.training.finish.finish`."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """``peftlab predict RUN_DIR --input FILE``: batch inference of a trained classifier to JSONL.
 
-The run is rebuilt exactly as ``peftlab evaluate`` does (its config, its pooling, its adapter on a fresh
-base model with its saved head labels, its precision). Input: JSON, JSONL, CSV, TSV or Parquet, read with
-``datasets`` as a user task's files are (:mod:`peftlab.tasks.labelled_files`: a bad line is named); each
-record holds the task's text fields: a user task's own ``--text-fields`` (``classify``/``regress``), the GLUE
-column names (``sentence``; ``sentence1``/``sentence2``, ``question1``/...), or ``text_a``/``text_b``, or
-``--fields A[,B]``. Output (one JSON line per input record, in input order): ``{"index", "label", "label_id",
-"probabilities"}`` for classification (``label``: the class name the run was trained with, e.g. ``billing``),
-``{"index", "score"}`` for regression. The output file is written to a temporary name and renamed when complete.
-"""
+Input: any file a user task reads (:mod:`peftlab.tasks.labelled_files`). Output, one JSON line per input record in
+order: ``{"index", "label", "label_id", "probabilities"}`` for classification (``label``: the class name the run
+was trained with), ``{"index", "score"}`` for regression; written atomically."""
 
 from __future__ import annotations
 
@@ -18,13 +12,6 @@ from pathlib import Path
 from peftlab.argtypes import positive_int, text
 from peftlab.io_utils import path_problem
 from peftlab.errors import PeftlabError
-
-
-def read_inputs(path: Path):
-    """The input file as a :class:`~peftlab.tasks.labelled_files.RawTable` (one-line errors)."""
-    from peftlab.tasks.labelled_files import check_file, read_file
-
-    return read_file(check_file(str(path), "--input"))
 
 
 def text_fields(task, columns: list[str], fields: str | None, own: tuple[str, ...] = ()) -> list[str]:
@@ -54,11 +41,12 @@ def predict_run(run_dir: str | Path, input_path: str | Path, output_path: str | 
     from peftlab.training.evaluation import load_run
     from peftlab.io_utils import atomic_write_text
     from peftlab.tasks.labelled_data import column_texts
+    from peftlab.tasks.labelled_files import check_file, read_file
     from peftlab.training.devices import make_accelerator
 
     if batch_size <= 0:
         raise PeftlabError(f"--batch-size must be a positive integer, got {batch_size}")
-    records = read_inputs(Path(input_path))
+    records = read_file(check_file(str(input_path), "--input"))  # one-line errors naming a bad line
     run = load_run(run_dir, adapter=adapter)
     task = run.task
     if task.head == "causal-lm":

@@ -1,35 +1,22 @@
 """``peftlab probe``: the loss curvature of the run a config describes, per optimizer group, before training.
 
-:func:`probe` builds the run as ``peftlab train`` would (:func:`peftlab.training.setup.build`: the model, the
-method with its init, the head, the task's data through ``tasks/prepare.build_pipeline``; then
-:func:`~peftlab.training.setup.prepare_training`: the optimizer's parameter groups from
-``methods/optim_groups.param_groups``, AdamW, the length-grouped batches and the scheduler), takes the run's first
-``batches`` training batches and measures, on each, the top Hessian eigenvalue of the run's objective (the task
-loss plus the method's extra loss) restricted to each block (:mod:`peftlab.training.curvature`):
-
-* one block per optimizer group name (q, k, v, o, gate, up, down, head, other: both weight-decay halves, which
-  share a learning rate), a ``<group>:vectors`` block for an adapted projection's vector tensors when the group
-  also has matrices (KaSA's singular values, DoRA's magnitudes, biases of full fine-tuning), and ``all``;
-* at the initialisation (raw curvature), and with ``adam_steps`` > 0 after that many of the run's own training
-  steps (:func:`peftlab.training.step.train_step`: its rate, schedule, clipping) the raw curvature again and the
-  curvature preconditioned by Adam's second moments (Cohen et al. 2022).
-
-Each block's lambda_max is the mean over the batches (their spread is reported); its stable rate for plain
-gradient descent is 2 / lambda_max; the suggested rate is ``RULE[kind] / lambda_max`` and the suggested lambda is
-rate(v) / rate(q) = lambda_max(q) / lambda_max(v), which does not depend on the constant. The constants were
-fitted on the committed lambda grids (``python scripts/probe_check.py``, docs/RESULTS.md "Choosing lambda
-without a grid"), which also answers whether the rule predicts them: it does not (:data:`VERDICT`, printed under
-every table).
-The run's precision and compile choice do not apply: the probe runs eagerly in fp32.
-"""
+The run is built as ``peftlab train`` would (:func:`peftlab.training.setup.build` and ``prepare_training``), in fp32
+and eager. On each of its first ``batches`` training batches the top Hessian eigenvalue of its objective (task loss
+plus the method's extra loss) is measured per block (:mod:`peftlab.training.curvature`): one per optimizer group
+name, a ``<group>:vectors`` block for an adapted group's vector tensors (KaSA's singular values, DoRA's
+magnitudes), and ``all``; at init, and with ``adam_steps`` after that many of the run's own steps, raw and
+Adam-preconditioned (Cohen et al. 2022). The suggested rate is ``RULE[kind] / lambda_max`` and the suggested lambda
+lambda_max(q) / lambda_max(v); the constants were fitted on the committed lambda grids (``python
+scripts/probe_check.py``), which also found that the rule does not predict them (:data:`VERDICT`, printed under
+every table)."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,7 +27,6 @@ from peftlab.resolve import resolve_config
 from peftlab.training.curvature import Solve, require_extra, top_eigenvalues
 
 PROBE_SCHEMA = 1
-KINDS = ("raw_init", "raw_after_adam", "preconditioned")
 KIND_LABELS = {"raw_init": "raw Hessian at init", "raw_after_adam": "raw Hessian after the Adam steps",
                "preconditioned": "Adam-preconditioned Hessian after the Adam steps"}
 # rate = c / lambda_max per kind of curvature: c fitted on docs/study/lambda/results.sqlite (LoRA {q,v},
@@ -159,8 +145,7 @@ def warm_up(run, steps: int) -> list[float]:
                 raise PeftlabError(f"the run diverged during the probe's Adam steps: {run.state.status_reason}",
                                    fix="lower --lr / --lr-ratio, or probe at init only (--probe-adam-steps 0)")
             losses.append(result.loss)
-            run.state.count_batch(examples=result.examples, seconds=result.seconds, loss=result.loss,
-                                  aux=result.aux, stepped=result.stepped)
+            run.state.count_batch(result)
             if run.state.optimizer_steps >= steps:
                 break
         run.sampler.epoch += 1
@@ -203,16 +188,6 @@ def suggested_lambda(results: dict) -> float | None:
     return q["mean"] / v["mean"]
 
 
-def first_batches(run, count: int) -> list:
-    """The run's first ``count`` training batches (its seed, its length-grouped order)."""
-    batches = []
-    for batch in run.train_loader:
-        batches.append(batch)
-        if len(batches) == count:
-            break
-    return batches
-
-
 def probe_config(cfg: TrainConfig) -> TrainConfig:
     """The run the probe measures: ``cfg`` in fp32 and eager (no --compile), resolved once. Resolving reads
     neither option (setup decides precision and compilation from them), so the copy of a resolved config (the
@@ -223,15 +198,9 @@ def probe_config(cfg: TrainConfig) -> TrainConfig:
 
 def build_run(cfg: TrainConfig):
     """The run ``peftlab train`` would set up, without its folder: fp32, eager (no --compile)."""
-    from accelerate.utils import set_seed
+    from peftlab.training.setup import build_seeded
 
-    from peftlab.training.setup import build, prepare_training
-
-    cfg = probe_config(cfg)
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
-    set_seed(cfg.seed)
-    return prepare_training(cfg, build(cfg, Path(cfg.output_dir)))
+    return build_seeded(probe_config(cfg))[1]
 
 
 def probe(cfg: TrainConfig, options: ProbeOptions) -> dict:
@@ -244,7 +213,7 @@ def probe(cfg: TrainConfig, options: ProbeOptions) -> dict:
     model = run.accelerator.unwrap_model(run.model)
     params, blocks = probe_blocks(run.groups)
     objective = run_objective(run.cfg)
-    batches = first_batches(run, options.batches)
+    batches = list(itertools.islice(run.train_loader, options.batches))  # its seed, its length-grouped order
     results = {"raw_init": measure(model, objective, params, blocks, batches, options)["raw"]}
     seconds["init_s"] = time.perf_counter() - start - sum(seconds.values())
     losses = []

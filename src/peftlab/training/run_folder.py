@@ -1,29 +1,17 @@
-"""A run's files: atomic writes, the output-directory guard, versions and the code that ran, checkpoints.
+"""A run's files: atomic writes, the output-directory guard, versions and the code that ran, checkpoint folders.
 
-Layout of ``--output-dir``::
-
-    config.yaml        resolved config (written first)
-    epochs.jsonl       one line per finished epoch (metrics, loss, seconds)
-    curve.jsonl        with --eval-steps: one line per dev evaluation during training (step, epoch, metrics)
-    checkpoint/        last checkpoint (peftlab.training.checkpoint): Accelerate's save_state (trainable
-                       tensors, optimizer, scheduler, grad scaler, every process's RNG), the loop state
-                       (state.json, state_<rank>.json), best.safetensors with --save best
-    adapter/           the trained adapter (peft format) or full-FT tensors, safetensors
-    result.json        written last, atomically: its presence with a final status marks a finished run
-    tb/                TensorBoard logs
-
-Checkpoints hold only what training changes (trainable tensors + optimizer state), not the frozen base:
-the base (incl. KaSA's truncation and PiSSA/MiLoRA residuals, which are deterministic) is rebuilt on resume.
-A checkpoint is written into ``.checkpoint-new/`` and swapped in with ``os.replace``: a kill at any moment
-leaves a complete ``checkpoint/`` (or ``.checkpoint-old/``), never a half-written one that loads.
+Layout of ``--output-dir``: ``config.yaml`` (the resolved config, written first), ``epochs.jsonl`` (one line per
+finished epoch), ``curve.jsonl`` (with --eval-steps: every dev evaluation during training), ``checkpoint/``
+(:mod:`peftlab.training.checkpoint`), ``adapter/`` (the trained adapter or full-FT tensors, safetensors),
+``result.json`` (written last, atomically: with a final status it marks a finished run), ``tb/`` (TensorBoard).
 
 Importing this module imports no torch (nor NumPy): the lab's runner reads run folders through it, and a sweep's
-or tune's driver whose runs train in workers or on Ray never needs torch itself (~1.5 s and ~250 MB less).
-"""
+or tune's driver whose runs train in workers never needs torch itself."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import platform
 import shutil
@@ -101,23 +89,11 @@ def init_output_dir(output_dir: str | Path, mode: str) -> None:
 
 
 def versions() -> dict[str, str]:
-    import accelerate
-    import datasets
-    import peft
-    import torch
-    import transformers
-
     import peftlab
 
-    return {
-        "peftlab": peftlab.__version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
-        "accelerate": accelerate.__version__,
-        "datasets": datasets.__version__,
-    }
+    libraries = ("torch", "transformers", "peft", "accelerate", "datasets")
+    return {"peftlab": peftlab.__version__, "python": platform.python_version(),
+            **{name: importlib.import_module(name).__version__ for name in libraries}}
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,10 +1,5 @@
-"""setup: everything a run needs before its first step (model, method, data, optimizer, run folder).
-
-:func:`setup` = :func:`build` (model, Accelerator, data, method) -> :func:`prepare_training` (optimizer,
-batches, scheduler, ``accelerator.prepare``) -> :func:`open_run_folder`. Bad input found here (a data file, a
-rank) is raised before the run folder is created, so nothing half-made is left behind; on ``--resume`` the
-checkpoint is restored on top of the rebuilt run (:func:`peftlab.training.checkpoint.load_checkpoint`).
-"""
+"""setup: everything a run needs before its first step (model, method, data, optimizer, run folder). Bad input found
+here is raised before the run folder is created; on ``--resume`` the checkpoint is restored on the rebuilt run."""
 
 from __future__ import annotations
 
@@ -72,18 +67,12 @@ def enable_gradient_checkpointing(model) -> None:
 def setup(cfg: TrainConfig, mode: str) -> Run:
     """Model, method, data and optimizer; restores the checkpoint when resuming. ``cfg`` is the run's resolved
     config (:func:`peftlab.resolve.resolve_config`, once, at the run's entry)."""
-    from accelerate.utils import set_seed
-
     if not cfg.resolved:  # a bug, not input: setup never fills in defaults of its own
         raise TypeError("setup: the config is not resolved (resolve it once at the run's entry: "
                         "peftlab.resolve.resolve_config)")
     # Per-phase wall times for result.json's `timings` (benchmarks/sweep_overhead.py sums them over a sweep).
     setup_start, started_unix = time.perf_counter(), time.time()
-    if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
-    set_seed(cfg.seed)
-    built = build(cfg, Path(cfg.output_dir))
-    run = prepare_training(cfg, built)
+    built, run = build_seeded(cfg)
     # KaSA's singular-value vectors before any step: the figure shows what training changed.
     run.state = LoopState(kasa_sigma_init=built.applied.init_stats.kasa_sigma)
     open_run_folder(run, mode)
@@ -92,6 +81,17 @@ def setup(cfg: TrainConfig, mode: str) -> Run:
         run.state.add_time(key, seconds)
     run.state.timings.setdefault("started_unix", started_unix)
     return run
+
+
+def build_seeded(cfg: TrainConfig) -> tuple[Built, Run]:
+    """--threads and --seed set, then :func:`build` and :func:`prepare_training` (``peftlab train`` and probe)."""
+    from accelerate.utils import set_seed
+
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    set_seed(cfg.seed)
+    built = build(cfg, Path(cfg.output_dir))
+    return built, prepare_training(cfg, built)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,7 @@
-"""LoopState: everything the loop knows about its run, as named fields, and its checkpoint form (state.json);
-EpochEnd: what the loop tells an ``on_epoch_end`` hook. Both free of torch, so that a hook's code (a tune
-trial's pruner) and a test's fake train function need not import it.
-
-The loop (:mod:`peftlab.training.fit`, :mod:`peftlab.training.step`) owns it; :mod:`peftlab.training.finish`
-and :mod:`peftlab.training.guards` read it. A checkpoint holds it as JSON (``checkpoint/state.json``, one file
-per process: ``state_<rank>.json`` beside it under DDP), written by :meth:`LoopState.to_dict` and read back by
-:meth:`LoopState.from_dict`, which accepts the state.json of any earlier peftlab: a field it lacks takes its
-default (see :data:`LEGACY_DEFAULTS` for the one that is derived), a key it has that is no field is ignored.
-"""
+"""LoopState: everything the loop knows about its run, and its checkpoint form (state.json); EpochEnd: what the loop
+tells an ``on_epoch_end`` hook. Both free of torch, so that a hook's code (a tune trial's pruner) need not import
+it. :meth:`LoopState.from_dict` reads the state.json of any earlier peftlab: a missing field takes its default
+(:data:`LEGACY_DEFAULTS` for a derived one), an unknown key is ignored."""
 
 from __future__ import annotations
 
@@ -92,18 +86,19 @@ class LoopState:
         """Accumulate a phase's wall time in :attr:`timings` (over resumed attempts too)."""
         self.timings[key] = self.timings.get(key, 0.0) + seconds
 
-    def count_batch(self, *, examples: int, seconds: float, loss: float, aux: float | None, stepped: bool) -> None:
-        """One batch trained: positions, throughput and the epoch's loss sums move on."""
+    def count_batch(self, step) -> None:
+        """One batch trained (a :class:`peftlab.training.step.StepResult`): positions, throughput and the epoch's
+        loss sums move on."""
         self.global_step += 1
         self.step_in_epoch += 1
-        self.optimizer_steps += int(stepped)
-        self.train_examples += examples
-        self.train_seconds += seconds
-        self.epoch_train_seconds += seconds
-        self.epoch_loss_sum += loss
+        self.optimizer_steps += int(step.stepped)
+        self.train_examples += step.examples
+        self.train_seconds += step.seconds
+        self.epoch_train_seconds += step.seconds
+        self.epoch_loss_sum += step.loss
         self.epoch_loss_count += 1
-        if aux is not None:
-            self.epoch_aux_sum = (self.epoch_aux_sum or 0.0) + aux
+        if step.aux is not None:
+            self.epoch_aux_sum = (self.epoch_aux_sum or 0.0) + step.aux
 
     def epoch_record(self, metrics: dict) -> dict:
         """epochs.jsonl's line for the epoch now ending (before :meth:`finish_epoch`)."""

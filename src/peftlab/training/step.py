@@ -1,15 +1,10 @@
 """step: one batch of training under Accelerate, and the divergence guard.
 
-The objective is ``model(**batch).loss`` plus the method's extra loss (KaSA's regulariser, logged apart), the
-model being the compiled view of ``--compile`` while it works (:mod:`peftlab.training.compile`: a first step that
-does not compile is undone and run eagerly); backward (Accelerate divides by --grad-accum); at the last batch of
-an accumulation window the gradients are complete: clip (--max-grad-norm), the guard, the optimizer step and,
-unless fp16's GradScaler skipped it, the scheduler step.
-
-The guard: a non-finite loss, or a non-finite gradient norm without a GradScaler, ends the run as ``diverged``
-with the step and the reason; with fp16 an overflowing gradient is the scaler's skipped step (it lowers its
-scale), counted in ``LoopState.skipped_steps``, not a divergence.
-"""
+The objective is ``model(**batch).loss`` plus the method's extra loss (KaSA's regulariser), through the compiled
+view of ``--compile`` while it works (:mod:`peftlab.training.compile`). At the last batch of an accumulation
+window: clip (--max-grad-norm), the guard, the optimizer step and, unless fp16's GradScaler skipped it, the
+scheduler step. A non-finite loss, or a non-finite gradient norm without a GradScaler, ends the run as
+``diverged``; with fp16 an overflow is the scaler's skipped step (``LoopState.skipped_steps``)."""
 
 from __future__ import annotations
 
