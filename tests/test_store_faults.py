@@ -25,6 +25,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,9 +99,10 @@ if __name__ == "__main__":
 
 import pytest  # noqa: E402
 
+from peftlab.errors import PeftlabError  # noqa: E402
 from peftlab.lab.spec import load_spec  # noqa: E402
 from peftlab.lab.store import Store, config_key  # noqa: E402
-from peftlab.lab.store_schema import PRUNED_MARK, unpruned_key  # noqa: E402
+from peftlab.lab.store_schema import PRUNED_MARK, SCHEMA_VERSION, unpruned_key  # noqa: E402
 from peftlab.lab.store_check import check_store  # noqa: E402
 
 
@@ -335,6 +337,36 @@ def test_a_commit_that_fails_leaves_no_transaction_open(tmp_path):
     with Store(tmp_path / "results.sqlite", timeout=2) as other:
         assert other.claim(key) is not None  # another process can write at once
     store.close()
+
+
+def test_a_reader_waits_for_a_store_another_driver_is_creating(tmp_path):
+    """Two drivers started at once: the second's preflight opened the store read-only between the first's
+    connect (an empty file) and its schema commit, and took it for a foreign file ("no such table: meta")."""
+    path = tmp_path / "results.sqlite"
+    creator = sqlite3.connect(path)  # the file exists, its tables do not yet
+    creator.execute("PRAGMA journal_mode = WAL")
+
+    def create_later():
+        time.sleep(0.5)
+        Store(path).close()
+
+    thread = threading.Thread(target=create_later)
+    thread.start()
+    with Store(path, create=False) as reader:
+        assert reader.schema == SCHEMA_VERSION and reader.statuses() == {}
+    thread.join()
+    creator.close()
+
+
+def test_an_empty_file_is_still_refused_as_a_store(tmp_path, monkeypatch):
+    import peftlab.lab.store as store_module
+
+    monkeypatch.setattr(store_module, "_CREATION_GRACE_S", 0.2)
+    path = tmp_path / "results.sqlite"
+    sqlite3.connect(path).close()
+    path.write_bytes(b"")
+    with pytest.raises(PeftlabError, match="not a peftlab results store"):
+        Store(path, create=False)
 
 
 # --------------------------------------------------------------------------- a full disk

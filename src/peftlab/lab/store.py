@@ -77,6 +77,9 @@ def short_key(key: str) -> str:
 # --------------------------------------------------------------------------- the store
 
 
+_CREATION_GRACE_S = 10.0  # how long a reader waits for a just-created store's schema to commit
+
+
 class Store:
     """An SQLite results store; cheap to open, one connection per process (do not share across fork)."""
 
@@ -99,12 +102,22 @@ class Store:
         self.owner = process_identity()
         self._heartbeat = None  # started by the first claim, so that the rows claimed here stay held
 
+    def _being_created(self, started: float) -> bool:
+        """True while the file has no tables yet, for a few seconds: another driver has just created it and
+        its schema transaction has not committed (a reader would otherwise take it for a foreign file)."""
+        empty = self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+        return empty and time.monotonic() - started < min(self.timeout, _CREATION_GRACE_S)
+
     def _init_schema(self, create: bool) -> None:
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = started + self.timeout
         while True:
             try:
                 if not create:  # reading: change nothing (the store may be read-only)
                     mode = self.conn.execute("PRAGMA journal_mode").fetchone()[0]
+                    if self._being_created(started):
+                        time.sleep(0.05)
+                        continue
                     break
                 mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 self.conn.execute("PRAGMA synchronous = NORMAL")
