@@ -14,14 +14,14 @@ import pytest
 from scipy import stats
 
 from fake_results import checked
-from peftlab.lab import study_design as sd
 from peftlab.lab import verdicts as vt
 from peftlab.lab.store import Store
-from peftlab.lab.study_arms import Arm, describe_arm
 from peftlab.lab.study_plan import StudyPaths
-from peftlab.lab.study_report import write_report
 from peftlab.lab.table_model import Cell
 from peftlab.resolve import build_run_config
+from studies.fixed_rate import design as sd
+from studies.fixed_rate.arms import Arm, describe_arm
+from studies.fixed_rate.report import write_report
 
 BASE = {"model": "tiny-bert", "method": "lora", "targets": "q,v", "epochs": 2, "max_train_samples": 64,
         "report_to": "none"}
@@ -186,7 +186,7 @@ def test_kasa_report_lines_are_what_its_verdicts_json_renders_to(kasa_study):
 def test_lambda_report_lines_are_what_its_verdicts_json_renders_to(tmp_path):
     from test_study import FAKE, small_design  # the fake world of the study tests: nothing trains
 
-    from peftlab.lab.study import run_study
+    from studies.fixed_rate.run import run_study
 
     paths = StudyPaths(tmp_path / "lambda", tmp_path / "lambda" / "results.sqlite")
     run_study(small_design(), paths, workers=0, train_fn=FAKE, progress=False, report=True, say=lambda *a: None)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_protocol as sp
-from peftlab.lab.study_design import key_ablation_targets
 from peftlab.lab.study_plan import keyed
 
 
@@ -87,7 +86,7 @@ def best_off_diagonal(design: sp.Design, searches: dict[str, sp.Search]) -> sp.A
 
 def key_arms(design: sp.Design, searches: dict[str, sp.Search]) -> tuple[sp.Arm, sp.Arm] | None:
     """The W_k ablation: the baseline row's pick as it is, and with W_k trained too."""
-    targets = key_ablation_targets(design.base.get("targets", "q,v"))
+    targets = sp.key_ablation_targets(design.base.get("targets", "q,v"))
     baseline = design.baseline_row()
     search = searches.get(baseline.name) if baseline is not None else None
     if not (design.key_ablation and targets and search and search.best):

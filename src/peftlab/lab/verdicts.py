@@ -1,19 +1,17 @@
 """The sentences of a study's REPORT.md, written from verdicts.json's data alone.
 
-A study (:mod:`peftlab.lab.study_report`) stores each comparison in verdicts.json as numbers: the two arms (a − b),
-the difference with its 95 % CI, the pairs (every seed both arms finished with a value), the paired-t p and its
-Holm-adjusted p over the section's family, the TOST equivalence p (Holm) against the design's margin, the difference
-detectable with 80 % power, the labels of the runs in each arm (no_learning, collapsed, diverged: in the mean and the
-pairs at their value) and the same comparison without the labelled runs. The functions here are pure: they take that
-data as ``json.load`` gives it back and write the sentence, so a sentence cannot say what its numbers do not.
-``write_report`` builds the data, writes verdicts.json, then fills each :class:`Slot` of REPORT.md from the data
-read back.
+A study (:mod:`peftlab.lab.study_fair_report`) stores each comparison in verdicts.json as numbers: the two arms
+(a − b), the difference with its 95 % CI, the pairs (every seed both arms finished with a value), the paired-t p and
+its Holm-adjusted p over the section's family, the TOST equivalence p (Holm) against the design's margin, the
+difference detectable with 80 % power, the labels of the runs in each arm (no_learning, collapsed, diverged: in
+the mean and the pairs at their value) and the same comparison without the labelled runs. The functions here are
+pure: they take that data as ``json.load`` gives it back and write the sentence, so a sentence cannot say what its
+numbers do not.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 MINUS = "−"  # a typographic minus: "−9.92", as the report's "a − b"
 ALPHA = 0.05  # the studies' level: a p-value is never rounded across it
@@ -188,44 +186,3 @@ def sensitivity_verdict(comparisons: dict[str, dict]) -> str | None:
         return (f"Without the labelled runs no verdict changes ({len(held)} comparison"
                 f"{'s' if len(held) != 1 else ''} held some).")
     return "Without the labelled runs the verdict changes for: " + "; ".join(changed) + "."
-
-
-# --------------------------------------------------------------------------- REPORT.md's slots
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A place in REPORT.md's lines for sentences written from verdicts.json: ``kind`` says which, ``path`` where
-    its data is (keys from the top of verdicts.json), ``text`` an introduction some kinds need."""
-
-    kind: str  # comparison, family, lambda_verdict, key, kasa_verdict, sensitivity_verdict, cell
-    path: tuple[str, ...]
-    text: str = ""  # family: the heading's first words; cell: the table row before the cell
-    after: str = ""  # cell: the table row after the cell
-
-    def render(self, verdicts: dict) -> list[str]:
-        data = verdicts
-        for key in self.path:
-            data = data[key]
-        if self.kind == "comparison":
-            return comparison_lines(data)
-        if self.kind == "family":
-            return [family_heading(data, self.text)]
-        if self.kind == "key":
-            return key_lines(data)
-        if self.kind == "cell":  # a table row's cell: one line, the sensitivity after a semicolon
-            sensitivity = sensitivity_text(data) if data else None
-            cell = "–" if data is None else comparison_text(data) + (f"; {sensitivity}" if sensitivity else "")
-            return [self.text + cell + self.after]
-        if self.kind == "sensitivity_verdict":  # a paragraph of its own, after the verdict
-            sentence = sensitivity_verdict(data)
-            return ["", sentence] if sentence else []
-        return [{"lambda_verdict": lambda_verdict, "kasa_verdict": kasa_verdict}[self.kind](data)]
-
-
-def render_lines(lines: list, verdicts: dict) -> list[str]:
-    """REPORT.md's lines with every :class:`Slot` written from ``verdicts`` (verdicts.json's data)."""
-    out: list[str] = []
-    for line in lines:
-        out += line.render(verdicts) if isinstance(line, Slot) else [line]
-    return out
