@@ -42,16 +42,43 @@ class Slot:
         data = verdicts
         for key in self.path:
             data = data[key]
-        if self.kind == "comparison":
-            return vt.comparison_lines(data)
+        sensitivity = sensitivity_text(data) if self.kind in ("comparison", "key") else None
+        if self.kind == "comparison":  # the sensitivity as an item under the comparison's
+            return vt.comparison_lines(data) + ([f"  - {sensitivity}"] if sensitivity else [])
         if self.kind == "family":
             return [vt.family_heading(data, self.text)]
         if self.kind == "key":
-            return vt.key_lines(data)
+            return vt.key_lines(data) + ([f"- {sensitivity}"] if sensitivity else [])
         if self.kind == "sensitivity_verdict":  # a paragraph of its own, after the verdict
-            sentence = vt.sensitivity_verdict(data)
+            sentence = sensitivity_verdict(data)
             return ["", sentence] if sentence else []
         return [{"lambda_verdict": vt.lambda_verdict, "kasa_verdict": vt.kasa_verdict}[self.kind](data)]
+
+
+def sensitivity_text(data: dict) -> str | None:
+    """The same comparison with the labelled runs left out; None where none is in the pairs."""
+    without = data.get("without_labels")
+    if without is None:
+        return None
+    if without.get("diff") is None:
+        return f"without the labelled runs: {vt.comparison_text(without)}"
+    low, high = without["ci"]
+    return (f"without the labelled runs: {vt.signed(without['diff'])} [95 % CI {vt.signed(low)}, {vt.signed(high)}] on "
+            f"{without['n_pairs']} pairs, paired t {vt.p_text(without.get('p'))}, Holm {vt.p_text(without.get('p_holm'))}:"
+            f" {vt.outcome(without)}")
+
+
+def sensitivity_verdict(comparisons: dict[str, dict]) -> str | None:
+    """Whether leaving the labelled runs out changes any verdict of the family; None when none holds one."""
+    held = {k: d for k, d in comparisons.items() if d and d.get("without_labels") is not None}
+    if not held:
+        return None
+    changed = [f"{k} ({vt.outcome(d)} with them, {vt.outcome(d['without_labels'])} without)" for k, d in held.items()
+               if vt.direction(d) != vt.direction(d["without_labels"])]
+    if not changed:
+        return (f"Without the labelled runs no verdict changes ({len(held)} comparison"
+                f"{'s' if len(held) != 1 else ''} held some).")
+    return "Without the labelled runs the verdict changes for: " + "; ".join(changed) + "."
 
 
 def render_lines(lines: list, verdicts: dict) -> list[str]:

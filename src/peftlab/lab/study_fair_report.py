@@ -205,8 +205,6 @@ def task_lines(design: sp.Design, data: dict) -> list[str]:
             lines += ["", vt.kasa_verdict(family)]
         if specs[name].verdict == "lambda":
             lines += ["", vt.lambda_verdict({k.split(":")[0]: d for k, d in family.items()})]
-        sensitivity = vt.sensitivity_verdict(family)
-        lines += [sensitivity] if sensitivity else []
     movement = {k: v for k, v in (data.get("sigma_vs_adam") or {}).items() if v is not None}
     if movement:
         lines += ["", "KaSA's singular values: median over runs and modules of max |sigma − sigma_init| / (optimizer "

@@ -4,9 +4,8 @@ A study (:mod:`peftlab.lab.study_fair_report`) stores each comparison in verdict
 (a − b), the difference with its 95 % CI, the pairs (every seed both arms finished with a value), the paired-t p and
 its Holm-adjusted p over the section's family, the TOST equivalence p (Holm) against the design's margin, the
 difference detectable with 80 % power, the labels of the runs in each arm (no_learning, collapsed, diverged: in
-the mean and the pairs at their value) and the same comparison without the labelled runs. The functions here are
-pure: they take that data as ``json.load`` gives it back and write the sentence, so a sentence cannot say what its
-numbers do not.
+the mean and the pairs at their value). The functions here are pure: they take that data as ``json.load`` gives it
+back and write the sentence, so a sentence cannot say what its numbers do not.
 """
 
 from __future__ import annotations
@@ -88,26 +87,9 @@ def labels_text(data: dict) -> str:
     return "; ".join(parts)
 
 
-def sensitivity_text(data: dict) -> str | None:
-    """The same comparison with the labelled runs left out; None where none is in the pairs."""
-    without = data.get("without_labels")
-    if without is None:
-        return None
-    if without.get("diff") is None:
-        return f"without the labelled runs: {comparison_text(without)}"
-    low, high = without["ci"]
-    return (f"without the labelled runs: {signed(without['diff'])} [95 % CI {signed(low)}, {signed(high)}] on "
-            f"{without['n_pairs']} pairs, paired t {p_text(without.get('p'))}, Holm {p_text(without.get('p_holm'))}:"
-            f" {outcome(without)}")
-
-
-def comparison_lines(data: dict, prefix: str = "- ") -> list[str]:
-    """The comparison as a list item (``name: text``), its sensitivity as an item under it."""
-    lines = [f"{prefix}{data['name']}: {comparison_text(data)}"]
-    sensitivity = sensitivity_text(data)
-    if sensitivity:
-        lines.append(f"{' ' * len(prefix)}- {sensitivity}")
-    return lines
+def comparison_lines(data: dict) -> list[str]:
+    """The comparison as a list item (``name: text``)."""
+    return [f"- {data['name']}: {comparison_text(data)}"]
 
 
 def family_heading(family: dict[str, dict], intro: str) -> str:
@@ -161,9 +143,7 @@ def key_verdict(data: dict | None) -> str:
 
 
 def key_lines(data: dict) -> list[str]:
-    lines = [f"{data['name']}: {comparison_text(data)}. Verdict: {key_verdict(data)}."]
-    sensitivity = sensitivity_text(data)
-    return lines + ([f"- {sensitivity}"] if sensitivity else [])
+    return [f"{data['name']}: {comparison_text(data)}. Verdict: {key_verdict(data)}."]
 
 
 def kasa_verdict(comparisons: dict[str, dict]) -> str:
@@ -173,16 +153,3 @@ def kasa_verdict(comparisons: dict[str, dict]) -> str:
     text = ("KaSA is significantly better in: " + ", ".join(better) if better
             else "KaSA is significantly better in none of its comparisons")
     return "Verdict: " + text + ("; significantly worse in: " + ", ".join(worse) if worse else "") + "."
-
-
-def sensitivity_verdict(comparisons: dict[str, dict]) -> str | None:
-    """Whether leaving the labelled runs out changes any verdict of the family; None when none holds one."""
-    held = {k: d for k, d in comparisons.items() if d and d.get("without_labels") is not None}
-    if not held:
-        return None
-    changed = [f"{k} ({outcome(d)} with them, {outcome(d['without_labels'])} without)" for k, d in held.items()
-               if direction(d) != direction(d["without_labels"])]
-    if not changed:
-        return (f"Without the labelled runs no verdict changes ({len(held)} comparison"
-                f"{'s' if len(held) != 1 else ''} held some).")
-    return "Without the labelled runs the verdict changes for: " + "; ".join(changed) + "."
