@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from peftlab.cli.main import build_parser, main
+from peftlab.cli.main import build_parser
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_protocol as sp
 from peftlab.lab.study_cli import design_from_args

@@ -1,8 +1,8 @@
 """What a fixed-rate study found: figures, verdicts.json and REPORT.md, from its results store alone.
 
 Every number comes from the store (``python -m studies.fixed_rate ... --report-only`` rewrites all of it; each
-table is also a ``peftlab report`` of the same store, whose command REPORT.md prints beside it). Comparisons are paired by
-seed (:func:`peftlab.lab.stats.compare`) over every run that finished, labelled runs (no_learning, collapsed,
+table is also a ``peftlab report`` of the same store, whose command REPORT.md prints beside it). Comparisons are
+paired by seed (:func:`peftlab.lab.stats.compare`) over every run that finished, labelled runs (no_learning, collapsed,
 diverged) at their value, each with its difference, 95 % CI and Holm-adjusted p over its section's family of
 comparisons (the report names each family), and again without the labelled runs; a "loses nothing" claim needs TOST
 equivalence within the design's margin; where nothing is found the smallest difference the design detects with
@@ -64,8 +64,8 @@ def sensitivity_text(data: dict) -> str | None:
         return f"without the labelled runs: {vt.comparison_text(without)}"
     low, high = without["ci"]
     return (f"without the labelled runs: {vt.signed(without['diff'])} [95 % CI {vt.signed(low)}, {vt.signed(high)}] on "
-            f"{without['n_pairs']} pairs, paired t {vt.p_text(without.get('p'))}, Holm {vt.p_text(without.get('p_holm'))}:"
-            f" {vt.outcome(without)}")
+            f"{without['n_pairs']} pairs, paired t {vt.p_text(without.get('p'))}, "
+            f"Holm {vt.p_text(without.get('p_holm'))}: {vt.outcome(without)}")
 
 
 def sensitivity_verdict(comparisons: dict[str, dict]) -> str | None:

@@ -48,7 +48,7 @@ class Study:
         rows = self.rows_by_key()
         return [(config, rows.get(key)) for config, key in keyed(configs)]
 
-    def run_configs(self, name: str, configs: list[dict], description: str, *, workers: int | None = None) -> None:
+    def run_configs(self, name: str, configs: list[dict], description: str) -> None:
         from peftlab.lab.spec import load_spec
         from peftlab.lab.sweep import run_sweep, run_sweep_ray
 
@@ -58,11 +58,10 @@ class Study:
         sweep = load_spec(path)
         todo = sum(1 for _, row in self.stage_rows(configs) if row is None or row["status"] in ("pending", "running"))
         self.say(f"stage {name}: {len(sweep.runs)} runs ({todo} to run){self.eta_text(configs, todo)}")
-        if self.ray_options is not None and workers is None:
+        if self.ray_options is not None:
             outcome = run_sweep_ray(sweep, self.ray_options, train_fn=self.train_fn, progress=self.progress)
-        else:
-            if workers is None:  # one worker runs in this process; more are spawned processes claiming the store
-                workers = 0 if self.workers <= 1 else self.workers
+        else:  # one worker runs in this process; more are spawned processes claiming the store
+            workers = 0 if self.workers <= 1 else self.workers
             outcome = run_sweep(sweep, workers=workers, train_fn=self.train_fn, progress=self.progress)
         if not outcome.all_finished:
             raise PeftlabError(f"stage {name} did not finish ({outcome.counts})", fix="rerun the same command")
@@ -91,13 +90,14 @@ def run_fair_study(design, paths: StudyPaths, *, workers: int, train_fn: Callabl
                    progress: bool = True, report: bool = True, say: Callable[[str], None] = print,
                    ray_options=None):
     """The fair protocol (:mod:`peftlab.lab.study_fair`): searches and held-out stages, then the report."""
-    from peftlab.lab.study_fair import run_fair
+    from peftlab.lab.study_fair import run_task
 
     start = time.monotonic()
     study = Study(design, paths, workers=max(1, workers), train_fn=train_fn, progress=progress, say=say,
                   ray_options=ray_options)
     save_fair_plan(paths, design)
-    run_fair(study, design)
+    for task in design.tasks:
+        run_task(study, design, task)
     if report:
         from peftlab.lab.study_fair_report import write_fair_report
 

@@ -164,12 +164,7 @@ def design_from_args(args) -> sp.Design:
     spec_defaults(args, spec)
     if args.epochs == 0:  # train's declaration takes 0 (evaluate the untrained model); a study compares training
         raise PeftlabError("--epochs 0: a study trains every run", fix="give --epochs 1 or more, or leave it out")
-    design = fair_design(args, spec, shared_base(args), study_tasks(args))
-    check_configs(design)
-    return design
-
-
-def fair_design(args, spec, base: dict, tasks: tuple[str, ...]) -> sp.Design:
+    base, tasks = shared_base(args), study_tasks(args)
     protocol = sp.Protocol(selection_samples=args.selection_samples, patience=args.patience,
                            min_delta=args.min_delta, selection_seeds=args.selection_seeds,
                            grid_factor=args.grid_factor, grid_width=args.grid_width,
@@ -179,11 +174,13 @@ def fair_design(args, spec, base: dict, tasks: tuple[str, ...]) -> sp.Design:
     # the seeds before anything is resolved: a bad seed is its own one-line error, not whatever comes next
     sp.check_seeds(args.heldout_seed_start, max(args.heldout_seeds, key_seeds if section.key_ablation else 0),
                    protocol.selection_seeds)
-    return sp.Design(spec.name, tasks, base, fair_rows(args, section, base, tasks), protocol,
-                     heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
-                     key_seeds=key_seeds, equivalence_margin=args.equivalence_margin,
-                     paper_arms=bool(section.paper_arms) and not args.no_paper_arms,
-                     key_ablation=section.key_ablation and not args.no_key_ablation, spec=spec)
+    design = sp.Design(spec.name, tasks, base, fair_rows(args, section, base, tasks), protocol,
+                       heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
+                       key_seeds=key_seeds, equivalence_margin=args.equivalence_margin,
+                       paper_arms=bool(section.paper_arms) and not args.no_paper_arms,
+                       key_ablation=section.key_ablation and not args.no_key_ablation, spec=spec)
+    check_configs(design)
+    return design
 
 
 def fair_rows(args, section, base: dict, tasks: tuple[str, ...]) -> tuple[sp.Row, ...]:
@@ -265,7 +262,6 @@ def run_cli(args) -> int:
 
 def dry_run(design, paths, args) -> int:
     from peftlab.lab.preflight_cells import check_study, print_findings
-
     from peftlab.lab.study_fair import plan_lines
 
     print(f"study {design.kind} on {', '.join(design.tasks)} ({design.base['model']}), folder {paths.root}")

@@ -22,7 +22,6 @@ from peftlab.lab.study_fair import heldout_arms, key_arms, replay_searches
 from peftlab.lab.study_plan import keyed
 from peftlab.lab.table_model import Cell
 
-ALPHA = 0.05
 SECTION_FILE = "SECTION.md"  # the report's task sections, as docs/RESULTS.md embeds them
 
 
@@ -49,7 +48,7 @@ def comparison_data(name: str, a: tuple[str, Cell], b: tuple[str, Cell], margin:
     if data["n_pairs"] < 2:
         return data
     c = stats.compare(a[1], b[1], test="paired", margin=margin)
-    power = stats.power_of(a[1], b[1], c, alpha=ALPHA, target=None)
+    power = stats.power_of(a[1], b[1], c, alpha=vt.ALPHA, target=None)
     data.update(diff=c.diff * scale, ci=[c.ci_low * scale, c.ci_high * scale], p=c.p, tost_p=c.tost_p,
                 detectable_80=None if power.detectable is None else power.detectable * scale)
     return data
@@ -71,8 +70,8 @@ def holm(family: list[dict]) -> None:
         for d, p in zip(present, stats.adjust([d[key] for d in present], "holm") or []):
             d[adjusted] = p
     for d in family:
-        d["significant"] = d.get("p_holm") is not None and d["p_holm"] < ALPHA
-        d["equivalent"] = d.get("tost_p_holm") is not None and d["tost_p_holm"] < ALPHA
+        d["significant"] = d.get("p_holm") is not None and d["p_holm"] < vt.ALPHA
+        d["equivalent"] = d.get("tost_p_holm") is not None and d["tost_p_holm"] < vt.ALPHA
 
 
 def row_record(search: sp.Search, cell: Cell, runs: list[dict], scale: float) -> dict:
