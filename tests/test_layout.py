@@ -380,16 +380,19 @@ def cycle_through(graph: dict[str, set[str]], group: list[str]) -> list[str]:
 
 
 def test_the_package_never_imports_the_benchmarks():
-    """benchmarks/ sits beside src/, is not installed (setuptools finds packages under src/ only) and drives
-    peftlab through its public API; an import of it from the package would fail in every installed copy."""
+    """benchmarks/ and studies/ sit beside src/, are not installed (setuptools finds packages under src/ only) and
+    drive peftlab through its public API; an import of them from the package would fail in every installed copy."""
     bad = []
     for module, path in package_modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            bad += [f"{module}:{node.lineno} imports {n}" for n in names if under(n, "benchmarks")]
+            bad += [f"{module}:{node.lineno} imports {n}" for n in names
+                    if under(n, "benchmarks") or under(n, "studies")]
     assert not bad, bad
     assert not (PACKAGE / "bench").exists() and (ROOT / "benchmarks" / "micro.py").is_file()
+    assert not (PACKAGE / "lab" / "study_design.py").exists()
+    assert (ROOT / "studies" / "fixed_rate" / "cli.py").is_file()
     assert 'where = ["src"]' in (ROOT / "pyproject.toml").read_text()
 
 

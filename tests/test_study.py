@@ -1,6 +1,7 @@
-"""`peftlab study`: the design's stages, the picks made on selection seeds and judged on held-out seeds, the
-controls, resuming, the report, and the designs as spec files (the shipped ones and a user's own). A fake train function (made-up metrics of eta_QK, eta_V,
-seed and epoch through the real store and sweep) keeps it instant; the real loop runs in test_study_real.py."""
+"""The fixed-rate study protocol (``python -m studies.fixed_rate``, beside the package): the design's stages, the
+picks made on selection seeds and judged on held-out seeds, the controls, resuming, the report. A fake train
+function (made-up metrics of eta_QK, eta_V, seed and epoch through the real store and sweep; the fair protocol's
+tests use it too) keeps it instant."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import pytest
 import yaml
 
 from peftlab.errors import PeftlabError
-from peftlab.lab import study_design as sd
 from peftlab.lab.store import Store
-from peftlab.lab.study import run_study
 from peftlab.lab.study_plan import StudyPaths
+from studies.fixed_rate import design as sd
+from studies.fixed_rate.run import run_study
 
 from fake_results import checked
 
@@ -178,7 +179,7 @@ def test_kasa_rows_use_the_papers_settings_per_task():
     assert sorted({c["epochs"] for c in stsb}) == [0, 2, 6]
     assert {c["seed"] for c in stsb} == {100, 101}
     qqp_paper = [c for c in sd.kasa_configs(design, "qqp") if c.get("alpha") == 16.0]
-    assert {c["lr"] for c in qqp_paper} == {design.spec.paper_settings["default"]["lr"]} == {5e-4}
+    assert {c["lr"] for c in qqp_paper} == {design.spec.paper("qqp")["lr"]} == {5e-4}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -229,8 +230,8 @@ DRIVER = """
 import sys
 from pathlib import Path
 from test_study import FAKE, small_design
-from peftlab.lab.study import run_study
 from peftlab.lab.study_plan import StudyPaths
+from studies.fixed_rate.run import run_study
 root = Path(sys.argv[1])
 run_study(small_design(), StudyPaths(root, root / "results.sqlite"), workers=1, train_fn=FAKE, progress=False,
           report=True)
@@ -239,7 +240,8 @@ run_study(small_design(), StudyPaths(root, root / "results.sqlite"), workers=1, 
 
 @pytest.mark.slow
 def test_a_killed_study_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    path = [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]  # studies/ sits beside tests/
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path),
            SLEEP_ENV: "0.15"}
     root = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(root)], env=env, cwd=tmp_path,
@@ -270,46 +272,43 @@ def test_a_killed_study_resumes_and_ends_as_an_uninterrupted_one(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [
-    ["study", "lambda", "--protocol", "fixed-rate", "--task", "sst2,stsb", "--model", "tiny-bert",
-     "--max-train-samples", "40",
+    ["lambda", "--task", "sst2,stsb", "--model", "tiny-bert", "--max-train-samples", "40",
      "--set", "max_length=32,rank=4", "--selection-seeds", "2", "--plateau-seeds", "3", "--no-search",
      "--ratios", "2,8", "--diagonal", "5e-4,4e-3"],
-    ["study", "kasa", "--protocol", "fixed-rate", "--task", "stsb", "--model", "tiny-bert", "--rows",
-     "head,lora,kasa-paper", "--lr", "3e-4",
-     "--long-epochs", "6", "--long-seeds", "2", "--heldout-seeds", "4", "--no-key-ablation"][:-1],
-    ["study", "lambda", "--task", "stsb", "--model", "tiny-bert", "--ratios", "1.5,2,4", "--rate-centre", "7e-4",
-     "--patience", "2", "--min-delta", "0.001", "--max-extensions", "2", "--key-seeds", "12", "--set", "rank=4"],
-    ["study", "kasa", "--task", "stsb,mrpc", "--model", "tiny-bert", "--rows", "head,lora,kasa-reference",
-     "--selection-samples", "64", "--epochs", "5", "--grid-width", "2", "--no-paper-arms"],
+    ["kasa", "--task", "stsb", "--model", "tiny-bert", "--rows", "head,lora,kasa-paper", "--lr", "3e-4",
+     "--long-epochs", "6", "--long-seeds", "2", "--heldout-seeds", "4"],
 ])
 def test_the_reports_command_gives_the_design_back(argv, tmp_path):
     """REPORT.md's "reproduce" command, parsed again, is the same design: the command beside the numbers works."""
     import shlex
 
-    from peftlab.cli.main import build_parser
-    from peftlab.lab.study_cli import design_from_args
-    from peftlab.lab.study_fair_report import study_command as fair_command
-    from peftlab.lab.study_protocol import Design
-    from peftlab.lab.study_report import study_command
+    from studies.fixed_rate.cli import build_parser, design_from_args
+    from studies.fixed_rate.report import study_command
 
-    design = design_from_args(build_parser(argv).parse_args(argv))
-    command = (fair_command if isinstance(design, Design) else study_command)(design, tmp_path / "study")
+    design = design_from_args(build_parser().parse_args(argv))
+    command = study_command(design, tmp_path / "study")
     words = shlex.split(command)
-    assert words[0] == "peftlab"
-    again = design_from_args(build_parser(words[1:]).parse_args(words[1:]))
-    assert again == design
+    assert words[:3] == ["python", "-m", "studies.fixed_rate"]
+    assert design_from_args(build_parser().parse_args(words[3:])) == design
     assert f"--output-dir {tmp_path / 'study'}" in command
 
 
 def test_top_k_without_no_search_is_refused_not_ignored(tmp_path, capsys):
     """The tune comparison --top-k sized left the study: the flag alone would do nothing, so it is refused; with
     --no-search (the committed stores' reproduce commands) it is only recorded, as their plan.json holds it."""
-    from peftlab.cli.main import main
+    from studies.fixed_rate.cli import main
 
-    argv = ["study", "lambda", "--protocol", "fixed-rate", "--task", "sst2", "--top-k", "3", "--dry-run",
-            "--output-dir", str(tmp_path / "study")]
+    argv = ["lambda", "--task", "sst2", "--top-k", "3", "--dry-run", "--output-dir", str(tmp_path / "study")]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--top-k" in err and "scripts/tune_vs_grid.py" in err
-    assert main(argv + ["--no-search"]) in (0, None)
+    assert main(argv + ["--no-search"]) == 0
     assert not (tmp_path / "study").exists()  # a dry run writes nothing
+
+
+def test_peftlab_study_points_the_fixed_rate_protocol_to_its_new_command(capsys):
+    from peftlab.cli.main import main
+
+    assert main(["study", "lambda", "--protocol", "fixed-rate", "--task", "sst2", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "python -m studies.fixed_rate" in err

@@ -1,7 +1,7 @@
-"""The study designs as spec files: the committed stores still plan and report the same from the shipped specs
-(``docs/study/kasa-fair``'s runs, ``docs/study/lambda`` and ``docs/study/kasa`` rewritten byte for byte from their
-REPORT.md's own command, on copies), a user's own spec runs through ``--spec``, and a bad spec or an option the
-design does not take is one line."""
+"""The study designs as spec files: the committed stores still plan and report the same (``docs/study/kasa-fair``'s
+runs from the shipped specs; ``docs/study/lambda`` and ``docs/study/kasa``, made with the fixed-rate protocol,
+rewritten byte for byte by ``python -m studies.fixed_rate`` from their REPORT.md's own command, on copies), a user's
+own spec runs through ``--spec``, and a bad spec or an option the design does not take is one line."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from peftlab.cli.main import build_parser, main
+from peftlab.cli.main import build_parser
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_protocol as sp
 from peftlab.lab.study_cli import design_from_args
 from peftlab.lab.study_plan import StudyPaths, keyed, save_fair_plan
 from peftlab.lab.study_spec import load_study_spec, shipped
+from studies.fixed_rate.cli import main as fixed_rate_main
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "docs" / "study"
@@ -30,9 +31,9 @@ def parse(argv: list[str]):
 
 
 def reproduce_command(report: Path) -> list[str]:
-    """The `peftlab study ...` words of a REPORT.md's "reproduce" line."""
+    """The words of a REPORT.md's "reproduce" line."""
     line = next(line for line in report.read_text().splitlines() if "reproduce: `" in line)
-    return shlex.split(line.split("reproduce: `")[1].split("`")[0])[1:]
+    return shlex.split(line.split("reproduce: `")[1].split("`")[0])
 
 
 def test_the_running_kasa_study_plans_the_runs_its_store_holds(tmp_path):
@@ -67,8 +68,8 @@ def test_a_committed_fixed_rate_study_reports_byte_for_byte_from_its_own_command
         (copy / name).unlink()
     monkeypatch.chdir(tmp_path)  # the command names docs/study/<study>, as REPORT.md prints it
     argv = reproduce_command(STUDY / study / "REPORT.md")
-    assert "--report-only" in argv and "--protocol" in argv
-    assert main(argv) == 0
+    assert argv[:3] == ["python", "-m", "studies.fixed_rate"] and "--report-only" in argv
+    assert fixed_rate_main(argv[3:]) == 0
     for name in ("REPORT.md", "verdicts.json"):
         assert (copy / name).read_bytes() == (STUDY / study / name).read_bytes(), name
 
@@ -126,8 +127,8 @@ def test_a_bad_spec_is_one_line(change, message, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["study", "kasa", "--ratios", "2"], "--ratios is not an option of study kasa"),
     (["study", "lambda", "--rows", "lora"], "--rows is not an option of study lambda"),
-    (["study", "lambda", "--lr-grid", "1e-3"], "--lr-grid is an option of the fixed-rate protocol"),
-    (["study", "kasa", "--protocol", "fixed-rate", "--no-paper-arms"], "--no-paper-arms is an option of the fair"),
+    (["study", "lambda", "--lr", "1e-3"], "--lr is an option of the fixed-rate protocol"),
+    (["study", "kasa", "--protocol", "fixed-rate"], "moved out of the installed package.*studies.fixed_rate"),
     (["study"], "name a study"),
 ])
 def test_an_option_the_design_does_not_take_is_refused(argv, message, tmp_path):
@@ -141,7 +142,7 @@ def test_the_shipped_specs_are_package_data():
     assert "lab/studies/*.yaml" in (ROOT / "pyproject.toml").read_text()
     for path in shipped().values():
         spec = load_study_spec(path)
-        assert spec.command() == f"peftlab study {spec.name}" and set(spec.sections) == {"fair", "fixed-rate"}
+        assert spec.command() == f"peftlab study {spec.name}" and spec.section.families
 
 
 def test_the_lambda_spec_sweeps_lr_ratio_with_its_controls_and_the_wk_ablation(tmp_path):
@@ -171,3 +172,20 @@ def test_the_lambda_spec_sweeps_lr_ratio_with_its_controls_and_the_wk_ablation(t
     assert {(c["lr"], c["seed"]) for c in key_runs} == {(4e-3, s) for s in range(100, 104)}
     report = (paths.root / "REPORT.md").read_text()
     assert "Each lambda against lambda 1" in report and "The W_k ablation" in report
+
+
+@pytest.mark.parametrize("argv", [
+    ["study", "lambda", "--task", "stsb", "--model", "tiny-bert", "--ratios", "1.5,2,4", "--rate-centre", "7e-4",
+     "--patience", "2", "--min-delta", "0.001", "--max-extensions", "2", "--key-seeds", "12", "--set", "rank=4"],
+    ["study", "kasa", "--task", "stsb,mrpc", "--model", "tiny-bert", "--rows", "head,lora,kasa-reference",
+     "--selection-samples", "64", "--epochs", "5", "--grid-width", "2", "--no-paper-arms"],
+])
+def test_the_reports_command_gives_the_design_back(argv, tmp_path):
+    """REPORT.md's "reproduce" command, parsed again, is the same design: the command beside the numbers works."""
+    from peftlab.lab.study_fair_report import study_command
+
+    design = parse(argv)
+    command = study_command(design, tmp_path / "study")
+    words = shlex.split(command)
+    assert words[0] == "peftlab" and parse(words[1:]) == design
+    assert f"--output-dir {tmp_path / 'study'}" in command

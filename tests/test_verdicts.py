@@ -14,14 +14,14 @@ import pytest
 from scipy import stats
 
 from fake_results import checked
-from peftlab.lab import study_design as sd
 from peftlab.lab import verdicts as vt
 from peftlab.lab.store import Store
-from peftlab.lab.study_arms import Arm, describe_arm
 from peftlab.lab.study_plan import StudyPaths
-from peftlab.lab.study_report import write_report
 from peftlab.lab.table_model import Cell
 from peftlab.resolve import build_run_config
+from studies.fixed_rate import design as sd
+from studies.fixed_rate.arms import Arm, describe_arm
+from studies.fixed_rate.report import Slot, sensitivity_verdict, write_report
 
 BASE = {"model": "tiny-bert", "method": "lora", "targets": "q,v", "epochs": 2, "max_train_samples": 64,
         "report_to": "none"}
@@ -138,7 +138,7 @@ def test_a_changed_number_changes_the_sentence(kasa_study):
     family["kasa − lora"].update(diff=2.0, significant=True)
     assert "significantly better in: kasa − lora" in vt.kasa_verdict(family)
     family["kasa − head"]["without_labels"].update(significant=not data["kasa − head"]["significant"], diff=1.0)
-    assert "Without the labelled runs the verdict changes for: kasa − head" in vt.sensitivity_verdict(family)
+    assert "Without the labelled runs the verdict changes for: kasa − head" in sensitivity_verdict(family)
 
 
 def test_the_lambda_verdict_follows_the_directions():
@@ -152,17 +152,17 @@ def test_the_lambda_verdict_follows_the_directions():
 
 
 def rendered_from(verdicts: dict) -> set[str]:
-    """Every sentence verdicts.py writes from the data of a study's verdicts.json."""
+    """Every sentence verdicts.py (and the fixed-rate report's slots) write from the data of a verdicts.json."""
     lines: set[str] = set()
     for task in verdicts["tasks"].values():
         comparisons = {k: d for k, d in (task.get("comparisons") or {}).items() if d}
         for data in list(comparisons.values()) + list((task.get("plateau") or {}).values()):
-            lines.update(vt.comparison_lines(data))
+            lines.update(Slot("comparison", ()).render(data))
         if task.get("freeze_wk"):
-            lines.update(vt.key_lines(task["freeze_wk"]))
+            lines.update(Slot("key", ()).render(task["freeze_wk"]))
         verdict = vt.kasa_verdict if verdicts["kind"] == "kasa" else vt.lambda_verdict
         lines.add(verdict(comparisons))
-        lines.add(vt.sensitivity_verdict(comparisons) or "")
+        lines.add(sensitivity_verdict(comparisons) or "")
     return lines - {""}
 
 
@@ -186,7 +186,7 @@ def test_kasa_report_lines_are_what_its_verdicts_json_renders_to(kasa_study):
 def test_lambda_report_lines_are_what_its_verdicts_json_renders_to(tmp_path):
     from test_study import FAKE, small_design  # the fake world of the study tests: nothing trains
 
-    from peftlab.lab.study import run_study
+    from studies.fixed_rate.run import run_study
 
     paths = StudyPaths(tmp_path / "lambda", tmp_path / "lambda" / "results.sqlite")
     run_study(small_design(), paths, workers=0, train_fn=FAKE, progress=False, report=True, say=lambda *a: None)

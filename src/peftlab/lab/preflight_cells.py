@@ -108,31 +108,21 @@ def check_study(design, root: Path, args, *, dry_run: bool = False) -> list:
 
 def study_first_configs(design, task: str) -> list[dict]:
     """A study's distinct first runs of a task: each row's (and fixed arm's) first config."""
-    from peftlab.lab import study_design as sd
     from peftlab.lab import study_protocol as sp
 
-    if isinstance(design, sp.Design):
-        configs = [sp.search_configs(design, task, row, [0])[0] for row in design.rows]
-        return configs + sp.heldout_configs(design, task, sp.paper_arms(design, task), design.heldout_seed_list[:1])
-    if design.shape == "grid":
-        return sd.grid_configs(design, task)[:len(sd.grid_cells(design))]
-    return sd.kasa_configs(design, task)[:len(design.rows) + 1]
+    configs = [sp.search_configs(design, task, row, [0])[0] for row in design.rows]
+    return configs + sp.heldout_configs(design, task, sp.paper_arms(design, task), design.heldout_seed_list[:1])
 
 
 def _study_runs(design, task: str) -> int:
     """The most runs a task of the study may train."""
-    from peftlab.lab import study_design as sd
     from peftlab.lab import study_protocol as sp
 
-    if isinstance(design, sp.Design):
-        protocol = design.protocol
-        points = 2 * protocol.grid_width + 1 + protocol.max_extensions
-        arms = len(sp.paper_arms(design, task)) + len(design.section.controls)
-        runs = len(design.rows) * (points * protocol.selection_seeds + design.heldout_seeds)
-        return runs + arms * design.heldout_seeds + (design.key_seeds if design.key_ablation else 0)
-    if design.shape == "grid":
-        return len(sd.grid_configs(design, task)) + 3 * len(sd.grid_cells(design)) * design.heldout_seeds
-    return len(sd.kasa_configs(design, task))
+    protocol = design.protocol
+    points = 2 * protocol.grid_width + 1 + protocol.max_extensions
+    arms = len(sp.paper_arms(design, task)) + len(design.section.controls)
+    runs = len(design.rows) * (points * protocol.selection_seeds + design.heldout_seeds)
+    return runs + arms * design.heldout_seeds + (design.key_seeds if design.key_ablation else 0)
 
 
 def _check(cells, outputs, *, dry_run: bool = False, **options) -> list:

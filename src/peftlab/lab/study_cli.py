@@ -1,12 +1,11 @@
 """``peftlab study lambda|kasa`` and ``peftlab study --spec my.yaml``: the command line of a study.
 
 The design is a spec file (:mod:`peftlab.lab.study_spec`: ``lambda`` and ``kasa`` are the shipped ones): its rows,
-its options and their defaults under each protocol. Two protocols. ``fair`` (the default,
-:mod:`peftlab.lab.study_protocol`): every row at its own searched learning rate, trained to its plateau (early
-stopping on a selection split carved out of the training data), scored on the dev set as a test split no choice
-read, on held-out seeds. ``fixed-rate``: the earlier designs (:mod:`peftlab.lab.study_design`: one shared rate, a
-fixed number of epochs, the dev set both choosing and reporting), kept so that the committed stores made with them
-still report. An option the spec does not take under the chosen protocol is refused, never ignored.
+its options and their defaults. The protocol (:mod:`peftlab.lab.study_protocol`): every row at its own searched
+learning rate, trained to its plateau (early stopping on a selection split carved out of the training data), scored
+on the dev set as a test split no choice read, on held-out seeds. An option the spec does not take is refused,
+never ignored. The earlier fixed-rate designs (one shared rate, fixed epochs) left the package for the repository's
+``studies/fixed_rate`` (``--protocol fixed-rate`` says where).
 """
 
 from __future__ import annotations
@@ -17,42 +16,29 @@ from pathlib import Path
 from peftlab.argtypes import assignments, nonnegative_int, output_folder, positive_float, positive_int, text
 from peftlab.config import ROLES, TrainConfig, add_dataclass_flags
 from peftlab.errors import PeftlabError
-from peftlab.lab import study_design as sd
 from peftlab.lab import study_protocol as sp
-from peftlab.lab.study_spec import PROTOCOLS, load_study_spec, shipped, spec_for
+from peftlab.lab.study_spec import load_study_spec, shipped, spec_for
 
 # the design's own keys, and those every run of a sweep sets itself (the config's run-managed options)
 DESIGN_SET = ("lr", "lr_ratio", "seed", "task", "eval_steps", "head_lr", "selection_samples", "early_stop_patience",
               "early_stop_min_delta", *ROLES.run_managed)
-# the protocols' own options (refused under the other one) with their defaults, and those whose default differs
-PROTOCOL_ONLY = {"fair": {"selection_samples": 500, "patience": 3, "min_delta": 0.002, "grid_factor": 2.0,
-                          "grid_width": 1, "max_extensions": 3, "rate_centre": None}, "fixed-rate": {}}
-BY_PROTOCOL = {"epochs": {"fair": 20, "fixed-rate": 2}, "selection_seeds": {"fair": 2, "fixed-rate": 3}}
 # the options a spec may take (its `options:`), as flags: dest -> (type or action, help)
 DESIGN_OPTIONS = {
-    "ratios": (text, "the swept values beside the baseline (lambda: fair default 2,4,8; fixed-rate 2,4,8,16)"),
-    "rows": (text, "the rows to compare (kasa fair default head,lora,pissa,milora,dora,kasa,kasa-reference)"),
+    "ratios": (text, "the swept values beside the baseline (lambda: default 2,4,8)"),
+    "rows": (text, "the rows to compare (kasa default head,lora,pissa,milora,dora,kasa,kasa-reference)"),
     "no_key_ablation": ("store_true", "skip the W_k ({q,k,v}) ablation"),
-    "key_seeds": (positive_int, "fair: held-out seeds of the W_k ablation (default 20: about +-2 points)"),
-    "no_paper_arms": ("store_true", "fair: leave out the arms at the authors' per-task settings (kasa: the 2 x 2)"),
-    "lr_grid": (text, "fixed-rate: eta_QK of the lambda > 1 cells"),
-    "diagonal": (text, "fixed-rate: lambda = 1 at these rates"),
-    "top_k": (positive_int, "fixed-rate: candidates a naive search re-seeds (recorded; scripts/tune_vs_grid.py)"),
-    "plateau_epochs": (nonnegative_int, "fixed-rate: the plateau arm"),
-    "plateau_seeds": (nonnegative_int, "fixed-rate: the plateau arm's seeds"),
-    "evals_per_epoch": (positive_int, "fixed-rate: the plateau arm's dev evaluations per epoch"),
-    "no_search": ("store_true", "fixed-rate: no tune comparison in the study (always so now: it is "
-                                "scripts/tune_vs_grid.py; the flag stays in the committed stores' commands)"),
-    "long_epochs": (nonnegative_int, "fixed-rate: the spec's long rows (kasa: LoRA and paper-KaSA) this long"),
-    "long_seeds": (nonnegative_int, "fixed-rate: the long rows' seeds"),
+    "key_seeds": (positive_int, "held-out seeds of the W_k ablation (default 20: about +-2 points)"),
+    "no_paper_arms": ("store_true", "leave out the arms at the authors' per-task settings (kasa: the 2 x 2)"),
 }
-# `peftlab train` options a spec may take (the rows' method; fixed-rate: their shared rate and head rate)
-DESIGN_TRAIN_OPTIONS = ("method", "lr", "head_lr")
-# `peftlab train` options every study takes, as their declarations spell, check and document them; None: the
-# protocol's default (BY_PROTOCOL, PROTOCOL_ONLY) or the spec's. Study's own, though a TrainConfig field has the
-# name: --task (a comma list: each task studied on its own), --output-dir (the study's folder, not a run's).
-TRAIN_FLAGS = ("model", "targets", "epochs", "max_train_samples", "max_eval_samples", "selection_samples")
-TRAIN_DEFAULTS = {"epochs": None, "max_train_samples": 1000, "selection_samples": None, "method": None}
+# flags of the fixed-rate protocol that `peftlab study` still knows, to say where that protocol went
+FIXED_RATE_FLAGS = ("lr", "head_lr")
+MOVED = "python -m studies.fixed_rate lambda|kasa in a source checkout (docs/study/lambda/REPORT.md's command)"
+# `peftlab train` options every study takes, as their declarations spell, check and document them. Study's own,
+# though a TrainConfig field has the name: --task (a comma list: each task studied on its own), --output-dir (the
+# study's folder, not a run's).
+TRAIN_FLAGS = ("model", "targets", "epochs", "max_train_samples", "max_eval_samples", "selection_samples", "method",
+               *FIXED_RATE_FLAGS)
+TRAIN_DEFAULTS = {"epochs": 20, "max_train_samples": 1000, "selection_samples": 500, "method": None}
 
 
 def add_parser(sub) -> None:
@@ -62,10 +48,9 @@ def add_parser(sub) -> None:
         description="A whole study in one command, into one folder with the store, tables, figures and REPORT.md, "
                     "resumable. The design is a spec file: lambda (eta_V = lambda * eta_QK, each lambda with its "
                     "own eta_QK, against lambda 1), kasa (KaSA against its baselines, each at its own rate, and at "
-                    "the paper's settings), or --spec my.yaml. Default protocol (fair): every row gets its own "
-                    "learning-rate search on selection seeds, trains to its plateau, and is scored on the dev set "
-                    "as a test split no choice read, on held-out seeds, paired. --protocol fixed-rate: the earlier "
-                    "designs (one shared rate, fixed epochs).", epilog=protocol_defaults_text())
+                    "the paper's settings), or --spec my.yaml. Every row gets its own learning-rate search on "
+                    "selection seeds, trains to its plateau (--epochs is the cap of early stopping), and is scored "
+                    "on the dev set as a test split no choice read, on held-out seeds, paired.")
     parser.add_argument("study_kind", nargs="?", choices=tuple(specs), default=None,
                         help="a shipped design (or --spec): " + "; ".join(f"{name}: {load_study_spec(path).help}"
                                                                           for name, path in specs.items()))
@@ -81,33 +66,25 @@ def add_parser(sub) -> None:
     parser.set_defaults(func=run_cli)
 
 
-def protocol_defaults_text() -> str:
-    """The defaults of the shared options that depend on --protocol (their --help is train's declaration)."""
-    by = [f"--{k.replace('_', '-')} {v['fair']} (fair), {v['fixed-rate']} (fixed-rate)" for k, v in BY_PROTOCOL.items()]
-    fair_only = f"--selection-samples {PROTOCOL_ONLY['fair']['selection_samples']} (fair only)"
-    return (f"defaults by protocol: {'; '.join(by)}; {fair_only}. --epochs is the cap of early stopping under fair, "
-            "every run's epochs under fixed-rate.")
-
-
 def shared_options(p) -> None:
-    p.add_argument("--protocol", choices=PROTOCOLS, default="fair",
-                   help="fair (default): own rate per row, to the plateau, test split; fixed-rate: the earlier designs")
+    p.add_argument("--protocol", choices=("fair", "fixed-rate"), default="fair",
+                   help="fair (the only one here); fixed-rate moved: " + MOVED)
     p.add_argument("--task", required=True, help="task(s), comma-separated: each is studied on its own")
-    add_dataclass_flags(p, TrainConfig, only=TRAIN_FLAGS + DESIGN_TRAIN_OPTIONS, defaults=TRAIN_DEFAULTS)
+    add_dataclass_flags(p, TrainConfig, only=TRAIN_FLAGS, defaults=TRAIN_DEFAULTS)
     # study's own: the options of early stopping are spelled shorter than train's (--early-stop-patience)
-    p.add_argument("--patience", type=positive_int, default=None,
-                   help="fair: evaluated epochs without a selection gain before a run stops (default 3)")
-    p.add_argument("--min-delta", type=float, default=None,
-                   help="fair: the selection gain that counts (default 0.002: 0.2 points)")
+    p.add_argument("--patience", type=positive_int, default=3,
+                   help="evaluated epochs without a selection gain before a run stops (default 3)")
+    p.add_argument("--min-delta", type=float, default=0.002,
+                   help="the selection gain that counts (default 0.002: 0.2 points)")
     p.add_argument("--rate-centre", type=positive_float, default=None,
-                   help="fair: every row's search centred here (default: each method's own default rate)")
-    p.add_argument("--grid-factor", type=float, default=None, help="fair: rates this far apart (default 2)")
-    p.add_argument("--grid-width", type=positive_int, default=None,
-                   help="fair: grid points each side of the centre (default 1: three rates)")
-    p.add_argument("--max-extensions", type=nonnegative_int, default=None,
-                   help="fair: points a search may add past an edge where its best rate sits (default 3)")
-    p.add_argument("--selection-seeds", type=nonnegative_int, default=None,
-                   help="seeds every choice is made on (fair default 2; fixed-rate lambda 3, 0: confirmatory)")
+                   help="every row's search centred here (default: each method's own default rate)")
+    p.add_argument("--grid-factor", type=float, default=2.0, help="rates this far apart (default 2)")
+    p.add_argument("--grid-width", type=positive_int, default=1,
+                   help="grid points each side of the centre (default 1: three rates)")
+    p.add_argument("--max-extensions", type=nonnegative_int, default=3,
+                   help="points a search may add past an edge where its best rate sits (default 3)")
+    p.add_argument("--selection-seeds", type=nonnegative_int, default=2,
+                   help="seeds every choice is made on (default 2)")
     p.add_argument("--config", default=None, metavar="BASE.yaml",
                    help="train keys every run shares (any `peftlab train` key but the design's own)")
     p.add_argument("--set", type=assignments, default=None, metavar="K=V,...", dest="set_keys",
@@ -127,22 +104,23 @@ def shared_options(p) -> None:
     add_backend_flags(p)  # --backend ray: every run a Ray task (a cluster); --workers is then Ray's to place
 
 
-def protocol_defaults(args, spec) -> None:
-    """Refuse the options neither this protocol nor the spec's section takes; fill in their defaults (in place)."""
-    protocol, other = args.protocol, next(p for p in PROTOCOLS if p != args.protocol)
-    section = spec.section(protocol)
-    own = {**PROTOCOL_ONLY[protocol], **section.options}
-    for dest in (*PROTOCOL_ONLY[other], *DESIGN_OPTIONS, *DESIGN_TRAIN_OPTIONS):
-        if dest in own or getattr(args, dest, None) in (None, False):
-            continue
-        flag = f"--{dest.replace('_', '-')}"
-        if dest in PROTOCOL_ONLY[other] or (other in spec.sections and dest in spec.sections[other].options):
-            raise PeftlabError(f"{flag} is an option of the {other} protocol, not of --protocol {protocol}",
-                               fix="drop it" + (", or pass --protocol fixed-rate" if protocol == "fair" else ""))
-        raise PeftlabError(f"{flag} is not an option of study {spec.name}", where=str(spec.path),
-                           fix=f"drop it; the {protocol} design takes "
-                               + (", ".join("--" + o.replace("_", "-") for o in sorted(section.options)) or "none"))
-    for dest, default in {**own, **{k: v[protocol] for k, v in BY_PROTOCOL.items()}}.items():
+def spec_defaults(args, spec) -> None:
+    """Refuse the options the spec does not take (and the fixed-rate protocol's); fill in the spec's defaults."""
+    if args.protocol == "fixed-rate":
+        raise PeftlabError("the fixed-rate protocol moved out of the installed package", where="peftlab study",
+                           fix=f"run {MOVED}")
+    for dest in FIXED_RATE_FLAGS:
+        if getattr(args, dest, None) is not None:
+            raise PeftlabError(f"--{dest.replace('_', '-')} is an option of the fixed-rate protocol (one shared "
+                               "rate), not of a study that searches each row's rate", fix=f"drop it; that protocol: "
+                                                                                          f"{MOVED}")
+    options = spec.section.options
+    for dest in (*DESIGN_OPTIONS, "method"):  # train's --method: a design option where the spec names it
+        if dest not in options and getattr(args, dest, None) not in (None, False):
+            raise PeftlabError(f"--{dest.replace('_', '-')} is not an option of study {spec.name}",
+                               where=str(spec.path), fix="drop it; the design takes "
+                               + (", ".join("--" + o.replace("_", "-") for o in sorted(options)) or "none"))
+    for dest, default in options.items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, default)
 
@@ -180,57 +158,29 @@ def names(value: str) -> list[str]:
     return [p.strip() for p in str(value).split(",") if p.strip()]
 
 
-def design_from_args(args):
-    """The study's design: a :class:`peftlab.lab.study_protocol.Design` (fair) or a
-    :class:`peftlab.lab.study_design.Design` (fixed-rate); every run config checked before anything runs."""
+def design_from_args(args) -> sp.Design:
+    """The study's design; every run config checked before anything runs."""
     spec = spec_for(args.study_kind, args.spec)
-    if args.protocol == "fixed-rate" and spec.section("fixed-rate").shape == "rows" \
-            and args.selection_seeds is not None:
-        raise PeftlabError(f"--selection-seeds: the fixed-rate {spec.name} study runs every row on the held-out "
-                           "seeds", fix="drop it, or use the fair protocol (the default)")
-    if getattr(args, "top_k", None) is not None and not getattr(args, "no_search", None):
-        raise PeftlabError("--top-k sized the study's tune comparison, which is now python scripts/tune_vs_grid.py",
-                           fix="run that script for the comparison, or drop --top-k (with --no-search, as in the "
-                               "committed stores' commands, it is only recorded in plan.json)")
-    protocol_defaults(args, spec)
+    spec_defaults(args, spec)
     if args.epochs == 0:  # train's declaration takes 0 (evaluate the untrained model); a study compares training
         raise PeftlabError("--epochs 0: a study trains every run", fix="give --epochs 1 or more, or leave it out")
     base, tasks = shared_base(args), study_tasks(args)
-    design = fair_design(args, spec, base, tasks) if args.protocol == "fair" else fixed_design(args, spec, base, tasks)
-    check_configs(design)
-    return design
-
-
-def fixed_design(args, spec, base: dict, tasks: tuple[str, ...]) -> sd.Design:
-    common = dict(tasks=tasks, heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
-                  equivalence_margin=args.equivalence_margin, spec=spec)
-    if spec.section("fixed-rate").shape == "grid":
-        return sd.Design(spec.name, base=base, lr_grid=sd.float_list(names(args.lr_grid), "--lr-grid"),
-                         ratios=sd.float_list(names(args.ratios), "--ratios"),
-                         diagonal=sd.float_list(names(args.diagonal), "--diagonal"),
-                         selection_seeds=args.selection_seeds, top_k=args.top_k, plateau_epochs=args.plateau_epochs,
-                         plateau_seeds=args.plateau_seeds, evals_per_epoch=args.evals_per_epoch,
-                         key_ablation=not args.no_key_ablation, search_comparison=False, **common)
-    base.update({key: getattr(args, key) for key in ("lr", "head_lr") if getattr(args, key, None) is not None})
-    return sd.Design(spec.name, base=base, selection_seeds=0, rows=tuple(names(args.rows)),
-                     long_epochs=args.long_epochs, plateau_epochs=0, plateau_seeds=args.long_seeds, **common)
-
-
-def fair_design(args, spec, base: dict, tasks: tuple[str, ...]) -> sp.Design:
     protocol = sp.Protocol(selection_samples=args.selection_samples, patience=args.patience,
                            min_delta=args.min_delta, selection_seeds=args.selection_seeds,
                            grid_factor=args.grid_factor, grid_width=args.grid_width,
                            max_extensions=args.max_extensions)
-    section = spec.section("fair")
+    section = spec.section
     key_seeds = getattr(args, "key_seeds", None) or 20
     # the seeds before anything is resolved: a bad seed is its own one-line error, not whatever comes next
-    sd.check_seeds(args.heldout_seed_start, max(args.heldout_seeds, key_seeds if section.key_ablation else 0),
+    sp.check_seeds(args.heldout_seed_start, max(args.heldout_seeds, key_seeds if section.key_ablation else 0),
                    protocol.selection_seeds)
-    return sp.Design(spec.name, tasks, base, fair_rows(args, section, base, tasks), protocol,
-                     heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
-                     key_seeds=key_seeds, equivalence_margin=args.equivalence_margin,
-                     paper_arms=bool(section.paper_arms) and not args.no_paper_arms,
-                     key_ablation=section.key_ablation and not args.no_key_ablation, spec=spec)
+    design = sp.Design(spec.name, tasks, base, fair_rows(args, section, base, tasks), protocol,
+                       heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
+                       key_seeds=key_seeds, equivalence_margin=args.equivalence_margin,
+                       paper_arms=bool(section.paper_arms) and not args.no_paper_arms,
+                       key_ablation=section.key_ablation and not args.no_key_ablation, spec=spec)
+    check_configs(design)
+    return design
 
 
 def fair_rows(args, section, base: dict, tasks: tuple[str, ...]) -> tuple[sp.Row, ...]:
@@ -254,7 +204,7 @@ def fair_rows(args, section, base: dict, tasks: tuple[str, ...]) -> tuple[sp.Row
     swept = section.swept
     if swept:
         flag = "--" + swept["option"].replace("_", "-")
-        values = sd.float_list(names(getattr(args, swept["option"])), flag)
+        values = sp.float_list(names(getattr(args, swept["option"])), flag)
         values = (float(swept["baseline"]),) + tuple(v for v in values if v != swept["baseline"])
         return tuple(sp.Row(swept["name"].format(v), {swept["key"]: v}, centre({})) for v in values)
     chosen = names(args.rows)
@@ -304,44 +254,29 @@ def run_cli(args) -> int:
         return report_only(design, paths)
     options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
     check_study(design, root, args)  # data, models, extras, the folder and its room: before any stage runs
-    from peftlab.lab.study import run_fair_study, run_study
+    from peftlab.lab.study import run_fair_study
 
-    run = run_fair_study if isinstance(design, sp.Design) else run_study
-    run(design, paths, workers=args.workers, ray_options=options)
+    run_fair_study(design, paths, workers=args.workers, ray_options=options)
     return 0
 
 
 def dry_run(design, paths, args) -> int:
     from peftlab.lab.preflight_cells import check_study, print_findings
+    from peftlab.lab.study_fair import plan_lines
 
     print(f"study {design.kind} on {', '.join(design.tasks)} ({design.base['model']}), folder {paths.root}")
-    if isinstance(design, sp.Design):
-        from peftlab.lab.study_fair import plan_lines
-
-        print("\n".join(plan_lines(design, {t: split_text(design, t) for t in design.tasks})))
-    else:
-        from peftlab.lab.study import Study
-        from peftlab.lab.study_plan import Plan, plan_stages
-
-        print(Plan(plan_stages(design), Study(design, paths, workers=args.workers).seconds_per_epoch(),
-                   args.workers).describe())
+    print("\n".join(plan_lines(design, {t: split_text(design, t) for t in design.tasks})))
     return print_findings(check_study(design, paths.root, args, dry_run=True))  # its problems: exit 2
 
 
 def report_only(design, paths) -> int:
-    from peftlab.lab.study_plan import load_or_save_plan, save_fair_plan
+    from peftlab.lab.study_fair_report import write_fair_report
+    from peftlab.lab.study_plan import save_fair_plan
 
     if not paths.plan.is_file():
         raise PeftlabError(f"no study in {paths.root} yet (no {paths.plan.name})", fix="run the study first")
-    if isinstance(design, sp.Design):
-        from peftlab.lab.study_fair_report import write_fair_report
-
-        save_fair_plan(paths, design)  # refuses a folder planned with other settings
-        print(f"report: {write_fair_report(paths, design)}")
-        return 0
-    from peftlab.lab.study_report import write_report
-
-    print(f"report: {write_report(paths, load_or_save_plan(paths, design))}")
+    save_fair_plan(paths, design)  # refuses a folder planned with other settings
+    print(f"report: {write_fair_report(paths, design)}")
     return 0
 
 

@@ -9,21 +9,9 @@ rerun of the same command resumes where the last one stopped and the report repl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_protocol as sp
-from peftlab.lab.study_design import key_ablation_targets
 from peftlab.lab.study_plan import keyed
-
-
-@dataclass(frozen=True)
-class TaskPicks:
-    """What the selection seeds chose for one task: each row's finished search, and the held-out arms."""
-
-    task: str
-    searches: dict[str, sp.Search]
-    arms: tuple[sp.Arm, ...]
 
 
 def search_state(design: sp.Design, task: str, row: sp.Row, steps: tuple[int, ...], extensions: int,
@@ -87,7 +75,7 @@ def best_off_diagonal(design: sp.Design, searches: dict[str, sp.Search]) -> sp.A
 
 def key_arms(design: sp.Design, searches: dict[str, sp.Search]) -> tuple[sp.Arm, sp.Arm] | None:
     """The W_k ablation: the baseline row's pick as it is, and with W_k trained too."""
-    targets = key_ablation_targets(design.base.get("targets", "q,v"))
+    targets = sp.key_ablation_targets(design.base.get("targets", "q,v"))
     baseline = design.baseline_row()
     search = searches.get(baseline.name) if baseline is not None else None
     if not (design.key_ablation and targets and search and search.best):
@@ -96,7 +84,7 @@ def key_arms(design: sp.Design, searches: dict[str, sp.Search]) -> tuple[sp.Arm,
     return frozen, sp.Arm(f"{frozen.name} with W_k trained", {**frozen.keys, "targets": targets}, frozen.rate)
 
 
-def run_task(study, design: sp.Design, task: str) -> TaskPicks:
+def run_task(study, design: sp.Design, task: str) -> None:
     """One task's searches and held-out stages through ``study.run_configs`` (a sweep per stage)."""
 
     def run_round(round_: int, configs: list[dict]) -> dict[str, dict]:
@@ -117,11 +105,6 @@ def run_task(study, design: sp.Design, task: str) -> TaskPicks:
         study.run_configs(f"key-{task}", sp.heldout_configs(design, task, list(pair), design.key_seed_list),
                           f"fair study, {task}: the W_k ablation at the lambda-1 pick, {len(design.key_seed_list)} "
                           "held-out seeds")
-    return TaskPicks(task, searches, arms)
-
-
-def run_fair(study, design: sp.Design) -> dict[str, TaskPicks]:
-    return {task: run_task(study, design, task) for task in design.tasks}
 
 
 def plan_lines(design: sp.Design, split_sizes: dict[str, str]) -> list[str]:

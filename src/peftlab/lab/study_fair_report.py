@@ -9,6 +9,7 @@ the same functions that ran it, and every sentence is written from verdicts.json
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -16,12 +17,11 @@ from peftlab.io_utils import atomic_write_text
 from peftlab.lab import stats
 from peftlab.lab import study_protocol as sp
 from peftlab.lab import verdicts as vt
-from peftlab.lab.study_arms import command_head, command_tail, load_store_rows, metric_scale, write_json
+from peftlab.lab.records import auto_scale
 from peftlab.lab.study_fair import heldout_arms, key_arms, replay_searches
 from peftlab.lab.study_plan import keyed
 from peftlab.lab.table_model import Cell
 
-ALPHA = 0.05
 SECTION_FILE = "SECTION.md"  # the report's task sections, as docs/RESULTS.md embeds them
 
 
@@ -48,10 +48,15 @@ def comparison_data(name: str, a: tuple[str, Cell], b: tuple[str, Cell], margin:
     if data["n_pairs"] < 2:
         return data
     c = stats.compare(a[1], b[1], test="paired", margin=margin)
-    power = stats.power_of(a[1], b[1], c, alpha=ALPHA, target=None)
+    power = stats.power_of(a[1], b[1], c, alpha=vt.ALPHA, target=None)
     data.update(diff=c.diff * scale, ci=[c.ci_low * scale, c.ci_high * scale], p=c.p, tost_p=c.tost_p,
                 detectable_80=None if power.detectable is None else power.detectable * scale)
     return data
+
+
+def metric_scale(rows: list[dict]) -> float:
+    names = {(r.get("result") or {}).get("primary_metric") for r in rows}
+    return auto_scale(n for n in names if n)
 
 
 def _labels(cell: Cell) -> dict[str, int]:
@@ -65,8 +70,8 @@ def holm(family: list[dict]) -> None:
         for d, p in zip(present, stats.adjust([d[key] for d in present], "holm") or []):
             d[adjusted] = p
     for d in family:
-        d["significant"] = d.get("p_holm") is not None and d["p_holm"] < ALPHA
-        d["equivalent"] = d.get("tost_p_holm") is not None and d["tost_p_holm"] < ALPHA
+        d["significant"] = d.get("p_holm") is not None and d["p_holm"] < vt.ALPHA
+        d["equivalent"] = d.get("tost_p_holm") is not None and d["tost_p_holm"] < vt.ALPHA
 
 
 def row_record(search: sp.Search, cell: Cell, runs: list[dict], scale: float) -> dict:
@@ -199,8 +204,6 @@ def task_lines(design: sp.Design, data: dict) -> list[str]:
             lines += ["", vt.kasa_verdict(family)]
         if specs[name].verdict == "lambda":
             lines += ["", vt.lambda_verdict({k.split(":")[0]: d for k, d in family.items()})]
-        sensitivity = vt.sensitivity_verdict(family)
-        lines += [sensitivity] if sensitivity else []
     movement = {k: v for k, v in (data.get("sigma_vs_adam") or {}).items() if v is not None}
     if movement:
         lines += ["", "KaSA's singular values: median over runs and modules of max |sigma − sigma_init| / (optimizer "
@@ -218,13 +221,24 @@ def paper_steps(design: sp.Design, task: str) -> str:
     return str((design.spec.paper_settings.get(task) or {}).get("steps", "n/a"))
 
 
+def number_text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def study_command(design: sp.Design, root) -> str:
-    """The `peftlab study` command whose options give ``design`` back, every knob spelled out."""
-    p, section = design.protocol, design.section
-    words, base = command_head(design, design.spec.command(), [
-        f"--selection-samples {p.selection_samples}", f"--patience {p.patience}", f"--min-delta {p.min_delta:g}",
-        f"--selection-seeds {p.selection_seeds}", f"--grid-factor {p.grid_factor:g}", f"--grid-width {p.grid_width}",
-        f"--max-extensions {p.max_extensions}"])
+    """The `peftlab study` command whose options give ``design`` back (``design_from_args``'s inverse), every knob
+    spelled out, so the command beside a number needs no defaults looked up."""
+    p, section, base = design.protocol, design.section, dict(design.base)
+    words = [design.spec.command(), f"--task {','.join(design.tasks)}", f"--model {base.pop('model')}",
+             f"--targets {base.pop('targets')}", f"--epochs {base.pop('epochs')}",
+             f"--max-train-samples {base.pop('max_train_samples')}",
+             f"--selection-samples {p.selection_samples}", f"--patience {p.patience}", f"--min-delta {p.min_delta:g}",
+             f"--selection-seeds {p.selection_seeds}", f"--grid-factor {p.grid_factor:g}",
+             f"--grid-width {p.grid_width}", f"--max-extensions {p.max_extensions}"]
+    if base.get("max_eval_samples") is not None:
+        words.append(f"--max-eval-samples {base.pop('max_eval_samples')}")
+    if base.get("report_to") == "none":
+        base.pop("report_to")
     if "method" in section.options:
         words.append(f"--method {base.pop('method')}")
     if section.swept:
@@ -238,20 +252,23 @@ def study_command(design: sp.Design, root) -> str:
     centres = {r.centre for r in design.rows}
     if len(centres) == 1:  # one centre for every row: --rate-centre gives it back (whether given or resolved)
         words.append(f"--rate-centre {centres.pop():g}")
-    return " ".join(words + command_tail(design, base, root))
+    words += [f"--heldout-seeds {design.heldout_seeds}", f"--heldout-seed-start {design.heldout_seed_start}",
+              f"--equivalence-margin {number_text(design.equivalence_margin)}"]
+    if base:
+        words.append("--set " + ",".join(f"{k}={number_text(v)}" for k, v in sorted(base.items())))
+    return " ".join(words + [f"--output-dir {root}"])
 
 
 def write_fair_report(paths, design: sp.Design, *, seconds: float | None = None) -> Path:
     """verdicts.json, then REPORT.md written from it (read back), in the study folder; returns REPORT.md."""
-    import json
-
     from peftlab.lab import provenance
+    from peftlab.lab.records import load_rows
 
-    rows = load_store_rows(paths.store)
+    rows = load_rows([paths.store]) if paths.store.is_file() else []
     finished = [r for r in rows if r.get("status") not in ("pending", "running")]
     verdicts = {"kind": design.kind, "protocol": "fair", "tasks": {t: task_data(design, t, rows)
                                                                    for t in design.tasks}}
-    write_json(paths.root / "verdicts.json", verdicts)
+    atomic_write_text(paths.root / "verdicts.json", json.dumps(verdicts, indent=2, default=str) + "\n")
     verdicts = json.loads((paths.root / "verdicts.json").read_text())  # every sentence from the file's numbers
     summary = provenance.summarize(r.get("result") for r in rows)
     run_seconds = sum(float(r.get("seconds") or 0) for r in finished)

@@ -21,7 +21,7 @@ speaks to the methods and not to one shared learning rate:
   numbers, paired by seed across rows (every finished run stays in the comparison).
 
 The rows, the fixed arms and the controls come from the design's spec (:mod:`peftlab.lab.study_spec`). Everything
-here is pure: configs in, configs or picks out. :mod:`peftlab.lab.study` runs the stages.
+here is pure: configs in, configs or picks out. :mod:`peftlab.lab.study_fair` runs the stages.
 """
 
 from __future__ import annotations
@@ -33,8 +33,46 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.study_design import check_seeds
 from peftlab.lab.study_spec import Section, StudySpec, load_study_spec, shipped
+
+
+def float_list(values: Iterable, what: str) -> tuple[float, ...]:
+    out = []
+    for value in values:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise PeftlabError(f"{what}: '{value}' is not a number", fix=f"e.g. {what} 2,4,8") from None
+        if not math.isfinite(number) or number <= 0:
+            raise PeftlabError(f"{what}: {value} must be a finite number > 0")
+        out.append(number)
+    if len(set(out)) != len(out):
+        raise PeftlabError(f"{what}: a value is given twice ({', '.join(map(str, out))})")
+    return tuple(out)
+
+
+def check_seeds(start, count, selection_seeds: int, *, minimum: int = 2) -> None:
+    """The held-out seeds: at least ``minimum`` (2: pairs), within the seed range, after the selection seeds."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < minimum:
+        raise PeftlabError(f"--heldout-seeds must be an integer >= {minimum}{' (pairs)' if minimum == 2 else ''}, "
+                           f"got {count!r}")
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < 2**31 - 1000:
+        raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), got {start!r}")
+    if start + count > 2**31:  # else a list of seeds no machine can hold
+        raise PeftlabError(f"--heldout-seeds {count} from --heldout-seed-start {start} goes past seed 2**31 - 1",
+                           fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
+    if start < selection_seeds:
+        raise PeftlabError(f"--heldout-seed-start {start} overlaps the selection seeds 0-{selection_seeds - 1}",
+                           fix="held-out seeds must be seeds no selection used")
+
+
+def key_ablation_targets(targets: str) -> str | None:
+    """{q,v} -> {q,k,v}: the same update with W_k trained too; None when k is already trained (or no q/v)."""
+    names = [t.strip() for t in str(targets).split(",") if t.strip()]
+    if "k" in names or not {"q", "v"} <= set(names):
+        return None
+    order = ["q", "k", "v", "o"]
+    return ",".join(sorted(set(names) | {"k"}, key=lambda t: (order.index(t) if t in order else 9, t)))
 
 
 @dataclass(frozen=True)
@@ -225,7 +263,7 @@ class Design:
 
     @property
     def section(self) -> Section:
-        return self.spec.section("fair")
+        return self.spec.section
 
     def record(self) -> dict:
         """The design as plan.json holds it (its spec is named by ``kind``, not copied)."""

@@ -2,10 +2,10 @@
 
 The shipped designs are ``studies/lambda.yaml`` and ``studies/kasa.yaml`` beside this module (``peftlab study
 lambda|kasa``); ``peftlab study --spec my.yaml`` runs a user's own. A spec names the rows a study compares (a
-mapping of names to train keys, or one key swept over an option's values), each protocol's options with their
-defaults, the arms at a paper's per-task settings, the baseline's rate controls, the W_k ablation, and the
-comparison families of the report. The runner (:mod:`peftlab.lab.study_fair`, :mod:`peftlab.lab.study`) and the
-reports read only this; nothing in them names a method or a row.
+mapping of names to train keys, or one key swept over an option's values), the options with their defaults, the
+arms at a paper's per-task settings, the baseline's rate controls, the W_k ablation, and the comparison families
+of the report (its ``fair`` section). The runner (:mod:`peftlab.lab.study_fair`) and the report read only this;
+nothing in them names a method or a row.
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ from typing import Any
 from peftlab.errors import PeftlabError, unknown
 
 SHIPPED = Path(__file__).parent / "studies"
-PROTOCOLS = ("fair", "fixed-rate")
-TOP_KEYS = {"name", "help", "paper_settings", *PROTOCOLS}
-SECTION_KEYS = {"title", "options", "rows", "swept", "paper_arms", "paper_rows", "long_rows", "controls",
-                "key_ablation", "families", "shape"}
+TOP_KEYS = {"name", "help", "paper_settings", "fair"}
+SECTION_KEYS = {"title", "options", "rows", "swept", "paper_arms", "controls", "key_ablation", "families"}
 FAMILY_KEYS = {"name", "intro", "family", "verdict", "pairs", "compare"}
 COMPARES = ("pairs", "baseline", "key_ablation")
 
@@ -50,19 +48,16 @@ class PaperArm:
 
 @dataclass(frozen=True)
 class Section:
-    """One protocol's part of a spec."""
+    """The fair protocol's part of a spec."""
 
     title: str
-    options: dict[str, Any]  # option dest -> default: the options this design takes under this protocol
+    options: dict[str, Any]  # option dest -> default: the options this design takes
     rows: dict[str, dict] = field(default_factory=dict)  # name -> train keys
     swept: dict | None = None  # {key, option, baseline, name}: a row per value of the option
     paper_arms: tuple[PaperArm, ...] = ()
-    paper_rows: dict[str, tuple[str, ...]] = field(default_factory=dict)  # fixed-rate rows at the paper settings
-    long_rows: tuple[str, ...] = ()
     controls: tuple[str, ...] = ()  # names of the baseline's arms at the best swept row's eta_QK and eta_V
     key_ablation: bool = False
     families: tuple[Family, ...] = ()
-    shape: str = "rows"  # fixed-rate: rows | grid
 
 
 @dataclass(frozen=True)
@@ -70,14 +65,8 @@ class StudySpec:
     name: str
     help: str  # a line of `peftlab study --help`
     path: Path
-    sections: dict[str, Section]
+    section: Section
     paper_settings: dict[str, dict] = field(default_factory=dict)
-
-    def section(self, protocol: str) -> Section:
-        if protocol not in self.sections:
-            raise PeftlabError(f"study '{self.name}' has no {protocol} design", where=str(self.path),
-                               fix=f"use --protocol {next(iter(self.sections))}, or add a '{protocol}' section")
-        return self.sections[protocol]
 
     def command(self) -> str:
         """How the command line names this design: ``peftlab study kasa`` or ``peftlab study --spec FILE``."""
@@ -112,21 +101,20 @@ def load_study_spec(path: str | Path) -> StudySpec:
     if not isinstance(data, dict) or not data.get("name"):
         raise PeftlabError("a study spec is a mapping with a name", where=str(path), fix="see studies/kasa.yaml")
     _known(data, TOP_KEYS, path, "study spec")
-    sections = {p: _section(data[p], path, p) for p in PROTOCOLS if p in data}
-    if not sections:
-        raise PeftlabError("the study spec has no 'fair' or 'fixed-rate' section", where=str(path))
-    return StudySpec(str(data["name"]), str(data.get("help") or data["name"]), path, sections,
+    if "fair" not in data:
+        raise PeftlabError("the study spec has no 'fair' section", where=str(path), fix="see studies/kasa.yaml")
+    return StudySpec(str(data["name"]), str(data.get("help") or data["name"]), path, _section(data["fair"], path),
                      dict(data.get("paper_settings") or {}))
 
 
-def _section(data: Any, path: Path, protocol: str) -> Section:
+def _section(data: Any, path: Path) -> Section:
     if not isinstance(data, dict):
-        raise PeftlabError(f"'{protocol}' must be a mapping", where=str(path))
-    _known(data, SECTION_KEYS, path, protocol)
+        raise PeftlabError("'fair' must be a mapping", where=str(path))
+    _known(data, SECTION_KEYS, path, "fair")
     rows = dict(data.get("rows") or {})
     swept = data.get("swept")
-    if protocol == "fair" and bool(rows) == bool(swept):
-        raise PeftlabError(f"'{protocol}' needs either rows (name: keys) or swept (one key over an option's values)",
+    if bool(rows) == bool(swept):
+        raise PeftlabError("'fair' needs either rows (name: keys) or swept (one key over an option's values)",
                            where=str(path))
     families = tuple(_family(f, path) for f in data.get("families") or ())
     for family in families:
@@ -137,9 +125,7 @@ def _section(data: Any, path: Path, protocol: str) -> Section:
     arms = tuple(PaperArm(str(a["name"]), dict(a.get("keys") or {}), tuple(a.get("paper") or ()))
                  for a in data.get("paper_arms") or ())
     return Section(str(data.get("title") or ""), dict(data.get("options") or {}), rows, swept, arms,
-                   {k: tuple(v) for k, v in (data.get("paper_rows") or {}).items()}, tuple(data.get("long_rows") or ()),
-                   tuple(data.get("controls") or ()), bool(data.get("key_ablation")), families,
-                   str(data.get("shape") or "rows"))
+                   tuple(data.get("controls") or ()), bool(data.get("key_ablation")), families)
 
 
 def _names_arm(name: str, rows: dict, data: dict) -> bool:

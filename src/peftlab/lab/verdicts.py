@@ -1,19 +1,16 @@
 """The sentences of a study's REPORT.md, written from verdicts.json's data alone.
 
-A study (:mod:`peftlab.lab.study_report`) stores each comparison in verdicts.json as numbers: the two arms (a − b),
-the difference with its 95 % CI, the pairs (every seed both arms finished with a value), the paired-t p and its
-Holm-adjusted p over the section's family, the TOST equivalence p (Holm) against the design's margin, the difference
-detectable with 80 % power, the labels of the runs in each arm (no_learning, collapsed, diverged: in the mean and the
-pairs at their value) and the same comparison without the labelled runs. The functions here are pure: they take that
-data as ``json.load`` gives it back and write the sentence, so a sentence cannot say what its numbers do not.
-``write_report`` builds the data, writes verdicts.json, then fills each :class:`Slot` of REPORT.md from the data
-read back.
+A study (:mod:`peftlab.lab.study_fair_report`) stores each comparison in verdicts.json as numbers: the two arms
+(a − b), the difference with its 95 % CI, the pairs (every seed both arms finished with a value), the paired-t p and
+its Holm-adjusted p over the section's family, the TOST equivalence p (Holm) against the design's margin, the
+difference detectable with 80 % power, the labels of the runs in each arm (no_learning, collapsed, diverged: in
+the mean and the pairs at their value). The functions here are pure: they take that data as ``json.load`` gives it
+back and write the sentence, so a sentence cannot say what its numbers do not.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 MINUS = "−"  # a typographic minus: "−9.92", as the report's "a − b"
 ALPHA = 0.05  # the studies' level: a p-value is never rounded across it
@@ -90,26 +87,9 @@ def labels_text(data: dict) -> str:
     return "; ".join(parts)
 
 
-def sensitivity_text(data: dict) -> str | None:
-    """The same comparison with the labelled runs left out; None where none is in the pairs."""
-    without = data.get("without_labels")
-    if without is None:
-        return None
-    if without.get("diff") is None:
-        return f"without the labelled runs: {comparison_text(without)}"
-    low, high = without["ci"]
-    return (f"without the labelled runs: {signed(without['diff'])} [95 % CI {signed(low)}, {signed(high)}] on "
-            f"{without['n_pairs']} pairs, paired t {p_text(without.get('p'))}, Holm {p_text(without.get('p_holm'))}:"
-            f" {outcome(without)}")
-
-
-def comparison_lines(data: dict, prefix: str = "- ") -> list[str]:
-    """The comparison as a list item (``name: text``), its sensitivity as an item under it."""
-    lines = [f"{prefix}{data['name']}: {comparison_text(data)}"]
-    sensitivity = sensitivity_text(data)
-    if sensitivity:
-        lines.append(f"{' ' * len(prefix)}- {sensitivity}")
-    return lines
+def comparison_lines(data: dict) -> list[str]:
+    """The comparison as a list item (``name: text``)."""
+    return [f"- {data['name']}: {comparison_text(data)}"]
 
 
 def family_heading(family: dict[str, dict], intro: str) -> str:
@@ -163,9 +143,7 @@ def key_verdict(data: dict | None) -> str:
 
 
 def key_lines(data: dict) -> list[str]:
-    lines = [f"{data['name']}: {comparison_text(data)}. Verdict: {key_verdict(data)}."]
-    sensitivity = sensitivity_text(data)
-    return lines + ([f"- {sensitivity}"] if sensitivity else [])
+    return [f"{data['name']}: {comparison_text(data)}. Verdict: {key_verdict(data)}."]
 
 
 def kasa_verdict(comparisons: dict[str, dict]) -> str:
@@ -175,57 +153,3 @@ def kasa_verdict(comparisons: dict[str, dict]) -> str:
     text = ("KaSA is significantly better in: " + ", ".join(better) if better
             else "KaSA is significantly better in none of its comparisons")
     return "Verdict: " + text + ("; significantly worse in: " + ", ".join(worse) if worse else "") + "."
-
-
-def sensitivity_verdict(comparisons: dict[str, dict]) -> str | None:
-    """Whether leaving the labelled runs out changes any verdict of the family; None when none holds one."""
-    held = {k: d for k, d in comparisons.items() if d and d.get("without_labels") is not None}
-    if not held:
-        return None
-    changed = [f"{k} ({outcome(d)} with them, {outcome(d['without_labels'])} without)" for k, d in held.items()
-               if direction(d) != direction(d["without_labels"])]
-    if not changed:
-        return (f"Without the labelled runs no verdict changes ({len(held)} comparison"
-                f"{'s' if len(held) != 1 else ''} held some).")
-    return "Without the labelled runs the verdict changes for: " + "; ".join(changed) + "."
-
-
-# --------------------------------------------------------------------------- REPORT.md's slots
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A place in REPORT.md's lines for sentences written from verdicts.json: ``kind`` says which, ``path`` where
-    its data is (keys from the top of verdicts.json), ``text`` an introduction some kinds need."""
-
-    kind: str  # comparison, family, lambda_verdict, key, kasa_verdict, sensitivity_verdict, cell
-    path: tuple[str, ...]
-    text: str = ""  # family: the heading's first words; cell: the table row before the cell
-    after: str = ""  # cell: the table row after the cell
-
-    def render(self, verdicts: dict) -> list[str]:
-        data = verdicts
-        for key in self.path:
-            data = data[key]
-        if self.kind == "comparison":
-            return comparison_lines(data)
-        if self.kind == "family":
-            return [family_heading(data, self.text)]
-        if self.kind == "key":
-            return key_lines(data)
-        if self.kind == "cell":  # a table row's cell: one line, the sensitivity after a semicolon
-            sensitivity = sensitivity_text(data) if data else None
-            cell = "–" if data is None else comparison_text(data) + (f"; {sensitivity}" if sensitivity else "")
-            return [self.text + cell + self.after]
-        if self.kind == "sensitivity_verdict":  # a paragraph of its own, after the verdict
-            sentence = sensitivity_verdict(data)
-            return ["", sentence] if sentence else []
-        return [{"lambda_verdict": lambda_verdict, "kasa_verdict": kasa_verdict}[self.kind](data)]
-
-
-def render_lines(lines: list, verdicts: dict) -> list[str]:
-    """REPORT.md's lines with every :class:`Slot` written from ``verdicts`` (verdicts.json's data)."""
-    out: list[str] = []
-    for line in lines:
-        out += line.render(verdicts) if isinstance(line, Slot) else [line]
-    return out

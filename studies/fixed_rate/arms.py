@@ -4,7 +4,8 @@ An arm holds every finished run at its value (ok, and those labelled no_learning
 is never dropped for how it came out; the labels are counted beside the arm). Comparisons are
 :func:`peftlab.lab.stats.compare` (paired t, CI, TOST) with Holm over a section's family of comparisons, the power
 of each (scipy's noncentral t), and the same comparison without the labelled runs (a family of its own). Their data
-(:func:`comparison_data`) is what verdicts.json holds and :mod:`peftlab.lab.verdicts` writes sentences from.
+(:func:`comparison_data`) is what verdicts.json holds and :mod:`peftlab.lab.verdicts` writes sentences from
+(through :mod:`studies.fixed_rate.report`'s slots).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Iterable
 
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab import stats
-from peftlab.lab import study_design as sd
 from peftlab.lab.records import auto_scale, matches
 from peftlab.lab.table_model import Cell, Comparison
+from studies.fixed_rate import design as sd
 
 ALPHA = 0.05
 
@@ -208,7 +209,7 @@ def number_text(value) -> str:
 
 
 def command_head(design, prog: str, knobs: list[str]) -> tuple[list[str], dict]:
-    """The start of the `peftlab study` command that gives ``design`` back: the shared config's options, then
+    """The start of the study command that gives ``design`` back: the shared config's options, then
     ``knobs``; returns the words and the base keys not spelled out yet."""
     base = dict(design.base)
     words = [prog, f"--task {','.join(design.tasks)}", f"--model {base.pop('model')}",

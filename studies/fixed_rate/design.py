@@ -1,9 +1,9 @@
-"""The *fixed-rate* designs of `peftlab study` (``--protocol fixed-rate``): their run configs and picks, pure.
+"""The *fixed-rate* designs (``python -m studies.fixed_rate``): their run configs and picks, pure.
 
 A design is a list of *stages*; a stage is a set of run configs (one sweep spec per task), some of which
-depend on what earlier stages found; the driver (:mod:`peftlab.lab.study`) runs them into one results store.
-The design's rows, paper settings and defaults are its spec's ``fixed-rate`` section
-(:mod:`peftlab.lab.study_spec`); its *shape* says which stages it has:
+depend on what earlier stages found; the driver (:mod:`studies.fixed_rate.run`) runs them into one results store.
+The design's rows and defaults are its spec file beside this module (``lambda.yaml``, ``kasa.yaml``; the paper
+settings are those of peftlab's shipped spec of the same name); its *shape* says which stages it has:
 
 **grid** (lambda: Yao et al.'s eta_V = lambda * eta_QK, checked against its own control):
 
@@ -32,40 +32,49 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Iterable
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.study_spec import Section, StudySpec, load_study_spec, shipped
+from peftlab.lab.study_protocol import check_seeds, key_ablation_targets
+from peftlab.lab.study_spec import load_study_spec, shipped
 
 
-def float_list(values: Iterable, what: str) -> tuple[float, ...]:
-    out = []
-    for value in values:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise PeftlabError(f"{what}: '{value}' is not a number", fix=f"e.g. {what} 5e-4,1e-3,2e-3") from None
-        if not math.isfinite(number) or number <= 0:
-            raise PeftlabError(f"{what}: {value} must be a finite number > 0")
-        out.append(number)
-    if len(set(out)) != len(out):
-        raise PeftlabError(f"{what}: a value is given twice ({', '.join(map(str, out))})")
-    return tuple(out)
+SPECS = Path(__file__).parent  # lambda.yaml, kasa.yaml: the two fixed-rate designs
 
 
-def check_seeds(start, count, selection_seeds: int, *, minimum: int = 2) -> None:
-    """The held-out seeds: at least ``minimum`` (2: pairs), within the seed range, after the selection seeds."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < minimum:
-        raise PeftlabError(f"--heldout-seeds must be an integer >= {minimum}{' (pairs)' if minimum == 2 else ''}, "
-                           f"got {count!r}")
-    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < 2**31 - 1000:
-        raise PeftlabError(f"--heldout-seed-start must be an integer in [0, 2**31 - 1000), got {start!r}")
-    if start + count > 2**31:  # else a list of seeds no machine can hold
-        raise PeftlabError(f"--heldout-seeds {count} from --heldout-seed-start {start} goes past seed 2**31 - 1",
-                           fix="held-out seeds are a few dozen runs, e.g. --heldout-seeds 10")
-    if start < selection_seeds:
-        raise PeftlabError(f"--heldout-seed-start {start} overlaps the selection seeds 0-{selection_seeds - 1}",
-                           fix="held-out seeds must be seeds no selection used")
+@dataclass(frozen=True)
+class FixedSpec:
+    """A fixed-rate design's spec file (``<kind>.yaml`` beside this module)."""
+
+    name: str
+    title: str
+    shape: str  # grid (lambda) | rows (kasa)
+    options: dict[str, Any]  # option dest -> default
+    rows: dict[str, dict] = field(default_factory=dict)  # rows shape: name -> train keys
+    paper_rows: dict[str, tuple[str, ...]] = field(default_factory=dict)  # rows at the task's paper settings
+    long_rows: tuple[str, ...] = ()
+    pairs: tuple[tuple[str, str, str], ...] = ()  # (a, b, name): the comparisons a − b
+
+    def paper(self, task: str) -> dict[str, Any]:
+        """The task's paper settings: those of peftlab's shipped spec of the same name."""
+        return load_study_spec(shipped()[self.name]).paper(task)
+
+
+def load_spec(kind: str) -> FixedSpec:
+    import yaml
+
+    path = SPECS / f"{kind}.yaml"
+    if not path.is_file():
+        from peftlab.errors import unknown
+
+        raise unknown("fixed-rate study", kind, sorted(p.stem for p in SPECS.glob("*.yaml")))
+    data = yaml.safe_load(path.read_text())
+    pairs = tuple((str(p[0]), str(p[1]), str(p[2]) if len(p) == 3 else f"{p[0]} − {p[1]}")
+                  for p in data.get("pairs") or ())
+    return FixedSpec(data["name"], data["title"], data["shape"], dict(data["options"]), dict(data.get("rows") or {}),
+                     {k: tuple(v) for k, v in (data.get("paper_rows") or {}).items()},
+                     tuple(data.get("long_rows") or ()), pairs)
 
 
 @dataclass(frozen=True)
@@ -91,23 +100,19 @@ class Design:
     long_epochs: int = 0
     equivalence_margin: float = 1.0  # in the table's points (x100 for accuracy-like metrics)
     notes: tuple[str, ...] = field(default=())  # what an earlier budget fitting changed (plan.json, REPORT.md)
-    spec: StudySpec | None = field(default=None, compare=False, repr=False)  # None: the shipped one of its kind
+    spec: FixedSpec | None = field(default=None, compare=False, repr=False)  # None: the spec file of its kind
 
     def __post_init__(self):
         if self.spec is None:
-            if self.kind not in shipped():
-                from peftlab.errors import unknown
-
-                raise unknown("study", self.kind, shipped(), where="peftlab study")
-            object.__setattr__(self, "spec", load_study_spec(shipped()[self.kind]))
+            object.__setattr__(self, "spec", load_spec(self.kind))
         if self.shape == "rows" and not self.rows:
             default = str(self.section.options.get("rows") or ",".join(self.section.rows))
             object.__setattr__(self, "rows", tuple(r.strip() for r in default.split(",") if r.strip()))
         self.check()
 
     @property
-    def section(self) -> Section:
-        return self.spec.section("fixed-rate")
+    def section(self) -> FixedSpec:
+        return self.spec
 
     @property
     def shape(self) -> str:
@@ -213,15 +218,6 @@ def grid_configs(design: Design, task: str) -> list[dict]:
 def heldout_configs(design: Design, task: str, cells: Iterable[Cell]) -> list[dict]:
     return [{**task_base(design, task), **cell.keys(), "seed": seed}
             for seed in design.heldout_seed_list for cell in cells]
-
-
-def key_ablation_targets(targets: str) -> str | None:
-    """{q,v} -> {q,k,v}: the same update with W_k trained too; None when k is already trained (or no q/v)."""
-    names = [t.strip() for t in str(targets).split(",") if t.strip()]
-    if "k" in names or not {"q", "v"} <= set(names):
-        return None
-    order = ["q", "k", "v", "o"]
-    return ",".join(sorted(set(names) | {"k"}, key=lambda t: (order.index(t) if t in order else 9, t)))
 
 
 def key_configs(design: Design, task: str, diagonal_pick: Cell) -> list[dict]:

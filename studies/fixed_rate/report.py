@@ -1,28 +1,92 @@
-"""What a `peftlab study` found: tables (md, csv, tex), figures and REPORT.md, from its results store alone.
+"""What a fixed-rate study found: figures, verdicts.json and REPORT.md, from its results store alone.
 
-Every number comes from the store (``peftlab study ... --report-only`` rewrites all of it; each table is also a
-``peftlab report`` of the same store, whose command REPORT.md prints beside it). Comparisons are paired by
-seed (:func:`peftlab.lab.stats.compare`) over every run that finished, labelled runs (no_learning, collapsed,
+Every number comes from the store (``python -m studies.fixed_rate ... --report-only`` rewrites all of it; each
+table is also a ``peftlab report`` of the same store, whose command REPORT.md prints beside it). Comparisons are
+paired by seed (:func:`peftlab.lab.stats.compare`) over every run that finished, labelled runs (no_learning, collapsed,
 diverged) at their value, each with its difference, 95 % CI and Holm-adjusted p over its section's family of
 comparisons (the report names each family), and again without the labelled runs; a "loses nothing" claim needs TOST
 equivalence within the design's margin; where nothing is found the smallest difference the design detects with
 80 % power is stated. The comparisons are data first (verdicts.json); every sentence about them is written from
-that data by :mod:`peftlab.lab.verdicts`.
+that data by :mod:`peftlab.lab.verdicts`, through the :class:`Slot` s of REPORT.md's lines.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from peftlab.io_utils import atomic_write_text
-from peftlab.lab import study_design as sd
+from peftlab.lab import verdicts as vt
 from peftlab.lab.records import matches
-from peftlab.lab.study_arms import (Arm, arm, command_head, command_tail, compare_arms, comparison_data,
-                                    describe_arm, design_summary, first_epoch_value, holm_family, load_store_rows,
-                                    metric_scale, number_text, write_json)
-from peftlab.lab.verdicts import Slot, render_lines
+from studies.fixed_rate import design as sd
+from studies.fixed_rate.arms import (Arm, arm, command_head, command_tail, compare_arms, comparison_data,
+                                     describe_arm, design_summary, first_epoch_value, holm_family, load_store_rows,
+                                     metric_scale, number_text, write_json)
+
+
+COMMAND = "python -m studies.fixed_rate"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A place in REPORT.md's lines for sentences written from verdicts.json: ``kind`` says which, ``path`` where
+    its data is (keys from the top of verdicts.json), ``text`` a family heading's first words."""
+
+    kind: str  # comparison, family, lambda_verdict, key, kasa_verdict, sensitivity_verdict
+    path: tuple[str, ...]
+    text: str = ""
+
+    def render(self, verdicts: dict) -> list[str]:
+        data = verdicts
+        for key in self.path:
+            data = data[key]
+        sensitivity = sensitivity_text(data) if self.kind in ("comparison", "key") else None
+        if self.kind == "comparison":  # the sensitivity as an item under the comparison's
+            return vt.comparison_lines(data) + ([f"  - {sensitivity}"] if sensitivity else [])
+        if self.kind == "family":
+            return [vt.family_heading(data, self.text)]
+        if self.kind == "key":
+            return vt.key_lines(data) + ([f"- {sensitivity}"] if sensitivity else [])
+        if self.kind == "sensitivity_verdict":  # a paragraph of its own, after the verdict
+            sentence = sensitivity_verdict(data)
+            return ["", sentence] if sentence else []
+        return [{"lambda_verdict": vt.lambda_verdict, "kasa_verdict": vt.kasa_verdict}[self.kind](data)]
+
+
+def sensitivity_text(data: dict) -> str | None:
+    """The same comparison with the labelled runs left out; None where none is in the pairs."""
+    without = data.get("without_labels")
+    if without is None:
+        return None
+    if without.get("diff") is None:
+        return f"without the labelled runs: {vt.comparison_text(without)}"
+    low, high = without["ci"]
+    return (f"without the labelled runs: {vt.signed(without['diff'])} [95 % CI {vt.signed(low)}, {vt.signed(high)}] on "
+            f"{without['n_pairs']} pairs, paired t {vt.p_text(without.get('p'))}, "
+            f"Holm {vt.p_text(without.get('p_holm'))}: {vt.outcome(without)}")
+
+
+def sensitivity_verdict(comparisons: dict[str, dict]) -> str | None:
+    """Whether leaving the labelled runs out changes any verdict of the family; None when none holds one."""
+    held = {k: d for k, d in comparisons.items() if d and d.get("without_labels") is not None}
+    if not held:
+        return None
+    changed = [f"{k} ({vt.outcome(d)} with them, {vt.outcome(d['without_labels'])} without)" for k, d in held.items()
+               if vt.direction(d) != vt.direction(d["without_labels"])]
+    if not changed:
+        return (f"Without the labelled runs no verdict changes ({len(held)} comparison"
+                f"{'s' if len(held) != 1 else ''} held some).")
+    return "Without the labelled runs the verdict changes for: " + "; ".join(changed) + "."
+
+
+def render_lines(lines: list, verdicts: dict) -> list[str]:
+    """REPORT.md's lines with every :class:`Slot` written from ``verdicts`` (verdicts.json's data)."""
+    out: list[str] = []
+    for line in lines:
+        out += line.render(verdicts) if isinstance(line, Slot) else [line]
+    return out
 
 
 # --------------------------------------------------------------------------- the lambda study
@@ -250,12 +314,11 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
              "| row | mean ± std (n) |", "|---|---|", f"| before fine-tuning | {describe_arm(before, scale)} |"]
     lines += [f"| {a.name} | {describe_arm(a, scale)} |" for a in arms.values()]
     family = {}
-    for spec_family in design.section.families:
-        for a, b, name in spec_family.pairs:
-            a, b = (n.replace("@long", f"@{design.long_epochs}ep") for n in (a, b))
-            if a in arms and b in arms:
-                name = name.replace("{long}", str(design.long_epochs))
-                family[name] = (compare_arms(arms[a], arms[b], margin), arms[a], arms[b])
+    for a, b, name in design.spec.pairs:
+        a, b = (n.replace("@long", f"@{design.long_epochs}ep") for n in (a, b))
+        if a in arms and b in arms:
+            name = name.replace("{long}", str(design.long_epochs))
+            family[name] = (compare_arms(arms[a], arms[b], margin), arms[a], arms[b])
     holm_family(family, margin)
     over = f"the {len(family)} comparisons of {task} below"
     data = {"task": task, "comparisons": {k: comparison_data(k, c, a, b, scale, margin=design.equivalence_margin,
@@ -279,9 +342,9 @@ def kasa_task_section(design: sd.Design, rows: list[dict], task: str) -> tuple[l
 
 
 def study_command(design: sd.Design, root) -> str:
-    """The `peftlab study` command line whose options give ``design`` back (``design_from_args``'s inverse): every
-    knob spelled out, so the command beside a number needs no defaults looked up."""
-    words, base = command_head(design, f"{design.spec.command()} --protocol fixed-rate", [])
+    """The command line whose options give ``design`` back (``design_from_args``'s inverse): every knob spelled
+    out, so the command beside a number needs no defaults looked up."""
+    words, base = command_head(design, f"{COMMAND} {design.kind}", [])
     if design.shape == "grid":
         words += [f"--method {base.pop('method')}", "--lr-grid " + ",".join(map(number_text, design.lr_grid)),
                   "--ratios " + ",".join(map(number_text, design.ratios)),
