@@ -137,6 +137,34 @@ def test_an_option_the_design_does_not_take_is_refused(argv, message, tmp_path):
         parse(argv)
 
 
+def spec_with_options(tmp_path: Path, options: dict) -> Path:
+    path = own_spec(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["fair"]["options"].update(options)
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_specs_options_set_the_protocols_knobs_and_a_flag_beats_them(tmp_path):
+    path = spec_with_options(tmp_path, {"patience": 5, "grid_factor": 3, "heldout_seeds": 4})
+    argv = ["study", "--spec", str(path), "--task", "rte", "--model", "tiny-bert"]
+    design = parse(argv)
+    assert (design.protocol.patience, design.protocol.grid_factor, design.heldout_seeds) == (5, 3.0, 4)
+    assert design.protocol.min_delta == 0.002  # the spec is silent: the default
+    assert parse(argv + ["--patience", "2"]).protocol.patience == 2
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"colour": "red"}, "options: 'colour' is not an option a study spec can set"),
+    ({"patience": 0}, "options: patience: expected a positive integer"),
+])
+def test_a_specs_option_is_applied_or_refused_never_ignored(options, message, tmp_path):
+    path = spec_with_options(tmp_path, options)
+    with pytest.raises(PeftlabError, match=message) as info:
+        parse(["study", "--spec", str(path), "--task", "rte", "--model", "tiny-bert"])
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
 def test_the_shipped_specs_are_package_data():
     assert set(shipped()) == {"lambda", "kasa"}
     assert "lab/studies/*.yaml" in (ROOT / "pyproject.toml").read_text()

@@ -10,6 +10,7 @@ never ignored. The earlier fixed-rate designs (one shared rate, fixed epochs) le
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -39,6 +40,21 @@ MOVED = "python -m studies.fixed_rate lambda|kasa in a source checkout (docs/stu
 TRAIN_FLAGS = ("model", "targets", "epochs", "max_train_samples", "max_eval_samples", "selection_samples", "method",
                *FIXED_RATE_FLAGS)
 TRAIN_DEFAULTS = {"epochs": 20, "max_train_samples": 1000, "selection_samples": 500, "method": None}
+# the protocol's knobs: a flag beats the spec's `options:`, which beats the default. The early-stopping ones are
+# spelled shorter than train's (--early-stop-patience).
+PROTOCOL_OPTIONS = {
+    "patience": (positive_int, 3, "evaluated epochs without a selection gain before a run stops"),
+    "min_delta": (float, 0.002, "the selection gain that counts (in metric units: 0.002 is 0.2 points)"),
+    "rate_centre": (positive_float, None, "every row's search centred here"),
+    "grid_factor": (float, 2.0, "rates this far apart"),
+    "grid_width": (positive_int, 1, "grid points each side of the centre"),
+    "max_extensions": (nonnegative_int, 3, "points a search may add past an edge where its best rate sits"),
+    "selection_seeds": (nonnegative_int, 2, "seeds every choice is made on"),
+    "heldout_seeds": (positive_int, 10, "seeds no selection used"),
+    "heldout_seed_start": (int, 100, "first held-out seed"),
+    "equivalence_margin": (positive_float, 1.0, "TOST margin in table points (accuracy x100) for 'loses nothing' "
+                                                "claims"),
+}
 
 
 def add_parser(sub) -> None:
@@ -71,28 +87,13 @@ def shared_options(p) -> None:
                    help="fair (the only one here); fixed-rate moved: " + MOVED)
     p.add_argument("--task", required=True, help="task(s), comma-separated: each is studied on its own")
     add_dataclass_flags(p, TrainConfig, only=TRAIN_FLAGS, defaults=TRAIN_DEFAULTS)
-    # study's own: the options of early stopping are spelled shorter than train's (--early-stop-patience)
-    p.add_argument("--patience", type=positive_int, default=3,
-                   help="evaluated epochs without a selection gain before a run stops (default 3)")
-    p.add_argument("--min-delta", type=float, default=0.002,
-                   help="the selection gain that counts (default 0.002: 0.2 points)")
-    p.add_argument("--rate-centre", type=positive_float, default=None,
-                   help="every row's search centred here (default: each method's own default rate)")
-    p.add_argument("--grid-factor", type=float, default=2.0, help="rates this far apart (default 2)")
-    p.add_argument("--grid-width", type=positive_int, default=1,
-                   help="grid points each side of the centre (default 1: three rates)")
-    p.add_argument("--max-extensions", type=nonnegative_int, default=3,
-                   help="points a search may add past an edge where its best rate sits (default 3)")
-    p.add_argument("--selection-seeds", type=nonnegative_int, default=2,
-                   help="seeds every choice is made on (default 2)")
+    for dest, (kind, default, help_text) in PROTOCOL_OPTIONS.items():
+        shown = "each method's own default rate" if default is None else default
+        p.add_argument("--" + dest.replace("_", "-"), type=kind, default=None, help=f"{help_text} (default {shown})")
     p.add_argument("--config", default=None, metavar="BASE.yaml",
                    help="train keys every run shares (any `peftlab train` key but the design's own)")
     p.add_argument("--set", type=assignments, default=None, metavar="K=V,...", dest="set_keys",
                    help='more shared train keys, e.g. "rank=16,alpha=32,pooling=auto"')
-    p.add_argument("--heldout-seeds", type=positive_int, default=10, help="seeds no selection used (default 10)")
-    p.add_argument("--heldout-seed-start", type=int, default=100, help="first held-out seed (default 100)")
-    p.add_argument("--equivalence-margin", type=positive_float, default=1.0,
-                   help="TOST margin in table points (accuracy x100) for 'loses nothing' claims (default 1)")
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
                    help="runs at once, one process each (default: the CPU count)")
     p.add_argument("--output-dir", type=output_folder, default=None,
@@ -115,14 +116,32 @@ def spec_defaults(args, spec) -> None:
                                "rate), not of a study that searches each row's rate", fix=f"drop it; that protocol: "
                                                                                           f"{MOVED}")
     options = spec.section.options
+    unknown = sorted(set(options) - {*DESIGN_OPTIONS, "method", *PROTOCOL_OPTIONS})
+    if unknown:
+        raise PeftlabError(f"options: '{unknown[0]}' is not an option a study spec can set", where=str(spec.path),
+                           fix="use one of " + ", ".join(sorted({*DESIGN_OPTIONS, "method", *PROTOCOL_OPTIONS})))
     for dest in (*DESIGN_OPTIONS, "method"):  # train's --method: a design option where the spec names it
         if dest not in options and getattr(args, dest, None) not in (None, False):
             raise PeftlabError(f"--{dest.replace('_', '-')} is not an option of study {spec.name}",
                                where=str(spec.path), fix="drop it; the design takes "
                                + (", ".join("--" + o.replace("_", "-") for o in sorted(options)) or "none"))
-    for dest, default in options.items():
+    for dest, value in options.items():
         if getattr(args, dest, None) is None:
+            setattr(args, dest, spec_value(spec, dest, value))
+    for dest, (_, default, _) in PROTOCOL_OPTIONS.items():
+        if getattr(args, dest) is None:
             setattr(args, dest, default)
+
+
+def spec_value(spec, dest: str, value):
+    """A protocol knob from the spec's `options:`, checked as its flag is."""
+    if dest not in PROTOCOL_OPTIONS or value is None:
+        return value
+    try:
+        return PROTOCOL_OPTIONS[dest][0](str(value))
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
+        raise PeftlabError(f"options: {dest}: {err}", where=str(spec.path), fix="give a value its flag takes, "
+                           f"as in --{dest.replace('_', '-')}") from None
 
 
 def shared_base(args) -> dict:
