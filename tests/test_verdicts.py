@@ -151,6 +151,19 @@ def test_the_lambda_verdict_follows_the_directions():
     assert "**neither**" in vt.lambda_verdict({"off_vs_diag": level, "off_vs_same_eta_qk": level})
 
 
+def test_a_comparison_without_pairs_is_not_testable_never_a_verdict():
+    """A study part-way through (or a row that never finished): nothing to judge is said so, not read as "no
+    difference" or "better in none"."""
+    untested = {"diff": None, "n_pairs": 0, "significant": False}
+    assert vt.kasa_verdict({"kasa − lora": untested, "kasa − head": untested}) == (
+        "Verdict: not testable yet (no KaSA comparison has two seeds with a value on both sides).")
+    partly = vt.kasa_verdict({"kasa − lora": untested, "kasa − head": {"diff": 2.0, "significant": True}})
+    assert partly == "Verdict: KaSA is significantly better in: kasa − head (1 of 2 not testable yet)."
+    assert vt.lambda_verdict({"off_vs_diag": untested}).startswith("Verdict: not testable yet")
+    assert vt.key_verdict(untested).startswith("not testable yet")
+    assert "absence of evidence" in vt.key_verdict({"diff": 0.1, "significant": False, "margin": 2.0})
+
+
 def rendered_from(verdicts: dict) -> set[str]:
     """Every sentence verdicts.py (and the fixed-rate report's slots) write from the data of a verdicts.json."""
     lines: set[str] = set()

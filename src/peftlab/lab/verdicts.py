@@ -46,6 +46,11 @@ def direction(data: dict | None) -> str:
     return "better" if data["diff"] > 0 else "worse"
 
 
+def testable(data: dict | None) -> bool:
+    """A comparison with a difference to judge (at least two seeds with a value on both sides)."""
+    return bool(data) and data.get("diff") is not None
+
+
 def outcome(data: dict) -> str:
     return {"better": "significantly better", "worse": "significantly worse",
             "no-difference": "no significant difference"}[direction(data)]
@@ -113,6 +118,8 @@ def family_heading(family: dict[str, dict], intro: str) -> str:
 
 def lambda_verdict(comparisons: dict[str, dict]) -> str:
     """Which of "a larger eta_V" (the ratio) and "a larger learning rate" the held-out comparisons support."""
+    if not any(testable(comparisons.get(k)) for k in ("off_vs_diag", "off_vs_same_eta_qk", "off_vs_same_eta_v")):
+        return "Verdict: not testable yet (no comparison has two seeds with a value on both sides)."
     best = direction(comparisons.get("off_vs_diag"))
     at_qk, at_v = direction(comparisons.get("off_vs_same_eta_qk")), direction(comparisons.get("off_vs_same_eta_v"))
     if best == "better":
@@ -134,7 +141,9 @@ def lambda_verdict(comparisons: dict[str, dict]) -> str:
 def key_verdict(data: dict | None) -> str:
     """Does freezing W_k lose anything: equivalence (TOST) is the only way to say it does not."""
     margin = (data or {}).get("margin")
-    if data and data.get("equivalent"):
+    if not testable(data):
+        return "not testable yet (fewer than two seeds with a value on both sides)"
+    if data.get("equivalent"):
         return f"freezing W_k loses nothing beyond ±{margin:g} points (TOST)"
     if direction(data) != "no-difference":
         return f"freezing W_k {'gains' if data['diff'] > 0 else 'loses'} significantly"
@@ -148,8 +157,14 @@ def key_lines(data: dict) -> list[str]:
 
 def kasa_verdict(comparisons: dict[str, dict]) -> str:
     """Where KaSA (the family's comparisons whose first arm is KaSA) is significantly better or worse."""
-    better = [k for k, d in comparisons.items() if k.startswith("kasa") and direction(d) == "better"]
-    worse = [k for k, d in comparisons.items() if k.startswith("kasa") and direction(d) == "worse"]
+    kasa = {k: d for k, d in comparisons.items() if k.startswith("kasa")}
+    untested = sum(not testable(d) for d in kasa.values())
+    if kasa and untested == len(kasa):
+        return "Verdict: not testable yet (no KaSA comparison has two seeds with a value on both sides)."
+    better = [k for k, d in kasa.items() if direction(d) == "better"]
+    worse = [k for k, d in kasa.items() if direction(d) == "worse"]
     text = ("KaSA is significantly better in: " + ", ".join(better) if better
             else "KaSA is significantly better in none of its comparisons")
+    if untested:
+        text += f" ({untested} of {len(kasa)} not testable yet)"
     return "Verdict: " + text + ("; significantly worse in: " + ", ".join(worse) if worse else "") + "."
