@@ -70,12 +70,12 @@ def field_types(cls) -> dict[str, Any]:
 
 
 def _section(cls, where) -> str:
-    """The ``--help`` section of an option: its declaration's ``section``, else its class's ``SECTION`` (a
-    group's option: the group's; a field: the dataclass that declares it), titled by ``cls.SECTIONS``."""
+    """The ``--help`` section of an option: its declaration's ``section``, else its group's field name (``kasa``,
+    ``optim``), else the ``SECTION`` of the dataclass that declares it; titled by ``cls.SECTIONS``."""
     spec = where.owner.__dataclass_fields__[where.name]
     declaring = where.owner if where.group else next(
         k for k in reversed(cls.__mro__) if where.name in k.__dict__.get("__annotations__", {}))
-    key = spec.metadata.get("section") or getattr(declaring, "SECTION", None)
+    key = spec.metadata.get("section") or where.group or getattr(declaring, "SECTION", None)
     titles = getattr(cls, "SECTIONS", {})
     return titles.get(key) or (declaring.__doc__ or declaring.__name__).strip().splitlines()[0]
 
@@ -154,9 +154,8 @@ def coerce(cls, name: str, value: Any, where: str | None = None) -> Any:
     if value is None:
         return None
     spec, hint = option_spec(cls, name), field_types(cls)[name]
-    example = None if spec.default is dataclasses.MISSING else spec.default
     try:
-        return checked_value(hint, spec.metadata, spelled(hint, value), "--" + name.replace("_", "-"), example)
+        return checked_value(hint, spec.metadata, spelled(hint, value), "--" + name.replace("_", "-"), spec.default)
     except PeftlabError as err:
         where = ", ".join(w for w in (err.where, where) if w) or None  # the flag a choice's noun hides, the source
         raise PeftlabError(err.what, where=where, fix=err.fix) from None

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-# --corda-* options: peftlab.config.CordaOptions (cfg.corda), declared with the config (torch-free)
+# --corda-* options: CordaOptions (cfg.corda), declared with its row in peftlab.methods.registry
 
 # keys of a collated example that are not model inputs for a calibration forward pass
 _NOT_INPUTS = ("labels", "label", "length")

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from peftlab.errors import PeftlabError
-# --kasa-* options: peftlab.config.KasaOptions (cfg.kasa), declared with the config (torch-free)
+# --kasa-* options: KasaOptions (cfg.kasa), declared with its row in peftlab.methods.registry
 
 
 def kasa_modules(model: nn.Module) -> list[nn.Module]:
