@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from peftlab.config import (HEAD_ONLY, PROJECTIONS, ROLES, MethodConfig, MethodName, Pooling, TaskName, TrainConfig,
+from peftlab.config import (HEAD_ONLY, ROLES, MethodConfig, MethodName, Pooling, TaskName, TrainConfig,
                             build_config, save_config)
 from peftlab.config_roles import (NOT_HASHED, File, Folder, Range, Roles, Text, choices_of, hints, kind_of, option,
                                   option_spec, options, role_sets)
@@ -311,7 +311,6 @@ def test_training_resolves_once_per_run(tmp_path, monkeypatch):
 
 def test_the_declared_choices_are_the_tables():
     from peftlab.methods.registry import METHODS
-    from peftlab.methods.targets import PROJECTIONS as TARGET_PROJECTIONS
     from peftlab.models.pooling import POOLINGS
 
     from peftlab.tasks.table import TASKS
@@ -320,7 +319,6 @@ def test_the_declared_choices_are_the_tables():
     assert typing.get_args(MethodName) == tuple(METHODS)
     assert typing.get_args(TaskName) == tuple(TASKS)
     assert set(typing.get_args(Pooling)) == set(POOLINGS)
-    assert TARGET_PROJECTIONS is PROJECTIONS
     assert [name for name, m in METHODS.items() if not m.adapts_projections] == [HEAD_ONLY]
     # a method's option group lives with its row: MethodConfig's group fields, the --help sections and the
     # options the row reads all follow it
