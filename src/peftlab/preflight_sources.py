@@ -1,15 +1,7 @@
-"""The preflight's data and model checks: each distinct data source and model of a command's runs, found by the
-runs' own lookups before anything loads (:mod:`peftlab.preflight` groups the runs and names them).
-
-* **data**: each distinct (task, data source) has its files (``tasks.data_files.locate_split``,
-  ``tasks.instruction_data.local_file``, ``tasks.generative.find_data_file``, ``tasks.mt_bench.locate_folder``);
-  what is missing locally is read from the Hub when that is allowed (``HF_DATASETS_OFFLINE`` / ``HF_HUB_OFFLINE``
-  unset), so then the Hub must answer for that dataset;
-* **model**: a registered one is installed (a random one: the tokenizer it borrows), a local folder holds
-  ``config.json``, a Hub id is in the local cache when offline, or the Hub answers for it (one request bounded by
-  ``HF_HUB_DOWNLOAD_TIMEOUT``, :mod:`peftlab.models.hub`).
-
-Each raises a one-line :class:`~peftlab.errors.PeftlabError` or returns what it found. Torch-free.
+"""The preflight's data and model checks, by the runs' own lookups before anything loads (:mod:`peftlab.preflight`
+groups the runs and names them). What is missing locally is read from the Hub when that is allowed
+(``HF_DATASETS_OFFLINE`` / ``HF_HUB_OFFLINE`` unset), so then the Hub must answer for it, in one request bounded by
+``HF_HUB_DOWNLOAD_TIMEOUT`` (:mod:`peftlab.models.hub`). Each check returns what it found or raises one line.
 """
 
 from __future__ import annotations
@@ -23,6 +15,7 @@ from peftlab.io_utils import path_problem
 from peftlab.tasks.table import task as registered_task
 
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
 
 def data_key(cfg) -> tuple:
     return (cfg.task, cfg.data_dir, cfg.train_file, cfg.eval_file, cfg.train_sets, cfg.eval_sets)
@@ -174,5 +167,3 @@ def _hub_model(name: str) -> str:
                                                         "a local folder, or use a registered model (`peftlab models`)")
     hub_answers(name, "model")
     return "on the Hub"
-
-

@@ -82,19 +82,18 @@ class FourierFTOptions(OptionGroup):
 # --------------------------------------------------------------------------- builders
 
 
+def _adapting(targets, heads: list[str], task_type: str | None) -> dict:
+    """The options every peft tuner config takes alike: what to adapt, the head to train in full, the task."""
+    # GPT-2's Conv1D stores (in, out); peft flips it per layer type
+    return dict(target_modules=targets.all_modules, modules_to_save=heads or None, task_type=task_type,
+                fan_in_fan_out=bool(targets.conv1d))
+
+
 def _lora_config(cfg, targets, heads: list[str], task_type: str | None, **extra):
     from peft import LoraConfig
 
-    return LoraConfig(
-        r=cfg.rank,
-        lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
-        target_modules=targets.all_modules,
-        modules_to_save=heads or None,
-        task_type=task_type,
-        fan_in_fan_out=bool(targets.conv1d),  # GPT-2's Conv1D stores (in, out); peft flips it per layer type
-        **extra,
-    )
+    return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                      **_adapting(targets, heads, task_type), **extra)
 
 
 def _peft(model, config):
@@ -104,18 +103,13 @@ def _peft(model, config):
 
 
 def build_full(model, cfg, targets, heads, task_type):
-    """Full fine-tuning of the selected projections (weights and biases) and the head; nothing else."""
+    """Full fine-tuning of the selected projections (weights and biases) and the head; nothing else. Head-only
+    fine-tuning is this with no targets (saved like ``full``, as a standard transformers folder)."""
     model.requires_grad_(False)
     for name, module in model.named_modules():
         if name in targets.all_modules or name in heads:
             module.requires_grad_(True)
     return model
-
-
-def build_head(model, cfg, targets, heads, task_type):
-    """Head-only fine-tuning: the task head trains, every base weight stays frozen, no adapter is added (``targets``
-    is empty). Saved like ``full``, as a standard transformers folder."""
-    return build_full(model, cfg, targets, heads, task_type)
 
 
 def build_lora(model, cfg, targets, heads, task_type):
@@ -164,31 +158,16 @@ def build_corda(model, cfg, targets, heads, task_type, calibration):
 def build_vera(model, cfg, targets, heads, task_type):
     from peft import VeraConfig
 
-    config = VeraConfig(
-        r=cfg.rank,
-        target_modules=targets.all_modules,
-        modules_to_save=heads or None,
-        vera_dropout=cfg.dropout,
-        d_initial=cfg.vera.d_initial,
-        save_projection=True,  # the frozen random A/B travel with the adapter: loading needs no PRNG replay
-        task_type=task_type,
-        fan_in_fan_out=bool(targets.conv1d),
-    )
-    return _peft(model, config)
+    # save_projection: the frozen random A/B travel with the adapter, so loading needs no PRNG replay
+    return _peft(model, VeraConfig(r=cfg.rank, vera_dropout=cfg.dropout, d_initial=cfg.vera.d_initial,
+                                   save_projection=True, **_adapting(targets, heads, task_type)))
 
 
 def build_fourierft(model, cfg, targets, heads, task_type):
     from peft import FourierFTConfig
 
-    config = FourierFTConfig(
-        n_frequency=cfg.fourierft.n_frequency,
-        scaling=cfg.fourierft.scaling,
-        target_modules=targets.all_modules,
-        modules_to_save=heads or None,
-        task_type=task_type,
-        fan_in_fan_out=bool(targets.conv1d),
-    )
-    return _peft(model, config)
+    return _peft(model, FourierFTConfig(n_frequency=cfg.fourierft.n_frequency, scaling=cfg.fourierft.scaling,
+                                        **_adapting(targets, heads, task_type)))
 
 
 @dataclass(frozen=True)
@@ -290,7 +269,7 @@ METHODS: dict[str, Method] = {
                options=PROJECTION_OPTIONS, group=FourierFTOptions),
         # The baseline of every adapter row: what the head alone learns (same head lr rule as the others).
         # default_lr is never used: nothing trains at --lr, and TrainConfig sets lr to the head's rate.
-        Method("head", "head only: the task head trains, the base is frozen, no adapter", build_head,
+        Method("head", "head only: the task head trains, the base is frozen, no adapter", build_full,
                options=frozenset()),
     ]
 }
