@@ -21,7 +21,7 @@ forward call (it squeezes a batch of one and normalises each call's activations 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -44,48 +44,24 @@ def unpadded(batch: dict[str, Any]) -> dict[str, Any]:
             for k, v in batch.items()}
 
 
-def _device(model: nn.Module) -> torch.device:
-    for param in model.parameters():
-        return param.device
-    return torch.device("cpu")
-
-
-def calibration_from_examples(model: nn.Module, examples: Callable[[], Iterable[dict[str, Any]]]) -> Callable[[], None]:
-    """A zero-argument callable that runs ``model`` (no grad, eval mode) over collated one-example batches.
-
-    ``examples`` is a zero-argument callable returning the batches (so nothing is read until CorDA asks).
-    """
+def calibration_runner(model: nn.Module, train_dataset, collate: Callable, samples: int) -> Callable[[], None]:
+    """A zero-argument callable that runs ``model`` (no grad, eval mode) over the first ``samples`` training
+    examples (the run's seeded subset), one unpadded example per forward. ``train_dataset`` and ``collate`` are
+    the run's :class:`peftlab.tasks.prepare.Pipeline` fields, so the inputs are tokenised, truncated and collated
+    exactly like the training batches; nothing is read until CorDA asks."""
 
     @torch.no_grad()
     def run() -> None:
         was_training = model.training
         model.eval()
-        device = _device(model)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
         try:
-            for batch in examples():
-                batch = unpadded(batch)
+            for index in range(min(int(samples), len(train_dataset))):
+                batch = unpadded(collate([{k: v for k, v in train_dataset[index].items() if k != "length"}]))
                 model(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
         finally:
             model.train(was_training)
 
-    return run
-
-
-def calibration_runner(model: nn.Module, train_dataset, collate: Callable, samples: int) -> Callable[[], None]:
-    """Calibration over the first ``samples`` training examples (the run's seeded subset), one per forward.
-
-    ``train_dataset`` and ``collate`` are the run's :class:`peftlab.tasks.prepare.Pipeline` fields, so the
-    calibration inputs are tokenised, truncated and collated exactly like the training batches.
-    """
-    count = min(int(samples), len(train_dataset))
-
-    def examples():
-        for index in range(count):
-            row = {k: v for k, v in train_dataset[index].items() if k not in ("length",)}
-            yield collate([row])
-
-    run = calibration_from_examples(model, examples)
-    run.samples = count
     return run
 
 

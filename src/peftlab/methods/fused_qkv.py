@@ -150,7 +150,7 @@ class SplitQKV(nn.Module):
         return f"groups={self.groups}"
 
 
-def _dense(module: nn.Module) -> torch.Tensor:
+def dense_weight(module: nn.Module) -> torch.Tensor:
     """The (out, in) weight of a Linear or a Conv1D."""
     return module.weight.T if type(module).__name__ == "Conv1D" else module.weight
 
@@ -170,8 +170,9 @@ def _fused_rows(parts: list[torch.Tensor], split: SplitModule) -> torch.Tensor:
 
 def fused_modules(model: nn.Module) -> list[str]:
     """Names of linear layers that look like a fused QKV projection (any family, known or not)."""
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
-    return [n for n in names if any(re.search(rf"(^|\.){p}$", n) for p in FUSED_PATTERNS)]
+    from peftlab.methods.targets import linear_layer_names
+
+    return [n for n in linear_layer_names(model) if any(re.search(rf"(^|\.){p}$", n) for p in FUSED_PATTERNS)]
 
 
 def split_fused_qkv(model: nn.Module) -> FusedSplit:
@@ -190,7 +191,7 @@ def split_fused_qkv(model: nn.Module) -> FusedSplit:
         parent = model.get_submodule(parent_name)
         fused = getattr(parent, child)
         layout = family.layout(parent)
-        weight = _dense(fused)
+        weight = dense_weight(fused)
         record = SplitModule(name, layout.groups, layout.widths, weight.shape[1], fused.bias is not None,
                              f"{type(fused).__module__}.{type(fused).__qualname__}", type(fused).__name__ == "Conv1D")
         if record.out_features != weight.shape[0]:
@@ -204,7 +205,7 @@ def split_fused_qkv(model: nn.Module) -> FusedSplit:
 
 
 def _split_module(fused: nn.Module, record: SplitModule) -> SplitQKV:
-    weight = _dense(fused).detach()
+    weight = dense_weight(fused).detach()
     weights = _rows(weight, record)
     biases = _rows(fused.bias.detach(), record) if record.bias else [None] * 3
     parts = []

@@ -42,16 +42,11 @@ def check_explicit_options(cfg: MethodConfig, explicit) -> None:
                                    f"it ({users})")
 
 
-def _weight_shape(module: nn.Module) -> tuple[int, int]:
-    weight = module.weight
-    if type(module).__name__ == "Conv1D":  # stored transposed: (in, out)
-        return weight.shape[1], weight.shape[0]
-    return tuple(weight.shape)
-
-
 def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: ResolvedTargets) -> None:
+    from peftlab.methods.fused_qkv import dense_weight
+
     modules = dict(model.named_modules())
-    shapes = [_weight_shape(modules[name]) for name in targets.all_modules]
+    shapes = [tuple(dense_weight(modules[name]).shape) for name in targets.all_modules]
     smallest = min(min(shape) for shape in shapes)
     if method.svd_init and cfg.rank >= smallest:
         raise PeftlabError(
