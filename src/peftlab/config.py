@@ -110,7 +110,7 @@ class MethodChoice:
 
     SECTION = "method"
     method: MethodName = option("lora", noun="method", lower=True, key_v1=True, label=2, adapter_identity=True)
-    """Fine-tuning method: full, lora, dora, pissa, milora, kasa, corda, vera, fourierft, or head (the task head alone, at --head-lr: no adapter, the base frozen)."""
+    """Fine-tuning method (`peftlab methods` lists each with its default rates and limits): full fine-tuning, an adapter, or head (the task head alone, at --head-lr: no adapter, the base frozen)."""
     targets: tuple[Projection, ...] = option(("q", "v"), noun="projection", lower=True, key_v1=True, label=3,
                                              adapter_identity=True)
     """Projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v) and the MLP's gate, up, down (at --lr). Not used by --method head."""
@@ -122,6 +122,7 @@ class MethodChoice:
     """LoRA scaling numerator: the update is scaled by alpha / rank."""
     dropout: float = option(0.0, Range(0, 1, high_open=True), key_v1=True, training_only=True, label=13)
     """Dropout on the adapter input (LoRA family)."""
+
     def __post_init__(self):
         if str(self.method).strip().lower() == HEAD_ONLY:  # it adapts no projection: whatever targets and layers
             self.targets, self.layers = (), None           # a sweep cell gave, the config (run key) holds none

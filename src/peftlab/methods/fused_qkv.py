@@ -170,9 +170,8 @@ def _fused_rows(parts: list[torch.Tensor], split: SplitModule) -> torch.Tensor:
 
 def fused_modules(model: nn.Module) -> list[str]:
     """Names of linear layers that look like a fused QKV projection (any family, known or not)."""
-    from peftlab.methods.targets import linear_layer_names
-
-    return [n for n in linear_layer_names(model) if any(re.search(rf"(^|\.){p}$", n) for p in FUSED_PATTERNS)]
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
+    return [n for n in names if any(re.search(rf"(^|\.){p}$", n) for p in FUSED_PATTERNS)]
 
 
 def split_fused_qkv(model: nn.Module) -> FusedSplit:
