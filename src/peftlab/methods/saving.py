@@ -135,14 +135,14 @@ def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool
     if not config_file.is_file():
         raise PeftlabError(f"no adapter_config.json or {FULL_WEIGHTS} in {adapter_dir}",
                            fix="pass a folder written by peftlab train or PeftModel.save_pretrained")
-    has_safe = (adapter_dir / "adapter_model.safetensors").is_file()
-    if not has_safe:
-        if (adapter_dir / "adapter_model.bin").is_file() and not allow_pickle:
-            raise PeftlabError(f"{adapter_dir / 'adapter_model.bin'} is a pickle, which can run code when loaded",
-                               fix="convert it to safetensors, or pass --allow-pickle if you trust its source")
-        if not (adapter_dir / "adapter_model.bin").is_file():
-            raise PeftlabError(f"no adapter weights in {adapter_dir}", fix="expected adapter_model.safetensors")
-    _check_safetensors(adapter_dir / "adapter_model.safetensors") if has_safe else None
+    safe, pickled = adapter_dir / "adapter_model.safetensors", adapter_dir / "adapter_model.bin"
+    if safe.is_file():
+        _check_safetensors(safe)
+    elif not pickled.is_file():
+        raise PeftlabError(f"no adapter weights in {adapter_dir}", fix="expected adapter_model.safetensors")
+    elif not allow_pickle:
+        raise PeftlabError(f"{pickled} is a pickle, which can run code when loaded",
+                           fix="convert it to safetensors, or pass --allow-pickle if you trust its source")
     try:
         json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

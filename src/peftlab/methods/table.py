@@ -66,6 +66,23 @@ def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: Re
         )
 
 
+# Import names whose pip package is called something else.
+_PIP_NAMES = {"attr": "attrs", "sklearn": "scikit-learn", "yaml": "pyyaml", "PIL": "pillow"}
+
+
+def _build(method: Method, *args, **kwargs):
+    """The method's builder; a package it imports that is not installed (peft's CorDA imports ``attr``) is one line
+    naming it, not a traceback."""
+    try:
+        return method.build(*args, **kwargs)
+    except ImportError as err:
+        module = (err.name or "an unnamed module").split(".")[0]
+        package = _PIP_NAMES.get(module, module)
+        raise PeftlabError(f"method '{method.name}' needs the Python package '{package}' (import {module!r} failed), "
+                           "which is not installed", fix=f"pip install {package} (or reinstall peftlab, which declares it)") \
+            from None
+
+
 @dataclass(frozen=True)
 class InitStats:
     """What a method's init decided or measured, needed after it (saving, result.json, plots)."""
@@ -133,7 +150,7 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
             calibration_seconds.append(time.perf_counter() - start)
 
         extra["calibration"] = timed
-    built = method.build(model, cfg, targets, list(heads), task_type, **extra)  # a copy: peft extends its list
+    built = _build(method, model, cfg, targets, list(heads), task_type, **extra)  # a copy: peft extends its list
     if not isinstance(built, Built):
         built = Built(built)
     model = built.model
