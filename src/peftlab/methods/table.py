@@ -79,8 +79,8 @@ def _build(method: Method, *args, **kwargs):
         module = (err.name or "an unnamed module").split(".")[0]
         package = _PIP_NAMES.get(module, module)
         raise PeftlabError(f"method '{method.name}' needs the Python package '{package}' (import {module!r} failed), "
-                           "which is not installed", fix=f"pip install {package} (or reinstall peftlab, which declares it)") \
-            from None
+                           "which is not installed",
+                           fix=f"pip install {package} (or reinstall peftlab, which declares it)") from None
 
 
 @dataclass(frozen=True)
