@@ -21,21 +21,15 @@ def data_key(cfg) -> tuple:
     return (cfg.task, cfg.data_dir, cfg.train_file, cfg.eval_file, cfg.train_sets, cfg.eval_sets)
 
 
-def _roots(data_dir) -> str:
-    from peftlab.tasks.data_files import candidate_roots
-
-    return ", ".join(str(root) for root in candidate_roots(data_dir))
-
-
 def _local_or_hub(found: Path | None, what: str, hub_id: str, data_dir) -> str:
     """The local file's folder, or the Hub when the runs will read it there (then it must answer)."""
-    from peftlab.tasks.data_files import hub_offline
+    from peftlab.tasks.data_files import candidate_roots, hub_offline
 
     if found is not None:
         return str(found.parent)
     if hub_offline():
         raise PeftlabError(f"no local copy of {what} (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set: not from the Hub)",
-                           where=f"looked under {_roots(data_dir)}",
+                           where=f"looked under {', '.join(map(str, candidate_roots(data_dir)))}",
                            fix="pass --data-dir (or set PEFTLAB_DATA_DIR) to the shared data folder holding it, or "
                                "unset HF_DATASETS_OFFLINE and HF_HUB_OFFLINE to load it from the Hub")
     hub_answers(hub_id, "dataset")
