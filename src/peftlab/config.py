@@ -1,7 +1,8 @@
 """The config schema: every option of a run declared once (type, default, help, valid values, roles, section).
 
 A run's config is :class:`TrainConfig`: the method part (:class:`MethodConfig`, which it extends, with each
-method's own group nested as in peft: ``cfg.kasa.beta``), the optimizer (``cfg.optim``: :class:`OptimConfig`)
+method's own group nested as in peft, ``cfg.kasa.beta``, declared with the method's row in
+:mod:`peftlab.methods.registry`), the optimizer (``cfg.optim``: :class:`OptimConfig`)
 and the run's own fields, shown in ``--help`` sections (``TrainConfig.SECTIONS``: run, optim, eval, data, each
 method's group, each task family's: the MT-Bench judge, your own labelled data). Outside Python every option
 has one flat name (``--kasa-beta`` / ``kasa_beta``, ``--lr`` / ``lr``; a YAML file may nest ``kasa: {beta: ..}``).
