@@ -47,7 +47,7 @@ def corda_model(arch: str, mode: str, tiny_model, **overrides):
     model = tiny_model(arch)
     original = copy.deepcopy(model)
     examples = calibration_examples()
-    calibration = corda.calibration_runner(model, examples, lambda rows: rows[0], samples=len(examples))
+    calibration = corda.calibration_from_examples(model, lambda: iter(examples))
     cfg = MethodConfig(method="corda", targets=TARGETS[arch], rank=RANK, alpha=8.0,
                        corda=CordaOptions(mode=mode), **overrides)
     applied = apply_method(model, cfg, task_type="SEQ_CLS", calibration=calibration)

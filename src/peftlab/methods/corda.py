@@ -21,7 +21,7 @@ forward call (it squeezes a batch of one and normalises each call's activations 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -44,11 +44,10 @@ def unpadded(batch: dict[str, Any]) -> dict[str, Any]:
             for k, v in batch.items()}
 
 
-def calibration_runner(model: nn.Module, train_dataset, collate: Callable, samples: int) -> Callable[[], None]:
-    """A zero-argument callable that runs ``model`` (no grad, eval mode) over the first ``samples`` training
-    examples (the run's seeded subset), one unpadded example per forward. ``train_dataset`` and ``collate`` are
-    the run's :class:`peftlab.tasks.prepare.Pipeline` fields, so the inputs are tokenised, truncated and collated
-    exactly like the training batches; nothing is read until CorDA asks."""
+def calibration_from_examples(model: nn.Module, examples: Callable[[], Iterable[dict[str, Any]]]
+                              ) -> Callable[[], None]:
+    """A zero-argument callable that runs ``model`` (no grad, eval mode) over collated one-example batches,
+    unpadded; ``examples`` returns them when CorDA asks (nothing is read before)."""
 
     @torch.no_grad()
     def run() -> None:
@@ -56,13 +55,24 @@ def calibration_runner(model: nn.Module, train_dataset, collate: Callable, sampl
         model.eval()
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         try:
-            for index in range(min(int(samples), len(train_dataset))):
-                batch = unpadded(collate([{k: v for k, v in train_dataset[index].items() if k != "length"}]))
+            for batch in examples():
+                batch = unpadded(batch)
                 model(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
         finally:
             model.train(was_training)
 
     return run
+
+
+def calibration_runner(model: nn.Module, train_dataset, collate: Callable, samples: int) -> Callable[[], None]:
+    """Calibration over the first ``samples`` training examples (the run's seeded subset), one per forward.
+    ``train_dataset`` and ``collate`` are the run's :class:`peftlab.tasks.prepare.Pipeline` fields, so the inputs
+    are tokenised, truncated and collated exactly like the training batches."""
+    def examples():
+        for index in range(min(int(samples), len(train_dataset))):
+            yield collate([{k: v for k, v in train_dataset[index].items() if k != "length"}])
+
+    return calibration_from_examples(model, examples)
 
 
 def build(model: nn.Module, lora_config, cfg, calibration: Callable[[], None]) -> nn.Module:
