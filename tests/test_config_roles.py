@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from peftlab.config import (HEAD_ONLY, PROJECTIONS, ROLES, MethodName, Pooling, TaskName, TrainConfig, build_config,
-                            save_config)
+from peftlab.config import (HEAD_ONLY, ROLES, MethodConfig, MethodName, Pooling, TaskName, TrainConfig,
+                            build_config, save_config)
 from peftlab.config_roles import (NOT_HASHED, File, Folder, Range, Roles, Text, choices_of, hints, kind_of, option,
                                   option_spec, options, role_sets)
 from peftlab.errors import PeftlabError
@@ -311,7 +311,6 @@ def test_training_resolves_once_per_run(tmp_path, monkeypatch):
 
 def test_the_declared_choices_are_the_tables():
     from peftlab.methods.registry import METHODS
-    from peftlab.methods.targets import PROJECTIONS as TARGET_PROJECTIONS
     from peftlab.models.pooling import POOLINGS
 
     from peftlab.tasks.table import TASKS
@@ -320,8 +319,14 @@ def test_the_declared_choices_are_the_tables():
     assert typing.get_args(MethodName) == tuple(METHODS)
     assert typing.get_args(TaskName) == tuple(TASKS)
     assert set(typing.get_args(Pooling)) == set(POOLINGS)
-    assert TARGET_PROJECTIONS is PROJECTIONS
     assert [name for name, m in METHODS.items() if not m.adapts_projections] == [HEAD_ONLY]
+    # a method's option group lives with its row: MethodConfig's group fields, the --help sections and the
+    # options the row reads all follow it
+    groups = {f.name: f.type for f in dataclasses.fields(MethodConfig) if dataclasses.is_dataclass(f.type)}
+    assert groups == {m.group.PREFIX: m.group for m in METHODS.values() if m.group is not None}
+    assert list(groups) == ["kasa", "corda", "vera", "fourierft"]
+    assert TrainConfig.SECTIONS["corda"] == "CorDA (--method corda only)"
+    assert METHODS["vera"].options == {"rank", "dropout", "targets", "layers", "lr", "lr_ratio", "vera_d_initial"}
 
 
 def test_contradicting_roles_are_refused():
@@ -354,4 +359,5 @@ def test_config_is_a_leaf():
     imported = [line for line in source.read_text().splitlines() if line.lstrip().startswith(("import ", "from "))]
     assert [line for line in imported if any(f"peftlab.{p}" in line for p in
                                              ("methods", "tasks", "models", "training", "lab"))] == [
-        "from peftlab.methods.registry import METHOD_NAMES", "from peftlab.tasks.table import TASK_NAMES"]
+        "from peftlab.methods.registry import (  # the rows' names and option groups (re-exported: "
+        "peftlab.config.KasaOptions)", "from peftlab.tasks.table import TASK_NAMES"]

@@ -173,12 +173,14 @@ def test_calibration_runner_first_n_examples_one_at_a_time_unpadded():
     dataset = [{"input_ids": list(range(1, 2 + i)), "label": i % 2, "length": 1 + i} for i in range(7)]
     model = _Recorder().train()
     run = corda.calibration_runner(model, dataset, collate, samples=5)
-    assert run.samples == 5 and not model.calls  # nothing runs until CorDA calls it
+    assert not model.calls  # nothing runs until CorDA calls it
     run()
     assert [c["input_ids"].tolist() for c in model.calls] == [[list(range(1, 2 + i))] for i in range(5)]
     assert all("labels" not in c and c["attention_mask"].all() for c in model.calls)
     assert model.training  # the caller's mode is restored
-    assert corda.calibration_runner(model, dataset, collate, samples=100).samples == 7
+    model.calls.clear()
+    corda.calibration_runner(model, dataset, collate, samples=100)()
+    assert len(model.calls) == 7  # at most the training set
 
 
 def test_unpadded_handles_left_padding():

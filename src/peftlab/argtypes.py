@@ -1,10 +1,6 @@
 """argparse ``type=`` checks for the plain options of subcommands (a ``TrainConfig`` option on another subcommand
-comes from its declaration instead: :func:`peftlab.config_cli.add_dataclass_flags` with ``only=``).
-
-A value outside what the libraries below accept is argparse's one line (``peftlab.cli.main.OneLineParser``)
-before anything is loaded. Bounds are worded as :mod:`peftlab.config_roles` words them (integers fit in int64,
-numbers are finite); a folder is checked for its kind as :func:`peftlab.resolve.check_paths` checks a config's,
-and nothing is created while parsing.
+comes from its declaration: :func:`peftlab.config_cli.add_dataclass_flags` with ``only=``), worded as
+:mod:`peftlab.config_roles` words its ranges; nothing is created while parsing.
 """
 
 from __future__ import annotations
@@ -74,21 +70,18 @@ def folder(value: str) -> str:
     return value
 
 
-def output_folder(value: str) -> str:
-    """A folder to write into: not blank, not a file, not below a file, no name too long, its nearest existing
-    folder writable (it may not exist yet; nothing is created here)."""
-    return _output(value, "folder", "a folder to write into")
+def _output(kind: str, what: str) -> Callable[[str], str]:
+    """A path to write (it may not exist yet): :func:`peftlab.io_utils.path_problem`'s checks."""
+    def parse(value: str) -> str:
+        text(value)
+        problem = path_problem(value, kind=kind)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{value}': {problem}")
+        return value
+
+    parse.__name__ = f"output_{kind}"
+    return parse
 
 
-def output_file(value: str) -> str:
-    """A file to write: not blank, not a folder, not below a file, no name too long, its nearest existing folder
-    writable (it and its folders may not exist yet; nothing is created here)."""
-    return _output(value, "file", "a file to write")
-
-
-def _output(value: str, kind: str, what: str) -> str:
-    text(value)
-    problem = path_problem(value, kind=kind)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(f"expected {what}, got '{value}': {problem}")
-    return value
+output_folder = _output("folder", "a folder to write into")
+output_file = _output("file", "a file to write")

@@ -1,7 +1,8 @@
 """The config schema: every option of a run declared once (type, default, help, valid values, roles, section).
 
 A run's config is :class:`TrainConfig`: the method part (:class:`MethodConfig`, which it extends, with each
-method's own group nested as in peft: ``cfg.kasa.beta``), the optimizer (``cfg.optim``: :class:`OptimConfig`)
+method's own group nested as in peft, ``cfg.kasa.beta``, declared with the method's row in
+:mod:`peftlab.methods.registry`), the optimizer (``cfg.optim``: :class:`OptimConfig`)
 and the run's own fields, shown in ``--help`` sections (``TrainConfig.SECTIONS``: run, optim, eval, data, each
 method's group, each task family's: the MT-Bench judge, your own labelled data). Outside Python every option
 has one flat name (``--kasa-beta`` / ``kasa_beta``, ``--lr`` / ``lr``; a YAML file may nest ``kasa: {beta: ..}``).
@@ -11,6 +12,7 @@ a leaf; the method's and task's defaults are :func:`peftlab.resolve.resolve_conf
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import typing
 from dataclasses import dataclass, field
@@ -20,9 +22,11 @@ from peftlab.config_cli import (
     add_dataclass_flags, build_config, coerce, config_yaml, field_docs, field_types, load_yaml, normalise_keys,
     save_config)
 from peftlab.config_roles import (
-    File, Folder, Range, Text, check_fields, flat_dict, from_flat, option, option_defaults, option_names, role_sets)
+    POSITIVE, File, Folder, OptionGroup, Range, Text, check_fields, flat_dict, from_flat, option, option_defaults,
+    option_names, role_sets)
 from peftlab.errors import PeftlabError
-from peftlab.methods.registry import METHOD_NAMES
+from peftlab.methods.registry import (  # the rows' names and option groups (re-exported: peftlab.config.KasaOptions)
+    METHOD_GROUPS, METHOD_NAMES, CordaOptions, FourierFTOptions, KasaOptions, VeraOptions)
 from peftlab.tasks.table import TASK_NAMES
 
 # The --method and --task choices, read off their registrations (torch-free leaves: tests/test_layout.py
@@ -39,7 +43,6 @@ HEAD_ONLY = "head"  # the one method that adapts no projection: its config holds
 SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
 # numpy's seeds are < 2**32 (accelerate's set_seed seeds numpy, random and torch with --seed)
 SEED = Range(0, 2**32, high_open=True, why="numpy's seed range")
-POSITIVE = Range(0, low_open=True)  # a finite number > 0 (rates, scales, seconds)
 
 
 MAX_LAYERS = 10_000  # more transformer blocks than any model has (a range is expanded: 0-10**12 would not end)
@@ -73,73 +76,11 @@ def _canonical_layers(text: str) -> str | None:
 # --------------------------------------------------------------------------- option groups
 
 
-# Frozen: a config copied with dataclasses.replace shares its groups, so none may change under the other.
-@dataclass(frozen=True)
-class OptionGroup:
-    """An option group: its fields checked against their declarations when it is built."""
-
-    def __post_init__(self):
-        check_fields(self)
-
-
-@dataclass(frozen=True)
-class KasaOptions(OptionGroup):
-    """KaSA (--kasa-*)"""
-
-    PREFIX = SECTION = "kasa"  # flat names: kasa_beta; --help section (class attributes, not fields)
-    beta: float = option(1e-4, Range(0), key_v1=True, training_only=True)
-    """KaSA: weight of ||Delta_sigma||^2 in the loss."""
-    gamma: float = option(1e-3, Range(0), key_v1=True, training_only=True)
-    """KaSA: weight of the orthogonality penalty ||dU^T dU - I||_F + ||dV dV^T - I||_F."""
-    reduction: Literal["mean", "sum"] = option("mean", noun="KaSA reduction", key_v1=True, training_only=True)
-    """KaSA: combine the per-module regularisers by 'mean' (the authors' code) or 'sum' (peft)."""
-    truncate_rank: int | None = option(None, Range(1), key_v1=True)
-    """KaSA: drop this many smallest singular components of each adapted base weight (default: --rank)."""
-    mode: Literal["paper", "reference"] = option("paper", noun="KaSA mode", lower=True, key_v1=True)
-    """KaSA: 'paper' (peft and the paper) or 'reference' (the authors' code: keeps in_features - k components, d x d orthogonality penalty); see docs/KASA_MODES.md."""
-
-
-@dataclass(frozen=True)
-class CordaOptions(OptionGroup):
-    """CorDA (--corda-*)"""
-
-    PREFIX = SECTION = "corda"
-    mode: Literal["ipm", "kpm"] = option("ipm", noun="CorDA mode", lower=True, key_v1=True)
-    """CorDA: 'ipm' (instruction-previewed: adapter from the r largest task-oriented components) or 'kpm' (knowledge-preserved: the r smallest)."""
-    samples: int = option(256, Range(1), key_v1=True)
-    """CorDA: training examples run through the model to collect the input covariances."""
-
-
-@dataclass(frozen=True)
-class VeraOptions(OptionGroup):
-    """VeRA (--vera-*)"""
-
-    PREFIX = SECTION = "vera"
-    d_initial: float = option(0.1, Range(), key_v1=True)
-    """VeRA: initial value of the d scaling vector."""
-
-
-@dataclass(frozen=True)
-class FourierFTOptions(OptionGroup):
-    """FourierFT (--fourierft-*)"""
-
-    PREFIX = SECTION = "fourierft"
-    n_frequency: int = option(1000, Range(1), key_v1=True)
-    """FourierFT: number of learned spectral coefficients per adapted matrix."""
-    scaling: float = option(150.0, POSITIVE, key_v1=True)
-    """FourierFT: scaling of the inverse DFT (the FourierFT paper uses 150 for RoBERTa-base on GLUE)."""
-
-
-KASA_MODES = typing.get_args(typing.get_type_hints(KasaOptions)["mode"])
-CORDA_MODES = typing.get_args(typing.get_type_hints(CordaOptions)["mode"])
-
-
 @dataclass(frozen=True)
 class OptimConfig(OptionGroup):
     """Optimizer: per-projection learning rates (Yao et al.) and AdamW"""
 
     PREFIX = ""  # flat names are the options' own: --lr, lr_ratio
-    SECTION = "optim"
     lr: float | None = option(None, POSITIVE, key_v1=True, training_only=True, label=6)
     """Learning rate of q and k (eta_QK); default: the method's usual rate (`peftlab methods`)."""
     lr_ratio: float = option(1.0, POSITIVE, key_v1=True, training_only=True, label=7)
@@ -165,12 +106,12 @@ class OptimConfig(OptionGroup):
 
 
 @dataclass
-class MethodConfig:
+class MethodChoice:
     """Method: which attention projections to adapt, and how"""
 
     SECTION = "method"
     method: MethodName = option("lora", noun="method", lower=True, key_v1=True, label=2, adapter_identity=True)
-    """Fine-tuning method: full, lora, dora, pissa, milora, kasa, corda, vera, fourierft, or head (the task head alone, at --head-lr: no adapter, the base frozen)."""
+    """Fine-tuning method (`peftlab methods` lists each with its default rates and limits): full fine-tuning, an adapter, or head (the task head alone, at --head-lr: no adapter, the base frozen)."""
     targets: tuple[Projection, ...] = option(("q", "v"), noun="projection", lower=True, key_v1=True, label=3,
                                              adapter_identity=True)
     """Projections to adapt, a comma list of q, k, v, o (Yao et al. tune q,v) and the MLP's gate, up, down (at --lr). Not used by --method head."""
@@ -182,16 +123,6 @@ class MethodConfig:
     """LoRA scaling numerator: the update is scaled by alpha / rank."""
     dropout: float = option(0.0, Range(0, 1, high_open=True), key_v1=True, training_only=True, label=13)
     """Dropout on the adapter input (LoRA family)."""
-    # Each method's own options, nested like peft's LoraConfig(kasa_config=KasaConfig(...)): cfg.kasa.beta.
-    # Flags, YAML, config.yaml and run keys spell them flat, kasa_beta (the group's PREFIX).
-    kasa: KasaOptions = field(default_factory=KasaOptions)
-    """KaSA's options (--kasa-*)."""
-    corda: CordaOptions = field(default_factory=CordaOptions)
-    """CorDA's options (--corda-*)."""
-    vera: VeraOptions = field(default_factory=VeraOptions)
-    """VeRA's options (--vera-*)."""
-    fourierft: FourierFTOptions = field(default_factory=FourierFTOptions)
-    """FourierFT's options (--fourierft-*)."""
 
     def __post_init__(self):
         if str(self.method).strip().lower() == HEAD_ONLY:  # it adapts no projection: whatever targets and layers
@@ -204,12 +135,20 @@ class MethodConfig:
     @classmethod
     def from_dict(cls, data):
         """The config of a dict keyed as ``to_dict()``, config.yaml and sweep cells spell options (flat:
-        ``kasa_beta``, ``lr``); nested groups (``kasa={"beta": ...}`` or a :class:`KasaOptions`) are accepted too."""
+        ``kasa_beta``, ``lr``); nested groups (``kasa={"beta": ...}`` or a ``KasaOptions``) are accepted too."""
         return from_flat(cls, data)
 
     def to_dict(self) -> dict:
         """Flat, as config.yaml and result.json hold it (``kasa_beta``, ``targets: q,v``): the run key's input."""
         return flat_dict(self)
+
+
+# Each method's own options, nested like peft's LoraConfig(kasa_config=KasaConfig(...)): cfg.kasa.beta, one field
+# per option group its row in methods/registry.py declares. Flags, YAML, config.yaml and run keys spell them flat,
+# kasa_beta (the group's PREFIX).
+MethodConfig = dataclasses.make_dataclass(
+    "MethodConfig", [(name, group, field(default_factory=group)) for name, group in METHOD_GROUPS.items()],
+    bases=(MethodChoice,), namespace={"__module__": __name__, "__doc__": MethodChoice.__doc__})
 
 
 def parse_targets(targets) -> tuple[str, ...]:
@@ -231,8 +170,7 @@ class TrainConfig(MethodConfig):
         "optim": "Optimizer and schedule: per-projection learning rates (Yao et al.), AdamW, epochs, steps",
         "eval": "Evaluation (every task)", "data": "Data and batches (every task)",
         "method": "Method: which attention projections to adapt, and how",
-        "kasa": "KaSA (--method kasa only)", "corda": "CorDA (--method corda only)",
-        "vera": "VeRA (--method vera only)", "fourierft": "FourierFT (--method fourierft only)",
+        **{name: f"{group.__doc__} (--method {name} only)" for name, group in METHOD_GROUPS.items()},
         "files": "Data files (--task json, mt-bench, classify, regress)",
         "labelled": "Your own labelled data (--task classify|regress only)",
         "generation": "Generation (decoder tasks: gsm8k, alpaca, json, mt-bench, commonsense, math, e2e)",
@@ -390,7 +328,7 @@ ROLES = role_sets(TrainConfig)
 __all__ = [  # the schema; then config_cli's (flags, YAML); then config_roles' (declarations, roles)
     "TrainConfig", "MethodConfig", "OptimConfig", "OptionGroup", "KasaOptions", "CordaOptions", "VeraOptions",
     "FourierFTOptions", "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "PROJECTIONS", "REPORT_TO",
-    "HEAD_ONLY", "SCHEDULERS", "KASA_MODES", "CORDA_MODES", "SEED", "POSITIVE", "MAX_LAYERS", "ROLES",
+    "HEAD_ONLY", "SCHEDULERS", "SEED", "POSITIVE", "MAX_LAYERS", "ROLES",
     "parse_layers", "parse_targets", "add_dataclass_flags", "build_config", "coerce", "config_yaml", "field_docs",
     "field_types", "load_yaml", "normalise_keys", "save_config", "File", "Folder", "Range", "Text", "check_fields",
     "flat_dict", "from_flat", "option", "option_defaults", "option_names", "role_sets"]

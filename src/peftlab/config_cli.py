@@ -1,19 +1,14 @@
 """Config dataclasses <-> command-line flags <-> YAML (re-exported by :mod:`peftlab.config`).
 
-A field's ``--help`` is the docstring under it, read by jsonargparse (as in litgpt). A value given as text or
-YAML is typed and checked by its field's declaration where it enters (:func:`coerce`: :func:`spelled`, then
-:func:`peftlab.config_roles.checked_value`): a flag, a ``--config`` YAML file, a sweep or tune spec, ``peftlab
-study``; the same one line refuses it whatever it came from. Precedence: defaults < YAML < ``overrides`` < flags.
+A field's ``--help`` is the docstring under it, read by jsonargparse (as in litgpt). A value given as text or YAML
+is typed and checked by its declaration where it enters (:func:`coerce`), whatever it came from: a flag, a
+``--config`` file, a sweep or tune spec. Precedence: defaults < YAML < ``overrides`` < flags.
 
-Hand-written, and why (jsonargparse 4.53.0): ``peftlab train`` is a subcommand of the plain argparse parser of
-:mod:`peftlab.cli.main` (a jsonargparse parser has no ``parse_known_args``), and jsonargparse names options
-after the attributes only (``--lr-ratio 3``: "unrecognized arguments"; a bare ``--overwrite``: "expected one
-argument"), so :func:`add_dataclass_flags` keeps the dashed flags and ``--x/--no-x`` switches, in ``--help``
-sections that say where they apply. Its errors span several lines without a suggestion, and it rejects
-spellings peftlab has always accepted (``q,k,v`` for a tuple, ``8.0`` for an int, Python's ``nan``): hence
-:func:`spelled`. Option groups (``cfg.kasa``, ``cfg.optim``) nest in Python only: every other spelling is flat
-(``--kasa-beta``, ``kasa_beta:``, ``--lr``); a YAML file may nest a prefixed group (``kasa: {beta: 0.01}``).
-``config.yaml`` is ``yaml.safe_dump`` of ``to_dict()``: its bytes stay.
+Why not jsonargparse's own parser (4.53.0): ``peftlab train`` is a subcommand of a plain argparse parser (a
+jsonargparse parser has no ``parse_known_args``); it names options after the attributes only (``--lr-ratio 3``:
+"unrecognized arguments"; a bare ``--overwrite``: "expected one argument"); its errors span several lines; and it
+rejects spellings peftlab has always accepted (``q,k,v`` for a tuple, ``8.0`` for an int): hence
+:func:`add_dataclass_flags` and :func:`spelled`. ``config.yaml`` is ``yaml.safe_dump`` of ``to_dict()``.
 """
 
 from __future__ import annotations
@@ -70,12 +65,12 @@ def field_types(cls) -> dict[str, Any]:
 
 
 def _section(cls, where) -> str:
-    """The ``--help`` section of an option: its declaration's ``section``, else its class's ``SECTION`` (a
-    group's option: the group's; a field: the dataclass that declares it), titled by ``cls.SECTIONS``."""
+    """The ``--help`` section of an option: its declaration's ``section``, else its group's field name (``kasa``,
+    ``optim``), else the ``SECTION`` of the dataclass that declares it; titled by ``cls.SECTIONS``."""
     spec = where.owner.__dataclass_fields__[where.name]
     declaring = where.owner if where.group else next(
         k for k in reversed(cls.__mro__) if where.name in k.__dict__.get("__annotations__", {}))
-    key = spec.metadata.get("section") or getattr(declaring, "SECTION", None)
+    key = spec.metadata.get("section") or where.group or getattr(declaring, "SECTION", None)
     titles = getattr(cls, "SECTIONS", {})
     return titles.get(key) or (declaring.__doc__ or declaring.__name__).strip().splitlines()[0]
 
@@ -154,9 +149,8 @@ def coerce(cls, name: str, value: Any, where: str | None = None) -> Any:
     if value is None:
         return None
     spec, hint = option_spec(cls, name), field_types(cls)[name]
-    example = None if spec.default is dataclasses.MISSING else spec.default
     try:
-        return checked_value(hint, spec.metadata, spelled(hint, value), "--" + name.replace("_", "-"), example)
+        return checked_value(hint, spec.metadata, spelled(hint, value), "--" + name.replace("_", "-"), spec.default)
     except PeftlabError as err:
         where = ", ".join(w for w in (err.where, where) if w) or None  # the flag a choice's noun hides, the source
         raise PeftlabError(err.what, where=where, fix=err.fix) from None

@@ -3,14 +3,10 @@
     seed: int = option(0, Range(0, 2**32, high_open=True), key_v1=True, searchable=False, report_row=False)
     \"\"\"Training seed: head init, adapter init, ...\"\"\"
 
-The **type** is the annotation (``Literal[...]``: a choice; ``tuple[Literal[...], ...]``: a set of them; ``X |
-None``: None allowed), the **help** the docstring under the field. The **valid values**: a :class:`Range` for
-numbers (floats finite, integers within int64), :class:`Text`, :class:`File` / :class:`Folder` (checked when a
-run is resolved: :func:`peftlab.resolve.check_paths`). :func:`checked_value` is a value's one check, applied
-where a flag, YAML file or spec gives it (:func:`peftlab.config_cli.coerce`) or Python builds a config
-(:func:`check_fields`, each config dataclass's ``__post_init__``). The **roles** (:class:`Roles`): what run
-keys, ``--resume``, tune, sweeps, reports and evaluate need to know; :func:`role_sets` derives their lists.
-Option groups (``cfg.kasa``, ``cfg.optim``) name their flat options by ``PREFIX`` (``kasa_beta``; ``""``: ``lr``).
+The type is the annotation (``Literal``: a choice; ``tuple[Literal[...], ...]``: a set of them), the help the
+docstring under the field. :func:`checked_value` is a value's one check, wherever it enters (a flag, YAML, a spec:
+:func:`peftlab.config_cli.coerce`; Python: :func:`check_fields`); :func:`role_sets` derives each consumer's
+option list from the :class:`Roles`. :class:`File` / :class:`Folder` are checked when a run is resolved.
 """
 
 from __future__ import annotations
@@ -57,6 +53,9 @@ class Range:
         return text + (f" ({self.why})" if self.why else "")
 
 
+POSITIVE = Range(0, low_open=True)  # a finite number > 0 (rates, scales, seconds)
+
+
 @dataclass(frozen=True)
 class Text:
     """Text that is not blank; with ``pattern``, text that fully matches it (``meaning`` says what it is)."""
@@ -92,9 +91,9 @@ class Roles:
     adapter_identity: bool = False  # an adapter trained with another value must not be evaluated on this run
 
 
-def option(default: Any = dataclasses.MISSING, check: Range | Text | File | Folder | None = None, *,
-           default_factory: Callable | Any = dataclasses.MISSING, noun: str | None = None, lower: bool = False,
-           normalise: Callable[[Any], Any] | None = None, section: str | None = None, **roles) -> Any:
+def option(default: Any, check: Range | Text | File | Folder | None = None, *, noun: str | None = None,
+           lower: bool = False, normalise: Callable[[Any], Any] | None = None, section: str | None = None,
+           **roles) -> Any:
     """A dataclass field declared with its check and roles (``field(metadata=...)``).
 
     ``noun`` names a choice's kind in the "unknown <noun> 'x'" message (default: the flag); ``lower``: a choice
@@ -102,7 +101,7 @@ def option(default: Any = dataclasses.MISSING, check: Range | Text | File | Fold
     ``section``: its ``--help`` section (a key of the config's ``SECTIONS``; default: its class's ``SECTION``)."""
     metadata = {"check": check, "noun": noun, "lower": lower, "normalise": normalise, "section": section,
                 "roles": Roles(**roles)}
-    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 # --------------------------------------------------------------------------- the type of a hint
@@ -155,6 +154,18 @@ def check_fields(obj) -> None:
             default = None if spec.default is dataclasses.MISSING else spec.default
             value = checked_value(hint, spec.metadata, value, flag_of(cls, spec.name), default)
         object.__setattr__(obj, spec.name, value)  # option groups are frozen: normalised once, here
+
+
+# Frozen: a config copied with dataclasses.replace shares its groups, so none may change under the other.
+@dataclass(frozen=True)
+class OptionGroup:
+    """An option group (``cfg.kasa``, ``cfg.optim``): its fields checked against their declarations when it is
+    built. ``PREFIX``: its flat names' prefix and its field's name (``kasa``: ``kasa_beta``; ``""``: ``lr``)."""
+
+    PREFIX = ""
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def as_group(group_cls, value, name: str):
@@ -289,15 +300,8 @@ def option_names(cls) -> list[str]:
 
 
 def option_defaults(cls) -> dict[str, Any]:
-    """Each option's default by flat name (options without a default are left out)."""
-    out = {}
-    for flat, where in options(cls).items():
-        spec = where.owner.__dataclass_fields__[where.name]
-        if spec.default is not dataclasses.MISSING:
-            out[flat] = spec.default
-        elif spec.default_factory is not dataclasses.MISSING:
-            out[flat] = spec.default_factory()
-    return out
+    """Each option's default by flat name."""
+    return {flat: option_spec(cls, flat).default for flat in options(cls)}
 
 
 def option_spec(cls, flat: str) -> dataclasses.Field:

@@ -1,29 +1,15 @@
 """Preflight: what a command that trains can find out in its first seconds, found before anything is written.
 
 ``peftlab train``, ``sweep``, ``tune`` and ``study`` call :func:`check` with their cells (a label and a resolved
-:class:`~peftlab.config.TrainConfig` each; the lab builds them in :mod:`peftlab.lab.preflight_cells`) and the paths
-they will write, before any store, run folder or model exists. Each check runs once per distinct value among the
-cells (a 160-run study asks once per model, data source and judge):
-
-* **output**: every folder and file the command writes (the run folder or the runs' root, the store) can be made:
-  no name too long for its filesystem, no part of it a file, its nearest existing folder writable
-  (:func:`peftlab.io_utils.path_problem`); and the disk under it has **room** for the runs it plans: a run keeps
-  its saved weights (the adapter: at most :data:`ADAPTER_SHARE` of the model's parameters; full fine-tuning: the
-  model) and, while it trains, a checkpoint of them with two Adam moments, written beside the last one (fp32).
-  The parameter count comes from :data:`REGISTERED_PARAMS`, a random model's config, or a local folder's weight
-  files; a Hub model not yet downloaded is not sized (said so);
-* **data** and **model**: each distinct (task, data source) has its files, each distinct model resolves, by the
-  runs' own lookups (:mod:`peftlab.preflight_sources`);
-* **extra**: every optional package a cell needs is installed (the rows of :data:`peftlab.extras.NEEDS` its
-  options name: ``--lm-eval``, ``--report-to``, ``--task e2e``, the MT-Bench judge; the plan's own, e.g. Ray for
-  ``--backend ray``);
-* **judge**: each distinct MT-Bench judge has its API key set and answers one short request within
-  :data:`peftlab.tasks.judge.PROBE_TIMEOUT` (10 s), no retry (:func:`peftlab.tasks.judge.probe`);
-* **services** the caller adds (the lab: the Ray cluster at ``--address``, within ``--ray-timeout``).
-
-Every problem is one line naming the cells it affects; all of them are raised together
-(:class:`~peftlab.errors.PeftlabErrors`: exit 2) and nothing has been written. ``--dry-run`` prints the findings
-(:func:`render`). Torch-free: a sweep's or tune's driver runs it.
+config each: :mod:`peftlab.lab.preflight_cells`) and the paths they will write. Each check runs once per distinct
+value among the cells (a 160-run study asks once per model, data source and judge): the **output** paths can be
+made (:func:`peftlab.io_utils.path_problem`) and the disk has **room** for the planned runs (saved weights plus a
+checkpoint with Adam's moments, sized from the model's parameter count where it is known without loading); the
+**data** and **model** are found by the runs' own lookups (:mod:`peftlab.preflight_sources`); every **extra** a
+cell's options need is installed (:data:`peftlab.extras.NEEDS`); each MT-Bench **judge** answers one short
+request; and the caller's **services** (the Ray cluster) answer. Every problem is one line naming the cells it
+affects, all raised together (:class:`~peftlab.errors.PeftlabErrors`, exit 2); ``--dry-run`` prints the findings.
+Torch-free: a sweep's or tune's driver runs it.
 """
 
 from __future__ import annotations
@@ -98,7 +84,7 @@ def name_cells(labels: Iterable[str], total: int) -> str:
 def preflight(cells: list[Cell], outputs: Iterable[Output], *, runs: list[Cell] | None = None, parallel: int = 1,
               needs: Iterable[str] = (), services: Iterable[Service] = ()) -> list[Finding]:
     """Every check's finding. ``runs``: the runs the command plans to train (default ``cells``; sized for room),
-    ``parallel`` of them at once; ``needs``: the plan's own extras (:data:`PLAN_EXTRAS`)."""
+    ``parallel`` of them at once; ``needs``: the plan's own extras (:data:`PLAN_NEEDS`)."""
     total, everyone = len(cells), tuple(cell.label for cell in cells)
     findings = []
     outputs = list(outputs)
@@ -111,13 +97,15 @@ def preflight(cells: list[Cell], outputs: Iterable[Output], *, runs: list[Cell] 
             refused.append(out.path)
     if outputs and not any(f.problem for f in findings):
         findings += _room(outputs[0].path, cells if runs is None else runs, parallel, everyone)
-    findings += _grouped("data", cells, sources.data_key, sources.data, total)
-    findings += _grouped("model", cells, lambda cfg: cfg.model, sources.model, total)
+    findings += _grouped("data", cells, sources.data_key, sources.data, total,
+                         lambda cfg: cfg.task + (f" from --data-dir {cfg.data_dir}" if cfg.data_dir else ""))
+    findings += _grouped("model", cells, lambda cfg: cfg.model, sources.model, total, lambda cfg: f"model {cfg.model}")
     findings += _extras(cells, needs)
     from peftlab.tasks.table import task as registered_task
 
     judged = [cell for cell in cells if registered_task(cell.cfg.task).pipeline == "mt_bench" and cell.cfg.judge_url]
-    findings += _grouped("judge", judged, _judge_key, _judge, total)
+    findings += _grouped("judge", judged, lambda cfg: (cfg.judge_url, cfg.judge_model, cfg.judge_api_key_env), _judge,
+                         total, lambda cfg: f"judge {cfg.judge_url}")
     for service in services:
         findings.append(_attempt(service.check, service.subject, everyone, total, service.probe))
     return findings
@@ -159,22 +147,14 @@ def _attempt(check_name: str, subject: str, cells: tuple[str, ...], total: int, 
         return Finding(check_name, subject, cells, total, problem=os_error(err))
 
 
-def _grouped(check_name: str, cells: list[Cell], key: Callable, probe: Callable[[Any], str],
-             total: int) -> list[Finding]:
+def _grouped(check_name: str, cells: list[Cell], key: Callable, probe: Callable[[Any], str], total: int,
+             subject: Callable[[Any], str]) -> list[Finding]:
     """``probe`` once per distinct ``key(cfg)``, naming the cells that share it (of ``total``)."""
     groups: dict[Any, list[Cell]] = {}
     for cell in cells:
         groups.setdefault(key(cell.cfg), []).append(cell)
-    return [_attempt(check_name, _subject(check_name, group[0].cfg), tuple(c.label for c in group), total,
+    return [_attempt(check_name, subject(group[0].cfg), tuple(c.label for c in group), total,
                      lambda group=group: probe(group[0].cfg)) for group in groups.values()]
-
-
-def _subject(check_name: str, cfg) -> str:
-    if check_name == "data":
-        return f"{cfg.task}" + (f" from --data-dir {cfg.data_dir}" if cfg.data_dir else "")
-    if check_name == "judge":
-        return f"judge {cfg.judge_url}"
-    return f"model {cfg.model}"
 
 
 # --------------------------------------------------------------------------- output paths and room
@@ -220,11 +200,11 @@ def run_bytes(cfg, params: float) -> tuple[float, float]:
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return ""
+    return f"{n:.1f} TB"
 
 
 def _room(root: Path, runs: list[Cell], parallel: int, everyone: tuple[str, ...]) -> list[Finding]:
@@ -268,17 +248,9 @@ def _extras(cells: list[Cell], needs: Iterable[str]) -> list[Finding]:
     everyone = [cell.label for cell in cells]
     for name in needs:
         users[extras.need(PLAN_NEEDS[name])] = everyone
-    findings = []
-    for row, labels in users.items():
-        missing = row.missing()
-        subject = ", ".join(row.modules)
-        findings.append(Finding("extra", subject, tuple(labels), len(cells), note="installed") if not missing else
-                        Finding("extra", subject, tuple(labels), len(cells), problem=row.error(missing)))
-    return findings
-
-
-def _judge_key(cfg) -> tuple:
-    return (cfg.judge_url, cfg.judge_model, cfg.judge_api_key_env)
+    return [Finding("extra", ", ".join(row.modules), tuple(labels), len(cells), note="installed") if not row.missing()
+            else Finding("extra", ", ".join(row.modules), tuple(labels), len(cells), problem=row.error(row.missing()))
+            for row, labels in users.items()]
 
 
 def _judge(cfg) -> str:

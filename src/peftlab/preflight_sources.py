@@ -1,15 +1,7 @@
-"""The preflight's data and model checks: each distinct data source and model of a command's runs, found by the
-runs' own lookups before anything loads (:mod:`peftlab.preflight` groups the runs and names them).
-
-* **data**: each distinct (task, data source) has its files (``tasks.data_files.locate_split``,
-  ``tasks.instruction_data.local_file``, ``tasks.generative.find_data_file``, ``tasks.mt_bench.locate_folder``);
-  what is missing locally is read from the Hub when that is allowed (``HF_DATASETS_OFFLINE`` / ``HF_HUB_OFFLINE``
-  unset), so then the Hub must answer for that dataset;
-* **model**: a registered one is installed (a random one: the tokenizer it borrows), a local folder holds
-  ``config.json``, a Hub id is in the local cache when offline, or the Hub answers for it (one request bounded by
-  ``HF_HUB_DOWNLOAD_TIMEOUT``, :mod:`peftlab.models.hub`).
-
-Each raises a one-line :class:`~peftlab.errors.PeftlabError` or returns what it found. Torch-free.
+"""The preflight's data and model checks, by the runs' own lookups before anything loads (:mod:`peftlab.preflight`
+groups the runs and names them). What is missing locally is read from the Hub when that is allowed
+(``HF_DATASETS_OFFLINE`` / ``HF_HUB_OFFLINE`` unset), so then the Hub must answer for it, in one request bounded by
+``HF_HUB_DOWNLOAD_TIMEOUT`` (:mod:`peftlab.models.hub`). Each check returns what it found or raises one line.
 """
 
 from __future__ import annotations
@@ -24,25 +16,20 @@ from peftlab.tasks.table import task as registered_task
 
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
+
 def data_key(cfg) -> tuple:
     return (cfg.task, cfg.data_dir, cfg.train_file, cfg.eval_file, cfg.train_sets, cfg.eval_sets)
 
 
-def _roots(data_dir) -> str:
-    from peftlab.tasks.data_files import candidate_roots
-
-    return ", ".join(str(root) for root in candidate_roots(data_dir))
-
-
 def _local_or_hub(found: Path | None, what: str, hub_id: str, data_dir) -> str:
     """The local file's folder, or the Hub when the runs will read it there (then it must answer)."""
-    from peftlab.tasks.data_files import hub_offline
+    from peftlab.tasks.data_files import candidate_roots, hub_offline
 
     if found is not None:
         return str(found.parent)
     if hub_offline():
         raise PeftlabError(f"no local copy of {what} (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set: not from the Hub)",
-                           where=f"looked under {_roots(data_dir)}",
+                           where=f"looked under {', '.join(map(str, candidate_roots(data_dir)))}",
                            fix="pass --data-dir (or set PEFTLAB_DATA_DIR) to the shared data folder holding it, or "
                                "unset HF_DATASETS_OFFLINE and HF_HUB_OFFLINE to load it from the Hub")
     hub_answers(hub_id, "dataset")
@@ -174,5 +161,3 @@ def _hub_model(name: str) -> str:
                                                         "a local folder, or use a registered model (`peftlab models`)")
     hub_answers(name, "model")
     return "on the Hub"
-
-

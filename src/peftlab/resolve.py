@@ -1,15 +1,8 @@
-"""A run's config resolved: the method's and the task's defaults filled in, the checks that need their tables.
-
-:class:`~peftlab.config.TrainConfig` is the schema. What a run also needs comes from the tables: the method's
-learning rates (``methods.table.METHODS``; head-only trains at its head rate alone), the task's lengths, batch
-size, evaluation interval and generation length (``tasks.table.TASKS``), canonical ``--eval-sets``,
-``--train-sets`` and ``--lm-eval`` names, a user task's data options and digest, the paths that must exist.
-
-A run is resolved once, at its entry: ``peftlab train`` (:func:`build_run_config`), each cell of a sweep or tune
-spec, ``peftlab study``, or :func:`peftlab.training.loop.train` given an unresolved config from Python. The
-config :func:`resolve_config` returns is marked (``cfg.resolved``): resolving it again is refused, and
-``training.setup`` refuses an unresolved one. A resolved config written out (a store row) reads back resolved
-(:func:`resolved_from_dict`). Torch-free: the method and task tables import no model code.
+"""A run's config resolved, once, at its entry (``peftlab train``, a sweep or tune cell, ``peftlab study``, or
+:func:`peftlab.training.loop.train` given an unresolved config): the method's and the task's defaults filled in
+from their tables, the checks that need them, its paths. The config :func:`resolve_config` returns is marked
+(``cfg.resolved``): resolving it again is refused, and ``training.setup`` refuses an unresolved one; a store row
+reads back resolved (:func:`resolved_from_dict`). Torch-free: the tables import no model code.
 """
 
 from __future__ import annotations

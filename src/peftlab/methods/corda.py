@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-# --corda-* options: peftlab.config.CordaOptions (cfg.corda), declared with the config (torch-free)
+# --corda-* options: CordaOptions (cfg.corda), declared with its row in peftlab.methods.registry
 
 # keys of a collated example that are not model inputs for a calibration forward pass
 _NOT_INPUTS = ("labels", "label", "length")
@@ -44,23 +44,16 @@ def unpadded(batch: dict[str, Any]) -> dict[str, Any]:
             for k, v in batch.items()}
 
 
-def _device(model: nn.Module) -> torch.device:
-    for param in model.parameters():
-        return param.device
-    return torch.device("cpu")
-
-
-def calibration_from_examples(model: nn.Module, examples: Callable[[], Iterable[dict[str, Any]]]) -> Callable[[], None]:
-    """A zero-argument callable that runs ``model`` (no grad, eval mode) over collated one-example batches.
-
-    ``examples`` is a zero-argument callable returning the batches (so nothing is read until CorDA asks).
-    """
+def calibration_from_examples(model: nn.Module, examples: Callable[[], Iterable[dict[str, Any]]]
+                              ) -> Callable[[], None]:
+    """A zero-argument callable that runs ``model`` (no grad, eval mode) over collated one-example batches,
+    unpadded; ``examples`` returns them when CorDA asks (nothing is read before)."""
 
     @torch.no_grad()
     def run() -> None:
         was_training = model.training
         model.eval()
-        device = _device(model)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
         try:
             for batch in examples():
                 batch = unpadded(batch)
@@ -73,20 +66,13 @@ def calibration_from_examples(model: nn.Module, examples: Callable[[], Iterable[
 
 def calibration_runner(model: nn.Module, train_dataset, collate: Callable, samples: int) -> Callable[[], None]:
     """Calibration over the first ``samples`` training examples (the run's seeded subset), one per forward.
-
-    ``train_dataset`` and ``collate`` are the run's :class:`peftlab.tasks.prepare.Pipeline` fields, so the
-    calibration inputs are tokenised, truncated and collated exactly like the training batches.
-    """
-    count = min(int(samples), len(train_dataset))
-
+    ``train_dataset`` and ``collate`` are the run's :class:`peftlab.tasks.prepare.Pipeline` fields, so the inputs
+    are tokenised, truncated and collated exactly like the training batches."""
     def examples():
-        for index in range(count):
-            row = {k: v for k, v in train_dataset[index].items() if k not in ("length",)}
-            yield collate([row])
+        for index in range(min(int(samples), len(train_dataset))):
+            yield collate([{k: v for k, v in train_dataset[index].items() if k != "length"}])
 
-    run = calibration_from_examples(model, examples)
-    run.samples = count
-    return run
+    return calibration_from_examples(model, examples)
 
 
 def build(model: nn.Module, lora_config, cfg, calibration: Callable[[], None]) -> nn.Module:

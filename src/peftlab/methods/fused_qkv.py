@@ -2,34 +2,16 @@
 
 GPT-2 (``attn.c_attn``, a Conv1D), Phi-3 (``self_attn.qkv_proj``), Falcon (``self_attention.query_key_value``)
 and ModernBERT (``attn.Wqkv``) compute q, k and v with one matrix. Yao et al.'s recipe needs them apart (W_q and
-W_v at their own rates, W_k frozen), so :func:`split_fused_qkv` replaces each fused module by a
-:class:`SplitQKV`: three ``nn.Linear`` children ``q_proj``, ``k_proj``, ``v_proj`` whose outputs it lays back out
-in the fused order. The model's own forward is unchanged and computes the same outputs (to float rounding:
-three matmuls instead of one); peft then adapts ``...c_attn.q_proj`` like any Llama ``q_proj``.
+W_v at their own rates, W_k frozen), so :func:`split_fused_qkv` replaces each fused module by a :class:`SplitQKV`
+of three ``nn.Linear`` children ``q_proj``, ``k_proj``, ``v_proj`` whose outputs it lays back out in the fused
+order: the model's forward is unchanged (to float rounding) and peft adapts ``...c_attn.q_proj`` like Llama's.
 
-Layouts, read off each family's transformers modeling code. Every fused output is ``groups`` blocks of
-``[q rows | k rows | v rows]``:
-
-* GPT-2: one block ``[q | k | v]``, each ``n_embd`` wide (``c_attn(x).split(split_size, dim=2)``); the Conv1D
-  stores its weight as (in, out), so the split weights are transposed.
-* Phi-3: one block ``[q | k | v]``, q ``num_attention_heads x head_dim``, k and v ``num_key_value_heads x
-  head_dim`` (GQA), sliced at ``query_pos``.
-* ModernBERT: one block, ``qkv.view(..., 3, heads, head_dim)``.
-* Falcon, three layouts (``FalconAttention._split_heads``): ``new_decoder_architecture`` interleaves by kv group,
-  ``num_kv_heads`` blocks of ``[heads/kv query heads | 1 key head | 1 value head]``; multi-query (the default)
-  is one block ``[q | one k head | one v head]``; otherwise (``multi_query=False``) it interleaves per head,
-  ``num_heads`` blocks of ``[q head | k head | v head]``.
-
-The widths come from the attention module's own attributes (what its forward uses), and must add up to the
-fused matrix's rows. State is explicit: :func:`split_fused_qkv` returns a :class:`FusedSplit` (which modules,
-their layout and original class), carried in ``AppliedMethod.split``, written beside an adapter as
-``fused_qkv.json`` (with a note in the adapter's README.md), and passed to :func:`fuse_qkv` /
-:func:`fused_state_dict`, which rebuild the original parameter layout: a merged export is a standard
+Every fused output is ``groups`` blocks of ``[q rows | k rows | v rows]``, the widths read off the attention
+module's own attributes (what its forward uses; see each family's layout function) and checked to add up to the
+matrix's rows. :func:`split_fused_qkv` returns a :class:`FusedSplit`, carried in ``AppliedMethod.split``, written
+beside an adapter as ``fused_qkv.json`` (:data:`NOTE` says how plain peft loads it) and passed to
+:func:`fuse_qkv` / :func:`fused_state_dict`, which rebuild the original layout: a merged export is a standard
 transformers model of the original architecture.
-
-Loading such an adapter with plain peft: split the fresh base first, ``split_for_adapter(base, adapter_dir)``,
-then ``PeftModel.from_pretrained(base, adapter_dir)``; ``fuse_qkv(model.merge_and_unload(), split)`` gives
-the original layout back (``peftlab export RUN --merged OUT`` does all of it).
 """
 
 from __future__ import annotations
@@ -60,7 +42,7 @@ class Layout:
     description: str
 
 
-def _gpt2(attn: nn.Module) -> Layout:
+def _gpt2(attn: nn.Module) -> Layout:  # c_attn(x).split(split_size, dim=2)
     width = attn.split_size
     return Layout(1, (width, width, width), "[q | k | v], each n_embd wide; Conv1D, weight stored (in, out)")
 
@@ -76,7 +58,7 @@ def _modernbert(attn: nn.Module) -> Layout:
     return Layout(1, (width, width, width), "[q | k | v], each hidden_size wide (view(3, heads, head_dim))")
 
 
-def _falcon(attn: nn.Module) -> Layout:
+def _falcon(attn: nn.Module) -> Layout:  # FalconAttention._split_heads's three layouts
     head = attn.head_dim
     if attn.new_decoder_architecture:
         per_group = attn.num_heads // attn.num_kv_heads
@@ -168,7 +150,7 @@ class SplitQKV(nn.Module):
         return f"groups={self.groups}"
 
 
-def _dense(module: nn.Module) -> torch.Tensor:
+def dense_weight(module: nn.Module) -> torch.Tensor:
     """The (out, in) weight of a Linear or a Conv1D."""
     return module.weight.T if type(module).__name__ == "Conv1D" else module.weight
 
@@ -192,17 +174,12 @@ def fused_modules(model: nn.Module) -> list[str]:
     return [n for n in names if any(re.search(rf"(^|\.){p}$", n) for p in FUSED_PATTERNS)]
 
 
-def _model_type(model: nn.Module) -> str:
-    config = getattr(model, "config", None)
-    return getattr(config, "model_type", "") or ""
-
-
 def split_fused_qkv(model: nn.Module) -> FusedSplit:
     """Replace every fused QKV projection of ``model`` (in place) by a :class:`SplitQKV`; returns what was split
     (:data:`NO_SPLIT` for a model with separate q/k/v, or of a family not in :data:`FAMILIES`: its layout is never
     guessed, and ``resolve_targets`` refuses q, k, v on a matrix left fused, in one line)."""
     found = fused_modules(model)
-    model_type = _model_type(model)
+    model_type = getattr(getattr(model, "config", None), "model_type", "") or ""
     family = FAMILIES.get(model_type)
     if not found or family is None:
         return NO_SPLIT
@@ -213,7 +190,7 @@ def split_fused_qkv(model: nn.Module) -> FusedSplit:
         parent = model.get_submodule(parent_name)
         fused = getattr(parent, child)
         layout = family.layout(parent)
-        weight = _dense(fused)
+        weight = dense_weight(fused)
         record = SplitModule(name, layout.groups, layout.widths, weight.shape[1], fused.bias is not None,
                              f"{type(fused).__module__}.{type(fused).__qualname__}", type(fused).__name__ == "Conv1D")
         if record.out_features != weight.shape[0]:
@@ -227,7 +204,7 @@ def split_fused_qkv(model: nn.Module) -> FusedSplit:
 
 
 def _split_module(fused: nn.Module, record: SplitModule) -> SplitQKV:
-    weight = _dense(fused).detach()
+    weight = dense_weight(fused).detach()
     weights = _rows(weight, record)
     biases = _rows(fused.bias.detach(), record) if record.bias else [None] * 3
     parts = []
@@ -265,17 +242,13 @@ def fused_tensors(model: nn.Module, record: SplitModule) -> dict[str, torch.Tens
     return out
 
 
-def _fused_class(record: SplitModule) -> type:
-    module, _, name = record.fused_class.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
 def fuse_qkv(model: nn.Module, split: FusedSplit) -> nn.Module:
     """Put the original fused modules back (in place; a merged or full fine-tuned model): each becomes its
     original class (Conv1D, FalconLinear, nn.Linear) holding the current q/k/v weights. Returns ``model``."""
     for record in split.modules:
         tensors = fused_tensors(model, record)
-        cls = _fused_class(record)
+        module, _, name = record.fused_class.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
         weight = tensors["weight"]
         with torch.device(weight.device):
             fused = cls(record.out_features, record.in_features) if record.transposed else \

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from peftlab.errors import PeftlabError
-# --kasa-* options: peftlab.config.KasaOptions (cfg.kasa), declared with the config (torch-free)
+# --kasa-* options: KasaOptions (cfg.kasa), declared with its row in peftlab.methods.registry
 
 
 def kasa_modules(model: nn.Module) -> list[nn.Module]:
@@ -128,21 +128,9 @@ def apply_plan(model: nn.Module, plan: dict[str, int], originals: dict[str, torc
 
 # --------------------------------------------------------------------------- save / load of a non-peft truncation
 
+# Written beside a KaSA adapter by earlier peftlab versions (a run now saves such a truncation as plain LoRA:
+# kasa_portable); read so that those adapters still load as trained.
 PLAN_FILE = "peftlab_kasa_truncation.json"
-
-
-def write_plan(plan: dict[str, int] | None, out_dir) -> None:
-    """Next to a saved KaSA adapter: the truncations that differ from peft's (nothing when there are none).
-
-    ``plan`` is ``apply_method(...).init_stats.kasa_plan``. peft's loader re-truncates r components by the
-    paper rule; :func:`load_plan` + :func:`apply_plan` after ``PeftModel.from_pretrained`` restore what this
-    run trained on (``--kasa-truncate-rank``, reference mode).
-    """
-    import json
-    from pathlib import Path
-
-    if plan:
-        (Path(out_dir) / PLAN_FILE).write_text(json.dumps({"keep": plan}, indent=1, sort_keys=True))
 
 
 def load_plan(adapter_dir, base: nn.Module) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
@@ -163,32 +151,6 @@ def load_plan(adapter_dir, base: nn.Module) -> tuple[dict[str, int], dict[str, t
 
 
 # --------------------------------------------------------------------------- regulariser
-
-
-def _module_terms(module: nn.Module, adapter: str, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(||diag||^2, orthogonality) of one adapted module, in fp32.
-
-    paper:     ||B^T B - I_r||_F + ||A A^T - I_r||_F            (peft's ``_kasa_layer_regularization_loss``)
-    reference: ||A^T A - I_in||_F + ||B B^T - I_out||_F       (the authors' ``loss_fn`` in main.py)
-
-    The reference Grams are in x in and out x out, but their norms follow exactly from the r x r ones:
-    ||A^T A - I_in||_F^2 = tr((A^T A)^2) - 2 tr(A^T A) + in = ||A A^T - I_r||_F^2 + (in - r), and likewise
-    for B. So the reference term is computed as sqrt(paper_part^2 + d - r), identical in value and gradient
-    to the authors' d x d computation, at r x r cost.
-    """
-    diag = module.lora_diag[adapter].float()
-    A = module.lora_A[adapter].weight.float()  # (r, in)
-    B = module.lora_B[adapter].weight.float()  # (out, r)
-    r = diag.shape[0]
-    eye = torch.eye(r, device=diag.device, dtype=torch.float32)
-    l2 = (diag ** 2).sum()
-    part_a = torch.linalg.norm(A @ A.T - eye)  # Frobenius
-    part_b = torch.linalg.norm(B.T @ B - eye)
-    if mode == "reference":
-        n_in, n_out = A.shape[1], B.shape[0]
-        part_a = torch.sqrt(part_a ** 2 + (n_in - r))
-        part_b = torch.sqrt(part_b ** 2 + (n_out - r))
-    return l2, part_a + part_b
 
 
 # model -> (adapters key, shape groups, module count); weak keys: a model's entry goes when the model does.
@@ -222,9 +184,14 @@ def shape_groups(model: nn.Module) -> tuple[list[list[tuple[nn.Module, str]]], i
 
 
 def _group_terms(pairs, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed ||diag||^2 and summed orthogonality of same-shaped modules, batched (one bmm per Gram).
+    """Summed ||diag||^2 and summed orthogonality of same-shaped modules, batched (one bmm per Gram), in fp32.
 
-    The same values as :func:`_module_terms` summed over ``pairs`` (up to float summation order).
+    paper:     ||B^T B - I_r||_F + ||A A^T - I_r||_F            (peft's ``_kasa_layer_regularization_loss``)
+    reference: ||A^T A - I_in||_F + ||B B^T - I_out||_F       (the authors' ``loss_fn`` in main.py)
+
+    The reference Grams are in x in and out x out, but their norms follow from the r x r ones:
+    ||A^T A - I_in||_F^2 = ||A A^T - I_r||_F^2 + (in - r), and likewise for B; so the reference term is
+    sqrt(paper_part^2 + d - r), the authors' value and gradient at r x r cost.
     """
     diag = torch.stack([m.lora_diag[a] for m, a in pairs]).float()  # (n, r)
     A = torch.stack([m.lora_A[a].weight for m, a in pairs]).float()  # (n, r, in)

@@ -43,10 +43,6 @@ def dropped_components(model: nn.Module, module_names, keep: dict[str, int], ran
     return dropped
 
 
-def _pattern(name: str) -> str:
-    return re.escape(name)  # peft matches pattern keys as regexes against module names
-
-
 @torch.no_grad()
 def save_as_lora(model: nn.Module, out_dir: str | Path,
                  dropped: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> Path:
@@ -71,7 +67,7 @@ def save_as_lora(model: nn.Module, out_dir: str | Path,
         prefix = f"base_model.model.{name}"
         state[f"{prefix}.lora_B.weight"] = torch.cat([-dropped_us.to(B.device), scaling * B * sigma], dim=1).to(dtype).contiguous()
         state[f"{prefix}.lora_A.weight"] = torch.cat([dropped_vh.to(A.device), A], dim=0).to(dtype).contiguous()
-        ranks[_pattern(name)] = dropped_us.shape[1] + A.shape[0]
+        ranks[re.escape(name)] = dropped_us.shape[1] + A.shape[0]  # peft reads pattern keys as regexes
     plain = copy.deepcopy(config)
     plain.kasa_config, plain.rank_pattern, plain.alpha_pattern = None, ranks, dict(ranks)
     plain.use_rslora, plain.init_lora_weights = False, True

@@ -1,17 +1,10 @@
 """Save, load and merge what a run trained. safetensors only; pickles are refused unless asked for.
 
-* peft methods: ``PeftModel.save_pretrained`` (``adapter_model.safetensors`` + ``adapter_config.json``),
-  loadable with ``PeftModel.from_pretrained(base, path)``. PiSSA and MiLoRA are saved *converted* to a
-  plain rank-2r LoRA on the original base weights (see :mod:`peftlab.methods.svd_lora`), head included.
-* ``full``: there is no adapter, so the trained tensors (the selected projections and the head) are saved
-  as ``trained_weights.safetensors`` with the base model's name in the metadata; :func:`load_trained`
-  puts them back into a freshly loaded base model.
-* A sequence classifier's head (``num_labels``, ``id2label``/``label2id``: the class names of a user's
-  ``--task classify``) is also written to ``labels.json``, which an adapter folder otherwise lacks.
-* A fused-QKV model (``applied.split``, :mod:`peftlab.methods.fused_qkv`): a peft adapter targets the split
-  ``...q_proj/k_proj/v_proj`` layers and is saved with ``fused_qkv.json`` (and a README.md section) saying so;
-  :func:`load_trained` splits the fresh base the same way first. Full fine-tuning is saved fused back, as a
-  standard folder of the original architecture. :func:`merged` fuses back when given the split.
+peft methods are saved by ``PeftModel.save_pretrained``; PiSSA, MiLoRA, CorDA and KaSA's non-peft truncations
+converted to a plain LoRA on the original base weights, head included (:mod:`peftlab.methods.svd_lora`,
+:mod:`peftlab.methods.kasa_portable`). Full fine-tuning is a standard transformers folder (fused QKV fused back).
+A sequence classifier's head config goes to ``labels.json``, which an adapter folder otherwise lacks; an adapter
+of split q/k/v gets ``fused_qkv.json``, and :func:`load_trained` splits the fresh base the same way first.
 """
 
 from __future__ import annotations
@@ -34,21 +27,24 @@ def is_peft(model: nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
-def _portable_base(out_dir: Path, base_model: str) -> None:
-    """adapter_config.json names the base by its public Hub id, not this machine's site-packages path (so the
-    adapter can be pushed and reloaded elsewhere); the local path is kept in peftlab_base.json."""
+def _record_base(out_dir: Path, base_model: str) -> None:
+    """peftlab_base.json: the registry model a run trained, its public Hub id and, for an adapter, the local path
+    its adapter_config.json named, which is rewritten to the Hub id (so the adapter loads elsewhere)."""
     from peftlab.models.registry import hub_id
 
-    config_file = out_dir / "adapter_config.json"
     public = hub_id(base_model) if base_model else None
-    if not config_file.is_file() or public is None:
+    config_file = out_dir / "adapter_config.json"
+    record = {"model": base_model, "hub_id": public}
+    if config_file.is_file():
+        if public is None:
+            return
+        config = json.loads(config_file.read_text())
+        record["local_path"] = config.get("base_model_name_or_path")
+        config["base_model_name_or_path"] = public
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    elif not base_model:
         return
-    config = json.loads(config_file.read_text())
-    local = config.get("base_model_name_or_path")
-    config["base_model_name_or_path"] = public
-    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (out_dir / "peftlab_base.json").write_text(json.dumps({"model": base_model, "hub_id": public,
-                                                           "local_path": local}, indent=2) + "\n")
+    (out_dir / "peftlab_base.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 LABELS_FILE = "labels.json"  # a sequence classifier's head: num_labels, id2label, label2id, problem_type
@@ -112,7 +108,7 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "",
             save_as_lora(model, out_dir, stats.kasa_dropped)
         else:
             model.save_pretrained(out_dir, safe_serialization=True)
-        _portable_base(out_dir, base_model)
+        _record_base(out_dir, base_model)
         if split:  # the adapter names q/k/v layers that only a split base has
             fused_qkv.write_note(out_dir, split)
         return out_dir
@@ -121,11 +117,7 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "",
     # peftlab_base.json says which registry model it came from.
     model.save_pretrained(out_dir, safe_serialization=True,
                           **({"state_dict": fused_qkv.fused_state_dict(model, split)} if split else {}))
-    if base_model:
-        from peftlab.models.registry import hub_id
-
-        (out_dir / "peftlab_base.json").write_text(json.dumps({"model": base_model, "hub_id": hub_id(base_model)},
-                                                              indent=2) + "\n")
+    _record_base(out_dir, base_model)
     return out_dir
 
 
@@ -143,14 +135,14 @@ def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool
     if not config_file.is_file():
         raise PeftlabError(f"no adapter_config.json or {FULL_WEIGHTS} in {adapter_dir}",
                            fix="pass a folder written by peftlab train or PeftModel.save_pretrained")
-    has_safe = (adapter_dir / "adapter_model.safetensors").is_file()
-    if not has_safe:
-        if (adapter_dir / "adapter_model.bin").is_file() and not allow_pickle:
-            raise PeftlabError(f"{adapter_dir / 'adapter_model.bin'} is a pickle, which can run code when loaded",
-                               fix="convert it to safetensors, or pass --allow-pickle if you trust its source")
-        if not (adapter_dir / "adapter_model.bin").is_file():
-            raise PeftlabError(f"no adapter weights in {adapter_dir}", fix="expected adapter_model.safetensors")
-    _check_safetensors(adapter_dir / "adapter_model.safetensors") if has_safe else None
+    safe, pickled = adapter_dir / "adapter_model.safetensors", adapter_dir / "adapter_model.bin"
+    if safe.is_file():
+        _check_safetensors(safe)
+    elif not pickled.is_file():
+        raise PeftlabError(f"no adapter weights in {adapter_dir}", fix="expected adapter_model.safetensors")
+    elif not allow_pickle:
+        raise PeftlabError(f"{pickled} is a pickle, which can run code when loaded",
+                           fix="convert it to safetensors, or pass --allow-pickle if you trust its source")
     try:
         json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

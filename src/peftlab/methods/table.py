@@ -10,7 +10,7 @@ the rank / Conv1D / fused-QKV limits) and runs the builder.
 
 from __future__ import annotations
 
-import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -42,16 +42,11 @@ def check_explicit_options(cfg: MethodConfig, explicit) -> None:
                                    f"it ({users})")
 
 
-def _weight_shape(module: nn.Module) -> tuple[int, int]:
-    weight = module.weight
-    if type(module).__name__ == "Conv1D":  # stored transposed: (in, out)
-        return weight.shape[1], weight.shape[0]
-    return tuple(weight.shape)
-
-
 def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: ResolvedTargets) -> None:
+    from peftlab.methods.fused_qkv import dense_weight
+
     modules = dict(model.named_modules())
-    shapes = [_weight_shape(modules[name]) for name in targets.all_modules]
+    shapes = [tuple(dense_weight(modules[name]).shape) for name in targets.all_modules]
     smallest = min(min(shape) for shape in shapes)
     if method.svd_init and cfg.rank >= smallest:
         raise PeftlabError(
@@ -75,17 +70,17 @@ def _check_rank(model: nn.Module, method: Method, cfg: MethodConfig, targets: Re
 _PIP_NAMES = {"attr": "attrs", "sklearn": "scikit-learn", "yaml": "pyyaml", "PIL": "pillow"}
 
 
-@contextlib.contextmanager
-def _missing_package_is_a_user_error(method: str):
-    """A builder (usually peft) importing a package that is not installed: one line naming it, not a traceback."""
+def _build(method: Method, *args, **kwargs):
+    """The method's builder; a package it imports that is not installed (peft's CorDA imports ``attr``) is one line
+    naming it, not a traceback."""
     try:
-        yield
+        return method.build(*args, **kwargs)
     except ImportError as err:
         module = (err.name or "an unnamed module").split(".")[0]
         package = _PIP_NAMES.get(module, module)
-        raise PeftlabError(f"method '{method}' needs the Python package '{package}' (import {module!r} failed), "
-                           "which is not installed", fix=f"pip install {package} (or reinstall peftlab, which declares it)") \
-            from None
+        raise PeftlabError(f"method '{method.name}' needs the Python package '{package}' (import {module!r} failed), "
+                           "which is not installed",
+                           fix=f"pip install {package} (or reinstall peftlab, which declares it)") from None
 
 
 @dataclass(frozen=True)
@@ -141,20 +136,21 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
         raise PeftlabError(f"--method {cfg.method} trains only the task head, and this model has none to train"
                            + ("" if train_head else " (a causal LM is scored through its language-model head)"),
                            fix="use an adapter method (e.g. --method lora)")
-    calibration_seconds = None
-    # list(heads): a copy, since peft's SEQ_CLS wrapper extends modules_to_save in place
+    calibration_seconds: list[float] = []  # CorDA: the wall time of its calibration passes
+    extra = {}
     if method.needs_calibration:
         if calibration is None:
             raise PeftlabError(f"{cfg.method} needs calibration inputs to build its init",
                                fix="run it through `peftlab train` (which passes --corda-samples training inputs), "
                                    "or pass apply_method(..., calibration=peftlab.methods.corda.calibration_runner(...))")
-        timed = _Timed(calibration)
-        with _missing_package_is_a_user_error(cfg.method):
-            built = method.build(model, cfg, targets, list(heads), task_type, calibration=timed)
-        calibration_seconds = timed.seconds
-    else:
-        with _missing_package_is_a_user_error(cfg.method):
-            built = method.build(model, cfg, targets, list(heads), task_type)
+
+        def timed() -> None:
+            start = time.perf_counter()
+            calibration()
+            calibration_seconds.append(time.perf_counter() - start)
+
+        extra["calibration"] = timed
+    built = _build(method, model, cfg, targets, list(heads), task_type, **extra)  # a copy: peft extends its list
     if not isinstance(built, Built):
         built = Built(built)
     model = built.model
@@ -162,7 +158,7 @@ def apply_method(model: nn.Module, cfg: MethodConfig, *, train_head: bool = True
     from peftlab.methods import svd_lora as svd_init
 
     stats = InitStats(
-        calibration_seconds=calibration_seconds,
+        calibration_seconds=sum(calibration_seconds) if method.needs_calibration else None,
         kasa_plan=built.kasa_plan,
         kasa_dropped=built.kasa_dropped,
         # A0, B0 (in memory, tiny): an SVD init's adapter is saved converted to plain LoRA on the original base
@@ -184,22 +180,6 @@ def _split_fused_qkv(model: nn.Module, method: Method, cfg: MethodConfig) -> Fus
                            fix="use " + ", ".join(n for n, m in METHODS.items() if m.fused_qkv and m.adapts_projections)
                                + " on this model, or a model with separate q/k/v")
     return split_fused_qkv(model) or None
-
-
-class _Timed:
-    """Wraps a calibration callable and adds up the wall time of its calls."""
-
-    def __init__(self, run: Callable[[], None]):
-        self.run, self.seconds = run, 0.0
-
-    def __call__(self) -> None:
-        import time
-
-        start = time.perf_counter()
-        try:
-            self.run()
-        finally:
-            self.seconds += time.perf_counter() - start
 
 
 def extra_loss(model: nn.Module, cfg: MethodConfig | None) -> torch.Tensor | None:

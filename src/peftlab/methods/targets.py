@@ -18,13 +18,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from peftlab.config import PROJECTIONS, parse_layers  # declared once, with --targets / --layers (pure text)
+from peftlab.config import parse_layers, parse_targets  # declared with --targets / --layers (pure text)
 from peftlab.errors import PeftlabError
 
 if TYPE_CHECKING:  # torch loads when a model is inspected, not when targets are parsed
     from torch import nn
-
-MLP_PROJECTIONS = ("gate", "up", "down")
 
 # Patterns match the tail of a module's dotted name. Each projection is found by the first pattern
 # that matches any linear layer, so an architecture never mixes two naming schemes.
@@ -86,21 +84,6 @@ class ResolvedTargets:
 
 
 NO_TARGETS = ResolvedTargets({})  # a method that adapts no projection (head-only fine-tuning)
-
-
-def parse_targets(targets) -> tuple[str, ...]:
-    """``"q,v"`` or ``["q", "v"]`` -> ``("q", "v")`` in canonical order, validated."""
-    items = targets.split(",") if isinstance(targets, str) else list(targets)
-    items = [str(t).strip().lower() for t in items if str(t).strip()]
-    if not items:
-        raise PeftlabError("no attention projection selected", fix="pass --targets with some of q,k,v,o (e.g. q,v)")
-    bad = [t for t in items if t not in PROJECTIONS]
-    if bad:
-        raise PeftlabError(
-            f"unknown projection '{bad[0]}'", where="--targets",
-            fix="use a comma list of q, k, v, o and the MLP's gate, up, down (e.g. q,v or q,v,up,down)"
-        )
-    return tuple(p for p in PROJECTIONS if p in items)
 
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
