@@ -312,3 +312,44 @@ def test_peftlab_study_points_the_fixed_rate_protocol_to_its_new_command(capsys)
     assert main(["study", "lambda", "--protocol", "fixed-rate", "--task", "sst2", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "python -m studies.fixed_rate" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["study", "lambda", "--protocol", "fixed-rate", "--task", "sst2", "--no-search"],  # the old README line
+    ["study", "lambda", "--task", "sst2", "--lr-grid", "5e-4,1e-3"],  # the old REPORT.md commands' flags
+    ["study", "kasa", "--task", "stsb", "--long-epochs", "6"],
+])
+def test_a_fixed_rate_flag_on_peftlab_study_says_where_the_protocol_went(argv, capsys):
+    from peftlab.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "python -m studies.fixed_rate" in err and "did you mean" not in err
+
+
+def test_an_old_spec_copy_with_a_fixed_rate_section_is_told_what_to_delete(tmp_path):
+    from peftlab.lab.study_spec import load_study_spec
+
+    old = yaml.safe_load((Path(__file__).resolve().parents[1] / "src/peftlab/lab/studies/kasa.yaml").read_text())
+    old["fixed-rate"] = {"options": {"rows": "head,lora"}}
+    path = tmp_path / "old_copy.yaml"
+    path.write_text(yaml.safe_dump(old))
+    with pytest.raises(PeftlabError, match="'fixed-rate' section.*studies.fixed_rate.*delete the section"):
+        load_study_spec(path)
+
+
+def test_the_fixed_rate_command_errors_are_one_line_and_it_runs_the_preflight(tmp_path, capsys):
+    from studies.fixed_rate.cli import main
+
+    assert main(["lambda", "--task", "sst2", "--method", "lorra"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "lorra" in err
+    assert main(["lambda", "--task", "sst2", "--bogus"]) == 2
+    assert "unknown flag '--bogus'" in capsys.readouterr().err
+    assert main(["lambda", "--task", "sst2", "--lr-grid", "abc", "--dry-run"]) == 2
+    assert "e.g. --lr-grid 5e-4,1e-3,2e-3" in capsys.readouterr().err
+    out_dir = tmp_path / "study"
+    assert main(["kasa", "--task", "rte", "--model", "tiny-bert", "--dry-run", "--output-dir", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "preflight data: ok" in out and "preflight: no problem found" in out
+    assert not out_dir.exists()

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 from peftlab.argtypes import assignments, nonnegative_int, output_folder, positive_float, positive_int, text
+from peftlab.cli.main import OneLineParser
 from peftlab.config import TrainConfig, add_dataclass_flags
-from peftlab.errors import PeftlabError
+from peftlab.errors import USER_ERROR_EXIT, PeftlabError, closest
 from peftlab.lab.study_cli import names, shared_base, study_tasks
 from peftlab.lab.study_plan import StudyPaths
 from peftlab.lab.study_protocol import float_list
@@ -41,8 +42,11 @@ DESIGN_OPTIONS = {
 TRAIN_FLAGS = ("model", "targets", "epochs", "max_train_samples", "max_eval_samples", "method", "lr", "head_lr")
 
 
+PROG = "python -m studies.fixed_rate"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies.fixed_rate", description=__doc__.split("\n\n")[1])
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[1])
     p.add_argument("study_kind", choices=("lambda", "kasa"))
     p.add_argument("--task", required=True, help="task(s), comma-separated: each is studied on its own")
     add_dataclass_flags(p, TrainConfig, only=TRAIN_FLAGS,
@@ -96,9 +100,10 @@ def design_from_args(args) -> sd.Design:
     common = dict(tasks=tasks, heldout_seeds=args.heldout_seeds, heldout_seed_start=args.heldout_seed_start,
                   equivalence_margin=args.equivalence_margin, spec=spec)
     if spec.shape == "grid":
-        return sd.Design(spec.name, base=base, lr_grid=float_list(names(args.lr_grid), "--lr-grid"),
+        rates = "5e-4,1e-3,2e-3"  # the example a bad rate list's fix gives
+        return sd.Design(spec.name, base=base, lr_grid=float_list(names(args.lr_grid), "--lr-grid", rates),
                          ratios=float_list(names(args.ratios), "--ratios"),
-                         diagonal=float_list(names(args.diagonal), "--diagonal"),
+                         diagonal=float_list(names(args.diagonal), "--diagonal", rates),
                          selection_seeds=3 if args.selection_seeds is None else args.selection_seeds,
                          top_k=args.top_k, plateau_epochs=args.plateau_epochs, plateau_seeds=args.plateau_seeds,
                          evals_per_epoch=args.evals_per_epoch, key_ablation=not args.no_key_ablation,
@@ -108,23 +113,41 @@ def design_from_args(args) -> sd.Design:
                      long_epochs=args.long_epochs, plateau_epochs=0, plateau_seeds=args.long_seeds, **common)
 
 
+def first_configs(design: sd.Design, task: str) -> list[dict]:
+    """Each stage's distinct first configs of a task."""
+    if design.shape == "grid":
+        return sd.grid_configs(design, task)[:len(sd.grid_cells(design))]
+    return sd.kasa_configs(design, task)[:len(design.rows) + 1]
+
+
 def check_configs(design: sd.Design) -> None:
     """Every stage's first configs resolved once: bad keys and values fail here, before anything runs."""
     from peftlab.config import normalise_keys
     from peftlab.resolve import resolve_config
 
     for task in design.tasks:
-        configs = (sd.grid_configs(design, task)[:len(sd.grid_cells(design))] if design.shape == "grid"
-                   else sd.kasa_configs(design, task)[:len(design.rows) + 1])
-        for config in configs:
+        for config in first_configs(design, task):
             resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, f"study {task}")))
+
+
+def preflight(design: sd.Design, root: Path, args, stages) -> list:
+    """peftlab's preflight of the study's data, models, folder and disk room, before anything runs."""
+    from peftlab.lab.preflight_cells import check_planned_study
+
+    configs = [config for task in design.tasks for config in first_configs(design, task)]
+    return check_planned_study(configs, sum(s.runs for s in stages), root, args, dry_run=args.dry_run)
 
 
 def run(argv: list[str]) -> int:
     from peftlab.lab.store import STORE_NAME
     from studies.fixed_rate.plan import Plan, load_or_save_plan, plan_stages
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        flag = next((a for a in extra if a.startswith("-")), extra[0]).split("=", 1)[0]
+        raise PeftlabError(f"unknown flag '{flag}'{closest(flag, list(parser._option_string_actions))}",
+                           where=PROG, fix=f"see `{PROG} --help`")
     design = design_from_args(args)
     model = str(design.base["model"]).replace("/", "_")
     root = Path(args.output_dir or Path("runs") / "study" / f"{design.kind}-{model}-{'_'.join(design.tasks)}")
@@ -137,10 +160,14 @@ def run(argv: list[str]) -> int:
         print(f"report: {write_report(paths, load_or_save_plan(paths, design))}")
         return 0
     check_configs(design)
+    stages = plan_stages(design)
     if args.dry_run:
+        from peftlab.lab.preflight_cells import print_findings
+
         print(f"study {design.kind} (fixed-rate) on {', '.join(design.tasks)} ({design.base['model']}), folder "
-              f"{root}\n{Plan(plan_stages(design), None, args.workers).describe()}")
-        return 0
+              f"{root}\n{Plan(stages, None, args.workers).describe()}")
+        return print_findings(preflight(design, root, args, stages))
+    preflight(design, root, args, stages)
     from studies.fixed_rate.run import run_study
 
     run_study(design, paths, workers=args.workers)
@@ -150,6 +177,9 @@ def run(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         return run(sys.argv[1:] if argv is None else argv)
+    except SystemExit as done:  # the parser's own: --help (0), or a bad value already printed in one line (2)
+        return int(done.code or 0)
     except PeftlabError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        for line in err.lines():  # one line per problem (the preflight may find several)
+            print(f"peftlab: error: {line}", file=sys.stderr)
+        return USER_ERROR_EXIT

@@ -266,7 +266,7 @@ def before_value(result: dict) -> float | None:
 
 def sigma_movement(rows: list[dict], match: dict, seeds: list[int], unless: list[dict] = ()) -> float | None:
     """Median over runs of |learned sigma - its init| / |init| (KaSA's singular values: does the method engage?);
-    ``unless`` as in :func:`peftlab.lab.study_arms.arm`."""
+    ``unless`` as in :func:`studies.fixed_rate.arms.arm`."""
     import statistics
 
     ratios = []

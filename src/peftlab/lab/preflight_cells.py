@@ -89,15 +89,21 @@ def check_tune(tune, args, *, dry_run: bool = False) -> list:
 def check_study(design, root: Path, args, *, dry_run: bool = False) -> list:
     """The preflight of a study (``peftlab study``, before its first stage): its rows' first runs, sized for the
     runs its stages may train. ``dry_run``: the findings are returned to be printed with the plan."""
+    configs = [config for task in design.tasks for config in study_first_configs(design, task)]
+    planned = sum(_study_runs(design, task) for task in design.tasks)
+    return check_planned_study(configs, planned, root, args, dry_run=dry_run)
+
+
+def check_planned_study(configs: list[dict], planned: int, root: Path, args, *, dry_run: bool = False) -> list:
+    """The preflight of any study design (the fixed-rate ones beside the package too): its distinct first
+    ``configs``, their data, models and extras, its folder and store, sized for ``planned`` runs."""
     from peftlab.lab.store import STORE_NAME
     from peftlab.preflight import Output
 
     cells = []
-    for task in design.tasks:
-        for config in study_first_configs(design, task):
-            keys = " ".join(f"{k}={config[k]}" for k in ("task", "method", "lr_ratio") if k in config)
-            cells.append(_cell(f"study run {{{keys}}}", config, resolved=False))
-    planned = sum(_study_runs(design, task) for task in design.tasks)
+    for config in configs:
+        keys = " ".join(f"{k}={config[k]}" for k in ("task", "method", "lr_ratio") if k in config)
+        cells.append(_cell(f"study run {{{keys}}}", config, resolved=False))
     largest = max(cells, key=lambda cell: (cell.cfg.method == "full", str(cell.cfg.model)))
     needs, services = _plan_needs(args)
     return _check(cells, [Output(root, "folder", "the study folder (--output-dir)"),

@@ -31,8 +31,11 @@ DESIGN_OPTIONS = {
     "key_seeds": (positive_int, "held-out seeds of the W_k ablation (default 20: about +-2 points)"),
     "no_paper_arms": ("store_true", "leave out the arms at the authors' per-task settings (kasa: the 2 x 2)"),
 }
-# flags of the fixed-rate protocol that `peftlab study` still knows, to say where that protocol went
+# flags of the fixed-rate protocol that `peftlab study` still knows, to say where that protocol went (train's
+# --lr and --head-lr, and the removed design options, hidden from --help)
 FIXED_RATE_FLAGS = ("lr", "head_lr")
+REMOVED_FLAGS = ("lr_grid", "diagonal", "top_k", "plateau_epochs", "plateau_seeds", "evals_per_epoch", "no_search",
+                 "long_epochs", "long_seeds")
 MOVED = "python -m studies.fixed_rate lambda|kasa in a source checkout (docs/study/lambda/REPORT.md's command)"
 # `peftlab train` options every study takes, as their declarations spell, check and document them. Study's own,
 # though a TrainConfig field has the name: --task (a comma list: each task studied on its own), --output-dir (the
@@ -79,6 +82,8 @@ def add_parser(sub) -> None:
             parser.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=None, help=help_text)
+    for dest in REMOVED_FLAGS:  # given, they get the one line that says where the fixed-rate protocol went
+        parser.add_argument("--" + dest.replace("_", "-"), nargs="?", const=True, default=None, help=argparse.SUPPRESS)
     parser.set_defaults(func=run_cli)
 
 
@@ -107,9 +112,6 @@ def shared_options(p) -> None:
 
 def spec_defaults(args, spec) -> None:
     """Refuse the options the spec does not take (and the fixed-rate protocol's); fill in the spec's defaults."""
-    if args.protocol == "fixed-rate":
-        raise PeftlabError("the fixed-rate protocol moved out of the installed package", where="peftlab study",
-                           fix=f"run {MOVED}")
     for dest in FIXED_RATE_FLAGS:
         if getattr(args, dest, None) is not None:
             raise PeftlabError(f"--{dest.replace('_', '-')} is an option of the fixed-rate protocol (one shared "
@@ -177,8 +179,18 @@ def names(value: str) -> list[str]:
     return [p.strip() for p in str(value).split(",") if p.strip()]
 
 
+def refuse_fixed_rate(args) -> None:
+    """The fixed-rate protocol's flags say where it went, before anything else is read."""
+    removed = next((d for d in REMOVED_FLAGS if getattr(args, d, None) is not None), None)
+    if args.protocol == "fixed-rate" or removed:
+        flag = f"--{removed.replace('_', '-')} belongs to " if removed else ""
+        raise PeftlabError(f"{flag}the fixed-rate protocol, which moved out of the installed package",
+                           where="peftlab study", fix=f"run {MOVED}")
+
+
 def design_from_args(args) -> sp.Design:
     """The study's design; every run config checked before anything runs."""
+    refuse_fixed_rate(args)
     spec = spec_for(args.study_kind, args.spec)
     spec_defaults(args, spec)
     if args.epochs == 0:  # train's declaration takes 0 (evaluate the untrained model); a study compares training

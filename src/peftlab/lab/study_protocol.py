@@ -36,13 +36,13 @@ from peftlab.errors import PeftlabError
 from peftlab.lab.study_spec import Section, StudySpec, load_study_spec, shipped
 
 
-def float_list(values: Iterable, what: str) -> tuple[float, ...]:
+def float_list(values: Iterable, what: str, example: str = "2,4,8") -> tuple[float, ...]:
     out = []
     for value in values:
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise PeftlabError(f"{what}: '{value}' is not a number", fix=f"e.g. {what} 2,4,8") from None
+            raise PeftlabError(f"{what}: '{value}' is not a number", fix=f"e.g. {what} {example}") from None
         if not math.isfinite(number) or number <= 0:
             raise PeftlabError(f"{what}: {value} must be a finite number > 0")
         out.append(number)

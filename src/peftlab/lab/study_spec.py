@@ -99,10 +99,14 @@ def load_study_spec(path: str | Path) -> StudySpec:
     except (OSError, yaml.YAMLError) as err:
         raise PeftlabError(f"cannot read the study spec: {err}", where=str(path)) from None
     if not isinstance(data, dict) or not data.get("name"):
-        raise PeftlabError("a study spec is a mapping with a name", where=str(path), fix="see studies/kasa.yaml")
+        raise PeftlabError("a study spec is a mapping with a name", where=str(path), fix="see src/peftlab/lab/studies/kasa.yaml")
+    if "fixed-rate" in data:  # a copy of a shipped spec from before that protocol left the package
+        raise PeftlabError("the study spec has a 'fixed-rate' section: that protocol moved out of the installed "
+                           "package (python -m studies.fixed_rate in a source checkout)", where=str(path),
+                           fix="delete the section; peftlab study runs the 'fair' one")
     _known(data, TOP_KEYS, path, "study spec")
     if "fair" not in data:
-        raise PeftlabError("the study spec has no 'fair' section", where=str(path), fix="see studies/kasa.yaml")
+        raise PeftlabError("the study spec has no 'fair' section", where=str(path), fix="see src/peftlab/lab/studies/kasa.yaml")
     return StudySpec(str(data["name"]), str(data.get("help") or data["name"]), path, _section(data["fair"], path),
                      dict(data.get("paper_settings") or {}))
 
