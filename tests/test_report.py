@@ -310,3 +310,14 @@ def test_runs_scored_on_different_test_examples_are_refused(store_path, tmp_path
     moved["result"]["eval_examples_digest"] = "b" * 16
     with pytest.raises(PeftlabError, match="mrpc runs were scored on different test examples"):
         build_table(rows)
+
+
+def test_a_metric_no_run_has_is_one_line_not_a_table_of_left_out_runs(capsys):
+    from peftlab.cli.main import main
+
+    store = Path(__file__).resolve().parents[1] / "docs" / "study" / "kasa" / "results.sqlite"
+    assert main(["report", str(store), "--metric", "pearsn"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "--metric pearsn: no finished run has it" in err and "pearson" in err
+    assert main(["report", str(store), "--metric", "spearman"]) == 0

@@ -352,6 +352,32 @@ def test_a_shared_base_option_need_not_apply_to_every_method_of_a_sweep(tmp_path
     assert outcome.counts["ok"] == 3
 
 
+@pytest.mark.parametrize("spec", [
+    {"base": {"vera_d_initial": 0.5}, "grid": {"method": ["lora", "dora"]}},  # shared, for none of its methods
+    {"base": {"method": "lora"}, "grid": {"vera_d_initial": [0.1, 0.5]}},  # an axis every run would ignore
+])
+def test_an_option_none_of_a_sweeps_methods_uses_is_refused(spec, tmp_path):
+    path = write_spec(tmp_path / "s.yaml", {"output_dir": str(tmp_path / "runs"),
+                                            "base": {**FAKE_BASE, **spec["base"]}, "grid": spec["grid"]})
+    with pytest.raises(PeftlabError, match="'vera_d_initial' is set, but none of the runs' methods .* uses it") as e:
+        load_spec(path)
+    assert str(path) in str(e.value) and "(vera)" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_study_or_tune_refuses_an_option_none_of_its_methods_uses(tmp_path, capsys):
+    from peftlab.cli.main import main
+
+    assert main(["study", "kasa", "--task", "rte", "--model", "tiny-bert", "--set", "vera_d_initial=0.5",
+                 "--dry-run", "--output-dir", str(tmp_path / "study")]) == 2
+    assert "'vera_d_initial' is set, but none of the runs' methods" in capsys.readouterr().err
+    tune = write_spec(tmp_path / "t.yaml", {"output_dir": str(tmp_path / "tune"), "seeds": 1,
+                                            "base": {**FAKE_BASE, "method": "lora"},
+                                            "search": {"fourierft_n_frequency": [100, 200]},
+                                            "budget": {"grid_fraction": 1.0}})
+    assert main(["tune", str(tune), "--dry-run"]) == 2
+    assert "'fourierft_n_frequency' is set, but none of the runs' methods (lora)" in capsys.readouterr().err
+
+
 def test_sweep_console_prints_each_finished_runs_primary_metric(tmp_path, capfd):
     root = tmp_path / "runs"
     spec = write_spec(tmp_path / "s.yaml", {"output_dir": str(root), "base": FAKE_BASE,

@@ -93,6 +93,10 @@ def _finished_records(rows: Iterable[dict], *, which: str, metric: str | None,
         detail = f" ({', '.join(f'{n} {s}' for s, n in skipped.items())})" if skipped else ""
         raise PeftlabError(f"no finished runs to report{detail}" + (" match --where" if filters else ""),
                            fix="run the sweep first (peftlab sweep SPEC.yaml), or loosen --where")
+    if metric and all(rec.value is None for rec in records):
+        have = sorted({m for rec in records for m in ((rec.result or {}).get(which) or {}).get("metrics", {})})
+        raise PeftlabError(f"--metric {metric}: no finished run has it", fix="use one they have: "
+                           + (", ".join(have[:12]) or "none recorded") + (", ..." if len(have) > 12 else ""))
     records, superseded = drop_superseded_pruned(records)
     require_one_test_set(records)
     return records, skipped, superseded

@@ -33,6 +33,7 @@ from peftlab.argtypes import output_file, output_folder
 from peftlab.config import ROLES
 from peftlab.errors import PeftlabError, closest
 from peftlab.lab.store import STORE_NAME, config_key, short_key
+from peftlab.methods.registry import refuse_unused_options
 
 SPEC_KEYS = ("base", "grid", "zip", "output_dir", "store", "description")
 # Set per run by the sweep itself (the config's `run_managed` role).
@@ -245,6 +246,7 @@ def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: 
         seen.add(key)
         sweep.runs.append(Run(index=len(sweep.runs) + 1, key=key, cell=varying, config=config,
                               output_dir=config["output_dir"]))
+    refuse_unused_options({*base, *sweep.axes}, {run.config["method"] for run in sweep.runs}, where=where)
     return sweep
 
 

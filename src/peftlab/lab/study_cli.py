@@ -255,13 +255,18 @@ def check_configs(design) -> None:
     from peftlab.resolve import resolve_config
     from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
 
+    from peftlab.methods.registry import refuse_unused_options
+
+    methods = set()
     for task in design.tasks:
         for config in study_first_configs(design, task):
             cfg = resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, f"study {task}")))
+            methods.add(cfg.method)
         metric = primary_metric(cfg.task, getattr(cfg, "metric", None))  # a user task's --metric
         if metric in LOWER_IS_BETTER:
             raise PeftlabError(f"task '{task}' is scored by {metric} (lower is better), which a study cannot pick on",
                                fix="study a task with a higher-is-better metric (accuracy, F1, correlation)")
+    refuse_unused_options(design.base, methods, where="--config/--set")
 
 
 def default_output_dir(design) -> Path:

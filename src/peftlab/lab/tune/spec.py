@@ -239,6 +239,7 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
     """Read and check a tune spec; a config of every grid point is built, so bad values fail before training."""
     from peftlab.config import TrainConfig
     from peftlab.lab.spec import output_paths, read_spec
+    from peftlab.methods.registry import refuse_unused_options
     from peftlab.resolve import resolve_config
     from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
 
@@ -246,6 +247,8 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
     where = str(path)
     base, params = _base_and_search(spec, where)
     defaults = resolve_config(TrainConfig.from_dict(base))  # checked and resolved: the epochs, task and metric
+    methods = params["method"].values if "method" in params and not params["method"].is_range else [defaults.method]
+    refuse_unused_options({*base, *params}, set(methods), where=where)
     epochs = int(defaults.epochs)
     if epochs < 1:
         raise PeftlabError("base epochs must be >= 1 for a tune (each trial trains up to that many epochs)",
