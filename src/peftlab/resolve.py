@@ -15,12 +15,12 @@ from peftlab.config import TrainConfig, build_config
 from peftlab.config_roles import File, Folder, flag_of
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import path_problem
+from peftlab.methods.registry import METHOD_OPTIONS, METHODS
 
 
 def resolve_config(cfg: TrainConfig, *, check_inputs: bool = True) -> TrainConfig:
     """``cfg`` with the method's and the task's defaults, checked against both tables (one line otherwise).
     ``check_inputs``: its files and folders exist (off for a saved run read back: predict needs no training data)."""
-    from peftlab.methods.table import METHODS
     from peftlab.tasks.labelled_data import resolve_options
     from peftlab.tasks.table import canonical_sets, task as registered_task
 
@@ -123,3 +123,18 @@ def build_run_config(*, yaml_path: str | None = None, overrides: dict[str, Any] 
     cfg = build_config(TrainConfig, yaml_path=yaml_path, overrides=overrides, flag_values=flag_values,
                        check_explicit=check_ignored_options if check_explicit else None)
     return resolve_config(cfg)
+
+
+def options_no_method_uses(keys, methods) -> list[str]:
+    """The method options among ``keys`` that none of ``methods`` reads: a sweep or a study that sets one for all
+    its runs would have every run ignore it."""
+    return sorted(k for k in keys if k in METHOD_OPTIONS and not any(k in METHODS[m].options for m in methods))
+
+
+def refuse_unused_options(keys, methods, *, where: str) -> None:
+    """One line for an option set for a plan's runs that none of their methods uses (it would be ignored)."""
+    unused = options_no_method_uses(keys, methods)
+    if unused:
+        users = ", ".join(m.name for m in METHODS.values() if unused[0] in m.options)
+        raise PeftlabError(f"'{unused[0]}' is set, but none of the runs' methods ({', '.join(sorted(methods))}) uses it "
+                           "(it would be ignored)", where=where, fix=f"remove it, or add a method that has it ({users})")

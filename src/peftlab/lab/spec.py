@@ -33,7 +33,7 @@ from peftlab.argtypes import output_file, output_folder
 from peftlab.config import ROLES
 from peftlab.errors import PeftlabError, closest
 from peftlab.lab.store import STORE_NAME, config_key, short_key
-from peftlab.methods.registry import refuse_unused_options
+from peftlab.resolve import refuse_unused_options
 
 SPEC_KEYS = ("base", "grid", "zip", "output_dir", "store", "description")
 # Set per run by the sweep itself (the config's `run_managed` role).

@@ -255,7 +255,7 @@ def check_configs(design) -> None:
     from peftlab.resolve import resolve_config
     from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
 
-    from peftlab.methods.registry import refuse_unused_options
+    from peftlab.resolve import refuse_unused_options
 
     methods = set()
     for task in design.tasks:

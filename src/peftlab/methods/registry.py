@@ -20,7 +20,6 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Callable, Literal
 
 from peftlab.config_roles import POSITIVE, OptionGroup, Range, option
-from peftlab.errors import PeftlabError
 
 if TYPE_CHECKING:
     import torch
@@ -278,19 +277,4 @@ METHOD_NAMES = tuple(METHODS)  # config.MethodName: the --method choices, in thi
 # config.MethodConfig's option groups, by field name (cfg.kasa), in the table's order
 METHOD_GROUPS = {m.group.PREFIX: m.group for m in METHODS.values() if m.group is not None}
 METHOD_OPTIONS = frozenset().union(*(m.options for m in METHODS.values()))
-
-
-def options_no_method_uses(keys, methods) -> list[str]:
-    """The method options among ``keys`` that none of ``methods`` reads: a sweep or a study that sets one for all
-    its runs would have every run ignore it."""
-    return sorted(k for k in keys if k in METHOD_OPTIONS and not any(k in METHODS[m].options for m in methods))
-
-
-def refuse_unused_options(keys, methods, *, where: str) -> None:
-    """One line for an option set for a plan's runs that none of their methods uses (it would be ignored)."""
-    unused = options_no_method_uses(keys, methods)
-    if unused:
-        users = ", ".join(m.name for m in METHODS.values() if unused[0] in m.options)
-        raise PeftlabError(f"'{unused[0]}' is set, but none of the runs' methods ({', '.join(sorted(methods))}) uses it "
-                           "(it would be ignored)", where=where, fix=f"remove it, or add a method that has it ({users})")
 
