@@ -40,8 +40,7 @@ MOVED = "python -m studies.fixed_rate lambda|kasa in a source checkout (docs/stu
 # `peftlab train` options every study takes, as their declarations spell, check and document them. Study's own,
 # though a TrainConfig field has the name: --task (a comma list: each task studied on its own), --output-dir (the
 # study's folder, not a run's).
-TRAIN_FLAGS = ("model", "targets", "epochs", "max_train_samples", "max_eval_samples", "selection_samples", "method",
-               *FIXED_RATE_FLAGS)
+TRAIN_FLAGS = ("model", "targets", "epochs", "max_train_samples", "max_eval_samples", "selection_samples", "method")
 TRAIN_DEFAULTS = {"epochs": 20, "max_train_samples": 1000, "selection_samples": 500, "method": None}
 # the protocol's knobs: a flag beats the spec's `options:`, which beats the default. The early-stopping ones are
 # spelled shorter than train's (--early-stop-patience).
@@ -82,7 +81,7 @@ def add_parser(sub) -> None:
             parser.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=None, help=help_text)
-    for dest in REMOVED_FLAGS:  # given, they get the one line that says where the fixed-rate protocol went
+    for dest in (*FIXED_RATE_FLAGS, *REMOVED_FLAGS):  # given, one line says where the fixed-rate protocol went
         parser.add_argument("--" + dest.replace("_", "-"), nargs="?", const=True, default=None, help=argparse.SUPPRESS)
     parser.set_defaults(func=run_cli)
 
