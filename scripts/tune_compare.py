@@ -11,7 +11,7 @@ results stores (no training here):
 
 A mean over the seeds that chose a point flatters it (the best of several noisy means), so each pick is also
 scored on the tune's held-out seeds (``heldout_seeds`` from ``heldout_seed_start``), when the stores hold
-those runs (the tune runs them for its winner; :func:`peftlab.lab.tune.run.run_heldout` for the others). A pick
+those runs (the tune runs them for its winner; :func:`run_heldout` here for the others). A pick
 whose held-out runs are missing says so.
 
 Only finished ``ok`` runs give values. Ranking, as the tune's winner (:mod:`peftlab.lab.tune.summary`): a
@@ -28,12 +28,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store, resolve_store_path
 from peftlab.lab.store_schema import FINISHED, effective_status
-from peftlab.lab.tune.spec import SUMMARY_FILE
+from peftlab.lab.runner import InProcess
+from peftlab.lab.tune.run import exclusive, run_plain
+from peftlab.lab.tune.spec import SUMMARY_FILE, TuneSpec, heldout_runs
 from peftlab.lab.tune.summary import rank_key, reported_metric, seed_scores
 
 
@@ -250,7 +252,7 @@ def compare(tune, rows: Iterable[dict], *, summary: dict | None = None, naive_to
     lacking = [f"{pick.search} {{{pick.point}}} seed(s) {_seed_list(pick.heldout.missing)}" for pick in picks
                if pick.heldout is not None and pick.heldout.missing]
     if lacking:
-        notes.append("held-out runs missing: " + "; ".join(lacking) + " (peftlab.lab.tune.run.run_heldout trains them)")
+        notes.append("held-out runs missing: " + "; ".join(lacking) + " (tune_compare.run_heldout trains them)")
     if not tune.heldout_seeds:
         notes.append("heldout_seeds: 0 in the spec: every pick is scored on the seeds that chose it")
     return Comparison(spec=str(tune.spec_path), task=str(tune.base.get("task")), metric=tune.metric,
@@ -303,3 +305,23 @@ def render_comparison(comparisons: Iterable[Comparison]) -> str:
             notes.append(f"{comp.task}: {comp.metric} ({comp.direction}, best epoch); held-out seeds "
                          f"{_seed_list(first.heldout.seeds)}, never used to choose")
     return "\n".join(lines + [""] + [f"- {note}" for note in notes]) + "\n"
+
+
+def run_heldout(tune: TuneSpec, points: list[dict], *, train_fn: Callable | str | None = None,
+                progress: bool = True, capture_output: bool = True) -> list[dict]:
+    """Train search ``points`` (e.g. the grid's best and the naive search's pick beside the tune's winner) on
+    ``tune``'s held-out seeds into its store, as the tune's own held-out check does (resumable: finished runs
+    are found by key); returns each point's scores (:func:`peftlab.lab.tune.summary.seed_scores`)."""
+    if not tune.heldout_seeds:
+        raise PeftlabError(f"{tune.spec_path.name} has heldout_seeds: 0: there are no held-out seeds to run",
+                           where=str(tune.spec_path), fix="set heldout_seeds: N (e.g. 10) in the tune spec")
+    say = print if progress else (lambda *a, **k: None)
+    with exclusive(tune.output_root):
+        with Store(tune.store_path) as store:
+            store.prepare([run.key for point in points for run in heldout_runs(tune, point)])
+            executor = InProcess(store, train_fn, tune.output_root / "logs" if capture_output else None)
+            for point in points:
+                run_plain(heldout_runs(tune, point), store, executor, tune.metric, say,
+                          what=f"held-out check of {' '.join(f'{k}={v}' for k, v in point.items())}")
+            by_key = {row["key"]: row for row in store.rows()}
+    return [seed_scores(tune, point, tune.heldout_seed_list, by_key, reported_metric(tune.metric)) for point in points]

@@ -344,7 +344,7 @@ def test_math_train_reports_strict_and_flexible_per_set(tmp_path, monkeypatch):
 
 
 @needs_e2e
-def test_e2e_train_scores_generations_against_all_references(tmp_path):
+def test_e2e_train_scores_generations_against_all_references(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     assert main(train_argv("e2e", out, max_eval_samples=3)) == 0
     result = json.loads((out / "result.json").read_text())
@@ -381,6 +381,19 @@ def test_e2e_train_scores_generations_against_all_references(tmp_path):
 
     assert evaluate_run(out) == pytest.approx(result["final"]["metrics"])
     assert read_jsonl(out / "generations_evaluate.jsonl") == records
+    # Without the 'nlg' extra, `peftlab evaluate` says so in one line before the base model is loaded.
+    from peftlab import extras
+    from peftlab.models import registry
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the missing extra was found")
+
+    monkeypatch.setattr(extras, "installed", lambda module: module not in extras.EXTRAS["nlg"])
+    monkeypatch.setattr(registry, "load_model_with_pooling", no_model)
+    capsys.readouterr()
+    assert main(["evaluate", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--task e2e (its BLEU, NIST, METEOR, ROUGE-L, CIDEr) needs the 'nlg' extra" in line
 
 
 # --------------------------------------------------------------------------- sweep + report

@@ -213,8 +213,9 @@ def test_heldout_seeds_zero_runs_no_check_and_says_so(tmp_path):
     assert "held-out: none (heldout_seeds: 0)" in render_summary(summary)
 
 
-def test_run_heldout_scores_any_point_on_the_tunes_heldout_seeds(tmp_path):
-    from peftlab.lab.tune.run import run_heldout
+def test_run_heldout_scores_any_point_on_the_tunes_heldout_seeds(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))  # research code beside src
+    from tune_compare import run_heldout
 
     tune = load_tune_spec(spec_for(tmp_path, heldout_seeds=3))
     (two, eight) = run_heldout(tune, [{"lr_ratio": 2.0}, {"lr_ratio": 8.0}], train_fn=FAKE, progress=False)

@@ -25,6 +25,7 @@ class Need:
     what: str = ""  # how the message names them (default: the extra and its modules)
     install: str = ""  # the fix (default: pip install "peftlab[<extra>]")
     applies: Callable[[Any], bool] | None = None  # for a run's option: whether a resolved TrainConfig uses it
+    scores: bool = False  # needed to score the run's task (so by `peftlab evaluate` too, not only by training)
 
     def missing(self) -> list[str]:
         return [module for module in self.modules if not installed(module)]
@@ -45,10 +46,10 @@ def _task_field(cfg, field: str) -> str:
 
 NEEDS: tuple[Need, ...] = (
     Need("peftlab serve-judge", ("fastapi", "uvicorn"), "judge"),
-    Need("MT-Bench judging (--judge-url)", ("openai",), "judge",
+    Need("MT-Bench judging (--judge-url)", ("openai",), "judge", scores=True,
          applies=lambda cfg: _task_field(cfg, "pipeline") == "mt_bench" and bool(cfg.judge_url)),
     Need("peftlab nlg-score", ("sacrebleu", "nltk", "pycocoevalcap"), "nlg"),
-    Need("--task e2e (its BLEU, NIST, METEOR, ROUGE-L, CIDEr)", ("sacrebleu", "nltk", "pycocoevalcap"), "nlg",
+    Need("--task e2e (its BLEU, NIST, METEOR, ROUGE-L, CIDEr)", ("sacrebleu", "nltk", "pycocoevalcap"), "nlg", scores=True,
          applies=lambda cfg: _task_field(cfg, "kind") == "e2e"),
     Need("peftlab tune", ("optuna",), "tune"),
     Need("--report-to tensorboard", ("tensorboard",), "track", applies=lambda cfg: cfg.report_to == "tensorboard"),
@@ -91,6 +92,13 @@ def require(use: str) -> None:
 def needs_of(cfg) -> list[Need]:
     """The rows a resolved run config uses (its options and task)."""
     return [row for row in NEEDS if row.applies is not None and row.applies(cfg)]
+
+
+def require_scoring(cfg) -> None:
+    """What scoring the run's task needs (E2E's scorers, MT-Bench's judge client), checked before a saved run's
+    model is loaded (``peftlab evaluate`` has no preflight)."""
+    for row in (row for row in needs_of(cfg) if row.scores and row.missing()):
+        raise row.error(row.missing())
 
 
 def tracker(report_to: str) -> str:

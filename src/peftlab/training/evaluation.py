@@ -9,6 +9,7 @@ from pathlib import Path
 
 from peftlab.config import ROLES
 from peftlab.errors import PeftlabError
+from peftlab.extras import require_scoring
 
 
 # What an adapter was trained for must be what the run evaluates: another task's head, another model's
@@ -54,7 +55,8 @@ class LoadedRun:
 
 
 def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: bool = False,
-             allow_pickle: bool = False, overrides: dict | None = None) -> LoadedRun:
+             allow_pickle: bool = False, overrides: dict | None = None, scoring: bool = False) -> LoadedRun:
+    """``scoring``: the run will be scored on its task, so a missing extra that needs is refused first."""
     from peftlab.methods.saving import load_trained, merged, saved_head_labels
     from peftlab.config import TrainConfig, build_config
     from peftlab.resolve import resolve_config
@@ -74,6 +76,8 @@ def load_run(run_dir: str | Path, *, adapter: str | Path | None = None, merge: b
                          check_inputs=False)
     if adapter is not None:
         adapter = _check_adapter_matches(Path(adapter), cfg, run_dir)
+    if scoring:
+        require_scoring(cfg)  # before the base model is loaded
     task = registered_task(cfg.task)
     # The head as the run saved it (labels.json: a user task's classes), else as its task defines it.
     labels = head_labels(cfg, task, saved=saved_head_labels(adapter or run_dir / "adapter"))
@@ -99,7 +103,8 @@ def evaluate_run(run_dir: str | Path, *, adapter: str | Path | None = None, merg
     from peftlab.training.devices import make_accelerator
 
     overrides = {"max_eval_samples": max_eval_samples} if max_eval_samples is not None else None
-    run = load_run(run_dir, adapter=adapter, merge=merge, allow_pickle=allow_pickle, overrides=overrides)
+    run = load_run(run_dir, adapter=adapter, merge=merge, allow_pickle=allow_pickle, overrides=overrides,
+                   scoring=True)
     pipeline = build_pipeline(run.cfg, run.tokenizer, run.model, run.task)
     accelerator = make_accelerator(run.precision)
     model = accelerator.prepare(run.model)

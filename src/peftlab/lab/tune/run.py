@@ -258,28 +258,6 @@ def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_
                 session.close()
 
 
-def run_heldout(tune: TuneSpec, points: list[dict], *, train_fn: Callable | str | None = None,
-                progress: bool = True, capture_output: bool = True) -> list[dict]:
-    """Train search ``points`` (e.g. the grid's best and the naive search's pick beside the tune's winner) on
-    ``tune``'s held-out seeds into its store, as the tune's own held-out check does (resumable: finished runs
-    are found by key); returns each point's scores (:func:`peftlab.lab.tune.summary.seed_scores`)."""
-    from peftlab.lab.tune.summary import reported_metric, seed_scores
-
-    if not tune.heldout_seeds:
-        raise PeftlabError(f"{tune.spec_path.name} has heldout_seeds: 0: there are no held-out seeds to run",
-                           where=str(tune.spec_path), fix="set heldout_seeds: N (e.g. 10) in the tune spec")
-    say = print if progress else (lambda *a, **k: None)
-    with exclusive(tune.output_root):
-        with Store(tune.store_path) as store:
-            store.prepare([run.key for point in points for run in heldout_runs(tune, point)])
-            executor = InProcess(store, train_fn, tune.output_root / "logs" if capture_output else None)
-            for point in points:
-                run_plain(heldout_runs(tune, point), store, executor, tune.metric, say,
-                          what=f"held-out check of {' '.join(f'{k}={v}' for k, v in point.items())}")
-            by_key = {row["key"]: row for row in store.rows()}
-    return [seed_scores(tune, point, tune.heldout_seed_list, by_key, reported_metric(tune.metric)) for point in points]
-
-
 def load_summary(tune: TuneSpec) -> dict:
     """The summary of a tune from its study and store (``--summary``; works while it runs)."""
     from peftlab.lab.tune.study import StudyKeeper
