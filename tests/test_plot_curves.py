@@ -12,6 +12,7 @@ from peftlab.errors import PeftlabError
 from peftlab.lab.figures.curves import run_points
 from peftlab.lab.plot import draw
 from peftlab.lab.records import collect
+from peftlab.tasks.table import SELECTION_PREFIX
 
 # 5 seeds of one config, evaluated at epochs 0.5, 1, 1.5, 2 (a bimodal task: two seeds never leave ~0)
 CURVES = {0: [0.30, 0.55, 0.70, 0.80], 1: [0.20, 0.50, 0.72, 0.81], 2: [0.35, 0.60, 0.75, 0.79],
@@ -161,3 +162,26 @@ def test_curves_have_whole_epoch_ticks(tmp_path, epochs):
             assert shown == [str(e) for e in range(1, epochs + 1)]
     finally:
         close(drawn.figure)
+
+
+def test_a_run_with_a_selection_split_draws_that_splits_curve(tmp_path):
+    """With --selection-samples the evaluations during training score the selection split alone (the test split
+    is read once, after): the curve is drawn from those, and the title says which split it is."""
+    rows = make_store(tmp_path / "sel.sqlite", _stsb_runs())
+    for row in rows:
+        row["result"]["selection"] = {"examples": 500, "stratified": True}
+        for point in row["result"]["curve"] + row["result"]["epochs_log"]:
+            point["metrics"] = {SELECTION_PREFIX + k: v for k, v in point.get("metrics", {}).items()}
+    drawn = draw(rows, kind="curves")
+    try:
+        (line,) = drawn.data.bands
+        values = np.array([CURVES[s] for s in sorted(CURVES)]) * 100
+        assert line.median == pytest.approx(list(np.median(values, axis=0)))
+        assert "selection-split evaluations during training" in drawn.figure._suptitle.get_text().replace("\n", " ")
+    finally:
+        close(drawn.figure)
+    for row in rows:  # no point of the reported metric anywhere: one line, not a crash while drawing the legend
+        for point in row["result"]["curve"] + row["result"]["epochs_log"]:
+            point["metrics"] = {}
+    with pytest.raises(PeftlabError, match=r"no run in the selection has a point of its metric \(pearson\)"):
+        draw(rows, kind="curves")

@@ -15,11 +15,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from peftlab.tasks.table import Task, task as registered_task
+from peftlab.tasks.table import SELECTION_PREFIX, Task, task as registered_task
 
 
 BEFORE_TAG = "before"  # the evaluation before fine-tuning
-SELECTION_PREFIX = "selection_"  # the selection split's metrics in an evaluation's flat dict
 TEST_TAG = "test"  # --selection-samples: the one evaluation of the test split, on the weights the run saves
 EVALUATE_TAG = "evaluate"  # `peftlab evaluate` of a saved run: never overwrites its training-time files
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SELECTION_PREFIX = "selection_"  # the selection split's metrics in an evaluation's flat dict
+
 
 @dataclass(frozen=True)
 class TsvLayout:

@@ -1,7 +1,9 @@
 """``peftlab plot --kind curves``: learning curves, one panel per task, one line per config.
 
 Points are result.json's ``curve`` (every ``--eval-steps`` and epoch-end evaluation; a run without one
-contributes its ``epochs_log``, and its line says so). Each line is the median over the seeds that ended ok with
+contributes its ``epochs_log``, and its line says so). A run trained with a selection split evaluated only that
+split during training (its test split is read once, after): its curve is the selection split's, and the title says
+so. Each line is the median over the seeds that ended ok with
 a quantile band, never mean ± std, and never outside the metric's valid range; runs that failed to learn are thin
 dotted lines of their own, not folded into the band.
 """
@@ -26,7 +28,7 @@ from peftlab.lab.figures.paper import (
     suptitle,
 )
 from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
-from peftlab.tasks.table import task_title
+from peftlab.tasks.table import SELECTION_PREFIX, task_title
 
 BANDS = {"quartiles": (0.25, 0.75), "range": (0.0, 1.0)}
 BAND_TEXT = {"quartiles": "25-75\u00a0% quantiles", "range": "min-max range"}
@@ -78,14 +80,17 @@ class CurvesData:
     ranges: dict[str, tuple[float, float] | None]  # task -> the metric's valid range (scaled)
     series: tuple[str, ...]
     notes: list[str]
+    split: str = "dev"  # what the evaluations during training read: "dev", or "selection-split" (then the test split
+    # was read once, after training)
 
 
 def run_points(rec: RunRecord, *, x: str, series: str, scale: float) -> tuple[list[tuple[float, float]], bool]:
     """(x, value) pairs of one run and whether they come from the step-level curve (else epoch ends)."""
     result = rec.result or {}
     curve = result.get("curve") if series == "metric" else None
+    metric = (rec.metric if not result.get("selection") else SELECTION_PREFIX + rec.metric)
     if curve:
-        entries = [(e.get(x), (e.get("metrics") or {}).get(rec.metric)) for e in curve]
+        entries = [(e.get(x), (e.get("metrics") or {}).get(metric)) for e in curve]
         from_curve = True
     else:
         if x == "step":
@@ -93,7 +98,7 @@ def run_points(rec: RunRecord, *, x: str, series: str, scale: float) -> tuple[li
                                "(result.json 'curve')",
                                fix="use --curve-x epoch (epoch-end evaluations), or re-run with --eval-steps N")
         name = "train_loss" if series == "train_loss" else None
-        entries = [(e.get("epoch"), e.get(name) if name else (e.get("metrics") or {}).get(rec.metric))
+        entries = [(e.get("epoch"), e.get(name) if name else (e.get("metrics") or {}).get(metric))
                    for e in result.get("epochs_log") or []]
         from_curve = False
     factor = scale if series == "metric" else 1.0
@@ -137,9 +142,14 @@ def curves_data(records: list[RunRecord], *, x: str = "epoch", band: str = "quar
                 bands += [curve] if curve is not None else []
                 thin += thin_runs
                 skipped += skipped_runs
+    if not bands and not thin:
+        names = ", ".join(sorted(set().union(*metrics.values())))
+        raise PeftlabError(f"no run in the selection has a point of its metric ({names}) in its curve or epochs_log",
+                           fix="select other runs with --where, or plot --metric M")
     notes = ([f"left out {len(skipped)} run(s) that did not end ok and have no step-level curve: "
               + "; ".join(skipped)] if skipped else [])
-    return CurvesData(x, band, bands, thin, tasks, metrics, ranges, series, notes)
+    split = "selection-split" if any((r.result or {}).get("selection") for r in runs) else "dev"
+    return CurvesData(x, band, bands, thin, tasks, metrics, ranges, series, notes, split)
 
 
 def _series_lines(recs: list[RunRecord], *, task: str, what: str, label: str, x: str, scale: float, band: str,
@@ -219,8 +229,8 @@ def plot_curves(records: list[RunRecord], *, x: str = "epoch", band: str = "quar
                     ax.set_xlim(xs[0] - 0.5, xs[0] + 0.5)
             ax.grid(alpha=0.3, lw=0.5)
     legend_below(fig, *_legend(data, labels))
-    source = "dev evaluations during training" if any(b.epoch_ends_only < b.runs for b in data.bands) else \
-        "epoch-end dev evaluations (no step-level curve recorded)"
+    source = f"{data.split} evaluations during training" if any(b.epoch_ends_only < b.runs for b in data.bands) \
+        else f"epoch-end {data.split} evaluations (no step-level curve recorded)"
     suptitle(fig, title or f"learning curves: {source}; line: median over the seeds that ended ok, band: their "
                            f"{BAND_TEXT[data.band]} (within the metric's range)")
     return Drawn(fig, data, list(data.notes))

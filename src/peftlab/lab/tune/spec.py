@@ -20,6 +20,7 @@ from typing import Any
 
 from peftlab.config import ROLES
 from peftlab.errors import PeftlabError, closest
+from peftlab.tasks.table import SELECTION_PREFIX
 
 SPEC_KEYS = ("description", "output_dir", "store", "base", "search", "budget", "seeds", "top_k", "pruner",
              "sampler_seed", "metric", "heldout_seeds", "heldout_seed_start")
@@ -255,7 +256,7 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
                            where=where)
     metric = spec.get("metric") or primary_metric(defaults.task, defaults.metric)  # a user task's --metric
     if defaults.selection_samples and not spec.get("metric"):
-        metric = "selection_" + metric  # --selection-samples: every choice (pruning, the winner) reads that split
+        metric = SELECTION_PREFIX + metric  # --selection-samples: every choice (pruning, the winner) reads that split
     n_seeds = seeds if seeds is not None else spec.get("seeds", 5)
     n_seeds = _positive_int(n_seeds, "seeds" if seeds is None else "--seeds", where)
     heldout_seeds, heldout_start = _heldout(spec, where, n_seeds, int(base.get("seed") or 0))  # as TuneSpec.base_seed

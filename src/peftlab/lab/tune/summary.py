@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 from peftlab.lab.store_schema import FINISHED, NOT_OK, effective_status
 from peftlab.lab.tune.spec import SUMMARY_FILE, run_config
+from peftlab.tasks.table import SELECTION_PREFIX
 
 
 def epochs_trained(row: dict | None) -> int:
@@ -59,7 +60,7 @@ def trial_outcome(row: dict | None, metric: str) -> dict:
 def reported_metric(metric: str) -> str:
     """The metric a held-out score reports: a ``selection_<name>`` objective chose (--selection-samples), its test
     split's ``<name>`` reports."""
-    return metric.removeprefix("selection_")
+    return metric.removeprefix(SELECTION_PREFIX)
 
 
 def seed_scores(tune, params: dict, seeds: list[int], by_key: dict[str, dict], metric: str | None = None
