@@ -211,6 +211,32 @@ def test_sigma_refuses_runs_without_their_initial_values(tmp_path, store_path):
         draw(rows, kind="sigma", where="method=kasa,rank=4,task=rte,lr=1e-4,lr_ratio=1")
 
 
+def test_rank_over_a_tied_rate_draws_a_line_per_method_and_names_only_the_options_each_reads(tmp_path):
+    """A study's rate search: the head rate tied to the module rate (head_lr = lr in every run) splits no line;
+    KaSA's kasa_mode labels KaSA's lines only, and head-only's line names no targets."""
+    runs = [dict(method=method, lr=lr, head_lr=lr, seed=seed, value=0.6 + lr * 10 + seed / 100, **extra)
+            for method, extra in (("lora", {}), ("kasa", {"kasa_mode": "paper"}), ("kasa", {"kasa_mode": "reference"}),
+                                  ("head", {"targets": ""}))
+            for lr in (1e-4, 1e-3) for seed in (0, 1)]
+    drawn = draw(make_store(tmp_path / "tied.sqlite", runs), kind="rank", x="lr")
+    try:
+        assert drawn.data.tied == ["head_lr"]
+        assert sorted(line.label for line in drawn.data.lines) == [
+            "method=head", "method=kasa targets=q,v kasa_mode=paper", "method=kasa targets=q,v kasa_mode=reference",
+            "method=lora targets=q,v"]
+        lora = next(line for line in drawn.data.lines if line.label == "method=lora targets=q,v")
+        assert lora.xs == [1e-4, 1e-3] and lora.means == pytest.approx([100 * (0.601 + 0.005), 100 * (0.61 + 0.005)])
+        assert drawn.figure.axes[0].get_xlabel().endswith("= head_lr")
+    finally:
+        close(drawn.figure)
+    untied = runs + [dict(method="lora", lr=1e-3, head_lr=5e-4, seed=0, value=0.5)]
+    drawn = draw(make_store(tmp_path / "untied.sqlite", untied), kind="rank", x="lr")
+    try:  # one run whose head rate differs: head_lr is a config key of its own again
+        assert drawn.data.tied == [] and any("head_lr=5e-4" in line.label for line in drawn.data.lines)
+    finally:
+        close(drawn.figure)
+
+
 def test_rank_shows_every_run_and_keeps_failed_runs_out_of_the_mean(store_path):
     from peftlab.lab.records import collect, parse_filter
 

@@ -134,9 +134,14 @@ def axis_title(key: str) -> str:
 
 
 def config_label(config: dict, keys: list[str]) -> str:
-    """``method=lora lr=1e-3``: the keys that tell configs apart (learning rates as the ticks write them)."""
+    """``method=lora lr=1e-3``: the keys that tell configs apart (learning rates as the ticks write them), less
+    the method options its method does not read (LoRA's kasa_mode, head-only's targets)."""
+    from peftlab.methods.registry import METHOD_OPTIONS, METHODS
+
+    method = METHODS.get(config.get("method"))
+    shown = [k for k in keys if method is None or k not in METHOD_OPTIONS or k in method.options]
     return " ".join(f"{k}={fmt_tick(config.get(k), k) if k in LR_KEYS else fmt_value(config.get(k))}"
-                    for k in keys) or "all runs"
+                    for k in shown) or "all runs"
 
 
 def fmt_tick(value, key: str | None = None) -> str:

@@ -53,6 +53,14 @@ class PointsData:
     log: bool
     lines: list[PointsLine]
     tasks: list[str]
+    tied: list[str] = field(default_factory=list)  # keys equal to x in every run (a head rate tied to lr)
+
+
+def tied_to(records: list[RunRecord], x: str) -> list[str]:
+    """The config keys whose value is x's in every run (a study's head rate tied to the module rate): they move
+    with x, so they split no line; the axis title names them."""
+    keys = sorted({k for r in records for k in r.config} - underlying(x))
+    return [k for k in keys if all(r.config.get(k) == key_value(r.config, x) for r in records)]
 
 
 def points_data(records: list[RunRecord], *, x: str, scale: float) -> PointsData:
@@ -60,7 +68,8 @@ def points_data(records: list[RunRecord], *, x: str, scale: float) -> PointsData
     if not trained:
         raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
     per_task = task_determined_keys(trained)
-    drop = set(NON_RESULT_KEYS) | set(per_task) | underlying(x)
+    tied = tied_to(trained, x)
+    drop = set(NON_RESULT_KEYS) | set(per_task) | underlying(x) | set(tied)
     groups, configs, varying = line_groups(trained, drop)
     tasks = task_order(r.task for r in trained)
     all_x = sorted({key_value(r.config, x) for r in trained}, key=num_key)
@@ -82,7 +91,7 @@ def points_data(records: list[RunRecord], *, x: str, scale: float) -> PointsData
             means = [statistics.fmean(v for _, v in ok[v_]) if ok.get(v_) else None for v_ in xs]
             lines.append(PointsLine(task, config_label(configs[gkey], varying) if varying else "runs", xs, means,
                                     dict(ok), dict(failed)))
-    return PointsData(x, all_x, log_axis(x, all_x), lines, tasks)
+    return PointsData(x, all_x, log_axis(x, all_x), lines, tasks, tied)
 
 
 def plot_points(records: list[RunRecord], *, x: str = "rank", scale: float = 100.0, title: str | None = None,
@@ -132,7 +141,7 @@ def plot_points(records: list[RunRecord], *, x: str = "rank", scale: float = 100
         if len(data.xs) > 4 and max(len(fmt_tick(v, x)) for v in data.xs) > 4:
             for label in ax.get_xticklabels():
                 label.set(rotation=35, ha="right", rotation_mode="anchor")
-        ax.set_xlabel(axis_title(x))
+        ax.set_xlabel(" = ".join([axis_title(x), *data.tied]))
         metric = sorted({r.metric for r in records if r.task == task and r.metric})
         ax.set_ylabel(metric_label(metric, scale))
         panel_title(ax, task_title(task), width)
