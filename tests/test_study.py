@@ -353,3 +353,24 @@ def test_the_fixed_rate_command_errors_are_one_line_and_it_runs_the_preflight(tm
     out = capsys.readouterr().out
     assert "preflight data: ok" in out and "preflight: no problem found" in out
     assert not out_dir.exists()
+
+
+def test_a_stage_estimate_of_early_stopped_runs_uses_the_epochs_they_ran_not_the_cap(tmp_path, monkeypatch):
+    """The fair protocol caps runs at 20 epochs but stops them at their plateau: the held-out stage's estimate is
+    the study's early-stopped runs' median epochs x its seconds per epoch, per worker (it was the cap's)."""
+    from peftlab.lab.study import Study
+    from peftlab.lab.study_plan import SAFETY, duration_text
+
+    def row(epochs_run: int, seconds: float, patience: int | None = 3) -> dict:
+        return {"status": "ok", "seconds": seconds, "config": {"epochs": 20, "early_stop_patience": patience},
+                "result": {"epochs_log": [{"epoch": e} for e in range(1, epochs_run + 1)]}}
+
+    study = Study(design=None, paths=StudyPaths(tmp_path, tmp_path / "results.sqlite"), workers=2)
+    monkeypatch.setattr(study, "rows_by_key", lambda: {"a": row(6, 60.0), "b": row(8, 80.0), "c": row(10, 100.0),
+                                                       "d": row(20, 200.0, patience=None)})
+    assert study.pace() == (10.0, 8)  # 10 s per epoch; the early-stopped runs' median: 8 epochs
+    capped = [{"epochs": 20, "early_stop_patience": 3}] * 4
+    fixed = [{"epochs": 6}] * 4
+    assert study.eta_text(capped, 12) == f", ~{duration_text(12 * 8 * 10.0 * SAFETY / 2)}"
+    assert study.eta_text(fixed, 12) == f", ~{duration_text(12 * 6 * 10.0 * SAFETY / 2)}"
+    assert study.eta_text(capped, 0) == ""

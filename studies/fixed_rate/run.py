@@ -105,7 +105,7 @@ def run_study(design: sd.Design, paths: StudyPaths, *, workers: int, train_fn: C
     study = Study(design, paths, workers=max(1, workers), train_fn=train_fn, progress=progress, say=say,
                   ray_options=ray_options)
     study.design = load_or_save_plan(paths, design)
-    plan = Plan(plan_stages(study.design), study.seconds_per_epoch(), study.workers)
+    plan = Plan(plan_stages(study.design), study.pace()[0], study.workers)
     say(f"plan ({paths.root}):\n{plan.describe()}")
     if study.design.shape == "grid":
         run_grid(study)

@@ -67,20 +67,26 @@ class Study:
             raise PeftlabError(f"stage {name} did not finish ({outcome.counts})", fix="rerun the same command")
 
     def eta_text(self, configs: list[dict], todo: int) -> str:
-        per = self.seconds_per_epoch()
+        per, stopped_after = self.pace()
         if per is None or not configs or not todo:
             return ""
-        epochs = sum(int(c.get("epochs") or 0) for c in configs) * todo / len(configs)
-        return f", ~{duration_text(epochs * per * SAFETY / max(1, self.workers))}"
+        # an early-stopped run trains about as long as the study's early-stopped runs did, not to its epoch cap
+        expected = [min(int(c.get("epochs") or 0), stopped_after) if c.get("early_stop_patience") and stopped_after
+                    else int(c.get("epochs") or 0) for c in configs]
+        return f", ~{duration_text(sum(expected) * todo / len(configs) * per * SAFETY / max(1, self.workers))}"
 
-    def seconds_per_epoch(self) -> float | None:
-        """Median wall seconds per trained epoch of this study's finished runs (None before the first)."""
-        per = []
+    def pace(self) -> tuple[float | None, float | None]:
+        """Median wall seconds per trained epoch of this study's finished runs, and the median epochs its
+        early-stopped runs trained (None before the first of each)."""
+        per, epochs_run = [], []
         for row in self.rows_by_key().values():
-            epochs = len(((row.get("result") or {}).get("epochs_log")) or [])
+            result = row.get("result") or {}
+            epochs = len(result.get("epochs_log") or [])
             if row["status"] == "ok" and epochs and row.get("seconds"):
                 per.append(row["seconds"] / epochs)
-        return statistics.median(per) if per else None
+                if (row.get("config") or {}).get("early_stop_patience"):
+                    epochs_run.append(epochs)
+        return (statistics.median(per) if per else None), (statistics.median(epochs_run) if epochs_run else None)
 
 
 # --------------------------------------------------------------------------- the whole study
