@@ -282,3 +282,17 @@ def test_dry_run_calls_pruned_cells_to_run(tmp_path, capsys):
     dry_run(sweep)
     out = capsys.readouterr().out.splitlines()
     assert "pruned" in out[1] and out[-1].startswith("2 runs: 1 finished, 0 failed, 1 to run")
+
+
+@pytest.mark.parametrize("spans, hours", [
+    ([("00:00", "01:00"), ("00:30", "02:00")], 2.0),  # two workers overlapping: counted once
+    ([("00:00", "01:00"), ("05:00", "06:00")], 2.0),  # a pause between sessions: left out
+    ([("00:00", "03:00"), ("01:00", "02:00")], 3.0),  # a run inside another
+    ([("00:00", "01:00"), ("01:00", "01:30"), (None, None)], 1.5),  # touching; a row never started
+])
+def test_a_studys_wall_time_is_the_union_of_its_runs_intervals(spans, hours):
+    from peftlab.lab.store_schema import busy_seconds
+
+    rows = [{"started": start and f"2026-12-05T{start}:00.000+00:00",
+             "finished": end and f"2026-12-05T{end}:00.000+00:00"} for start, end in spans]
+    assert busy_seconds(rows) == pytest.approx(hours * 3600)

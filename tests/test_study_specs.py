@@ -30,6 +30,9 @@ def parse(argv: list[str]):
     return design_from_args(build_parser(argv).parse_args(argv))
 
 
+UNCOMMITTED = shutil.ignore_patterns("runs", "*.sqlite-wal", "*.sqlite-shm")  # a study's run folders stay local
+
+
 def reproduce_command(report: Path) -> list[str]:
     """The words of a REPORT.md's "reproduce" line."""
     line = next(line for line in report.read_text().splitlines() if "reproduce: `" in line)
@@ -38,7 +41,7 @@ def reproduce_command(report: Path) -> list[str]:
 
 def test_the_running_kasa_study_plans_the_runs_its_store_holds(tmp_path):
     root = tmp_path / "kasa-fair"
-    shutil.copytree(STUDY / "kasa-fair", root)
+    shutil.copytree(STUDY / "kasa-fair", root, ignore=UNCOMMITTED)
     design = parse(["study", "kasa", "--task", "stsb", "--model", "minilm-l6", "--set", "max_length=64",
                     "--output-dir", str(root)])
     assert design.record() == json.loads((root / "plan.json").read_text())["design"]
@@ -57,6 +60,24 @@ def test_the_running_kasa_study_plans_the_runs_its_store_holds(tmp_path):
     assert arms == {"lora@paper-rate": (3e-4, {"method": "lora"}),
                     "kasa@paper-settings": (3e-4, {"method": "kasa", "alpha": 16.0, "weight_decay": 0.0,
                                                    "kasa_beta": 1e-4, "kasa_gamma": 1e-5})}
+
+
+def test_the_fair_kasa_study_reports_byte_for_byte_from_its_own_command(tmp_path, monkeypatch, capsys):
+    """docs/study/kasa-fair's REPORT.md, SECTION.md (RESULTS.md's block) and verdicts.json come from its store
+    alone: its REPORT.md's own command rewrites them identically on a copy without the run folders."""
+    from peftlab.cli.main import main
+
+    copy = tmp_path / "docs" / "study" / "kasa-fair"
+    shutil.copytree(STUDY / "kasa-fair", copy, ignore=UNCOMMITTED)
+    written = ("REPORT.md", "SECTION.md", "verdicts.json")
+    for name in written:
+        (copy / name).unlink()
+    monkeypatch.chdir(tmp_path)  # the command names docs/study/kasa-fair, as REPORT.md prints it
+    argv = reproduce_command(STUDY / "kasa-fair" / "REPORT.md")
+    assert argv[:3] == ["peftlab", "study", "kasa"] and argv[-1] == "--report-only"
+    assert main(argv[1:]) == 0
+    for name in written:
+        assert (copy / name).read_bytes() == (STUDY / "kasa-fair" / name).read_bytes(), name
 
 
 @pytest.mark.parametrize("study", ["lambda", "kasa"])

@@ -73,6 +73,21 @@ def seconds_between(start: str | None, end: str) -> float | None:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
+def busy_seconds(rows: list[dict]) -> float:
+    """Wall seconds during which any of ``rows`` ran: the union of their started-to-finished intervals (the pauses
+    between a study's sessions left out; a resumed run counts from its last start)."""
+    spans = sorted((datetime.fromisoformat(r["started"]), datetime.fromisoformat(r["finished"]))
+                   for r in rows if r.get("started") and r.get("finished"))
+    total, end = 0.0, None
+    for begin, finish in spans:
+        if end is not None and begin < end:
+            total += max(0.0, (finish - end).total_seconds())
+        else:
+            total += (finish - begin).total_seconds()
+        end = finish if end is None else max(end, finish)
+    return total
+
+
 def row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
     """A ``runs`` row as a dict of its columns; ``config`` and ``result`` parsed from JSON when ``parse``."""
     out = {name: row[name] for name in COLUMNS}

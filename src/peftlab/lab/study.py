@@ -14,7 +14,6 @@ study. Output: ``results.sqlite``, ``plan.json``, ``specs/``, ``runs/`` (run fol
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -98,7 +97,6 @@ def run_fair_study(design, paths: StudyPaths, *, workers: int, train_fn: Callabl
     """The fair protocol (:mod:`peftlab.lab.study_fair`): searches and held-out stages, then the report."""
     from peftlab.lab.study_fair import run_task
 
-    start = time.monotonic()
     study = Study(design, paths, workers=max(1, workers), train_fn=train_fn, progress=progress, say=say,
                   ray_options=ray_options)
     save_fair_plan(paths, design)
@@ -107,6 +105,6 @@ def run_fair_study(design, paths: StudyPaths, *, workers: int, train_fn: Callabl
     if report:
         from peftlab.lab.study_fair_report import write_fair_report
 
-        say(f"report: {write_fair_report(paths, design, seconds=time.monotonic() - start)}")
+        say(f"report: {write_fair_report(paths, design)}")
     return design
 

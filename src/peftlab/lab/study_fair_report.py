@@ -259,10 +259,11 @@ def study_command(design: sp.Design, root) -> str:
     return " ".join(words + [f"--output-dir {root}"])
 
 
-def write_fair_report(paths, design: sp.Design, *, seconds: float | None = None) -> Path:
+def write_fair_report(paths, design: sp.Design) -> Path:
     """verdicts.json, then REPORT.md written from it (read back), in the study folder; returns REPORT.md."""
     from peftlab.lab import provenance
     from peftlab.lab.records import load_rows
+    from peftlab.lab.store_schema import busy_seconds
 
     rows = load_rows([paths.store]) if paths.store.is_file() else []
     finished = [r for r in rows if r.get("status") not in ("pending", "running")]
@@ -287,8 +288,9 @@ def write_fair_report(paths, design: sp.Design, *, seconds: float | None = None)
              "set is the test split, read only for the numbers below",
              f"- held-out seeds {design.heldout_seed_list[0]}-{design.heldout_seed_list[-1]}; every finished run "
              "stays in its comparison at its test value (labels are shown, never a reason to drop a seed)",
-             "", f"Compute: {len(finished)} runs, {run_seconds / 3600:.2f} h of run time"
-             + (f", {seconds / 3600:.2f} h wall for this invocation" if seconds else "") + ".",
+             "", f"Compute: {len(finished)} runs, {run_seconds / 3600:.2f} h of run time, "
+             f"{busy_seconds(finished) / 3600:.2f} h wall (while any of its runs ran: the pauses between sessions left "
+             "out).",
              f"{provenance.code_line(summary)[:1].upper()}{provenance.code_line(summary)[1:]}.", ""]
     sections = [line for task in design.tasks for line in task_lines(design, verdicts["tasks"][task])]
     report = paths.root / "REPORT.md"

@@ -1,0 +1,114 @@
+"""The finished fair study's verdicts.json recomputed from its committed store by code that shares nothing with
+peftlab's: sqlite3 for the runs, numpy and scipy for the statistics, Holm written out here. Every rate search's
+selection means and pick, every held-out arm's test values, and every comparison's difference, 95 % CI, paired p,
+TOST p, Holm-adjusted p and 80 %-power difference must agree to a relative 1e-12 (REPORT.md, SECTION.md and
+RESULTS.md's block are rendered from verdicts.json: tests/test_study_specs.py, tests/test_results_doc.py)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+STUDY = Path(__file__).resolve().parents[1] / "docs" / "study"
+TOLERANCE = 1e-12
+
+# The rows of src/peftlab/lab/studies/kasa.yaml as train keys, and the 2 x 2's arms at the authors' STS-B settings.
+KASA_ROWS = {"head": {"method": "head"}, "lora": {"method": "lora"}, "pissa": {"method": "pissa"},
+             "milora": {"method": "milora"}, "dora": {"method": "dora"},
+             "kasa": {"method": "kasa", "kasa_mode": "paper"},
+             "kasa-reference": {"method": "kasa", "kasa_mode": "reference"}}
+STSB_PAPER_ARMS = {"lora@paper-rate": {"method": "lora", "lr": 3e-4},
+                   "kasa@paper-settings": {"method": "kasa", "lr": 3e-4, "kasa_gamma": 1e-5, "weight_decay": 0.0}}
+CASES = [("kasa-fair", "stsb", "pearson", KASA_ROWS, STSB_PAPER_ARMS)]
+
+
+def close(got: float, want: float) -> bool:
+    return abs(got - want) <= TOLERANCE * max(abs(want), 1e-300)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    order = np.argsort(p_values)
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def detectable_80(differences: np.ndarray) -> float:
+    """The smallest |mean difference| a two-sided paired t-test at 0.05 finds with 80 % power, at their sd."""
+    n, sd = len(differences), differences.std(ddof=1)
+    critical = stats.t.ppf(0.975, n - 1)
+
+    def short_of_80(delta: float) -> float:
+        nc = delta / (sd / np.sqrt(n))
+        return stats.nct.sf(critical, n - 1, nc) + stats.nct.sf(critical, n - 1, -nc) - 0.8
+
+    return optimize.brentq(short_of_80, 1e-9, 5 * sd, xtol=1e-15)
+
+
+@pytest.mark.parametrize("folder, task, metric, rows, paper_arms", CASES)
+def test_verdicts_recompute_from_the_store_with_independent_code(folder, task, metric, rows, paper_arms):
+    verdicts = json.loads((STUDY / folder / "verdicts.json").read_text())["tasks"][task]
+    db = sqlite3.connect(f"file:{STUDY / folder / 'results.sqlite'}?mode=ro", uri=True)
+    runs = [(json.loads(config), json.loads(result)) for config, result in
+            db.execute("SELECT config, result FROM runs WHERE status = 'ok'")]
+    db.close()
+
+    def matches(config: dict, keys: dict) -> bool:
+        return all(config.get(key) == value for key, value in keys.items())
+
+    # each row's search: the selection split's best-epoch metric, mean over the selection seeds per rate; the pick
+    arms = dict(paper_arms)
+    for name, keys in rows.items():
+        by_rate: dict[float, list[float]] = {}
+        for config, result in runs:
+            if matches(config, keys) and config["seed"] < 100:
+                by_rate.setdefault(config["lr"], []).append(result["best"]["metrics"][f"selection_{metric}"] * 100)
+        means = {rate: statistics.fmean(values) for rate, values in by_rate.items()}
+        stored = {entry["rate"]: entry["selection_mean"] for entry in verdicts["rows"][name]["rates"]}
+        assert stored.keys() == means.keys(), name
+        assert all(close(stored[rate], means[rate]) for rate in means), name
+        assert verdicts["rows"][name]["chosen_rate"] == max(means, key=means.get), name
+        arms[name] = {**keys, "lr": max(means, key=means.get)}
+
+    # each arm's held-out runs: the test split's metric on the selection-best weights
+    test = {name: {config["seed"]: result["test"]["metrics"][metric] * 100 for config, result in runs
+                   if matches(config, keys) and config["seed"] >= 100} for name, keys in arms.items()}
+    for name, values in test.items():
+        assert len(values) == verdicts["rows"][name]["n"] == 10, name
+        assert close(verdicts["rows"][name]["test_mean"], statistics.fmean(values.values())), name
+        assert close(verdicts["rows"][name]["test_std"], statistics.stdev(values.values())), name
+
+    compared = 0
+    for comparisons in verdicts["families"].values():
+        p_values, tost_values = [], []
+        for comparison in comparisons.values():
+            a, b = test[comparison["a"]], test[comparison["b"]]
+            seeds = sorted(a.keys() & b.keys())
+            diffs = np.array([a[seed] - b[seed] for seed in seeds])
+            n, mean = len(diffs), diffs.mean()
+            se = diffs.std(ddof=1) / np.sqrt(n)
+            half = stats.t.ppf(0.975, n - 1) * se
+            p = stats.ttest_rel([a[s] for s in seeds], [b[s] for s in seeds]).pvalue
+            margin = comparison["margin"]
+            tost = max(stats.t.sf((mean + margin) / se, n - 1), stats.t.cdf((mean - margin) / se, n - 1))
+            assert comparison["n_pairs"] == n == 10
+            for got, want in ((comparison["diff"], mean), (comparison["ci"][0], mean - half),
+                              (comparison["ci"][1], mean + half), (comparison["p"], p), (comparison["tost_p"], tost)):
+                assert close(got, want), (comparison["name"], got, want)
+            if comparison.get("detectable_80") is not None:
+                assert close(comparison["detectable_80"], detectable_80(diffs)), comparison["name"]
+            p_values.append(p)
+            tost_values.append(tost)
+            compared += 1
+        for key, raw in (("p_holm", p_values), ("tost_p_holm", tost_values)):
+            for comparison, adjusted in zip(comparisons.values(), holm(raw)):
+                assert close(comparison[key], adjusted), (comparison["name"], key)
+    assert compared == sum(len(c) for c in verdicts["families"].values()) > 0
