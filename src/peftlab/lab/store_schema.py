@@ -101,22 +101,6 @@ def row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
     return out
 
 
-def json_default(value):
-    """How a result's numpy scalars, tuples, sets and paths are written to its JSON column."""
-    try:
-        import numpy as np
-
-        if isinstance(value, (np.floating, np.integer)):
-            return value.item()
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
 def is_pruned_result(result: dict | None) -> bool:
     """A run its ``on_epoch_end`` hook stopped before its last epoch (a tune trial), so never the complete run
     of its config: status ``pruned``; or ``stopped_early`` with status ``ok`` / ``no_learning`` (results written

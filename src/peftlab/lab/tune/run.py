@@ -70,17 +70,11 @@ class Tuner:
 
     def search_spent(self) -> int:
         """Epochs the search has trained: finished trials' runs, plus the epochs reported by those in flight."""
-        spent, seen = 0, set()
+        spent: dict[str | None, int] = {}  # run key -> epochs; a later trial of the same run counts nothing
         for trial in self.keeper.call("trials"):
-            key = trial["attrs"].get("key")
-            if key in seen:
-                continue
-            seen.add(key)
-            if trial["state"] == "running":
-                spent += len(trial["intermediate"])
-            else:
-                spent += int(trial["attrs"].get("epochs", 0))
-        return spent
+            epochs = len(trial["intermediate"]) if trial["state"] == "running" else int(trial["attrs"].get("epochs", 0))
+            spent.setdefault(trial["attrs"].get("key"), epochs)
+        return sum(spent.values())
 
     def search(self) -> None:
         queue = self.keeper.call("unfinished")

@@ -46,15 +46,12 @@ def trial_outcome(row: dict | None, metric: str) -> dict:
     if status in ("diverged", "collapsed"):
         return {"outcome": status, "state": "pruned", "value": None, "epochs": epochs,
                 "reason": result.get("status_reason")}
-    if status == "pruned":
-        stopped = result.get("stopped_early") or {}
-        return {"outcome": "pruned", "state": "pruned", "value": best_value(result, metric), "epochs": epochs,
-                "reason": stopped.get("reason") or result.get("status_reason")}
-    if status == "no_learning":  # every epoch ran: Optuna gets its value; the candidate counts it not ok
-        return {"outcome": "no_learning", "state": "complete", "value": best_value(result, metric),
-                "epochs": epochs, "reason": result.get("status_reason")}
-    return {"outcome": "complete", "state": "complete", "value": best_value(result, metric), "epochs": epochs,
-            "reason": None}
+    # no_learning ran every epoch: Optuna gets its value; the candidate counts it not ok
+    reason = {"ok": None, "no_learning": result.get("status_reason"),
+              "pruned": (result.get("stopped_early") or {}).get("reason") or result.get("status_reason")}[status]
+    state = "pruned" if status == "pruned" else "complete"
+    return {"outcome": "complete" if status == "ok" else status, "state": state,
+            "value": best_value(result, metric), "epochs": epochs, "reason": reason}
 
 
 def reported_metric(metric: str) -> str:
