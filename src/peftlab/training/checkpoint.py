@@ -47,9 +47,7 @@ def load_trainable(model, path: Path) -> None:
     if missing:
         raise PeftlabError(f"checkpoint in {path.parent} does not match this run's model ({missing[0]} missing)",
                            fix="resume with the same config, or pass --overwrite to start over")
-    with torch.no_grad():
-        for name, value in tensors.items():
-            params[name].copy_(value)
+    model.load_state_dict(tensors, strict=False)  # the trainable tensors only
 
 
 def save_only_trainable(accelerator) -> None:
