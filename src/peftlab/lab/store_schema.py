@@ -117,6 +117,17 @@ def effective_status(status: str, result: dict | None) -> str:
     return "pruned" if status in ("ok", "no_learning") and is_pruned_result(result) else status
 
 
+def implied_status(result: dict) -> str | None:
+    """The row status a run's result implies (None for a status no run ends with): a pruned trial's is ``pruned``,
+    or ``collapsed`` where the tune stopped a collapsed trial (what stopped it, kept)."""
+    status = result.get("status")
+    if status not in RESULT_STATUSES:
+        return None
+    if is_pruned_result(result):
+        return "collapsed" if status == "collapsed" else "pruned"
+    return status
+
+
 def epochs_run(result: dict | None) -> int:
     """Epochs a run trained: result.json ``epochs_run``, else (older results) the epoch the hook stopped it
     at, else the epochs it logged."""
