@@ -212,10 +212,7 @@ def collect(rows: Iterable[dict], *, which: str = "best", metric: str | None = N
         name, value = None, None
         if result:
             name = metric or result.get("primary_metric")
-            if before:
-                section = result.get("before") or result.get("final") or {}
-            else:
-                section = result.get(which) or {}
+            section = ((result.get("before") or result.get("final")) if before else result.get(which)) or {}
             value = (lm_eval_value(result, name) if str(name).startswith(LM_EVAL_PREFIX)
                      else (section.get("metrics") or {}).get(name))
             if value is not None:
