@@ -151,10 +151,9 @@ def output_to(path: Path | None):
                     with contextlib.suppress(Exception):
                         stream.flush()
     finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def log_path(log_dir: Path | None, key: str) -> Path | None:
