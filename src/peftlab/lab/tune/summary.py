@@ -125,9 +125,8 @@ def build_summary(tune, trials: list[dict], rows: Iterable[dict]) -> dict[str, A
     if candidates and all(c["done"] for c in candidates):
         ranked = sorted(candidates, key=lambda c: (c["not_ok"], rank_key(c["mean"], tune.direction)))
         winner = ranked[0] if ranked[0]["mean"] is not None else None
-    heldout = None
-    if winner is not None and tune.heldout_seeds:
-        heldout = seed_scores(tune, winner["params"], tune.heldout_seed_list, by_key, reported_metric(tune.metric))
+    heldout = (seed_scores(tune, winner["params"], tune.heldout_seed_list, by_key, reported_metric(tune.metric))
+               if winner is not None and tune.heldout_seeds else None)
     spent = search_epochs + seed_epochs
     heldout_epochs = heldout["epochs"] if heldout else 0
     grid = tune.grid_epochs
