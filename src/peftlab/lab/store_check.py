@@ -141,10 +141,7 @@ def _folder(output_dir: str | None, store_path: Path) -> Path | None:
     if not output_dir:
         return None
     path = Path(output_dir)
-    for candidate in (path, store_path.parent / path.name):
-        if candidate.is_dir():
-            return candidate
-    return None
+    return next((candidate for candidate in (path, store_path.parent / path.name) if candidate.is_dir()), None)
 
 
 def check_row(row: sqlite3.Row, schema: int) -> list[Problem]:

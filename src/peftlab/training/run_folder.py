@@ -164,10 +164,8 @@ CHECKPOINT_MARKER = "state.json"  # the loop state of process 0: in every comple
 
 def checkpoint_dir(output_dir: str | Path) -> Path | None:
     """The complete checkpoint folder, or None; a kill during the swap leaves the old one, which is used."""
-    for name in (CHECKPOINT, CHECKPOINT_OLD):
-        if (Path(output_dir) / name / CHECKPOINT_MARKER).is_file():
-            return Path(output_dir) / name
-    return None
+    folders = (Path(output_dir) / name for name in (CHECKPOINT, CHECKPOINT_OLD))
+    return next((folder for folder in folders if (folder / CHECKPOINT_MARKER).is_file()), None)
 
 
 def has_checkpoint(output_dir: str | Path) -> bool:

@@ -227,11 +227,10 @@ def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_
                 say(f"resuming {reset['running']} run(s) left unfinished by a killed tune")
             log_dir = tune.output_root / "logs" if capture_output else None
             say(tune.describe())
-            if session is not None:
+            if session is not None:  # Ray first: the keeper is then an actor on it
                 executor = session.backend(store, log_dir, say)  # starts or joins Ray, says how many runs fit
-                keeper = start_keeper(keeper_kwargs(tune), on_ray=True)
-            else:
-                keeper = start_keeper(keeper_kwargs(tune), on_ray=False)
+            keeper = start_keeper(keeper_kwargs(tune), on_ray=session is not None)
+            if executor is None:
                 executor = InProcess(store, train_fn, log_dir)
             tuner = Tuner(tune, keeper, store, executor, say)
             tuner.search()

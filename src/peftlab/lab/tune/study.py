@@ -46,10 +46,8 @@ class StudyKeeper:
         # a grid's sampler is never used: every point is enqueued
         sampler = (optuna.samplers.RandomSampler if grid is not None else optuna.samplers.TPESampler)(seed=sampler_seed)
         kwargs = dict(storage=storage, study_name=STUDY_NAME, sampler=sampler, pruner=_pruner(optuna, pruner))
-        if create:
-            self.study = optuna.create_study(direction=direction, load_if_exists=True, **kwargs)
-        else:
-            self.study = optuna.load_study(**kwargs)
+        self.study = (optuna.create_study(direction=direction, load_if_exists=True, **kwargs) if create
+                      else optuna.load_study(**kwargs))
         attrs = self.study.user_attrs
         if "fingerprint" not in attrs and create:
             self.study.set_user_attr("fingerprint", fingerprint)
