@@ -34,6 +34,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def json_default(value):
+    """JSON for the NumPy scalars, tuples, sets and paths a run record may hold (``json.dumps(default=...)``)."""
+    import numpy as np
+
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
 def read_text_utf8(path: str | os.PathLike, *, what: str = "file", fix: str = "save it as UTF-8") -> str:
     """``path``'s text (UTF-8, a BOM dropped); not UTF-8: one line with ``path:line`` of the first bad byte."""
     raw = Path(path).read_bytes()

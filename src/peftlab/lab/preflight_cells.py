@@ -59,9 +59,7 @@ def check_sweep(sweep, args, *, dry_run: bool = False) -> list:
     runs = [cell for cell, run in zip(cells, sweep.runs) if statuses.get(run.key) not in FINISHED]
     outputs = [Output(sweep.output_root, "folder", "the runs' folder (output_dir)"),
                Output(sweep.store_path, "file", "the store")]
-    needs, services = _plan_needs(args)
-    return _check(cells, outputs, runs=runs, parallel=max(1, getattr(args, "workers", 0) or 1), needs=needs,
-                  services=services, dry_run=dry_run)
+    return _check(cells, outputs, args, runs=runs, parallel=max(1, getattr(args, "workers", 0) or 1), dry_run=dry_run)
 
 
 def check_tune(tune, args, *, dry_run: bool = False) -> list:
@@ -82,8 +80,7 @@ def check_tune(tune, args, *, dry_run: bool = False) -> list:
     largest = max(cells, key=lambda cell: (cell.cfg.method == "full", str(cell.cfg.model)))
     outputs = [Output(tune.output_root, "folder", "the tune's folder (output_dir)"),
                Output(tune.store_path, "file", "the store")]
-    needs, services = _plan_needs(args)
-    return _check(cells, outputs, runs=[largest] * planned, needs=needs, services=services, dry_run=dry_run)
+    return _check(cells, outputs, args, runs=[largest] * planned, dry_run=dry_run)
 
 
 def check_study(design, root: Path, args, *, dry_run: bool = False) -> list:
@@ -105,11 +102,9 @@ def check_planned_study(configs: list[dict], planned: int, root: Path, args, *, 
         keys = " ".join(f"{k}={config[k]}" for k in ("task", "method", "lr_ratio") if k in config)
         cells.append(_cell(f"study run {{{keys}}}", config, resolved=False))
     largest = max(cells, key=lambda cell: (cell.cfg.method == "full", str(cell.cfg.model)))
-    needs, services = _plan_needs(args)
     return _check(cells, [Output(root, "folder", "the study folder (--output-dir)"),
-                          Output(root / STORE_NAME, "file", "the store")],
-                  runs=[largest] * max(1, planned), parallel=max(1, getattr(args, "workers", 1) or 1), needs=needs,
-                  services=services, dry_run=dry_run)
+                          Output(root / STORE_NAME, "file", "the store")], args,
+                  runs=[largest] * max(1, planned), parallel=max(1, getattr(args, "workers", 1) or 1), dry_run=dry_run)
 
 
 def study_first_configs(design, task: str) -> list[dict]:
@@ -131,12 +126,14 @@ def _study_runs(design, task: str) -> int:
     return runs + arms * design.heldout_seeds + (design.key_seeds if design.key_ablation else 0)
 
 
-def _check(cells, outputs, *, dry_run: bool = False, **options) -> list:
+def _check(cells, outputs, args, *, dry_run: bool = False, **options) -> list:
+    """The preflight of ``cells`` with the plan's own needs (:func:`_plan_needs` of its command line ``args``)."""
     from peftlab import preflight
 
     if not cells:
         raise PeftlabError("nothing to run: the plan has no runs")
-    findings = preflight.preflight(cells, outputs, **options)
+    needs, services = _plan_needs(args)
+    findings = preflight.preflight(cells, outputs, needs=needs, services=services, **options)
     if not dry_run:
         preflight.raise_problems(findings)
     return findings

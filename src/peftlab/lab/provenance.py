@@ -67,7 +67,7 @@ def summarize(results: Iterable[dict | None]) -> CodeSummary:
 
 
 def _short(group: str) -> str:
-    return group[:7] if group not in (UNKNOWN,) and not group.startswith("source ") else group
+    return group[:7] if group != UNKNOWN and not group.startswith("source ") else group
 
 
 def _group_list(summary: CodeSummary) -> str:
@@ -82,17 +82,14 @@ def code_line(summary: CodeSummary) -> str:
         return (f"code: not recorded by {'any of the ' + str(summary.runs) if summary.runs > 1 else 'the'} "
                 f"run{'s' if summary.runs != 1 else ''} (result.json has no \"code\" or \"git_commit\")")
     commits = [g for g in summary.groups if g != UNKNOWN and not g.startswith("source ")]
-    others = [g for g in summary.groups if g not in commits]
+    sources = [g for g in summary.groups if g.startswith("source ")]
     parts = []
     if commits:
         parts.append(f"{len(commits)} commit{'s' if len(commits) != 1 else ''}")
-    if others:
-        sources = [g for g in others if g != UNKNOWN]
-        if sources:
-            parts.append(f"{len(sources)} source digest{'s' if len(sources) != 1 else ''} without a commit")
-        if UNKNOWN in others:
-            parts.append(f"{summary.groups[UNKNOWN]} run{'s' if summary.groups[UNKNOWN] != 1 else ''} "
-                         "recording no code")
+    if sources:
+        parts.append(f"{len(sources)} source digest{'s' if len(sources) != 1 else ''} without a commit")
+    if UNKNOWN in summary.groups:
+        parts.append(f"{summary.groups[UNKNOWN]} run{'s' if summary.groups[UNKNOWN] != 1 else ''} recording no code")
     text = "code: " + ", ".join(parts) + f" ({_group_list(summary)})"
     text += (f"; {summary.dirty} of {summary.runs} runs from a dirty tree (uncommitted changes)" if summary.dirty
              else "; no dirty runs")

@@ -21,13 +21,12 @@ from typing import Any, Iterable
 from peftlab.config import ROLES
 from peftlab.errors import PeftlabError, closest
 from peftlab.lab.store import STORE_NAME, Store, config_key, resolve_store_path
-from peftlab.lab.store_schema import FINISHED, RESULT_STATUSES, epochs_run, is_pruned_result, pruned_key
+from peftlab.lab.store_schema import FINISHED, RESULT_STATUSES, epochs_run, implied_status, is_pruned_result, pruned_key
 
 RUN_RESULT = "result.json"  # a run folder written by ``peftlab train``
 RUN_CONFIG = "config.yaml"
 SOURCE_FIX = ("pass a sweep's results.sqlite (or its output folder), or run folders written by peftlab train "
               "(holding result.json), e.g. runs/*/")
-RUN_STATUSES = RESULT_STATUSES  # what a finished run's result.json may say (lab/store_schema)
 
 # Derived from the config's declarations (peftlab.config_roles): keys that never distinguish rows (bookkeeping,
 # the seed averaged over, the task that is the column, how a judge is asked); keys that cannot change an untrained
@@ -103,17 +102,14 @@ def run_folder_row(path: str | os.PathLike) -> dict:
     if not isinstance(config, dict):
         raise PeftlabError(f"no run config in {path}: neither a 'config' in {RUN_RESULT} nor a {RUN_CONFIG}",
                            fix="pass a run folder written by peftlab train")
-    if result is None:
-        status = "running"  # started (config.yaml is written first), not finished: counted as unfinished
-    else:
-        status = result.get("status")
-        if status not in RUN_STATUSES:
-            raise PeftlabError(f"{result_file} has status {status!r}, not {'/'.join(RUN_STATUSES)}",
-                               fix="pass finished run folders written by peftlab train")
+    # no result yet: started (config.yaml is written first), not finished, so counted as unfinished
+    status = "running" if result is None else implied_status(result)
+    if status is None:
+        raise PeftlabError(f"{result_file} has status {result.get('status')!r}, not {'/'.join(RESULT_STATUSES)}",
+                           fix="pass finished run folders written by peftlab train")
     key = config_key(config)
     if is_pruned_result(result):  # a pruned trial's folder: never the key of the complete run of its config
         key = pruned_key(key, epochs_run(result))
-        status = "collapsed" if status == "collapsed" else "pruned"
     return {"key": key, "status": status, "config": config, "result": result,
             "output_dir": str(path), "started": None, "finished": None,
             "seconds": (result or {}).get("train_seconds"), "attempts": 1,
@@ -216,10 +212,7 @@ def collect(rows: Iterable[dict], *, which: str = "best", metric: str | None = N
         name, value = None, None
         if result:
             name = metric or result.get("primary_metric")
-            if before:
-                section = result.get("before") or result.get("final") or {}
-            else:
-                section = result.get(which) or {}
+            section = ((result.get("before") or result.get("final")) if before else result.get(which)) or {}
             value = (lm_eval_value(result, name) if str(name).startswith(LM_EVAL_PREFIX)
                      else (section.get("metrics") or {}).get(name))
             if value is not None:

@@ -140,8 +140,6 @@ def labelled_rows(rows: list[Row], method_order: list[str]) -> tuple[list[Row], 
 def sort_value(key: str, value, method_order: list[str]):
     if key == "method":
         return (0, method_order.index(str(value)) if str(value) in method_order else len(method_order), str(value))
-    if isinstance(value, bool) or value is None:
-        return (1, 0, str(value))
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (0, float(value), "")
     return (1, 0, str(value))

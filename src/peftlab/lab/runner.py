@@ -88,7 +88,6 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store, *, adopt_prun
     from peftlab.training import run_folder as runfiles
 
     out = Path(run_config["output_dir"])
-    overrides = {k: v for k, v in run_config.items() if k not in ("resume", "overwrite")}
     try:
         existing = runfiles.read_result(out)
         same_run = bool(existing) and config_key(existing.get("config") or {}) == key
@@ -100,11 +99,10 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store, *, adopt_prun
             print(f"adopting the finished result in {out}")
             store.finish(key, existing)
             return existing["status"]
-        same_config = _dir_config_key(out) == key
-        resume = out.is_dir() and same_config and runfiles.has_checkpoint(out)
+        resume = out.is_dir() and _dir_config_key(out) == key and runfiles.has_checkpoint(out)
         overwrite = out.is_dir() and not resume
         # the config its spec resolved (store row): the run is not resolved again
-        cfg = resolved_from_dict({**overrides, "resume": resume, "overwrite": overwrite})
+        cfg = resolved_from_dict({**run_config, "resume": resume, "overwrite": overwrite})
         if resume:
             print(f"resuming {out} from its checkpoint")
         result = train_fn(cfg)
@@ -153,10 +151,9 @@ def output_to(path: Path | None):
                     with contextlib.suppress(Exception):
                         stream.flush()
     finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def log_path(log_dir: Path | None, key: str) -> Path | None:

@@ -18,17 +18,19 @@ import json
 import os
 import sqlite3
 import time
+from collections import Counter
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from peftlab.config import ROLES, TrainConfig, option_defaults
 from peftlab.errors import PeftlabError
+from peftlab.io_utils import json_default
 from peftlab.lab.store_owner import heartbeat, owner_alive, process_identity, read_beats, write_beat
 from peftlab.lab.store_schema import (
     PRUNED_MARK, RESULT_STATUSES, SCHEMA_VERSION, SHORT_KEY, STATUSES, StoreWriteError, effective_status, epochs_run,
-    is_pruned_result, json_default, migrate_v1, move_run_folder, now_iso, parse_json, pruned_dir, pruned_key, row_dict,
-    seconds_between, unpruned_key)
+    implied_status, is_pruned_result, migrate_v1, move_run_folder, now_iso, parse_json, pruned_dir, pruned_key,
+    row_dict, seconds_between, unpruned_key)
 from peftlab.lab.store_schema import SCHEMA as _SCHEMA
 
 # The run key's roles, derived from the config's declarations (peftlab.config_roles): each option of key schema 1
@@ -256,7 +258,7 @@ class Store:
             folder = row["output_dir"] or (result.get("config") or {}).get("output_dir")
             new_dir = pruned_dir(folder, epochs) if folder else None
             conn.execute("DELETE FROM runs WHERE key = ?", (new_key,))  # same config, same stop: replaced
-            status = "collapsed" if result.get("status") == "collapsed" else "pruned"  # what stopped it, kept
+            status = implied_status(result)  # pruned, or collapsed: what stopped it, kept
             conn.execute(
                 "UPDATE runs SET key = ?, status = ?, result = ?, error = NULL, output_dir = ?, finished = ?, "
                 "seconds = ?, owner = NULL, updated = ? WHERE key = ?",
@@ -356,11 +358,7 @@ class Store:
     def counts(self, keys: Iterable[str] | None = None) -> dict[str, int]:
         statuses = self.statuses()
         wanted = statuses.keys() if keys is None else keys
-        out = {s: 0 for s in STATUSES}
-        for key in wanted:
-            if key in statuses:
-                out[statuses[key]] += 1
-        return out
+        return dict.fromkeys(STATUSES, 0) | Counter(statuses[key] for key in wanted if key in statuses)
 
 
 def _migrations(conn: sqlite3.Connection) -> list[tuple[str, str]]:

@@ -23,7 +23,7 @@ from peftlab.lab.store import config_key, resolve_store_path, short_key
 from peftlab.lab.store_owner import LEASE_SECONDS, owner_alive, owner_host, read_beats
 from peftlab.lab.store_repair import repair
 from peftlab.lab.store_schema import (
-    FINISHED, PRUNED_MARK, RESULT_STATUSES, STATUSES, effective_status, epochs_run, is_pruned_result, parse_json,
+    FINISHED, PRUNED_MARK, STATUSES, effective_status, epochs_run, implied_status, is_pruned_result, parse_json,
     pruned_key, unpruned_key)
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -64,16 +64,6 @@ class Check:
                 "schema": self.schema, "integrity": self.integrity, "notes": self.notes,
                 "problems": [{**asdict(p), "action": list(p.action) if p.action else None, "repairable":
                               p.action is not None} for p in self.problems]}
-
-
-def implied_status(result: dict) -> str | None:
-    """The row status a run's result implies (None for a status no run ends with)."""
-    status = result.get("status")
-    if status not in RESULT_STATUSES:
-        return None
-    if is_pruned_result(result):
-        return "collapsed" if status == "collapsed" else "pruned"
-    return status
 
 
 # --------------------------------------------------------------------------- reading the file
@@ -127,11 +117,10 @@ def _read(path: Path, check: Check) -> tuple[list[sqlite3.Row] | None, dict[str,
             if found != ["ok"]:
                 findings = found
                 break
-        check.integrity = "ok" if not findings else "; ".join(findings[:3])
+        check.integrity = "; ".join(findings[:3]) or "ok"
         if findings:
             more = f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""
-            check.problems.append(Problem("store", f"integrity check failed: {'; '.join(findings[:3])}{more}",
-                                          damaged))
+            check.problems.append(Problem("store", f"integrity check failed: {check.integrity}{more}", damaged))
         try:
             version = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
             check.schema = int(version[0]) if version else None
@@ -152,10 +141,7 @@ def _folder(output_dir: str | None, store_path: Path) -> Path | None:
     if not output_dir:
         return None
     path = Path(output_dir)
-    for candidate in (path, store_path.parent / path.name):
-        if candidate.is_dir():
-            return candidate
-    return None
+    return next((candidate for candidate in (path, store_path.parent / path.name) if candidate.is_dir()), None)
 
 
 def check_row(row: sqlite3.Row, schema: int) -> list[Problem]:

@@ -101,22 +101,6 @@ def row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
     return out
 
 
-def json_default(value):
-    """How a result's numpy scalars, tuples, sets and paths are written to its JSON column."""
-    try:
-        import numpy as np
-
-        if isinstance(value, (np.floating, np.integer)):
-            return value.item()
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
 def is_pruned_result(result: dict | None) -> bool:
     """A run its ``on_epoch_end`` hook stopped before its last epoch (a tune trial), so never the complete run
     of its config: status ``pruned``; or ``stopped_early`` with status ``ok`` / ``no_learning`` (results written
@@ -131,6 +115,17 @@ def is_pruned_result(result: dict | None) -> bool:
 def effective_status(status: str, result: dict | None) -> str:
     """A row's status as it should read: ``pruned`` for a pruned trial a schema-1 store recorded as ``ok``."""
     return "pruned" if status in ("ok", "no_learning") and is_pruned_result(result) else status
+
+
+def implied_status(result: dict) -> str | None:
+    """The row status a run's result implies (None for a status no run ends with): a pruned trial's is ``pruned``,
+    or ``collapsed`` where the tune stopped a collapsed trial (what stopped it, kept)."""
+    status = result.get("status")
+    if status not in RESULT_STATUSES:
+        return None
+    if is_pruned_result(result):
+        return "collapsed" if status == "collapsed" else "pruned"
+    return status
 
 
 def epochs_run(result: dict | None) -> int:

@@ -47,9 +47,7 @@ def read_llm_adapters_json(path: Path) -> list[dict[str, str]]:
             raise PeftlabError(f"record is a JSON {type(obj).__name__}, expected an object", where=where)
         record = {}
         for key in fields:
-            value = obj.get(key, "")
-            if value is None:
-                value = ""
+            value = "" if obj.get(key) is None else obj[key]
             if not isinstance(value, str):
                 raise PeftlabError(f"field '{key}' is a JSON {type(value).__name__}, expected a string", where=where)
             if key in required and not value.strip():

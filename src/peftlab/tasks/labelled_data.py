@@ -93,9 +93,7 @@ def resolve_options(cfg, task: Task) -> UserOptions:
         hint = f" ({metric} is a --task {other} metric)" if metric in USER_METRICS[other] else ""
         raise PeftlabError(f"--metric {cfg.metric} cannot score --task {task.name}{hint}{closest(metric, choices)}",
                            fix=f"use one of: {', '.join(choices)}")
-    digest = cfg.data_digest
-    if digest is None:
-        digest = current_digest(cfg)
+    digest = cfg.data_digest if cfg.data_digest is not None else current_digest(cfg)
     return UserOptions(",".join(fields), metric, digest)
 
 

@@ -167,10 +167,8 @@ def judge_answers(settings, prompts: dict, questions: list[dict], answers: list[
     from peftlab.tasks.judge import JudgeClient, Verdict
 
     requests = [(q, turn, *judge_prompt(prompts, q, a, turn)) for q, a in zip(questions, answers) for turn in (1, 2)]
-    if settings is None:
-        verdicts = [Verdict(False, reason=NOT_JUDGED) for _ in requests]
-    else:
-        verdicts = JudgeClient(settings).judge_all([(system, user) for _, _, _, system, user in requests])
+    verdicts = ([Verdict(False, reason=NOT_JUDGED) for _ in requests] if settings is None
+                else JudgeClient(settings).judge_all([(system, user) for _, _, _, system, user in requests]))
     model = settings.model if settings is not None else None
     return [{"question_id": q["question_id"], "category": q["category"], "turn": turn, "judge": [model, name],
              "user_prompt": user, "judgment": v.reply, "score": v.score, "judged": v.judged, "reason": v.reason,

@@ -243,10 +243,9 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]
     java = java or java_runtime()
     hyps = [one_line(h) for h in hypotheses]
     refs = [[one_line(r) for r in group] for group in references]
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = {"bleu": mteval_bleu(hyps, refs)}
     unavailable: dict[str, str] = {}
     notes: list[str] = []
-    metrics["bleu"] = mteval_bleu(hyps, refs)
     try:
         metrics["nist"] = mteval_nist([mteval_tokens(h) for h in hyps], [[mteval_tokens(r) for r in g] for g in refs])
     except ZeroDivisionError:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from peftlab.errors import PeftlabError
+from peftlab.io_utils import json_default
 from peftlab.training import run_folder as runfiles
 from peftlab.training.state import LoopState
 
@@ -46,9 +47,7 @@ def load_trainable(model, path: Path) -> None:
     if missing:
         raise PeftlabError(f"checkpoint in {path.parent} does not match this run's model ({missing[0]} missing)",
                            fix="resume with the same config, or pass --overwrite to start over")
-    with torch.no_grad():
-        for name, value in tensors.items():
-            params[name].copy_(value)
+    model.load_state_dict(tensors, strict=False)  # the trainable tensors only
 
 
 def save_only_trainable(accelerator) -> None:
@@ -82,7 +81,7 @@ def save_checkpoint(run) -> None:
         shutil.rmtree(staging, ignore_errors=True)  # what a killed save left
     accelerator.wait_for_everyone()
     accelerator.save_state(str(staging))
-    loop_state = json.dumps(run.state.to_dict(), default=runfiles.json_default)
+    loop_state = json.dumps(run.state.to_dict(), default=json_default)
     (staging / state_file(accelerator.process_index)).write_text(loop_state)
     if run.main and run.best_weights:
         save_file({n: t.contiguous() for n, t in run.best_weights.items()}, str(staging / BEST_WEIGHTS))

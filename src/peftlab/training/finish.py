@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from peftlab.training import run_folder as runfiles
 from peftlab.training.guards import above_majority, final_status, plateau_record
 from peftlab.training.setup import Run
@@ -135,8 +133,5 @@ def restore_best(run: Run, model) -> int | None:
     best = (state.best or {}).get("epoch")
     if run.cfg.save != "best" or run.best_weights is None or best is None or best == last:
         return last
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in run.best_weights.items():
-            params[name].copy_(value)
+    model.load_state_dict(run.best_weights, strict=False)  # the trainable tensors only
     return best

@@ -127,10 +127,7 @@ def plateau_record(state: LoopState, patience: int, min_delta: float) -> dict | 
     evaluated epoch was still a gain (the cap was too short). None without --early-stop-patience."""
     if not patience:
         return None
-    if state.early_stopped:
-        verdict = "stopped"
-    else:
-        verdict = "flattening" if state.evals_without_gain else "improving"
+    verdict = "stopped" if state.early_stopped else "flattening" if state.evals_without_gain else "improving"
     return {"verdict": verdict, "patience": patience, "min_delta": min_delta, "best_gain_epoch": state.gain_epoch,
             "evals_without_gain": state.evals_without_gain}
 
@@ -166,6 +163,4 @@ def final_status(state: LoopState, pipeline) -> tuple[str, str | None]:
     if state.stopped_early:
         return "pruned", f"stopped after epoch {state.stopped_early['epoch']}: {state.stopped_early['reason']}"
     reason = no_learning_reason(state, pipeline)
-    if reason is not None:
-        return "no_learning", reason
-    return "ok", None
+    return ("ok", None) if reason is None else ("no_learning", reason)

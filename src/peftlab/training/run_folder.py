@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from peftlab.errors import PeftlabError
-from peftlab.io_utils import atomic_write_text
+from peftlab.io_utils import atomic_write_text, json_default
 
 if TYPE_CHECKING:  # annotations only: importing this module stays torch-free
     import torch
@@ -32,19 +32,6 @@ CURVE_FILE = "curve.jsonl"
 
 def write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=json_default) + "\n")
-
-
-def json_default(value):
-    """JSON for the NumPy scalars, tuples, sets and paths a run record may hold."""
-    import numpy as np
-
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    if isinstance(value, (tuple, set)):
-        return list(value)
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def read_result(output_dir: str | Path) -> dict | None:
@@ -177,10 +164,8 @@ CHECKPOINT_MARKER = "state.json"  # the loop state of process 0: in every comple
 
 def checkpoint_dir(output_dir: str | Path) -> Path | None:
     """The complete checkpoint folder, or None; a kill during the swap leaves the old one, which is used."""
-    for name in (CHECKPOINT, CHECKPOINT_OLD):
-        if (Path(output_dir) / name / CHECKPOINT_MARKER).is_file():
-            return Path(output_dir) / name
-    return None
+    folders = (Path(output_dir) / name for name in (CHECKPOINT, CHECKPOINT_OLD))
+    return next((folder for folder in folders if (folder / CHECKPOINT_MARKER).is_file()), None)
 
 
 def has_checkpoint(output_dir: str | Path) -> bool:

@@ -335,10 +335,7 @@ def log_edges(values) -> list[float]:
     """Cell edges of a log axis through ``values`` (sorted, > 0): geometric midpoints, the outer cells as wide
     (in log units) as their inner neighbours' half-gaps; one value: a factor sqrt(2) either side."""
     logs = [math.log(float(v)) for v in values]
-    if len(logs) == 1:
-        half = [math.log(2) / 2]
-    else:
-        half = [(b - a) / 2 for a, b in zip(logs, logs[1:])]
+    half = [math.log(2) / 2] if len(logs) == 1 else [(b - a) / 2 for a, b in zip(logs, logs[1:])]
     edges = [logs[0] - half[0]] + [a + h for a, h in zip(logs, half)] + ([logs[-1] + half[-1]] if len(logs) > 1
                                                                            else [])
     return [math.exp(e) for e in edges]

@@ -36,10 +36,8 @@ _PROJ_NAMES = {"query": "q", "q_proj": "q", "q_lin": "q", "q": "q", "key": "k", 
 
 def parse_module(name: str) -> tuple[int | None, str]:
     """``bert.encoder.layer.3.attention.self.value`` -> ``(3, "v")``."""
-    layer = None
     found = re.search(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)(?:\.|$)", name) or re.search(r"\.(\d+)\.", name)
-    if found:
-        layer = int(found.group(1))
+    layer = int(found.group(1)) if found else None
     last = name.rsplit(".", 1)[-1]
     if last == "dense" and ".attention.output" in f".{name}":
         return layer, "o"

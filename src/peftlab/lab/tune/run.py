@@ -70,17 +70,11 @@ class Tuner:
 
     def search_spent(self) -> int:
         """Epochs the search has trained: finished trials' runs, plus the epochs reported by those in flight."""
-        spent, seen = 0, set()
+        spent: dict[str | None, int] = {}  # run key -> epochs; a later trial of the same run counts nothing
         for trial in self.keeper.call("trials"):
-            key = trial["attrs"].get("key")
-            if key in seen:
-                continue
-            seen.add(key)
-            if trial["state"] == "running":
-                spent += len(trial["intermediate"])
-            else:
-                spent += int(trial["attrs"].get("epochs", 0))
-        return spent
+            epochs = len(trial["intermediate"]) if trial["state"] == "running" else int(trial["attrs"].get("epochs", 0))
+            spent.setdefault(trial["attrs"].get("key"), epochs)
+        return sum(spent.values())
 
     def search(self) -> None:
         queue = self.keeper.call("unfinished")
@@ -233,11 +227,10 @@ def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_
                 say(f"resuming {reset['running']} run(s) left unfinished by a killed tune")
             log_dir = tune.output_root / "logs" if capture_output else None
             say(tune.describe())
-            if session is not None:
+            if session is not None:  # Ray first: the keeper is then an actor on it
                 executor = session.backend(store, log_dir, say)  # starts or joins Ray, says how many runs fit
-                keeper = start_keeper(keeper_kwargs(tune), on_ray=True)
-            else:
-                keeper = start_keeper(keeper_kwargs(tune), on_ray=False)
+            keeper = start_keeper(keeper_kwargs(tune), on_ray=session is not None)
+            if executor is None:
                 executor = InProcess(store, train_fn, log_dir)
             tuner = Tuner(tune, keeper, store, executor, say)
             tuner.search()

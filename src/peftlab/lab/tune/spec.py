@@ -240,8 +240,7 @@ def load_tune_spec(path: str | os.PathLike, *, output_dir: str | None = None, st
     """Read and check a tune spec; a config of every grid point is built, so bad values fail before training."""
     from peftlab.config import TrainConfig
     from peftlab.lab.spec import output_paths, read_spec
-    from peftlab.resolve import refuse_unused_options
-    from peftlab.resolve import resolve_config
+    from peftlab.resolve import refuse_unused_options, resolve_config
     from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
 
     path, spec = read_spec(path, "tune", SPEC_KEYS, examples="configs/tune/", config_keys="base:")

@@ -43,15 +43,11 @@ class StudyKeeper:
         self.search, self.grid = search, grid
         storage = optuna.storages.RDBStorage(f"sqlite:///{storage_path}",
                                              engine_kwargs={"connect_args": {"timeout": 120}})
-        if grid is not None:
-            sampler = optuna.samplers.RandomSampler(seed=sampler_seed)  # never used: every point is enqueued
-        else:
-            sampler = optuna.samplers.TPESampler(seed=sampler_seed)
+        # a grid's sampler is never used: every point is enqueued
+        sampler = (optuna.samplers.RandomSampler if grid is not None else optuna.samplers.TPESampler)(seed=sampler_seed)
         kwargs = dict(storage=storage, study_name=STUDY_NAME, sampler=sampler, pruner=_pruner(optuna, pruner))
-        if create:
-            self.study = optuna.create_study(direction=direction, load_if_exists=True, **kwargs)
-        else:
-            self.study = optuna.load_study(**kwargs)
+        self.study = (optuna.create_study(direction=direction, load_if_exists=True, **kwargs) if create
+                      else optuna.load_study(**kwargs))
         attrs = self.study.user_attrs
         if "fingerprint" not in attrs and create:
             self.study.set_user_attr("fingerprint", fingerprint)
@@ -80,9 +76,7 @@ class StudyKeeper:
         return self.grid is None or self._next_point() is not None
 
     def _next_point(self) -> dict | None:
-        used = []
-        for trial in self.study.get_trials(deepcopy=False):
-            used.append(trial.params or trial.system_attrs.get("fixed_params") or {})
+        used = [t.params or t.system_attrs.get("fixed_params") or {} for t in self.study.get_trials(deepcopy=False)]
         return next((p for p in self.grid if p not in used), None)
 
     def ask(self) -> Ticket | None:
@@ -157,12 +151,9 @@ class StudyKeeper:
 
     def trials(self) -> list[dict]:
         """Every trial as a plain dict: number, state, params, value, intermediate values, user attrs."""
-        out = []
-        for trial in self.study.get_trials(deepcopy=False):
-            out.append({"number": trial.number, "state": trial.state.name.lower(), "params": dict(trial.params),
-                        "value": trial.value, "intermediate": {int(k): v for k, v in trial.intermediate_values.items()},
-                        "attrs": dict(trial.user_attrs)})
-        return out
+        return [{"number": trial.number, "state": trial.state.name.lower(), "params": dict(trial.params),
+                 "value": trial.value, "intermediate": {int(k): v for k, v in trial.intermediate_values.items()},
+                 "attrs": dict(trial.user_attrs)} for trial in self.study.get_trials(deepcopy=False)]
 
 
 def _pruner(optuna, spec: dict):

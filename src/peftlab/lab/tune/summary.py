@@ -46,15 +46,12 @@ def trial_outcome(row: dict | None, metric: str) -> dict:
     if status in ("diverged", "collapsed"):
         return {"outcome": status, "state": "pruned", "value": None, "epochs": epochs,
                 "reason": result.get("status_reason")}
-    if status == "pruned":
-        stopped = result.get("stopped_early") or {}
-        return {"outcome": "pruned", "state": "pruned", "value": best_value(result, metric), "epochs": epochs,
-                "reason": stopped.get("reason") or result.get("status_reason")}
-    if status == "no_learning":  # every epoch ran: Optuna gets its value; the candidate counts it not ok
-        return {"outcome": "no_learning", "state": "complete", "value": best_value(result, metric),
-                "epochs": epochs, "reason": result.get("status_reason")}
-    return {"outcome": "complete", "state": "complete", "value": best_value(result, metric), "epochs": epochs,
-            "reason": None}
+    # no_learning ran every epoch: Optuna gets its value; the candidate counts it not ok
+    reason = {"ok": None, "no_learning": result.get("status_reason"),
+              "pruned": (result.get("stopped_early") or {}).get("reason") or result.get("status_reason")}[status]
+    state = "pruned" if status == "pruned" else "complete"
+    return {"outcome": "complete" if status == "ok" else status, "state": state,
+            "value": best_value(result, metric), "epochs": epochs, "reason": reason}
 
 
 def reported_metric(metric: str) -> str:
@@ -128,9 +125,8 @@ def build_summary(tune, trials: list[dict], rows: Iterable[dict]) -> dict[str, A
     if candidates and all(c["done"] for c in candidates):
         ranked = sorted(candidates, key=lambda c: (c["not_ok"], rank_key(c["mean"], tune.direction)))
         winner = ranked[0] if ranked[0]["mean"] is not None else None
-    heldout = None
-    if winner is not None and tune.heldout_seeds:
-        heldout = seed_scores(tune, winner["params"], tune.heldout_seed_list, by_key, reported_metric(tune.metric))
+    heldout = (seed_scores(tune, winner["params"], tune.heldout_seed_list, by_key, reported_metric(tune.metric))
+               if winner is not None and tune.heldout_seeds else None)
     spent = search_epochs + seed_epochs
     heldout_epochs = heldout["epochs"] if heldout else 0
     grid = tune.grid_epochs
