@@ -26,12 +26,13 @@ from peftlab.config_roles import (
     option_names, role_sets)
 from peftlab.errors import PeftlabError
 from peftlab.methods.registry import (  # the rows' names and option groups (re-exported: peftlab.config.KasaOptions)
-    METHOD_GROUPS, METHOD_NAMES, CordaOptions, FourierFTOptions, KasaOptions, VeraOptions)
+    METHOD_GROUPS, METHOD_NAMES, METHODS, CordaOptions, FourierFTOptions, KasaOptions, VeraOptions)
 from peftlab.tasks.table import TASK_NAMES
 
 # The --method and --task choices, read off their registrations (torch-free leaves: tests/test_layout.py
 # CONFIG_READS), so that every entry point checks them before anything is loaded.
 MethodName = Literal[METHOD_NAMES]
+OPTIONS_READ = {name: row.options for name, row in METHODS.items()}  # the lab's: the options each method reads
 TaskName = Literal[TASK_NAMES]
 Projection = Literal["q", "k", "v", "o", "gate", "up", "down"]  # attention, then the MLP's (they train at --lr)
 Pooling = Literal["auto", "native", "mean"]

@@ -136,10 +136,10 @@ def axis_title(key: str) -> str:
 def config_label(config: dict, keys: list[str]) -> str:
     """``method=lora lr=1e-3``: the keys that tell configs apart (learning rates as the ticks write them), less
     the method options its method does not read (LoRA's kasa_mode, head-only's targets)."""
-    from peftlab.methods.registry import METHOD_OPTIONS, METHODS
+    from peftlab.config import OPTIONS_READ
 
-    method = METHODS.get(config.get("method"))
-    shown = [k for k in keys if method is None or k not in METHOD_OPTIONS or k in method.options]
+    reads = OPTIONS_READ.get(config.get("method"))
+    shown = [k for k in keys if reads is None or k in reads or k not in set().union(*OPTIONS_READ.values())]
     return " ".join(f"{k}={fmt_tick(config.get(k), k) if k in LR_KEYS else fmt_value(config.get(k))}"
                     for k in shown) or "all runs"
 
