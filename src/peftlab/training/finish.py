@@ -133,5 +133,6 @@ def restore_best(run: Run, model) -> int | None:
     best = (state.best or {}).get("epoch")
     if run.cfg.save != "best" or run.best_weights is None or best is None or best == last:
         return last
-    model.load_state_dict(run.best_weights, strict=False)  # the trainable tensors only
+    unexpected = model.load_state_dict(run.best_weights, strict=False).unexpected_keys  # the trainable tensors only
+    assert not unexpected, f"the best epoch's tensors are not this model's: {unexpected[:3]}"  # never a silent no-op
     return best
