@@ -238,3 +238,31 @@ def test_the_reports_command_gives_the_design_back(argv, tmp_path):
     words = shlex.split(command)
     assert words[0] == "peftlab" and parse(words[1:]) == design
     assert f"--output-dir {tmp_path / 'study'}" in command
+
+
+def test_a_row_whose_pick_is_the_papers_setting_is_one_arm_not_a_comparison_of_a_run_with_itself(tmp_path):
+    """On SST-2 the KaSA authors' settings are the shipped defaults at 5e-4: a row whose search picks 5e-4 and the
+    paper arm are the same runs. The 2 x 2 says so instead of a paired test of identical values (p = nan)."""
+    from peftlab.lab import verdicts as vt
+    from peftlab.lab.study import run_fair_study
+    from test_study import FAKE
+
+    spec = yaml.safe_load(own_spec(tmp_path).read_text())
+    spec["paper_settings"] = {"rte": {"lr": 4e-3}}  # the fake world's pick (its peak is at 3e-3)
+    spec["fair"]["paper_arms"] = [{"name": "lora@paper-rate", "keys": {"method": "lora"}}]
+    spec["fair"]["families"].append({"name": "paper", "intro": "The 2 x 2", "family": "the 2 x 2",
+                                     "pairs": [["lora", "lora@paper-rate", "lora − lora@paper-rate (the rate)"]]})
+    path = tmp_path / "paper.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    design = parse(["study", "--spec", str(path), "--task", "rte", "--model", "tiny-bert", "--max-train-samples",
+                    "64", "--epochs", "2", "--selection-samples", "8", "--heldout-seeds", "2", "--rate-centre", "1e-3"])
+    paths = StudyPaths(tmp_path / "out", tmp_path / "out" / "results.sqlite")
+    run_fair_study(design, paths, workers=0, train_fn=FAKE, progress=False, say=lambda *a: None)
+    verdicts = json.loads((paths.root / "verdicts.json").read_text())["tasks"]["rte"]
+    assert verdicts["rows"]["lora"]["chosen_rate"] == verdicts["rows"]["lora@paper-rate"]["rate"] == 4e-3
+    same = verdicts["families"]["paper"]["lora − lora@paper-rate (the rate)"]
+    assert same["same_runs"] is True and same["diff"] is None and same["n_pairs"] == 2 and "p_holm" not in same
+    text = vt.comparison_text(same)
+    assert text == "the same runs: lora's chosen rate and settings are lora@paper-rate's, so nothing to compare"
+    assert text in (paths.root / "REPORT.md").read_text()
+    assert verdicts["families"]["adapter"]["lora − head"]["p"] is not None  # the other families are tested as ever

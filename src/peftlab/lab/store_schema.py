@@ -79,11 +79,8 @@ def busy_seconds(rows: list[dict]) -> float:
     spans = sorted((datetime.fromisoformat(r["started"]), datetime.fromisoformat(r["finished"]))
                    for r in rows if r.get("started") and r.get("finished"))
     total, end = 0.0, None
-    for begin, finish in spans:
-        if end is not None and begin < end:
-            total += max(0.0, (finish - end).total_seconds())
-        else:
-            total += (finish - begin).total_seconds()
+    for begin, finish in spans:  # sorted by start: only what runs past the latest end so far is new
+        total += max(0.0, (finish - (begin if end is None else max(begin, end))).total_seconds())
         end = finish if end is None else max(end, finish)
     return total
 

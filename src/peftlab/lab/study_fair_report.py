@@ -123,9 +123,13 @@ def task_data(design: sp.Design, task: str, store_rows: list[dict]) -> dict:
             "families": {}}
 
     def pair(name, a, b, family):
-        if a in cells and b in cells:
-            return comparison_data(name, (a, cells[a][0]), (b, cells[b][0]), margin, scale, family)
-        return None
+        if a not in cells or b not in cells:
+            return None
+        keys = [{row["key"] for row in cells[arm][1]} for arm in (a, b)]
+        if keys[0] and keys[0] == keys[1]:  # a row's pick is the paper's setting: one arm, nothing to compare
+            return {"name": name, "a": a, "b": b, "family": family, "same_runs": True, "diff": None,
+                    "n_pairs": len(keys[0])}
+        return comparison_data(name, (a, cells[a][0]), (b, cells[b][0]), margin, scale, family)
 
     families = {family.name: family_data(design, family, finished, pair) for family in design.section.families}
     if design.key_ablation and any(f.compare == "key_ablation" for f in design.section.families):

@@ -62,6 +62,8 @@ def outcome(data: dict) -> str:
 def comparison_text(data: dict) -> str:
     """``−9.92 [95 % CI −14.33, −5.51] on 10 pairs, paired t p = 0.0022, Holm p = 0.011: significantly worse``,
     then power (where nothing was found), equivalence (where the design has a margin) and the labelled runs."""
+    if data.get("same_runs"):
+        return f"the same runs: {data['a']}'s chosen rate and settings are {data['b']}'s, so nothing to compare"
     if data.get("diff") is None:
         n = data.get("n_pairs") or 0
         return f"not testable: {n} seed{'s' if n != 1 else ''} with a value on both sides (2 needed)"

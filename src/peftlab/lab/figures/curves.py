@@ -80,8 +80,7 @@ class CurvesData:
     ranges: dict[str, tuple[float, float] | None]  # task -> the metric's valid range (scaled)
     series: tuple[str, ...]
     notes: list[str]
-    split: str = "dev"  # what the evaluations during training read: "dev", or "selection-split" (then the test split
-    # was read once, after training)
+    split: str = "dev"  # what training's evaluations read: "dev", or "selection-split" (the test split read after)
 
 
 def run_points(rec: RunRecord, *, x: str, series: str, scale: float) -> tuple[list[tuple[float, float]], bool]:

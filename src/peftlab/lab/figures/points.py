@@ -57,8 +57,7 @@ class PointsData:
 
 
 def tied_to(records: list[RunRecord], x: str) -> list[str]:
-    """The config keys whose value is x's in every run (a study's head rate tied to the module rate): they move
-    with x, so they split no line; the axis title names them."""
+    """The keys equal to x in every run (a study's head rate tied to lr): no line of their own; the axis names them."""
     keys = sorted({k for r in records for k in r.config} - underlying(x))
     return [k for k in keys if all(r.config.get(k) == key_value(r.config, x) for r in records)]
 
