@@ -49,8 +49,8 @@ NEEDS: tuple[Need, ...] = (
     Need("MT-Bench judging (--judge-url)", ("openai",), "judge", scores=True,
          applies=lambda cfg: _task_field(cfg, "pipeline") == "mt_bench" and bool(cfg.judge_url)),
     Need("peftlab nlg-score", ("sacrebleu", "nltk", "pycocoevalcap"), "nlg"),
-    Need("--task e2e (its BLEU, NIST, METEOR, ROUGE-L, CIDEr)", ("sacrebleu", "nltk", "pycocoevalcap"), "nlg", scores=True,
-         applies=lambda cfg: _task_field(cfg, "kind") == "e2e"),
+    Need("--task e2e (its BLEU, NIST, METEOR, ROUGE-L, CIDEr)", ("sacrebleu", "nltk", "pycocoevalcap"), "nlg",
+         scores=True, applies=lambda cfg: _task_field(cfg, "kind") == "e2e"),
     Need("peftlab tune", ("optuna",), "tune"),
     Need("--report-to tensorboard", ("tensorboard",), "track", applies=lambda cfg: cfg.report_to == "tensorboard"),
     Need("--report-to wandb", ("wandb",), what="the 'wandb' package",
@@ -97,8 +97,8 @@ def needs_of(cfg) -> list[Need]:
 def require_scoring(cfg) -> None:
     """What scoring the run's task needs (E2E's scorers, MT-Bench's judge client), checked before a saved run's
     model is loaded (``peftlab evaluate`` has no preflight)."""
-    for row in (row for row in needs_of(cfg) if row.scores and row.missing()):
-        raise row.error(row.missing())
+    for row in (row for row in needs_of(cfg) if row.scores):
+        require(row.use)  # the extra's one line
 
 
 def tracker(report_to: str) -> str:

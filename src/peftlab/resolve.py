@@ -136,5 +136,6 @@ def refuse_unused_options(keys, methods, *, where: str) -> None:
     unused = options_no_method_uses(keys, methods)
     if unused:
         users = ", ".join(m.name for m in METHODS.values() if unused[0] in m.options)
-        raise PeftlabError(f"'{unused[0]}' is set, but none of the runs' methods ({', '.join(sorted(methods))}) uses it "
-                           "(it would be ignored)", where=where, fix=f"remove it, or add a method that has it ({users})")
+        raise PeftlabError(f"'{unused[0]}' is set, but none of the runs' methods ({', '.join(sorted(methods))}) uses "
+                           "it (it would be ignored)", where=where,
+                           fix=f"remove it, or add a method that has it ({users})")

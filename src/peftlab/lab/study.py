@@ -79,8 +79,7 @@ class Study:
         early-stopped runs trained (None before the first of each)."""
         per, epochs_run = [], []
         for row in self.rows_by_key().values():
-            result = row.get("result") or {}
-            epochs = len(result.get("epochs_log") or [])
+            epochs = len((row.get("result") or {}).get("epochs_log") or [])
             if row["status"] == "ok" and epochs and row.get("seconds"):
                 per.append(row["seconds"] / epochs)
                 if (row.get("config") or {}).get("early_stop_patience"):

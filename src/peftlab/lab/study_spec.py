@@ -17,6 +17,7 @@ from typing import Any
 from peftlab.errors import PeftlabError, unknown
 
 SHIPPED = Path(__file__).parent / "studies"
+SHIPPED_EXAMPLE = "src/peftlab/lab/studies/kasa.yaml"  # what a bad spec is pointed to
 TOP_KEYS = {"name", "help", "paper_settings", "fair"}
 SECTION_KEYS = {"title", "options", "rows", "swept", "paper_arms", "controls", "key_ablation", "families"}
 FAMILY_KEYS = {"name", "intro", "family", "verdict", "pairs", "compare"}
@@ -99,14 +100,14 @@ def load_study_spec(path: str | Path) -> StudySpec:
     except (OSError, yaml.YAMLError) as err:
         raise PeftlabError(f"cannot read the study spec: {err}", where=str(path)) from None
     if not isinstance(data, dict) or not data.get("name"):
-        raise PeftlabError("a study spec is a mapping with a name", where=str(path), fix="see src/peftlab/lab/studies/kasa.yaml")
+        raise PeftlabError("a study spec is a mapping with a name", where=str(path), fix=f"see {SHIPPED_EXAMPLE}")
     if "fixed-rate" in data:  # a copy of a shipped spec from before that protocol left the package
         raise PeftlabError("the study spec has a 'fixed-rate' section: that protocol moved out of the installed "
                            "package (python -m studies.fixed_rate in a source checkout)", where=str(path),
                            fix="delete the section; peftlab study runs the 'fair' one")
     _known(data, TOP_KEYS, path, "study spec")
     if "fair" not in data:
-        raise PeftlabError("the study spec has no 'fair' section", where=str(path), fix="see src/peftlab/lab/studies/kasa.yaml")
+        raise PeftlabError("the study spec has no 'fair' section", where=str(path), fix=f"see {SHIPPED_EXAMPLE}")
     return StudySpec(str(data["name"]), str(data.get("help") or data["name"]), path, _section(data["fair"], path),
                      dict(data.get("paper_settings") or {}))
 

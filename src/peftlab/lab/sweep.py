@@ -159,9 +159,9 @@ class Progress:
 def _next_round(sweep: Sweep, store: Store, note, *, poll_seconds: float) -> set[str] | None:
     """After a round, what the sweep runs next; None when each of its runs is finished or failed. A run another
     live process holds (a second sweep, a tune, on any machine that shares the store) is waited for: if that
-    process dies (or its heartbeat lapses) the run is pending again and this sweep resumes it; if it was a tune trial that the tune
-    pruned, its row has moved to the trial's pruned key and the cell is registered again, to train the
-    complete run. So a sweep returns only when every run it could see through is settled."""
+    process dies (or its heartbeat lapses) the run is pending again and this sweep resumes it; if it was a tune
+    trial that the tune pruned, its row has moved to the trial's pruned key and the cell is registered again, to
+    train the complete run. So a sweep returns only when every run it could see through is settled."""
     waited: set[str] = set()
     while True:
         statuses = store.statuses()

@@ -3,9 +3,8 @@
 Points are result.json's ``curve`` (every ``--eval-steps`` and epoch-end evaluation; a run without one
 contributes its ``epochs_log``, and its line says so). A run trained with a selection split evaluated only that
 split during training (its test split is read once, after): its curve is the selection split's, and the title says
-so. Each line is the median over the seeds that ended ok with
-a quantile band, never mean ± std, and never outside the metric's valid range; runs that failed to learn are thin
-dotted lines of their own, not folded into the band.
+so. Each line is the median over the seeds that ended ok with a quantile band, never mean ± std, and never
+outside the metric's valid range; runs that failed to learn are thin dotted lines of their own, not in the band.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def config_label(config: dict, keys: list[str]) -> str:
     from peftlab.config import OPTIONS_READ
 
     reads = OPTIONS_READ.get(config.get("method"))
-    shown = [k for k in keys if reads is None or k in reads or k not in set().union(*OPTIONS_READ.values())]
+    shown = [k for k in keys if reads is None or k in reads or not any(k in o for o in OPTIONS_READ.values())]
     return " ".join(f"{k}={fmt_tick(config.get(k), k) if k in LR_KEYS else fmt_value(config.get(k))}"
                     for k in shown) or "all runs"
 
