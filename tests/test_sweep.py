@@ -520,7 +520,9 @@ def test_real_sweep_killed_mid_run_and_rerun(tmp_path):
     with every run present exactly once and ok."""
     spec = write_spec(tmp_path / "tiny.yaml", {
         "output_dir": "runs/tiny",
-        "base": {"model": "tiny-bert", "task": "rte", "max_train_samples": 32, "max_eval_samples": 32, "epochs": 1,
+        # 2 epochs: a run's checkpoint after its first stays while it trains its second, so the kill lands mid-run
+        # (with 1 epoch that window closed at once, and on an idle machine all 12 could finish before the kill)
+        "base": {"model": "tiny-bert", "task": "rte", "max_train_samples": 32, "max_eval_samples": 32, "epochs": 2,
                  "max_length": 32, "batch_size": 8, "checkpoint_every": 1},
         "grid": {"method": ["lora", "kasa"], "lr_ratio": [1, 4], "seed": [0, 1, 2]}})
     env = {**os.environ, "PEFTLAB_DATA_DIR": str(DATA), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
