@@ -30,6 +30,7 @@ def parse(argv: list[str]):
     return design_from_args(build_parser(argv).parse_args(argv))
 
 
+FINISHED_FAIR_STUDIES = ["kasa-fair", "kasa-fair-sst2"]  # STS-B, SST-2
 UNCOMMITTED = shutil.ignore_patterns("runs", "*.sqlite-wal", "*.sqlite-shm")  # a study's run folders stay local
 
 
@@ -62,22 +63,23 @@ def test_the_running_kasa_study_plans_the_runs_its_store_holds(tmp_path):
                                                    "kasa_beta": 1e-4, "kasa_gamma": 1e-5})}
 
 
-def test_the_fair_kasa_study_reports_byte_for_byte_from_its_own_command(tmp_path, monkeypatch, capsys):
-    """docs/study/kasa-fair's REPORT.md, SECTION.md (RESULTS.md's block) and verdicts.json come from its store
+@pytest.mark.parametrize("folder", FINISHED_FAIR_STUDIES)
+def test_a_finished_fair_study_reports_byte_for_byte_from_its_own_command(folder, tmp_path, monkeypatch, capsys):
+    """A finished fair study's REPORT.md, SECTION.md (RESULTS.md's block) and verdicts.json come from its store
     alone: its REPORT.md's own command rewrites them identically on a copy without the run folders."""
     from peftlab.cli.main import main
 
-    copy = tmp_path / "docs" / "study" / "kasa-fair"
-    shutil.copytree(STUDY / "kasa-fair", copy, ignore=UNCOMMITTED)
+    copy = tmp_path / "docs" / "study" / folder
+    shutil.copytree(STUDY / folder, copy, ignore=UNCOMMITTED)
     written = ("REPORT.md", "SECTION.md", "verdicts.json")
     for name in written:
         (copy / name).unlink()
-    monkeypatch.chdir(tmp_path)  # the command names docs/study/kasa-fair, as REPORT.md prints it
-    argv = reproduce_command(STUDY / "kasa-fair" / "REPORT.md")
+    monkeypatch.chdir(tmp_path)  # the command names docs/study/<folder>, as REPORT.md prints it
+    argv = reproduce_command(STUDY / folder / "REPORT.md")
     assert argv[:3] == ["peftlab", "study", "kasa"] and argv[-1] == "--report-only"
     assert main(argv[1:]) == 0
     for name in written:
-        assert (copy / name).read_bytes() == (STUDY / "kasa-fair" / name).read_bytes(), name
+        assert (copy / name).read_bytes() == (STUDY / folder / name).read_bytes(), name
 
 
 @pytest.mark.parametrize("study", ["lambda", "kasa"])
