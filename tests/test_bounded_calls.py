@@ -289,6 +289,31 @@ def test_an_unreachable_hub_ends_with_one_line_naming_the_model_and_the_offline_
     assert not (tmp_path / "run").exists()  # nothing written
 
 
+@pytest.mark.slow
+def test_glue_data_neither_local_nor_on_a_reachable_hub_is_one_line_naming_the_local_data_fix(tmp_path):
+    """No local RTE under --data-dir and the Hub refused at once: the preflight's line names the dataset and
+    where it looked, and its fix is a data folder (not the model's HF_HUB_OFFLINE advice)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                                                            "TRANSFORMERS_OFFLINE")}
+    empty = tmp_path / "data"
+    empty.mkdir()
+    with no_listener() as port:
+        env.update(HF_ENDPOINT=f"http://{LOOPBACK}:{port}", HF_HOME=str(tmp_path / "hf"),
+                   HF_HUB_DOWNLOAD_TIMEOUT="1", HF_HUB_DISABLE_TELEMETRY="1")
+        proc = subprocess.run([sys.executable, "-c", GUARDED, "train", "--model", "tiny-bert", "--task", "rte",
+                               "--data-dir", str(empty), "--output-dir", str(tmp_path / "run"), "--epochs", "1"],
+                              capture_output=True, text=True, timeout=240, env=env)
+    marker = [line for line in proc.stdout.splitlines() if line.startswith("GUARDED ")]
+    assert marker, proc.stderr[-3000:]
+    outcome = json.loads(marker[-1].removeprefix("GUARDED "))
+    assert outcome["refused"] == [] and outcome["code"] == 2, outcome
+    line = the_error_line(proc.stderr)
+    assert "no local copy of RTE train; cannot reach the Hugging Face Hub" in line
+    assert "to load dataset 'nyu-mll/glue'" in line and f"looked under {empty}" in line
+    assert "--data-dir" in line.split("fix:")[1] and "peftlab models" not in line
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
 def test_hub_calls_keep_the_users_timeouts_and_client(monkeypatch):
     from peftlab.models import hub
 

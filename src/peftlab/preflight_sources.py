@@ -27,12 +27,15 @@ def _local_or_hub(found: Path | None, what: str, hub_id: str, data_dir) -> str:
 
     if found is not None:
         return str(found.parent)
-    if hub_offline():
-        raise PeftlabError(f"no local copy of {what} (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set: not from the Hub)",
+    try:  # a local copy is the offline way: say where it was looked for
+        if hub_offline():
+            raise PeftlabError("not trying the Hub (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set)")
+        hub_answers(hub_id, "dataset")
+    except PeftlabError as err:
+        raise PeftlabError(f"no local copy of {what}; {err.what}",
                            where=f"looked under {', '.join(map(str, candidate_roots(data_dir)))}",
-                           fix="pass --data-dir (or set PEFTLAB_DATA_DIR) to the shared data folder holding it, or "
-                               "unset HF_DATASETS_OFFLINE and HF_HUB_OFFLINE to load it from the Hub")
-    hub_answers(hub_id, "dataset")
+                           fix="pass --data-dir (or set PEFTLAB_DATA_DIR) to the data folder holding it, or load "
+                               "it from the Hub (network; HF_DATASETS_OFFLINE, HF_HUB_OFFLINE unset)") from None
     return f"the Hub ({hub_id})"
 
 
@@ -108,6 +111,7 @@ def hub_answers(repo_id: str, kind: str) -> None:
     from huggingface_hub.errors import RepositoryNotFoundError
 
     from peftlab.models.hub import bound_hub_calls, hub_error, hub_timeout
+    from peftlab.tasks.data_files import first_line
 
     bound_hub_calls()
     try:
@@ -116,13 +120,9 @@ def hub_answers(repo_id: str, kind: str) -> None:
         raise PeftlabError(f"{kind} '{repo_id}' is not on the Hugging Face Hub (or is private or gated)",
                            fix="check the id (and log in with `hf auth login` for a gated one)") from None
     except Exception as err:  # noqa: BLE001 - an unreachable Hub in one line, anything else its first line
-        found = hub_error(repo_id, err)
-        if found is not None and kind == "dataset":
-            found = PeftlabError(found.what.replace(f"load model '{repo_id}'", f"load dataset '{repo_id}'"),
-                                 fix=found.fix)
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise found or PeftlabError(f"the Hugging Face Hub refused {kind} '{repo_id}': {first[:200]}",
-                                    fix="check the id, or run offline with a local copy") from None
+        raise hub_error(repo_id, err, kind) or PeftlabError(
+            f"the Hugging Face Hub refused {kind} '{repo_id}': {first_line(err)[:200]}",
+            fix="check the id, or run offline with a local copy") from None
 
 
 def model(cfg) -> str:

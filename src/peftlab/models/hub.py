@@ -81,8 +81,8 @@ NETWORK_WORDS = ("couldn't connect", "could not connect", "timed out", "timeout"
                  "temporary failure in name resolution")
 
 
-def hub_error(name: str, err: BaseException) -> PeftlabError | None:
-    """One line for a load of ``name`` that failed because the Hub was out of reach; None for other failures."""
+def hub_error(name: str, err: BaseException, kind: str = "model") -> PeftlabError | None:
+    """One line for a load of ``name`` (``kind``: model, dataset) failed by an unreachable Hub; None for others."""
     chain, seen = [], set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -94,7 +94,7 @@ def hub_error(name: str, err: BaseException) -> PeftlabError | None:
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     first = next((str(e).strip().splitlines()[0] for e in chain if str(e).strip()), type(chain[0]).__name__)
     return PeftlabError(
-        f"cannot reach the Hugging Face Hub ({endpoint}) to load model '{name}' within {hub_timeout():g} s per "
+        f"cannot reach the Hugging Face Hub ({endpoint}) to load {kind} '{name}' within {hub_timeout():g} s per "
         f"request: {first[:200]}",
         fix="connect to the network (HF_HUB_DOWNLOAD_TIMEOUT raises the timeout); offline, download the model "
             "once and set HF_HUB_OFFLINE=1, pass a local folder, or use a registered model (`peftlab models`)")
