@@ -167,6 +167,23 @@ def test_extensions_stop_at_their_limit_and_the_edge_is_reported():
     assert searches["head"].best.rate == 2.5e-4 and searches["head"].at_edge == "low"
 
 
+def test_a_best_rate_tied_at_the_edge_is_a_plateau_and_is_not_extended():
+    """A row that learned at no rate scores chance everywhere: its smallest rate 'wins' a tie at the low edge, and
+    a grid extended for it would spend runs on a flat line (MRPC at 1,000 examples did). A best tied with an
+    interior rate is no slope past the edge either; an edge rate better by any margin still extends."""
+    design = small_design(max_extensions=3)
+    scores = {"lora": {5e-4: 0.5, 1e-3: 0.5, 2e-3: 0.5}, "head": {5e-4: 0.6, 1e-3: 0.65, 2e-3: 0.65}}
+    store = fake_store(design, "rte", scores)
+    searches = replay_searches(design, "rte", {}, lambda number, configs: store)
+    assert searches["lora"].best.rate == 5e-4 and searches["lora"].at_edge is None  # the tie's smaller rate
+    assert searches["lora"].extensions == 0
+    assert searches["head"].best.rate == 1e-3 and searches["head"].at_edge is None
+    assert searches["head"].extensions == 0
+    scores["head"] = {5e-4: 0.6, 1e-3: 0.65, 2e-3: 0.65 + 1e-6, 4e-3: 0.5}
+    searches = replay_searches(design, "rte", {}, lambda number, configs: fake_store(design, "rte", scores))
+    assert searches["head"].best.rate == 2e-3 and searches["head"].extensions == 1
+
+
 def test_every_finished_search_run_counts_and_a_crash_leaves_the_rate_unscored():
     row = sp.Row("lora", {"method": "lora"}, 1e-3)
     result = {"choice_metric": "selection_accuracy", "majority_baseline": 0.5, "best": {"metrics": {}}}

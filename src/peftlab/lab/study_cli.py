@@ -50,7 +50,7 @@ PROTOCOL_OPTIONS = {
     "rate_centre": (positive_float, None, "every row's search centred here"),
     "grid_factor": (float, 2.0, "rates this far apart"),
     "grid_width": (positive_int, 1, "grid points each side of the centre"),
-    "max_extensions": (nonnegative_int, 3, "points a search may add past an edge where its best rate sits"),
+    "max_extensions": (nonnegative_int, 3, "points added past an edge where the best rate sits alone (no tie)"),
     "selection_seeds": (nonnegative_int, 2, "seeds every choice is made on"),
     "heldout_seeds": (positive_int, 10, "seeds no selection used"),
     "heldout_seed_start": (int, 100, "first held-out seed"),

@@ -182,13 +182,12 @@ class Search:
 
     @property
     def at_edge(self) -> str | None:
-        """"low" / "high" when the best rate is the smallest / largest tried, else None."""
+        """"low" / "high" when the best rate is the smallest / largest tried and no other rate ties it, else None (a
+        tie is a plateau, not a slope past the edge: a row that learned at no rate ties everywhere, at chance)."""
         best = self.best
-        if best is None:
+        if best is None or any(s is not best and math.isclose(s.mean, best.mean, abs_tol=1e-12) for s in self.scores):
             return None
-        if best.step == min(self.steps):
-            return "low"
-        return "high" if best.step == max(self.steps) else None
+        return {max(self.steps): "high", min(self.steps): "low"}.get(best.step)  # one step: "low" (it is both)
 
 
 def selection_value(row: dict) -> float:
