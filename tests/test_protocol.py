@@ -184,6 +184,29 @@ def test_a_best_rate_tied_at_the_edge_is_a_plateau_and_is_not_extended():
     assert searches["head"].best.rate == 2e-3 and searches["head"].extensions == 1
 
 
+@pytest.mark.parametrize("spread, equivalent", [(0.0, None), (0.001, True)])
+def test_arms_alike_on_every_pair_get_no_equivalence_claim(spread, equivalent):
+    """Two arms that learned nothing score the same on every seed: every paired difference is 0, the t statistic
+    is 0/0, and TOST's would be infinite; the comparison says no difference and claims no equivalence. With any
+    spread inside the margin, TOST decides as usual."""
+    from peftlab.lab import verdicts as vt
+    from peftlab.lab.study_fair_report import comparison_data, holm
+    from peftlab.lab.table_model import Cell
+
+    a, b = Cell(), Cell()
+    for seed, shift in zip((100, 101, 102), (0.0, spread, -spread)):
+        a.add_run("no_learning", seed, 0.5 + shift)
+        b.add_run("no_learning", seed, 0.5)
+    data = comparison_data("a − b", ("a", a), ("b", b), 0.01, 100.0, "the family")
+    holm([data])
+    assert data["n_pairs"] == 3 and data["diff"] == pytest.approx(0.0) and not data["significant"]
+    text = vt.comparison_text(data)
+    if equivalent is None:
+        assert data["tost_p"] is None and not data["equivalent"] and "equivalent" not in text
+    else:
+        assert data["equivalent"] and "; equivalent within ±1 (TOST Holm p" in text
+
+
 def test_every_finished_search_run_counts_and_a_crash_leaves_the_rate_unscored():
     row = sp.Row("lora", {"method": "lora"}, 1e-3)
     result = {"choice_metric": "selection_accuracy", "majority_baseline": 0.5, "best": {"metrics": {}}}
