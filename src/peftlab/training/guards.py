@@ -92,18 +92,18 @@ def better(value: float, incumbent: float | None, metric: str) -> bool:
 
 
 def check_collapse(state: LoopState, primary, chance: float, where: str, name: str) -> None:
-    """Label (never hide) a run whose metric fell to chance after having been clearly above it. Called at every
-    evaluation point (``--eval-steps`` ones and epoch ends), so a run that rose mid-epoch and fell back to chance
-    by the epoch's end is ``collapsed``, not ``no_learning``; ``where`` names the point (e.g. "epoch 2")."""
+    """Label (never hide) a run that was clearly above chance and fell back to no_learning's bar (a collapsed
+    regressor's Pearson is noise around 0, above it as often as below). Called at every evaluation point, so a run
+    that rose mid-epoch and fell back by the epoch's end is ``collapsed``; ``where`` names it (e.g. "epoch 2")."""
     if primary is None:
         return
     if primary > chance + CLEARLY_ABOVE_CHANCE:
         state.clearly_above_chance = True
         state.peak = max(state.peak if state.peak is not None else primary, primary)
-    elif state.clearly_above_chance and primary <= chance and state.status == "ok":
+    elif state.clearly_above_chance and state.status == "ok":
         state.status = "collapsed"
-        state.status_reason = (f"{name} fell to {primary:.4f} <= chance {chance:.4f} at {where} after reaching "
-                               f"{state.peak:.4f}")
+        state.status_reason = (f"{name} fell to {primary:.4f} <= chance {chance:.4f} + {CLEARLY_ABOVE_CHANCE:g} at "
+                               f"{where} after reaching {state.peak:.4f}")
 
 
 def early_stop_reason(state: LoopState, value, epoch: int, patience: int, min_delta: float, name: str) -> str | None:
