@@ -209,6 +209,21 @@ def test_tost_verdict_equals_two_one_sided_ttest_rel(store_path):
     assert "equivalent within" not in markdown(tight).split("\n\n")[0]
 
 
+def test_a_cell_alike_on_every_pair_gets_no_equivalence_test(tmp_path):
+    """RTE's other row equals its baseline on every seed (two rows that learned nothing, say): no spread, so neither
+    the t-test nor the TOST is defined; the cell is not called equivalent and the footnote counts only the tests
+    that ran."""
+    same = {**OTHER, "rte": BASE["rte"]}
+    table = build_table(load_rows([make_store(tmp_path / "r.sqlite", other=same)]), baseline=BASELINE,
+                        equivalence_margin=5, correction="none")
+    rte = other_cells(table)["rte"].comparison
+    assert rte.constant and rte.tost_p is None and not rte.equivalent
+    assert other_cells(table)["qnli"].comparison.equivalent
+    line = next(text for text in markdown(table).splitlines() if text.startswith("| 2 |"))
+    assert "equivalent within 5" not in line.split(" | ")[3]
+    assert "(1 of 2 cells)" in markdown(table) and csv_line(table)["rte_tost_p"] == ""
+
+
 def test_tost_after_the_holm_correction(store_path):
     table = build_table(load_rows([store_path]), baseline=BASELINE, equivalence_margin=5, correction="holm")
     raw = {task: max(tost_by_hand(task, 0.05)) for task in TASKS}

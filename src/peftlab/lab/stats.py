@@ -163,7 +163,7 @@ def compare(cell: Cell, reference: Cell, *, test: str, ci: str = "t", margin: fl
     low, high = _interval(test, ci, x, y)
     out = Comparison(test=test, diff=diff, ci_low=low, ci_high=high, p=_p_value(test, x, y), n_pairs=n_pairs,
                      constant=constant)
-    if margin is not None:
+    if margin is not None and not constant:  # no spread, no t: so no equivalence test either (tost_p None)
         # H0: diff <= -M (rejected by "greater" against baseline - M) and H0: diff >= +M ("less" against + M)
         out.tost_p = max(_p_value(test, x, y - margin, "greater"), _p_value(test, x, y + margin, "less"))
     return out
@@ -311,10 +311,11 @@ def compare_with_baseline(table: Table) -> None:
     # the sensitivity comparisons are a family of their own: they restate the same questions
     _correct([c.without_labels for c in found if c.without_labels is not None], table.correction, table.alpha)
     if margin is not None:
-        adjusted = adjust([c.tost_p for c in found], table.correction)
+        tost = [math.nan if c.tost_p is None else c.tost_p for c in found]
+        adjusted = adjust(tost, table.correction)
         for i, comparison in enumerate(found):
-            used = comparison.tost_p if adjusted is None else adjusted[i]
-            comparison.tost_p_adj = None if adjusted is None else adjusted[i]
+            used = tost[i] if adjusted is None else adjusted[i]
+            comparison.tost_p_adj = None if adjusted is None or comparison.tost_p is None else adjusted[i]
             comparison.equivalent = math.isfinite(used) and used < table.alpha
 
 

@@ -49,8 +49,7 @@ def comparison_data(name: str, a: tuple[str, Cell], b: tuple[str, Cell], margin:
         return data
     c = stats.compare(a[1], b[1], test="paired", margin=margin)
     power = stats.power_of(a[1], b[1], c, alpha=vt.ALPHA, target=None)
-    data.update(diff=c.diff * scale, ci=[c.ci_low * scale, c.ci_high * scale], p=c.p,
-                tost_p=None if c.constant else c.tost_p,  # pairs all alike (no spread): no t, so no TOST either
+    data.update(diff=c.diff * scale, ci=[c.ci_low * scale, c.ci_high * scale], p=c.p, tost_p=c.tost_p,
                 detectable_80=None if power.detectable is None else power.detectable * scale)
     return data
 

@@ -229,7 +229,7 @@ def _significance_footnote(table: Table) -> str:
 
 
 def _equivalence_footnote(table: Table) -> str:
-    m, margin = len(table.comparisons), table.margin
+    m, margin = sum(row.cells[task].comparison.tost_p is not None for row, task in table.comparisons), table.margin
     found = sum(row.cells[task].comparison.equivalent for row, task in table.comparisons)
     kind = SHORT_NAMES[table.test]
     adjusted = (f"{_correction_name(table)}over the {m} equivalence test{'s' if m != 1 else ''}"
