@@ -12,25 +12,14 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures.paper import (
-    axis_title,
-    config_label,
-    config_order,
-    fmt_tick,
-    key_value,
-    log_axis,
-    log_edges,
-    lower_is_better,
-    num_key,
-    split_by_config,
-    underlying,
-)
-from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, fmt_value, task_determined_keys, task_order
+from peftlab.lab.figures.paper import (axis_title, config_label, fixed_keys, fmt_tick, key_value, log_axis, log_edges,
+                                      lower_is_better, num_key, split_by_config, task_metrics, trained_runs)
+from peftlab.lab.records import RunRecord, fmt_value
 from peftlab.lab.table_model import Cell
 
 CONFIDENCE = 0.95
@@ -110,7 +99,6 @@ class LineInstead:
     """A heatmap would have a single value on one axis in every panel: draw ``vary`` as a line instead."""
 
     vary: str  # the key with several values
-    constant: str  # the key with one value per panel
     note: str
 
 
@@ -158,65 +146,57 @@ def _num(value: float, unit: str, *, sign: bool = False) -> str:
     return text.replace("-", "−")
 
 
-def _fill(recs: list[RunRecord], row_of, col_of, rows: list, cols: list, scale: float):
+def _fill(recs: list[RunRecord], x_of, y_of, x: GridAxis, y: GridAxis, scale: float):
+    """The cells of ``recs`` over ``x`` by ``y`` (``x_of``, ``y_of``: a run's value on each): HeatPanel's mean,
+    n_ok, n_failed, failed and seeds."""
     import numpy as np
 
-    n_ok = np.zeros((len(rows), len(cols)), dtype=int)
-    n_failed = np.zeros((len(rows), len(cols)), dtype=int)
-    failed: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    failed: dict[tuple[int, int], Counter] = defaultdict(Counter)
     values: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
     for rec in recs:
-        cell = (rows.index(row_of(rec)), cols.index(col_of(rec)))
-        if rec.status != "ok" or rec.value is None:
-            n_failed[cell] += 1
-            failed[cell][rec.status if rec.status != "ok" else "missing"] += 1
-        else:
-            n_ok[cell] += 1
+        cell = (y.values.index(y_of(rec)), x.values.index(x_of(rec)))
+        if rec.status == "ok" and rec.value is not None:
             values[cell].append((rec.seed, rec.value * scale))
-    mean = np.full((len(rows), len(cols)), np.nan)
+        else:
+            failed[cell][rec.status if rec.status != "ok" else "missing"] += 1
+    shape = (len(y.values), len(x.values))
+    mean, n_ok, n_failed = np.full(shape, np.nan), np.zeros(shape, dtype=int), np.zeros(shape, dtype=int)
     for cell, pairs in values.items():
-        mean[cell] = statistics.fmean(v for _, v in pairs)
+        mean[cell], n_ok[cell] = statistics.fmean(v for _, v in pairs), len(pairs)
+    for cell, counts in failed.items():
+        n_failed[cell] = counts.total()
     by_seed = {cell: Cell(values=[v for _, v in pairs], seeds=[s for s, _ in pairs]).per_seed()
                for cell, pairs in values.items()}  # a seed run twice in a cell: its mean
-    return mean, n_ok, n_failed, {c: dict(v) for c, v in failed.items()}, by_seed
+    return mean, n_ok, n_failed, dict(failed), by_seed
 
 
-def _axis(key: str, values: list) -> GridAxis:
-    log = log_axis(key, values)
-    return GridAxis(key, axis_title(key), tuple(values), tuple(fmt_tick(v, key) for v in values), log)
+def _axis(key: str, recs: list[RunRecord]) -> GridAxis:
+    values = sorted({key_value(r.config, key) for r in recs}, key=num_key)
+    return GridAxis(key, axis_title(key), tuple(values), tuple(fmt_tick(v, key) for v in values),
+                    log_axis(key, values))
 
 
-def _where_text(config: dict, keys: list[str]) -> str:
-    return ",".join(f"{k}={fmt_value(config.get(k))}" for k in keys)
+def _of_task(recs: list[RunRecord], task: str) -> list[RunRecord]:
+    return [r for r in recs if r.task == task]
 
 
 @dataclass(frozen=True)
-class _Selection:
-    """The trained runs of a heatmap grouped by their config without the axes (and what varies only by task)."""
+class _Grid:
+    """A heatmap's trained runs grouped by their config less the axes (in order), and how its panels are filled."""
 
-    trained: list[RunRecord]
     groups: dict
-    group_of: dict  # id(record) -> its group
     configs: dict
     varying: list[str]
-    order: list
-    tasks: list[str]
     lower: dict[str, bool]
     seed_axis: bool
     scale: float
 
-
-    def of_task(self, task: str, recs: list[RunRecord] | None = None) -> list[RunRecord]:
-        return [r for r in (self.trained if recs is None else recs) if r.task == task]
-
-    def panel(self, row: int, col: int, task: str, sub: str, x: GridAxis, y: GridAxis, filled) -> HeatPanel:
+    def panel(self, row: int, col: int, task: str, sub: str, recs: list[RunRecord], x: GridAxis, y: GridAxis,
+              x_of, y_of) -> HeatPanel:
+        filled = _fill(recs, x_of, y_of, x, y, self.scale)
         return HeatPanel(row, col, task, sub, x, y, *filled,
                          best=best_cell(*filled[:3], filled[4], lower=self.lower[task], seed_axis=self.seed_axis,
                                         unit="pt" if self.scale == 100 else ""))
-
-
-def _values_of(key: str, recs: list[RunRecord]) -> list:
-    return sorted({key_value(r.config, key) for r in recs}, key=num_key)
 
 
 def heatmap_data(records: list[RunRecord], *, x: str, y: str, scale: float, fold: bool = True
@@ -226,33 +206,28 @@ def heatmap_data(records: list[RunRecord], *, x: str, y: str, scale: float, fold
     With ``fold``, when x or y takes one value in every task while other keys vary, the panels fold into one
     per task whose rows are the configs (a methods x lambda table, say); without it (``--kind lr-grid``, whose
     axes are the point) such a selection is drawn as lines."""
-    trained = [r for r in records if not r.before]
-    if not trained:
-        raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
-    drop = set(NON_RESULT_KEYS) | set(task_determined_keys(trained)) | underlying(x) | underlying(y)
-    groups, configs, varying = split_by_config(trained, drop)
-    tasks = task_order(r.task for r in trained)
-    metrics = {t: sorted({r.metric for r in trained if r.task == t and r.metric}) for t in tasks}
+    trained = trained_runs(records)
+    groups, configs, varying = split_by_config(trained, fixed_keys(trained, x, y))
+    metrics = task_metrics(trained)
+    tasks = list(metrics)
     lower = {t: lower_is_better(m) for t, m in metrics.items()}
-    group_of = {id(rec): g for g, recs in groups.items() for rec in recs}
-    sel = _Selection(trained, groups, group_of, configs, varying, config_order(configs, varying), tasks, lower,
-                     "seed" in (x, y), scale)
-    x_const = all(len(_values_of(x, sel.of_task(t))) == 1 for t in tasks)
-    y_const = all(len(_values_of(y, sel.of_task(t))) == 1 for t in tasks)
-    folded = fold and len(sel.order) > 1 and (x_const or y_const)
+    grid = _Grid(groups, configs, varying, lower, "seed" in (x, y), scale)
+    x_const = all(len(_axis(x, _of_task(trained, t)).values) == 1 for t in tasks)
+    y_const = all(len(_axis(y, _of_task(trained, t)).values) == 1 for t in tasks)
+    folded = fold and len(groups) > 1 and (x_const or y_const)
     if folded and x_const and y_const:
         raise PeftlabError(f"every run of a task has one {x} and one {y}: there is no grid to draw",
                            fix=f"compare the configs with --kind rank --x {varying[0]} (or peftlab report)")
     notes: list[str] = []
     if folded:
-        panels = _folded_panels(sel, const_key=x if x_const else y, col_key=y if x_const else x)
+        panels = _folded_panels(grid, trained, tasks, const_key=x if x_const else y, col_key=y if x_const else x)
         n_rows, n_cols = 1, len(tasks)
     else:
-        panels = _config_panels(sel, x, y)
+        panels = _config_panels(grid, tasks, x, y)
         line = _degenerate(panels, x, y, varying)
         if line is not None:
             return line
-        panels, notes = _grids_only(panels, x, y, configs, sel.order, varying)
+        panels, notes = _grids_only(panels, x, y, configs, list(groups), varying)
         rows = sorted({p.row for p in panels})
         tasks = [t for t in tasks if any(p.task == t for p in panels)]
         for p in panels:  # no empty row or column of panels where flat ones were left out
@@ -260,40 +235,36 @@ def heatmap_data(records: list[RunRecord], *, x: str, y: str, scale: float, fold
         n_rows, n_cols = len(rows), len(tasks)
     diagonal = not folded and x in ("lr", "qk_lr") and y == "v_lr"
     return HeatmapData(panels, n_rows, n_cols, metrics, lower, _colour_limits(panels, tasks), folded,
-                       sel.seed_axis, diagonal, notes)
+                       grid.seed_axis, diagonal, notes)
 
 
-def _folded_panels(sel: _Selection, *, const_key: str, col_key: str) -> list[HeatPanel]:
+def _folded_panels(grid: _Grid, trained: list[RunRecord], tasks: list[str], *, const_key: str, col_key: str
+                   ) -> list[HeatPanel]:
     """One panel per task: rows are the configs, columns the axis key that varies (``const_key`` does not)."""
+    group_of = {id(rec): g for g, recs in grid.groups.items() for rec in recs}
+    varying = grid.varying
     panels = []
-    for j, task in enumerate(sel.tasks):
-        recs = sel.of_task(task)
-        rows = [g for g in sel.order if any(sel.group_of[id(r)] == g for r in recs)]
-        cols = _values_of(col_key, recs)
-        filled = _fill(recs, lambda r: sel.group_of[id(r)], lambda r: key_value(r.config, col_key), rows, cols,
-                       sel.scale)
-        varying = sel.varying
-        labels = [config_label(sel.configs[g], varying) if len(varying) != 1 else
-                  fmt_tick(sel.configs[g].get(varying[0])) for g in rows]
+    for j, task in enumerate(tasks):
+        recs = _of_task(trained, task)
+        rows = [g for g in grid.groups if any(group_of[id(r)] == g for r in recs)]
+        labels = [config_label(grid.configs[g], varying) if len(varying) != 1 else
+                  fmt_tick(grid.configs[g].get(varying[0])) for g in rows]
         row_axis = GridAxis("config", varying[0] if len(varying) == 1 else "", tuple(rows), tuple(labels), False)
-        const = ", ".join(fmt_tick(v, const_key) for v in _values_of(const_key, recs))
-        panels.append(sel.panel(0, j, task, f"{const_key}={const} in all runs", _axis(col_key, cols), row_axis,
-                                filled))
+        const = ", ".join(_axis(const_key, recs).labels)
+        panels.append(grid.panel(0, j, task, f"{const_key}={const} in all runs", recs, _axis(col_key, recs),
+                                 row_axis, lambda r: key_value(r.config, col_key), lambda r: group_of[id(r)]))
     return panels
 
 
-def _config_panels(sel: _Selection, x: str, y: str) -> list[HeatPanel]:
+def _config_panels(grid: _Grid, tasks: list[str], x: str, y: str) -> list[HeatPanel]:
     """One x-by-y panel per (config, task) that has runs: a row of panels per config."""
     panels = []
-    for i, gkey in enumerate(sel.order):
-        sub = config_label(sel.configs[gkey], sel.varying) if sel.varying else ""
-        for j, task in enumerate(sel.tasks):
-            recs = sel.of_task(task, sel.groups[gkey])
-            if recs:
-                xs, ys = _values_of(x, recs), _values_of(y, recs)
-                filled = _fill(recs, lambda r: key_value(r.config, y), lambda r: key_value(r.config, x), ys, xs,
-                               sel.scale)
-                panels.append(sel.panel(i, j, task, sub, _axis(x, xs), _axis(y, ys), filled))
+    for i, (gkey, group) in enumerate(grid.groups.items()):
+        sub = config_label(grid.configs[gkey], grid.varying) if grid.varying else ""
+        for j, task in enumerate(tasks):
+            if recs := _of_task(group, task):
+                panels.append(grid.panel(i, j, task, sub, recs, _axis(x, recs), _axis(y, recs),
+                                         lambda r: key_value(r.config, x), lambda r: key_value(r.config, y)))
     return panels
 
 
@@ -330,7 +301,7 @@ def _degenerate(panels: list[HeatPanel], x: str, y: str, varying: list[str]) -> 
     vary, const = (y, x) if single_x else (x, y)
     values = sorted({v for p in panels for v in (p.x if const == x else p.y).values}, key=num_key)
     shown = ", ".join(fmt_tick(v, const) for v in values)
-    return LineInstead(vary, const, f"one {const} per panel ({shown}): drawn as lines over {vary}, "
+    return LineInstead(vary, f"one {const} per panel ({shown}): drawn as lines over {vary}, "
                                     f"not as a one-{'column' if const == x else 'row'} heatmap")
 
 
@@ -342,6 +313,7 @@ def _grids_only(panels: list[HeatPanel], x: str, y: str, configs: dict, order: l
         return panels, []
     by_task = bool({p.row for p in flat} & {p.row for p in panels if not _flat(p)}) or not varying
     keys = varying + ["task"] if by_task else varying
-    shown = "; ".join(dict.fromkeys(_where_text({**configs[order[p.row]], "task": p.task}, keys) for p in flat))
+    where = [{**configs[order[p.row]], "task": p.task} for p in flat]
+    shown = "; ".join(dict.fromkeys(",".join(f"{k}={fmt_value(config.get(k))}" for k in keys) for config in where))
     return [p for p in panels if not _flat(p)], [
         f"left out, one {x} or {y} (no grid): {shown}; draw them with --kind rank --x {y}"]

@@ -16,17 +16,18 @@ from dataclasses import dataclass
 from peftlab.errors import PeftlabError
 from peftlab.lab.figures.paper import (
     Drawn,
-    config_label,
+    config_lines,
+    fixed_keys,
     legend_below,
-    line_groups,
     line_style,
     metric_label,
     metric_range,
     panel_grid,
     panel_title,
     suptitle,
+    task_metrics,
 )
-from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
+from peftlab.lab.records import RunRecord
 from peftlab.tasks.table import SELECTION_PREFIX, task_title
 
 BANDS = {"quartiles": (0.25, 0.75), "range": (0.0, 1.0)}
@@ -118,28 +119,22 @@ def curves_data(records: list[RunRecord], *, x: str = "epoch", band: str = "quar
     if not runs:
         raise PeftlabError("no run in the selection has a learning curve (result.json curve or epochs_log)",
                            fix="select trained runs (epochs > 0) with --where")
-    drop = set(NON_RESULT_KEYS) | set(task_determined_keys(runs))
-    groups, configs, varying = line_groups(runs, drop)
-    tasks = task_order(r.task for r in runs)
-    metrics = {t: sorted({r.metric for r in runs if r.task == t and r.metric}) for t in tasks}
+    metrics = task_metrics(runs)
     ranges = {}
-    for t in tasks:
-        found = {metric_range(m, t) for m in metrics[t]}
+    for t, names in metrics.items():
+        found = {metric_range(m, t) for m in names}
         valid = found.pop() if len(found) == 1 else None
         ranges[t] = None if valid is None else (valid[0] * scale, valid[1] * scale)
     series = ("metric", "train_loss") if loss else ("metric",)
     bands, thin, skipped = [], [], []
-    for task in tasks:
-        for gkey, recs in groups.items():
-            recs = [r for r in recs if r.task == task]
-            label = config_label(configs[gkey], varying) if varying else "runs"
-            for what in series if recs else ():
-                curve, thin_runs, skipped_runs = _series_lines(
-                    recs, task=task, what=what, label=label, x=x, scale=scale, band=band,
-                    limits=ranges[task] if what == "metric" else None)
-                bands += [curve] if curve is not None else []
-                thin += thin_runs
-                skipped += skipped_runs
+    for task, label, recs in config_lines(runs, fixed_keys(runs)):
+        for what in series:
+            curve, thin_runs, skipped_runs = _series_lines(
+                recs, task=task, what=what, label=label, x=x, scale=scale, band=band,
+                limits=ranges[task] if what == "metric" else None)
+            bands += [curve] if curve is not None else []
+            thin += thin_runs
+            skipped += skipped_runs
     if not bands and not thin:
         names = ", ".join(sorted(set().union(*metrics.values())))
         raise PeftlabError(f"no run in the selection has a point of its metric ({names}) in its curve or epochs_log",
@@ -147,7 +142,7 @@ def curves_data(records: list[RunRecord], *, x: str = "epoch", band: str = "quar
     notes = ([f"left out {len(skipped)} run(s) that did not end ok and have no step-level curve: "
               + "; ".join(skipped)] if skipped else [])
     split = "selection-split" if any((r.result or {}).get("selection") for r in runs) else "dev"
-    return CurvesData(x, band, bands, thin, tasks, metrics, ranges, series, notes, split)
+    return CurvesData(x, band, bands, thin, list(metrics), metrics, ranges, series, notes, split)
 
 
 def _series_lines(recs: list[RunRecord], *, task: str, what: str, label: str, x: str, scale: float, band: str,
@@ -177,14 +172,10 @@ def _series_lines(recs: list[RunRecord], *, task: str, what: str, label: str, x:
     if not by_x:
         return None, thin, skipped
     xs = sorted(by_x)
-    values = [np.asarray(by_x[v]) for v in xs]
-    lo, hi = (limits if limits else (-np.inf, np.inf))
-    q_low, q_high = BANDS[band]
-    return CurveBand(task, what, label, xs,
-                     [float(np.clip(np.median(v), lo, hi)) for v in values],
-                     [float(np.clip(np.quantile(v, q_low), lo, hi)) for v in values],
-                     [float(np.clip(np.quantile(v, q_high), lo, hi)) for v in values],
-                     [len(v) for v in values], len(ok) - from_steps, len(ok)), thin, skipped
+    lo, hi = limits or (-np.inf, np.inf)
+    median, low, high = np.clip([np.quantile(by_x[v], (0.5, *BANDS[band])) for v in xs], lo, hi).T.tolist()
+    return CurveBand(task, what, label, xs, median, low, high, [len(by_x[v]) for v in xs], len(ok) - from_steps,
+                     len(ok)), thin, skipped
 
 
 def plot_curves(records: list[RunRecord], *, x: str = "epoch", band: str = "quartiles", scale: float = 100.0,

@@ -9,17 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from peftlab.lab.figures.paper import (
-    CHAR_EM,
-    Drawn,
-    hide_unused,
-    metric_label,
-    panel_grid,
-    panel_title,
-    set_log_ticks,
-    suptitle,
-    wrap,
-)
+from peftlab.lab.figures.paper import CHAR_EM, Drawn, metric_label, panel_grid, panel_title, set_ticks, suptitle, wrap
 from peftlab.lab.figures.cells import HeatmapData, HeatPanel, LineInstead, heatmap_data
 from peftlab.lab.records import RunRecord
 from peftlab.tasks.table import task_title
@@ -50,13 +40,6 @@ def cell_texts(panel: HeatPanel, digits: int) -> dict[tuple[int, int], list[str]
     return out
 
 
-def _widths(axis) -> list[float]:
-    edges = axis.edges()
-    if axis.log:
-        return [math.log(b) - math.log(a) for a, b in zip(edges, edges[1:])]
-    return [1.0] * len(axis.values)
-
-
 @dataclass(frozen=True)
 class Layout:
     axes_w: float  # inches
@@ -65,12 +48,11 @@ class Layout:
     tilt_x: bool  # x tick labels at an angle (too close side by side)
 
 
-def _gaps(axis) -> list[float]:
-    """Distances between neighbouring ticks, in the axis' units (log units on a log axis)."""
-    if axis.log:
-        logs = [math.log(float(v)) for v in axis.values]
-        return [b - a for a, b in zip(logs, logs[1:])]
-    return [1.0] * (len(axis.values) - 1)
+def _spans(points, log: bool):
+    """Distances between neighbouring ``points`` (cell edges or ticks) in the axis' units: log units on a log axis."""
+    import numpy as np
+
+    return np.diff(np.log(points) if log else points)
 
 
 def _layout(data: HeatmapData, digits: int) -> Layout:
@@ -80,17 +62,18 @@ def _layout(data: HeatmapData, digits: int) -> Layout:
     cells_w = cells_h = ticks_h = ticks_flat = ticks_tilted = 0.0  # inches per axis unit each needs
     units_w = units_h = 1.0
     for p in data.panels:
-        widths, heights = _widths(p.x), _widths(p.y)
+        widths, heights = _spans(p.x.edges(), p.x.log), _spans(p.y.edges(), p.y.log)
         units_w, units_h = max(units_w, sum(widths)), max(units_h, sum(heights))
         for (yi, xi), lines in cell_texts(p, digits).items():
             cells_w = max(cells_w, (max(len(line) for line in lines) * CHAR_EM * ANNOT_PT + 6) / 72 / widths[xi])
             cells_h = max(cells_h, (len(lines) * 1.3 * ANNOT_PT + 5) / 72 / heights[yi])
         if len(p.y.values) > 1:
-            ticks_h = max(ticks_h, tick_h / min(_gaps(p.y)))
+            ticks_h = max(ticks_h, tick_h / min(_spans(p.y.centres(), p.y.log)))
         if len(p.x.values) > 1:
             label_w = max(len(label) for label in p.x.labels) * CHAR_EM * TICK_PT / 72 + 0.05
-            ticks_flat = max(ticks_flat, label_w / min(_gaps(p.x)))
-            ticks_tilted = max(ticks_tilted, tick_h / math.sin(math.radians(TILT)) / min(_gaps(p.x)))
+            gap = min(_spans(p.x.centres(), p.x.log))
+            ticks_flat = max(ticks_flat, label_w / gap)
+            ticks_tilted = max(ticks_tilted, tick_h / math.sin(math.radians(TILT)) / gap)
     tilt_x = max(cells_w, ticks_flat) * units_w > MAX_AXES_IN[0]
     want_w = max(cells_w, ticks_tilted if tilt_x else ticks_flat) * units_w
     want_h = max(cells_h, ticks_h) * units_h
@@ -134,10 +117,8 @@ def draw_heatmap(data: HeatmapData, *, title: str | None, scale: float):
     height = axes_h + 1.0 + tilt + title_lines * TITLE_PT * 1.3 / 72
     plt, fig, axes = panel_grid(data.n_rows, data.n_cols, width=width, height=height)
     cmap = plt.get_cmap("viridis").with_extremes(bad=(1, 1, 1, 0))  # empty cells: the white axes behind
-    used = set()
     for p in data.panels:
         ax = axes[p.row][p.col]
-        used.add((p.row, p.col))
         lo, hi = data.limits[p.task]
         norm = Normalize(lo, hi)
         x_edges, y_edges = p.x.edges(), p.y.edges()
@@ -153,7 +134,8 @@ def draw_heatmap(data: HeatmapData, *, title: str | None, scale: float):
         bar = fig.colorbar(mesh, ax=ax, fraction=0.07, pad=0.03, aspect=max(10.0, axes_h / 0.12))
         bar.ax.tick_params(labelsize=7)
         bar.set_label(wrap(label, 0.9 * axes_h, 8), fontsize=8)
-    hide_unused(axes, used)
+    for ax in set(axes.flat) - {axes[p.row][p.col] for p in data.panels}:
+        ax.set_axis_off()
     suptitle(fig, title or _caption(data))
     _fit_axes(fig, [axes[p.row][p.col] for p in data.panels], layout, data.n_rows, data.n_cols)
     return fig
@@ -162,16 +144,8 @@ def draw_heatmap(data: HeatmapData, *, title: str | None, scale: float):
 def _set_axes(ax, p: HeatPanel, data: HeatmapData, layout: Layout) -> None:
     """A panel's ticks (log or one per value), limits, tilted labels and the lambda = 1 diagonal."""
     x_edges, y_edges = p.x.edges(), p.y.edges()
-    if p.x.log:
-        ax.set_xscale("log")
-        set_log_ticks(ax.xaxis, p.x.values, p.x.key)
-    else:
-        ax.set_xticks(p.x.centres(), p.x.labels)
-    if p.y.log:
-        ax.set_yscale("log")
-        set_log_ticks(ax.yaxis, p.y.values, p.y.key)
-    else:
-        ax.set_yticks(p.y.centres(), p.y.labels)
+    for which, grid in (("x", p.x), ("y", p.y)):
+        set_ticks(ax, which, grid.centres(), grid.labels, log=grid.log)
     ax.set_xlim(x_edges[0], x_edges[-1])
     # a folded panel's rows are configs: they read top to bottom, as in a table
     ax.set_ylim(*((y_edges[-1], y_edges[0]) if data.folded else (y_edges[0], y_edges[-1])))
@@ -191,12 +165,15 @@ def _draw_cells(ax, p: HeatPanel, cmap, norm, digits: int, annot_pt: float) -> N
 
     x_edges, y_edges = p.x.edges(), p.y.edges()
     xc, yc = p.x.cell_centres(), p.y.cell_centres()
+
+    def outline(yi: int, xi: int, **style) -> None:
+        ax.add_patch(Rectangle((x_edges[xi], y_edges[yi]), x_edges[xi + 1] - x_edges[xi],
+                               y_edges[yi + 1] - y_edges[yi], fill=False, **style))
+
     for (yi, xi), lines in cell_texts(p, digits).items():
         has_mean = bool(p.n_ok[yi, xi])
         if not has_mean:  # only runs that did not end ok: hatched, the count on white
-            ax.add_patch(Rectangle((x_edges[xi], y_edges[yi]), x_edges[xi + 1] - x_edges[xi],
-                                       y_edges[yi + 1] - y_edges[yi], fill=False, hatch="////",
-                                       edgecolor="#8c8c8c", lw=0, zorder=2))
+            outline(yi, xi, hatch="////", edgecolor="#8c8c8c", lw=0, zorder=2)
         colour = _text_colour(cmap, norm, p.mean[yi, xi]) if has_mean else "black"
         # the text sits on a patch of its cell's own colour: the lambda = 1 line passes behind it
         face = cmap(norm(p.mean[yi, xi])) if has_mean else "white"
@@ -204,11 +181,8 @@ def _draw_cells(ax, p: HeatPanel, cmap, norm, digits: int, annot_pt: float) -> N
                 zorder=5, fontweight="bold" if p.best.marked and (yi, xi) == p.best.cell else "normal",
                 bbox=dict(facecolor=face, alpha=1.0 if has_mean else 0.85, lw=0, pad=0.8))
     if p.best.marked:
-        yi, xi = p.best.cell
         for colour, lw in (("white", 3.2), ("black", 1.6)):  # visible on every colour of the map
-            ax.add_patch(Rectangle((x_edges[xi], y_edges[yi]), x_edges[xi + 1] - x_edges[xi],
-                                       y_edges[yi + 1] - y_edges[yi], fill=False, edgecolor=colour, lw=lw,
-                                       zorder=4))
+            outline(*p.best.cell, edgecolor=colour, lw=lw, zorder=4)
 
 
 def _fit_axes(fig, panels: list, layout: Layout, n_rows: int, n_cols: int) -> None:

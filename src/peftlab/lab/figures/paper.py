@@ -14,10 +14,11 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.records import RunRecord, fmt_value, hashable, varying_keys
+from peftlab.lab.records import (NON_RESULT_KEYS, RunRecord, fmt_value, hashable, task_determined_keys, task_order,
+                                 varying_keys)
 from peftlab.lab.store import option_defaults_json
 from peftlab.tasks.table import LOWER_IS_BETTER, find_task
 
@@ -204,8 +205,8 @@ def with_defaults(config: dict) -> dict:
 
 def split_by_config(records: list[RunRecord], drop: set[str]
                     ) -> tuple[dict[tuple, list[RunRecord]], dict[tuple, dict], list[str]]:
-    """Group records by their config (options it lacks at their defaults) minus ``drop``; returns groups, each
-    group's config, varying keys."""
+    """Group records by their config (options it lacks at their defaults) minus ``drop``; returns the groups
+    sorted by their varying values (numbers as numbers: lambda 2 before 16), each group's config, varying keys."""
     groups: dict[tuple, list[RunRecord]] = defaultdict(list)
     configs: dict[tuple, dict] = {}
     for rec in records:
@@ -213,23 +214,40 @@ def split_by_config(records: list[RunRecord], drop: set[str]
         key = tuple(sorted((k, hashable(v)) for k, v in config.items()))
         groups[key].append(rec)
         configs[key] = config
-    return groups, configs, varying_keys(list(configs.values()))
+    varying = varying_keys(list(configs.values()))
+    order = sorted(configs, key=lambda g: tuple(num_key(hashable(configs[g].get(k))) for k in varying))
+    return {g: groups[g] for g in order}, configs, varying
 
 
-def line_groups(records: list[RunRecord], drop: set[str]
-                ) -> tuple[dict[tuple, list[RunRecord]], dict[tuple, dict], list[str]]:
-    """split_by_config for a figure of lines, one per config (at most MAX_LINES), in their labels' order."""
+def trained_runs(records: list[RunRecord]) -> list[RunRecord]:
+    trained = [r for r in records if not r.before]
+    if not trained:
+        raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
+    return trained
+
+
+def fixed_keys(records: list[RunRecord], *axes: str) -> set[str]:
+    """The keys that never tell a figure's configs apart: run bookkeeping, what the task sets, the axes' keys."""
+    return set(NON_RESULT_KEYS) | set(task_determined_keys(records)) | {k for key in axes for k in underlying(key)}
+
+
+def task_metrics(records: list[RunRecord]) -> dict[str, list[str]]:
+    """Each task of ``records`` (in table order) -> the metrics its runs report."""
+    tasks = task_order(r.task for r in records)
+    return {t: sorted({r.metric for r in records if r.task == t and r.metric}) for t in tasks}
+
+
+def config_lines(records: list[RunRecord], drop: set[str]) -> Iterator[tuple[str, str, list[RunRecord]]]:
+    """(task, label, runs) of each config's line (at most MAX_LINES) on each task it ran, tasks in table order."""
     groups, configs, varying = split_by_config(records, drop)
     if len(groups) > MAX_LINES:
         raise PeftlabError(f"the selection has {len(groups)} configs (at most {MAX_LINES} lines)",
                            fix=f'narrow it with --where (they vary in {", ".join(varying)})')
-    order = config_order(configs, varying)
-    return {g: groups[g] for g in order}, configs, varying
-
-
-def config_order(configs: dict[tuple, dict], varying: list[str]) -> list[tuple]:
-    """The groups' keys sorted by their varying values, numbers as numbers (lambda 2 before 16)."""
-    return sorted(configs, key=lambda g: tuple(num_key(hashable(configs[g].get(k))) for k in varying))
+    for task in task_order(r.task for r in records):
+        for gkey, recs in groups.items():
+            recs = [r for r in recs if r.task == task]
+            if recs:
+                yield task, config_label(configs[gkey], varying) if varying else "runs", recs
 
 
 # --------------------------------------------------------------------------- layout
@@ -284,14 +302,12 @@ def legend_below(fig, handles, labels, fontsize: float = 7.5) -> None:
 
 def legend_of(fig, axes) -> None:
     """legend_below with each label drawn in ``axes`` once (with its first handle); none if nothing is labelled."""
-    handles, labels = [], []
+    first = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(handle)
-                labels.append(label)
-    if handles:
-        legend_below(fig, handles, labels)
+            first.setdefault(label, handle)
+    if first:
+        legend_below(fig, list(first.values()), list(first))
 
 
 def panel_grid(n_rows: int, n_cols: int, *, width: float = 3.0, height: float = 2.5):
@@ -304,38 +320,23 @@ def panel_grid(n_rows: int, n_cols: int, *, width: float = 3.0, height: float = 
     return plt, fig, axes
 
 
-def hide_unused(axes, used: set[tuple[int, int]]) -> None:
-    """No frame or ticks where a grid of panels has no panel (not in ``used``: (row, column))."""
-    for i, row in enumerate(axes):
-        for j, ax in enumerate(row):
-            if (i, j) not in used:
-                ax.set_axis_off()
-
-
-def colorbar(fig, image, axes: list, width: float, height: float):
-    """One colour bar for ``axes`` (panels of ``width`` x ``height`` inches that share the colour scale), about
-    as long as the rows they span (its aspect ratio sets its length under constrained layout)."""
-    rows = {ax.get_subplotspec().rowspan.start for ax in axes}
-    # the bar is ~fraction x the parents' width thick (their width less the tick labels); length = aspect x that
-    aspect = max(10.0, 0.85 * (height * len(rows) - 0.6) / (0.05 * max(width - 0.9, 1.0)))
-    bar = fig.colorbar(image, ax=axes, fraction=0.05, pad=0.02, shrink=0.9, aspect=aspect)
-    bar.ax.tick_params(labelsize=7)
-    return bar
-
-
-def set_log_ticks(axis, values, key: str) -> None:
-    """Ticks of a log axis at exactly ``values`` (written as :func:`fmt_tick` does), no minor ticks."""
+def set_ticks(ax, which: str, positions, labels, *, log: bool) -> None:
+    """``ax``'s ``which`` ("x" or "y") axis, log-scaled with ``log``, with ticks at exactly ``positions`` and no
+    minor ticks (a log axis would add its own between them)."""
     from matplotlib.ticker import NullLocator
 
-    axis.set_ticks([float(v) for v in values], [fmt_tick(v, key) for v in values])
+    if log:
+        getattr(ax, f"set_{which}scale")("log")
+    axis = getattr(ax, f"{which}axis")
+    axis.set_ticks([float(v) for v in positions], labels)
     axis.set_minor_locator(NullLocator())
 
 
 def log_edges(values) -> list[float]:
     """Cell edges of a log axis through ``values`` (sorted, > 0): geometric midpoints, the outer cells as wide
     (in log units) as their inner neighbours' half-gaps; one value: a factor sqrt(2) either side."""
-    logs = [math.log(float(v)) for v in values]
-    half = [math.log(2) / 2] if len(logs) == 1 else [(b - a) / 2 for a, b in zip(logs, logs[1:])]
-    edges = [logs[0] - half[0]] + [a + h for a, h in zip(logs, half)] + ([logs[-1] + half[-1]] if len(logs) > 1
-                                                                           else [])
-    return [math.exp(e) for e in edges]
+    import numpy as np
+
+    logs = np.log(np.asarray(values, dtype=float))
+    half = np.diff(logs) / 2 if len(logs) > 1 else np.array([math.log(2) / 2])
+    return list(np.exp(np.concatenate([[logs[0] - half[0]], logs[:-1] + half, [logs[-1] + half[-1]]])))

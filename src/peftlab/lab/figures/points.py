@@ -12,27 +12,28 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from peftlab.errors import PeftlabError
 from peftlab.lab.figures.paper import (
     Drawn,
     axis_title,
-    config_label,
+    config_lines,
+    fixed_keys,
     fmt_tick,
     is_number,
     key_value,
     legend_of,
-    line_groups,
     line_style,
     log_axis,
     metric_label,
     num_key,
     panel_grid,
     panel_title,
-    set_log_ticks,
+    set_ticks,
     suptitle,
+    task_metrics,
+    trained_runs,
     underlying,
 )
-from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
+from peftlab.lab.records import RunRecord
 from peftlab.tasks.table import task_title
 
 
@@ -63,39 +64,29 @@ def tied_to(records: list[RunRecord], x: str) -> list[str]:
 
 
 def points_data(records: list[RunRecord], *, x: str, scale: float) -> PointsData:
-    trained = [r for r in records if not r.before]
-    if not trained:
-        raise PeftlabError("no trained runs to plot (only epochs-0 runs)")
-    per_task = task_determined_keys(trained)
+    trained = trained_runs(records)
     tied = tied_to(trained, x)
-    drop = set(NON_RESULT_KEYS) | set(per_task) | underlying(x) | set(tied)
-    groups, configs, varying = line_groups(trained, drop)
-    tasks = task_order(r.task for r in trained)
     all_x = sorted({key_value(r.config, x) for r in trained}, key=num_key)
     lines = []
-    for task in tasks:
-        for gkey, recs in groups.items():
-            recs = [r for r in recs if r.task == task]
-            if not recs:
-                continue
-            ok: dict = defaultdict(list)
-            failed: dict = defaultdict(list)
-            for rec in recs:
-                xv = key_value(rec.config, x)
-                if rec.status == "ok" and rec.value is not None:
-                    ok[xv].append((rec.seed, rec.value * scale))
-                else:
-                    failed[xv].append((rec.seed, rec.status, None if rec.value is None else rec.value * scale))
-            xs = sorted(set(ok) | set(failed), key=num_key)
-            means = [statistics.fmean(v for _, v in ok[v_]) if ok.get(v_) else None for v_ in xs]
-            lines.append(PointsLine(task, config_label(configs[gkey], varying) if varying else "runs", xs, means,
-                                    dict(ok), dict(failed)))
-    return PointsData(x, all_x, log_axis(x, all_x), lines, tasks, tied)
+    for task, label, recs in config_lines(trained, fixed_keys(trained, x, *tied)):
+        ok: dict = defaultdict(list)
+        failed: dict = defaultdict(list)
+        for rec in recs:
+            xv = key_value(rec.config, x)
+            if rec.status == "ok" and rec.value is not None:
+                ok[xv].append((rec.seed, rec.value * scale))
+            else:
+                failed[xv].append((rec.seed, rec.status, None if rec.value is None else rec.value * scale))
+        xs = sorted(set(ok) | set(failed), key=num_key)
+        means = [statistics.fmean(v for _, v in ok[v_]) if ok.get(v_) else None for v_ in xs]
+        lines.append(PointsLine(task, label, xs, means, dict(ok), dict(failed)))
+    return PointsData(x, all_x, log_axis(x, all_x), lines, list(task_metrics(trained)), tied)
 
 
 def plot_points(records: list[RunRecord], *, x: str = "rank", scale: float = 100.0, title: str | None = None,
                 note: str | None = None) -> Drawn:
     data = points_data(records, x=x, scale=scale)
+    metrics = task_metrics(records)
     labels = list(dict.fromkeys(line.label for line in data.lines))
     numeric = all(is_number(v) for v in data.xs)
     width = max(2.8 if len(data.tasks) > 1 else 4.2, min(4.2, 1.4 + 0.45 * len(data.xs)))
@@ -130,19 +121,13 @@ def plot_points(records: list[RunRecord], *, x: str = "rank", scale: float = 100
                     any_failed = True
                     ax.scatter([position(v, index)] * len(shown), shown, marker="x", s=18, color=look["color"],
                                lw=1.0, zorder=4)
-        if data.log:
-            ax.set_xscale("log")
-            set_log_ticks(ax.xaxis, data.xs, x)
-        elif numeric:
-            ax.set_xticks([float(v) for v in data.xs], [fmt_tick(v, x) for v in data.xs])
-        else:
-            ax.set_xticks(range(len(data.xs)), [fmt_tick(v, x) for v in data.xs])
+        set_ticks(ax, "x", data.xs if numeric else range(len(data.xs)), [fmt_tick(v, x) for v in data.xs],
+                  log=data.log)
         if len(data.xs) > 4 and max(len(fmt_tick(v, x)) for v in data.xs) > 4:
             for label in ax.get_xticklabels():
                 label.set(rotation=35, ha="right", rotation_mode="anchor")
         ax.set_xlabel(" = ".join([axis_title(x), *data.tied]))
-        metric = sorted({r.metric for r in records if r.task == task and r.metric})
-        ax.set_ylabel(metric_label(metric, scale))
+        ax.set_ylabel(metric_label(metrics[task], scale))
         panel_title(ax, task_title(task), width)
         ax.grid(alpha=0.3, lw=0.5)
     if any_failed:

@@ -10,23 +10,21 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.figures.paper import (
     Drawn,
-    hide_unused,
-    colorbar,
     config_label,
+    fixed_keys,
     panel_grid,
     panel_title,
     split_by_config,
     suptitle,
     wrap,
 )
-from peftlab.lab.records import NON_RESULT_KEYS, RunRecord, task_determined_keys, task_order
+from peftlab.lab.records import RunRecord, task_order
 from peftlab.tasks.table import task_title
 
 _PROJ_NAMES = {"query": "q", "q_proj": "q", "q_lin": "q", "q": "q", "key": "k", "k_proj": "k", "k_lin": "k",
@@ -95,6 +93,7 @@ class SigmaData:
 
 def sigma_data(records: list[RunRecord]) -> SigmaData:
     import numpy as np
+    import pandas as pd
 
     runs = [r for r in records if r.result and r.result.get("kasa_sigma")]
     if not runs:
@@ -107,32 +106,23 @@ def sigma_data(records: list[RunRecord]) -> SigmaData:
         shown = ", ".join(f"{r.task} seed {r.seed}" for r in lacking[:4]) + (" ..." if len(lacking) > 4 else "")
         raise PeftlabError(f"{len(lacking)} of {len(runs)} selected KaSA runs lack kasa_sigma_init ({shown}): "
                            "their learned change cannot be told from the initialisation", fix=NO_INIT_FIX)
-    drop = (set(NON_RESULT_KEYS) | set(task_determined_keys(runs))) - {"task"}
-    groups, configs, varying = split_by_config(runs, drop)
+    groups, configs, varying = split_by_config(runs, fixed_keys(runs) - {"task"})
     varying = [k for k in varying if k != "task"]
     rows = sorted(configs, key=lambda g: (task_order([configs[g]["task"]])[0], config_label(configs[g], varying)))
-    projections = sorted({parse_module(m)[1] for r in runs for m in r.result["kasa_sigma"]}, key=_proj_order)
+
+    entries = [(row, *parse_module(module), i, v) for row, gkey in enumerate(rows) for rec in groups[gkey]
+               for module, values in changes[id(rec)].items() for i, v in enumerate(values)]
+    table = pd.DataFrame(entries, columns=["row", "layer", "proj", "i", "change"])
+    table = table.fillna({"layer": 0}).astype({"layer": int})  # a module without a layer number: layer 0
+    projections = sorted(table["proj"].unique(), key=_proj_order)
     panels = []
-    for i, gkey in enumerate(rows):
-        recs = groups[gkey]
-        for j, proj in enumerate(projections):
-            per_layer: dict[int, list[list[float]]] = defaultdict(list)
-            for rec in recs:
-                for module, values in changes[id(rec)].items():
-                    layer, p = parse_module(module)
-                    if p == proj:
-                        per_layer[layer if layer is not None else 0].append(values)
-            if not per_layer:
-                continue
-            layers = sorted(per_layer)
-            n = max(len(v) for vals in per_layer.values() for v in vals)
-            matrix = np.full((len(layers), n), np.nan)
-            for li, layer in enumerate(layers):
-                vals = [v + [math.nan] * (n - len(v)) for v in per_layer[layer]]
-                matrix[li] = np.nanmean(np.array(vals, dtype=float), axis=0)
-            panels.append(SigmaPanel(i, j, configs[gkey]["task"],
-                                     config_label(configs[gkey], varying) if varying else "", proj, layers, matrix,
-                                     len(recs)))
+    for (row, proj), part in table.groupby(["row", "proj"]):
+        matrix = part.groupby(["layer", "i"])["change"].mean().unstack()  # the runs' mean, NaN past a rank
+        config = configs[rows[row]]
+        panels.append(SigmaPanel(row, projections.index(proj), config["task"],
+                                 config_label(config, varying) if varying else "", proj, list(matrix.index),
+                                 matrix.to_numpy(), len(groups[rows[row]])))
+    panels.sort(key=lambda p: (p.row, p.col))
     peaks = [float(np.nanmax(np.abs(p.matrix))) for p in panels if np.isfinite(p.matrix).any()]
     init = [abs(float(v)) for r in runs for vals in r.result["kasa_sigma_init"].values() for v in vals]
     return SigmaData(panels, len(rows), len(projections), max(peaks, default=0.0) or 1.0,
@@ -146,23 +136,25 @@ def plot_sigma(records: list[RunRecord], *, title: str | None = None) -> Drawn:
     data = sigma_data(records)
     width, height = 2.9, 2.4
     _, fig, axes = panel_grid(data.n_rows, data.n_cols, width=width, height=height)
-    used, images = set(), []
-    for p in data.panels:
-        ax = axes[p.row][p.col]
-        used.add((p.row, p.col))
+    used = [axes[p.row][p.col] for p in data.panels]
+    for ax, p in zip(used, data.panels):
         image = ax.imshow(p.matrix, origin="lower", cmap="RdBu_r", vmin=-data.limit, vmax=data.limit,
                           aspect="auto", interpolation="nearest")
-        images.append((ax, image))
-        step = max(1, math.ceil(len(p.layers) / 12))
-        ax.set_yticks(range(0, len(p.layers), step), [str(p.layers[k]) for k in range(0, len(p.layers), step)])
+        ticks = range(0, len(p.layers), max(1, math.ceil(len(p.layers) / 12)))
+        ax.set_yticks(ticks, [str(p.layers[k]) for k in ticks])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(round(v)) + 1}"))
         ax.set_xlabel("singular value index i")
         ax.set_ylabel("layer")
         panel_title(ax, f"{task_title(p.task)} · $W_{{{p.projection}}}$ · mean of {p.runs} run(s)"
                     + (f"\n{p.subtitle}" if p.subtitle else ""), width)
-    hide_unused(axes, used)
-    bar = colorbar(fig, images[0][1], [ax for ax, _ in images], width, height)
+    for ax in set(axes.flat) - set(used):
+        ax.set_axis_off()
+    # one colour bar about as long as the rows it spans (under constrained layout its aspect sets its length;
+    # it is ~fraction x the panels' width less their tick labels thick)
+    aspect = max(10.0, 0.85 * (height * data.n_rows - 0.6) / (0.05 * max(width - 0.9, 1.0)))
+    bar = fig.colorbar(image, ax=used, fraction=0.05, pad=0.02, shrink=0.9, aspect=aspect)
+    bar.ax.tick_params(labelsize=7)
     bar.set_label(wrap(SIGMA_DELTA, 0.8 * height * data.n_rows, 8), fontsize=8)
     suptitle(fig, title or f"KaSA: {SIGMA_DELTA} per layer and projection, mean over seeds; largest |change| "
                            f"{data.limit:.3g} against a mean |Δσ_init| of {data.init_size:.3g}")
