@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.figures.paper import (axis_title, config_label, fixed_keys, fmt_tick, key_value, log_axis, log_edges,
+from peftlab.lab.figures.paper import (AXIS_TITLES, config_label, fixed_keys, fmt_tick, key_value, log_axis, log_edges,
                                       lower_is_better, num_key, split_by_config, task_metrics, trained_runs)
 from peftlab.lab.records import RunRecord, fmt_value
 from peftlab.lab.table_model import Cell
@@ -172,7 +172,7 @@ def _fill(recs: list[RunRecord], x_of, y_of, x: GridAxis, y: GridAxis, scale: fl
 
 def _axis(key: str, recs: list[RunRecord]) -> GridAxis:
     values = sorted({key_value(r.config, key) for r in recs}, key=num_key)
-    return GridAxis(key, axis_title(key), tuple(values), tuple(fmt_tick(v, key) for v in values),
+    return GridAxis(key, AXIS_TITLES.get(key, key), tuple(values), tuple(fmt_tick(v, key) for v in values),
                     log_axis(key, values))
 
 

@@ -108,10 +108,6 @@ def run_points(rec: RunRecord, *, x: str, series: str, scale: float) -> tuple[li
 
 def curves_data(records: list[RunRecord], *, x: str = "epoch", band: str = "quartiles", scale: float = 100.0,
                 loss: bool = False) -> CurvesData:
-    if x not in CURVE_X:
-        raise PeftlabError(f"unknown --curve-x '{x}'", fix=f"use one of {', '.join(CURVE_X)}")
-    if band not in BANDS:
-        raise PeftlabError(f"unknown --band '{band}'", fix=f"use one of {', '.join(BANDS)}")
     if loss and x == "step":
         raise PeftlabError("--loss draws the train loss logged at each epoch's end: it has no step axis",
                            fix="use --curve-x epoch with --loss")
@@ -152,30 +148,26 @@ def _series_lines(recs: list[RunRecord], *, task: str, what: str, label: str, x:
     import numpy as np
 
     by_x: dict[float, list[float]] = defaultdict(list)
-    ok = [r for r in recs if r.status == "ok"]
-    from_steps = 0
-    for rec in ok:
-        points, from_curve = run_points(rec, x=x, series=what, scale=scale)
-        from_steps += from_curve
-        for px, v in points:
-            by_x[round(px, 9)].append(v)
+    ok = from_steps = 0
     thin, skipped = [], []
     for rec in recs:
-        if rec.status == "ok":
-            continue
-        if x == "step" and not (rec.result or {}).get("curve"):
+        if rec.status != "ok" and x == "step" and not (rec.result or {}).get("curve"):
             skipped.append(f"{task} {label} seed {rec.seed} ({rec.status})")
             continue
-        points, _ = run_points(rec, x=x, series=what, scale=scale)
-        if points:
+        points, from_curve = run_points(rec, x=x, series=what, scale=scale)
+        if rec.status == "ok":
+            ok, from_steps = ok + 1, from_steps + from_curve
+            for px, v in points:
+                by_x[round(px, 9)].append(v)
+        elif points:
             thin.append(CurveRun(task, what, label, rec.seed, rec.status, *map(list, zip(*points))))
     if not by_x:
         return None, thin, skipped
     xs = sorted(by_x)
     lo, hi = limits or (-np.inf, np.inf)
     median, low, high = np.clip([np.quantile(by_x[v], (0.5, *BANDS[band])) for v in xs], lo, hi).T.tolist()
-    return CurveBand(task, what, label, xs, median, low, high, [len(by_x[v]) for v in xs], len(ok) - from_steps,
-                     len(ok)), thin, skipped
+    counts = [len(by_x[v]) for v in xs]
+    return CurveBand(task, what, label, xs, median, low, high, counts, ok - from_steps, ok), thin, skipped
 
 
 def plot_curves(records: list[RunRecord], *, x: str = "epoch", band: str = "quartiles", scale: float = 100.0,

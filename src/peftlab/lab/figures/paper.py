@@ -22,7 +22,7 @@ from peftlab.lab.records import (NON_RESULT_KEYS, RunRecord, fmt_value, hashable
 from peftlab.lab.store import option_defaults_json
 from peftlab.tasks.table import LOWER_IS_BETTER, find_task
 
-DERIVED = {"v_lr": "lr * lr_ratio (eta_V)", "qk_lr": "lr (eta_QK)"}
+DERIVED = {"v_lr": {"lr", "lr_ratio"}, "qk_lr": {"lr"}}  # axis keys computed from config keys: v_lr = lr * lr_ratio
 # Axis titles for config keys whose name alone does not say what they are (the papers' symbols; mathtext
 # without spaces inside $...$, so that wrapping never splits a formula).
 AXIS_TITLES = {"lr_ratio": r"$\lambda{=}\eta_V/\eta_{QK}$ (lr_ratio)", "lr": r"$\eta_{QK}$ (lr)",
@@ -117,7 +117,7 @@ def check_key(key: str, flag: str) -> None:
 
 
 def underlying(key: str) -> set[str]:
-    return {"v_lr": {"lr", "lr_ratio"}, "qk_lr": {"lr"}}.get(key, {key})
+    return DERIVED.get(key, {key})
 
 
 def is_number(value) -> bool:
@@ -128,10 +128,6 @@ def log_axis(key: str, values) -> bool:
     """Whether ``key``'s axis is logarithmic: a learning rate or lambda, every value a number > 0."""
     values = list(values)
     return key in LOG_KEYS and bool(values) and all(is_number(v) and v > 0 for v in values)
-
-
-def axis_title(key: str) -> str:
-    return AXIS_TITLES.get(key, key)
 
 
 def config_label(config: dict, keys: list[str]) -> str:

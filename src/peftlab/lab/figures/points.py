@@ -13,8 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from peftlab.lab.figures.paper import (
+    AXIS_TITLES,
     Drawn,
-    axis_title,
     config_lines,
     fixed_keys,
     fmt_tick,
@@ -126,7 +126,7 @@ def plot_points(records: list[RunRecord], *, x: str = "rank", scale: float = 100
         if len(data.xs) > 4 and max(len(fmt_tick(v, x)) for v in data.xs) > 4:
             for label in ax.get_xticklabels():
                 label.set(rotation=35, ha="right", rotation_mode="anchor")
-        ax.set_xlabel(" = ".join([axis_title(x), *data.tied]))
+        ax.set_xlabel(" = ".join([AXIS_TITLES.get(x, x), *data.tied]))
         ax.set_ylabel(metric_label(metrics[task], scale))
         panel_title(ax, task_title(task), width)
         ax.grid(alpha=0.3, lw=0.5)
