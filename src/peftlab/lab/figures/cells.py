@@ -302,7 +302,7 @@ def _degenerate(panels: list[HeatPanel], x: str, y: str, varying: list[str]) -> 
     values = sorted({v for p in panels for v in (p.x if const == x else p.y).values}, key=num_key)
     shown = ", ".join(fmt_tick(v, const) for v in values)
     return LineInstead(vary, f"one {const} per panel ({shown}): drawn as lines over {vary}, "
-                                    f"not as a one-{'column' if const == x else 'row'} heatmap")
+                             f"not as a one-{'column' if const == x else 'row'} heatmap")
 
 
 def _grids_only(panels: list[HeatPanel], x: str, y: str, configs: dict, order: list, varying: list[str]

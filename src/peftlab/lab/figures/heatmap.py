@@ -27,16 +27,15 @@ FAILED = "✗"  # marks a cell's count of runs that did not end ok
 def cell_texts(panel: HeatPanel, digits: int) -> dict[tuple[int, int], list[str]]:
     """The lines written in each cell: the mean and ``(n)`` of its ok runs, ``k/N ✗`` when k of its N runs
     failed; cells no run reached: none. Short lines, so that a 5 x 8 grid fits a third of a page."""
+    import numpy as np
+
     out = {}
-    rows, cols = panel.mean.shape
-    for yi in range(rows):
-        for xi in range(cols):
-            ok, bad = int(panel.n_ok[yi, xi]), int(panel.n_failed[yi, xi])
-            lines = [f"{panel.mean[yi, xi]:.{digits}f}", f"({ok})"] if ok else []
-            if bad:
-                lines.append(f"{bad}/{ok + bad} {FAILED}")
-            if lines:
-                out[(yi, xi)] = lines
+    for cell, ok in np.ndenumerate(panel.n_ok):
+        bad = int(panel.n_failed[cell])
+        lines = [f"{panel.mean[cell]:.{digits}f}", f"({ok})"] if ok else []
+        lines += [f"{bad}/{ok + bad} {FAILED}"] if bad else []
+        if lines:
+            out[cell] = lines
     return out
 
 
@@ -143,6 +142,8 @@ def draw_heatmap(data: HeatmapData, *, title: str | None, scale: float):
 
 def _set_axes(ax, p: HeatPanel, data: HeatmapData, layout: Layout) -> None:
     """A panel's ticks (log or one per value), limits, tilted labels and the lambda = 1 diagonal."""
+    from matplotlib.artist import setp
+
     x_edges, y_edges = p.x.edges(), p.y.edges()
     for which, grid in (("x", p.x), ("y", p.y)):
         set_ticks(ax, which, grid.centres(), grid.labels, log=grid.log)
@@ -151,8 +152,7 @@ def _set_axes(ax, p: HeatPanel, data: HeatmapData, layout: Layout) -> None:
     ax.set_ylim(*((y_edges[-1], y_edges[0]) if data.folded else (y_edges[0], y_edges[-1])))
     ax.tick_params(length=2)
     if layout.tilt_x:
-        for label in ax.get_xticklabels():
-            label.set(rotation=TILT, ha="right", rotation_mode="anchor")
+        setp(ax.get_xticklabels(), rotation=TILT, ha="right", rotation_mode="anchor")
     if data.diagonal:  # lambda = 1: eta_V = eta_QK
         lo_d, hi_d = max(x_edges[0], y_edges[0]), min(x_edges[-1], y_edges[-1])
         if hi_d > lo_d:

@@ -1,6 +1,6 @@
 """What every ``peftlab plot`` figure shares: the paper style (fonts, a colour-blind-safe palette, embeddable
 vector text), the config keys the axes may use and how their values and metrics are labelled, and the layout
-helpers (panel grids, wrapped titles, legends below, colour bars).
+helpers (panel grids, wrapped titles, legends below), and how every kind groups runs into lines or panels.
 
 Figures are laid out at the resolution they are saved with (``DPI``); titles are wrapped to the width they
 are drawn at, so nothing is cropped or overlaps (``tests/test_plot_layout.py``). Panels are sized for a paper:
@@ -9,7 +9,6 @@ two or three fit the text width at 8-pt type.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 from collections import defaultdict
@@ -72,15 +71,13 @@ def pyplot():
     return plt
 
 
-@contextlib.contextmanager
 def style():
-    """matplotlib's settings for a paper figure, for the figures drawn (and saved) inside this block."""
+    """matplotlib's settings for a paper figure, for the figures drawn (and saved) inside a ``with`` block."""
     import matplotlib
     from cycler import cycler
 
     pyplot()
-    with matplotlib.rc_context({**STYLE, "axes.prop_cycle": cycler(color=PALETTE)}):
-        yield
+    return matplotlib.rc_context({**STYLE, "axes.prop_cycle": cycler(color=PALETTE)})
 
 
 def line_style(index: int) -> dict:
@@ -169,12 +166,10 @@ def metric_label(names, scale: float) -> str:
     return "/".join(names) + (f" ×{scale:g}" if scale != 1 else "")
 
 
-def metric_range(name: str | None, task: str | None = None) -> tuple[float, float] | None:
+def metric_range(name: str, task: str | None = None) -> tuple[float, float] | None:
     """The values ``name`` can take (unscaled): [0, 1] for accuracy-like scores, [-1, 1] for correlations, or
     None when it has no fixed range (losses, judge scores, unknown metrics). ``combined`` is the mean of the
     task's two metrics: a correlation's range on regression tasks, [0, 1] otherwise."""
-    if name is None:
-        return None
     if name == "combined":
         found = find_task(str(task))
         return (-1.0, 1.0) if found is not None and found.kind == "regression" else (0.0, 1.0)
@@ -185,8 +180,7 @@ def metric_range(name: str | None, task: str | None = None) -> tuple[float, floa
     return None
 
 
-def lower_is_better(names) -> bool:
-    names = [n for n in names if n]
+def lower_is_better(names: list[str]) -> bool:
     return bool(names) and all(n in LOWER_IS_BETTER for n in names)
 
 

@@ -124,8 +124,7 @@ def plot_points(records: list[RunRecord], *, x: str = "rank", scale: float = 100
         set_ticks(ax, "x", data.xs if numeric else range(len(data.xs)), [fmt_tick(v, x) for v in data.xs],
                   log=data.log)
         if len(data.xs) > 4 and max(len(fmt_tick(v, x)) for v in data.xs) > 4:
-            for label in ax.get_xticklabels():
-                label.set(rotation=35, ha="right", rotation_mode="anchor")
+            plt.setp(ax.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor")
         ax.set_xlabel(" = ".join([AXIS_TITLES.get(x, x), *data.tied]))
         ax.set_ylabel(metric_label(metrics[task], scale))
         panel_title(ax, task_title(task), width)
