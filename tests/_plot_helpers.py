@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from peftlab.config import TrainConfig
+import pytest
+
 from peftlab.resolve import build_run_config
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
@@ -64,7 +65,10 @@ def make_store(path: Path, runs: list[dict]) -> list[dict]:
     return load_rows([path])
 
 
-def close(fig) -> None:
+@pytest.fixture(autouse=True)
+def close_figures():
+    """Every figure a test draws is closed after it, whatever its assertions did (pyplot keeps them otherwise)."""
+    yield
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    plt.close("all")

@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _plot_helpers import close, make_store
+from _plot_helpers import close_figures, make_store  # noqa: F401 - close_figures: an autouse fixture
 from peftlab.cli.main import main
-from peftlab.config import TrainConfig
 from peftlab.resolve import build_run_config
 from peftlab.errors import PeftlabError
 from peftlab.lab.figures.paper import fmt_tick, key_value, metric_label, metric_range, with_defaults
@@ -141,12 +140,9 @@ def test_pruned_trials_are_left_out_and_said_so(tmp_path):
     runs.append(dict(task="rte", lr=1e-3, lr_ratio=1.0, seed=5, value=0.99, status="pruned",
                      result={"stopped_early": True, "epochs_run": 1}))
     drawn = draw(make_store(tmp_path / "p.sqlite", runs), kind="lr-grid")
-    try:
-        (panel,) = drawn.data.panels
-        assert int(panel.n_ok.sum() + panel.n_failed.sum()) == 8  # the trial is in no cell
-        assert drawn.notes == ["left out 1 pruned tune trial(s): incomplete runs"]
-    finally:
-        close(drawn.figure)
+    (panel,) = drawn.data.panels
+    assert int(panel.n_ok.sum() + panel.n_failed.sum()) == 8  # the trial is in no cell
+    assert drawn.notes == ["left out 1 pruned tune trial(s): incomplete runs"]
 
 
 # --------------------------------------------------------------------------- KaSA sigma
@@ -171,31 +167,28 @@ def test_sigma_draws_the_learned_change_on_one_symmetric_scale(tmp_path):
             "mrpc": lambda sigma: {m: [v + 0.03 for v in vals] for m, vals in sigma.items()}}
     drawn = draw(make_store(tmp_path / "s.sqlite", _sigma_runs(init)), kind="sigma")
     fig = drawn.figure
-    try:
-        by_task = {}
-        for panel in drawn.data.panels:
-            by_task.setdefault(panel.task, []).append(panel.matrix)
-        for matrix in by_task["rte"]:
-            np.testing.assert_allclose(matrix, [[0.01, 0.02, 0.03]] * 2, atol=1e-12)
-        for matrix in by_task["mrpc"]:
-            np.testing.assert_allclose(matrix, [[-0.03] * 3] * 2, atol=1e-12)
-        assert drawn.data.init_size == pytest.approx(np.mean(np.abs(
-            [v for t in ("rte", "mrpc") for vals in init[t](_sigma_runs(None)[0]["result"]["kasa_sigma"]).values()
-             for v in vals])))
-        images = [(ax, image) for ax in fig.axes for image in ax.get_images()]
-        assert len(images) == 4  # 2 tasks x {q, v}
-        for ax, image in images:  # the drawn pixels are the data's matrices
-            task = "rte" if ax.get_title().startswith("RTE") else "mrpc"
-            np.testing.assert_allclose(image.get_array(), by_task[task][0], atol=1e-12)
-        assert {image.get_cmap().name for _, image in images} == {"RdBu_r"}
-        (vmin, vmax), = {image.get_clim() for _, image in images}
-        assert vmin == -vmax == pytest.approx(-0.03)
-        bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
-        assert len(bars) == 1 and SIGMA_DELTA in bars[0].get_ylabel().replace("\n", " ")
-        title = " ".join(fig.get_suptitle().split())
-        assert title.startswith(f"KaSA: {SIGMA_DELTA}") and "learned change" in title
-    finally:
-        close(fig)
+    by_task = {}
+    for panel in drawn.data.panels:
+        by_task.setdefault(panel.task, []).append(panel.matrix)
+    for matrix in by_task["rte"]:
+        np.testing.assert_allclose(matrix, [[0.01, 0.02, 0.03]] * 2, atol=1e-12)
+    for matrix in by_task["mrpc"]:
+        np.testing.assert_allclose(matrix, [[-0.03] * 3] * 2, atol=1e-12)
+    assert drawn.data.init_size == pytest.approx(np.mean(np.abs(
+        [v for t in ("rte", "mrpc") for vals in init[t](_sigma_runs(None)[0]["result"]["kasa_sigma"]).values()
+         for v in vals])))
+    images = [(ax, image) for ax in fig.axes for image in ax.get_images()]
+    assert len(images) == 4  # 2 tasks x {q, v}
+    for ax, image in images:  # the drawn pixels are the data's matrices
+        task = "rte" if ax.get_title().startswith("RTE") else "mrpc"
+        np.testing.assert_allclose(image.get_array(), by_task[task][0], atol=1e-12)
+    assert {image.get_cmap().name for _, image in images} == {"RdBu_r"}
+    (vmin, vmax), = {image.get_clim() for _, image in images}
+    assert vmin == -vmax == pytest.approx(-0.03)
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 1 and SIGMA_DELTA in bars[0].get_ylabel().replace("\n", " ")
+    title = " ".join(fig.get_suptitle().split())
+    assert title.startswith(f"KaSA: {SIGMA_DELTA}") and "learned change" in title
 
 
 def test_sigma_refuses_runs_without_their_initial_values(tmp_path, store_path):
@@ -219,22 +212,17 @@ def test_rank_over_a_tied_rate_draws_a_line_per_method_and_names_only_the_option
                                   ("head", {"targets": ""}))
             for lr in (1e-4, 1e-3) for seed in (0, 1)]
     drawn = draw(make_store(tmp_path / "tied.sqlite", runs), kind="rank", x="lr")
-    try:
-        assert drawn.data.tied == ["head_lr"]
-        assert sorted(line.label for line in drawn.data.lines) == [
-            "method=head", "method=kasa targets=q,v kasa_mode=paper", "method=kasa targets=q,v kasa_mode=reference",
-            "method=lora targets=q,v"]
-        lora = next(line for line in drawn.data.lines if line.label == "method=lora targets=q,v")
-        assert lora.xs == [1e-4, 1e-3] and lora.means == pytest.approx([100 * (0.601 + 0.005), 100 * (0.61 + 0.005)])
-        assert drawn.figure.axes[0].get_xlabel().endswith("= head_lr")
-    finally:
-        close(drawn.figure)
+    assert drawn.data.tied == ["head_lr"]
+    assert sorted(line.label for line in drawn.data.lines) == [
+        "method=head", "method=kasa targets=q,v kasa_mode=paper", "method=kasa targets=q,v kasa_mode=reference",
+        "method=lora targets=q,v"]
+    lora = next(line for line in drawn.data.lines if line.label == "method=lora targets=q,v")
+    assert lora.xs == [1e-4, 1e-3] and lora.means == pytest.approx([100 * (0.601 + 0.005), 100 * (0.61 + 0.005)])
+    assert drawn.figure.axes[0].get_xlabel().endswith("= head_lr")
+    # one run whose head rate differs: head_lr is a config key of its own again
     untied = runs + [dict(method="lora", lr=1e-3, head_lr=5e-4, seed=0, value=0.5)]
     drawn = draw(make_store(tmp_path / "untied.sqlite", untied), kind="rank", x="lr")
-    try:  # one run whose head rate differs: head_lr is a config key of its own again
-        assert drawn.data.tied == [] and any("head_lr=5e-4" in line.label for line in drawn.data.lines)
-    finally:
-        close(drawn.figure)
+    assert drawn.data.tied == [] and any("head_lr=5e-4" in line.label for line in drawn.data.lines)
 
 
 def test_rank_shows_every_run_and_keeps_failed_runs_out_of_the_mean(store_path):
@@ -242,20 +230,17 @@ def test_rank_shows_every_run_and_keeps_failed_runs_out_of_the_mean(store_path):
 
     rows = load_rows([store_path])
     drawn = draw(rows, kind="rank", where="lr=1e-3,lr_ratio=4,task=rte")
-    try:
-        records, _ = collect(rows, where=parse_filter("lr=1e-3,lr_ratio=4,task=rte"))
-        for line in drawn.data.lines:  # one per method; x = rank
-            method = line.label.split("=")[1]
-            for rank, mean in zip(line.xs, line.means):
-                ok = [r.value * 100 for r in records if r.config["method"] == method and r.config["rank"] == rank
-                      and r.status == "ok"]
-                if not ok:  # dora's one run failed: no mean, no dot
-                    assert mean is None and rank not in line.ok
-                    continue
-                assert mean == pytest.approx(np.mean(ok))
-                assert sorted(v for _, v in line.ok[rank]) == pytest.approx(sorted(ok))
-        lora = next(line for line in drawn.data.lines if line.label == "method=lora")
-        assert [(seed, status) for seed, status, _ in lora.failed[8]] == [(0, "collapsed")]
-        assert "runs not ok" in drawn.figure.get_suptitle()
-    finally:
-        close(drawn.figure)
+    records, _ = collect(rows, where=parse_filter("lr=1e-3,lr_ratio=4,task=rte"))
+    for line in drawn.data.lines:  # one per method; x = rank
+        method = line.label.split("=")[1]
+        for rank, mean in zip(line.xs, line.means):
+            ok = [r.value * 100 for r in records if r.config["method"] == method and r.config["rank"] == rank
+                  and r.status == "ok"]
+            if not ok:  # dora's one run failed: no mean, no dot
+                assert mean is None and rank not in line.ok
+                continue
+            assert mean == pytest.approx(np.mean(ok))
+            assert sorted(v for _, v in line.ok[rank]) == pytest.approx(sorted(ok))
+    lora = next(line for line in drawn.data.lines if line.label == "method=lora")
+    assert [(seed, status) for seed, status, _ in lora.failed[8]] == [(0, "collapsed")]
+    assert "runs not ok" in drawn.figure.get_suptitle()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _plot_helpers import close, make_store
+from _plot_helpers import close_figures, make_store  # noqa: F401 - close_figures: an autouse fixture
 from peftlab.errors import PeftlabError
 from peftlab.lab.figures.curves import run_points
 from peftlab.lab.plot import draw
@@ -29,44 +29,38 @@ def test_band_is_the_quantiles_of_the_seeds_and_the_line_their_median(tmp_path):
     rows = make_store(tmp_path / "c.sqlite", _stsb_runs())
     for band, (q_low, q_high) in (("quartiles", (0.25, 0.75)), ("range", (0.0, 1.0))):
         drawn = draw(rows, kind="curves", band=band)
-        try:
-            (line,) = drawn.data.bands
-            assert line.x == [0.5, 1.0, 1.5, 2.0]  # fractional epochs of the step-level curve
-            values = np.array([CURVES[s] for s in sorted(CURVES)]) * 100  # seeds x points
-            assert line.median == pytest.approx(list(np.median(values, axis=0)))
-            assert line.low == pytest.approx(list(np.quantile(values, q_low, axis=0)))
-            assert line.high == pytest.approx(list(np.quantile(values, q_high, axis=0)))
-            assert line.n == [5] * 4 and line.epoch_ends_only == 0
-            # the band never claims more than a seed reached (mean + std would: 62.6 + 42.1 at epoch 2)
-            assert max(line.high) <= values.max() + 1e-9 <= 100
-            ax = drawn.figure.axes[0]
-            (poly,) = ax.collections
-            band_y = np.concatenate([p.vertices[:, 1] for p in poly.get_paths()])
-            assert band_y.min() >= min(line.low) - 1e-9 and band_y.max() <= max(line.high) + 1e-9
-        finally:
-            close(drawn.figure)
+        (line,) = drawn.data.bands
+        assert line.x == [0.5, 1.0, 1.5, 2.0]  # fractional epochs of the step-level curve
+        values = np.array([CURVES[s] for s in sorted(CURVES)]) * 100  # seeds x points
+        assert line.median == pytest.approx(list(np.median(values, axis=0)))
+        assert line.low == pytest.approx(list(np.quantile(values, q_low, axis=0)))
+        assert line.high == pytest.approx(list(np.quantile(values, q_high, axis=0)))
+        assert line.n == [5] * 4 and line.epoch_ends_only == 0
+        # the band never claims more than a seed reached (mean + std would: 62.6 + 42.1 at epoch 2)
+        assert max(line.high) <= values.max() + 1e-9 <= 100
+        ax = drawn.figure.axes[0]
+        (poly,) = ax.collections
+        band_y = np.concatenate([p.vertices[:, 1] for p in poly.get_paths()])
+        assert band_y.min() >= min(line.low) - 1e-9 and band_y.max() <= max(line.high) + 1e-9
 
 
 def test_failed_to_learn_seeds_are_thin_lines_outside_the_band(tmp_path):
     rows = make_store(tmp_path / "c.sqlite", _stsb_runs({3: "no_learning", 4: "collapsed"}))
     drawn = draw(rows, kind="curves")
-    try:
-        (line,) = drawn.data.bands
-        ok = np.array([CURVES[s] for s in (0, 1, 2)]) * 100
-        assert line.n == [3] * 4 and line.runs == 3
-        assert line.median == pytest.approx(list(np.median(ok, axis=0)))
-        assert line.low == pytest.approx(list(np.quantile(ok, 0.25, axis=0)))
-        thin = {(t.seed, t.status): t.y for t in drawn.data.thin}
-        assert set(thin) == {(3, "no_learning"), (4, "collapsed")}
-        assert thin[(3, "no_learning")] == pytest.approx([v * 100 for v in CURVES[3]])
-        ax = drawn.figure.axes[0]
-        widths = sorted(round(ln.get_linewidth(), 2) for ln in ax.get_lines())
-        assert widths == [0.8, 0.8, 1.4]  # the two failed seeds, then the median
-        legend = [t.get_text().replace("\n", " ") for t in drawn.figure.legends[0].get_texts()]
-        assert "1 run(s) collapsed: thin, not in the band" in legend
-        assert "1 run(s) no_learning: thin, not in the band" in legend
-    finally:
-        close(drawn.figure)
+    (line,) = drawn.data.bands
+    ok = np.array([CURVES[s] for s in (0, 1, 2)]) * 100
+    assert line.n == [3] * 4 and line.runs == 3
+    assert line.median == pytest.approx(list(np.median(ok, axis=0)))
+    assert line.low == pytest.approx(list(np.quantile(ok, 0.25, axis=0)))
+    thin = {(t.seed, t.status): t.y for t in drawn.data.thin}
+    assert set(thin) == {(3, "no_learning"), (4, "collapsed")}
+    assert thin[(3, "no_learning")] == pytest.approx([v * 100 for v in CURVES[3]])
+    ax = drawn.figure.axes[0]
+    widths = sorted(round(ln.get_linewidth(), 2) for ln in ax.get_lines())
+    assert widths == [0.8, 0.8, 1.4]  # the two failed seeds, then the median
+    legend = [t.get_text().replace("\n", " ") for t in drawn.figure.legends[0].get_texts()]
+    assert "1 run(s) collapsed: thin, not in the band" in legend
+    assert "1 run(s) no_learning: thin, not in the band" in legend
 
 
 def test_bands_stay_within_the_metric_range(tmp_path):
@@ -75,17 +69,14 @@ def test_bands_stay_within_the_metric_range(tmp_path):
     runs += [dict(task="stsb", seed=s, value=0.1, metric="pearson", curve=[-1.0000002, -0.5, 0.0, 0.1])
              for s in range(3)]
     drawn = draw(make_store(tmp_path / "r.sqlite", runs), kind="curves", band="range")
-    try:
-        assert drawn.data.ranges == {"sst2": (0.0, 100.0), "stsb": (-100.0, 100.0)}
-        for line in drawn.data.bands:
-            lo, hi = drawn.data.ranges[line.task]
-            assert all(lo <= v <= hi for v in line.low + line.high + line.median)
-        sst2 = next(b for b in drawn.data.bands if b.task == "sst2")
-        assert sst2.high[1] == 100.0
-        stsb = next(b for b in drawn.data.bands if b.task == "stsb")
-        assert stsb.low[0] == -100.0
-    finally:
-        close(drawn.figure)
+    assert drawn.data.ranges == {"sst2": (0.0, 100.0), "stsb": (-100.0, 100.0)}
+    for line in drawn.data.bands:
+        lo, hi = drawn.data.ranges[line.task]
+        assert all(lo <= v <= hi for v in line.low + line.high + line.median)
+    sst2 = next(b for b in drawn.data.bands if b.task == "sst2")
+    assert sst2.high[1] == 100.0
+    stsb = next(b for b in drawn.data.bands if b.task == "stsb")
+    assert stsb.low[0] == -100.0
 
 
 def test_step_axis_and_the_epoch_end_fallback(tmp_path):
@@ -93,27 +84,21 @@ def test_step_axis_and_the_epoch_end_fallback(tmp_path):
     runs += [dict(task="rte", method="dora", seed=s, value=0.72, epoch_values=[0.6, 0.72]) for s in range(3)]
     rows = make_store(tmp_path / "s.sqlite", runs)
     drawn = draw(rows, kind="curves")
-    try:
-        lines = {b.label: b for b in drawn.data.bands}
-        assert lines["method=lora"].x == [0.5, 1.0, 1.5, 2.0]
-        assert lines["method=dora"].x == [1.0, 2.0] and lines["method=dora"].epoch_ends_only == 3
-        assert lines["method=dora"].median == pytest.approx([60.0, 72.0])
-        legend = [t.get_text().replace("\n", " ") for t in drawn.figure.legends[0].get_texts()]
-        assert "method=dora (n=3; epoch ends only)" in legend and "method=lora (n=3)" in legend
-        ax = drawn.figure.axes[0]
-        assert ax.get_xlabel().startswith("epoch (fractional")
-        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2"]
-    finally:
-        close(drawn.figure)
+    lines = {b.label: b for b in drawn.data.bands}
+    assert lines["method=lora"].x == [0.5, 1.0, 1.5, 2.0]
+    assert lines["method=dora"].x == [1.0, 2.0] and lines["method=dora"].epoch_ends_only == 3
+    assert lines["method=dora"].median == pytest.approx([60.0, 72.0])
+    legend = [t.get_text().replace("\n", " ") for t in drawn.figure.legends[0].get_texts()]
+    assert "method=dora (n=3; epoch ends only)" in legend and "method=lora (n=3)" in legend
+    ax = drawn.figure.axes[0]
+    assert ax.get_xlabel().startswith("epoch (fractional")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2"]
     with pytest.raises(PeftlabError, match="has no step-level curve.*--eval-steps"):
         draw(rows, kind="curves", curve_x="step")
     drawn = draw(rows, kind="curves", curve_x="step", where="method=lora")
-    try:
-        (line,) = drawn.data.bands
-        assert line.x == [2.0, 4.0, 6.0, 8.0]  # optimizer steps
-        assert drawn.figure.axes[0].get_xlabel() == "optimizer step"
-    finally:
-        close(drawn.figure)
+    (line,) = drawn.data.bands
+    assert line.x == [2.0, 4.0, 6.0, 8.0]  # optimizer steps
+    assert drawn.figure.axes[0].get_xlabel() == "optimizer step"
 
 
 def test_run_points_read_the_curve_else_the_epoch_log(tmp_path):
@@ -135,13 +120,10 @@ def test_run_points_read_the_curve_else_the_epoch_log(tmp_path):
 def test_loss_row_and_its_limits(tmp_path):
     rows = make_store(tmp_path / "l.sqlite", _stsb_runs())
     drawn = draw(rows, kind="curves", loss=True)
-    try:
-        assert {b.series for b in drawn.data.bands} == {"metric", "train_loss"}
-        loss = next(b for b in drawn.data.bands if b.series == "train_loss")
-        assert loss.x == [1.0, 2.0] and loss.median == pytest.approx([0.6, 0.5])
-        assert drawn.figure.axes[1].get_ylabel() == "train loss (epoch end)"
-    finally:
-        close(drawn.figure)
+    assert {b.series for b in drawn.data.bands} == {"metric", "train_loss"}
+    loss = next(b for b in drawn.data.bands if b.series == "train_loss")
+    assert loss.x == [1.0, 2.0] and loss.median == pytest.approx([0.6, 0.5])
+    assert drawn.figure.axes[1].get_ylabel() == "train loss (epoch end)"
     with pytest.raises(PeftlabError, match="--loss.*no step axis"):
         draw(rows, kind="curves", loss=True, curve_x="step")
     with pytest.raises(PeftlabError, match="takes no --x"):
@@ -153,15 +135,12 @@ def test_curves_have_whole_epoch_ticks(tmp_path, epochs):
     runs = [dict(task="rte", method=method, seed=seed, value=0.7, epochs=epochs)
             for method in ("lora", "kasa") for seed in range(2)]
     drawn = draw(make_store(tmp_path / "c.sqlite", runs), kind="curves")
-    try:
-        fig = drawn.figure
-        fig.canvas.draw()
-        for ax in fig.axes:
-            lo, hi = sorted(ax.get_xlim())
-            shown = [t.get_text() for t, loc in zip(ax.get_xticklabels(), ax.get_xticks()) if lo <= loc <= hi]
-            assert shown == [str(e) for e in range(1, epochs + 1)]
-    finally:
-        close(drawn.figure)
+    fig = drawn.figure
+    fig.canvas.draw()
+    for ax in fig.axes:
+        lo, hi = sorted(ax.get_xlim())
+        shown = [t.get_text() for t, loc in zip(ax.get_xticklabels(), ax.get_xticks()) if lo <= loc <= hi]
+        assert shown == [str(e) for e in range(1, epochs + 1)]
 
 
 def test_a_run_with_a_selection_split_draws_that_splits_curve(tmp_path):
@@ -173,13 +152,10 @@ def test_a_run_with_a_selection_split_draws_that_splits_curve(tmp_path):
         for point in row["result"]["curve"] + row["result"]["epochs_log"]:
             point["metrics"] = {SELECTION_PREFIX + k: v for k, v in point.get("metrics", {}).items()}
     drawn = draw(rows, kind="curves")
-    try:
-        (line,) = drawn.data.bands
-        values = np.array([CURVES[s] for s in sorted(CURVES)]) * 100
-        assert line.median == pytest.approx(list(np.median(values, axis=0)))
-        assert "selection-split evaluations during training" in drawn.figure._suptitle.get_text().replace("\n", " ")
-    finally:
-        close(drawn.figure)
+    (line,) = drawn.data.bands
+    values = np.array([CURVES[s] for s in sorted(CURVES)]) * 100
+    assert line.median == pytest.approx(list(np.median(values, axis=0)))
+    assert "selection-split evaluations during training" in drawn.figure._suptitle.get_text().replace("\n", " ")
     for row in rows:  # no point of the reported metric anywhere: one line, not a crash while drawing the legend
         for point in row["result"]["curve"] + row["result"]["epochs_log"]:
             point["metrics"] = {}

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from peftlab.config import TrainConfig
 from peftlab.resolve import build_run_config
 from peftlab.lab.plot import draw, save_figure
 from peftlab.lab.records import load_rows
