@@ -19,6 +19,7 @@ from peftlab.resolve import build_run_config
 from peftlab.lab.plot import draw, save_figure
 from peftlab.lab.records import load_rows
 from peftlab.lab.store import Store
+from _plot_helpers import close_figures  # noqa: F401 - an autouse fixture
 from fake_results import checked  # noqa: E402 - tests/ is on sys.path
 from test_plot import _result as plot_result, add_grid  # noqa: E402  (tests/ is on sys.path, as for conftest)
 
@@ -136,16 +137,11 @@ def layout_problems(fig, png: Path) -> list[str]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_text_lies_inside_the_saved_canvas(rows, tmp_path, case):
-    import matplotlib.pyplot as plt
-
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # e.g. "constrained_layout not applied": text would clip
         fig = draw(rows, **CASES[case]).figure
-        out = save_figure(fig, Path(OUT or tmp_path) / f"{case}.png", close=False)
-    try:
-        assert layout_problems(fig, out) == []
-    finally:
-        plt.close(fig)
+        out = save_figure(fig, Path(OUT or tmp_path) / f"{case}.png")
+    assert layout_problems(fig, out) == []
 
 
 def _cell_texts_outside(fig, texts) -> list[str]:

@@ -20,14 +20,12 @@ KINDS = ("lr-grid", "heatmap", "curves", "sigma", "rank")
 SUFFIXES = (".png", ".pdf", ".svg")
 
 
-def save_figure(fig, out: str | Path, *, close: bool = True) -> Path:
+def save_figure(fig, out: str | Path) -> Path:
     """Write ``fig`` to ``out`` (type from the suffix) as laid out: its whole canvas, no cropping, at its dpi."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with style():
         fig.savefig(out, dpi=fig.dpi)
-    if close:
-        pyplot().close(fig)
     return out
 
 
@@ -79,6 +77,7 @@ def make_plot(rows: list[dict], *, kind: str, out: str | Path, **options) -> Dra
         raise PeftlabError(f"--out must end in {', '.join(SUFFIXES)}, got '{out.name}'")
     drawn = draw(rows, kind=kind, **options)
     drawn.path = save_figure(drawn.figure, out)
+    pyplot().close(drawn.figure)
     return drawn
 
 
