@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from peftlab.errors import PeftlabError
 
@@ -40,7 +39,8 @@ class StudyKeeper:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna = optuna
-        self.search, self.grid = search, grid
+        self.grid = grid
+        self.space = {name: _distribution(optuna, space) for name, space in search.items()}
         storage = optuna.storages.RDBStorage(f"sqlite:///{storage_path}",
                                              engine_kwargs={"connect_args": {"timeout": 120}})
         # a grid's sampler is never used: every point is enqueued
@@ -55,21 +55,13 @@ class StudyKeeper:
             raise PeftlabError(f"the tune spec's base, search, metric or pruner changed since this tune started "
                                f"(study {storage_path})",
                                fix="restore the spec, or give the changed one another output_dir")
-        self.live: dict[int, Any] = {}  # trial number -> optuna.Trial, for trials run by this process
 
     # ----------------------------------------------------------------- asking
 
     def unfinished(self) -> list[Ticket]:
         """Trials a killed tune left running (or asked and never started): they are continued, not re-asked."""
-        out = []
-        for frozen in self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,)):
-            self.live[frozen.number] = self.optuna.trial.Trial(self.study, frozen._trial_id)
-            out.append(Ticket(frozen.number, dict(frozen.params)))
-        return out
-
-    def asked(self) -> int:
-        """Trials asked so far (any state)."""
-        return len(self.study.get_trials(deepcopy=False))
+        running = self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,))
+        return [Ticket(frozen.number, dict(frozen.params)) for frozen in running]
 
     def can_ask(self) -> bool:
         """False when a grid has no point left."""
@@ -80,63 +72,44 @@ class StudyKeeper:
         return next((p for p in self.grid if p not in used), None)
 
     def ask(self) -> Ticket | None:
-        TrialState = self.optuna.trial.TrialState
-        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        waiting = self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.WAITING,))
         if self.grid is not None and not waiting:
             point = self._next_point()
             if point is None:
                 return None
             self.study.enqueue_trial(point)
-        trial = self.study.ask()
-        params = {}
-        for name, space in self.search.items():
-            if "values" in space:
-                params[name] = trial.suggest_categorical(name, list(space["values"]))
-            elif isinstance(space["low"], int) and isinstance(space["high"], int) and not isinstance(
-                    space.get("step"), float):
-                params[name] = trial.suggest_int(name, space["low"], space["high"], step=space.get("step") or 1,
-                                                 log=space.get("log", False))
-            else:
-                params[name] = trial.suggest_float(name, float(space["low"]), float(space["high"]),
-                                                   step=space.get("step"), log=space.get("log", False))
-        self.live[trial.number] = trial
-        return Ticket(trial.number, params)
+        trial = self.study.ask(self.space)
+        return Ticket(trial.number, dict(trial.params))
 
     def set_attrs(self, number: int, attrs: dict) -> None:
-        trial = self.live[number]
-        for name, value in attrs.items():
-            trial.set_user_attr(name, value)
+        for name, value in attrs.items():  # Optuna's storage API: any process may label any trial
+            self.study._storage.set_trial_user_attr(self._frozen(number)._trial_id, name, value)
 
     # ----------------------------------------------------------------- reporting
 
     def report(self, number: int, epoch: int, value: float) -> bool:
         """Record a trial's dev metric after ``epoch``; True when the pruner says to stop it."""
-        trial = self.live.get(number)
-        if trial is None:  # a worker retried after the driver restarted: re-attach
-            frozen = self.study.get_trials(deepcopy=False)[number]
-            trial = self.live[number] = self.optuna.trial.Trial(self.study, frozen._trial_id)
         if not math.isfinite(value):
             return True
-        if epoch in self._frozen(number).intermediate_values:  # a retried worker repeats an epoch
+        frozen = self._frozen(number)
+        if epoch in frozen.intermediate_values:  # a retried worker repeats an epoch
             return False
+        trial = self.optuna.trial.Trial(self.study, frozen._trial_id)
         trial.report(float(value), step=epoch)
         return bool(trial.should_prune())
 
     def tell(self, number: int, state: str, value: float | None, attrs: dict) -> None:
         """Close a trial: ``complete`` with its value, else ``pruned`` or ``failed``; ``attrs`` kept on it."""
         TrialState = self.optuna.trial.TrialState
-        frozen = self._frozen(number)
-        if frozen.state.is_finished():  # told already (a rerun of a killed tune repeats its last tell)
+        if self._frozen(number).state.is_finished():  # told already (a rerun of a killed tune repeats its last tell)
             return
-        for name, item in attrs.items():  # Optuna's storage API: this process may not hold the Trial object
-            self.study._storage.set_trial_user_attr(frozen._trial_id, name, item)
+        self.set_attrs(number, attrs)
         if state == "complete" and value is not None and math.isfinite(value):
             self.study.tell(number, value)
         elif state in ("complete", "pruned"):
             self.study.tell(number, state=TrialState.PRUNED)
         else:
             self.study.tell(number, state=TrialState.FAIL)
-        self.live.pop(number, None)
 
     def close(self) -> None:
         """Let go of the study file (before a Ray actor takes it over)."""
@@ -154,6 +127,16 @@ class StudyKeeper:
         return [{"number": trial.number, "state": trial.state.name.lower(), "params": dict(trial.params),
                  "value": trial.value, "intermediate": {int(k): v for k, v in trial.intermediate_values.items()},
                  "attrs": dict(trial.user_attrs)} for trial in self.study.get_trials(deepcopy=False)]
+
+
+def _distribution(optuna, space: dict):
+    """The Optuna distribution of a search key: its values, or an int or float range."""
+    if "values" in space:
+        return optuna.distributions.CategoricalDistribution(list(space["values"]))
+    low, high, step, log = space["low"], space["high"], space.get("step"), space.get("log", False)
+    if isinstance(low, int) and isinstance(high, int) and not isinstance(step, float):
+        return optuna.distributions.IntDistribution(low, high, log=log, step=step or 1)
+    return optuna.distributions.FloatDistribution(float(low), float(high), log=log, step=step)
 
 
 def _pruner(optuna, spec: dict):
