@@ -14,13 +14,11 @@ Without ``--address`` a local Ray is started for the command and stopped after i
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import os
 import sys
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -99,18 +97,6 @@ def check_backend_args(args) -> None:
 # --------------------------------------------------------------------------- connecting
 
 
-@dataclass
-class Connection:
-    started_here: bool  # a local Ray this command started (and stops)
-    gpus_per_run: float
-    cpus_per_run: float
-    slots: int  # runs the cluster can hold at once with these resources
-
-    def describe(self) -> str:
-        gpus = f", {self.gpus_per_run:g} GPU" if self.gpus_per_run else ""
-        return f"Ray: {self.slots} run(s) at a time ({self.cpus_per_run:g} CPU{gpus} each)"
-
-
 def probe_address(address: str, timeout: float) -> None:
     """Make sure something answers as a Ray cluster at ``address`` within ``timeout`` seconds, else one line.
 
@@ -160,50 +146,6 @@ def probe_address(address: str, timeout: float) -> None:
         channel.close()
 
 
-def connect(options: RayOptions, *, show_output: bool = False) -> Connection:
-    """Join ``options.address`` (or a Ray this process already joined), else start a local Ray.
-    ``show_output`` (``--verbose``): the tasks' output is printed here instead of only in the run logs."""
-    ray = require_ray()
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": show_output}
-        if options.address:
-            probe_address(options.address, options.ray_timeout)
-            kwargs["address"] = options.address
-        else:
-            kwargs["include_dashboard"] = False
-        try:
-            ray.init(**kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            where = f"--address {options.address}" if options.address else "a local Ray"
-            raise PeftlabError(f"cannot start or reach Ray ({where}): {' '.join(str(err).split())[:300]}",
-                               fix="start the cluster with `ray start --head` and pass its address "
-                                   "(HEAD:6379, or auto on the head), or drop --address for a local Ray") from None
-        started = not options.address
-    resources = ray.cluster_resources()
-    gpus = options.gpus_per_run
-    if gpus is None:
-        gpus = 1.0 if resources.get("GPU", 0) >= 1 else 0.0
-    if gpus > resources.get("GPU", 0):
-        _shutdown_if(started)
-        raise PeftlabError(f"--gpus-per-run {gpus:g} but the Ray cluster has {resources.get('GPU', 0):g} GPU(s)",
-                           fix="lower --gpus-per-run, or add GPU nodes (ray start --address ... --num-gpus N)")
-    if options.cpus_per_run > resources.get("CPU", 0):
-        _shutdown_if(started)
-        raise PeftlabError(f"--cpus-per-run {options.cpus_per_run:g} but the Ray cluster has "
-                           f"{resources.get('CPU', 0):g} CPU(s)", fix="lower --cpus-per-run")
-    slots = int(resources.get("CPU", 0) // options.cpus_per_run)
-    if gpus:
-        slots = min(slots, int(resources.get("GPU", 0) // gpus))
-    return Connection(started_here=started, gpus_per_run=gpus, cpus_per_run=options.cpus_per_run,
-                      slots=max(1, slots))
-
-
-def _shutdown_if(started: bool) -> None:
-    if started:
-        require_ray().shutdown()
-
-
 def forwarded_env(local: bool) -> dict[str, str]:
     """The driver's variables the tasks get; on a local Ray also its import path (like multiprocessing's spawn),
     so a train function named "module:attr" imports in the workers as it does here."""
@@ -240,33 +182,60 @@ class RayTasks(Executor):
         self.ray, self.options, self.note = require_ray(), options, note
         self.fn_name = train_fn_name(train_fn)
         self.refs: dict[Future, Any] = {}  # -> the task's object ref
-        self.connection: Connection | None = None
-
-    def connect(self) -> Connection:
-        """Start or join Ray (once), saying how many runs fit."""
-        if self.connection is None:
-            self.connection = connect(self.options, show_output=self.log_dir is None)
-            self.note(self.connection.describe())
-        return self.connection
+        self.started_here = False  # a local Ray this command started (and stops)
+        self.remote = None  # the task, once Ray is up
+        self.fit = 1  # runs the cluster holds at once with these resources
 
     @property
     def slots(self) -> int:
-        return self.connect().slots
+        self.connect()
+        return self.fit
 
-    @functools.cached_property
-    def remote(self):
-        connection = self.connect()
-        return self.ray.remote(execute_run).options(
-            num_cpus=connection.cpus_per_run, num_gpus=connection.gpus_per_run,
-            max_retries=self.options.max_retries, retry_exceptions=False,
-            runtime_env={"env_vars": forwarded_env(local=connection.started_here or not self.options.address)})
+    def connect(self) -> None:
+        """Join ``--address`` (or a Ray this process already joined), else start a local Ray; once. The tasks'
+        output is printed here too with ``--verbose`` (no log folder)."""
+        if self.remote is not None:
+            return
+        ray, options = self.ray, self.options
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": self.log_dir is None}
+            if options.address:
+                probe_address(options.address, options.ray_timeout)
+                kwargs["address"] = options.address
+            else:
+                kwargs["include_dashboard"] = False
+            try:
+                ray.init(**kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                where = f"--address {options.address}" if options.address else "a local Ray"
+                raise PeftlabError(f"cannot start or reach Ray ({where}): {' '.join(str(err).split())[:300]}",
+                                   fix="start the cluster with `ray start --head` and pass its address (HEAD:6379, "
+                                       "or auto on the head), or drop --address for a local Ray") from None
+            self.started_here = not options.address  # close() stops it, also after an error below
+        resources = ray.cluster_resources()
+        cpus, gpus = options.cpus_per_run, options.gpus_per_run
+        if gpus is None:
+            gpus = 1.0 if resources.get("GPU", 0) >= 1 else 0.0
+        if gpus > resources.get("GPU", 0):
+            raise PeftlabError(f"--gpus-per-run {gpus:g} but the Ray cluster has {resources.get('GPU', 0):g} GPU(s)",
+                               fix="lower --gpus-per-run, or add GPU nodes (ray start --address ... --num-gpus N)")
+        if cpus > resources.get("CPU", 0):
+            raise PeftlabError(f"--cpus-per-run {cpus:g} but the Ray cluster has {resources.get('CPU', 0):g} CPU(s)",
+                               fix="lower --cpus-per-run")
+        fit = [resources.get("CPU", 0) // cpus] + ([resources.get("GPU", 0) // gpus] if gpus else [])
+        self.fit = max(1, int(min(fit)))
+        self.note(f"Ray: {self.fit} run(s) at a time ({cpus:g} CPU{f', {gpus:g} GPU' if gpus else ''} each)")
+        self.remote = ray.remote(execute_run).options(
+            num_cpus=cpus, num_gpus=gpus, max_retries=options.max_retries, retry_exceptions=False,
+            runtime_env={"env_vars": forwarded_env(local=self.started_here or not options.address)})
 
     def start(self, run, reporter) -> Future:
         log = log_path(self.log_dir, run.key)
-        threads = max(1, int(self.connect().cpus_per_run))
+        self.connect()
+        threads = max(1, int(self.options.cpus_per_run))
         # the task's copy has an absolute output_dir (a worker's cwd is not the driver's on a cluster); the store
         # keeps the config as registered: output_dir is not part of a run's key
-        run = dataclasses.replace(run, config={**run.config, "output_dir": str(Path(run.output_dir).resolve())})
+        run = replace(run, config={**run.config, "output_dir": str(Path(run.output_dir).resolve())})
         ref = self.remote.remote(run, self.fn_name, str(log) if log else None, threads, reporter)
         future = ref.future()
         self.refs[future] = ref  # held until the outcome is in the future: Ray frees an object nobody refers to
@@ -287,5 +256,5 @@ class RayTasks(Executor):
                 self.ray.cancel(ref, force=True)
 
     def close(self) -> None:
-        if self.connection is not None:
-            _shutdown_if(self.connection.started_here)
+        if self.started_here:
+            self.ray.shutdown()

@@ -209,14 +209,19 @@ def output_paths(path: Path, spec: dict, output_dir: str | None, store: str | No
     return root, Path(store or spec.get("store") or root / STORE_NAME)
 
 
-def add_output_flags(parser) -> None:
-    """``--output-dir``, ``--store``, ``--verbose``: where a spec's runs, store and logs go (sweep and tune)."""
+def add_spec_flags(parser, *, dry_run: str) -> None:
+    """``--dry-run`` (``dry_run``: its help), where a spec's runs, store and logs go, and the backend flags (sweep
+    and tune)."""
+    from peftlab.lab.ray_backend import add_backend_flags
+
+    parser.add_argument("--dry-run", action="store_true", help=dry_run)
     parser.add_argument("--output-dir", type=output_folder, default=None,
                         help="root of the runs (default: the spec's output_dir, else runs/<spec stem>)")
     parser.add_argument("--store", type=output_file, default=None,
                         help="results store (default <output dir>/results.sqlite)")
     parser.add_argument("--verbose", action="store_true",
                         help="show each run's output here instead of in <output dir>/logs/<key>.log")
+    add_backend_flags(parser)
 
 
 def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None) -> Sweep:

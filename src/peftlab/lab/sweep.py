@@ -20,7 +20,7 @@ from typing import Callable
 from peftlab.argtypes import nonnegative_int
 from peftlab.errors import PeftlabError
 from peftlab.lab.runner import executor_for, held_by_another, log_path, train_all
-from peftlab.lab.spec import Sweep, add_output_flags, load_spec
+from peftlab.lab.spec import Sweep, add_spec_flags, load_spec
 from peftlab.lab.store import Store, short_key
 from peftlab.lab.store_schema import FINISHED
 
@@ -190,12 +190,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
                         help="run in N worker processes (default 0: one run at a time in this process)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the grid (one line per run), its size and what the preflight found; run nothing")
-    add_output_flags(parser)
-    from peftlab.lab.ray_backend import add_backend_flags  # --backend ray: each run a Ray task
-
-    add_backend_flags(parser)
+    add_spec_flags(parser, dry_run="print the grid (one line per run), its size and what the preflight found; "
+                                   "run nothing")
     parser.set_defaults(func=run_cli)
 
 

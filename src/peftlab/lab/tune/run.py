@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.runner import Executor, executor_for, train_all
-from peftlab.lab.spec import add_output_flags
+from peftlab.lab.spec import add_spec_flags
 from peftlab.lab.store import Store, short_key
 from peftlab.lab.store_schema import FINISHED
 from peftlab.lab.tune.spec import TuneSpec, heldout_runs, load_tune_spec, run_config
@@ -184,14 +184,6 @@ def run_plain(runs: list, store: Store, executor: Executor, metric: str, say: Ca
     train_all(executor, lambda: pending.pop(0) if pending else None, done, poll=poll)
 
 
-def keeper_kwargs(tune: TuneSpec, *, create: bool = True) -> dict:
-    return {"storage_path": str(tune.study_path.resolve()), "direction": tune.direction,
-            "search": {name: p.to_json() for name, p in tune.search.items()}, "grid": tune.grid_points,
-            "pruner": {"kind": tune.pruner.kind, "min_epochs": tune.pruner.min_epochs,
-                       "reduction_factor": tune.pruner.reduction_factor, "max_epochs": tune.epochs},
-            "sampler_seed": tune.sampler_seed, "fingerprint": tune.fingerprint(), "create": create}
-
-
 def run_tune(tune: TuneSpec, *, ray=None, train_fn: Callable | str | None = None, progress: bool = True,
              capture_output: bool = True) -> dict:
     """Run (or resume) a tune, its runs in this process or as Ray tasks (``ray``: a RayOptions); returns its
@@ -208,7 +200,7 @@ def run_tune(tune: TuneSpec, *, ray=None, train_fn: Callable | str | None = None
                           ray=ray, wait_if_held=True) as executor:
             if ray is not None:
                 executor.connect()  # Ray first (says how many runs fit): the keeper is then an actor on it
-            keeper = start_keeper(keeper_kwargs(tune), on_ray=ray is not None)
+            keeper = start_keeper(tune, on_ray=ray is not None)
             try:
                 tuner = Tuner(tune, keeper, store, executor, say)
                 tuner.search()
@@ -225,7 +217,7 @@ def load_summary(tune: TuneSpec) -> dict:
     if not tune.study_path.is_file():
         raise PeftlabError(f"no tune has run in {tune.output_root} yet (no {tune.study_path.name})",
                            fix=f"run peftlab tune {tune.spec_path}")
-    keeper = StudyKeeper(**keeper_kwargs(tune, create=False))
+    keeper = StudyKeeper(tune, create=False)
     try:
         with Store(tune.store_path, create=False) as store:
             return build_summary(tune, keeper.trials(), store.rows())
@@ -249,12 +241,7 @@ def add_parser(sub) -> None:
                         help="seed re-runs of the top candidates (default: the spec's seeds, else 5)")
     parser.add_argument("--summary", action="store_true",
                         help="print the trials, the winner and the compute spent so far, and run nothing")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the search space, the budget and what the preflight found; run nothing")
-    add_output_flags(parser)
-    from peftlab.lab.ray_backend import add_backend_flags
-
-    add_backend_flags(parser)
+    add_spec_flags(parser, dry_run="print the search space, the budget and what the preflight found; run nothing")
     parser.set_defaults(func=run_cli)
 
 

@@ -14,7 +14,7 @@ handed back by :meth:`StudyKeeper.unfinished` and continued, never asked again.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from peftlab.errors import PeftlabError
 
@@ -30,8 +30,7 @@ class Ticket:
 
 
 class StudyKeeper:
-    def __init__(self, storage_path: str, *, direction: str, search: dict[str, dict], grid: list[dict] | None,
-                 pruner: dict, sampler_seed: int, fingerprint: str, create: bool = True):
+    def __init__(self, tune, *, create: bool = True):  # a TuneSpec whose output folder is absolute
         from peftlab.extras import require
 
         require("peftlab tune")  # the 'tune' extra (peftlab study's search stage comes here too)
@@ -39,21 +38,23 @@ class StudyKeeper:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna = optuna
-        self.grid = grid
-        self.space = {name: _distribution(optuna, space) for name, space in search.items()}
-        storage = optuna.storages.RDBStorage(f"sqlite:///{storage_path}",
+        self.grid = tune.grid_points
+        self.space = {name: _distribution(optuna, param) for name, param in tune.search.items()}
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tune.study_path}",
                                              engine_kwargs={"connect_args": {"timeout": 120}})
         # a grid's sampler is never used: every point is enqueued
-        sampler = (optuna.samplers.RandomSampler if grid is not None else optuna.samplers.TPESampler)(seed=sampler_seed)
-        kwargs = dict(storage=storage, study_name=STUDY_NAME, sampler=sampler, pruner=_pruner(optuna, pruner))
-        self.study = (optuna.create_study(direction=direction, load_if_exists=True, **kwargs) if create
+        sampler = (optuna.samplers.RandomSampler if self.grid is not None else optuna.samplers.TPESampler)(
+            seed=tune.sampler_seed)
+        kwargs = dict(storage=storage, study_name=STUDY_NAME, sampler=sampler,
+                      pruner=_pruner(optuna, tune.pruner, tune.epochs))
+        self.study = (optuna.create_study(direction=tune.direction, load_if_exists=True, **kwargs) if create
                       else optuna.load_study(**kwargs))
-        attrs = self.study.user_attrs
+        attrs, fingerprint = self.study.user_attrs, tune.fingerprint()
         if "fingerprint" not in attrs and create:
             self.study.set_user_attr("fingerprint", fingerprint)
         elif attrs.get("fingerprint") != fingerprint:
             raise PeftlabError(f"the tune spec's base, search, metric or pruner changed since this tune started "
-                               f"(study {storage_path})",
+                               f"(study {tune.study_path})",
                                fix="restore the spec, or give the changed one another output_dir")
 
     # ----------------------------------------------------------------- asking
@@ -129,25 +130,23 @@ class StudyKeeper:
                  "attrs": dict(trial.user_attrs)} for trial in self.study.get_trials(deepcopy=False)]
 
 
-def _distribution(optuna, space: dict):
-    """The Optuna distribution of a search key: its values, or an int or float range."""
-    if "values" in space:
-        return optuna.distributions.CategoricalDistribution(list(space["values"]))
-    low, high, step, log = space["low"], space["high"], space.get("step"), space.get("log", False)
-    if isinstance(low, int) and isinstance(high, int) and not isinstance(step, float):
-        return optuna.distributions.IntDistribution(low, high, log=log, step=step or 1)
-    return optuna.distributions.FloatDistribution(float(low), float(high), log=log, step=step)
+def _distribution(optuna, param):
+    """The Optuna distribution of a search key (a SearchParam): its values, or an int or float range."""
+    if param.values is not None:
+        return optuna.distributions.CategoricalDistribution(list(param.values))
+    if isinstance(param.low, int) and isinstance(param.high, int) and not isinstance(param.step, float):
+        return optuna.distributions.IntDistribution(param.low, param.high, log=param.log, step=param.step or 1)
+    return optuna.distributions.FloatDistribution(float(param.low), float(param.high), log=param.log, step=param.step)
 
 
-def _pruner(optuna, spec: dict):
-    kind = spec.get("kind", "asha")
-    if kind == "none":
+def _pruner(optuna, pruner, max_epochs: int):
+    if pruner.kind == "none":
         return optuna.pruners.NopPruner()
-    if kind == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=spec["min_epochs"], max_resource=spec["max_epochs"],
-                                              reduction_factor=spec["reduction_factor"])
-    return optuna.pruners.SuccessiveHalvingPruner(min_resource=spec["min_epochs"],
-                                                  reduction_factor=spec["reduction_factor"])
+    if pruner.kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=pruner.min_epochs, max_resource=max_epochs,
+                                              reduction_factor=pruner.reduction_factor)
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=pruner.min_epochs,
+                                                  reduction_factor=pruner.reduction_factor)
 
 
 # --------------------------------------------------------------------------- one handle, local or Ray
@@ -174,11 +173,12 @@ class KeeperHandle:
             ray.kill(self.actor)
 
 
-def start_keeper(kwargs: dict, *, on_ray: bool) -> KeeperHandle:
-    """A StudyKeeper here, or a Ray actor pinned to this (the driver's) node, which holds the study file.
-    On Ray the driver checks the study first with a StudyKeeper of its own (closed before the actor opens it),
-    so a changed spec is one line here, not an actor's traceback."""
-    keeper = StudyKeeper(**kwargs)
+def start_keeper(tune, *, on_ray: bool) -> KeeperHandle:
+    """A StudyKeeper of ``tune`` here, or a Ray actor pinned to this (the driver's) node, which holds the study
+    file. On Ray the driver checks the study first with a StudyKeeper of its own (closed before the actor opens
+    it), so a changed spec is one line here, not an actor's traceback."""
+    tune = replace(tune, output_root=tune.output_root.resolve())  # an actor's working folder is not ours
+    keeper = StudyKeeper(tune)
     if not on_ray:
         return KeeperHandle(keeper=keeper)
     keeper.close()
@@ -188,7 +188,7 @@ def start_keeper(kwargs: dict, *, on_ray: bool) -> KeeperHandle:
     here = ray.get_runtime_context().get_node_id()
     actor = ray.remote(StudyKeeper).options(
         num_cpus=0, max_restarts=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote(**kwargs)
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote(tune)
     return KeeperHandle(actor=actor)
 
 
