@@ -1,8 +1,8 @@
 """``peftlab sweep --backend ray`` (and ``tune``, ``study``): each run as a Ray task.
 
 The driver owns the SQLite store as the local backend does: it claims each run, submits it as a task and records
-what the task returns (:class:`peftlab.lab.runner.Detached`), so the store never has to be reachable from other
-machines. A task trains with :func:`peftlab.lab.runner.run_detached` (adopting a finished result.json, resuming a
+what the task returns (:class:`peftlab.lab.runner.Executor`), so the store never has to be reachable from other
+machines. A task trains with :func:`peftlab.lab.runner.run_logged` (adopting a finished result.json, resuming a
 checkpoint). A worker or node that dies mid-run is retried by Ray (``--max-retries``), resuming the run's
 checkpoint, then recorded ``failed``; a killed driver leaves rows with a dead owner, which the next sweep resumes.
 

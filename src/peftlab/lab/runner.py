@@ -4,7 +4,7 @@
 anything else replaced). An :class:`Executor` claims each run in this process (the only writer of the store), has
 it trained (:class:`InProcess`: here, one at a time; :mod:`peftlab.lab.sweep_workers`: spawned processes;
 :mod:`peftlab.lab.ray_backend`: Ray tasks) and records what comes back (:func:`record`); :func:`train_all` feeds
-one, for a sweep and a tune alike.
+one, for a sweep and a tune alike (:func:`peftlab.lab.sweep.executor_for` picks the executor).
 """
 
 from __future__ import annotations
@@ -267,8 +267,8 @@ class Executor:
     def _record(self, timeout: float) -> list[str]:
         finished, _ = wait_futures(list(self.in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
         keys = []
-        for future in finished:
-            key = self.in_flight.pop(future)
+        for future in finished:  # a run stays in flight until recorded: if that fails, abort() hands it back
+            key = self.in_flight[future]
             try:
                 outcome = future.result()
             except Exception as err:  # noqa: BLE001 - lost() raises what is not a dead worker
@@ -278,6 +278,7 @@ class Executor:
                 self.stopped = self.stopped or outcome["stop"]
             else:
                 record(self.store, key, outcome)
+            del self.in_flight[future]
             keys.append(key)
         return keys
 
@@ -325,21 +326,6 @@ class InProcess(Executor):
         future.set_result(run_logged(run, with_epoch_hook(self.train_fn, reporter), log_path(self.log_dir, run.key),
                                      where="in this process", adopt_pruned=reporter is not None))
         return future
-
-
-def executor_for(store: Store, log_dir: Path | None, note: Callable[[str], None], *, train_fn: Callable | str | None,
-                 workers: int = 0, ray=None, wait_if_held: bool) -> Executor:
-    """Ray tasks (``ray``: a :class:`peftlab.lab.ray_backend.RayOptions`; Ray is started or joined at the first
-    run), else ``workers`` spawned processes, else this process."""
-    if ray is not None:
-        from peftlab.lab.ray_backend import RayTasks
-
-        return RayTasks(store, train_fn, log_dir, ray, note=note, wait_if_held=wait_if_held)
-    if workers > 0:
-        from peftlab.lab.sweep_workers import LocalProcesses
-
-        return LocalProcesses(store, train_fn, log_dir, workers=workers, note=note, wait_if_held=wait_if_held)
-    return InProcess(store, train_fn, log_dir, wait_if_held=wait_if_held)
 
 
 def train_all(executor: Executor, next_run: Callable[[], tuple[Any, Any] | None], on_done: Callable[[str], None],

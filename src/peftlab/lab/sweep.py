@@ -15,11 +15,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from peftlab.argtypes import nonnegative_int
 from peftlab.errors import PeftlabError
-from peftlab.lab.runner import executor_for, held_by_another, log_path, train_all
+from peftlab.lab.runner import Executor, InProcess, held_by_another, log_path, train_all
 from peftlab.lab.spec import Sweep, add_spec_flags, load_spec
 from peftlab.lab.store import Store, short_key
 from peftlab.lab.store_schema import FINISHED
@@ -38,6 +39,21 @@ class SweepOutcome:
     @property
     def all_finished(self) -> bool:
         return self.counts.get("pending", 0) == 0 and self.counts.get("running", 0) == 0
+
+
+def executor_for(store: Store, log_dir: Path | None, note: Callable[[str], None], *, train_fn: Callable | str | None,
+                 workers: int = 0, ray=None, wait_if_held: bool) -> Executor:
+    """Ray tasks (``ray``: a :class:`peftlab.lab.ray_backend.RayOptions`; Ray is started or joined at the first
+    run), else ``workers`` spawned processes, else this process."""
+    if ray is not None:
+        from peftlab.lab.ray_backend import RayTasks
+
+        return RayTasks(store, train_fn, log_dir, ray, note=note, wait_if_held=wait_if_held)
+    if workers > 0:
+        from peftlab.lab.sweep_workers import LocalProcesses
+
+        return LocalProcesses(store, train_fn, log_dir, workers=workers, note=note, wait_if_held=wait_if_held)
+    return InProcess(store, train_fn, log_dir, wait_if_held=wait_if_held)
 
 
 def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, train_fn: Callable | str | None = None,

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.runner import Executor, executor_for, train_all
+from peftlab.lab.runner import Executor, train_all
 from peftlab.lab.spec import add_spec_flags
+from peftlab.lab.sweep import executor_for
 from peftlab.lab.store import Store, short_key
 from peftlab.lab.store_schema import FINISHED
 from peftlab.lab.tune.spec import TuneSpec, heldout_runs, load_tune_spec, run_config

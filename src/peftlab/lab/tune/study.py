@@ -83,8 +83,9 @@ class StudyKeeper:
         return Ticket(trial.number, dict(trial.params))
 
     def set_attrs(self, number: int, attrs: dict) -> None:
+        frozen = self._frozen(number)
         for name, value in attrs.items():  # Optuna's storage API: any process may label any trial
-            self.study._storage.set_trial_user_attr(self._frozen(number)._trial_id, name, value)
+            self.study._storage.set_trial_user_attr(frozen._trial_id, name, value)
 
     # ----------------------------------------------------------------- reporting
 
