@@ -83,9 +83,9 @@ class Tuner:
             self.say(f"continuing {len(queue)} trial(s) left unfinished by a killed tune")
 
         def next_trial():
-            while queue or (self.search_spent() < self.tune.search_budget and self.keeper.call("can_ask")):
+            while queue or self.search_spent() < self.tune.search_budget:
                 ticket = queue.pop(0) if queue else self.keeper.call("ask")
-                if ticket is None:
+                if ticket is None:  # a grid has no point left
                     return None
                 trial = self.start(ticket)
                 if trial is not None:

@@ -64,15 +64,12 @@ class StudyKeeper:
         running = self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,))
         return [Ticket(frozen.number, dict(frozen.params)) for frozen in running]
 
-    def can_ask(self) -> bool:
-        """False when a grid has no point left."""
-        return self.grid is None or self._next_point() is not None
-
     def _next_point(self) -> dict | None:
         used = [t.params or t.system_attrs.get("fixed_params") or {} for t in self.study.get_trials(deepcopy=False)]
         return next((p for p in self.grid if p not in used), None)
 
     def ask(self) -> Ticket | None:
+        """The next trial; None when a grid has no point left."""
         waiting = self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.WAITING,))
         if self.grid is not None and not waiting:
             point = self._next_point()
