@@ -64,12 +64,13 @@ class LocalProcesses(Executor):
 
     def start(self, run, reporter) -> Future:
         for done in [future for future in self.workers if future.done()]:  # its worker has exited (or died)
-            self.workers.pop(done)[0].shutdown(wait=True)
+            self.workers.pop(done)[0].shutdown(wait=True)  # joins what is left of it
         log = log_path(self.log_dir, run.key)
         pids = self.context.SimpleQueue()
         pool = ProcessPoolExecutor(max_workers=1, mp_context=self.context, initializer=start_worker,
                                    initargs=(os.getpid(), self.threads, pids))
         future = pool.submit(train_in_worker, run, self.fn_name, str(log) if log else None)
+        future.add_done_callback(lambda _: pool.shutdown(wait=False))  # its worker exits as soon as the run ends
         self.workers[future] = (pool, pids)
         return future
 
@@ -82,9 +83,7 @@ class LocalProcesses(Executor):
     def cancel(self) -> None:
         """End the runs in flight (Ctrl-C of the sweep; they are handed back), then their pools."""
         for future, (pool, pids) in list(self.workers.items()):
-            pid = None
-            while not pids.empty():
-                pid = pids.get()
+            pid = None if pids.empty() else pids.get()  # its one worker's
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 if pid is None or future.done():
                     break
