@@ -233,9 +233,7 @@ def test_tune_then_sweep_of_the_same_grid_reruns_the_pruned_cells(tmp_path):
         assert row["status"] == "pruned" and trial["key"] == pruned_key(config_key(row["config"]), trial["epochs"])
         assert config_key(row["config"]) not in by_key and Path(row["output_dir"]).is_dir()
         assert not Path(row["config"]["output_dir"]).exists()  # the complete run's folder is free
-    from peftlab.lab.tune.run import keeper_kwargs
-
-    keeper = StudyKeeper(**keeper_kwargs(tune, create=False))
+    keeper = StudyKeeper(tune, create=False)
     attrs = {t["number"]: t["attrs"]["key"] for t in keeper.trials()}
     keeper.close()
     assert all(attrs[t["number"]] == t["key"] for t in summary["trials"])

@@ -1,8 +1,8 @@
 """``peftlab sweep --backend ray`` (and ``tune``, ``study``): each run as a Ray task.
 
 The driver owns the SQLite store as the local backend does: it claims each run, submits it as a task and records
-what the task returns (:class:`peftlab.lab.runner.Detached`), so the store never has to be reachable from other
-machines. A task trains with :func:`peftlab.lab.runner.run_detached` (adopting a finished result.json, resuming a
+what the task returns (:class:`peftlab.lab.runner.Executor`), so the store never has to be reachable from other
+machines. A task trains with :func:`peftlab.lab.runner.run_logged` (adopting a finished result.json, resuming a
 checkpoint). A worker or node that dies mid-run is retried by Ray (``--max-retries``), resuming the run's
 checkpoint, then recorded ``failed``; a killed driver leaves rows with a dead owner, which the next sweep resumes.
 
@@ -13,18 +13,19 @@ Without ``--address`` a local Ray is started for the command and stopped after i
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from peftlab.argtypes import nonnegative_float, nonnegative_int, positive_float, text
 from peftlab.errors import PeftlabError
 from peftlab.lab.runner import (
-    Detached, limit_threads, log_path, resolve_train_fn, run_detached, train_fn_name, with_epoch_hook)
+    Executor, limit_threads, log_path, resolve_train_fn, run_logged, train_fn_name, with_epoch_hook)
 
 INSTALL_HINT = 'pip install "peftlab[ray]"  (or: pip install "ray[default]")'
 DEFAULT_MAX_RETRIES = 2
@@ -48,30 +49,17 @@ def require_ray():
 
 @dataclass(frozen=True)
 class RayOptions:
-    """How runs are placed on Ray (``--address``, ``--cpus-per-run``, ``--gpus-per-run``, ``--max-retries``)."""
+    """How runs are placed on Ray: each field is the flag of its name (``--cpus-per-run``...)."""
 
     address: str | None = None  # None: start a local Ray for this command
     cpus_per_run: float = 1.0
     gpus_per_run: float | None = None  # None: 1 when the cluster has GPUs, else 0
     max_retries: int = DEFAULT_MAX_RETRIES
-    timeout: float = DEFAULT_RAY_TIMEOUT  # seconds --address gets to answer
-
-    def __post_init__(self):
-        if not (isinstance(self.timeout, (int, float)) and math.isfinite(self.timeout) and self.timeout > 0):
-            raise PeftlabError(f"--ray-timeout must be a number of seconds > 0, got {self.timeout!r}",
-                               fix=f"e.g. --ray-timeout {DEFAULT_RAY_TIMEOUT:g}")
-        if not self.cpus_per_run > 0:
-            raise PeftlabError(f"--cpus-per-run must be > 0, got {self.cpus_per_run}")
-        if self.gpus_per_run is not None and self.gpus_per_run < 0:
-            raise PeftlabError(f"--gpus-per-run must be >= 0, got {self.gpus_per_run}",
-                               fix="e.g. --gpus-per-run 1, or 0.25 to pack four small runs on one GPU")
-        if self.max_retries < 0:
-            raise PeftlabError(f"--max-retries must be >= 0, got {self.max_retries}")
+    ray_timeout: float = DEFAULT_RAY_TIMEOUT  # seconds --address gets to answer
 
     @classmethod
     def from_args(cls, args) -> "RayOptions":
-        return cls(address=args.address, cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
-                   max_retries=args.max_retries, timeout=args.ray_timeout)
+        return cls(**{field.name: getattr(args, field.name) for field in fields(cls)})  # each field is a flag
 
 
 def add_backend_flags(parser) -> None:
@@ -100,29 +88,13 @@ def check_backend_args(args) -> None:
     """Ray-only flags with the local backend are a mistake worth one line, not a silent no-op."""
     if getattr(args, "backend", "local") == "ray":
         return
-    given = [flag for flag, value, default in (("--address", args.address, None),
-                                                ("--cpus-per-run", args.cpus_per_run, 1.0),
-                                                ("--gpus-per-run", args.gpus_per_run, None),
-                                                ("--max-retries", args.max_retries, DEFAULT_MAX_RETRIES),
-                                                ("--ray-timeout", args.ray_timeout, DEFAULT_RAY_TIMEOUT))
-             if value != default]
+    given = [field.name for field in fields(RayOptions) if getattr(args, field.name) != field.default]
     if given:
-        raise PeftlabError(f"{given[0]} only applies to --backend ray", fix="add --backend ray, or drop it")
+        raise PeftlabError(f"--{given[0].replace('_', '-')} only applies to --backend ray",
+                           fix="add --backend ray, or drop it")
 
 
 # --------------------------------------------------------------------------- connecting
-
-
-@dataclass
-class Connection:
-    started_here: bool  # a local Ray this command started (and stops)
-    gpus_per_run: float
-    cpus_per_run: float
-    slots: int  # runs the cluster can hold at once with these resources
-
-    def describe(self) -> str:
-        gpus = f", {self.gpus_per_run:g} GPU" if self.gpus_per_run else ""
-        return f"Ray: {self.slots} run(s) at a time ({self.cpus_per_run:g} CPU{gpus} each)"
 
 
 def probe_address(address: str, timeout: float) -> None:
@@ -174,50 +146,6 @@ def probe_address(address: str, timeout: float) -> None:
         channel.close()
 
 
-def connect(options: RayOptions, *, show_output: bool = False) -> Connection:
-    """Join ``options.address`` (or a Ray this process already joined), else start a local Ray.
-    ``show_output`` (``--verbose``): the tasks' output is printed here instead of only in the run logs."""
-    ray = require_ray()
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": show_output}
-        if options.address:
-            probe_address(options.address, options.timeout)
-            kwargs["address"] = options.address
-        else:
-            kwargs["include_dashboard"] = False
-        try:
-            ray.init(**kwargs)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            where = f"--address {options.address}" if options.address else "a local Ray"
-            raise PeftlabError(f"cannot start or reach Ray ({where}): {' '.join(str(err).split())[:300]}",
-                               fix="start the cluster with `ray start --head` and pass its address "
-                                   "(HEAD:6379, or auto on the head), or drop --address for a local Ray") from None
-        started = not options.address
-    resources = ray.cluster_resources()
-    gpus = options.gpus_per_run
-    if gpus is None:
-        gpus = 1.0 if resources.get("GPU", 0) >= 1 else 0.0
-    if gpus > resources.get("GPU", 0):
-        _shutdown_if(started)
-        raise PeftlabError(f"--gpus-per-run {gpus:g} but the Ray cluster has {resources.get('GPU', 0):g} GPU(s)",
-                           fix="lower --gpus-per-run, or add GPU nodes (ray start --address ... --num-gpus N)")
-    if options.cpus_per_run > resources.get("CPU", 0):
-        _shutdown_if(started)
-        raise PeftlabError(f"--cpus-per-run {options.cpus_per_run:g} but the Ray cluster has "
-                           f"{resources.get('CPU', 0):g} CPU(s)", fix="lower --cpus-per-run")
-    slots = int(resources.get("CPU", 0) // options.cpus_per_run)
-    if gpus:
-        slots = min(slots, int(resources.get("GPU", 0) // gpus))
-    return Connection(started_here=started, gpus_per_run=gpus, cpus_per_run=options.cpus_per_run,
-                      slots=max(1, slots))
-
-
-def _shutdown_if(started: bool) -> None:
-    if started:
-        require_ray().shutdown()
-
-
 def forwarded_env(local: bool) -> dict[str, str]:
     """The driver's variables the tasks get; on a local Ray also its import path (like multiprocessing's spawn),
     so a train function named "module:attr" imports in the workers as it does here."""
@@ -231,99 +159,102 @@ def forwarded_env(local: bool) -> dict[str, str]:
 # --------------------------------------------------------------------------- inside a Ray worker
 
 
-def execute_run(run: dict, fn_name: str, log: str | None, threads: int, reporter=None) -> dict:
-    """One run in a Ray worker (:func:`peftlab.lab.runner.run_detached`); returns its outcome for the driver.
+def execute_run(run, fn_name: str, log: str | None, threads: int, reporter=None) -> dict:
+    """One run in a Ray worker (:func:`peftlab.lab.runner.run_logged`); returns its outcome for the driver.
 
     ``reporter`` (``peftlab tune``) has ``hook()``: the run's ``on_epoch_end``, which reports each epoch's dev
     metric to the study and answers whether to stop (prune) the run."""
     limit_threads(threads)
-    train_fn = with_epoch_hook(resolve_train_fn(fn_name), reporter.hook() if reporter is not None else None)
-    return run_detached(run, train_fn, Path(log) if log else None, where="in a Ray worker",
-                        adopt_pruned=reporter is not None)
+    return run_logged(run, with_epoch_hook(resolve_train_fn(fn_name), reporter), Path(log) if log else None,
+                      where="in a Ray worker", adopt_pruned=reporter is not None)
 
 
 # --------------------------------------------------------------------------- the driver's executor
 
 
-def _absolute_run(run: dict) -> dict:
-    """The task's copy of a run with an absolute output_dir (a worker's cwd is not the driver's on a cluster).
-    The store keeps the config as registered: output_dir is not part of a run's key."""
-    config = dict(run["config"])
-    config["output_dir"] = str(Path(config["output_dir"]).resolve())
-    return {"key": run["key"], "config": config}
+class RayTasks(Executor):
+    """Runs as Ray tasks: the driver claims each run, submits it, and records what the task returns. Ray is
+    started (or joined) at the first run, and stopped at :meth:`close` if this command started it."""
 
-
-class RayTasks(Detached):
-    """Runs as Ray tasks: the driver claims each run, submits it, and records what the task returns."""
-
-    def __init__(self, store, connection: Connection, options: RayOptions, *, train_fn: Callable | str | None,
-                 log_dir: Path | None):
-        super().__init__(store)
-        ray = require_ray()
-        self.ray = ray
-        self.connection = connection
-        self.slots = connection.slots
-        self.log_dir = log_dir.resolve() if log_dir is not None else None
+    def __init__(self, store, train_fn: Callable | str | None, log_dir: Path | None, options: RayOptions, *,
+                 note: Callable[[str], None], wait_if_held: bool):
+        super().__init__(store, log_dir.resolve() if log_dir is not None else None, wait_if_held=wait_if_held)
+        self.ray, self.options, self.note = require_ray(), options, note
         self.fn_name = train_fn_name(train_fn)
-        self.remote = ray.remote(execute_run).options(
-            num_cpus=connection.cpus_per_run, num_gpus=connection.gpus_per_run,
-            max_retries=options.max_retries, retry_exceptions=False,
-            runtime_env={"env_vars": forwarded_env(local=connection.started_here or not options.address)})
-        self.max_retries = options.max_retries
-        self.in_flight: dict[Any, str] = {}  # object ref -> run key
+        self.refs: dict[Future, Any] = {}  # -> the task's object ref
+        self.started_here = False  # a local Ray this command started (and stops)
+        self.remote = None  # the task, once Ray is up
+        self.fit = 1  # runs the cluster holds at once with these resources
 
-    def start(self, run: dict, reporter) -> None:
-        log = log_path(self.log_dir, run["key"])
-        threads = max(1, int(self.connection.cpus_per_run))
-        ref = self.remote.remote(_absolute_run(run), self.fn_name, str(log) if log else None, threads, reporter)
-        self.in_flight[ref] = run["key"]
+    @property
+    def slots(self) -> int:
+        self.connect()
+        return self.fit
 
-    def finished(self, timeout: float) -> list[tuple[str, dict]]:
-        """Outcomes of the tasks that finished within ``timeout`` seconds: ``(key, {"result"|"error"})``."""
-        if not self.in_flight:
-            return []
-        done, _ = self.ray.wait(list(self.in_flight), num_returns=len(self.in_flight), timeout=timeout)
-        out = []
-        for ref in done:
-            key = self.in_flight.pop(ref)
+    def connect(self) -> None:
+        """Join ``--address`` (or a Ray this process already joined), else start a local Ray; once. The tasks'
+        output is printed here too with ``--verbose`` (no log folder)."""
+        if self.remote is not None:
+            return
+        ray, options = self.ray, self.options
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": self.log_dir is None}
+            if options.address:
+                probe_address(options.address, options.ray_timeout)
+                kwargs["address"] = options.address
+            else:
+                kwargs["include_dashboard"] = False
             try:
-                out.append((key, self.ray.get(ref)))
-            except self.ray.exceptions.RayError as err:  # the worker (or node) died max_retries + 1 times
-                reason = " ".join(str(err).split())[:300]
-                out.append((key, {"result": None, "error": f"Ray worker died {self.max_retries + 1} time(s) "
-                                                            f"({type(err).__name__}: {reason})"}))
-        return out
+                ray.init(**kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as err:
+                where = f"--address {options.address}" if options.address else "a local Ray"
+                raise PeftlabError(f"cannot start or reach Ray ({where}): {' '.join(str(err).split())[:300]}",
+                                   fix="start the cluster with `ray start --head` and pass its address (HEAD:6379, "
+                                       "or auto on the head), or drop --address for a local Ray") from None
+            self.started_here = not options.address  # close() stops it, also after an error below
+        resources = ray.cluster_resources()
+        cpus, gpus = options.cpus_per_run, options.gpus_per_run
+        if gpus is None:
+            gpus = 1.0 if resources.get("GPU", 0) >= 1 else 0.0
+        if gpus > resources.get("GPU", 0):
+            raise PeftlabError(f"--gpus-per-run {gpus:g} but the Ray cluster has {resources.get('GPU', 0):g} GPU(s)",
+                               fix="lower --gpus-per-run, or add GPU nodes (ray start --address ... --num-gpus N)")
+        if cpus > resources.get("CPU", 0):
+            raise PeftlabError(f"--cpus-per-run {cpus:g} but the Ray cluster has {resources.get('CPU', 0):g} CPU(s)",
+                               fix="lower --cpus-per-run")
+        fit = [resources.get("CPU", 0) // cpus] + ([resources.get("GPU", 0) // gpus] if gpus else [])
+        self.fit = max(1, int(min(fit)))
+        self.note(f"Ray: {self.fit} run(s) at a time ({cpus:g} CPU{f', {gpus:g} GPU' if gpus else ''} each)")
+        self.remote = ray.remote(execute_run).options(
+            num_cpus=cpus, num_gpus=gpus, max_retries=options.max_retries, retry_exceptions=False,
+            runtime_env={"env_vars": forwarded_env(local=self.started_here or not options.address)})
+
+    def start(self, run, reporter) -> Future:
+        log = log_path(self.log_dir, run.key)
+        self.connect()
+        threads = max(1, int(self.options.cpus_per_run))
+        # the task's copy has an absolute output_dir (a worker's cwd is not the driver's on a cluster); the store
+        # keeps the config as registered: output_dir is not part of a run's key
+        run = replace(run, config={**run.config, "output_dir": str(Path(run.output_dir).resolve())})
+        ref = self.remote.remote(run, self.fn_name, str(log) if log else None, threads, reporter)
+        future = ref.future()
+        self.refs[future] = ref  # held until the outcome is in the future: Ray frees an object nobody refers to
+        future.add_done_callback(lambda done: self.refs.pop(done, None))
+        return future
+
+    def lost(self, key: str, err: Exception) -> str:
+        if not isinstance(err, self.ray.exceptions.RayError):
+            raise err
+        # the worker (or node) died max_retries + 1 times
+        return (f"Ray worker died {self.options.max_retries + 1} time(s) "
+                f"({type(err).__name__}: {' '.join(str(err).split())[:300]})")
 
     def cancel(self) -> None:
         """Stop every task still in flight (Ctrl-C)."""
-        for ref in list(self.in_flight):
-            try:
+        for ref in list(self.refs.values()):
+            with contextlib.suppress(Exception):  # already finished or gone
                 self.ray.cancel(ref, force=True)
-            except Exception:  # noqa: BLE001 - already finished or gone
-                pass
-        self.in_flight.clear()
-
-
-# --------------------------------------------------------------------------- the sweep
-
-
-class RaySession:
-    """A sweep's Ray: :meth:`backend` is ``run_sweep``'s executor factory (``backend(store, log_dir, note)``), which
-    starts (or joins) Ray only once a run is pending; :meth:`close` stops it if this command started it.
-    :func:`peftlab.lab.sweep.run_sweep_ray` runs a sweep through one."""
-
-    def __init__(self, options: RayOptions, *, train_fn: str | None = None, capture_output: bool = True):
-        require_ray()
-        self.options, self.train_fn, self.capture_output = options, train_fn, capture_output
-        self.connections: list[Connection] = []
-
-    def backend(self, store, log_dir, note) -> RayTasks:
-        connection = connect(self.options, show_output=not self.capture_output)
-        self.connections.append(connection)
-        note(connection.describe())
-        return RayTasks(store, connection, self.options, train_fn=self.train_fn, log_dir=log_dir)
 
     def close(self) -> None:
-        for connection in self.connections:
-            _shutdown_if(connection.started_here)
-        self.connections.clear()
+        if self.started_here:
+            self.ray.shutdown()

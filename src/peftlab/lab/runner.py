@@ -1,10 +1,10 @@
 """One run of a sweep or a tune, and the executors that train runs, whatever the backend.
 
-:func:`run_one` trains a claimed run and records its outcome (a finished result.json adopted, a checkpoint resumed,
-anything else replaced) into the store, or into an :class:`Outcome` where it trains away from the store (another
-process, a Ray worker) and the claiming process records what comes back (:func:`record`). Every executor has
-the same calls (:class:`Executor`): :class:`InProcess` trains here, one run at a time; :class:`Detached` claims
-each run here and trains it elsewhere (:mod:`peftlab.lab.sweep_workers`, :mod:`peftlab.lab.ray_backend`).
+:func:`run_one` trains a claimed run and returns its outcome (a finished result.json adopted, a checkpoint resumed,
+anything else replaced). An :class:`Executor` claims each run in this process (the only writer of the store), has
+it trained (:class:`InProcess`: here, one at a time; :mod:`peftlab.lab.sweep_workers`: spawned processes;
+:mod:`peftlab.lab.ray_backend`: Ray tasks) and records what comes back (:func:`record`); :func:`train_all` feeds
+one, for a sweep and a tune alike (:func:`peftlab.lab.sweep.executor_for` picks the executor).
 """
 
 from __future__ import annotations
@@ -14,21 +14,23 @@ import errno
 import functools
 import gc
 import importlib
-import inspect
 import os
 import sqlite3
 import sys
 import time
 import traceback
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.store import Store, StoreWriteError, config_key, short_key
+from peftlab.lab.store import Store, config_key, short_key
 from peftlab.lab.store_schema import (
     FINISHED, RESULT_STATUSES, effective_status, epochs_run, is_pruned_result, move_run_folder, pruned_dir)
 
 DEFAULT_TRAIN = "peftlab.training.loop:train"
+HELD_POLL_SECONDS = 1.0
 OUT_OF_SPACE = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}  # a full disk, a file-size limit, a quota
 DISK_FIX = ("free disk space (or raise the quota or file-size limit), then rerun the same command: unfinished "
             "runs are pending again and resume from their last checkpoint; finished runs are kept")
@@ -54,15 +56,9 @@ def train_fn_name(train_fn: Callable | str | None) -> str:
     return name
 
 
-def with_epoch_hook(train_fn: Callable, hook: Callable | None) -> Callable:
-    """``train_fn`` with ``on_epoch_end=hook`` when it takes one (peftlab's loop does; a test double may not)."""
-    if hook is None:
-        return train_fn
-    try:
-        takes_hook = "on_epoch_end" in inspect.signature(train_fn).parameters
-    except (TypeError, ValueError):
-        takes_hook = False
-    return functools.partial(train_fn, on_epoch_end=hook) if takes_hook else train_fn
+def with_epoch_hook(train_fn: Callable, reporter) -> Callable:
+    """``train_fn`` with ``on_epoch_end=reporter.hook()`` (a tune trial's; a tune's train function takes one)."""
+    return train_fn if reporter is None else functools.partial(train_fn, on_epoch_end=reporter.hook())
 
 
 # --------------------------------------------------------------------------- one run
@@ -79,11 +75,10 @@ def _dir_config_key(out: Path) -> str | None:
     return config_key(data) if isinstance(data, dict) else None
 
 
-def run_one(run_config: dict, key: str, train_fn: Callable, store, *, adopt_pruned: bool = False) -> str:
-    """Run a claimed run and record its outcome into ``store`` (a :class:`Store` or an :class:`Outcome`); returns
-    the status. A pruned result in its folder is adopted only with ``adopt_pruned`` (a tune trial killed before it
-    was recorded); a sweep's cell needs the complete run, so that folder is renamed aside and the run trains afresh.
-    """
+def run_one(run_config: dict, key: str, train_fn: Callable, *, adopt_pruned: bool = False) -> dict:
+    """Run a claimed run; returns ``{"result": result}`` or ``{"error": why}`` for :func:`record`. A pruned result
+    in its folder is adopted only with ``adopt_pruned`` (a tune trial killed before it was recorded); a sweep's
+    cell needs the complete run, so that folder is renamed aside and the run trains afresh."""
     from peftlab.resolve import resolved_from_dict
     from peftlab.training import run_folder as runfiles
 
@@ -97,8 +92,7 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store, *, adopt_prun
             print(f"{out} held a pruned trial of this config (moved to {aside}): training the complete run")
         elif same_run and existing.get("status") in FINISHED:
             print(f"adopting the finished result in {out}")
-            store.finish(key, existing)
-            return existing["status"]
+            return {"result": existing}
         resume = out.is_dir() and _dir_config_key(out) == key and runfiles.has_checkpoint(out)
         overwrite = out.is_dir() and not resume
         # the config its spec resolved (store row): the run is not resolved again
@@ -111,10 +105,7 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store, *, adopt_prun
                                f"{result.get('status') if isinstance(result, dict) else type(result).__name__})")
         if result["status"] == "failed" and not result.get("status_reason"):
             result = {**result, "status_reason": "the run reported status failed"}
-        store.finish(key, result)
-        return result["status"]
-    except StoreWriteError:
-        raise  # the store refused a write: nothing more can be recorded; the caller hands the run back
+        return {"result": result}
     except Exception as err:  # noqa: BLE001 - any failure of one run is recorded; the sweep goes on
         full = out_of_space(err)
         if full is not None:  # the machine's fault, not the run's: never recorded failed (the caller releases it)
@@ -122,8 +113,7 @@ def run_one(run_config: dict, key: str, train_fn: Callable, store, *, adopt_prun
         with contextlib.suppress(OSError):  # the log may be on the full disk too
             traceback.print_exc()
         message = str(err) if isinstance(err, PeftlabError) else f"{type(err).__name__}: {err}"
-        store.fail(key, " ".join(message.split())[:2000] or type(err).__name__)
-        return "failed"
+        return {"error": " ".join(message.split())[:2000] or type(err).__name__}
     finally:
         gc.collect()
 
@@ -161,31 +151,23 @@ def log_path(log_dir: Path | None, key: str) -> Path | None:
     return Path(log_dir) / f"{short_key(key)}.log" if log_dir is not None else None
 
 
-def attempt(run: dict, store: Store, train_fn: Callable, log: Path | None, *,
-            adopt_pruned: bool = False, wait_if_held: bool = True, poll_seconds: float = 1.0) -> str | None:
-    """Claim ``run`` and run it here (:func:`run_one`); None when it was not claimable. With ``wait_if_held`` (a
-    tune's run, whose outcome the caller reads next) a run another live process holds is waited for, and claimed
-    here should its holder stop; a sweep passes False and waits for such runs after every other run."""
-    row = store.claim(run["key"])
-    while row is None and wait_if_held and held_by_another(store, run["key"]):
-        time.sleep(poll_seconds)
-        store.prepare([run["key"]])  # a holder that died meanwhile: pending again
-        row = store.claim(run["key"])
-    if row is None:
-        return None
+def run_logged(run, train_fn: Callable, log: Path | None, *, where: str, adopt_pruned: bool) -> dict:
+    """Train a claimed run (here, or in a worker), its output in ``log``; returns :func:`run_one`'s outcome and
+    the pid for the claimer to record. A full disk comes back as ``{"stop": message}``: the claimer hands the run
+    back and stops."""
     try:
         with output_to(log):
-            if log is not None:
-                print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} attempt "
-                      f"{row['attempts'] + 1} (pid {os.getpid()})", flush=True)
-            return run_one(run["config"], run["key"], train_fn, store, adopt_pruned=adopt_pruned)
-    except BaseException as err:  # Ctrl-C, SystemExit, a full disk: hand the run back for the next sweep
-        with contextlib.suppress(PeftlabError):  # if even that write fails, its dead owner frees it later
-            store.release(run["key"])
-        full = None if isinstance(err, PeftlabError) else out_of_space(err)
-        if full is not None:  # e.g. the run's log could not be written
-            raise no_space_error(full, run["key"]) from None
-        raise
+            print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run.key)} {where} "
+                  f"(pid {os.getpid()}, host {os.uname().nodename})", flush=True)
+            outcome = run_one(run.config, run.key, train_fn, adopt_pruned=adopt_pruned)
+    except PeftlabError as err:  # a full disk: not the run's fault, never recorded failed
+        return {"stop": str(err), "pid": os.getpid()}
+    except OSError as err:  # the log itself could not be written
+        full = out_of_space(err)
+        if full is None:
+            raise
+        return {"stop": str(no_space_error(full, run.key)), "pid": os.getpid()}
+    return {**outcome, "pid": os.getpid()}
 
 
 def out_of_space(err: BaseException | None) -> str | None:
@@ -212,60 +194,18 @@ def held_by_another(store: Store, key: str) -> bool:
     return bool(row) and row["status"] == "running" and row["owner"] != store.owner and store.holder_alive(row["owner"])
 
 
-# --------------------------------------------------------------------------- a run away from the store
-
-
 def limit_threads(threads: int) -> None:
     """A worker's share of the CPU threads, and no tokenizer threads of its own."""
+    import torch
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import torch
-
-        torch.set_num_threads(max(1, threads))
-    except ImportError:  # pragma: no cover - a test double of the train function
-        pass
-
-
-class Outcome:
-    """Stands in for the Store where a run trains away from it: :func:`run_one` records into it, and the
-    process that claimed the run writes the store (:func:`record`)."""
-
-    def __init__(self):
-        self.result: dict | None = None
-        self.error: str | None = None
-
-    def finish(self, key: str, result: dict) -> bool:
-        self.result = result
-        return True
-
-    def fail(self, key: str, error: str) -> bool:
-        self.error = error
-        return True
-
-
-def run_detached(run: dict, train_fn: Callable, log: Path | None, *, where: str, adopt_pruned: bool) -> dict:
-    """Train a run claimed by another process; returns ``{"result"|"error", "pid"}`` for it to record.
-    A full disk comes back as ``{"stop": message}``: the claimer hands the run back and stops."""
-    outcome = Outcome()
-    try:
-        with output_to(log):
-            print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run['key'])} {where} "
-                  f"(pid {os.getpid()}, host {os.uname().nodename})", flush=True)
-            run_one(run["config"], run["key"], train_fn, outcome, adopt_pruned=adopt_pruned)
-    except PeftlabError as err:  # a full disk: not the run's fault, never recorded failed
-        return {"stop": str(err), "pid": os.getpid()}
-    except OSError as err:  # the log itself could not be written
-        full = out_of_space(err)
-        if full is None:
-            raise
-        return {"stop": str(no_space_error(full, run["key"])), "pid": os.getpid()}
-    return {"result": outcome.result, "error": outcome.error, "pid": os.getpid()}
+    torch.set_num_threads(max(1, threads))
 
 
 def record(store, key: str, outcome: dict) -> str:
-    """Write a detached run's outcome into the claimer's store; returns the status recorded. A pruned trial's
-    row moves to its pruned key and its folder is renamed (``Store.finish``; the folder must be visible here,
-    as every run folder is on a cluster's shared file system); ``store.find(key)`` reads it back."""
+    """Write a run's outcome into the claimer's store; returns the status recorded. A pruned trial's row moves to
+    its pruned key and its folder is renamed (``Store.finish``; the folder must be visible here, as every run
+    folder is on a cluster's shared file system); ``store.find(key)`` reads it back."""
     result = outcome.get("result")
     if result is not None:
         store.finish(key, result)
@@ -277,119 +217,126 @@ def record(store, key: str, outcome: dict) -> str:
 # --------------------------------------------------------------------------- executors
 
 
-class Executor(Protocol):
-    """How a sweep or a tune trains its runs; ``reporter`` (a tune trial's) has ``hook()``, the run's
-    ``on_epoch_end``."""
+class Executor:
+    """How a sweep or a tune trains its runs: claims each run in this process, has the backend train it and
+    records what comes back. A backend supplies ``start(run, reporter)`` (a Future of :func:`run_logged`'s
+    outcome; ``reporter``, a tune trial's, has ``hook()``: the run's ``on_epoch_end``), ``lost(key, err)`` (what a
+    run whose process died is recorded with; any other error is raised) and ``cancel()``/``close()``.
 
-    slots: int  # runs it trains at once
+    ``wait_if_held``: a run another live process holds is waited for, and claimed here should its holder stop (a
+    tune, whose next step reads the outcome); a sweep waits for such runs after every other run."""
 
-    def __len__(self) -> int: ...  # runs submitted whose outcome wait() has not handed back yet
+    slots = 1  # runs it trains at once
 
-    def submit(self, run: dict, reporter=None) -> bool: ...  # False: another live process holds the run
-
-    def wait(self, timeout: float) -> list[str]: ...  # keys whose outcome is now in the store
-
-    def abort(self) -> None: ...  # hand back every run in flight (pending again: the rerun resumes them)
-
-    def close(self) -> None: ...  # after the last run (or abort)
-
-
-class InProcess:
-    """Trains one run at a time in this process (claimed when its turn comes), its output in its log.
-    ``wait_if_held``: a run another live process holds is waited for (see :func:`attempt`)."""
-
-    slots = 1
-
-    def __init__(self, store: Store, train_fn: Callable | str | None, log_dir: Path | None, *,
-                 wait_if_held: bool = True):
+    def __init__(self, store: Store, log_dir: Path | None, *, wait_if_held: bool):
         self.store, self.log_dir, self.wait_if_held = store, log_dir, wait_if_held
-        self.train_fn = resolve_train_fn(train_fn)
-        self.queue: list[tuple[dict, object]] = []
-
-    def __len__(self) -> int:
-        return len(self.queue)
-
-    def submit(self, run: dict, reporter=None) -> bool:
-        self.queue.append((run, reporter))
-        return True
-
-    def wait(self, timeout: float) -> list[str]:
-        run, reporter = self.queue.pop(0)
-        fn = with_epoch_hook(self.train_fn, reporter.hook() if reporter is not None else None)
-        # claims, runs and records (released again on Ctrl-C); a trial's own pruned result.json, left by a kill
-        # before it was recorded, is its outcome (adopted), never that of a plain re-run
-        attempt(run, self.store, fn, log_path(self.log_dir, run["key"]), adopt_pruned=reporter is not None,
-                wait_if_held=self.wait_if_held)
-        return [run["key"]]
-
-    def abort(self) -> None:
-        self.queue.clear()
-
-    def close(self) -> None:
-        pass
-
-
-class Detached:
-    """Claims each run in this process (the only writer of the store) and trains it elsewhere; records what
-    comes back. A backend supplies ``start(run, reporter)`` and ``finished(timeout) -> [(key, outcome)]``,
-    and ``cancel()`` (stop everything in flight)."""
-
-    slots = 1
-
-    def __init__(self, store: Store):
-        self.store = store
-        self.claimed: set[str] = set()
+        self.in_flight: dict[Future, str] = {}  # -> run key
         self.stopped: str | None = None  # the first full-disk message a run came back with
 
     def __len__(self) -> int:
-        return len(self.claimed)
+        return len(self.in_flight)
 
-    def submit(self, run: dict, reporter=None) -> bool:
-        if self.store.claim(run["key"]) is None:
+    def submit(self, run, reporter=None) -> bool:
+        """Claim ``run`` (a :class:`peftlab.lab.spec.Run`) and start it; False when it is not claimable (another
+        process holds or settled it)."""
+        key = run.key
+        row = self.store.claim(key)
+        while row is None and self.wait_if_held and held_by_another(self.store, key):
+            time.sleep(HELD_POLL_SECONDS)
+            self.store.prepare([key])  # a holder that died meanwhile: pending again
+            row = self.store.claim(key)
+        if row is None:
             return False
-        self.claimed.add(run["key"])
         try:
-            self.start(run, reporter)
-        except BaseException:
-            self.claimed.discard(run["key"])
-            self.store.release(run["key"])
+            self.in_flight[self.start(run, reporter)] = key
+        except BaseException:  # Ctrl-C while it trains here, or it could not start: handed back
+            with contextlib.suppress(PeftlabError):  # if even that write fails, its dead owner frees it later
+                self.store.release(key)
             raise
         return True
 
     def wait(self, timeout: float) -> list[str]:
-        done = self._record(self.finished(timeout))
-        while self.stopped and self.claimed:  # stopping: the runs in flight end (and are recorded) first
-            done += self._record(self.finished(timeout))
+        """Keys whose outcome is now in the store; a full disk ends the runs in flight, then raises its line."""
+        done = self._record(timeout)
+        while self.stopped and self.in_flight:
+            done += self._record(timeout)
         if self.stopped:
             raise PeftlabError(self.stopped)
         return done
 
-    def _record(self, outcomes: list[tuple[str, dict[str, Any]]]) -> list[str]:
-        for key, outcome in outcomes:
-            self.claimed.discard(key)
-            if "stop" in outcome:  # handed back, never recorded failed; the caller stops with the message
+    def _record(self, timeout: float) -> list[str]:
+        finished, _ = wait_futures(list(self.in_flight), timeout=timeout, return_when=FIRST_COMPLETED)
+        keys = []
+        for future in finished:  # a run stays in flight until recorded: if that fails, abort() hands it back
+            key = self.in_flight[future]
+            try:
+                outcome = future.result()
+            except Exception as err:  # noqa: BLE001 - lost() raises what is not a dead worker
+                outcome = {"result": None, "error": self.lost(key, err)}
+            if "stop" in outcome:  # handed back, never recorded failed; wait() stops with the message
                 self.store.release(key)
                 self.stopped = self.stopped or outcome["stop"]
             else:
                 record(self.store, key, outcome)
-        return [key for key, _ in outcomes]
+            del self.in_flight[future]
+            keys.append(key)
+        return keys
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, kind, err, tb) -> None:
+        if kind is not None:  # the block failed (Ctrl-C too): the runs in flight are handed back
+            self.abort()
+        self.close()
 
     def abort(self) -> None:
+        """Stop and hand back every run in flight (pending again: the rerun resumes their checkpoints)."""
         self.cancel()
-        for key in self.claimed:  # handed back: the rerun resumes their checkpoints
+        for key in self.in_flight.values():
             with contextlib.suppress(PeftlabError):
                 self.store.release(key)
-        self.claimed.clear()
+        self.in_flight.clear()
+
+    def start(self, run, reporter) -> Future:
+        raise NotImplementedError
+
+    def lost(self, key: str, err: Exception) -> str:
+        raise err
+
+    def cancel(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
 
-    # a backend's part
-    def start(self, run: dict, reporter) -> None:
-        raise NotImplementedError
 
-    def finished(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
-        raise NotImplementedError
+class InProcess(Executor):
+    """Trains each run in this process as it is submitted, its output in its log."""
 
-    def cancel(self) -> None:
-        raise NotImplementedError
+    def __init__(self, store: Store, train_fn: Callable | str | None, log_dir: Path | None, *,
+                 wait_if_held: bool = True):
+        super().__init__(store, log_dir, wait_if_held=wait_if_held)
+        self.train_fn = resolve_train_fn(train_fn)
+
+    def start(self, run, reporter) -> Future:
+        # a trial's own pruned result.json, left by a kill before it was recorded, is its outcome (adopted), never
+        # that of a plain re-run
+        future: Future = Future()
+        future.set_result(run_logged(run, with_epoch_hook(self.train_fn, reporter), log_path(self.log_dir, run.key),
+                                     where="in this process", adopt_pruned=reporter is not None))
+        return future
+
+
+def train_all(executor: Executor, next_run: Callable[[], tuple[Any, Any] | None], on_done: Callable[[str], None],
+              *, poll: float) -> None:
+    """Give ``executor`` the runs ``next_run()`` hands out (``(run, reporter)``; None: none for now) while it has
+    room, until none is in flight; ``on_done(key)`` once each is settled (here, or by a process that held it)."""
+    while True:
+        while len(executor) < executor.slots and (item := next_run()) is not None:
+            if not executor.submit(*item):
+                on_done(item[0].key)
+        if not len(executor):
+            return
+        for key in executor.wait(poll):
+            on_done(key)

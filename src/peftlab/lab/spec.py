@@ -42,15 +42,16 @@ RUN_MANAGED_KEYS = ROLES.run_managed
 
 @dataclass
 class Run:
-    index: int  # 1-based position in the grid
+    """A run of a sweep or a tune, as the executors train it."""
+
     key: str
-    cell: dict[str, Any]  # the grid/zip values of this run (what varies)
     config: dict[str, Any]  # resolved TrainConfig.to_dict(), output_dir included
-    output_dir: str
+    index: int = 0  # a sweep's: 1-based position in the grid
+    cell: dict[str, Any] = field(default_factory=dict)  # a sweep's: the grid/zip values of this run (what varies)
 
     @property
-    def short(self) -> str:
-        return short_key(self.key)
+    def output_dir(self) -> str:
+        return self.config["output_dir"]
 
     def describe(self) -> str:
         return " ".join(f"{k}={_fmt_value(v)}" for k, v in self.cell.items()) or "(base config)"
@@ -163,14 +164,23 @@ def typed_base(spec: dict, where: str) -> dict[str, Any]:
     return normalise_keys(TrainConfig, base, f"{where}: base")
 
 
-def _typed_list(values, key, name: str, where: str):
-    """A grid list with each value typed like its config field; non-lists are left to expand() to reject."""
+def typed_value(key: str, value, what: str):
+    """``value`` typed and checked as config key ``key`` would be; an error names ``what``."""
     from peftlab.config import TrainConfig, normalise_keys
 
-    if not isinstance(values, list):
-        return values
-    return [None if v is None else next(iter(normalise_keys(TrainConfig, {key: v}, f"{where}: {name}").values()))
-            for v in values]
+    return next(iter(normalise_keys(TrainConfig, {key: value}, what).values()))
+
+
+def _typed_axes(axes: dict, where: str, section: str) -> dict[str, Any]:
+    """A grid or zip group: its keys checked, each list's values typed like their config field (once here, not
+    once per run: a 768-run grid stays instant); non-lists are left to expand() to reject."""
+    check_spec_keys(axes, where, section)
+    typed = {}
+    for key, values in axes.items():
+        if isinstance(values, list):
+            values = [None if v is None else typed_value(key, v, f"{where}: {section}.{key}") for v in values]
+        typed[str(key).replace("-", "_")] = values
+    return typed
 
 
 def read_spec(path: str | os.PathLike, kind: str, keys: tuple[str, ...], *, examples: str,
@@ -199,14 +209,19 @@ def output_paths(path: Path, spec: dict, output_dir: str | None, store: str | No
     return root, Path(store or spec.get("store") or root / STORE_NAME)
 
 
-def add_output_flags(parser) -> None:
-    """``--output-dir``, ``--store``, ``--verbose``: where a spec's runs, store and logs go (sweep and tune)."""
+def add_spec_flags(parser, *, dry_run: str) -> None:
+    """``--dry-run`` (``dry_run``: its help), where a spec's runs, store and logs go, and the backend flags (sweep
+    and tune)."""
+    from peftlab.lab.ray_backend import add_backend_flags
+
+    parser.add_argument("--dry-run", action="store_true", help=dry_run)
     parser.add_argument("--output-dir", type=output_folder, default=None,
                         help="root of the runs (default: the spec's output_dir, else runs/<spec stem>)")
     parser.add_argument("--store", type=output_file, default=None,
                         help="results store (default <output dir>/results.sqlite)")
     parser.add_argument("--verbose", action="store_true",
                         help="show each run's output here instead of in <output dir>/logs/<key>.log")
+    add_backend_flags(parser)
 
 
 def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: str | None = None) -> Sweep:
@@ -222,14 +237,8 @@ def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: 
         zips = [zips]
     if not isinstance(zips, list):
         raise PeftlabError("zip: must be a list of groups (mappings of keys to equal-length lists)", where=where)
-    check_spec_keys(grid, where, "grid")
-    for i, group in enumerate(zips):
-        if isinstance(group, dict):
-            check_spec_keys(group, where, f"zip[{i}]")
-    # Type and check every value once here (errors name the key), not once per run: a 768-run grid stays instant.
-    grid = {str(k).replace("-", "_"): _typed_list(v, k, f"grid.{k}", where) for k, v in grid.items()}
-    zips = [{str(k).replace("-", "_"): _typed_list(v, k, f"zip[{i}].{k}", where) for k, v in g.items()}
-            if isinstance(g, dict) else g for i, g in enumerate(zips)]
+    grid = _typed_axes(grid, where, "grid")
+    zips = [_typed_axes(g, where, f"zip[{i}]") if isinstance(g, dict) else g for i, g in enumerate(zips)]
 
     root, store_path = output_paths(path, spec, output_dir, store)
     cells = expand(base, grid, zips, where=where)
@@ -239,18 +248,18 @@ def load_spec(path: str | os.PathLike, *, output_dir: str | None = None, store: 
     for cell in cells:
         varying = {k: cell[k] for k in sweep.axes if k in cell}  # a null left the key unset
         desc = " ".join(f"{k}={_fmt_value(v)}" for k, v in varying.items())
-        key, config = resolved_run(cell, root, label=f"run {{{desc}}}" if desc else "", where=where)
-        if key in seen:
+        run = resolved_run(cell, root, label=f"run {{{desc}}}" if desc else "", where=where)
+        if run.key in seen:
             sweep.duplicates += 1
             continue
-        seen.add(key)
-        sweep.runs.append(Run(index=len(sweep.runs) + 1, key=key, cell=varying, config=config,
-                              output_dir=config["output_dir"]))
+        seen.add(run.key)
+        run.index, run.cell = len(sweep.runs) + 1, varying
+        sweep.runs.append(run)
     refuse_unused_options({*base, *sweep.axes}, {run.config["method"] for run in sweep.runs}, where=where)
     return sweep
 
 
-def resolved_run(values: dict[str, Any], root: Path, *, label: str, where: str) -> tuple[str, dict[str, Any]]:
+def resolved_run(values: dict[str, Any], root: Path, *, label: str, where: str) -> Run:
     """The run of config ``values`` (typed): its key and resolved config (``TrainConfig.to_dict()``), resolved as the
     run will be, with its output folder ``<root>/<run name>-<short key>``; an error names the run by ``label``."""
     from peftlab.config import TrainConfig
@@ -262,7 +271,7 @@ def resolved_run(values: dict[str, Any], root: Path, *, label: str, where: str) 
         raise PeftlabError(f"{label}: {err.what}" if label else err.what, where=where, fix=err.fix) from None
     key = config_key(config)
     config["output_dir"] = str(root / f"{run_name(config)}-{short_key(key)}")
-    return key, config
+    return Run(key, config)
 
 
 def run_name(config: dict) -> str:

@@ -10,16 +10,18 @@ stops with one line. Each run's output (C code's too) goes to ``<output_dir>/log
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from peftlab.argtypes import nonnegative_int
 from peftlab.errors import PeftlabError
-from peftlab.lab.runner import Executor, InProcess, held_by_another
-from peftlab.lab.spec import Sweep, add_output_flags, load_spec
+from peftlab.lab.runner import Executor, InProcess, held_by_another, log_path, train_all
+from peftlab.lab.spec import Sweep, add_spec_flags, load_spec
 from peftlab.lab.store import Store, short_key
 from peftlab.lab.store_schema import FINISHED
 
@@ -39,78 +41,59 @@ class SweepOutcome:
         return self.counts.get("pending", 0) == 0 and self.counts.get("running", 0) == 0
 
 
-def local_backend(train_fn: Callable | str | None, workers: int) -> Callable[..., Executor]:
-    """The executor of ``--workers N``: this process (0), else N spawned processes, one per run."""
-    def make(store: Store, log_dir, note) -> Executor:
-        if workers <= 0:
-            return InProcess(store, train_fn, log_dir, wait_if_held=False)
+def executor_for(store: Store, log_dir: Path | None, note: Callable[[str], None], *, train_fn: Callable | str | None,
+                 workers: int = 0, ray=None, wait_if_held: bool) -> Executor:
+    """Ray tasks (``ray``: a :class:`peftlab.lab.ray_backend.RayOptions`; Ray is started or joined at the first
+    run), else ``workers`` spawned processes, else this process."""
+    if ray is not None:
+        from peftlab.lab.ray_backend import RayTasks
+
+        return RayTasks(store, train_fn, log_dir, ray, note=note, wait_if_held=wait_if_held)
+    if workers > 0:
         from peftlab.lab.sweep_workers import LocalProcesses
 
-        return LocalProcesses(store, train_fn, log_dir, workers=workers, note=note)
-
-    return make
+        return LocalProcesses(store, train_fn, log_dir, workers=workers, note=note, wait_if_held=wait_if_held)
+    return InProcess(store, train_fn, log_dir, wait_if_held=wait_if_held)
 
 
 def run_sweep(sweep: Sweep, *, workers: int = 0, retry_failed: bool = False, train_fn: Callable | str | None = None,
               progress: bool = True, capture_output: bool = True, poll_seconds: float = 1.0,
-              backend: Callable[..., Executor] | None = None) -> SweepOutcome:
-    """Run every unfinished run of ``sweep``; the train function is injectable (callable or "module:attr").
-    ``backend(store, log_dir, note)`` makes the executor (default :func:`local_backend`; Ray:
-    :func:`run_sweep_ray`)."""
+              ray=None) -> SweepOutcome:
+    """Run every unfinished run of ``sweep``; the train function is injectable (callable or "module:attr"). Runs
+    train in this process, in ``workers`` spawned processes, or as Ray tasks (``ray``: a
+    :class:`peftlab.lab.ray_backend.RayOptions`; Ray is started or joined once a run is pending)."""
     sweep.output_root.mkdir(parents=True, exist_ok=True)
-    store = Store(sweep.store_path)
-    store.register((run.key, run.config, run.output_dir) for run in sweep.runs)
-    reset = store.prepare(sweep.keys, retry_failed=retry_failed)
-    counts = store.counts(sweep.keys)
     log_dir = sweep.log_dir if capture_output else None
-    ours = set(sweep.keys)
-    to_run = {k for k, s in store.statuses().items() if s == "pending" and k in ours}
-    shown = Progress(sweep, store, to_run, log_dir, enabled=progress,
-                     done=sum(counts[s] for s in FINISHED) + counts["failed"])
-    if reset["running"]:
-        shown.note(f"resuming {reset['running']} run(s) left unfinished by a killed sweep")
-    if reset["failed"]:
-        shown.note(f"retrying {reset['failed']} failed run(s)")
-    if counts["running"] - reset["running"] > 0:
-        shown.note(f"{counts['running'] - reset['running']} run(s) are running in another live process: left to "
-                   "it (this sweep waits for them, and resumes any whose process stops beating)")
-    started: list[Executor] = []  # started only when there is something to run (Ray connects)
-    try:
-        _rounds(sweep, store, shown, to_run, started, poll_seconds,
-                lambda: (backend or local_backend(train_fn, workers))(store, log_dir, shown.note))
-        counts = shown.refresh()
+    with Store(sweep.store_path) as store:
+        store.register((run.key, run.config, run.output_dir) for run in sweep.runs)
+        reset = store.prepare(sweep.keys, retry_failed=retry_failed)
+        counts = store.counts(sweep.keys)
+        to_run = {k for k, s in store.statuses().items() if s == "pending"} & set(sweep.keys)
+        with contextlib.closing(Progress(sweep, store, to_run, log_dir, enabled=progress,
+                                         done=sum(counts[s] for s in FINISHED) + counts["failed"])) as shown:
+            if reset["running"]:
+                shown.note(f"resuming {reset['running']} run(s) left unfinished by a killed sweep")
+            if reset["failed"]:
+                shown.note(f"retrying {reset['failed']} failed run(s)")
+            if counts["running"] - reset["running"] > 0:
+                shown.note(f"{counts['running'] - reset['running']} run(s) are running in another live process: "
+                           "left to it (this sweep waits for them, and resumes any whose process stops beating)")
+            # a run another process holds is waited for after every other (_next_round)
+            with executor_for(store, log_dir, shown.note, train_fn=train_fn, workers=workers, ray=ray,
+                              wait_if_held=False) as executor:
+                round_keys: set[str] | None = set(to_run)
+                while round_keys is not None:  # what is pending, then what others left
+                    to_run |= round_keys
+                    queue = [(run, None) for run in sweep.runs if run.key in round_keys]
+                    if queue:  # Ray is started only when there is something to run
+                        train_all(executor, lambda: queue.pop(0) if queue else None, lambda key: shown.refresh(),
+                                  poll=poll_seconds)
+                    shown.refresh()
+                    round_keys = _next_round(sweep, store, shown.note, poll_seconds=poll_seconds)
+            counts = shown.refresh()
         statuses = store.statuses()
-    except BaseException:
-        for executor in started:
-            executor.abort()  # the runs in flight are handed back: the next sweep resumes them
-        raise
-    finally:
-        for executor in started:
-            executor.close()
-        shown.close()
-        store.close()
     failed = [k for k in sweep.keys if k in to_run and statuses.get(k) == "failed"]
     return SweepOutcome(total=len(sweep.keys), counts=counts, ran=len(to_run), failed_keys=failed)
-
-
-def _rounds(sweep: Sweep, store: Store, shown: Progress, to_run: set[str], started: list[Executor],
-            poll_seconds: float, make_executor: Callable[[], Executor]) -> None:
-    """Round after round: what is pending runs, then what others left (see :func:`_next_round`)."""
-    round_keys: set[str] | None = set(to_run)
-    while round_keys is not None:
-        to_run |= round_keys
-        queue = [{"key": run.key, "config": run.config} for run in sweep.runs if run.key in round_keys]
-        if queue and not started:
-            started.append(make_executor())
-        executor = started[0] if started else None
-        while queue or (executor is not None and len(executor)):
-            while queue and len(executor) < executor.slots:
-                executor.submit(queue.pop(0))  # a run another live process holds is skipped: see _next_round
-            if len(executor):
-                executor.wait(poll_seconds)
-            shown.refresh()
-        shown.refresh()
-        round_keys = _next_round(sweep, store, shown.note, poll_seconds=poll_seconds)
 
 
 class Progress:
@@ -144,7 +127,7 @@ class Progress:
             self.reported.add(key)
             run = self.by_key[key]
             if row["status"] == "failed":
-                log = f" (log: {self.log_dir / (short_key(key) + '.log')})" if self.log_dir else ""
+                log = f" (log: {log_path(self.log_dir, key)})" if self.log_dir else ""
                 self.note(f"run {short_key(key)} ({run.describe()}) failed: {row['error']}{log}")
             else:
                 self.note(f"run {short_key(key)} ({run.describe()}): {row['status']}, {finished_summary(row)}")
@@ -184,19 +167,9 @@ def _next_round(sweep: Sweep, store: Store, note, *, poll_seconds: float) -> set
         time.sleep(poll_seconds)
 
 
-def run_sweep_ray(sweep: Sweep, options, *, retry_failed: bool = False, train_fn: str | None = None,
-                  progress: bool = True, capture_output: bool = True, poll_seconds: float = 1.0) -> SweepOutcome:
-    """:func:`run_sweep` with every pending run a Ray task (``options``: a
-    :class:`peftlab.lab.ray_backend.RayOptions`). Ray is started (or joined) once a run is pending, and stopped
-    after the sweep if this command started it."""
-    from peftlab.lab.ray_backend import RaySession
-
-    session = RaySession(options, train_fn=train_fn, capture_output=capture_output)
-    try:
-        return run_sweep(sweep, retry_failed=retry_failed, train_fn=train_fn, progress=progress,
-                         capture_output=capture_output, poll_seconds=poll_seconds, backend=session.backend)
-    finally:
-        session.close()
+def run_sweep_ray(sweep: Sweep, options, **kwargs) -> SweepOutcome:
+    """:func:`run_sweep` with every pending run a Ray task (``options``: a RayOptions)."""
+    return run_sweep(sweep, ray=options, **kwargs)
 
 
 def finished_summary(row: dict) -> str:
@@ -233,12 +206,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--workers", type=nonnegative_int, default=0, metavar="N",
                         help="run in N worker processes (default 0: one run at a time in this process)")
     parser.add_argument("--retry-failed", action="store_true", help="run failed runs again")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the grid (one line per run), its size and what the preflight found; run nothing")
-    add_output_flags(parser)
-    from peftlab.lab.ray_backend import add_backend_flags  # --backend ray: each run a Ray task
-
-    add_backend_flags(parser)
+    add_spec_flags(parser, dry_run="print the grid (one line per run), its size and what the preflight found; "
+                                   "run nothing")
     parser.set_defaults(func=run_cli)
 
 
@@ -250,7 +219,7 @@ def dry_run(sweep: Sweep) -> None:
     width = len(str(len(sweep.runs)))
     for run in sweep.runs:
         status = statuses.get(run.key, "new")
-        print(f"{run.index:>{width}}  {run.short}  {status:<11}  {run.describe()}")
+        print(f"{run.index:>{width}}  {short_key(run.key)}  {status:<11}  {run.describe()}")
     # "pruned" under a cell's own key is only ever read from an unmigrated (schema-1) store: the sweep migrates
     # it, which moves the trial off the key, and runs the cell
     finished = sum(1 for run in sweep.runs if statuses.get(run.key) in FINISHED and statuses[run.key] != "pruned")
@@ -270,14 +239,11 @@ def run_cli(args) -> int:
         dry_run(sweep)
         return print_findings(check_sweep(sweep, args, dry_run=True))
     check_sweep(sweep, args)  # every cell's data, model, extras, the folders and their room: before any run
-    if args.backend == "ray":
-        if args.workers:
-            raise PeftlabError("--workers is for the local backend", fix="with --backend ray use --cpus-per-run")
-        outcome = run_sweep_ray(sweep, ray_backend.RayOptions.from_args(args), retry_failed=args.retry_failed,
-                                capture_output=not args.verbose)
-    else:
-        outcome = run_sweep(sweep, workers=args.workers, retry_failed=args.retry_failed,
-                            capture_output=not args.verbose)
+    if args.backend == "ray" and args.workers:
+        raise PeftlabError("--workers is for the local backend", fix="with --backend ray use --cpus-per-run")
+    ray = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
+    outcome = run_sweep(sweep, workers=args.workers, retry_failed=args.retry_failed, capture_output=not args.verbose,
+                        ray=ray)
     counts = outcome.counts
     summary = ", ".join(f"{counts[s]} {s}" for s in ("ok", "diverged", "collapsed", "no_learning", "pruned", "failed",
                                                      "pending", "running") if counts[s])

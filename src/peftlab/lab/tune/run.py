@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.runner import Executor, InProcess
-from peftlab.lab.spec import add_output_flags
+from peftlab.lab.runner import Executor, train_all
+from peftlab.lab.spec import add_spec_flags
+from peftlab.lab.sweep import executor_for
 from peftlab.lab.store import Store, short_key
 from peftlab.lab.store_schema import FINISHED
 from peftlab.lab.tune.spec import TuneSpec, heldout_runs, load_tune_spec, run_config
@@ -80,23 +81,21 @@ class Tuner:
         queue = self.keeper.call("unfinished")
         if queue:
             self.say(f"continuing {len(queue)} trial(s) left unfinished by a killed tune")
-        while True:
-            while len(self.executor) < self.executor.slots:
-                if queue:
-                    ticket = queue.pop(0)
-                elif self.search_spent() < self.tune.search_budget and self.keeper.call("can_ask"):
-                    ticket = self.keeper.call("ask")
-                    if ticket is None:
-                        break
-                else:
-                    break
-                self.start(ticket)
-            if not len(self.executor):
-                break
-            for key in self.executor.wait(self.poll):
-                self.finish(key)
 
-    def start(self, ticket) -> None:
+        def next_trial():
+            while queue or self.search_spent() < self.tune.search_budget:
+                ticket = queue.pop(0) if queue else self.keeper.call("ask")
+                if ticket is None:  # a grid has no point left
+                    return None
+                trial = self.start(ticket)
+                if trial is not None:
+                    return trial
+            return None
+
+        train_all(self.executor, next_trial, self.finish, poll=self.poll)
+
+    def start(self, ticket):
+        """The trial's run and reporter to train; None when its outcome is known already (told here)."""
         from peftlab.lab.tune.study import TrialReporter
 
         run = run_config(self.tune, ticket.params, self.tune.base_seed)
@@ -104,7 +103,7 @@ class Tuner:
             self.keeper.call("tell", ticket.number, "pruned", None,
                              {"key": run.key, "outcome": "duplicate", "epochs": 0,
                               "reason": f"same run as trial {self.running[run.key]}"})
-            return
+            return None
         self.keeper.call("set_attrs", ticket.number, {"key": run.key, "output_dir": run.output_dir})
         self.running[run.key] = ticket.number
         row = self.store.get(run.key)
@@ -112,14 +111,12 @@ class Tuner:
             # this point was trained and pruned already (by this trial before a kill, or an earlier trial of the
             # same point): its pruned row is the outcome; its complete key stays free for a complete run
             self.finish(run.key)
-            return
+            return None
         self.store.register([(run.key, run.config, run.output_dir)])
         if self.store.get(run.key)["status"] in (*FINISHED, "failed"):  # trained already (told before a kill)
             self.finish(run.key)
-            return
-        reporter = TrialReporter(self.keeper, ticket.number, self.tune.metric, self.tune.pruner.kind)
-        if not self.executor.submit({"key": run.key, "config": run.config}, reporter):
-            raise held_elsewhere(self.store, run.key)
+            return None
+        return run, TrialReporter(self.keeper, ticket.number, self.tune.metric, self.tune.pruner.kind)
 
     def finish(self, key: str) -> None:
         number = self.running.pop(key)
@@ -141,20 +138,17 @@ class Tuner:
     # ----------------------------------------------------------------- seeds
 
     def seed_runs(self) -> None:
-        summary = self.summary()
-        runs = [run_config(self.tune, cand["params"], seed)
-                for cand in summary["candidates"] for seed in self.tune.seed_list]
-        run_plain(runs, self.store, self.executor, self.tune.metric, self.say, poll=self.poll,
-                  what=f"seed re-runs of the top {len(summary['candidates'])} candidate(s) x seeds "
-                       f"{self.tune.seed_list}", after_each=self.write_summary)
-
-    def heldout_runs(self) -> None:
-        """The winner on the held-out seeds (once the seed re-runs have named it)."""
+        """The top candidates re-run on every selection seed, then the winner on the held-out seeds."""
+        candidates = self.summary()["candidates"]
+        self.plain([run_config(self.tune, cand["params"], seed) for cand in candidates for seed in self.tune.seed_list],
+                   f"seed re-runs of the top {len(candidates)} candidate(s) x seeds {self.tune.seed_list}")
         winner = self.summary()["winner"]
-        if winner is None or not self.tune.heldout_seeds:
-            return
-        run_plain(heldout_runs(self.tune, winner["params"]), self.store, self.executor, self.tune.metric, self.say,
-                  poll=self.poll, what=f"held-out check of the winner: {self.tune.describe_heldout()}",
+        if winner is not None and self.tune.heldout_seeds:
+            self.plain(heldout_runs(self.tune, winner["params"]),
+                       f"held-out check of the winner: {self.tune.describe_heldout()}")
+
+    def plain(self, runs: list, what: str) -> None:
+        run_plain(runs, self.store, self.executor, self.tune.metric, self.say, poll=self.poll, what=what,
                   after_each=self.write_summary)
 
     # ----------------------------------------------------------------- summary
@@ -170,85 +164,51 @@ class Tuner:
 
 def run_plain(runs: list, store: Store, executor: Executor, metric: str, say: Callable[[str], None], *, what: str,
               poll: float = 1.0, after_each: Callable[[], object] | None = None) -> None:
-    """Register ``runs`` (TrialRuns) and train the pending ones through ``executor``, never pruned."""
+    """Register ``runs`` and train the pending ones through ``executor``, never pruned."""
     if not runs:
         return
     store.register((r.key, r.config, r.output_dir) for r in runs)
     statuses = store.statuses()
-    pending = [r for r in runs if statuses.get(r.key) == "pending"]
+    pending = [(run, None) for run in runs if statuses.get(run.key) == "pending"]
     if pending:
         say(f"{what}: {len(pending)} run(s) to train")
-    by_key = {r.key: r for r in pending}
-    while pending or len(executor):
-        while pending and len(executor) < executor.slots:
-            run = pending.pop(0)
-            if not executor.submit({"key": run.key, "config": run.config}, None):
-                raise held_elsewhere(store, run.key)
-        for key in executor.wait(poll):
-            row = store.find(key)
-            outcome = trial_outcome(row, metric)
-            value = f", {metric} {outcome['value']:.4f}" if outcome["value"] is not None else ""
-            say(f"run {short_key(key)} (seed {by_key[key].config['seed']}): {row['status'] if row else 'lost'}"
-                f"{value}")
-            if after_each is not None:
-                after_each()
+    seeds = {run.key: run.config["seed"] for run, _ in pending}
+
+    def done(key: str) -> None:
+        row = store.find(key)
+        outcome = trial_outcome(row, metric)
+        value = f", {metric} {outcome['value']:.4f}" if outcome["value"] is not None else ""
+        say(f"run {short_key(key)} (seed {seeds[key]}): {row['status'] if row else 'lost'}{value}")
+        if after_each is not None:
+            after_each()
+
+    train_all(executor, lambda: pending.pop(0) if pending else None, done, poll=poll)
 
 
-def held_elsewhere(store: Store, key: str) -> PeftlabError:
-    return PeftlabError(f"run {short_key(key)} is held by another live process", where=str(store.path),
-                        fix="let that process finish it, then rerun the tune")
-
-
-def keeper_kwargs(tune: TuneSpec, *, create: bool = True) -> dict:
-    return {"storage_path": str(tune.study_path.resolve()), "direction": tune.direction,
-            "search": {name: p.to_json() for name, p in tune.search.items()}, "grid": tune.grid_points,
-            "pruner": {"kind": tune.pruner.kind, "min_epochs": tune.pruner.min_epochs,
-                       "reduction_factor": tune.pruner.reduction_factor, "max_epochs": tune.epochs},
-            "sampler_seed": tune.sampler_seed, "fingerprint": tune.fingerprint(), "create": create}
-
-
-def run_tune(tune: TuneSpec, *, backend: str = "local", ray_options=None, train_fn: Callable | str | None = None,
-             progress: bool = True, capture_output: bool = True) -> dict:
-    """Run (or resume) a tune; returns its summary (also in ``<output_dir>/tune.json``)."""
+def run_tune(tune: TuneSpec, *, ray=None, train_fn: Callable | str | None = None, progress: bool = True,
+             capture_output: bool = True) -> dict:
+    """Run (or resume) a tune, its runs in this process or as Ray tasks (``ray``: a RayOptions); returns its
+    summary (also in ``<output_dir>/tune.json``)."""
     from peftlab.lab.tune.study import start_keeper
 
     say = print if progress else (lambda *a, **k: None)
-    session = None
-    if backend == "ray":
-        from peftlab.lab.ray_backend import RayOptions, RaySession
-
-        session = RaySession(ray_options or RayOptions(), train_fn=train_fn, capture_output=capture_output)
-    with exclusive(tune.output_root):
-        store = Store(tune.store_path)
-        keeper, executor = None, None
-        try:
-            reset = store.prepare(list(store.statuses()))
-            if reset["running"]:
-                say(f"resuming {reset['running']} run(s) left unfinished by a killed tune")
-            log_dir = tune.output_root / "logs" if capture_output else None
-            say(tune.describe())
-            if session is not None:  # Ray first: the keeper is then an actor on it
-                executor = session.backend(store, log_dir, say)  # starts or joins Ray, says how many runs fit
-            keeper = start_keeper(keeper_kwargs(tune), on_ray=session is not None)
-            if executor is None:
-                executor = InProcess(store, train_fn, log_dir)
-            tuner = Tuner(tune, keeper, store, executor, say)
-            tuner.search()
-            tuner.seed_runs()
-            tuner.heldout_runs()
-            return tuner.write_summary()
-        except BaseException:
-            if executor is not None:
-                executor.abort()
-            raise
-        finally:
-            if executor is not None:
-                executor.close()
-            if keeper is not None:
+    with exclusive(tune.output_root), Store(tune.store_path) as store:
+        reset = store.prepare(list(store.statuses()))
+        if reset["running"]:
+            say(f"resuming {reset['running']} run(s) left unfinished by a killed tune")
+        say(tune.describe())
+        with executor_for(store, tune.output_root / "logs" if capture_output else None, say, train_fn=train_fn,
+                          ray=ray, wait_if_held=True) as executor:
+            if ray is not None:
+                executor.connect()  # Ray first (says how many runs fit): the keeper is then an actor on it
+            keeper = start_keeper(tune, on_ray=ray is not None)
+            try:
+                tuner = Tuner(tune, keeper, store, executor, say)
+                tuner.search()
+                tuner.seed_runs()
+                return tuner.write_summary()
+            finally:
                 keeper.close()
-            store.close()
-            if session is not None:
-                session.close()
 
 
 def load_summary(tune: TuneSpec) -> dict:
@@ -258,7 +218,7 @@ def load_summary(tune: TuneSpec) -> dict:
     if not tune.study_path.is_file():
         raise PeftlabError(f"no tune has run in {tune.output_root} yet (no {tune.study_path.name})",
                            fix=f"run peftlab tune {tune.spec_path}")
-    keeper = StudyKeeper(**keeper_kwargs(tune, create=False))
+    keeper = StudyKeeper(tune, create=False)
     try:
         with Store(tune.store_path, create=False) as store:
             return build_summary(tune, keeper.trials(), store.rows())
@@ -282,12 +242,7 @@ def add_parser(sub) -> None:
                         help="seed re-runs of the top candidates (default: the spec's seeds, else 5)")
     parser.add_argument("--summary", action="store_true",
                         help="print the trials, the winner and the compute spent so far, and run nothing")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the search space, the budget and what the preflight found; run nothing")
-    add_output_flags(parser)
-    from peftlab.lab.ray_backend import add_backend_flags
-
-    add_backend_flags(parser)
+    add_spec_flags(parser, dry_run="print the search space, the budget and what the preflight found; run nothing")
     parser.set_defaults(func=run_cli)
 
 
@@ -309,9 +264,9 @@ def run_cli(args) -> int:
         print(render_summary(load_summary(tune)), end="")
         return 0
     check_tune(tune, args)  # every point's data, model, extras, the folder and its room: before any trial
-    options = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
+    ray = ray_backend.RayOptions.from_args(args) if args.backend == "ray" else None
     try:
-        summary = run_tune(tune, backend=args.backend, ray_options=options, capture_output=not args.verbose)
+        summary = run_tune(tune, ray=ray, capture_output=not args.verbose)
     except Exception as err:  # a full disk under the study's own database (Optuna's SQLAlchemy) too: one line
         from peftlab.lab.runner import DISK_FIX, out_of_space
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from peftlab.config import ROLES
 from peftlab.errors import PeftlabError, closest
+from peftlab.lab.spec import Run, resolved_run
 from peftlab.tasks.table import SELECTION_PREFIX
 
 SPEC_KEYS = ("description", "output_dir", "store", "base", "search", "budget", "seeds", "top_k", "pruner",
@@ -203,10 +204,10 @@ def _mapping(value, name: str, where: str, keys: tuple[str, ...], example: str) 
 
 
 def _search_param(name: str, raw, where: str) -> SearchParam:
-    from peftlab.config import TrainConfig, normalise_keys
+    from peftlab.lab.spec import typed_value
 
     def typed(value):
-        return next(iter(normalise_keys(TrainConfig, {name: value}, f"{where}: search.{name}").values()))
+        return typed_value(name, value, f"{where}: search.{name}")
 
     if isinstance(raw, list):
         if not raw:
@@ -341,23 +342,13 @@ def _range_points(params: dict[str, SearchParam]) -> list[dict[str, Any]]:
             for value in ((p.low, p.high) if p.is_range else p.values)]
 
 
-@dataclass(frozen=True)
-class TrialRun:
-    key: str
-    config: dict  # resolved TrainConfig.to_dict(), output_dir included
-    output_dir: str
-
-
-def run_config(tune: TuneSpec, params: dict[str, Any], seed: int, *, where: str | None = None) -> TrialRun:
+def run_config(tune: TuneSpec, params: dict[str, Any], seed: int, *, where: str | None = None) -> Run:
     """The run of one search point with one seed: its config, key and folder (named as a sweep's runs)."""
-    from peftlab.lab.spec import resolved_run
-
     point = " ".join(f"{k}={v}" for k, v in params.items())
-    key, config = resolved_run({**tune.base, **params, "seed": seed}, tune.output_root,
-                               label=f"search point {{{point}}}", where=where or str(tune.spec_path))
-    return TrialRun(key=key, config=config, output_dir=config["output_dir"])
+    return resolved_run({**tune.base, **params, "seed": seed}, tune.output_root, label=f"search point {{{point}}}",
+                        where=where or str(tune.spec_path))
 
 
-def heldout_runs(tune: TuneSpec, params: dict[str, Any]) -> list[TrialRun]:
+def heldout_runs(tune: TuneSpec, params: dict[str, Any]) -> list[Run]:
     """The held-out check of one search point: its runs on ``tune.heldout_seed_list``."""
     return [run_config(tune, params, seed) for seed in tune.heldout_seed_list]

@@ -14,8 +14,7 @@ handed back by :meth:`StudyKeeper.unfinished` and continued, never asked again.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from peftlab.errors import PeftlabError
 
@@ -31,8 +30,7 @@ class Ticket:
 
 
 class StudyKeeper:
-    def __init__(self, storage_path: str, *, direction: str, search: dict[str, dict], grid: list[dict] | None,
-                 pruner: dict, sampler_seed: int, fingerprint: str, create: bool = True):
+    def __init__(self, tune, *, create: bool = True):  # a TuneSpec whose output folder is absolute
         from peftlab.extras import require
 
         require("peftlab tune")  # the 'tune' extra (peftlab study's search stage comes here too)
@@ -40,103 +38,77 @@ class StudyKeeper:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna = optuna
-        self.search, self.grid = search, grid
-        storage = optuna.storages.RDBStorage(f"sqlite:///{storage_path}",
+        self.grid = tune.grid_points
+        self.space = {name: _distribution(optuna, param) for name, param in tune.search.items()}
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tune.study_path}",
                                              engine_kwargs={"connect_args": {"timeout": 120}})
         # a grid's sampler is never used: every point is enqueued
-        sampler = (optuna.samplers.RandomSampler if grid is not None else optuna.samplers.TPESampler)(seed=sampler_seed)
-        kwargs = dict(storage=storage, study_name=STUDY_NAME, sampler=sampler, pruner=_pruner(optuna, pruner))
-        self.study = (optuna.create_study(direction=direction, load_if_exists=True, **kwargs) if create
+        sampler = (optuna.samplers.RandomSampler if self.grid is not None else optuna.samplers.TPESampler)(
+            seed=tune.sampler_seed)
+        kwargs = dict(storage=storage, study_name=STUDY_NAME, sampler=sampler,
+                      pruner=_pruner(optuna, tune.pruner, tune.epochs))
+        self.study = (optuna.create_study(direction=tune.direction, load_if_exists=True, **kwargs) if create
                       else optuna.load_study(**kwargs))
-        attrs = self.study.user_attrs
+        attrs, fingerprint = self.study.user_attrs, tune.fingerprint()
         if "fingerprint" not in attrs and create:
             self.study.set_user_attr("fingerprint", fingerprint)
         elif attrs.get("fingerprint") != fingerprint:
             raise PeftlabError(f"the tune spec's base, search, metric or pruner changed since this tune started "
-                               f"(study {storage_path})",
+                               f"(study {tune.study_path})",
                                fix="restore the spec, or give the changed one another output_dir")
-        self.live: dict[int, Any] = {}  # trial number -> optuna.Trial, for trials run by this process
 
     # ----------------------------------------------------------------- asking
 
     def unfinished(self) -> list[Ticket]:
         """Trials a killed tune left running (or asked and never started): they are continued, not re-asked."""
-        out = []
-        for frozen in self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,)):
-            self.live[frozen.number] = self.optuna.trial.Trial(self.study, frozen._trial_id)
-            out.append(Ticket(frozen.number, dict(frozen.params)))
-        return out
-
-    def asked(self) -> int:
-        """Trials asked so far (any state)."""
-        return len(self.study.get_trials(deepcopy=False))
-
-    def can_ask(self) -> bool:
-        """False when a grid has no point left."""
-        return self.grid is None or self._next_point() is not None
+        running = self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,))
+        return [Ticket(frozen.number, dict(frozen.params)) for frozen in running]
 
     def _next_point(self) -> dict | None:
         used = [t.params or t.system_attrs.get("fixed_params") or {} for t in self.study.get_trials(deepcopy=False)]
         return next((p for p in self.grid if p not in used), None)
 
     def ask(self) -> Ticket | None:
-        TrialState = self.optuna.trial.TrialState
-        waiting = self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        """The next trial; None when a grid has no point left."""
+        waiting = self.study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.WAITING,))
         if self.grid is not None and not waiting:
             point = self._next_point()
             if point is None:
                 return None
             self.study.enqueue_trial(point)
-        trial = self.study.ask()
-        params = {}
-        for name, space in self.search.items():
-            if "values" in space:
-                params[name] = trial.suggest_categorical(name, list(space["values"]))
-            elif isinstance(space["low"], int) and isinstance(space["high"], int) and not isinstance(
-                    space.get("step"), float):
-                params[name] = trial.suggest_int(name, space["low"], space["high"], step=space.get("step") or 1,
-                                                 log=space.get("log", False))
-            else:
-                params[name] = trial.suggest_float(name, float(space["low"]), float(space["high"]),
-                                                   step=space.get("step"), log=space.get("log", False))
-        self.live[trial.number] = trial
-        return Ticket(trial.number, params)
+        trial = self.study.ask(self.space)
+        return Ticket(trial.number, dict(trial.params))
 
     def set_attrs(self, number: int, attrs: dict) -> None:
-        trial = self.live[number]
-        for name, value in attrs.items():
-            trial.set_user_attr(name, value)
+        frozen = self._frozen(number)
+        for name, value in attrs.items():  # Optuna's storage API: any process may label any trial
+            self.study._storage.set_trial_user_attr(frozen._trial_id, name, value)
 
     # ----------------------------------------------------------------- reporting
 
     def report(self, number: int, epoch: int, value: float) -> bool:
         """Record a trial's dev metric after ``epoch``; True when the pruner says to stop it."""
-        trial = self.live.get(number)
-        if trial is None:  # a worker retried after the driver restarted: re-attach
-            frozen = self.study.get_trials(deepcopy=False)[number]
-            trial = self.live[number] = self.optuna.trial.Trial(self.study, frozen._trial_id)
         if not math.isfinite(value):
             return True
-        if epoch in self._frozen(number).intermediate_values:  # a retried worker repeats an epoch
+        frozen = self._frozen(number)
+        if epoch in frozen.intermediate_values:  # a retried worker repeats an epoch
             return False
+        trial = self.optuna.trial.Trial(self.study, frozen._trial_id)
         trial.report(float(value), step=epoch)
         return bool(trial.should_prune())
 
     def tell(self, number: int, state: str, value: float | None, attrs: dict) -> None:
         """Close a trial: ``complete`` with its value, else ``pruned`` or ``failed``; ``attrs`` kept on it."""
         TrialState = self.optuna.trial.TrialState
-        frozen = self._frozen(number)
-        if frozen.state.is_finished():  # told already (a rerun of a killed tune repeats its last tell)
+        if self._frozen(number).state.is_finished():  # told already (a rerun of a killed tune repeats its last tell)
             return
-        for name, item in attrs.items():  # Optuna's storage API: this process may not hold the Trial object
-            self.study._storage.set_trial_user_attr(frozen._trial_id, name, item)
+        self.set_attrs(number, attrs)
         if state == "complete" and value is not None and math.isfinite(value):
             self.study.tell(number, value)
         elif state in ("complete", "pruned"):
             self.study.tell(number, state=TrialState.PRUNED)
         else:
             self.study.tell(number, state=TrialState.FAIL)
-        self.live.pop(number, None)
 
     def close(self) -> None:
         """Let go of the study file (before a Ray actor takes it over)."""
@@ -156,15 +128,23 @@ class StudyKeeper:
                  "attrs": dict(trial.user_attrs)} for trial in self.study.get_trials(deepcopy=False)]
 
 
-def _pruner(optuna, spec: dict):
-    kind = spec.get("kind", "asha")
-    if kind == "none":
+def _distribution(optuna, param):
+    """The Optuna distribution of a search key (a SearchParam): its values, or an int or float range."""
+    if param.values is not None:
+        return optuna.distributions.CategoricalDistribution(list(param.values))
+    if isinstance(param.low, int) and isinstance(param.high, int) and not isinstance(param.step, float):
+        return optuna.distributions.IntDistribution(param.low, param.high, log=param.log, step=param.step or 1)
+    return optuna.distributions.FloatDistribution(float(param.low), float(param.high), log=param.log, step=param.step)
+
+
+def _pruner(optuna, pruner, max_epochs: int):
+    if pruner.kind == "none":
         return optuna.pruners.NopPruner()
-    if kind == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=spec["min_epochs"], max_resource=spec["max_epochs"],
-                                              reduction_factor=spec["reduction_factor"])
-    return optuna.pruners.SuccessiveHalvingPruner(min_resource=spec["min_epochs"],
-                                                  reduction_factor=spec["reduction_factor"])
+    if pruner.kind == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=pruner.min_epochs, max_resource=max_epochs,
+                                              reduction_factor=pruner.reduction_factor)
+    return optuna.pruners.SuccessiveHalvingPruner(min_resource=pruner.min_epochs,
+                                                  reduction_factor=pruner.reduction_factor)
 
 
 # --------------------------------------------------------------------------- one handle, local or Ray
@@ -191,11 +171,12 @@ class KeeperHandle:
             ray.kill(self.actor)
 
 
-def start_keeper(kwargs: dict, *, on_ray: bool) -> KeeperHandle:
-    """A StudyKeeper here, or a Ray actor pinned to this (the driver's) node, which holds the study file.
-    On Ray the driver checks the study first with a StudyKeeper of its own (closed before the actor opens it),
-    so a changed spec is one line here, not an actor's traceback."""
-    keeper = StudyKeeper(**kwargs)
+def start_keeper(tune, *, on_ray: bool) -> KeeperHandle:
+    """A StudyKeeper of ``tune`` here, or a Ray actor pinned to this (the driver's) node, which holds the study
+    file. On Ray the driver checks the study first with a StudyKeeper of its own (closed before the actor opens
+    it), so a changed spec is one line here, not an actor's traceback."""
+    tune = replace(tune, output_root=tune.output_root.resolve())  # an actor's working folder is not ours
+    keeper = StudyKeeper(tune)
     if not on_ray:
         return KeeperHandle(keeper=keeper)
     keeper.close()
@@ -205,7 +186,7 @@ def start_keeper(kwargs: dict, *, on_ray: bool) -> KeeperHandle:
     here = ray.get_runtime_context().get_node_id()
     actor = ray.remote(StudyKeeper).options(
         num_cpus=0, max_restarts=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote(**kwargs)
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False)).remote(tune)
     return KeeperHandle(actor=actor)
 
 
