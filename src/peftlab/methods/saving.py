@@ -2,7 +2,7 @@
 
 peft methods are saved by ``PeftModel.save_pretrained``; PiSSA, MiLoRA, CorDA and KaSA's non-peft truncations
 converted to a plain LoRA on the original base weights, head included (:mod:`peftlab.methods.svd_lora`,
-:mod:`peftlab.methods.kasa_portable`). Full fine-tuning is a standard transformers folder (fused QKV fused back).
+:func:`peftlab.methods.kasa.save_as_lora`). Full fine-tuning is a standard transformers folder (fused QKV fused back).
 A sequence classifier's head config goes to ``labels.json``, which an adapter folder otherwise lacks; an adapter
 of split q/k/v gets ``fused_qkv.json``, and :func:`load_trained` splits the fresh base the same way first.
 """
@@ -12,14 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from peftlab.methods import kasa
 from peftlab.errors import PeftlabError
-
-FULL_WEIGHTS = "trained_weights.safetensors"
-
 
 def is_peft(model: nn.Module) -> bool:
     from peft import PeftModel
@@ -103,9 +99,7 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "",
             save_converted(model, out_dir, stats.initial_adapter)
         elif stats is not None and stats.kasa_dropped:
             # KaSA truncated otherwise than peft's loader would: a plain LoRA on the original base instead
-            from peftlab.methods.kasa_portable import save_as_lora
-
-            save_as_lora(model, out_dir, stats.kasa_dropped)
+            kasa.save_as_lora(model, out_dir, stats.kasa_dropped)
         else:
             model.save_pretrained(out_dir, safe_serialization=True)
         _record_base(out_dir, base_model)
@@ -127,13 +121,11 @@ def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool
     adapter_dir = Path(adapter_dir)
     if not adapter_dir.is_dir():
         raise PeftlabError(f"adapter folder not found: {adapter_dir}", fix="pass the run's adapter/ folder")
-    if (adapter_dir / FULL_WEIGHTS).is_file():  # full fine-tuning as peftlab saved it before
-        return _load_full(base, adapter_dir / FULL_WEIGHTS, base_model)
-    if (adapter_dir / "model.safetensors").is_file() and not (adapter_dir / "adapter_config.json").is_file():
-        return _load_full(base, adapter_dir / "model.safetensors", base_model)  # a save_pretrained folder
     config_file = adapter_dir / "adapter_config.json"
+    if (adapter_dir / "model.safetensors").is_file() and not config_file.is_file():
+        return _load_full(base, adapter_dir / "model.safetensors", base_model)  # full fine-tuning's folder
     if not config_file.is_file():
-        raise PeftlabError(f"no adapter_config.json or {FULL_WEIGHTS} in {adapter_dir}",
+        raise PeftlabError(f"no adapter_config.json or model.safetensors in {adapter_dir}",
                            fix="pass a folder written by peftlab train or PeftModel.save_pretrained")
     safe, pickled = adapter_dir / "adapter_model.safetensors", adapter_dir / "adapter_model.bin"
     if safe.is_file():
@@ -152,11 +144,8 @@ def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool
     from peftlab.methods.fused_qkv import split_for_adapter
 
     split_for_adapter(base, adapter_dir)  # an adapter of split q/k/v: the same split first (fused_qkv.json)
-    plan, originals = kasa.load_plan(adapter_dir, base)  # reads the original weights before peft truncates
     try:
-        loaded = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
-        kasa.apply_plan(loaded, plan, originals)
-        return loaded
+        return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
     except (RuntimeError, ValueError, KeyError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PeftlabError(f"adapter {adapter_dir} does not fit this base model: {first[:300]}",
@@ -176,27 +165,21 @@ def _check_safetensors(path: Path) -> None:
 
 
 def _load_full(base: nn.Module, path: Path, base_model: str | None) -> nn.Module:
-    from safetensors import safe_open
     from safetensors.torch import load_file
 
     _check_safetensors(path)
-    with safe_open(str(path), "pt") as handle:
-        saved_base = (handle.metadata() or {}).get("base_model", "")
     marker = path.parent / "peftlab_base.json"
-    if not saved_base and marker.is_file():
-        saved_base = json.loads(marker.read_text()).get("model", "")
+    saved_base = json.loads(marker.read_text()).get("model", "") if marker.is_file() else ""
     if base_model and saved_base and saved_base != base_model:
         raise PeftlabError(f"{path} was trained on '{saved_base}', not '{base_model}'",
                            fix=f"load it on {saved_base}")
-    tensors = load_file(str(path))
-    params = dict(base.state_dict(keep_vars=True))  # parameters and persistent buffers, as save_pretrained writes
-    for name, value in tensors.items():
-        if name not in params or params[name].shape != value.shape:
-            raise PeftlabError(f"{path} does not fit this base model: tensor '{name}' "
-                               + ("is missing" if name not in params else f"has shape {tuple(value.shape)}"),
-                               fix="load it on the model it was trained from")
-        with torch.no_grad():
-            params[name].copy_(value)
+    try:  # parameters and persistent buffers, as save_pretrained writes them; a tied output layer is left out
+        unexpected = base.load_state_dict(load_file(str(path)), strict=False).unexpected_keys
+    except RuntimeError as err:  # a tensor of another shape
+        unexpected = [str(err).strip().splitlines()[-1].strip()]
+    if unexpected:
+        raise PeftlabError(f"{path} does not fit this base model: {unexpected[0][:300]}",
+                           fix="load it on the model it was trained from")
     return base
 
 

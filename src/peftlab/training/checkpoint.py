@@ -23,7 +23,6 @@ from peftlab.training.state import LoopState
 
 TRAINABLE_FILE = "trainable.safetensors"
 BEST_WEIGHTS = "best.safetensors"
-LEGACY_TRAINING_STATE = "training_state.pt"  # a checkpoint from before Accelerate's save_state: refused
 
 
 def state_file(process_index: int) -> str:
@@ -116,9 +115,6 @@ def load_checkpoint(run) -> Restored:
     from safetensors.torch import load_file
 
     ckpt, accelerator = runfiles.checkpoint_dir(run.out), run.accelerator
-    if (ckpt / LEGACY_TRAINING_STATE).is_file():
-        raise PeftlabError(f"the checkpoint in {ckpt} was written by an earlier peftlab (before Accelerate's "
-                           "save_state) and does not resume", fix="pass --overwrite to start over")
     check_process_count(ckpt, accelerator.num_processes)
     accelerator.load_state(str(ckpt))
     check_rng_restored(ckpt, accelerator.process_index)
