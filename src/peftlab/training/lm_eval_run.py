@@ -284,13 +284,11 @@ def score_run(model, tokenizer, cfg, result: dict, out_dir: Path, names: list[st
     return record(out_dir if write else None, result, section)
 
 
-def check_request(cfg) -> list[str]:
+def check_request(cfg) -> None:
     """Before a run trains: the harness is installed and every task's data is found (one line otherwise)."""
-    from peftlab.tasks.lm_eval_tasks import harness_index, task_configs, task_names
+    from peftlab.tasks.lm_eval_tasks import task_configs, task_names
 
-    names = task_names(cfg.lm_eval)
-    task_configs(names, cfg.data_dir, task_manager=harness_index(names)[1])
-    return names
+    task_configs(task_names(cfg.lm_eval), cfg.data_dir)
 
 
 def after_training(run, result: dict) -> dict:
@@ -312,7 +310,7 @@ def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merg
                           num_fewshot: int | None = None, max_new_tokens: int | None = None) -> dict:
     """``peftlab evaluate RUN --lm-eval TASKS``: the saved run's model through the harness; its numbers are
     added to RUN/result.json (not with ``--adapter``: another adapter's numbers are not this run's)."""
-    from peftlab.tasks.lm_eval_tasks import harness_index, task_configs, task_names
+    from peftlab.tasks.lm_eval_tasks import task_configs, task_names
     from peftlab.tasks.table import find_task
     from peftlab.training.devices import make_accelerator
     from peftlab.training.evaluation import load_run
@@ -320,10 +318,6 @@ def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merg
 
     run_dir = Path(run_dir)
     names = task_names(tasks)
-    for flag, value, least in (("--lm-eval-fewshot", num_fewshot, 0), ("--lm-eval-max-new-tokens", max_new_tokens, 1),
-                               ("--max-eval-samples", max_eval_samples, 1)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-            raise PeftlabError(f"{flag} must be an integer >= {least}, got {value!r}")
     result = read_result(run_dir)
     if result is None or result.get("status") not in FINISHED:
         raise PeftlabError(f"{run_dir} holds no finished run (result.json with a final status)",
@@ -332,7 +326,7 @@ def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merg
     if task is None or task.head != "causal-lm":
         raise PeftlabError(f"--lm-eval scores decoder runs; {run_dir} is a '{result['task']}' run of an encoder head",
                            fix="use it on a run of --task commonsense, math, gsm8k, alpaca, json, e2e or mt-bench")
-    task_configs(names, (result.get("config") or {}).get("data_dir"), task_manager=harness_index(names)[1])
+    task_configs(names, (result.get("config") or {}).get("data_dir"))  # every task's data found, before the model loads
     run = load_run(run_dir, adapter=adapter, merge=merge, allow_pickle=allow_pickle)
     accelerator = make_accelerator(run.precision)
     model = run.model.to(accelerator.device)

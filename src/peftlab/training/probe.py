@@ -25,6 +25,7 @@ from peftlab.config import TrainConfig
 from peftlab.errors import PeftlabError
 from peftlab.resolve import resolve_config
 from peftlab.training.curvature import Solve, require_extra, top_eigenvalues
+from peftlab.training.step import objective as step_objective
 
 PROBE_SCHEMA = 1
 KIND_LABELS = {"raw_init": "raw Hessian at init", "raw_after_adam": "raw Hessian after the Adam steps",
@@ -83,19 +84,6 @@ def probe_blocks(groups: list[dict]) -> tuple[list, list[Block]]:
 def _block(name: str, members, params: list, names: list[str]) -> Block:
     members = tuple(members)
     return Block(name, members, tuple(names[i] for i in members), sum(params[i].numel() for i in members))
-
-
-def run_objective(cfg: TrainConfig):
-    """The loss a step of the run minimises (:func:`peftlab.training.step.forward_loss`): the task loss plus
-    the method's extra loss (KaSA's regulariser)."""
-    from peftlab.methods.table import extra_loss
-
-    def objective(model, batch):
-        loss = model(**batch).loss
-        aux = extra_loss(model, cfg)
-        return loss if aux is None else loss + aux
-
-    return objective
 
 
 def adam_scale(optimizer, params: list) -> torch.Tensor:
@@ -212,7 +200,9 @@ def probe(cfg: TrainConfig, options: ProbeOptions) -> dict:
     seconds["setup_s"] = time.perf_counter() - start
     model = run.accelerator.unwrap_model(run.model)
     params, blocks = probe_blocks(run.groups)
-    objective = run_objective(run.cfg)
+    def objective(model, batch):  # the loss a step of the run minimises, KaSA's regulariser included
+        return step_objective(model, batch, run.cfg).total
+
     batches = list(itertools.islice(run.train_loader, options.batches))  # its seed, its length-grouped order
     results = {"raw_init": measure(model, objective, params, blocks, batches, options)["raw"]}
     seconds["init_s"] = time.perf_counter() - start - sum(seconds.values())

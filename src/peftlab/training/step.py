@@ -41,10 +41,16 @@ class StepResult:
 
 def forward_loss(run, batch) -> Objective:
     """The batch's objective. (Tests wrap this function to inject a fault, e.g. a NaN at one step.)"""
+    model = training_module(run.compiled, run.model)  # --compile: the compiled view, while it works
+    return objective(model, batch, run.cfg, method_model=run.accelerator.unwrap_model(run.model))
+
+
+def objective(model, batch, cfg, method_model=None) -> Objective:
+    """``model(**batch).loss`` plus the method's extra loss on ``method_model`` (default: ``model``)."""
     from peftlab.methods.table import extra_loss
 
-    loss = training_module(run.compiled, run.model)(**batch).loss  # --compile: the compiled view, while it works
-    aux = extra_loss(run.accelerator.unwrap_model(run.model), run.cfg)  # the method's hook
+    loss = model(**batch).loss
+    aux = extra_loss(model if method_model is None else method_model, cfg)
     return Objective(loss, aux, loss if aux is None else loss + aux)
 
 
