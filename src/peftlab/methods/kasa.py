@@ -1,22 +1,16 @@
 """KaSA (Wang et al. 2024): SVD truncation of the base + learned singular values, and its regulariser.
 
-peft implements KaSA's layer (``LoraConfig(kasa_config=...)``: the base weight loses its r smallest singular
-components, Delta_W = s * B diag(lora_diag) A) and the per-module regulariser
-``beta*||diag||^2 + gamma*(||B^T B - I_r||_F + ||A A^T - I_r||_F)``, but leaves adding it to the loss to the
-user. peftlab adds it through the method's ``extra_loss`` hook and offers two knobs peft does not have:
+peft implements KaSA's layer (the base loses its r smallest singular components, Delta_W = s * B diag(lora_diag) A)
+and its per-module regulariser, but leaves adding it to the loss to the user: peftlab adds it through the method's
+``extra_loss`` hook, combined over modules by ``--kasa-reduction`` (``mean``: the authors' code; ``sum``: peft's),
+and adds two knobs peft lacks (docs/KASA_MODES.md):
 
-* ``--kasa-truncate-rank k`` (default: r): drop the k smallest singular components of the base while the
-  adapter keeps rank r. peft always truncates exactly r, so for k != r the base is re-truncated from the
-  original weight (captured before peft's init) after peft's init, and such a run is saved as a plain LoRA on
-  the original base (:func:`save_as_lora`), since peft's loader would truncate by its own rule.
-* ``--kasa-mode paper|reference``: ``paper`` is peft's (and the paper's) truncation and penalty;
-  ``reference`` mirrors the authors' released code (github.com/juyongjiang/KaSA): the base keeps
-  ``in_features - k`` components (so a wide layer, in_features >= out_features + k, is not truncated at
-  all) and the orthogonality penalty uses d x d Gram matrices, ``||A^T A - I_in||_F + ||B B^T - I_out||_F``,
-  whose floor is sqrt(in - r) + sqrt(out - r) instead of 0. See docs/KASA_MODES.md.
+* ``--kasa-truncate-rank k`` (default: r): the base loses its k smallest components while the adapter keeps rank r.
+* ``--kasa-mode reference``: the authors' released code: the base keeps ``in_features - k`` components and the
+  orthogonality penalty uses d x d Gram matrices, whose floor is sqrt(in - r) + sqrt(out - r) instead of 0.
 
-The regulariser is combined over modules by ``--kasa-reduction``: ``mean`` (the authors' code, the
-default) or ``sum`` (peft's ``LoraModel._get_kasa_loss``).
+For either, each base is re-truncated from its original weight after peft's init, and the run is saved as a plain
+LoRA on the original base (:func:`save_as_lora`), since peft's loader would truncate by its own rule.
 """
 
 from __future__ import annotations

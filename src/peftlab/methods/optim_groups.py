@@ -1,13 +1,9 @@
 """Per-projection optimizer groups (Yao et al.: eta_V = lambda * eta_QK) and trainable-parameter counts.
 
-Every trainable tensor goes to the group of the projection it adapts, whatever the method: lora_A/B,
-lora_diag (KaSA), lora_magnitude_vector (DoRA), VeRA's lambda vectors, FourierFT's spectrum, or the full
-weight and bias. Groups: q, k, v, o, the MLP's gate, up, down, head, other (a fused QKV matrix is split into q, k
-and v layers before, :mod:`peftlab.methods.fused_qkv`, so its slices are groups like any). Weight decay is decided by
-tensor rank, as nanoGPT's ``configure_optimizers`` does: matrices (``p.dim() >= 2``: LoRA's A and B, full
-weights) decay; vectors (biases, norms, DoRA's magnitude, KaSA's singular values, VeRA's scaling vectors,
-FourierFT's spectrum) never do, so ``--weight-decay`` cannot pull a method's learned scales towards 0. Each
-group is split in a decay and a no-decay half.
+Every trainable tensor goes to the group of the projection it adapts, whatever the method (lora_A/B, KaSA's
+lora_diag, DoRA's magnitude, VeRA's vectors, FourierFT's spectrum, full weights): q, k, v, o, gate, up, down, head,
+other. Weight decay is decided by tensor rank, as nanoGPT's ``configure_optimizers`` does: matrices decay; vectors
+(biases, norms, learned scales) never do, so ``--weight-decay`` cannot pull a method's scales towards 0.
 """
 
 from __future__ import annotations

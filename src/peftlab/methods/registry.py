@@ -1,17 +1,10 @@
 """The method registry: every fine-tuning method peftlab offers, registered once, by name.
 
-One :class:`Method` row per method, as peft's ``register_peft_method(name, config_cls, model_cls, prefix)``:
-its builder (usually a peft config), the config options it reads and its own option group, whether its saved
-adapter is converted to plain LoRA, its default learning rates and its limits. Everything else is derived from
-this table: ``config.MethodName`` (the ``--method`` choices), the option groups of ``config.MethodConfig``
-(``cfg.kasa``: flags ``--kasa-*``, their ``--help`` section), ``peftlab methods``, the explicit-option check and
-:func:`peftlab.methods.table.apply_method`.
-
-The module is torch-free on import and imports only the config's declaration vocabulary
-(:mod:`peftlab.config_roles`), so the config (a leaf) reads the rows from here; the builders import peft and the
-method modules when a model is adapted. To add a method: a builder, its option group if it has options of its
-own, and one row in :data:`METHODS`; ``tests/test_methods.py``'s matrix then runs it on every architecture and
-target set.
+One :class:`Method` row per method, as peft's ``register_peft_method``: its builder (usually a peft config), the
+options it reads and its own option group, whether its saved adapter is converted to plain LoRA, its default rates
+and limits. ``config.MethodName``, ``config.MethodConfig``'s groups (``cfg.kasa``: ``--kasa-*``), ``peftlab
+methods``, the explicit-option check and :func:`peftlab.methods.table.apply_method` read this table. Torch-free on
+import: the config (a leaf) reads the rows from here; the builders import peft when a model is adapted.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Save, load and merge what a run trained. safetensors only; pickles are refused unless asked for.
 
-peft methods are saved by ``PeftModel.save_pretrained``; PiSSA, MiLoRA, CorDA and KaSA's non-peft truncations
-converted to a plain LoRA on the original base weights, head included (:mod:`peftlab.methods.svd_lora`,
-:func:`peftlab.methods.kasa.save_as_lora`). Full fine-tuning is a standard transformers folder (fused QKV fused back).
-A sequence classifier's head config goes to ``labels.json``, which an adapter folder otherwise lacks; an adapter
-of split q/k/v gets ``fused_qkv.json``, and :func:`load_trained` splits the fresh base the same way first.
+Adapters go through ``PeftModel.save_pretrained``, PiSSA, MiLoRA, CorDA and KaSA's non-peft truncations converted
+to plain LoRA on the original base; full fine-tuning is a standard transformers folder (fused QKV fused back). A
+sequence classifier's head config goes to ``labels.json``; split q/k/v to ``fused_qkv.json``.
 """
 
 from __future__ import annotations
@@ -47,11 +45,8 @@ LABELS_FILE = "labels.json"  # a sequence classifier's head: num_labels, id2labe
 
 
 def write_head_labels(model: nn.Module, out_dir: Path) -> None:
-    """A sequence classifier's ``labels.json``: the transformers config values its head needs (``num_labels``,
-    ``id2label``, ``label2id``, ``problem_type``), read from ``model.config``. A peft adapter folder has no
-    config.json to carry them, so plain transformers loads it as
-    ``AutoModelForSequenceClassification.from_pretrained(adapter_dir, **json.load(open(adapter_dir/"labels.json")))``
-    and names the classes; ``peftlab evaluate`` / ``predict`` / ``export`` rebuild the head from it."""
+    """A sequence classifier's ``labels.json``: the config values its head needs, which an adapter folder has no
+    config.json to carry (``from_pretrained(base, **labels)`` names the classes; evaluate, predict, export read it)."""
     config = getattr(model, "config", None)
     if getattr(config, "problem_type", None) not in ("single_label_classification", "regression"):
         return
@@ -74,13 +69,9 @@ def saved_head_labels(adapter_dir: str | Path) -> dict | None:
 
 
 def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "", applied=None) -> Path:
-    """Write the trained part of ``model`` to ``out_dir`` (created). Returns ``out_dir``.
-
-    ``applied``: the :class:`~peftlab.methods.table.AppliedMethod` that made ``model`` (``model`` may be its
-    accelerator-unwrapped model). It says whether the adapter is saved converted to plain LoRA (PiSSA, MiLoRA,
-    CorDA: from its initial adapter) and which KaSA truncations to save; without it the adapter is saved as
-    peft holds it.
-    """
+    """Write the trained part of ``model`` to ``out_dir`` (created). ``applied``: the
+    :class:`~peftlab.methods.table.AppliedMethod` that made ``model``: what to convert to plain LoRA and the split
+    q/k/v; without it the adapter is saved as peft holds it."""
     from peftlab.methods import fused_qkv
     from peftlab.methods.registry import METHODS
 
@@ -184,18 +175,12 @@ def _load_full(base: nn.Module, path: Path, base_model: str | None) -> nn.Module
 
 
 def merged(model: nn.Module, split=None) -> nn.Module:
-    """A plain model with the adapter folded into the weights (inference at base-model cost). In place:
-    ``model`` is consumed. ``split`` (a :class:`~peftlab.methods.fused_qkv.FusedSplit`: ``AppliedMethod.split``,
-    or ``fused_qkv.read_split(adapter_dir)``): the split q/k/v are fused back into the original layout.
+    """A plain model with the adapter folded into the weights, in place (``model`` is consumed); ``split`` (a
+    :class:`~peftlab.methods.fused_qkv.FusedSplit`): the split q/k/v fused back into the original layout.
 
-    The trained task head (peft's ``modules_to_save``) is unwrapped first, by peft's own
-    ``ModulesToSaveWrapper.unload_and_optionally_merge_module``. ``merge_and_unload`` alone fails for VeRA and
-    FourierFT when the head is a composite module: their tuners use peft's generic
-    ``BaseTuner._replace_module`` (LoRA and its variants override it), which runs
-    ``new_module.weight = child.weight`` on the head wrapper it replaces, and a head without a ``.weight``
-    (RoBERTa's ``RobertaClassificationHead``, DeBERTa-v2's ``ContextPooler``) raises AttributeError, after the
-    adapted layers have already been merged in place. Present in peft 0.21.2; a ``hasattr`` guard for it was
-    proposed upstream in huggingface/peft PR #3213.
+    The trained head (``modules_to_save``) is unwrapped first, by peft's own ``unload_and_optionally_merge_module``:
+    ``merge_and_unload`` alone fails for VeRA and FourierFT when the head has no ``.weight`` (RoBERTa's
+    classification head, DeBERTa-v2's pooler; peft 0.21.2's ``BaseTuner._replace_module``, huggingface/peft PR #3213).
     """
     if is_peft(model):
         _unwrap_saved_modules(model)

@@ -1,11 +1,7 @@
-"""Applying a registered method: :func:`apply_method` turns a base model plus a :class:`MethodConfig` into a trainable
-model and returns an :class:`AppliedMethod`: the adapted model together with everything its init decided that later
-steps need (resolved targets, head modules, KaSA's truncation plan, the initial adapter of SVD inits, CorDA's
-calibration time). Nothing is stored on the model itself.
-
-The methods themselves (builders, options, limits, default rates) are registered once in
-:mod:`peftlab.methods.registry`; this module checks a config against that row (:func:`check_explicit_options`,
-the rank / Conv1D / fused-QKV limits) and runs the builder.
+"""Applying a registered method (:mod:`peftlab.methods.registry`): :func:`apply_method` checks a config against
+its row (:func:`check_explicit_options`, the rank / Conv1D / fused-QKV limits), runs the builder and returns an
+:class:`AppliedMethod`: the adapted model with everything its init decided that later steps need. Nothing is
+stored on the model itself.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """lm-evaluation-harness on a decoder run's in-memory model: ``--lm-eval`` of ``peftlab train`` and ``evaluate``.
 
-The adapted model and its tokenizer go into the harness's ``HFLM`` (the run's device, ``--eval-batch-size``,
-``--mixed-precision`` as autocast with fp32 log-softmax); the task definitions of :mod:`peftlab.tasks.lm_eval_tasks`
-run through the harness's own ``evaluate``, offline (:func:`offline`) on local ``json`` data files only.
-``--max-eval-samples N`` draws the same items as peftlab's own evaluation (``--eval-seed``), so a commonsense run's
-generate-and-extract ``<set>_accuracy`` and the harness's ``acc`` score the same items. Results go to result.json's
-``lm_eval`` section (:mod:`peftlab.training.lm_eval_section`; schemas/result.schema.json)::
-
-    "lm_eval": {"version", "results": {task: {metric: value}}, "n_samples", "n_shot",
-                "configs": {task: {"sha256", "harness_yaml", "data_sha256", "config"}}, "settings": {task: {...}},
-                "generate_and_extract": {task: {"metric", "value", "epoch", "same_items"}}, "gsm8k_agreement",
-                "calls": [{"tag", "tasks", "seconds", "items_per_second", "model_seconds",
-                           "model_items_per_second", "samples_file", "version"}]}
-
-Metric names are the harness's ``<metric>,<filter>`` keys with the filter ``none`` dropped (``acc``,
-``exact_match,strict-match``); ``peftlab report --metric lm_eval/<task>/<metric>`` tables them. Each item's
-requests, responses and scores: ``<run>/lm_eval_samples_<train|evaluate>.jsonl``."""
+The adapted model goes into the harness's ``HFLM`` (the run's device, ``--eval-batch-size``, ``--mixed-precision``
+as autocast with fp32 log-softmax); the task definitions of :mod:`peftlab.tasks.lm_eval_tasks` run through the
+harness's own ``evaluate``, offline, on local data files only. ``--max-eval-samples N`` draws the same items as
+peftlab's own evaluation (``--eval-seed``). Results go to result.json's ``lm_eval`` section
+(:mod:`peftlab.training.lm_eval_section`; its layout: schemas/result.schema.json), metric names being the harness's
+``<metric>,<filter>`` keys with the filter ``none`` dropped; each item's requests, responses and scores to
+``<run>/lm_eval_samples_<train|evaluate>.jsonl``."""
 
 from __future__ import annotations
 
@@ -103,7 +94,7 @@ def run_harness(model, tokenizer, names: list[str], *, data_dir: str | None = No
                 precision: str = "no", max_eval_samples: int | None = None, eval_seed: int = 0,
                 num_fewshot: int | None = None, max_new_tokens: int | None = None,
                 samples_path: str | Path | None = None) -> dict:
-    """The harness's numbers for ``names`` on ``model`` (the ``lm_eval`` section of result.json)."""
+    """The harness's numbers for ``names`` on ``model`` (result.json's ``lm_eval`` section)."""
     from peftlab.tasks.lm_eval_tasks import harness_index, task_configs
 
     lm_eval, manager = harness_index(names)
@@ -152,12 +143,10 @@ def run_harness(model, tokenizer, names: list[str], *, data_dir: str | None = No
 
 def evaluate_tasks(lm, configs: list[dict], manager, *, num_fewshot: int | None, samples: dict | None,
                    gen_kwargs: dict | None) -> dict:
-    """``lm_eval.simple_evaluate``'s preparation of the tasks, then ``lm_eval.evaluator.evaluate``: the seeds
-    (the harness's defaults: python 0, numpy / torch / few-shot 1234), generation settings laid over each
-    generating task's, ``num_fewshot`` (a task's own when None, 0 if it has none) and its few-shot seed.
-    simple_evaluate itself would also collect the environment (``pip``, ``git`` subprocesses; "fatal: not a git
-    repository" outside one) and ask the Hub for the model's revision: nothing peftlab records (result.json has
-    its own versions and code). The global random states are restored afterwards."""
+    """``lm_eval.simple_evaluate``'s preparation of the tasks (its seeds, generation settings, ``num_fewshot``: a
+    task's own when None, 0 if it has none), then ``lm_eval.evaluator.evaluate``. simple_evaluate itself would also
+    run ``pip`` and ``git`` and ask the Hub for the model's revision: nothing peftlab records. The global random
+    states are restored afterwards."""
     import random
 
     import numpy as np

@@ -1,10 +1,8 @@
 """step: one batch of training under Accelerate, and the divergence guard.
 
-The objective is ``model(**batch).loss`` plus the method's extra loss (KaSA's regulariser), through the compiled
-view of ``--compile`` while it works (:mod:`peftlab.training.compile`). At the last batch of an accumulation
-window: clip (--max-grad-norm), the guard, the optimizer step and, unless fp16's GradScaler skipped it, the
-scheduler step. A non-finite loss, or a non-finite gradient norm without a GradScaler, ends the run as
-``diverged``; with fp16 an overflow is the scaler's skipped step (``LoopState.skipped_steps``)."""
+At the last batch of an accumulation window: clip (--max-grad-norm), the guard, the optimizer step and, unless
+fp16's GradScaler skipped it, the scheduler step. A non-finite loss, or a non-finite gradient norm without a
+GradScaler, ends the run as ``diverged``."""
 
 from __future__ import annotations
 
