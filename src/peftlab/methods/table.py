@@ -84,7 +84,7 @@ class InitStats:
     """What a method's init decided or measured, needed after it (saving, result.json, plots)."""
 
     calibration_seconds: float | None = None  # CorDA: wall time of the forward passes over calibration inputs
-    kasa_plan: dict[str, int] | None = None  # KaSA: truncations peft's loader would not reproduce (saved)
+    kasa_plan: dict[str, int] | None = None  # KaSA: {module: components kept} where peft would keep others
     kasa_dropped: dict | None = None  # KaSA with a plan: what it drops, to save the run as plain LoRA
     initial_adapter: dict[str, torch.Tensor] | None = None  # SVD inits: A0, B0, for the conversion to plain LoRA
     kasa_sigma: dict[str, list[float]] | None = None  # KaSA: learned singular values before any step (plots)
