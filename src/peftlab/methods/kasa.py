@@ -93,7 +93,6 @@ def truncation_plan(model: nn.Module, cfg, module_names) -> dict[str, int]:
 
 
 
-@torch.no_grad()
 def build(model: nn.Module, cfg, lora_config, module_names):
     """peft's KaSA, then (for k != r or reference mode) each planned base re-truncated from its original weight.
 

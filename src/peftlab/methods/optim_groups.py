@@ -35,33 +35,14 @@ def param_groups(model: nn.Module, targets: ResolvedTargets, heads: list[str], c
         group = group_of(name, targets, heads)
         decay = param.dim() >= 2  # by rank, not by name (nanoGPT's rule)
         buckets.setdefault((group, decay), []).append((name, param))
-    groups = []
-    for group in GROUP_ORDER:
-        for decay in (True, False):
-            named = buckets.get((group, decay))
-            if not named:
-                continue
-            groups.append({
-                "name": group,
-                "params": [p for _, p in named],
-                "param_names": [n for n, _ in named],
-                "lr": cfg.lr_of(group),
-                "weight_decay": cfg.weight_decay if decay else 0.0,
-            })
+    groups = [{"name": group, "params": [p for _, p in named], "param_names": [n for n, _ in named],
+               "lr": cfg.lr_of(group), "weight_decay": cfg.weight_decay if decay else 0.0}
+              for group in GROUP_ORDER for decay in (True, False) if (named := buckets.get((group, decay)))]
     if verbose:
-        print(describe_groups(groups))
+        print("\n".join(["parameter groups:"] + [
+            f"  {g['name']:<5} lr={g['lr']:.3g}  weight_decay={g['weight_decay']:<6g} {len(g['params']):>4} tensors  "
+            f"{sum(p.numel() for p in g['params']):>12,} parameters" for g in groups]))
     return groups
-
-
-def describe_groups(groups: list[dict]) -> str:
-    lines = ["parameter groups:"]
-    for g in groups:
-        numel = sum(p.numel() for p in g["params"])
-        lines.append(
-            f"  {g['name']:<5} lr={g['lr']:.3g}  weight_decay={g['weight_decay']:<6g} "
-            f"{len(g['params']):>4} tensors  {numel:>12,} parameters"
-        )
-    return "\n".join(lines)
 
 
 def adamw(groups: list[dict]) -> torch.optim.AdamW:
@@ -73,10 +54,6 @@ def configure_optimizer(applied, cfg: OptimConfig, *, verbose: bool = False) -> 
     """AdamW over the per-projection groups of ``applied`` (what :func:`peftlab.methods.table.apply_method`
     returned): q, k at ``cfg.lr``, v at ``cfg.lr_ratio * cfg.lr``, the head at ``cfg.head_lr``."""
     return adamw(param_groups(applied.model, applied.targets, applied.heads, cfg, verbose=verbose))
-
-
-def lr_by_group(groups: list[dict]) -> dict[str, float]:
-    return {g["name"]: g["lr"] for g in groups}
 
 
 def count_trainable(model: nn.Module, targets: ResolvedTargets, heads: list[str]) -> dict[str, int]:
