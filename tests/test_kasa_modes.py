@@ -9,7 +9,6 @@ wide, and "slightly wide" (out < in < out + r), the case where the authors' trun
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import replace
 
 import pytest

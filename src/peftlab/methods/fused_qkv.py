@@ -132,8 +132,6 @@ class SplitQKV(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         parts = (self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states))
-        if self.groups == 1:
-            return torch.cat(parts, dim=-1)
         return torch.cat([p.unflatten(-1, (self.groups, -1)) for p in parts], dim=-1).flatten(-2)
 
     def extra_repr(self) -> str:

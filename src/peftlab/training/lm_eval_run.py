@@ -81,15 +81,6 @@ def draw_samples(definitions, n: int | None, seed: int, data_dir: str | None) ->
     return drawn
 
 
-def harness_model(model, tokenizer, *, batch_size: int, precision: str = "no"):
-    """The harness's ``HFLM`` around an in-memory model (never loaded by name: nothing to fetch)."""
-    from lm_eval.models.huggingface import HFLM
-
-    dtype = _PRECISION_DTYPES.get(precision)
-    return HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-                mixed_precision_dtype=dtype, softmax_dtype="float32" if dtype else None)
-
-
 def run_harness(model, tokenizer, names: list[str], *, data_dir: str | None = None, batch_size: int = 16,
                 precision: str = "no", max_eval_samples: int | None = None, eval_seed: int = 0,
                 num_fewshot: int | None = None, max_new_tokens: int | None = None,
@@ -97,7 +88,9 @@ def run_harness(model, tokenizer, names: list[str], *, data_dir: str | None = No
     """The harness's numbers for ``names`` on ``model`` (result.json's ``lm_eval`` section)."""
     from peftlab.tasks.lm_eval_tasks import harness_index, task_configs
 
-    lm_eval, manager = harness_index(names)
+    lm_eval, manager = harness_index(names)  # the harness installed, else one line naming the extra
+    from lm_eval.models.huggingface import HFLM
+
     definitions = task_configs(names, data_dir, task_manager=manager)
     samples = draw_samples(definitions, max_eval_samples, eval_seed, data_dir)
     gen_kwargs = {"max_gen_toks": int(max_new_tokens)} if max_new_tokens else None
@@ -106,7 +99,9 @@ def run_harness(model, tokenizer, names: list[str], *, data_dir: str | None = No
     start = time.perf_counter()
     try:
         with offline(), _quiet_harness():
-            lm = harness_model(model, tokenizer, batch_size=batch_size, precision=precision)
+            dtype = _PRECISION_DTYPES.get(precision)  # the model in memory, never loaded by name: nothing to fetch
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+                      mixed_precision_dtype=dtype, softmax_dtype="float32" if dtype else None)
             model_seconds = time_requests(lm)
             out = evaluate_tasks(lm, [d.config for d in definitions], manager, num_fewshot=num_fewshot,
                                  samples=samples, gen_kwargs=gen_kwargs)
