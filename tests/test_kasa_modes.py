@@ -9,7 +9,6 @@ wide, and "slightly wide" (out < in < out + r), the case where the authors' trun
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import replace
 
 import pytest
@@ -238,47 +237,6 @@ def test_train_kasa_reference_and_truncate_rank(tmp_path):
 # --------------------------------------------------------------------------- save / load of a non-peft truncation
 
 
-@pytest.mark.parametrize("overrides", [dict(kasa=KasaOptions(truncate_rank=7)), dict(kasa=KasaOptions(mode="reference"))],
-                         ids=["k7", "reference"])
-def test_saved_truncation_plan_restores_the_trained_model(overrides, tmp_path):
-    """peft's loader truncates r by the paper rule; the plan file + apply_plan restore the run's own base."""
-    from peftlab.methods import kasa
-    from peftlab.methods.saving import load_trained, save_trained
-
-    inputs = {"input_ids": torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(5))}
-    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-    model = tiny_llama_shapes()
-    original = copy.deepcopy(model)
-    cfg = MethodConfig(method="kasa", targets=("q", "k", "v", "o"), rank=RANK, **overrides)
-    applied = apply_method(model, cfg, task_type="SEQ_CLS")
-    model = applied.model
-    plan_made = applied.init_stats.kasa_plan
-    assert plan_made  # this configuration differs from peft's truncation somewhere
-    perturb(model)
-    with torch.no_grad():
-        trained = model.eval()(**inputs).logits
-    save_trained(model, tmp_path / "adapter")  # without applied=: as peft holds it, no plan file
-    assert not (tmp_path / "adapter" / kasa.PLAN_FILE).exists()
-    (tmp_path / "adapter" / kasa.PLAN_FILE).write_text(json.dumps({"keep": plan_made}))  # as earlier versions wrote
-
-    base = copy.deepcopy(original)
-    plan, originals = kasa.load_plan(tmp_path / "adapter", base)
-    assert plan == plan_made
-    loaded = load_trained(base, tmp_path / "adapter")
-    kasa.apply_plan(loaded, plan, originals)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded.eval()(**inputs).logits, trained, atol=1e-5, rtol=0)
-
-
-def test_no_plan_file_for_peft_truncation(tmp_path, tiny_model):
-    from peftlab.methods import kasa
-
-    applied = apply_method(tiny_model("bert"), MethodConfig(method="kasa", targets=("q", "v"), rank=RANK,
-                                                            kasa=KasaOptions(mode="reference")))  # square: same as peft
-    assert applied.init_stats.kasa_plan == {}
-    assert kasa.load_plan(tmp_path, tiny_model("bert")) == ({}, {})
-
-
 @pytest.mark.parametrize("extra", [{"kasa": KasaOptions(truncate_rank=16)}, {"kasa": KasaOptions(mode="reference")}])
 def test_saved_kasa_adapter_with_own_truncation_reloads_exactly(tmp_path, extra):
     """save_trained writes a truncation peft's loader would not redo as a plain LoRA (no plan file: plain peft
@@ -305,7 +263,6 @@ def test_saved_kasa_adapter_with_own_truncation_reloads_exactly(tmp_path, extra)
 
     saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert (saved.get("kasa_config") is None) == bool(applied.init_stats.kasa_plan)
-    assert not (tmp_path / "adapter" / "peftlab_kasa_truncation.json").exists()
     assert bool(applied.init_stats.kasa_plan) == (extra["kasa"].truncate_rank is not None)
     reloaded = load_trained(fresh, tmp_path / "adapter")
     ids = torch.randint(1, 1000, (2, 9))

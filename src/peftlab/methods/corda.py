@@ -1,22 +1,14 @@
 """CorDA (Yang et al., NeurIPS 2024): context-oriented decomposition, through peft.
 
 CorDA runs the model over a few calibration samples, accumulates each adapted layer's input covariance
-``C = X^T X``, takes the SVD of ``W C = U S V^T`` and initialises the adapter from r components of
-``W = U S (V^T C^-1)``: the r *smallest* in the knowledge-preserved mode (``kpm``: the task's principal
-components stay frozen in the base), the r *largest* in the instruction-previewed mode (``ipm``: the
-adapter starts on them). In both modes the components are subtracted from the base weight
-(``W_res = W - s*B0*A0``), so the model's output is unchanged at step 0 -- exactly PiSSA's bookkeeping,
-which is why peftlab saves a trained CorDA adapter converted to a plain rank-2r LoRA on the original base
-(:func:`peftlab.methods.svd_lora.save_converted`).
-
-The paper samples KPM's covariance from a knowledge benchmark to preserve (e.g. NQ-open) and IPM's from the
-fine-tuning task itself; peftlab samples both from the run's own training inputs (``--corda-samples`` of
-them, through the same tokenisation and collator as training), so ``ipm`` is the paper's setting and
-``kpm`` preserves what the model does on the task's own inputs.
-
-peft's covariance hook (``peft.tuners.lora.corda.calib_cov_distribution``) expects one sequence per
-forward call (it squeezes a batch of one and normalises each call's activations by their maximum), so
-:func:`calibration_runner` feeds the samples one at a time, with padding removed.
+``C = X^T X`` and initialises the adapter from r components of the SVD of ``W C``: the r smallest in the
+knowledge-preserved mode (``kpm``), the r largest in the instruction-previewed mode (``ipm``). Either way they are
+subtracted from the base weight, PiSSA's bookkeeping, so a trained CorDA adapter is saved converted to a plain
+rank-2r LoRA (:func:`peftlab.methods.svd_lora.save_converted`). peftlab samples both modes' covariance from the
+run's own training inputs (``--corda-samples``): ``ipm`` is the paper's setting, ``kpm`` preserves what the model
+does on the task's own inputs (the paper samples a knowledge benchmark). peft's covariance hook expects one
+sequence per forward call (it normalises each call's activations by their maximum), so the samples are fed one at
+a time, with padding removed.
 """
 
 from __future__ import annotations
@@ -25,8 +17,6 @@ from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
-
-# --corda-* options: CordaOptions (cfg.corda), declared with its row in peftlab.methods.registry
 
 # keys of a collated example that are not model inputs for a calibration forward pass
 _NOT_INPUTS = ("labels", "label", "length")

@@ -5,13 +5,10 @@ and ModernBERT (``attn.Wqkv``) compute q, k and v with one matrix. Yao et al.'s 
 W_v at their own rates, W_k frozen), so :func:`split_fused_qkv` replaces each fused module by a :class:`SplitQKV`
 of three ``nn.Linear`` children ``q_proj``, ``k_proj``, ``v_proj`` whose outputs it lays back out in the fused
 order: the model's forward is unchanged (to float rounding) and peft adapts ``...c_attn.q_proj`` like Llama's.
-
 Every fused output is ``groups`` blocks of ``[q rows | k rows | v rows]``, the widths read off the attention
-module's own attributes (what its forward uses; see each family's layout function) and checked to add up to the
-matrix's rows. :func:`split_fused_qkv` returns a :class:`FusedSplit`, carried in ``AppliedMethod.split``, written
-beside an adapter as ``fused_qkv.json`` (:data:`NOTE` says how plain peft loads it) and passed to
-:func:`fuse_qkv` / :func:`fused_state_dict`, which rebuild the original layout: a merged export is a standard
-transformers model of the original architecture.
+module's own attributes (what its forward uses) and checked to add up to the matrix's rows. The
+:class:`FusedSplit` record goes beside an adapter (``fused_qkv.json``); :func:`fuse_qkv` rebuilds the original
+layout, so a merged export is a standard transformers model of the original architecture.
 """
 
 from __future__ import annotations
@@ -103,10 +100,6 @@ class SplitModule:
     def out_features(self) -> int:
         return self.groups * sum(self.widths)
 
-    def part(self, projection: str) -> str:
-        """The split module of ``projection`` (q, k or v)."""
-        return f"{self.name}.{projection}_proj"
-
 
 @dataclass(frozen=True)
 class FusedSplit:
@@ -118,9 +111,6 @@ class FusedSplit:
 
     def __bool__(self) -> bool:
         return bool(self.modules)
-
-    def to_dict(self) -> dict:
-        return {"model_type": self.model_type, "layout": self.layout, "modules": [asdict(m) for m in self.modules]}
 
     @classmethod
     def from_dict(cls, data: dict) -> FusedSplit:
@@ -142,8 +132,6 @@ class SplitQKV(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         parts = (self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states))
-        if self.groups == 1:
-            return torch.cat(parts, dim=-1)
         return torch.cat([p.unflatten(-1, (self.groups, -1)) for p in parts], dim=-1).flatten(-2)
 
     def extra_repr(self) -> str:
@@ -163,7 +151,6 @@ def _rows(weight: torch.Tensor, split: SplitModule) -> list[torch.Tensor]:
 
 
 def _fused_rows(parts: list[torch.Tensor], split: SplitModule) -> torch.Tensor:
-    """The inverse of :func:`_rows`."""
     blocks = [p.reshape(split.groups, width, *p.shape[1:]) for p, width in zip(parts, split.widths)]
     return torch.cat(blocks, dim=1).reshape(split.out_features, *parts[0].shape[1:])
 
@@ -268,9 +255,9 @@ def fused_state_dict(model: nn.Module, split: FusedSplit) -> dict[str, torch.Ten
     original architecture's ``from_pretrained`` reads (the model itself is left split)."""
     state = model.state_dict()
     for record in split.modules:
-        for projection in ("q", "k", "v"):
+        for part in PARTS:
             for tensor in ("weight", "bias"):
-                state.pop(f"{record.part(projection)}.{tensor}", None)
+                state.pop(f"{record.name}.{part}.{tensor}", None)
         for tensor, value in fused_tensors(model, record).items():
             state[f"{record.name}.{tensor}"] = value
     return state
@@ -290,7 +277,7 @@ NOTE = ("This adapter targets q/k/v modules that the plain model does not have: 
 def write_note(out_dir: str | Path, split: FusedSplit) -> None:
     """``fused_qkv.json`` (the split record and how to load) and a section in the adapter's README.md."""
     out_dir = Path(out_dir)
-    (out_dir / NOTE_FILE).write_text(json.dumps({"format": FORMAT, "note": NOTE, **split.to_dict()}, indent=2) + "\n")
+    (out_dir / NOTE_FILE).write_text(json.dumps({"format": FORMAT, "note": NOTE, **asdict(split)}, indent=2) + "\n")
     names = ", ".join(sorted({re.sub(r"\.\d+\.", ".N.", m.name) for m in split.modules}))
     section = (f"\n## Fused QKV, split by peftlab\n\nThe base model ({split.model_type}) fuses q, k and v in {names} "
                f"({split.layout}). {NOTE} The split is recorded in `{NOTE_FILE}`.\n")

@@ -1,32 +1,32 @@
 """KaSA (Wang et al. 2024): SVD truncation of the base + learned singular values, and its regulariser.
 
-peft implements KaSA's layer (``LoraConfig(kasa_config=...)``: the base weight loses its r smallest singular
-components, Delta_W = s * B diag(lora_diag) A) and the per-module regulariser
-``beta*||diag||^2 + gamma*(||B^T B - I_r||_F + ||A A^T - I_r||_F)``, but leaves adding it to the loss to the
-user. peftlab adds it through the method's ``extra_loss`` hook and offers two knobs peft does not have:
+peft implements KaSA's layer (the base loses its r smallest singular components, Delta_W = s * B diag(lora_diag) A)
+and its per-module regulariser, but leaves adding it to the loss to the user: peftlab adds it through the method's
+``extra_loss`` hook, combined over modules by ``--kasa-reduction`` (``mean``: the authors' code; ``sum``: peft's),
+and adds two knobs peft lacks (docs/KASA_MODES.md):
 
-* ``--kasa-truncate-rank k`` (default: r): drop the k smallest singular components of the base while the
-  adapter keeps rank r. peft always truncates exactly r, so for k != r the base is re-truncated from the
-  original weight (captured before peft's init) after peft's init.
-* ``--kasa-mode paper|reference``: ``paper`` is peft's (and the paper's) truncation and penalty;
-  ``reference`` mirrors the authors' released code (github.com/juyongjiang/KaSA): the base keeps
-  ``in_features - k`` components (so a wide layer, in_features >= out_features + k, is not truncated at
-  all) and the orthogonality penalty uses d x d Gram matrices, ``||A^T A - I_in||_F + ||B B^T - I_out||_F``,
-  whose floor is sqrt(in - r) + sqrt(out - r) instead of 0. See docs/KASA_MODES.md.
+* ``--kasa-truncate-rank k`` (default: r): the base loses its k smallest components while the adapter keeps rank r.
+* ``--kasa-mode reference``: the authors' released code: the base keeps ``in_features - k`` components and the
+  orthogonality penalty uses d x d Gram matrices, whose floor is sqrt(in - r) + sqrt(out - r) instead of 0.
 
-The regulariser is combined over modules by ``--kasa-reduction``: ``mean`` (the authors' code, the
-default) or ``sum`` (peft's ``LoraModel._get_kasa_loss``).
+For either, each base is re-truncated from its original weight after peft's init, and the run is saved as a plain
+LoRA on the original base (:func:`save_as_lora`), since peft's loader would truncate by its own rule.
 """
 
 from __future__ import annotations
 
+import copy
+import re
 import weakref
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from peftlab.errors import PeftlabError
 # --kasa-* options: KasaOptions (cfg.kasa), declared with its row in peftlab.methods.registry
+
+ADAPTER = "default"
 
 
 def kasa_modules(model: nn.Module) -> list[nn.Module]:
@@ -92,62 +92,67 @@ def truncation_plan(model: nn.Module, cfg, module_names) -> dict[str, int]:
     return plan
 
 
-@torch.no_grad()
-def low_rank(weight: torch.Tensor, keep: int) -> torch.Tensor:
-    """The rank-``keep`` SVD approximation of ``weight`` (its ``keep`` largest components), in fp32."""
-    U, S, Vh = torch.linalg.svd(weight.detach().float(), full_matrices=False)
-    return (U[:, :keep] * S[:keep]) @ Vh[:keep, :]
-
 
 def build(model: nn.Module, cfg, lora_config, module_names):
-    """peft's KaSA, then (for k != r or reference mode) re-truncate each base from its original weight.
+    """peft's KaSA, then (for k != r or reference mode) each planned base re-truncated from its original weight.
 
-    Returns the model, the truncation plan and, where there is a plan, what each truncation drops from the
-    original weights (:mod:`peftlab.methods.kasa_portable` saves the run as a plain LoRA from it)."""
+    Returns the model, the truncation plan and, where there is a plan, what each module's truncation drops from
+    its original weight, ``{module: (U_d S_d, Vh_d)}`` (:func:`save_as_lora` saves the run from it). One fp32 SVD
+    per adapted matrix, taken before peft truncates the weights."""
     from peft import get_peft_model
 
-    from peftlab.methods.kasa_portable import dropped_components
-
     plan = truncation_plan(model, cfg, module_names)
+    truncated, dropped = {}, {}
     modules = dict(model.named_modules())
-    originals = {name: modules[name].weight.detach().clone() for name in plan}
-    dropped = dropped_components(model, module_names, plan, cfg.rank) if plan else None
+    for name in module_names if plan else ():
+        weight = modules[name].weight.detach()
+        U, S, Vh = torch.linalg.svd(weight.float(), full_matrices=False)
+        kept = plan.get(name, min(weight.shape) - cfg.rank)  # elsewhere peft's rule: min(in, out) - r
+        dropped[name] = ((U[:, kept:] * S[kept:]).contiguous(), Vh[kept:, :].contiguous())
+        if name in plan:
+            truncated[name] = ((U[:, :kept] * S[:kept]) @ Vh[:kept, :]).to(device=weight.device, dtype=weight.dtype)
     model = get_peft_model(model, lora_config)
-    apply_plan(model, plan, originals)
-    return model, plan, dropped
+    for name, weight in truncated.items():
+        model.base_model.model.get_submodule(name).get_base_layer().weight.data = weight
+    return model, plan, dropped or None
 
 
-def apply_plan(model: nn.Module, plan: dict[str, int], originals: dict[str, torch.Tensor]) -> None:
-    """Set each planned base weight of a peft KaSA model to the rank-``keep`` approximation of its original."""
+@torch.no_grad()
+def save_as_lora(model: nn.Module, out_dir: str | Path, dropped: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> Path:
+    """Write a trained KaSA ``model`` whose truncation peft's loader would not redo (``--kasa-truncate-rank k !=
+    r``, ``--kasa-mode reference``) as a plain LoRA on the *original* base, which plain peft reproduces exactly:
+
+        W_run = W0 - U_d S_d Vh_d + s * B diag(sigma) A      (U_d S_d Vh_d: the components the run dropped)
+              = W0 + [-U_d S_d | s * B diag(sigma)] [Vh_d ; A]  = W0 + B' A'
+
+    with rank r' = dropped + r and lora_alpha = r' (scaling 1) per module, through peft's ``rank_pattern`` /
+    ``alpha_pattern``. Exact up to fp32 rounding; the head (``modules_to_save``) is kept."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     inner = model.base_model.model
-    for name, keep in plan.items():
-        base = inner.get_submodule(name).get_base_layer()
-        original = originals.pop(name)
-        base.weight.data = low_rank(original, keep).to(device=original.device, dtype=original.dtype)
-
-
-# --------------------------------------------------------------------------- save / load of a non-peft truncation
-
-# Written beside a KaSA adapter by earlier peftlab versions (a run now saves such a truncation as plain LoRA:
-# kasa_portable); read so that those adapters still load as trained.
-PLAN_FILE = "peftlab_kasa_truncation.json"
-
-
-def load_plan(adapter_dir, base: nn.Module) -> tuple[dict[str, int], dict[str, torch.Tensor]]:
-    """The saved plan and the original weights it needs, read from ``base`` BEFORE peft loads onto it."""
-    import json
-    from pathlib import Path
-
-    path = Path(adapter_dir) / PLAN_FILE
-    if not path.is_file():
-        return {}, {}
-    plan = {name: int(keep) for name, keep in json.loads(path.read_text())["keep"].items()}
-    modules = dict(base.named_modules())
-    missing = [name for name in plan if name not in modules]
-    if missing:
-        raise PeftlabError(f"{path} names modules this base model lacks (e.g. {missing[0]})",
-                           fix="load the adapter on the model it was trained from")
-    return plan, {name: modules[name].weight.detach().clone() for name in plan}
+    state = {key: value.detach().contiguous() for key, value in get_peft_model_state_dict(model).items()
+             if not key.endswith("lora_diag")}
+    ranks = {}
+    for name, (dropped_us, dropped_vh) in dropped.items():
+        layer = inner.get_submodule(name)
+        A, B = layer.lora_A[ADAPTER].weight.float(), layer.lora_B[ADAPTER].weight.float()
+        sigma, scaling = layer.lora_diag[ADAPTER].float(), float(layer.scaling[ADAPTER])
+        dtype = layer.lora_A[ADAPTER].weight.dtype
+        prefix = f"base_model.model.{name}"
+        state[f"{prefix}.lora_B.weight"] = torch.cat([-dropped_us.to(B.device), scaling * B * sigma], dim=1).to(dtype)
+        state[f"{prefix}.lora_A.weight"] = torch.cat([dropped_vh.to(A.device), A], dim=0).to(dtype)
+        ranks[re.escape(name)] = dropped_us.shape[1] + A.shape[0]  # peft reads pattern keys as regexes
+    plain = copy.deepcopy(model.peft_config[ADAPTER])
+    plain.kasa_config, plain.rank_pattern, plain.alpha_pattern = None, ranks, dict(ranks)
+    plain.use_rslora, plain.init_lora_weights = False, True
+    plain.save_pretrained(str(out_dir))
+    save_file({k: v.contiguous().cpu() for k, v in state.items()}, str(out_dir / "adapter_model.safetensors"),
+              metadata={"format": "pt", "peftlab": "KaSA with a non-peft truncation, saved as plain LoRA "
+                                                  "(rank = dropped components + r, alpha = rank)"})
+    return out_dir
 
 
 # --------------------------------------------------------------------------- regulariser

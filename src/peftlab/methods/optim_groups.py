@@ -1,13 +1,9 @@
 """Per-projection optimizer groups (Yao et al.: eta_V = lambda * eta_QK) and trainable-parameter counts.
 
-Every trainable tensor goes to the group of the projection it adapts, whatever the method: lora_A/B,
-lora_diag (KaSA), lora_magnitude_vector (DoRA), VeRA's lambda vectors, FourierFT's spectrum, or the full
-weight and bias. Groups: q, k, v, o, the MLP's gate, up, down, head, other (a fused QKV matrix is split into q, k
-and v layers before, :mod:`peftlab.methods.fused_qkv`, so its slices are groups like any). Weight decay is decided by
-tensor rank, as nanoGPT's ``configure_optimizers`` does: matrices (``p.dim() >= 2``: LoRA's A and B, full
-weights) decay; vectors (biases, norms, DoRA's magnitude, KaSA's singular values, VeRA's scaling vectors,
-FourierFT's spectrum) never do, so ``--weight-decay`` cannot pull a method's learned scales towards 0. Each
-group is split in a decay and a no-decay half.
+Every trainable tensor goes to the group of the projection it adapts, whatever the method (lora_A/B, KaSA's
+lora_diag, DoRA's magnitude, VeRA's vectors, FourierFT's spectrum, full weights): q, k, v, o, gate, up, down, head,
+other. Weight decay is decided by tensor rank, as nanoGPT's ``configure_optimizers`` does: matrices decay; vectors
+(biases, norms, learned scales) never do, so ``--weight-decay`` cannot pull a method's scales towards 0.
 """
 
 from __future__ import annotations
@@ -39,33 +35,14 @@ def param_groups(model: nn.Module, targets: ResolvedTargets, heads: list[str], c
         group = group_of(name, targets, heads)
         decay = param.dim() >= 2  # by rank, not by name (nanoGPT's rule)
         buckets.setdefault((group, decay), []).append((name, param))
-    groups = []
-    for group in GROUP_ORDER:
-        for decay in (True, False):
-            named = buckets.get((group, decay))
-            if not named:
-                continue
-            groups.append({
-                "name": group,
-                "params": [p for _, p in named],
-                "param_names": [n for n, _ in named],
-                "lr": cfg.lr_of(group),
-                "weight_decay": cfg.weight_decay if decay else 0.0,
-            })
+    groups = [{"name": group, "params": [p for _, p in named], "param_names": [n for n, _ in named],
+               "lr": cfg.lr_of(group), "weight_decay": cfg.weight_decay if decay else 0.0}
+              for group in GROUP_ORDER for decay in (True, False) if (named := buckets.get((group, decay)))]
     if verbose:
-        print(describe_groups(groups))
+        print("\n".join(["parameter groups:"] + [
+            f"  {g['name']:<5} lr={g['lr']:.3g}  weight_decay={g['weight_decay']:<6g} {len(g['params']):>4} tensors  "
+            f"{sum(p.numel() for p in g['params']):>12,} parameters" for g in groups]))
     return groups
-
-
-def describe_groups(groups: list[dict]) -> str:
-    lines = ["parameter groups:"]
-    for g in groups:
-        numel = sum(p.numel() for p in g["params"])
-        lines.append(
-            f"  {g['name']:<5} lr={g['lr']:.3g}  weight_decay={g['weight_decay']:<6g} "
-            f"{len(g['params']):>4} tensors  {numel:>12,} parameters"
-        )
-    return "\n".join(lines)
 
 
 def adamw(groups: list[dict]) -> torch.optim.AdamW:
@@ -77,10 +54,6 @@ def configure_optimizer(applied, cfg: OptimConfig, *, verbose: bool = False) -> 
     """AdamW over the per-projection groups of ``applied`` (what :func:`peftlab.methods.table.apply_method`
     returned): q, k at ``cfg.lr``, v at ``cfg.lr_ratio * cfg.lr``, the head at ``cfg.head_lr``."""
     return adamw(param_groups(applied.model, applied.targets, applied.heads, cfg, verbose=verbose))
-
-
-def lr_by_group(groups: list[dict]) -> dict[str, float]:
-    return {g["name"]: g["lr"] for g in groups}
 
 
 def count_trainable(model: nn.Module, targets: ResolvedTargets, heads: list[str]) -> dict[str, int]:

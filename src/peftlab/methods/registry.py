@@ -1,17 +1,10 @@
 """The method registry: every fine-tuning method peftlab offers, registered once, by name.
 
-One :class:`Method` row per method, as peft's ``register_peft_method(name, config_cls, model_cls, prefix)``:
-its builder (usually a peft config), the config options it reads and its own option group, whether its saved
-adapter is converted to plain LoRA, its default learning rates and its limits. Everything else is derived from
-this table: ``config.MethodName`` (the ``--method`` choices), the option groups of ``config.MethodConfig``
-(``cfg.kasa``: flags ``--kasa-*``, their ``--help`` section), ``peftlab methods``, the explicit-option check and
-:func:`peftlab.methods.table.apply_method`.
-
-The module is torch-free on import and imports only the config's declaration vocabulary
-(:mod:`peftlab.config_roles`), so the config (a leaf) reads the rows from here; the builders import peft and the
-method modules when a model is adapted. To add a method: a builder, its option group if it has options of its
-own, and one row in :data:`METHODS`; ``tests/test_methods.py``'s matrix then runs it on every architecture and
-target set.
+One :class:`Method` row per method, as peft's ``register_peft_method``: its builder (usually a peft config), the
+options it reads and its own option group, whether its saved adapter is converted to plain LoRA, its default rates
+and limits. ``config.MethodName``, ``config.MethodConfig``'s groups (``cfg.kasa``: ``--kasa-*``), ``peftlab
+methods``, the explicit-option check and :func:`peftlab.methods.table.apply_method` read this table. Torch-free on
+import: the config (a leaf) reads the rows from here; the builders import peft when a model is adapted.
 """
 
 from __future__ import annotations
@@ -112,17 +105,13 @@ def build_full(model, cfg, targets, heads, task_type):
     return model
 
 
-def build_lora(model, cfg, targets, heads, task_type):
-    return _peft(model, _lora_config(cfg, targets, heads, task_type))
+def _lora(**extra) -> Callable:
+    """The builder of a peft LoRA variant: LoRA itself, DoRA (``use_dora=True``), PiSSA (``init_lora_weights=
+    "pissa"``: the exact SVD; "pissa_niter_k" would be faster but randomised)."""
+    def build(model, cfg, targets, heads, task_type):
+        return _peft(model, _lora_config(cfg, targets, heads, task_type, **extra))
 
-
-def build_dora(model, cfg, targets, heads, task_type):
-    return _peft(model, _lora_config(cfg, targets, heads, task_type, use_dora=True))
-
-
-def build_pissa(model, cfg, targets, heads, task_type):
-    # "pissa" is the exact (full) SVD; "pissa_niter_k" would be faster but randomised.
-    return _peft(model, _lora_config(cfg, targets, heads, task_type, init_lora_weights="pissa"))
+    return build
 
 
 def build_milora(model, cfg, targets, heads, task_type):
@@ -250,10 +239,10 @@ METHODS: dict[str, Method] = {
     for m in [
         Method("full", "full fine-tuning of the selected projections and the head", build_full,
                default_lr=5e-5, default_head_lr=5e-4, options=PROJECTION_OPTIONS),
-        Method("lora", "LoRA (Hu et al.)", build_lora),
-        Method("dora", "DoRA: weight-decomposed LoRA (Liu et al.)", build_dora),
-        Method("pissa", "PiSSA: LoRA initialised from the r largest singular components", build_pissa,
-               svd_init=True, converts_to_lora=True),
+        Method("lora", "LoRA (Hu et al.)", _lora()),
+        Method("dora", "DoRA: weight-decomposed LoRA (Liu et al.)", _lora(use_dora=True)),
+        Method("pissa", "PiSSA: LoRA initialised from the r largest singular components",
+               _lora(init_lora_weights="pissa"), svd_init=True, converts_to_lora=True),
         Method("milora", "MiLoRA: LoRA initialised from the r smallest singular components", build_milora,
                svd_init=True, converts_to_lora=True),
         Method("kasa", "KaSA: SVD truncation + learned singular values, regularised (Wang et al.)", build_kasa,

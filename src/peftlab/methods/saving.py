@@ -1,10 +1,8 @@
 """Save, load and merge what a run trained. safetensors only; pickles are refused unless asked for.
 
-peft methods are saved by ``PeftModel.save_pretrained``; PiSSA, MiLoRA, CorDA and KaSA's non-peft truncations
-converted to a plain LoRA on the original base weights, head included (:mod:`peftlab.methods.svd_lora`,
-:mod:`peftlab.methods.kasa_portable`). Full fine-tuning is a standard transformers folder (fused QKV fused back).
-A sequence classifier's head config goes to ``labels.json``, which an adapter folder otherwise lacks; an adapter
-of split q/k/v gets ``fused_qkv.json``, and :func:`load_trained` splits the fresh base the same way first.
+Adapters go through ``PeftModel.save_pretrained``, PiSSA, MiLoRA, CorDA and KaSA's non-peft truncations converted
+to plain LoRA on the original base; full fine-tuning is a standard transformers folder (fused QKV fused back). A
+sequence classifier's head config goes to ``labels.json``; split q/k/v to ``fused_qkv.json``.
 """
 
 from __future__ import annotations
@@ -12,14 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from peftlab.methods import kasa
 from peftlab.errors import PeftlabError
-
-FULL_WEIGHTS = "trained_weights.safetensors"
-
 
 def is_peft(model: nn.Module) -> bool:
     from peft import PeftModel
@@ -51,11 +45,8 @@ LABELS_FILE = "labels.json"  # a sequence classifier's head: num_labels, id2labe
 
 
 def write_head_labels(model: nn.Module, out_dir: Path) -> None:
-    """A sequence classifier's ``labels.json``: the transformers config values its head needs (``num_labels``,
-    ``id2label``, ``label2id``, ``problem_type``), read from ``model.config``. A peft adapter folder has no
-    config.json to carry them, so plain transformers loads it as
-    ``AutoModelForSequenceClassification.from_pretrained(adapter_dir, **json.load(open(adapter_dir/"labels.json")))``
-    and names the classes; ``peftlab evaluate`` / ``predict`` / ``export`` rebuild the head from it."""
+    """A sequence classifier's ``labels.json``: the config values its head needs, which an adapter folder has no
+    config.json to carry (``from_pretrained(base, **labels)`` names the classes; evaluate, predict, export read it)."""
     config = getattr(model, "config", None)
     if getattr(config, "problem_type", None) not in ("single_label_classification", "regression"):
         return
@@ -78,13 +69,9 @@ def saved_head_labels(adapter_dir: str | Path) -> dict | None:
 
 
 def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "", applied=None) -> Path:
-    """Write the trained part of ``model`` to ``out_dir`` (created). Returns ``out_dir``.
-
-    ``applied``: the :class:`~peftlab.methods.table.AppliedMethod` that made ``model`` (``model`` may be its
-    accelerator-unwrapped model). It says whether the adapter is saved converted to plain LoRA (PiSSA, MiLoRA,
-    CorDA: from its initial adapter) and which KaSA truncations to save; without it the adapter is saved as
-    peft holds it.
-    """
+    """Write the trained part of ``model`` to ``out_dir`` (created). ``applied``: the
+    :class:`~peftlab.methods.table.AppliedMethod` that made ``model``: what to convert to plain LoRA and the split
+    q/k/v; without it the adapter is saved as peft holds it."""
     from peftlab.methods import fused_qkv
     from peftlab.methods.registry import METHODS
 
@@ -103,9 +90,7 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "",
             save_converted(model, out_dir, stats.initial_adapter)
         elif stats is not None and stats.kasa_dropped:
             # KaSA truncated otherwise than peft's loader would: a plain LoRA on the original base instead
-            from peftlab.methods.kasa_portable import save_as_lora
-
-            save_as_lora(model, out_dir, stats.kasa_dropped)
+            kasa.save_as_lora(model, out_dir, stats.kasa_dropped)
         else:
             model.save_pretrained(out_dir, safe_serialization=True)
         _record_base(out_dir, base_model)
@@ -127,13 +112,11 @@ def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool
     adapter_dir = Path(adapter_dir)
     if not adapter_dir.is_dir():
         raise PeftlabError(f"adapter folder not found: {adapter_dir}", fix="pass the run's adapter/ folder")
-    if (adapter_dir / FULL_WEIGHTS).is_file():  # full fine-tuning as peftlab saved it before
-        return _load_full(base, adapter_dir / FULL_WEIGHTS, base_model)
-    if (adapter_dir / "model.safetensors").is_file() and not (adapter_dir / "adapter_config.json").is_file():
-        return _load_full(base, adapter_dir / "model.safetensors", base_model)  # a save_pretrained folder
     config_file = adapter_dir / "adapter_config.json"
+    if (adapter_dir / "model.safetensors").is_file() and not config_file.is_file():
+        return _load_full(base, adapter_dir / "model.safetensors", base_model)  # full fine-tuning's folder
     if not config_file.is_file():
-        raise PeftlabError(f"no adapter_config.json or {FULL_WEIGHTS} in {adapter_dir}",
+        raise PeftlabError(f"no adapter_config.json or model.safetensors in {adapter_dir}",
                            fix="pass a folder written by peftlab train or PeftModel.save_pretrained")
     safe, pickled = adapter_dir / "adapter_model.safetensors", adapter_dir / "adapter_model.bin"
     if safe.is_file():
@@ -152,11 +135,8 @@ def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool
     from peftlab.methods.fused_qkv import split_for_adapter
 
     split_for_adapter(base, adapter_dir)  # an adapter of split q/k/v: the same split first (fused_qkv.json)
-    plan, originals = kasa.load_plan(adapter_dir, base)  # reads the original weights before peft truncates
     try:
-        loaded = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
-        kasa.apply_plan(loaded, plan, originals)
-        return loaded
+        return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=False)
     except (RuntimeError, ValueError, KeyError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PeftlabError(f"adapter {adapter_dir} does not fit this base model: {first[:300]}",
@@ -176,43 +156,31 @@ def _check_safetensors(path: Path) -> None:
 
 
 def _load_full(base: nn.Module, path: Path, base_model: str | None) -> nn.Module:
-    from safetensors import safe_open
     from safetensors.torch import load_file
 
     _check_safetensors(path)
-    with safe_open(str(path), "pt") as handle:
-        saved_base = (handle.metadata() or {}).get("base_model", "")
     marker = path.parent / "peftlab_base.json"
-    if not saved_base and marker.is_file():
-        saved_base = json.loads(marker.read_text()).get("model", "")
+    saved_base = json.loads(marker.read_text()).get("model", "") if marker.is_file() else ""
     if base_model and saved_base and saved_base != base_model:
         raise PeftlabError(f"{path} was trained on '{saved_base}', not '{base_model}'",
                            fix=f"load it on {saved_base}")
-    tensors = load_file(str(path))
-    params = dict(base.state_dict(keep_vars=True))  # parameters and persistent buffers, as save_pretrained writes
-    for name, value in tensors.items():
-        if name not in params or params[name].shape != value.shape:
-            raise PeftlabError(f"{path} does not fit this base model: tensor '{name}' "
-                               + ("is missing" if name not in params else f"has shape {tuple(value.shape)}"),
-                               fix="load it on the model it was trained from")
-        with torch.no_grad():
-            params[name].copy_(value)
+    try:  # parameters and persistent buffers, as save_pretrained writes them; a tied output layer is left out
+        unexpected = base.load_state_dict(load_file(str(path)), strict=False).unexpected_keys
+    except RuntimeError as err:  # a tensor of another shape
+        unexpected = [str(err).strip().splitlines()[-1].strip()]
+    if unexpected:
+        raise PeftlabError(f"{path} does not fit this base model: {unexpected[0][:300]}",
+                           fix="load it on the model it was trained from")
     return base
 
 
 def merged(model: nn.Module, split=None) -> nn.Module:
-    """A plain model with the adapter folded into the weights (inference at base-model cost). In place:
-    ``model`` is consumed. ``split`` (a :class:`~peftlab.methods.fused_qkv.FusedSplit`: ``AppliedMethod.split``,
-    or ``fused_qkv.read_split(adapter_dir)``): the split q/k/v are fused back into the original layout.
+    """A plain model with the adapter folded into the weights, in place (``model`` is consumed); ``split`` (a
+    :class:`~peftlab.methods.fused_qkv.FusedSplit`): the split q/k/v fused back into the original layout.
 
-    The trained task head (peft's ``modules_to_save``) is unwrapped first, by peft's own
-    ``ModulesToSaveWrapper.unload_and_optionally_merge_module``. ``merge_and_unload`` alone fails for VeRA and
-    FourierFT when the head is a composite module: their tuners use peft's generic
-    ``BaseTuner._replace_module`` (LoRA and its variants override it), which runs
-    ``new_module.weight = child.weight`` on the head wrapper it replaces, and a head without a ``.weight``
-    (RoBERTa's ``RobertaClassificationHead``, DeBERTa-v2's ``ContextPooler``) raises AttributeError, after the
-    adapted layers have already been merged in place. Present in peft 0.21.2; a ``hasattr`` guard for it was
-    proposed upstream in huggingface/peft PR #3213.
+    The trained head (``modules_to_save``) is unwrapped first, by peft's own ``unload_and_optionally_merge_module``:
+    ``merge_and_unload`` alone fails for VeRA and FourierFT when the head has no ``.weight`` (RoBERTa's
+    classification head, DeBERTa-v2's pooler; peft 0.21.2's ``BaseTuner._replace_module``, huggingface/peft PR #3213).
     """
     if is_peft(model):
         _unwrap_saved_modules(model)

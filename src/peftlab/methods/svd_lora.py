@@ -1,10 +1,9 @@
-"""SVD-initialised LoRA: MiLoRA's init (not in peft) and conversion of PiSSA/MiLoRA to plain LoRA.
+"""SVD-initialised LoRA: MiLoRA's init (not in peft) and conversion of PiSSA/MiLoRA/CorDA to plain LoRA.
 
-PiSSA (peft) and MiLoRA both move r singular components of W into the adapter and leave the residual
-W_res = W - scaling*B0*A0 in the frozen base, so the model's output is unchanged at step 0. Their trained
-adapters only make sense on W_res; to ship them for the *original* base model, the update is rewritten as
-a rank-2r plain LoRA: Delta_W = s*(B*A - B0*A0) = s*[B | -B0] [A ; A0] (peft's ``subtract_mutated_init``).
-peft's conversion drops ``modules_to_save`` (the task head); :func:`save_converted` puts it back.
+These inits move r singular components of W into the adapter and leave W_res = W - scaling*B0*A0 in the frozen
+base; to ship a trained adapter for the *original* base, the update is rewritten as a rank-2r plain LoRA:
+Delta_W = s*(B*A - B0*A0) = s*[B | -B0] [A ; A0] (peft's ``subtract_mutated_init``, which drops the head:
+:func:`save_converted` puts it back).
 """
 
 from __future__ import annotations
@@ -18,14 +17,6 @@ from torch import nn
 INITIAL = "peftlab_initial"
 
 
-def _lora_layers(model: nn.Module, adapter: str = "default"):
-    from peft.tuners.lora import LoraLayer
-
-    for module in model.modules():
-        if isinstance(module, LoraLayer) and adapter in module.lora_A:
-            yield module
-
-
 @torch.no_grad()
 def milora_init(model: nn.Module, adapter: str = "default") -> None:
     """MiLoRA (Wang et al. 2024): A, B from the r *smallest* singular components of W, subtracted from W.
@@ -34,7 +25,9 @@ def milora_init(model: nn.Module, adapter: str = "default") -> None:
     A = diag(sqrt(S_r / s)) Vh_r,  B = U_r diag(sqrt(S_r / s)),  W_res = W - s*B*A.
     The SVD is exact (full, fp32): O(d^3) per matrix, paid once at init.
     """
-    for layer in _lora_layers(model, adapter):
+    from peft.tuners.lora import LoraLayer
+
+    for layer in [m for m in model.modules() if isinstance(m, LoraLayer) and adapter in m.lora_A]:
         base = layer.get_base_layer()
         weight = base.weight
         transposed = getattr(layer, "fan_in_fan_out", False)  # Conv1D stores (in, out)

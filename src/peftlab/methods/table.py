@@ -1,11 +1,7 @@
-"""Applying a registered method: :func:`apply_method` turns a base model plus a :class:`MethodConfig` into a trainable
-model and returns an :class:`AppliedMethod`: the adapted model together with everything its init decided that later
-steps need (resolved targets, head modules, KaSA's truncation plan, the initial adapter of SVD inits, CorDA's
-calibration time). Nothing is stored on the model itself.
-
-The methods themselves (builders, options, limits, default rates) are registered once in
-:mod:`peftlab.methods.registry`; this module checks a config against that row (:func:`check_explicit_options`,
-the rank / Conv1D / fused-QKV limits) and runs the builder.
+"""Applying a registered method (:mod:`peftlab.methods.registry`): :func:`apply_method` checks a config against
+its row (:func:`check_explicit_options`, the rank / Conv1D / fused-QKV limits), runs the builder and returns an
+:class:`AppliedMethod`: the adapted model with everything its init decided that later steps need. Nothing is
+stored on the model itself.
 """
 
 from __future__ import annotations
@@ -88,7 +84,7 @@ class InitStats:
     """What a method's init decided or measured, needed after it (saving, result.json, plots)."""
 
     calibration_seconds: float | None = None  # CorDA: wall time of the forward passes over calibration inputs
-    kasa_plan: dict[str, int] | None = None  # KaSA: truncations peft's loader would not reproduce (saved)
+    kasa_plan: dict[str, int] | None = None  # KaSA: {module: components kept} where peft would keep others
     kasa_dropped: dict | None = None  # KaSA with a plan: what it drops, to save the run as plain LoRA
     initial_adapter: dict[str, torch.Tensor] | None = None  # SVD inits: A0, B0, for the conversion to plain LoRA
     kasa_sigma: dict[str, list[float]] | None = None  # KaSA: learned singular values before any step (plots)

@@ -1,15 +1,8 @@
-"""Resolve logical attention projections (q, k, v, o) to module names by inspecting a model.
+"""Resolve logical projections (q, k, v, o; gate, up, down) to module names by inspecting a model.
 
-Families covered by the alias table: BERT/RoBERTa/XLM-R/ELECTRA (``attention.self.query``,
-``attention.output.dense``), DeBERTa-v2 (``query_proj``), MPNet (``attn.q``), DistilBERT (``q_lin``),
-Llama/Mistral/Qwen2/Qwen3/Gemma (``self_attn.q_proj``), OPT/BART (``q_proj``, ``out_proj``), and the fused-QKV
-families once :func:`peftlab.methods.fused_qkv.split_fused_qkv` has split them (``apply_method`` does):
-GPT-2 (``attn.c_attn.q_proj`` + ``attn.c_proj``), Phi-3 (``self_attn.qkv_proj.q_proj`` + ``o_proj``), Falcon
-(``self_attention.query_key_value.q_proj`` + ``self_attention.dense``) and ModernBERT (``attn.Wqkv.q_proj`` +
-``attn.Wo``).
-
-A fused QKV matrix that is still fused is refused for q, k or v in one line (split it first; a family whose
-layout peftlab does not know is named as such).
+:data:`_ALIASES` covers BERT-style encoders, DeBERTa-v2, MPNet, DistilBERT, Llama-style decoders, OPT/BART, and the
+fused-QKV families (GPT-2, Phi-3, Falcon, ModernBERT) once :mod:`peftlab.methods.fused_qkv` has split them; a
+fused QKV matrix still fused is refused for q, k or v in one line.
 """
 
 from __future__ import annotations

@@ -32,11 +32,9 @@ def bound_hub_calls() -> None:
         return
     for name in TIMEOUT_VARIABLES:  # read when huggingface_hub is imported: effective if it is not yet
         os.environ.setdefault(name, str(HUB_TIMEOUT_SECONDS))
-    try:
-        import huggingface_hub
-        from huggingface_hub.utils import _http
-    except ImportError:  # pragma: no cover - transformers needs it
-        return
+    import huggingface_hub
+    from huggingface_hub.utils import _http
+
     _bound = True
     if _http._GLOBAL_CLIENT_FACTORY is not _http.default_client_factory:
         return  # the user's own client factory: theirs to bound

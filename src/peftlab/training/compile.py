@@ -1,19 +1,15 @@
 """``--compile auto|on|off``: ``torch.compile`` of the model for the train step, and the fallback to eager.
 
-Only the train step's ``model(**batch).loss`` (and its backward, through AOTAutograd) is compiled; the method's
-extra loss, the optimizer step and clipping stay eager. The compiled module is a view sharing the run's parameters
-(:class:`CompiledTraining` ``.module``), so evaluation, generation, checkpoints and the saved adapter use the eager
-module (no ``_orig_mod.`` prefixes, no graphs for no-grad shapes). ``dynamic=True``: length-grouped batches change
-their padded length every batch, so the graph is traced with symbolic dimensions once (``tests/test_compile.py``
-counts the graphs). Inductor's ``fallback_random``: dropout draws its masks from torch's generator, so a compiled
-run trains on the masks of its eager twin (and resumes from a checkpoint's RNG the same way).
+Only the train step's ``model(**batch).loss`` and its backward are compiled, through a view sharing the run's
+parameters (:class:`CompiledTraining` ``.module``); the extra loss, the optimizer step, evaluation, generation,
+checkpoints and the saved adapter use the eager module (no ``_orig_mod.`` prefixes). ``dynamic=True``:
+length-grouped batches change their padded length every batch. Inductor's ``fallback_random``: dropout draws its
+masks from torch's generator, so a compiled run trains on the masks of its eager twin and resumes the same way.
 
-When a compiled step fails (dynamo cannot trace the method, the C++ compiler fails, ...) the run prints one line
-and trains eagerly from that very batch, its gradients cleared and torch's RNG restored first; a compile error at a
-later step falls back the same way unless a gradient of the accumulation window is pending (then it is raised, and
-the run resumes, with ``--compile off`` if need be). result.json ``compile`` records the choice, the fallback and
-the graphs compiled. ``auto`` compiles when the run's optimizer steps reach the break-even measured on its device
-type (:data:`AUTO_BREAK_EVEN_STEPS`, by ``python benchmarks/against_trainer.py --compile``).
+A compiled step that fails prints one line and the run trains eagerly from that very batch (gradients cleared,
+torch's RNG restored); a later compile error falls back the same way unless a gradient of the accumulation window
+is pending (then it is raised). ``auto`` compiles when the run's optimizer steps reach the break-even measured on
+its device type (:data:`AUTO_BREAK_EVEN_STEPS`, by ``python benchmarks/against_trainer.py --compile``).
 """
 
 from __future__ import annotations
@@ -145,27 +141,17 @@ def is_compile_error(err: BaseException) -> bool:
 def guarded_step(compiled: CompiledTraining | None, work: Callable[[], T], trainable: list,
                  clear: Callable[[], None], say: Callable[[str], None] = print) -> T:
     """``work()`` (one batch's forward and backward through :func:`training_module`) with the fallback of the
-    module doc: a failed compiled step is undone (``clear()`` drops its gradients; torch's RNG is restored) and
-    run again eagerly, after one line through ``say``. The first call's seconds are kept (``first_step_s``)."""
+    module doc: a failed compiled step is undone (``clear()`` drops its gradients) and run again eagerly, after one
+    line through ``say``. The first call's seconds are kept (``first_step_s``)."""
     if compiled is None:
         return work()
-    start = time.perf_counter()
-    result = _attempt(compiled, work, trainable, clear, say)
-    if compiled.first_step_s is None:
-        compiled.first_step_s = time.perf_counter() - start
-    return result
-
-
-def _attempt(compiled: CompiledTraining, work: Callable[[], T], trainable: list, clear: Callable[[], None],
-             say: Callable[[str], None]) -> T:
-    if not compiled.active:
-        return work()
-    pending = any(p.grad is not None for p in trainable)  # an accumulation window's earlier batches
+    start, active = time.perf_counter(), compiled.active
+    pending = active and any(p.grad is not None for p in trainable)  # an accumulation window's earlier batches
     rng = torch.random.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
     try:
         result = work()
     except Exception as err:
-        if pending or (compiled.confirmed and not is_compile_error(err)):
+        if not active or pending or (compiled.confirmed and not is_compile_error(err)):
             raise
         compiled.fallback = one_line(err)
         say(f"compile: the train step did not compile ({compiled.fallback}); training eagerly")
@@ -173,8 +159,10 @@ def _attempt(compiled: CompiledTraining, work: Callable[[], T], trainable: list,
         torch.random.set_rng_state(rng[0])
         if rng[1] is not None:
             torch.cuda.set_rng_state_all(rng[1])
-        return work()
-    if not compiled.confirmed:
+        result = work()
+    if compiled.active and not compiled.confirmed:
         compiled.confirmed = True
         compiled.graphs_after_first_step = compiled_graphs()
+    if compiled.first_step_s is None:
+        compiled.first_step_s = time.perf_counter() - start
     return result

@@ -1,21 +1,12 @@
 """curvature: the largest Hessian eigenvalue of a loss, block by block (``peftlab probe``'s numbers).
 
-The operator is curvlinops' :class:`~curvlinops.HessianLinearOperator` (forward-over-reverse Hessian-vector
-products through ``torch.func``: the exact Hessian of the loss, not the Gauss-Newton part); the eigen-solver is
-scipy's ``eigsh`` (ARPACK's Lanczos, ``which="LA"``: the largest algebraic eigenvalue). Neither is written here.
-
-A block is a set of the parameters (one optimizer group, or all of them): its eigenvalue is the top eigenvalue
-of the Hessian restricted to the block (the principal sub-matrix H_bb; the other parameters held where they
-are). All blocks of one batch are solved side by side, one ``eigsh`` thread each, and every round of their
-Hessian-vector products is one product of the operator with a matrix (one column per block: curvlinops maps
-the columns with ``vmap``), about 2.5x cheaper than the same products one at a time on MiniLM-L6.
-
-Preconditioned curvature (Cohen et al., "Adaptive Gradient Methods at the Edge of Stability", 2022): with
-Adam's denominator P = diag(sqrt(v_hat) + eps), the top eigenvalue of P^-1 H, computed as the symmetric
-P^-1/2 H P^-1/2 (``scale`` = P^-1/2, flat over the parameters).
-
-SDPA on the CPU has no forward-mode derivative for its fused kernels; the products run with SDPA's math kernel
-(the same function, :func:`torch.nn.attention.sdpa_kernel`), in fp32, the model in eval mode (no dropout).
+The operator is curvlinops' :class:`~curvlinops.HessianLinearOperator` (the exact Hessian through ``torch.func``);
+the eigen-solver is scipy's ``eigsh`` (``which="LA"``). A block is a set of the parameters: its eigenvalue is that
+of the principal sub-matrix H_bb. All blocks of one batch are solved side by side, one ``eigsh`` thread each, and
+every round of their Hessian-vector products is one product of the operator with a matrix (one column per block),
+about 2.5x cheaper than the same products one at a time on MiniLM-L6. Preconditioned curvature (Cohen et al.
+2022): with Adam's denominator P, the top eigenvalue of P^-1/2 H P^-1/2 (``scale`` = P^-1/2, flat). SDPA's fused
+CPU kernels have no forward-mode derivative: the products run on SDPA's math kernel, in fp32, in eval mode.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ architecture's (plain transformers reads [CLS]): such a run is refused."""
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 from peftlab.argtypes import output_folder, text
@@ -39,6 +38,7 @@ def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool =
 
     from peftlab.methods.fused_qkv import read_split
     from peftlab.methods.saving import merged
+    from peftlab.models.cache_folders import write_and_publish
     from peftlab.training.evaluation import load_run
 
     out = Path(out_dir)
@@ -54,28 +54,23 @@ def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool =
         expected = run.model.eval()(**batch).logits.float()
     model = merged(run.model, split=read_split(Path(run_dir) / "adapter"))  # split q/k/v fused back
     model.eval()
-    head = run.task.head
-    auto = AutoModelForCausalLM if head == "causal-lm" else AutoModelForSequenceClassification
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    auto = AutoModelForCausalLM if run.task.head == "causal-lm" else AutoModelForSequenceClassification
+    diffs = []
+
+    def write(staging: Path) -> None:  # published by one rename once its logits are checked
         model.save_pretrained(staging, safe_serialization=True)
         if run.tokenizer is not None:
             run.tokenizer.save_pretrained(staging)
         reloaded = auto.from_pretrained(staging).eval()
         with torch.no_grad():
-            got = reloaded(**batch).logits.float()
-        diff = float((got - expected).abs().max())
-        if not diff <= TOLERANCE:
-            raise PeftlabError(f"the exported model's logits differ from peftlab's by {diff:.2e} (> {TOLERANCE:g})",
+            diffs.append(float((reloaded(**batch).logits.float() - expected).abs().max()))
+        if not diffs[0] <= TOLERANCE:
+            raise PeftlabError(f"the exported model's logits differ from peftlab's by {diffs[0]:.2e} (> {TOLERANCE:g})",
                                fix="report this run's method and model; evaluate it with peftlab instead")
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return {"max_abs_diff": diff, "path": str(out)}
+        shutil.rmtree(out, ignore_errors=True)  # --overwrite
+
+    write_and_publish(out, write)
+    return {"max_abs_diff": diffs[0], "path": str(out)}
 
 
 def add_parser(sub) -> None:

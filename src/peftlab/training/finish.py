@@ -36,7 +36,6 @@ def finish(run: Run) -> dict:
 
 def result_record(run: Run, unwrapped, saved_epoch: int | None) -> dict:
     """result.json (schemas/result.schema.json) from the config, the loop state and the pipeline."""
-    from peftlab.methods.optim_groups import lr_by_group
     from peftlab.methods.table import InitStats
 
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
@@ -50,7 +49,7 @@ def result_record(run: Run, unwrapped, saved_epoch: int | None) -> dict:
         "task": cfg.task, "model": cfg.model, "method": cfg.method, "targets": ",".join(cfg.targets),
         "rank": cfg.rank, "alpha": cfg.alpha, "lr": cfg.optim.lr, "lr_ratio": cfg.optim.lr_ratio,
         "head_lr": cfg.optim.head_lr,
-        "group_lrs": lr_by_group(run.groups), "seed": cfg.seed, "epochs": cfg.epochs,
+        "group_lrs": {g["name"]: g["lr"] for g in run.groups}, "seed": cfg.seed, "epochs": cfg.epochs,
         "config": cfg.to_dict(),
         "trainable_params": run.params,
         "primary_metric": run.pipeline.primary_metric,

@@ -1,21 +1,12 @@
 """lm-evaluation-harness on a decoder run's in-memory model: ``--lm-eval`` of ``peftlab train`` and ``evaluate``.
 
-The adapted model and its tokenizer go into the harness's ``HFLM`` (the run's device, ``--eval-batch-size``,
-``--mixed-precision`` as autocast with fp32 log-softmax); the task definitions of :mod:`peftlab.tasks.lm_eval_tasks`
-run through the harness's own ``evaluate``, offline (:func:`offline`) on local ``json`` data files only.
-``--max-eval-samples N`` draws the same items as peftlab's own evaluation (``--eval-seed``), so a commonsense run's
-generate-and-extract ``<set>_accuracy`` and the harness's ``acc`` score the same items. Results go to result.json's
-``lm_eval`` section (:mod:`peftlab.training.lm_eval_section`; schemas/result.schema.json)::
-
-    "lm_eval": {"version", "results": {task: {metric: value}}, "n_samples", "n_shot",
-                "configs": {task: {"sha256", "harness_yaml", "data_sha256", "config"}}, "settings": {task: {...}},
-                "generate_and_extract": {task: {"metric", "value", "epoch", "same_items"}}, "gsm8k_agreement",
-                "calls": [{"tag", "tasks", "seconds", "items_per_second", "model_seconds",
-                           "model_items_per_second", "samples_file", "version"}]}
-
-Metric names are the harness's ``<metric>,<filter>`` keys with the filter ``none`` dropped (``acc``,
-``exact_match,strict-match``); ``peftlab report --metric lm_eval/<task>/<metric>`` tables them. Each item's
-requests, responses and scores: ``<run>/lm_eval_samples_<train|evaluate>.jsonl``."""
+The adapted model goes into the harness's ``HFLM`` (the run's device, ``--eval-batch-size``, ``--mixed-precision``
+as autocast with fp32 log-softmax); the task definitions of :mod:`peftlab.tasks.lm_eval_tasks` run through the
+harness's own ``evaluate``, offline, on local data files only. ``--max-eval-samples N`` draws the same items as
+peftlab's own evaluation (``--eval-seed``). Results go to result.json's ``lm_eval`` section
+(:mod:`peftlab.training.lm_eval_section`; its layout: schemas/result.schema.json), metric names being the harness's
+``<metric>,<filter>`` keys with the filter ``none`` dropped; each item's requests, responses and scores to
+``<run>/lm_eval_samples_<train|evaluate>.jsonl``."""
 
 from __future__ import annotations
 
@@ -90,23 +81,16 @@ def draw_samples(definitions, n: int | None, seed: int, data_dir: str | None) ->
     return drawn
 
 
-def harness_model(model, tokenizer, *, batch_size: int, precision: str = "no"):
-    """The harness's ``HFLM`` around an in-memory model (never loaded by name: nothing to fetch)."""
-    from lm_eval.models.huggingface import HFLM
-
-    dtype = _PRECISION_DTYPES.get(precision)
-    return HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-                mixed_precision_dtype=dtype, softmax_dtype="float32" if dtype else None)
-
-
 def run_harness(model, tokenizer, names: list[str], *, data_dir: str | None = None, batch_size: int = 16,
                 precision: str = "no", max_eval_samples: int | None = None, eval_seed: int = 0,
                 num_fewshot: int | None = None, max_new_tokens: int | None = None,
                 samples_path: str | Path | None = None) -> dict:
-    """The harness's numbers for ``names`` on ``model`` (the ``lm_eval`` section of result.json)."""
+    """The harness's numbers for ``names`` on ``model`` (result.json's ``lm_eval`` section)."""
     from peftlab.tasks.lm_eval_tasks import harness_index, task_configs
 
-    lm_eval, manager = harness_index(names)
+    lm_eval, manager = harness_index(names)  # the harness installed, else one line naming the extra
+    from lm_eval.models.huggingface import HFLM
+
     definitions = task_configs(names, data_dir, task_manager=manager)
     samples = draw_samples(definitions, max_eval_samples, eval_seed, data_dir)
     gen_kwargs = {"max_gen_toks": int(max_new_tokens)} if max_new_tokens else None
@@ -115,7 +99,9 @@ def run_harness(model, tokenizer, names: list[str], *, data_dir: str | None = No
     start = time.perf_counter()
     try:
         with offline(), _quiet_harness():
-            lm = harness_model(model, tokenizer, batch_size=batch_size, precision=precision)
+            dtype = _PRECISION_DTYPES.get(precision)  # the model in memory, never loaded by name: nothing to fetch
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+                      mixed_precision_dtype=dtype, softmax_dtype="float32" if dtype else None)
             model_seconds = time_requests(lm)
             out = evaluate_tasks(lm, [d.config for d in definitions], manager, num_fewshot=num_fewshot,
                                  samples=samples, gen_kwargs=gen_kwargs)
@@ -152,12 +138,10 @@ def run_harness(model, tokenizer, names: list[str], *, data_dir: str | None = No
 
 def evaluate_tasks(lm, configs: list[dict], manager, *, num_fewshot: int | None, samples: dict | None,
                    gen_kwargs: dict | None) -> dict:
-    """``lm_eval.simple_evaluate``'s preparation of the tasks, then ``lm_eval.evaluator.evaluate``: the seeds
-    (the harness's defaults: python 0, numpy / torch / few-shot 1234), generation settings laid over each
-    generating task's, ``num_fewshot`` (a task's own when None, 0 if it has none) and its few-shot seed.
-    simple_evaluate itself would also collect the environment (``pip``, ``git`` subprocesses; "fatal: not a git
-    repository" outside one) and ask the Hub for the model's revision: nothing peftlab records (result.json has
-    its own versions and code). The global random states are restored afterwards."""
+    """``lm_eval.simple_evaluate``'s preparation of the tasks (its seeds, generation settings, ``num_fewshot``: a
+    task's own when None, 0 if it has none), then ``lm_eval.evaluator.evaluate``. simple_evaluate itself would also
+    run ``pip`` and ``git`` and ask the Hub for the model's revision: nothing peftlab records. The global random
+    states are restored afterwards."""
     import random
 
     import numpy as np
@@ -284,13 +268,11 @@ def score_run(model, tokenizer, cfg, result: dict, out_dir: Path, names: list[st
     return record(out_dir if write else None, result, section)
 
 
-def check_request(cfg) -> list[str]:
+def check_request(cfg) -> None:
     """Before a run trains: the harness is installed and every task's data is found (one line otherwise)."""
-    from peftlab.tasks.lm_eval_tasks import harness_index, task_configs, task_names
+    from peftlab.tasks.lm_eval_tasks import task_configs, task_names
 
-    names = task_names(cfg.lm_eval)
-    task_configs(names, cfg.data_dir, task_manager=harness_index(names)[1])
-    return names
+    task_configs(task_names(cfg.lm_eval), cfg.data_dir)
 
 
 def after_training(run, result: dict) -> dict:
@@ -312,7 +294,7 @@ def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merg
                           num_fewshot: int | None = None, max_new_tokens: int | None = None) -> dict:
     """``peftlab evaluate RUN --lm-eval TASKS``: the saved run's model through the harness; its numbers are
     added to RUN/result.json (not with ``--adapter``: another adapter's numbers are not this run's)."""
-    from peftlab.tasks.lm_eval_tasks import harness_index, task_configs, task_names
+    from peftlab.tasks.lm_eval_tasks import task_configs, task_names
     from peftlab.tasks.table import find_task
     from peftlab.training.devices import make_accelerator
     from peftlab.training.evaluation import load_run
@@ -320,10 +302,6 @@ def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merg
 
     run_dir = Path(run_dir)
     names = task_names(tasks)
-    for flag, value, least in (("--lm-eval-fewshot", num_fewshot, 0), ("--lm-eval-max-new-tokens", max_new_tokens, 1),
-                               ("--max-eval-samples", max_eval_samples, 1)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-            raise PeftlabError(f"{flag} must be an integer >= {least}, got {value!r}")
     result = read_result(run_dir)
     if result is None or result.get("status") not in FINISHED:
         raise PeftlabError(f"{run_dir} holds no finished run (result.json with a final status)",
@@ -332,7 +310,7 @@ def evaluate_with_harness(run_dir: str | Path, tasks: str, *, adapter=None, merg
     if task is None or task.head != "causal-lm":
         raise PeftlabError(f"--lm-eval scores decoder runs; {run_dir} is a '{result['task']}' run of an encoder head",
                            fix="use it on a run of --task commonsense, math, gsm8k, alpaca, json, e2e or mt-bench")
-    task_configs(names, (result.get("config") or {}).get("data_dir"), task_manager=harness_index(names)[1])
+    task_configs(names, (result.get("config") or {}).get("data_dir"))  # every task's data found, before the model loads
     run = load_run(run_dir, adapter=adapter, merge=merge, allow_pickle=allow_pickle)
     accelerator = make_accelerator(run.precision)
     model = run.model.to(accelerator.device)

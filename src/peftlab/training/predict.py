@@ -44,8 +44,6 @@ def predict_run(run_dir: str | Path, input_path: str | Path, output_path: str | 
     from peftlab.tasks.labelled_files import check_file, read_file
     from peftlab.training.devices import make_accelerator
 
-    if batch_size <= 0:
-        raise PeftlabError(f"--batch-size must be a positive integer, got {batch_size}")
     records = read_file(check_file(str(input_path), "--input"))  # one-line errors naming a bad line
     run = load_run(run_dir, adapter=adapter)
     task = run.task

@@ -1,14 +1,11 @@
 """``peftlab probe``: the loss curvature of the run a config describes, per optimizer group, before training.
 
-The run is built as ``peftlab train`` would (:func:`peftlab.training.setup.build` and ``prepare_training``), in fp32
-and eager. On each of its first ``batches`` training batches the top Hessian eigenvalue of its objective (task loss
-plus the method's extra loss) is measured per block (:mod:`peftlab.training.curvature`): one per optimizer group
-name, a ``<group>:vectors`` block for an adapted group's vector tensors (KaSA's singular values, DoRA's
-magnitudes), and ``all``; at init, and with ``adam_steps`` after that many of the run's own steps, raw and
-Adam-preconditioned (Cohen et al. 2022). The suggested rate is ``RULE[kind] / lambda_max`` and the suggested lambda
-lambda_max(q) / lambda_max(v); the constants were fitted on the committed lambda grids (``python
-scripts/probe_check.py``), which also found that the rule does not predict them (:data:`VERDICT`, printed under
-every table)."""
+The run is built as ``peftlab train`` would, in fp32 and eager. On each of its first ``batches`` training batches
+the top Hessian eigenvalue of its objective is measured per block (:mod:`peftlab.training.curvature`): one per
+optimizer group, a ``<group>:vectors`` block for an adapted group's vectors, and ``all``; at init and, with
+``adam_steps``, after that many of the run's own steps, raw and Adam-preconditioned (Cohen et al. 2022). The
+suggested rate is ``RULE[kind] / lambda_max``, its constants fitted on the committed lambda grids (``python
+scripts/probe_check.py``), which also found that the rule does not predict them (:data:`VERDICT`)."""
 
 from __future__ import annotations
 
@@ -25,6 +22,8 @@ from peftlab.config import TrainConfig
 from peftlab.errors import PeftlabError
 from peftlab.resolve import resolve_config
 from peftlab.training.curvature import Solve, require_extra, top_eigenvalues
+from peftlab.training.setup import build_seeded
+from peftlab.training.step import objective as step_objective
 
 PROBE_SCHEMA = 1
 KIND_LABELS = {"raw_init": "raw Hessian at init", "raw_after_adam": "raw Hessian after the Adam steps",
@@ -83,19 +82,6 @@ def probe_blocks(groups: list[dict]) -> tuple[list, list[Block]]:
 def _block(name: str, members, params: list, names: list[str]) -> Block:
     members = tuple(members)
     return Block(name, members, tuple(names[i] for i in members), sum(params[i].numel() for i in members))
-
-
-def run_objective(cfg: TrainConfig):
-    """The loss a step of the run minimises (:func:`peftlab.training.step.forward_loss`): the task loss plus
-    the method's extra loss (KaSA's regulariser)."""
-    from peftlab.methods.table import extra_loss
-
-    def objective(model, batch):
-        loss = model(**batch).loss
-        aux = extra_loss(model, cfg)
-        return loss if aux is None else loss + aux
-
-    return objective
 
 
 def adam_scale(optimizer, params: list) -> torch.Tensor:
@@ -196,23 +182,18 @@ def probe_config(cfg: TrainConfig) -> TrainConfig:
     return variant.mark_resolved() if cfg.resolved else resolve_config(variant)
 
 
-def build_run(cfg: TrainConfig):
-    """The run ``peftlab train`` would set up, without its folder: fp32, eager (no --compile)."""
-    from peftlab.training.setup import build_seeded
-
-    return build_seeded(probe_config(cfg))[1]
-
-
 def probe(cfg: TrainConfig, options: ProbeOptions) -> dict:
     """Measure the run ``cfg`` describes; the dict :mod:`peftlab.training.probe_cli` prints and writes."""
     require_extra()
     start, cpu_start = time.perf_counter(), time.process_time()
     seconds = {}
-    run = build_run(cfg)
+    run = build_seeded(probe_config(cfg))[1]  # the run `peftlab train` would set up, without its folder
     seconds["setup_s"] = time.perf_counter() - start
     model = run.accelerator.unwrap_model(run.model)
     params, blocks = probe_blocks(run.groups)
-    objective = run_objective(run.cfg)
+    def objective(model, batch):  # the loss a step of the run minimises, KaSA's regulariser included
+        return step_objective(model, batch, run.cfg).total
+
     batches = list(itertools.islice(run.train_loader, options.batches))  # its seed, its length-grouped order
     results = {"raw_init": measure(model, objective, params, blocks, batches, options)["raw"]}
     seconds["init_s"] = time.perf_counter() - start - sum(seconds.values())

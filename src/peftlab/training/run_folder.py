@@ -1,12 +1,9 @@
-"""A run's files: atomic writes, the output-directory guard, versions and the code that ran, checkpoint folders.
+"""A run's files: the output-directory guard, result.json, versions and the code that ran, checkpoint folders.
 
-Layout of ``--output-dir``: ``config.yaml`` (the resolved config, written first), ``epochs.jsonl`` (one line per
-finished epoch), ``curve.jsonl`` (with --eval-steps: every dev evaluation during training), ``checkpoint/``
-(:mod:`peftlab.training.checkpoint`), ``adapter/`` (the trained adapter or full-FT tensors, safetensors),
-``result.json`` (written last, atomically: with a final status it marks a finished run), ``tb/`` (TensorBoard).
-
-Importing this module imports no torch (nor NumPy): the lab's runner reads run folders through it, and a sweep's
-or tune's driver whose runs train in workers never needs torch itself."""
+Layout of ``--output-dir``: ``config.yaml`` (written first), ``epochs.jsonl``, ``curve.jsonl`` (--eval-steps),
+``checkpoint/`` (:mod:`peftlab.training.checkpoint`), ``adapter/``, ``result.json`` (written last, atomically: with a
+final status it marks a finished run), ``tb/``. Torch-free at import: a sweep's or tune's driver reads run folders
+through it."""
 
 from __future__ import annotations
 

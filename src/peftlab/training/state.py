@@ -1,7 +1,6 @@
 """LoopState: everything the loop knows about its run, and its checkpoint form (state.json); EpochEnd: what the loop
 tells an ``on_epoch_end`` hook. Both free of torch, so that a hook's code (a tune trial's pruner) need not import
-it. :meth:`LoopState.from_dict` reads the state.json of any earlier peftlab: a missing field takes its default
-(:data:`LEGACY_DEFAULTS` for a derived one), an unknown key is ignored."""
+it. :meth:`LoopState.from_dict` gives a field missing from a state.json its default and ignores an unknown key."""
 
 from __future__ import annotations
 
@@ -71,16 +70,13 @@ class LoopState:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "state.json") -> LoopState:
-        """A state read back from a checkpoint, written by this or any earlier peftlab (see the module doc)."""
+        """A state read back from a checkpoint (see the module doc)."""
         missing = [key for key in REQUIRED_KEYS if key not in data] if isinstance(data, dict) else ["a mapping"]
         if missing:
             raise PeftlabError(f"{where} is not a peftlab loop state ({missing[0]!r} missing)",
                                fix="resume a folder written by peftlab train, or pass --overwrite to start over")
         known = {f.name for f in fields(cls)}
-        values = {key: value for key, value in data.items() if key in known}
-        for key, derive in LEGACY_DEFAULTS.items():
-            values.setdefault(key, derive(data))
-        return cls(**values)
+        return cls(**{key: value for key, value in data.items() if key in known})
 
     def add_time(self, key: str, seconds: float) -> None:
         """Accumulate a phase's wall time in :attr:`timings` (over resumed attempts too)."""
@@ -128,7 +124,3 @@ class LoopState:
         counts the epochs before its stop."""
         return self.epoch + (1 if self.in_epoch else 0)
 
-
-# Fields whose default for an older state.json is derived from it: optimizer_steps came with --grad-accum, so
-# a state without it stepped the optimizer once per batch.
-LEGACY_DEFAULTS = {"optimizer_steps": lambda data: data["global_step"]}

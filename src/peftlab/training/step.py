@@ -1,10 +1,8 @@
 """step: one batch of training under Accelerate, and the divergence guard.
 
-The objective is ``model(**batch).loss`` plus the method's extra loss (KaSA's regulariser), through the compiled
-view of ``--compile`` while it works (:mod:`peftlab.training.compile`). At the last batch of an accumulation
-window: clip (--max-grad-norm), the guard, the optimizer step and, unless fp16's GradScaler skipped it, the
-scheduler step. A non-finite loss, or a non-finite gradient norm without a GradScaler, ends the run as
-``diverged``; with fp16 an overflow is the scaler's skipped step (``LoopState.skipped_steps``)."""
+At the last batch of an accumulation window: clip (--max-grad-norm), the guard, the optimizer step and, unless
+fp16's GradScaler skipped it, the scheduler step. A non-finite loss, or a non-finite gradient norm without a
+GradScaler, ends the run as ``diverged``."""
 
 from __future__ import annotations
 
@@ -41,10 +39,16 @@ class StepResult:
 
 def forward_loss(run, batch) -> Objective:
     """The batch's objective. (Tests wrap this function to inject a fault, e.g. a NaN at one step.)"""
+    model = training_module(run.compiled, run.model)  # --compile: the compiled view, while it works
+    return objective(model, batch, run.cfg, method_model=run.accelerator.unwrap_model(run.model))
+
+
+def objective(model, batch, cfg, method_model=None) -> Objective:
+    """``model(**batch).loss`` plus the method's extra loss on ``method_model`` (default: ``model``)."""
     from peftlab.methods.table import extra_loss
 
-    loss = training_module(run.compiled, run.model)(**batch).loss  # --compile: the compiled view, while it works
-    aux = extra_loss(run.accelerator.unwrap_model(run.model), run.cfg)  # the method's hook
+    loss = model(**batch).loss
+    aux = extra_loss(model if method_model is None else method_model, cfg)
     return Objective(loss, aux, loss if aux is None else loss + aux)
 
 
