@@ -203,6 +203,24 @@ def test_loop_state_round_trips_and_refuses_what_is_not_one():
         LoopState.from_dict({"epoch": 0, "step_in_epoch": 0}, where="x/state.json")
 
 
+def test_a_checkpoint_without_accelerates_random_state_is_refused_in_one_line(tmp_path, monkeypatch):
+    """An older peftlab's checkpoint (no save_state) or one cut short has no random state: one line, not a trace."""
+    from accelerate.utils import RNG_STATE_NAME
+
+    from peftlab.errors import PeftlabError
+
+    out = tmp_path / "run"
+    kill_after_checkpoint(monkeypatch, 3)
+    with pytest.raises(Killed):
+        train(tiny_cfg(out, checkpoint_every=1))
+    monkeypatch.undo()
+    for rng in (out / "checkpoint").glob(f"{RNG_STATE_NAME}_*.pkl"):
+        rng.unlink()
+    with pytest.raises(PeftlabError, match="has no random state") as err:
+        train(tiny_cfg(out, checkpoint_every=1, resume=True))
+    assert "--overwrite" in err.value.fix
+
+
 # --------------------------------------------------------------------------- divergence and collapse
 
 

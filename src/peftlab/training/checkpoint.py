@@ -123,6 +123,9 @@ def check_process_count(ckpt: Path, num_processes: int) -> None:
     from accelerate.utils import RNG_STATE_NAME
 
     written = len(list(ckpt.glob(f"{RNG_STATE_NAME}_*.pkl")))
+    if not written:  # an older peftlab's checkpoint, or one cut short: nothing to restore the random streams from
+        raise PeftlabError(f"the checkpoint in {ckpt} has no random state (not one written by Accelerate's "
+                           "save_state)", fix="pass --overwrite to start over")
     if written != num_processes:
         raise PeftlabError(f"the checkpoint in {ckpt} was written by {written} process(es), this run has "
                            f"{num_processes}", fix="resume with the same accelerate launch --num_processes, "
