@@ -33,28 +33,13 @@ def read_llm_adapters_json(path: Path) -> list[dict[str, str]]:
     """Records ``instruction``, ``input``, ``output``, ``answer`` (strings) of an LLM-Adapters JSON list;
     ``instruction`` and ``answer`` must be non-empty. ``output`` may be empty (mawps' test records, 3 of
     math_data.json's): not trained on."""
-    from peftlab.tasks.json_files import read_json_records
+    from peftlab.tasks.json_files import read_json_records, text_fields
 
-    fields = ("instruction", "input", "output", "answer")
-    rows = read_json_records(path, fields, fix=LLM_ADAPTERS_FIX)
+    rows = read_json_records(path, fix=LLM_ADAPTERS_FIX)
     if not rows:
         raise PeftlabError("expected a non-empty JSON list of records", where=str(path), fix=LLM_ADAPTERS_FIX)
-    required = ("instruction", "answer")
-    records = []
-    for row in rows:
-        obj, where = row.value, row.where
-        if not isinstance(obj, dict):
-            raise PeftlabError(f"record is a JSON {type(obj).__name__}, expected an object", where=where)
-        record = {}
-        for key in fields:
-            value = "" if obj.get(key) is None else obj[key]
-            if not isinstance(value, str):
-                raise PeftlabError(f"field '{key}' is a JSON {type(value).__name__}, expected a string", where=where)
-            if key in required and not value.strip():
-                raise PeftlabError(f"field '{key}' is missing or empty", where=where, fix=LLM_ADAPTERS_FIX)
-            record[key] = value
-        records.append(record)
-    return records
+    return [text_fields(row.value, row.where, {k: k for k in ("instruction", "input", "output", "answer")},
+                        required=("instruction", "answer"), fix=LLM_ADAPTERS_FIX) for row in rows]
 
 
 def _training_set(cfg, train_files: dict[str, tuple[str, str]], files: dict):

@@ -151,8 +151,8 @@ def _load(cwd, task: Task, train_file, eval_file, dataset, eval_split, text_fiel
             raise unknown(f"split of {dataset}", wanted, splits, where="--eval-split")
         train_table, eval_table, shown = splits["train"], splits[wanted] if wanted else None, dataset
     else:
-        train_table = files.read_file(Path(train_file).expanduser(), tuple(fields))
-        eval_table = files.read_file(Path(eval_file).expanduser(), tuple(fields)) if eval_file else None
+        train_table = files.read_file(Path(train_file).expanduser())
+        eval_table = files.read_file(Path(eval_file).expanduser()) if eval_file else None
         shown = Path(train_file).name
     for table in filter(None, (train_table, eval_table)):
         _check_columns(table, fields, label_field)

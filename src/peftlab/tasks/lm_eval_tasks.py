@@ -158,10 +158,9 @@ def _jsonable(value: Any) -> Any:
 
 def count_documents(path: str | Path) -> int:
     """Records in a JSON list or JSONL file (for drawing the same items as peftlab's --max-eval-samples)."""
-    text = Path(path).read_text(encoding="utf-8-sig")
-    if text.lstrip().startswith("["):
-        return len(json.loads(text))
-    return sum(1 for line in text.split("\n") if line.strip())
+    from peftlab.tasks.json_files import read_json_records
+
+    return len(read_json_records(Path(path), fix="use the published data files unchanged"))
 
 
 # --------------------------------------------------------------------------- GSM8K: the harness's scoring of any text

@@ -46,7 +46,7 @@ def locate_folder(data_dir=None) -> Path:
 def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise PeftlabError(f"file not found: {path}", fix="use FastChat's mt_bench data folder unchanged")
-    from peftlab.tasks.json_files import read_json_records  # datasets' json builder; file:line when malformed
+    from peftlab.tasks.json_files import read_json_records
 
     return [r.value for r in read_json_records(path, fix="use FastChat's mt_bench data files unchanged")]
 

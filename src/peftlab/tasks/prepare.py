@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from peftlab.tasks.batching import train_examples_digest
 from peftlab.tasks.table import SELECTION_PREFIX, Task, task as registered_task
 
 
@@ -103,23 +104,6 @@ def examples_digest(datasets_by_split: dict) -> str:
             # [:]: the values; datasets >= 4 returns a lazy Column, whose str() shows only its first five
             h.update(json.dumps(ds[column][:], default=str).encode())
     return h.hexdigest()[:16]
-
-
-def train_examples_digest(dataset) -> str:
-    """SHA-256 (64 hex) of a run's raw training examples in the order drawn: one JSON line per example (its
-    columns, keys sorted, UTF-8), hashed in order. Equal for every run that draws the same examples (same data,
-    --max-train-samples and --seed), different when any example, or their order, differs. Raw content, not
-    tokens: the digest does not depend on the model's tokenizer or --max-length."""
-    import hashlib
-    import json
-
-    h = hashlib.sha256()
-    columns = sorted(dataset.column_names)
-    for batch in dataset.iter(batch_size=4096):  # columnar batches: far faster than row by row
-        for values in zip(*(batch[c] for c in columns)):
-            row = json.dumps(dict(zip(columns, values)), sort_keys=True, ensure_ascii=False, default=str)
-            h.update(row.encode("utf-8") + b"\n")
-    return h.hexdigest()
 
 
 def eval_loader_on(accelerator, loader):
