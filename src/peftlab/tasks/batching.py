@@ -87,10 +87,8 @@ def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
 
 
 class Collator:
-    """Pads tokenised examples into a batch of tensors (``length`` dropped first): to the longest example, or to
-    ``max_length`` when ``pad_to_max``."""
-
-    DROP = ("length", "text_a", "text_b")
+    """Pads tokenised examples into a batch of tensors (``length``, the sampler's, dropped first): to the longest
+    example, or to ``max_length`` when ``pad_to_max``."""
 
     def __init__(self, tokenizer, pad_to_max: bool, max_length: int):
         from transformers import DataCollatorWithPadding
@@ -99,7 +97,7 @@ class Collator:
                                              max_length=int(max_length) if pad_to_max else None, return_tensors="pt")
 
     def __call__(self, features: Sequence[dict]):
-        return self.inner([{k: v for k, v in f.items() if k not in self.DROP} for f in features])
+        return self.inner([{k: v for k, v in f.items() if k != "length"} for f in features])
 
 
 def _derived_seed(seed: int, epoch: int) -> int:

@@ -84,12 +84,12 @@ def make_dataset(records: list[dict]):
 
 
 def _gsm8k_records(rows: list[JsonRecord]) -> list[dict[str, str]]:
-    from peftlab.tasks.math_answers import gold_answer
+    from peftlab.tasks.math_answers import extract_answer
 
     out = []
     for row in rows:
         record = parse_record(row.value, Fields("question", None, "answer"), row.where)
-        gold = gold_answer(record["output"]) if "####" in record["output"] else None
+        gold = extract_answer(record["output"]) if "####" in record["output"] else None  # the number after ####
         if gold is None:
             raise PeftlabError("GSM8K answer has no '#### <number>' final answer", where=row.where, fix=GSM8K_FIX)
         record["output"] = _CALCULATOR.sub("", record["output"])
@@ -113,19 +113,17 @@ def load_raw(spec: Task, split: str, data_dir=None):
     """One split of ``gsm8k`` (train/test) or ``alpaca`` (train) as a ``Dataset`` of ``instruction``, ``input``,
     ``output`` (GSM8K also ``gold``, the canonical final answer), its records read as its row's ``record_format``."""
     task, gsm8k = spec.name, spec.record_format == "gsm8k"
+    fix = GSM8K_FIX if gsm8k else INSTRUCTION_FILE_FIX
     path, tried = local_file(task, split, data_dir)
     if path is not None:
-        if gsm8k:
-            rows = read_json_records(path, fix=GSM8K_FIX)
-            if not rows:
-                raise PeftlabError("file holds no records", where=str(path), fix=GSM8K_FIX)
-            return make_dataset(_gsm8k_records(rows))
-        return make_dataset(read_records(path))
-    rows = from_hub(lambda: _hub_rows(task, split), HUB[task][0], what=f"{task} {split}", tried=tried,
-                    holding=LOCAL[(task, split)][0])
-    located = [JsonRecord(f"{HUB[task][0]}, record {i}", r) for i, r in enumerate(rows, 1)]
-    return make_dataset(_gsm8k_records(located) if gsm8k else
-                        [parse_record(r.value, Fields(), r.where) for r in located])
+        rows = read_json_records(path, fix=fix)
+        if not rows:
+            raise PeftlabError("file holds no records", where=str(path), fix=fix)
+    else:
+        found = from_hub(lambda: _hub_rows(task, split), HUB[task][0], what=f"{task} {split}", tried=tried,
+                         holding=LOCAL[(task, split)][0])
+        rows = [JsonRecord(f"{HUB[task][0]}, record {i}", r) for i, r in enumerate(found, 1)]
+    return make_dataset(_gsm8k_records(rows) if gsm8k else [parse_record(r.value, Fields(), r.where) for r in rows])
 
 
 def held_out_split(ds):

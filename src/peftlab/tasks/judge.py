@@ -64,19 +64,13 @@ class Verdict:
     attempts_seconds: float = 0.0  # wall time of the request, retries included
 
 
-def parse_rating(text: str) -> float | None:
-    """The rating in a judge's reply, as FastChat parses it, or None."""
-    match = RATING.search(text) or RATING_BACKUP.search(text)
-    return float(match.group(1)) if match else None
-
-
 def verdict_from_reply(text: str | None) -> Verdict:
     if text is None or not str(text).strip():
         return Verdict(False, reason="the judge's reply has no message content", reply=text)
-    rating = parse_rating(text)
-    if rating is None:
+    match = RATING.search(text) or RATING_BACKUP.search(text)  # as FastChat parses it
+    if match is None:
         return Verdict(False, reason="no [[rating]] in the judge's reply", reply=text)
-    low, high = SCORE_RANGE
+    rating, (low, high) = float(match.group(1)), SCORE_RANGE
     if not low <= rating <= high:
         return Verdict(False, reason=f"rating {rating:g} is outside {low:g}-{high:g}", reply=text)
     return Verdict(True, score=rating, reply=text)

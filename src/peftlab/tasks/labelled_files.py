@@ -129,7 +129,7 @@ def read_file(path: Path) -> RawTable:
         raise _csv_problem(path, kind) or PeftlabError("file has no data rows", where=str(path),
                                                        fix="add rows below the header")
     columns = {str(name): frame[name].tolist() for name in frame.columns}  # plain Python values
-    return RawTable(str(path), columns, _LineIndex(path, kind, len(frame)).locate, {})
+    return RawTable(str(path), columns, _line_locator(path, kind, len(frame)), {})
 
 
 def _read_parquet(path: Path) -> RawTable:
@@ -175,22 +175,18 @@ def _csv_problem(path: Path, kind: str) -> PeftlabError | None:
     return None
 
 
-class _LineIndex:
-    """Row -> ``file:line`` of a CSV/TSV, read by hand only when an error needs a line number."""
+def _line_locator(path: Path, kind: str, rows: int) -> Callable[[int], str]:
+    """Row -> ``file:line`` of a CSV/TSV, its records' lines read by hand only when an error needs one."""
 
-    def __init__(self, path: Path, kind: str, rows: int):
-        self.path, self.kind, self.rows = path, kind, rows
-
-    @functools.cached_property
-    def starts(self) -> list[int] | None:
+    @functools.cache
+    def starts() -> list[int] | None:
         try:
-            starts = [line for line, _ in csv_rows(self.path, self.kind)][1:]  # the header is not a row
+            found = [line for line, _ in csv_rows(path, kind)][1:]  # the header is not a row
         except PeftlabError:
             return None
-        return starts if len(starts) == self.rows else None  # the stdlib reader disagrees: say the row instead
+        return found if len(found) == rows else None  # the stdlib reader disagrees: say the row instead
 
-    def locate(self, row: int) -> str:
-        return f"{self.path}:{self.starts[row]}" if self.starts else f"{self.path}, row {row + 1}"
+    return lambda row: f"{path}:{starts()[row]}" if starts() else f"{path}, row {row + 1}"
 
 
 def _read_json(path: Path) -> RawTable:

@@ -24,13 +24,11 @@ TEST_TAG = "test"  # --selection-samples: the one evaluation of the test split, 
 EVALUATE_TAG = "evaluate"  # `peftlab evaluate` of a saved run: never overwrites its training-time files
 
 
-def epoch_tag(epoch: int) -> str:
-    """The tag of the evaluation after epoch ``epoch`` (1-based): ``epoch1``, ``epoch2``..."""
+def epoch_tag(epoch: int) -> str:  # after epoch ``epoch`` (1-based)
     return f"epoch{epoch}"
 
 
-def step_tag(step: int) -> str:
-    """The tag of an ``--eval-steps`` evaluation after optimizer step ``step``: ``step100``..."""
+def step_tag(step: int) -> str:  # an ``--eval-steps`` evaluation after optimizer step ``step``
     return f"step{step}"
 
 
