@@ -121,7 +121,7 @@ def test_fingerprint_is_content_addressed():
     c = data.load_split("rte", "train", SHARED)
     assert a._fingerprint == b._fingerprint != c._fingerprint
     # What the token cache keys on: peftlab's own digest of the rows.
-    assert batching.content_digest(a) == batching.content_digest(b) != batching.content_digest(c)
+    assert batching.train_examples_digest(a) == batching.train_examples_digest(b) != batching.train_examples_digest(c)
 
 
 def test_qnli_train_and_mnli_offline_name_the_paths(offline, tmp_path):

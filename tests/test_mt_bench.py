@@ -205,8 +205,7 @@ def test_second_turn_prompt_holds_the_first_answer():
     from peftlab.tasks.instructions import encode_prompt
 
     tokenizer = load_tokenizer("tiny-llama")
-    assert mt_bench.conversation_ids(tokenizer, ["Q one"], []) == encode_prompt(tokenizer, "Q one")
-    text = tokenizer.decode(mt_bench.conversation_ids(tokenizer, ["Q one", "Q two"], ["first answer"]))
+    text = tokenizer.decode(encode_prompt(tokenizer, "Q two", history=[("Q one", "first answer")]))
     assert text.index("Q one") < text.index("first answer") < text.index("Q two")
     assert text.rstrip().endswith("assistant")  # ends with the header of the answer to generate
 

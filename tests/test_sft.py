@@ -296,27 +296,11 @@ def test_read_records_json_and_jsonl(tmp_path):
     assert idata.parse_fields("q,,a") == idata.Fields("q", None, "a")
 
 
-def test_instruction_files_read_through_datasets_writing_nothing_next_to_them(tmp_path, monkeypatch):
-    from peftlab.tasks import json_files
-
-    monkeypatch.setenv("PEFTLAB_CACHE", str(tmp_path / "cache"))
-    data = tmp_path / "data"
-    data.mkdir()
-    listing = write(data / "a.json", json.dumps([{"instruction": "a", "output": "b"}] * 3))
-    lines = write(data / "b.jsonl", '{"q": "1+1?", "a": "2"}\n\n{"q": "2+2?", "a": "4"}\n')
-
-    def no_hand_pass(path, fix):
-        raise AssertionError(f"{path} was re-read by hand")
-
-    monkeypatch.setattr(json_files, "_scan_json_records", no_hand_pass)  # well-formed: datasets alone reads them
-    assert len(idata.read_records(listing)) == 3
-    assert [r["output"] for r in idata.read_records(lines, idata.parse_fields("q,a"))] == ["2", "4"]
-    assert sorted(p.name for p in data.iterdir()) == ["a.json", "b.jsonl"]  # no cache next to the data
-    assert not any(p.is_file() for p in (tmp_path / "cache").rglob("*"))  # nor a stale one left in peftlab's
-    monkeypatch.undo()
-    # pyarrow reads a lone ISO date as a timestamp: the text comes back as written.
-    dated = write(data / "c.jsonl", '{"q": "When?", "a": "1969-07-20"}\n')
+def test_instruction_files_keep_their_text_as_written(tmp_path):
+    # pyarrow would read a lone ISO date as a timestamp: the text comes back as written.
+    dated = write(tmp_path / "c.jsonl", '{"q": "When?", "a": "1969-07-20"}\n')
     assert idata.read_records(dated, idata.parse_fields("q,a"))[0]["output"] == "1969-07-20"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]  # nothing written next to the data
 
 
 def test_instruction_token_cache_reused_and_follows_the_file(tmp_path, monkeypatch, tokenizer):

@@ -17,8 +17,7 @@ from typing import Sequence
 
 from peftlab.errors import PeftlabError
 
-_TOKENIZE_VERSION = "2"  # 2: keyed on the rows' content digest, no longer on datasets' fingerprint
-_DIGEST_BATCH = 10_000  # rows hashed per pandas frame
+_TOKENIZE_VERSION = "3"  # 3: keyed on the rows' JSON digest (2: a pandas hash of them)
 
 
 # --------------------------------------------------------------------------- tokenisation
@@ -30,35 +29,26 @@ def tokenized_cache_dir() -> Path:
     return cache_dir() / "tokenized"
 
 
-def content_digest(ds) -> str:
-    """SHA-256 (32 hex) of a dataset's features and rows, in order: what the token cache keys on.
-
-    Computed here rather than read from datasets' private ``_fingerprint``, so the cache follows the rows
-    whatever built the dataset (a file read, a subset, the Hub): the same rows hit the cache from run to run, an
-    edited data file misses it. pandas hashes each row's values, vectorised; a column of lists through its JSON.
-    """
-    import pandas as pd
-
-    digest = hashlib.sha256(json.dumps(ds.features.to_dict(), sort_keys=True, default=str).encode())
-    digest.update(str(len(ds)).encode())
-    for frame in ds.with_format("pandas").iter(batch_size=_DIGEST_BATCH):
-        try:
-            rows = pd.util.hash_pandas_object(frame, index=False)
-        except TypeError:  # unhashable cells (lists, dicts): hash their JSON text instead
-            rows = pd.util.hash_pandas_object(frame.map(_json_text), index=False)
-        digest.update(rows.to_numpy().tobytes())
-    return digest.hexdigest()[:32]
-
-
-def _json_text(value) -> str:
-    return json.dumps(value.tolist() if hasattr(value, "tolist") else value, sort_keys=True, default=str)
+def train_examples_digest(dataset) -> str:
+    """SHA-256 (64 hex) of a run's raw training examples in the order drawn: one JSON line per example (its
+    columns, keys sorted, UTF-8), hashed in order. Equal for every run that draws the same examples (same data,
+    --max-train-samples and --seed), different when any example, or their order, differs. Raw content, not
+    tokens: the digest does not depend on the model's tokenizer or --max-length."""
+    h = hashlib.sha256()
+    columns = sorted(dataset.column_names)
+    for batch in dataset.iter(batch_size=4096):  # columnar batches: far faster than row by row
+        for values in zip(*(batch[c] for c in columns)):
+            row = json.dumps(dict(zip(columns, values)), sort_keys=True, ensure_ascii=False, default=str)
+            h.update(row.encode("utf-8") + b"\n")
+    return h.hexdigest()
 
 
 def cached_map(ds, encode, tokenizer, max_length: int, *, task: str, cache_key: str):
     """``ds.map(encode)`` (batched, ``encode(batch, max_length)``: the token columns), cached in
     ``$PEFTLAB_CACHE/tokenized/<hash>.arrow``: the hash covers the tokenizer (name/path, class, vocabulary size,
-    truncation side), ``task``, ``cache_key``, the rows' :func:`content_digest` and ``max_length``, so a second
-    call only reads the file."""
+    truncation side), ``task``, ``cache_key``, the rows (:func:`train_examples_digest`: peftlab's own digest, so
+    the cache follows the rows whatever built the dataset; an edited data file misses it) and ``max_length``, so
+    a second call only reads the file."""
     if max_length is None or int(max_length) <= 0:
         raise PeftlabError(f"max_length must be a positive integer, got {max_length!r}", fix="use e.g. 128")
     key = {
@@ -69,7 +59,7 @@ def cached_map(ds, encode, tokenizer, max_length: int, *, task: str, cache_key: 
         "truncation_side": getattr(tokenizer, "truncation_side", "right"),
         "task": task,
         "cache_key": cache_key,
-        "content": content_digest(ds),
+        "content": train_examples_digest(ds),
         "max_length": int(max_length),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
@@ -97,10 +87,8 @@ def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
 
 
 class Collator:
-    """Pads tokenised examples into a batch of tensors (``length`` dropped first): to the longest example, or to
-    ``max_length`` when ``pad_to_max``."""
-
-    DROP = ("length", "text_a", "text_b")
+    """Pads tokenised examples into a batch of tensors (``length``, the sampler's, dropped first): to the longest
+    example, or to ``max_length`` when ``pad_to_max``."""
 
     def __init__(self, tokenizer, pad_to_max: bool, max_length: int):
         from transformers import DataCollatorWithPadding
@@ -109,7 +97,7 @@ class Collator:
                                              max_length=int(max_length) if pad_to_max else None, return_tensors="pt")
 
     def __call__(self, features: Sequence[dict]):
-        return self.inner([{k: v for k, v in f.items() if k not in self.DROP} for f in features])
+        return self.inner([{k: v for k, v in f.items() if k != "length"} for f in features])
 
 
 def _derived_seed(seed: int, epoch: int) -> int:

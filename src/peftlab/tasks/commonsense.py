@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any
-
 from peftlab.tasks.table import UNAVAILABLE_SETS
 
 _ANSWER_CHOICES = tuple(f"answer{i}" for i in range(1, 6))
@@ -65,32 +63,20 @@ def _record(name: str, row: dict, text: str) -> dict:
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``commonsense`` kind's Pipeline; ``task``'s set names default ``--train-sets`` / ``--eval-sets``."""
-    from peftlab.tasks import generative, instructions
-    from peftlab.tasks.generation import generation_evaluator
+    from peftlab.tasks.generative import family_pipeline
 
-    instructions.ensure_pad_token(cfg, tokenizer)
     train_sets = tuple(cfg.train_sets.split(",")) if cfg.train_sets else task.train_set_names
-    train_raw, skipped, files = generative.training_set(cfg, {
-        f"train/{name}": (f"commonsense/{name}/train.json", f"commonsense training split '{name}'")
-        for name in train_sets})
-    tests = generative.read_test_sets(cfg, task, _gold_check, files)
-    items, prompts = generative.prompt_items(tests, tokenizer)
-
-    score = generative.set_scorer(tests, items, _record, metric_key,
-                                  {"accuracy": lambda r: r["correct"], "answered": lambda r: r["extracted"] != ""})
-    # A row stops at its own set's first answer word (another set's word, e.g. "answer1" in a BoolQ answer, is
-    # not an answer and must not stop it).
-    stops = {name: (lambda text, pattern=_PATTERNS[name]: pattern.search(text) is not None) for name in tests}
-    evaluate = generation_evaluator(cfg, tokenizer, prompts, score, stop_when=[stops[name] for name, _ in items])
-    chance = sum(max(Counter(ds["answer"]).values()) / len(ds) for ds in tests.values()) / len(tests)
-    extras: dict[str, Any] = {
-        "dataset": DATASET,
-        "report_notes": [dataset_note(train_sets, tests, len(train_raw))],  # lab/report.py prints them
-        "data_files": files,
-        "train_sets": list(train_sets),
-        "train_records_without_output": skipped,  # not trained on: nothing to learn
-        **generative.test_set_extras(tests),
-        "answer_extraction": "LLM-Adapters commonsense_evaluate.py extract_answer: the first answer word of the set",
-    }
-    return instructions.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="accuracy",
-                                        chance=chance, num_eval_examples=len(items), extras=extras, eval_sets=tests)
+    return family_pipeline(
+        cfg, tokenizer, task, {f"train/{name}": (f"commonsense/{name}/train.json", f"commonsense training split "
+                                                 f"'{name}'") for name in train_sets},
+        gold_problem=_gold_check, record=_record, key=metric_key,
+        counts={"accuracy": lambda r: r["correct"], "answered": lambda r: r["extracted"] != ""},
+        # A row stops at its own set's first answer word (another set's word, e.g. "answer1" in a BoolQ answer, is
+        # not an answer and must not stop it).
+        stop_rule=lambda name: lambda text: _PATTERNS[name].search(text) is not None,
+        chance=lambda tests: sum(max(Counter(ds["answer"]).values()) / len(ds) for ds in tests.values()) / len(tests),
+        extras=lambda n_train, tests: {
+            "dataset": DATASET,
+            "report_notes": [dataset_note(train_sets, tests, n_train)],  # lab/report.py prints them
+            "train_sets": list(train_sets),
+            "answer_extraction": "LLM-Adapters commonsense_evaluate.py extract_answer: the first answer word of the set"})

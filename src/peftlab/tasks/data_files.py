@@ -19,6 +19,7 @@ and a malformed row is reported as ``file:line``.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peftlab.errors import PeftlabError
+from peftlab.io_utils import read_text_utf8
 from peftlab.tasks.table import Task, task as registered_task
 
 
@@ -98,10 +100,10 @@ def _named_split(task: Task, split: str) -> str:
     return task.eval_splits[0] if split == "validation" else split
 
 
-def _split_files(task: Task, split: str) -> list[str]:
+def _split_file(task: Task, split: str) -> str:
     """glue_data's file of a split: train.tsv; dev.tsv, or dev_<name>.tsv for validation_<name> (MNLI)."""
     split = _named_split(task, split)
-    return ["train.tsv" if split == "train" else "dev" + split.removeprefix("validation") + ".tsv"]
+    return "train.tsv" if split == "train" else "dev" + split.removeprefix("validation") + ".tsv"
 
 
 def _check_task_split(task: Task | str, split: str) -> Task:
@@ -137,44 +139,55 @@ def _label(raw: str, task: Task, label_ids: dict[str, int], where: str):
     return value
 
 
+def csv_rows(path: Path, kind: str):
+    """(first line, fields) of every non-blank record of a CSV or TSV (quoting off, as GLUE's) with the stdlib's
+    strict reader: a stray quote, or a byte that is not UTF-8, is one line naming its line."""
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {"delimiter": ","}
+    reader = csv.reader(io.StringIO(read_text_utf8(path, fix="save the file as UTF-8"), newline=""), strict=True,
+                        **dialect)
+    end = 0
+    while True:
+        start = end + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise PeftlabError(f"malformed {kind.upper()} record: {err}", where=f"{path}:{start}",
+                               fix="close the quote (or quote the field), or remove the line") from None
+        end = reader.line_num
+        if row:
+            yield start, row
+
+
 def _rows(path: Path, task: Task):
     """(row, line) of every data row of a TSV, each with the expected number of columns (the header's unless the
     layout fixes it)."""
     layout = task.tsv
     expected = layout.columns
-    with open(path, encoding="utf-8-sig", newline="") as fh:
-        reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
-        for row in reader:
-            line = reader.line_num
-            if not row or row == [""]:
-                continue  # blank line (e.g. a trailing one)
-            if expected is None:  # the header row
-                expected = len(row)
-                if expected <= max(layout.text_a, layout.text_b or 0, layout.label if layout.label >= 0 else 0):
-                    raise PeftlabError(f"header has {expected} columns, too few for {task.glue_dir}",
-                                       where=f"{path}:{line}", fix="use the GLUE glue_data files unchanged")
-                continue
-            if len(row) != expected:
-                raise PeftlabError(f"row has {len(row)} tab-separated columns, expected {expected}",
-                                   where=f"{path}:{line}", fix="repair or re-download the file (GLUE glue_data layout)")
-            yield row, line
+    for line, row in csv_rows(path, "tsv"):
+        if expected is None:  # the header row
+            expected = len(row)
+            if expected <= max(layout.text_a, layout.text_b or 0, layout.label if layout.label >= 0 else 0):
+                raise PeftlabError(f"header has {expected} columns, too few for {task.glue_dir}",
+                                   where=f"{path}:{line}", fix="use the GLUE glue_data files unchanged")
+            continue
+        if len(row) != expected:
+            raise PeftlabError(f"row has {len(row)} tab-separated columns, expected {expected}",
+                               where=f"{path}:{line}", fix="repair or re-download the file (GLUE glue_data layout)")
+        yield row, line
 
 
-def read_glue_tsv(path: Path, task: Task | str) -> dict[str, list]:
+def read_glue_tsv(path: Path, task: Task) -> dict[str, list]:
     """Parse one labelled GLUE TSV into ``{"text_a", ["text_b",] "label"}`` lists; raise on any bad row."""
-    task = registered_task(task) if isinstance(task, str) else task
     layout = task.tsv
     label_ids = {name: i for i, name in enumerate(task.label_names)}
     out: dict[str, list] = {"text_a": [], **({"text_b": []} if layout.text_b is not None else {}), "label": []}
-    try:
-        for row, line in _rows(path, task):
-            out["label"].append(_label(row[layout.label].strip(), task, label_ids, f"{path}:{line}"))
-            out["text_a"].append(row[layout.text_a])
-            if layout.text_b is not None:
-                out["text_b"].append(row[layout.text_b])
-    except UnicodeDecodeError as err:
-        raise PeftlabError(f"file is not valid UTF-8 ({err.reason} at byte {err.start})", where=str(path),
-                           fix="re-download the file") from None
+    for row, line in _rows(path, task):
+        out["label"].append(_label(row[layout.label].strip(), task, label_ids, f"{path}:{line}"))
+        out["text_a"].append(row[layout.text_a])
+        if layout.text_b is not None:
+            out["text_b"].append(row[layout.text_b])
     if not out["label"]:
         raise PeftlabError("file has no data rows", where=str(path), fix="re-download the file (GLUE glue_data layout)")
     return out
@@ -190,13 +203,6 @@ def label_features(pair: bool, regression: bool):
 
 def _features(task: Task):
     return label_features(len(task.text_fields) > 1, task.kind == "regression")
-
-
-def _load_local(path: Path, task: Task):
-    from datasets import Dataset
-
-    # The token cache keys on the rows' content (batching.content_digest), so an edited file is re-tokenised.
-    return Dataset.from_dict(read_glue_tsv(path, task), features=_features(task))
 
 
 def hub_offline() -> bool:
@@ -241,11 +247,10 @@ def locate_split(task: Task | str, split: str, data_dir: str | os.PathLike | Non
         # <root>/glue/<Task>/ (a data root), or <root>/<Task>/ (a glue_data folder) when there is no glue/
         folders = [root / "glue"] if (root / "glue").is_dir() or not root.is_dir() else [root / "glue", root]
         for folder in folders:
-            for name in _split_files(spec, split):
-                path = folder / spec.glue_dir / name
-                tried.append(path)
-                if path.is_file():
-                    return SplitSource("glue", path), tried
+            path = folder / spec.glue_dir / _split_file(spec, split)
+            tried.append(path)
+            if path.is_file():
+                return SplitSource("glue", path), tried
     if spec.subsets and split in _SUBSET_FILES:
         for root in roots:
             path = root / SUBSET_DATASET / spec.glue_dir / _SUBSET_FILES[split]
@@ -297,14 +302,13 @@ def load_split(task: Task | str, split: str, data_dir: str | os.PathLike | None 
     """
     spec = _check_task_split(task, split)
     source, tried = locate_split(spec, split, data_dir)
-    if source is not None and source.dataset == "glue":
-        return _load_local(source.path, spec)
     if source is not None:
         from datasets import Dataset
 
-        return Dataset.from_dict(read_subset_json(source.path, spec), features=_features(spec))
+        read = read_glue_tsv if source.dataset == "glue" else read_subset_json
+        return Dataset.from_dict(read(source.path, spec), features=_features(spec))
     return from_hub(lambda: _load_hub(spec, split), HUB_DATASET, what=f"{spec.glue_dir} {split}", tried=tried,
-                    holding=f"glue/{spec.glue_dir}/{_split_files(spec, split)[0]}")
+                    holding=f"glue/{spec.glue_dir}/{_split_file(spec, split)}")
 
 
 # --------------------------------------------------------------------------- subsets

@@ -10,43 +10,38 @@
 
 from __future__ import annotations
 
-import csv
-import io
+from pathlib import Path
 from typing import Any
 
 from peftlab.errors import PeftlabError
-from peftlab.io_utils import read_text_utf8
 
 TRAIN_FILE = "e2e/devset.csv"
 TEST_FILE = "e2e/testset_w_refs.csv"
 INSTRUCTION = "Write a one-sentence description of the restaurant from its attributes."
 DATASET = "e2e-dev-as-train"
+E2E_FIX = "use the E2E NLG Challenge CSV files unchanged"
 DATASET_NOTE = ("the official E2E training set is not available offline: trained on devset.csv ({n_train} pairs), "
                 "evaluated on testset_w_refs.csv ({n_mrs} MRs, all references each)")
 
 
 def read_e2e_csv(path) -> list[tuple[str, str]]:
     """``(mr, ref)`` rows of an E2E CSV (header ``mr,ref``); one line naming the file and line when malformed."""
-    text = read_text_utf8(path)
-    reader = csv.reader(io.StringIO(text))
-    try:
-        header = next(reader, None)
-        if header is None or [h.strip().lower() for h in header] != ["mr", "ref"]:
-            raise PeftlabError(f"expected the header 'mr,ref', got {','.join(header or [])!r}", where=f"{path}:1",
-                               fix="use the E2E NLG Challenge CSV files unchanged")
-        rows = []
-        for row in reader:
-            if not row or not any(cell.strip() for cell in row):
-                continue
-            if len(row) != 2 or not row[0].strip() or not row[1].strip():
-                raise PeftlabError(f"expected two non-empty fields (mr, ref), got {len(row)}",
-                                   where=f"{path}:{reader.line_num}",
-                                   fix="use the E2E NLG Challenge CSV files unchanged")
-            rows.append((row[0].strip(), row[1].strip()))
-    except csv.Error as err:
-        raise PeftlabError(f"invalid CSV: {err}", where=f"{path}:{reader.line_num}") from None
+    from peftlab.tasks.data_files import csv_rows
+
+    records = list(csv_rows(Path(path), "csv"))
+    header = records[0][1] if records else []
+    if [h.strip().lower() for h in header] != ["mr", "ref"]:
+        raise PeftlabError(f"expected the header 'mr,ref', got {','.join(header)!r}", where=f"{path}:1", fix=E2E_FIX)
+    rows = []
+    for line, row in records[1:]:
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != 2 or not row[0].strip() or not row[1].strip():
+            raise PeftlabError(f"expected two non-empty fields (mr, ref), got {len(row)}", where=f"{path}:{line}",
+                               fix=E2E_FIX)
+        rows.append((row[0].strip(), row[1].strip()))
     if not rows:
-        raise PeftlabError("file holds no rows", where=str(path), fix="use the E2E NLG Challenge CSV files unchanged")
+        raise PeftlabError("file holds no rows", where=str(path), fix=E2E_FIX)
     return rows
 
 

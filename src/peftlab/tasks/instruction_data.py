@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from peftlab.errors import PeftlabError
 from peftlab.tasks.data_files import from_hub, locate_data_file
-from peftlab.tasks.json_files import JsonRecord, read_json_records
+from peftlab.tasks.json_files import JsonRecord, read_json_records, text_fields
 from peftlab.tasks.table import Task
 
 FORMAT_VERSION = "1"  # bump when prompt formatting or truncation changes: token caches key on it
@@ -60,29 +60,9 @@ def parse_fields(spec: str | Sequence[str]) -> Fields:
 
 
 def parse_record(obj: Any, fields: Fields, where: str) -> dict[str, str]:
-    if not isinstance(obj, dict):
-        raise PeftlabError(f"record is a JSON {type(obj).__name__}, expected an object", where=where,
-                           fix=f"each record must be an object with '{fields.prompt}' and '{fields.response}'")
-    out = {}
-    for key, name, required in (("instruction", fields.prompt, True), ("input", fields.input, False),
-                                ("output", fields.response, True)):
-        if name is None:
-            out[key] = ""
-            continue
-        value = obj.get(name)
-        if value is None:
-            if required:  # a field read as null counts as absent (datasets gives every record every column)
-                present = ", ".join(sorted(str(k) for k, v in obj.items() if v is not None)) or "none"
-                raise PeftlabError(f"record has no '{name}' field (fields: {present})", where=where,
-                                   fix="fix the record, or name the fields with --instruction-fields prompt,input,response")
-            value = ""
-        if not isinstance(value, str):
-            raise PeftlabError(f"field '{name}' is a JSON {type(value).__name__}, expected a string", where=where,
-                               fix="instruction records hold text fields")
-        out[key] = value
-    if not out["output"].strip():
-        raise PeftlabError(f"field '{fields.response}' is empty", where=where, fix="remove the record or fill it in")
-    return out
+    return text_fields(obj, where, {"instruction": fields.prompt, "input": fields.input, "output": fields.response},
+                       required=("instruction", "output"), fix=f"each record holds the text fields '{fields.prompt}' "
+                       f"and '{fields.response}' (name others with --instruction-fields prompt,input,response)")
 
 
 def read_records(path: str | os.PathLike, fields: Fields = Fields()) -> list[dict[str, str]]:
@@ -91,9 +71,7 @@ def read_records(path: str | os.PathLike, fields: Fields = Fields()) -> list[dic
     path = Path(path)
     if not path.is_file():
         raise PeftlabError(f"instruction file not found: {path}", fix="check --train-file / --eval-file")
-    names = [name for name in (fields.prompt, fields.input, fields.response) if name]
-    records = [parse_record(r.value, fields, r.where)
-               for r in read_json_records(path, names, fix=INSTRUCTION_FILE_FIX)]
+    records = [parse_record(r.value, fields, r.where) for r in read_json_records(path, fix=INSTRUCTION_FILE_FIX)]
     if not records:
         raise PeftlabError("file holds no records", where=str(path), fix=INSTRUCTION_FILE_FIX)
     return records
@@ -106,12 +84,12 @@ def make_dataset(records: list[dict]):
 
 
 def _gsm8k_records(rows: list[JsonRecord]) -> list[dict[str, str]]:
-    from peftlab.tasks.math_answers import gold_answer
+    from peftlab.tasks.math_answers import extract_answer
 
     out = []
     for row in rows:
         record = parse_record(row.value, Fields("question", None, "answer"), row.where)
-        gold = gold_answer(record["output"]) if "####" in record["output"] else None
+        gold = extract_answer(record["output"]) if "####" in record["output"] else None  # the number after ####
         if gold is None:
             raise PeftlabError("GSM8K answer has no '#### <number>' final answer", where=row.where, fix=GSM8K_FIX)
         record["output"] = _CALCULATOR.sub("", record["output"])
@@ -135,19 +113,17 @@ def load_raw(spec: Task, split: str, data_dir=None):
     """One split of ``gsm8k`` (train/test) or ``alpaca`` (train) as a ``Dataset`` of ``instruction``, ``input``,
     ``output`` (GSM8K also ``gold``, the canonical final answer), its records read as its row's ``record_format``."""
     task, gsm8k = spec.name, spec.record_format == "gsm8k"
+    fix = GSM8K_FIX if gsm8k else INSTRUCTION_FILE_FIX
     path, tried = local_file(task, split, data_dir)
     if path is not None:
-        if gsm8k:
-            rows = read_json_records(path, ("question", "answer"), fix=GSM8K_FIX)
-            if not rows:
-                raise PeftlabError("file holds no records", where=str(path), fix=GSM8K_FIX)
-            return make_dataset(_gsm8k_records(rows))
-        return make_dataset(read_records(path))
-    rows = from_hub(lambda: _hub_rows(task, split), HUB[task][0], what=f"{task} {split}", tried=tried,
-                    holding=LOCAL[(task, split)][0])
-    located = [JsonRecord(f"{HUB[task][0]}, record {i}", r) for i, r in enumerate(rows, 1)]
-    return make_dataset(_gsm8k_records(located) if gsm8k else
-                        [parse_record(r.value, Fields(), r.where) for r in located])
+        rows = read_json_records(path, fix=fix)
+        if not rows:
+            raise PeftlabError("file holds no records", where=str(path), fix=fix)
+    else:
+        found = from_hub(lambda: _hub_rows(task, split), HUB[task][0], what=f"{task} {split}", tried=tried,
+                         holding=LOCAL[(task, split)][0])
+        rows = [JsonRecord(f"{HUB[task][0]}, record {i}", r) for i, r in enumerate(found, 1)]
+    return make_dataset(_gsm8k_records(rows) if gsm8k else [parse_record(r.value, Fields(), r.where) for r in rows])
 
 
 def held_out_split(ds):

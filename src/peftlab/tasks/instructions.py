@@ -45,29 +45,33 @@ def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def prompt_text(tokenizer, instruction: str, input_text: str = "") -> str:
-    """The prompt exactly as the model sees it before its answer (ends with the assistant header)."""
+def prompt_text(tokenizer, instruction: str, input_text: str = "", history: Sequence[tuple[str, str]] = ()) -> str:
+    """The prompt exactly as the model sees it before its answer (ends with the assistant header); ``history``:
+    earlier (question, answer) turns of the conversation (MT-Bench's second turn), as FastChat replays them."""
     if has_chat_template(tokenizer):
-        return tokenizer.apply_chat_template([{"role": "user", "content": user_message(instruction, input_text)}],
-                                             tokenize=False, add_generation_prompt=True)
+        turns = [m for q, a in history for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
+        user = {"role": "user", "content": user_message(instruction, input_text)}
+        return tokenizer.apply_chat_template(turns + [user], tokenize=False, add_generation_prompt=True)
     template = PLAIN_PROMPT_WITH_INPUT if input_text and input_text.strip() else PLAIN_PROMPT
-    return template.format(instruction=instruction, input=input_text)
+    return "".join(prompt_text(tokenizer, q) + a + "\n\n" for q, a in history) + \
+        template.format(instruction=instruction, input=input_text)
 
 
 def response_text(tokenizer, instruction: str, input_text: str, output: str) -> str:
     """The response as trained on, including the end-of-turn / EOS marker."""
     if has_chat_template(tokenizer):
-        user = user_message(instruction, input_text)
         prompt = prompt_text(tokenizer, instruction, input_text)
-        full = tokenizer.apply_chat_template(
-            [{"role": "user", "content": user}, {"role": "assistant", "content": output}], tokenize=False)
+        full = tokenizer.apply_chat_template([{"role": "user", "content": user_message(instruction, input_text)},
+                                              {"role": "assistant", "content": output}], tokenize=False)
         if full.startswith(prompt):
             return full[len(prompt):].rstrip()
     return output + (tokenizer.eos_token or "")
 
 
-def encode_prompt(tokenizer, instruction: str, input_text: str = "") -> list[int]:
-    ids = tokenizer(prompt_text(tokenizer, instruction, input_text), add_special_tokens=False)["input_ids"]
+def encode_prompt(tokenizer, instruction: str, input_text: str = "", history: Sequence[tuple[str, str]] = ()
+                  ) -> list[int]:
+    """:func:`prompt_text`'s token ids: generation starts from exactly the training prompt."""
+    ids = tokenizer(prompt_text(tokenizer, instruction, input_text, history), add_special_tokens=False)["input_ids"]
     if not has_chat_template(tokenizer) and tokenizer.bos_token_id is not None:
         ids = [tokenizer.bos_token_id] + ids
     return ids

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Sequence
 from urllib.parse import urlparse
 
@@ -63,23 +63,14 @@ class Verdict:
     reply: str | None = None  # the judge's text (kept for unparseable replies too)
     attempts_seconds: float = 0.0  # wall time of the request, retries included
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def parse_rating(text: str) -> float | None:
-    """The rating in a judge's reply, as FastChat parses it, or None."""
-    match = RATING.search(text) or RATING_BACKUP.search(text)
-    return float(match.group(1)) if match else None
-
 
 def verdict_from_reply(text: str | None) -> Verdict:
     if text is None or not str(text).strip():
         return Verdict(False, reason="the judge's reply has no message content", reply=text)
-    rating = parse_rating(text)
-    if rating is None:
+    match = RATING.search(text) or RATING_BACKUP.search(text)  # as FastChat parses it
+    if match is None:
         return Verdict(False, reason="no [[rating]] in the judge's reply", reply=text)
-    low, high = SCORE_RANGE
+    rating, (low, high) = float(match.group(1)), SCORE_RANGE
     if not low <= rating <= high:
         return Verdict(False, reason=f"rating {rating:g} is outside {low:g}-{high:g}", reply=text)
     return Verdict(True, score=rating, reply=text)
@@ -120,38 +111,19 @@ class JudgeClient:
     """Sends (system, user) prompts to the judge; :meth:`judge_all` never raises for a failed request."""
 
     def __init__(self, settings: JudgeSettings):
-        require(JUDGING)
-        from openai import OpenAI, Timeout
-
         self.settings = settings
-
-        # connect, each read, each write and the wait for a pooled connection: each bounded by the timeout
-        bound = Timeout(settings.timeout, connect=settings.timeout, read=settings.timeout)
-        self.client = OpenAI(base_url=normalise_url(settings.url), api_key=settings.api_key,
-                             timeout=bound, max_retries=settings.retries)
-        self._lock = threading.Condition()
+        self.client = _openai(settings)
+        self._lock = threading.Lock()
         self._failures_in_a_row = 0
-        self._in_flight = 0
         self._last_failure = ""
         self._broken = ""  # the failure that opened the circuit breaker (a timeout, a refused connection)
 
     def _may_send(self) -> bool:
-        """Whether a request may go out now: never once the breaker is open. After an HTTP failure, no more
-        requests are in flight than could still succeed before the cap, and a request is held (not dropped)
-        while those in flight may yet reset the count."""
-        cap = self.settings.max_consecutive_failures
-        with self._lock:
-            while not self._broken and self._failures_in_a_row and self._failures_in_a_row < cap \
-                    and self._failures_in_a_row + self._in_flight >= cap:
-                self._lock.wait()
-            if self._broken or self._failures_in_a_row >= cap:
-                return False
-            self._in_flight += 1
-            return True
+        """Whether a request may go out now: never once the breaker is open or after the cap of failures in a row."""
+        return not self._broken and self._failures_in_a_row < self.settings.max_consecutive_failures
 
     def _done(self, failure: str | None, *, unreachable: bool = False) -> None:
         with self._lock:
-            self._in_flight -= 1
             if failure is None:
                 self._failures_in_a_row = 0
             else:
@@ -159,7 +131,6 @@ class JudgeClient:
                 self._last_failure = failure
                 if unreachable and not self._broken:
                     self._broken = failure
-            self._lock.notify_all()
 
     def judge(self, system: str, user: str) -> Verdict:
         """One judgment; a transport failure (after the client's retries) is an unjudged Verdict."""
@@ -227,22 +198,28 @@ def unreachable(err: Exception) -> bool:
 PROBE_TIMEOUT = 10.0  # seconds the preflight's one request may wait to connect, and for each read
 
 
+def _openai(settings: JudgeSettings):
+    """The openai client of the judge: a float timeout bounds each phase (connect, each read and write, the wait for
+    a pooled connection); the client retries what is worth retrying."""
+    require(JUDGING)
+    from openai import OpenAI
+
+    return OpenAI(base_url=normalise_url(settings.url), api_key=settings.api_key, timeout=settings.timeout,
+                  max_retries=settings.retries)
+
+
 def probe(settings: JudgeSettings, timeout: float = PROBE_TIMEOUT) -> str | None:
     """One short request to the judge, no retry, each phase at most ``min(timeout, settings.timeout)`` seconds:
     None when it answers (any completion: the rating format is not checked), else why not (one line)."""
     from dataclasses import replace
 
-    require(JUDGING)
-    from openai import OpenAI, Timeout
-
-    bound = min(timeout, settings.timeout)
-    client = OpenAI(base_url=normalise_url(settings.url), api_key=settings.api_key, max_retries=0,
-                    timeout=Timeout(bound, connect=bound, read=bound, write=bound, pool=bound))
+    bounded = replace(settings, timeout=min(timeout, settings.timeout), retries=0)
+    client = _openai(bounded)
     try:
         client.chat.completions.create(model=settings.model, temperature=0.0, max_tokens=8, messages=[
             {"role": "user", "content": "peftlab preflight: is the judge there? Reply [[1]]."}])
     except Exception as err:  # noqa: BLE001 - any failure is the reason the preflight names
-        return describe_error(err, replace(settings, timeout=bound, retries=0))
+        return describe_error(err, bounded)
     finally:
         client.close()
     return None

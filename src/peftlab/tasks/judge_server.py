@@ -48,7 +48,6 @@ class RunningJudge:
     """A judge server running in a background thread: :attr:`url` is the base URL for ``--judge-url``."""
 
     url: str
-    served: ServedModel
     server: Any  # uvicorn.Server
     thread: threading.Thread
     generation_state: Any  # transformers' GenerationState (owns the inference thread)
@@ -204,7 +203,7 @@ def start_judge_server(served: ServedModel, *, host: str = DEFAULT_HOST, port: i
         time.sleep(0.05)
     bound_port = server.servers[0].sockets[0].getsockname()[1]  # the real one when --port 0
     url_host = f"[{host}]" if ":" in host else host
-    return RunningJudge(f"http://{url_host}:{bound_port}/v1", served, server, thread, generation_state)
+    return RunningJudge(f"http://{url_host}:{bound_port}/v1", server, thread, generation_state)
 
 
 # --------------------------------------------------------------------------- the subcommand

@@ -26,7 +26,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from peftlab.errors import PeftlabError, closest, unknown
 from peftlab.tasks import labelled_files as files
@@ -133,67 +133,52 @@ def load_labelled(cfg, task: Task) -> LabelledData:
         raise PeftlabError(f"the data changed since this run was configured: its bytes hash to {digest[:12]}, the "
                            f"config's data_digest is {cfg.data_digest[:12]}", where=source,
                            fix="restore the data the run was trained on, or train a new run on it (a new run key)")
-    return _load(_DataKey(os.getcwd(), task, cfg.train_file, cfg.eval_file, cfg.dataset, cfg.eval_split,
-                          cfg.text_fields, cfg.label_field, cfg.metric, digest))
+    return _load(os.getcwd(), task, cfg.train_file, cfg.eval_file, cfg.dataset, cfg.eval_split, cfg.text_fields,
+                 cfg.label_field, cfg.metric, digest)
 
 
-class _DataKey(NamedTuple):  # what _load's cache keys on (the working directory too: paths may be relative)
-    cwd: str
-    task: Task
-    train_file: str | None
-    eval_file: str | None
-    dataset: str | None
-    eval_split: str | None
-    text_fields: str
-    label_field: str
-    metric: str
-    digest: str | None
-
-
-@functools.lru_cache(maxsize=4)
-def _load(key: _DataKey) -> LabelledData:
-    fields = key.text_fields.split(",")
-    if key.dataset:
-        splits = files.read_dataset(key.dataset)
+@functools.lru_cache(maxsize=4)  # keyed on the working directory too (paths may be relative) and the data digest
+def _load(cwd, task: Task, train_file, eval_file, dataset, eval_split, text_fields: str, label_field: str,
+          metric: str, digest) -> LabelledData:
+    fields = text_fields.split(",")
+    if dataset:
+        splits = files.read_dataset(dataset)
         if "train" not in splits:
-            raise PeftlabError(f"--dataset {key.dataset} has no train split", where=f"splits: {', '.join(splits)}",
+            raise PeftlabError(f"--dataset {dataset} has no train split", where=f"splits: {', '.join(splits)}",
                                fix="save the training examples as the split 'train'")
-        wanted = key.eval_split or ("validation" if "validation" in splits else None)
+        wanted = eval_split or ("validation" if "validation" in splits else None)
         if wanted is not None and wanted not in splits:
-            raise unknown(f"split of {key.dataset}", wanted, splits, where="--eval-split")
-        train_table, eval_table = splits["train"], splits[wanted] if wanted else None
-        shown = key.dataset
+            raise unknown(f"split of {dataset}", wanted, splits, where="--eval-split")
+        train_table, eval_table, shown = splits["train"], splits[wanted] if wanted else None, dataset
     else:
-        train_table = files.read_file(Path(key.train_file).expanduser(), tuple(fields))
-        eval_table = files.read_file(Path(key.eval_file).expanduser(), tuple(fields)) if key.eval_file else None
-        shown = Path(key.train_file).name
+        train_table = files.read_file(Path(train_file).expanduser())
+        eval_table = files.read_file(Path(eval_file).expanduser()) if eval_file else None
+        shown = Path(train_file).name
     for table in filter(None, (train_table, eval_table)):
-        _check_columns(table, fields, key.label_field)
-    regression = key.task.kind == "regression"
+        _check_columns(table, fields, label_field)
+    regression = task.kind == "regression"
+    names: tuple[str, ...] = ()
     if regression:
-        train_labels = _targets(train_table, key.label_field)
-        eval_labels = _targets(eval_table, key.label_field) if eval_table else None
-        names: tuple[str, ...] = ()
+        train_labels = _targets(train_table, label_field)
+        eval_labels = _targets(eval_table, label_field) if eval_table else None
     else:
-        names, train_labels, eval_labels = _classes(train_table, eval_table, key.label_field)
-        if key.metric == "f1" and len(names) != 2:
+        names, train_labels, eval_labels = _classes(train_table, eval_table, label_field)
+        if metric == "f1" and len(names) != 2:
             raise PeftlabError(f"--metric f1 is binary F1, but the data has {len(names)} classes "
                                f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})",
-                               where=f"{train_table.name}, column {key.label_field}", fix="use --metric f1_macro")
+                               where=f"{train_table.name}, column {label_field}", fix="use --metric f1_macro")
     train_texts = [column_texts(train_table, f) for f in fields]
-    train_rows = list(range(len(train_table)))
-    heldout = None
+    train_rows, heldout = list(range(len(train_table))), None
     if eval_table is None:
         train_rows, eval_rows = heldout_split(train_labels, stratify=not regression, table=train_table,
-                                              column=key.label_field, names=names)
+                                              column=label_field, names=names)
         eval_texts = [[texts[i] for i in eval_rows] for texts in train_texts]
         eval_labels = [train_labels[i] for i in eval_rows]
         heldout = {"fraction": HELDOUT_FRACTION, "seed": HELDOUT_SEED, "stratified": not regression}
         eval_source = f"held-out {HELDOUT_FRACTION:.0%} of {train_table.name} (seed {HELDOUT_SEED}" + \
             (", stratified)" if not regression else ")")
     else:
-        eval_texts = [column_texts(eval_table, f) for f in fields]
-        eval_source = eval_table.name
+        eval_texts, eval_source = [column_texts(eval_table, f) for f in fields], eval_table.name
     train = _dataset([[texts[i] for i in train_rows] for texts in train_texts],
                      [train_labels[i] for i in train_rows], regression)
     return LabelledData(train, _dataset(eval_texts, eval_labels, regression), names,

@@ -1,12 +1,12 @@
 """The user's labelled data as read: CSV, TSV, JSON, JSONL, Parquet files, save_to_disk folders and Hub datasets.
 
-Files are read with datasets' builders (TSV: tab-separated with quoting off, as GLUE's; CSV cells as written,
-``keep_default_na=False``: the text "NA" stays text). A ``--dataset`` folder goes through ``load_from_disk``; any
-other ``--dataset`` is a Hub dataset, online only (offline it is an error, never a silent fall-back). Every
-source becomes a :class:`RawTable` whose ``locate(row)`` names a row as a user finds it (``file:line``,
-``file, record n``, ``file, row n``). When a builder fails (datasets only says "An error occurred while
-generating the dataset"), the file is re-read with the stdlib to name the line at fault. :func:`data_digest`
-hashes the bytes a run reads; the run key carries it.
+CSV/TSV are read with pandas (TSV: tab-separated with quoting off, as GLUE's; cells as written,
+``keep_default_na=False``: the text "NA" stays text), Parquet with pyarrow, JSON/JSONL with :mod:`json`. A
+``--dataset`` folder goes through ``load_from_disk``; any other ``--dataset`` is a Hub dataset, online only
+(offline it is an error, never a silent fall-back). Every source becomes a :class:`RawTable` whose
+``locate(row)`` names a row as a user finds it (``file:line``, ``file, record n``, ``file, row n``); where pandas
+fails, the stdlib's reader names the line at fault. :func:`data_digest` hashes the bytes a run reads (the run key
+carries it).
 """
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
-import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from peftlab.errors import PeftlabError
-from peftlab.io_utils import read_text_utf8
-from peftlab.tasks.json_files import load_builder
+from peftlab.tasks.data_files import csv_rows
 
 FILE_KINDS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 FORMATS = "CSV, TSV, JSON, JSONL or Parquet"
@@ -111,30 +109,39 @@ def data_digest(parts: list[tuple[str, Path]]) -> str:
 # --------------------------------------------------------------------------- files
 
 
-def read_file(path: Path, text_fields: tuple[str, ...] = ()) -> RawTable:
-    """A labelled file as a :class:`RawTable` (one-line errors that name the line for CSV/TSV/JSON/JSONL).
-    ``text_fields``: JSON/JSONL columns that must stay text (json_files re-reads a file pyarrow would mistype)."""
+def read_file(path: Path) -> RawTable:
+    """A labelled file as a :class:`RawTable` (one-line errors that name the line for CSV/TSV/JSON/JSONL)."""
     kind = FILE_KINDS[path.suffix.lower()]
     if kind == "json":
-        return _read_json(path, text_fields)
-    options: dict = {"keep_default_na": False} if kind in ("csv", "tsv") else {}
-    if kind == "tsv":
-        options.update(delimiter="\t", quoting=csv.QUOTE_NONE)
+        return _read_json(path)
+    if kind == "parquet":
+        return _read_parquet(path)
+    import pandas as pd
+
+    # As datasets' csv builder reads it: cells as written (the text "NA" stays text), TSV with quoting off.
+    options = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {}
     try:
-        ds = load_builder("parquet" if kind == "parquet" else "csv", path, options)
-    except Exception as err:  # noqa: BLE001 - "An error occurred while generating the dataset": find the line
-        if kind == "parquet":
-            raise PeftlabError(f"cannot read Parquet file: {_cause_line(err)}", where=str(path),
-                               fix=_READ_FIX) from None
+        frame = pd.read_csv(path, keep_default_na=False, **options)
+    except Exception as err:  # noqa: BLE001 - the parser's complaint, at its line where the stdlib finds one
         raise _csv_problem(path, kind) or PeftlabError(f"cannot read {kind.upper()} file: {_cause_line(err)}",
                                                        where=str(path), fix=_READ_FIX) from None
-    if len(ds) == 0 or not ds.column_names:
-        raise PeftlabError("file has no data rows", where=str(path), fix="add rows below the header")
-    columns = ds.to_dict()  # plain lists: iterating datasets' lazy Column is ~100x slower
-    if kind == "parquet":
-        return RawTable(str(path), columns, lambda i: f"{path}, row {i + 1}", _class_names(ds))
-    lines = _LineIndex(path, kind, len(ds))
-    return RawTable(str(path), columns, lines.locate, {})
+    if frame.empty:
+        raise _csv_problem(path, kind) or PeftlabError("file has no data rows", where=str(path),
+                                                       fix="add rows below the header")
+    columns = {str(name): frame[name].tolist() for name in frame.columns}  # plain Python values
+    return RawTable(str(path), columns, _line_locator(path, kind, len(frame)), {})
+
+
+def _read_parquet(path: Path) -> RawTable:
+    """A Parquet file; a column datasets wrote as ``ClassLabel`` keeps its class names (the file's metadata)."""
+    import pyarrow.parquet as pq
+    from datasets import Dataset
+
+    try:
+        ds = Dataset(pq.read_table(path))
+    except Exception as err:  # noqa: BLE001 - any reader complaint is one line
+        raise PeftlabError(f"cannot read Parquet file: {_cause_line(err)}", where=str(path), fix=_READ_FIX) from None
+    return _dataset_table(str(path), ds)
 
 
 def _cause_line(err: BaseException) -> str:
@@ -145,35 +152,12 @@ def _cause_line(err: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(err).__name__
 
 
-def _decoded(path: Path) -> str:
-    return read_text_utf8(path, fix="save the file as UTF-8")
-
-
-def _csv_rows(path: Path, kind: str):
-    """(first line, fields) of every non-blank record, with the stdlib reader (strict: a stray quote is an error)."""
-    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {"delimiter": ","}
-    reader = csv.reader(io.StringIO(_decoded(path), newline=""), strict=True, **dialect)
-    end = 0
-    while True:
-        start = end + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as err:
-            raise PeftlabError(f"malformed {kind.upper()} record: {err}", where=f"{path}:{start}",
-                               fix="close the quote (or quote the field), or remove the line") from None
-        end = reader.line_num
-        if row:
-            yield start, row
-
-
 def _csv_problem(path: Path, kind: str) -> PeftlabError | None:
     """Why the csv builder failed, at its line (None when the stdlib reader sees nothing wrong)."""
     header = None
     data_rows = 0
     try:
-        for line, row in _csv_rows(path, kind):
+        for line, row in csv_rows(path, kind):
             if header is None:
                 header = row
             elif len(row) > len(header):
@@ -191,29 +175,24 @@ def _csv_problem(path: Path, kind: str) -> PeftlabError | None:
     return None
 
 
-class _LineIndex:
-    """Row -> ``file:line`` of a CSV/TSV, read by hand only when an error needs a line number."""
+def _line_locator(path: Path, kind: str, rows: int) -> Callable[[int], str]:
+    """Row -> ``file:line`` of a CSV/TSV, its records' lines read by hand only when an error needs one."""
 
-    def __init__(self, path: Path, kind: str, rows: int):
-        self.path, self.kind, self.rows = path, kind, rows
-
-    @functools.cached_property
-    def starts(self) -> list[int] | None:
+    @functools.cache
+    def starts() -> list[int] | None:
         try:
-            starts = [line for line, _ in _csv_rows(self.path, self.kind)][1:]  # the header is not a row
+            found = [line for line, _ in csv_rows(path, kind)][1:]  # the header is not a row
         except PeftlabError:
             return None
-        return starts if len(starts) == self.rows else None  # the stdlib reader disagrees: say the row instead
+        return found if len(found) == rows else None  # the stdlib reader disagrees: say the row instead
 
-    def locate(self, row: int) -> str:
-        return f"{self.path}:{self.starts[row]}" if self.starts else f"{self.path}, row {row + 1}"
+    return lambda row: f"{path}:{starts()[row]}" if starts() else f"{path}, row {row + 1}"
 
 
-def _read_json(path: Path, text_fields: tuple[str, ...]) -> RawTable:
+def _read_json(path: Path) -> RawTable:
     from peftlab.tasks.json_files import read_json_records
 
-    records = read_json_records(path, text_fields,
-                                fix="fix the JSON (one object per line for JSONL, or a list of objects)")
+    records = read_json_records(path, fix="fix the JSON (one object per line for JSONL, or a list of objects)")
     if not records:
         raise PeftlabError("file has no records", where=str(path), fix="add one JSON object per labelled example")
     names: dict[str, None] = {}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peftlab.errors import PeftlabError, unknown
+from peftlab.errors import PeftlabError
 
 HARNESS_SERIES = "0.4."
 INSTALL = 'pip install "peftlab[lm-eval]"  (lm-eval 0.4.x, installed beside the existing torch)'
@@ -58,25 +58,12 @@ def require_harness():
 
 
 def task_names(text: str | None, *, flag: str = "--lm-eval") -> list[str]:
-    """``"gsm8k,ARC-Easy,commonsense"`` -> the harness task names, in order, without duplicates; one line for an
-    unknown or unavailable name."""
-    by_lower = {name.lower(): name for name in SHIPPED}
-    by_lower.update({alias.lower(): name for alias, name in ALIASES.items()})
-    names: list[str] = []
-    for piece in (p.strip() for p in str(text or "").split(",")):
-        if not piece:
-            continue
-        key = piece.lower()
-        if key in UNAVAILABLE:
-            raise PeftlabError(f"{flag} {piece}: {UNAVAILABLE[key]}", fix=f"use some of: {', '.join(SHIPPED)}")
-        chosen = GROUPS.get(key) or ((by_lower[key],) if key in by_lower else None)
-        if chosen is None:
-            raise unknown(f"{flag} task (peftlab runs the harness offline, on its shipped definitions only)", piece,
-                          [*SHIPPED, *GROUPS], where=flag)
-        names += [n for n in chosen if n not in names]
-    if not names:
-        raise PeftlabError(f"{flag} names no task", fix=f"use some of: {', '.join(SHIPPED)}")
-    return names
+    """``"gsm8k,ARC-Easy,commonsense"`` -> the harness task names, in order, without duplicates."""
+    from peftlab.tasks.table import pick_names
+
+    return pick_names(text, {**{name: (name,) for name in SHIPPED}, **GROUPS}, flag, noun="task", aliases=ALIASES,
+                      what=f"{flag} task (peftlab runs the harness offline, on its shipped definitions only)",
+                      unavailable=UNAVAILABLE)
 
 
 @dataclass(frozen=True)
@@ -171,10 +158,9 @@ def _jsonable(value: Any) -> Any:
 
 def count_documents(path: str | Path) -> int:
     """Records in a JSON list or JSONL file (for drawing the same items as peftlab's --max-eval-samples)."""
-    text = Path(path).read_text(encoding="utf-8-sig")
-    if text.lstrip().startswith("["):
-        return len(json.loads(text))
-    return sum(1 for line in text.split("\n") if line.strip())
+    from peftlab.tasks.json_files import read_json_records
+
+    return len(read_json_records(Path(path), fix="use the published data files unchanged"))
 
 
 # --------------------------------------------------------------------------- GSM8K: the harness's scoring of any text

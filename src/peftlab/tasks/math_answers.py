@@ -12,8 +12,6 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-__all__ = ["extract_answer", "normalize_number", "answers_match", "gold_answer", "answer_is_final"]
-
 # A sign only when it does not follow a word character or a digit ("10-3" is subtraction). The integer part
 # is either properly grouped thousands (1,234,567) or plain digits; then an optional decimal part.
 _NUMBER = re.compile(
@@ -86,11 +84,6 @@ def answer_is_final(text: str) -> bool:
         return False
     rest = text.split("####", 1)[1]
     return "\n" in rest and bool(_numbers(rest.split("\n", 1)[0]))
-
-
-def gold_answer(solution: str) -> str | None:
-    """The gold number of a GSM8K solution (the text after ``####``)."""
-    return extract_answer(solution)
 
 
 def answers_match(predicted: str | None, gold: str | None) -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Any
 
 
 # lm-evaluation-harness lm_eval/tasks/gsm8k/gsm8k.yaml (strict-match) and gsm8k-cot.yaml (strict-match), and the
@@ -77,10 +76,6 @@ def is_correct(predicted: str | None, gold: str, *, letters: bool = False) -> bo
     return value is not None and target is not None and abs(value - target) <= TOLERANCE
 
 
-def set_key(set_name: str) -> str:
-    return set_name.lower()
-
-
 def _gold_check(name: str):
     """A math set's gold answers: a letter A-E (AQuA), else a number."""
     if name in LETTER_SETS:
@@ -99,33 +94,20 @@ def _record(name: str, row: dict, text: str) -> dict:
 
 def build_pipeline(cfg, tokenizer, model, task):
     """The ``math`` kind's Pipeline; ``task``'s set names are the default ``--eval-sets``."""
-    from peftlab.tasks import generative, instructions
-    from peftlab.tasks.generation import generation_evaluator
+    from peftlab.tasks.generative import family_pipeline
 
-    instructions.ensure_pad_token(cfg, tokenizer)
     # 3 of math_data.json's records have an empty output: nothing to learn from, so not trained on.
-    train_raw, skipped, files = generative.training_set(cfg, {
-        "train": (TRAIN_FILE, "math training set math_data.json")})
-    tests = generative.read_test_sets(cfg, task, _gold_check, files)
-    items, prompts = generative.prompt_items(tests, tokenizer)
-
-    score = generative.set_scorer(tests, items, _record, set_key, {
-        "strict_match": lambda r: r["strict_correct"], "flexible_extract": lambda r: r["flexible_correct"]})
-    evaluate = generation_evaluator(cfg, tokenizer, prompts, score)
-    extras: dict[str, Any] = {
-        "dataset": DATASET,
-        "report_notes": [DATASET_NOTE.format(n=len(train_raw))],  # lab/report.py prints them
-        "data_files": files,
-        "train_records_without_output": skipped,
-        **generative.test_set_extras(tests),
-        "answer_extraction": {
-            "strict_match": "lm-evaluation-harness gsm8k strict-match '#### (\\-?[0-9\\.\\,]+)', else gsm8k-cot "
-                            "strict-match 'The answer is (\\-?[0-9\\.\\,]+).' (first match); AQuA: the letter after "
-                            "#### or 'The answer is'",
-            "flexible_extract": "lm-evaluation-harness flexible-extract '(-?[$0-9.,]{2,})|(-?[0-9]+)' (last match); "
-                                "AQuA: the last standalone letter A-E",
-            "match": "numbers within 0.001 of the gold (LLM-Adapters), after removing ',', '$' and a trailing '.'",
-        },
-    }
-    return instructions.training_pipeline(cfg, tokenizer, train_raw, evaluate=evaluate, primary_metric="strict_match",
-                                        chance=0.0, num_eval_examples=len(items), extras=extras, eval_sets=tests)
+    return family_pipeline(
+        cfg, tokenizer, task, {"train": (TRAIN_FILE, "math training set math_data.json")}, gold_problem=_gold_check,
+        record=_record, key=str.lower,
+        counts={"strict_match": lambda r: r["strict_correct"], "flexible_extract": lambda r: r["flexible_correct"]},
+        extras=lambda n_train, tests: {
+            "dataset": DATASET, "report_notes": [DATASET_NOTE.format(n=n_train)],  # lab/report.py prints them
+            "answer_extraction": {
+                "strict_match": "lm-evaluation-harness gsm8k strict-match '#### (\\-?[0-9\\.\\,]+)', else gsm8k-cot "
+                                "strict-match 'The answer is (\\-?[0-9\\.\\,]+).' (first match); AQuA: the letter "
+                                "after #### or 'The answer is'",
+                "flexible_extract": "lm-evaluation-harness flexible-extract '(-?[$0-9.,]{2,})|(-?[0-9]+)' (last "
+                                    "match); AQuA: the last standalone letter A-E",
+                "match": "numbers within 0.001 of the gold (LLM-Adapters), after removing ',', '$' and a trailing "
+                         "'.'"}})

@@ -14,22 +14,6 @@ import numpy as np
 from peftlab.tasks.table import Task
 
 
-def _class_ids(predictions: np.ndarray) -> np.ndarray:
-    if predictions.ndim == 2:
-        return predictions.argmax(axis=-1)
-    if predictions.ndim == 1 and np.issubdtype(predictions.dtype, np.integer):
-        return predictions  # already class ids
-    raise ValueError(f"classification predictions must be logits of shape (N, C) or class ids, got {predictions.shape}")
-
-
-def _scores(predictions: np.ndarray) -> np.ndarray:
-    if predictions.ndim == 2 and predictions.shape[1] == 1:
-        return predictions[:, 0]
-    if predictions.ndim == 1:
-        return predictions
-    raise ValueError(f"regression predictions must have shape (N,) or (N, 1), got {predictions.shape}")
-
-
 def _correlation(fn, x: np.ndarray, y: np.ndarray) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy's ConstantInputWarning
@@ -51,9 +35,13 @@ def compute_label_metrics(kind: str, predictions, labels, num_labels: int = 1) -
     if len(labels) == 0:
         raise ValueError("no examples to evaluate")
     if kind == "regression":
-        scores, gold = _scores(predictions).astype(np.float64), labels.astype(np.float64)
+        if predictions.ndim > 2 or predictions.shape[1:] not in ((), (1,)):
+            raise ValueError(f"regression predictions must have shape (N,) or (N, 1), got {predictions.shape}")
+        scores, gold = predictions.reshape(-1).astype(np.float64), labels.astype(np.float64)
         return {"pearson": _correlation(pearsonr, scores, gold), "spearman": _correlation(spearmanr, scores, gold)}
-    pred, gold = _class_ids(predictions), labels.astype(np.int64)
+    if predictions.ndim != 2 and not (predictions.ndim == 1 and np.issubdtype(predictions.dtype, np.integer)):
+        raise ValueError(f"classification predictions must be logits (N, C) or class ids, got {predictions.shape}")
+    pred, gold = predictions.argmax(axis=-1) if predictions.ndim == 2 else predictions, labels.astype(np.int64)
     out = {"accuracy": float(accuracy_score(gold, pred)),
            "f1_macro": float(f1_score(gold, pred, average="macro", zero_division=0)),
            "matthews_correlation": float(matthews_corrcoef(gold, pred))}

@@ -46,7 +46,7 @@ def locate_folder(data_dir=None) -> Path:
 def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise PeftlabError(f"file not found: {path}", fix="use FastChat's mt_bench data folder unchanged")
-    from peftlab.tasks.json_files import read_json_records  # datasets' json builder; file:line when malformed
+    from peftlab.tasks.json_files import read_json_records
 
     return [r.value for r in read_json_records(path, fix="use FastChat's mt_bench data files unchanged")]
 
@@ -103,30 +103,6 @@ def judge_prompt(prompts: dict, question: dict, answers: list[str], turn: int) -
         if turn == 2:
             fields["ref_answer_2"] = question["reference_2"]
     return name, template["system_prompt"], template["prompt_template"].format(**fields)
-
-
-# --------------------------------------------------------------------------- answers
-
-
-def conversation_ids(tokenizer, questions: list[str], answers: list[str]) -> list[int]:
-    """Token ids of the conversation so far (each question, then the model's answer to it) ending with the
-    assistant header of the next answer. Turn 1 is exactly the training prompt of
-    :func:`peftlab.tasks.instructions.encode_prompt`."""
-    from peftlab.tasks import instructions
-
-    if len(questions) == 1:
-        return instructions.encode_prompt(tokenizer, questions[0])
-    if instructions.has_chat_template(tokenizer):
-        messages = []
-        for question, answer in zip(questions, answers + [None]):
-            messages.append({"role": "user", "content": question})
-            if answer is not None:
-                messages.append({"role": "assistant", "content": answer})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    text = "".join(instructions.prompt_text(tokenizer, q) + a + "\n\n" for q, a in zip(questions, answers))
-    ids = tokenizer(text + instructions.prompt_text(tokenizer, questions[-1]), add_special_tokens=False)["input_ids"]
-    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + ids
 
 
 # --------------------------------------------------------------------------- judging and scores
@@ -243,6 +219,7 @@ def _evaluator(cfg, tokenizer, settings, prompts: dict, rows: list[dict]) -> Cal
     """MT-Bench's ``evaluate(model, accelerator, tag)``: both turns generated greedily, the answers saved, then judged
     (on the main process; every process returns the same metrics)."""
     from peftlab.tasks.generation import generate_sharded, write_generations
+    from peftlab.tasks.instructions import encode_prompt
     from peftlab.tasks.prepare import Evaluation
 
     def evaluate(model, accelerator, tag: str) -> Evaluation:
@@ -250,10 +227,10 @@ def _evaluator(cfg, tokenizer, settings, prompts: dict, rows: list[dict]) -> Cal
 
         model.eval()
         first = generate_sharded(cfg, tokenizer, model, accelerator,
-                                 [conversation_ids(tokenizer, [q["turn_1"]], []) for q in rows])
-        second = generate_sharded(cfg, tokenizer, model, accelerator,
-                                  [conversation_ids(tokenizer, [q["turn_1"], q["turn_2"]], [a])
-                                   for q, a in zip(rows, first)])
+                                 [encode_prompt(tokenizer, q["turn_1"]) for q in rows])
+        # turn 2 from [question 1, the model's answer 1, question 2], as FastChat's gen_model_answer
+        second = generate_sharded(cfg, tokenizer, model, accelerator, [
+            encode_prompt(tokenizer, q["turn_2"], history=[(q["turn_1"], a)]) for q, a in zip(rows, first)])
         answers = [[a, b] for a, b in zip(first, second)]
         metrics: list[Any] = [None]
         files = {}

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from peftlab.tasks.batching import train_examples_digest
 from peftlab.tasks.table import SELECTION_PREFIX, Task, task as registered_task
 
 
@@ -23,13 +24,11 @@ TEST_TAG = "test"  # --selection-samples: the one evaluation of the test split, 
 EVALUATE_TAG = "evaluate"  # `peftlab evaluate` of a saved run: never overwrites its training-time files
 
 
-def epoch_tag(epoch: int) -> str:
-    """The tag of the evaluation after epoch ``epoch`` (1-based): ``epoch1``, ``epoch2``..."""
+def epoch_tag(epoch: int) -> str:  # after epoch ``epoch`` (1-based)
     return f"epoch{epoch}"
 
 
-def step_tag(step: int) -> str:
-    """The tag of an ``--eval-steps`` evaluation after optimizer step ``step``: ``step100``..."""
+def step_tag(step: int) -> str:  # an ``--eval-steps`` evaluation after optimizer step ``step``
     return f"step{step}"
 
 
@@ -105,31 +104,6 @@ def examples_digest(datasets_by_split: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def train_examples_digest(dataset) -> str:
-    """SHA-256 (64 hex) of a run's raw training examples in the order drawn: one JSON line per example (its
-    columns, keys sorted, UTF-8), hashed in order. Equal for every run that draws the same examples (same data,
-    --max-train-samples and --seed), different when any example, or their order, differs. Raw content, not
-    tokens: the digest does not depend on the model's tokenizer or --max-length."""
-    import hashlib
-    import json
-
-    h = hashlib.sha256()
-    columns = sorted(dataset.column_names)
-    for batch in dataset.iter(batch_size=4096):  # columnar batches: far faster than row by row
-        for values in zip(*(batch[c] for c in columns)):
-            row = json.dumps(dict(zip(columns, values)), sort_keys=True, ensure_ascii=False, default=str)
-            h.update(row.encode("utf-8") + b"\n")
-    return h.hexdigest()
-
-
-def _eval_loader(dataset, collate, batch_size: int):
-    # Sorting eval examples by length wastes no compute on padding; metrics do not depend on order
-    # because predictions and labels travel together.
-    order = np.argsort(-np.asarray(dataset["length"]), kind="stable")
-    return torch.utils.data.DataLoader(dataset.select(order), batch_size=batch_size, collate_fn=collate,
-                                       generator=torch.Generator())  # leaves the global RNG (dropout) alone
-
-
 def eval_loader_on(accelerator, loader):
     """``loader`` sharded over the processes and put on the device as ``accelerator.prepare`` does it (Accelerate's
     public ``prepare_data_loader`` with the accelerator's settings), but not registered with the accelerator:
@@ -146,10 +120,13 @@ def eval_loader_on(accelerator, loader):
 
 @torch.no_grad()
 def gather_predictions(model, accelerator, tokenised, collate, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Logits and labels of one tokenised eval set, gathered over processes (classification and regression)."""
-    loader = eval_loader_on(accelerator, _eval_loader(tokenised, collate, batch_size))
+    """Logits and labels of one tokenised eval set, gathered over processes (classification and regression).
+    Longest examples first: no compute is spent on padding, and predictions travel with their labels."""
+    order = np.argsort(-np.asarray(tokenised["length"]), kind="stable")
+    loader = torch.utils.data.DataLoader(tokenised.select(order), batch_size=batch_size, collate_fn=collate,
+                                         generator=torch.Generator())  # leaves the global RNG (dropout) alone
     logits, labels = [], []
-    for batch in loader:
+    for batch in eval_loader_on(accelerator, loader):
         out = model(**batch)
         step_logits, step_labels = accelerator.gather_for_metrics((out.logits.float(), batch["labels"]))
         logits.append(step_logits.cpu())
@@ -157,13 +134,36 @@ def gather_predictions(model, accelerator, tokenised, collate, batch_size: int) 
     return torch.cat(logits).numpy(), torch.cat(labels).numpy()
 
 
+def label_pipeline(cfg, tokenizer, train_raw, evals_raw: dict, *, kind: str, metric: str, num_labels: int,
+                   metrics: Callable, extras: dict, selection_raw=None) -> Pipeline:
+    """A classifier's or regressor's Pipeline (GLUE's and the user's labelled data): ``text_a``/``text_b`` tokenised,
+    chance from the first eval split's labels, scored by ``metrics(logits, labels)``."""
+    from peftlab.tasks import batching
+    from peftlab.tasks.metrics import chance_level
+
+    def tokenised(raw, split: str):
+        return batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-{split}")
+
+    evals = {split: (raw, tokenised(raw, split)) for split, raw in evals_raw.items()}
+    collate = batching.Collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    selection = None
+    if selection_raw is not None:
+        selection = Selection(tokenised(selection_raw, "selection"),
+                              chance_level(kind, metric, selection_raw["label"][:], num_labels))
+    return Pipeline(tokenised(train_raw, "train"), collate, label_evaluate(cfg, metrics, evals, selection, collate),
+                    metric, chance_level(kind, metric, next(iter(evals_raw.values()))["label"][:], num_labels),
+                    num_eval_examples=sum(len(t) for _, t in evals.values()),
+                    extras={**extras, "eval_examples_digest": examples_digest(evals_raw)}, eval_sets=dict(evals_raw),
+                    train_examples_digest=train_examples_digest(train_raw),
+                    selection_chance=None if selection is None else selection.chance)
+
+
 def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
     """GLUE: the training subset, the dev set (the *test* split when ``--selection-samples`` carves a
     selection split out of the training data, else the split that chooses and reports) and its metrics."""
-    from peftlab.tasks import batching, data_files as data
-    from peftlab.tasks.metrics import chance_level, compute_metrics
+    from peftlab.tasks import data_files as data
+    from peftlab.tasks.metrics import compute_metrics
 
-    cache_prefix = f"{cfg.model}"
     pool = data.load_split(task, "train", cfg.data_dir)
     selection_raw, extras = None, {}
     if cfg.selection_samples:  # carved before any seed draws, so no seed's subset can hold a selection example
@@ -171,38 +171,21 @@ def build_glue(cfg, tokenizer, model, task: Task) -> Pipeline:
                                                                regression=task.kind == "regression")
         extras["selection"] = {"examples": len(selection_raw), "stratified": stratified,
                                "examples_digest": examples_digest({"selection": selection_raw})}
-    train_raw = data.subset(pool, cfg.max_train_samples, cfg.seed)
-    train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cache_prefix}-train")
-    evals = {}
-    sources = {"train": data.locate_split(task, "train", cfg.data_dir)[0]}
-    for split in data.available_eval_splits(task, cfg.data_dir):
-        sources[split] = data.locate_split(task, split, cfg.data_dir)[0]
-        # cfg.eval_seed, not cfg.seed: every training seed is scored on the same dev examples.
-        raw = data.subset(data.load_split(task, split, cfg.data_dir), cfg.max_eval_samples, cfg.eval_seed)
-        evals[split] = (raw, batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task,
-                                               cache_key=f"{cache_prefix}-{split}"))
-    collate = batching.Collator(tokenizer, cfg.pad_to_max, cfg.max_length)
+    splits = data.available_eval_splits(task, cfg.data_dir)
+    sources = {split: data.locate_split(task, split, cfg.data_dir)[0] for split in ("train", *splits)}
+    # cfg.eval_seed, not cfg.seed: every training seed is scored on the same dev examples.
+    evals = {split: data.subset(data.load_split(task, split, cfg.data_dir), cfg.max_eval_samples, cfg.eval_seed)
+             for split in splits}
     # Say in result.json which data was used: a 10k subset is never passed off as the full task.
     kinds = {s.dataset if s is not None else "hub" for s in sources.values()}
     extras.update({
         "dataset": data.SUBSET_DATASET if data.SUBSET_DATASET in kinds else ("glue" if kinds == {"glue"}
                                                                             else "+".join(sorted(kinds))),
-        "data_files": {split: str(s.path) if s is not None else data.HUB_DATASET for split, s in sources.items()},
-        "eval_examples_digest": examples_digest({split: raw for split, (raw, _) in evals.items()})})
-    first_raw = next(iter(evals.values()))[0]
-    chance = chance_level(task.kind, task.primary_metric, first_raw["label"], task.num_labels)
-    selection = None
-    if selection_raw is not None:
-        selection = Selection(batching.tokenize(selection_raw, tokenizer, cfg.max_length, task=cfg.task,
-                                                cache_key=f"{cache_prefix}-selection"),
-                              chance_level(task.kind, task.primary_metric, selection_raw["label"], task.num_labels))
-    evaluate = label_evaluate(cfg, lambda logits, labels: compute_metrics(task, logits, labels), evals, selection,
-                              collate)
-    return Pipeline(train, collate, evaluate, task.primary_metric, chance,
-                    num_eval_examples=sum(len(t) for _, t in evals.values()), extras=extras,
-                    eval_sets={split: raw for split, (raw, _) in evals.items()},
-                    train_examples_digest=train_examples_digest(train_raw),
-                    selection_chance=None if selection is None else selection.chance)
+        "data_files": {split: str(s.path) if s is not None else data.HUB_DATASET for split, s in sources.items()}})
+    return label_pipeline(cfg, tokenizer, data.subset(pool, cfg.max_train_samples, cfg.seed), evals, kind=task.kind,
+                          metric=task.primary_metric, num_labels=task.num_labels, extras=extras,
+                          metrics=lambda logits, labels: compute_metrics(task, logits, labels),
+                          selection_raw=selection_raw)
 
 
 @dataclass(frozen=True)
@@ -214,10 +197,9 @@ class Selection:
 
 
 def label_evaluate(cfg, metrics: Callable, evals: dict, selection: Selection | None, collate) -> Callable:
-    """A classifier's or regressor's ``evaluate(model, accelerator, tag)``: ``metrics(logits, labels)`` of the dev
-    set under their plain names (MNLI: per split and their mean). With a selection split, every evaluation during
-    training scores it alone (``selection_<name>``) and the dev set becomes the test split, scored once, by the
-    ``test`` evaluation at the end of the run."""
+    """``evaluate(model, accelerator, tag)``: ``metrics(logits, labels)`` of the dev set under their plain names
+    (MNLI: per split and their mean). With a selection split, every evaluation during training scores it alone
+    (``selection_<name>``) and the dev set becomes the test split, scored once, by the ``test`` evaluation."""
 
     def scores(model, accelerator, tokenised) -> dict[str, float]:
         return metrics(*gather_predictions(model, accelerator, tokenised, collate, cfg.eval_batch_size))
@@ -243,39 +225,30 @@ def label_evaluate(cfg, metrics: Callable, evals: dict, selection: Selection | N
 
 
 def build_labelled(cfg, tokenizer, model, task: Task) -> Pipeline:
-    """The user's own labelled data (``--task classify|regress``, :mod:`peftlab.tasks.labelled_data`): tokenised as
-    GLUE is, scored by :func:`~peftlab.tasks.metrics.compute_label_metrics` at its ``--metric``."""
+    """The user's own labelled data (``--task classify|regress``, :mod:`peftlab.tasks.labelled_data`), scored at
+    its ``--metric``."""
     from peftlab.errors import PeftlabError
-    from peftlab.tasks import batching, data_files as data
+    from peftlab.tasks.data_files import subset
     from peftlab.tasks.labelled_data import HeadLabels, load_labelled
-    from peftlab.tasks.metrics import chance_level, compute_label_metrics
+    from peftlab.tasks.metrics import compute_label_metrics
     from peftlab.tasks.table import task_label
 
     loaded = load_labelled(cfg, task)
-    kind = task.kind
     labels = HeadLabels(len(loaded.label_names) or 1, loaded.label_names)
-    if model is not None and kind == "classification":  # a saved run evaluated on its data: the same classes
+    if model is not None and task.kind == "classification":  # a saved run evaluated on its data: the same classes
         trained = tuple(model.config.id2label[i] for i in range(model.config.num_labels))
         if trained != labels.names:
             raise PeftlabError(f"the model's classes ({', '.join(trained)}) are not the data's "
                                f"({', '.join(labels.names)})", where=loaded.dataset,
                                fix="evaluate the run on the data it was trained on")
-    train_raw = data.subset(loaded.train, cfg.max_train_samples, cfg.seed)
-    eval_raw = data.subset(loaded.eval, cfg.max_eval_samples, cfg.eval_seed)
-    train = batching.tokenize(train_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-train")
-    evals = batching.tokenize(eval_raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-eval")
-    collate = batching.Collator(tokenizer, cfg.pad_to_max, cfg.max_length)
-    chance = chance_level(kind, cfg.metric, eval_raw["label"][:], labels.num_labels)
-    evaluate = label_evaluate(cfg, lambda logits, gold: compute_label_metrics(kind, logits, gold, labels.num_labels),
-                              {"validation": (eval_raw, evals)}, None, collate)
     extras = {"dataset": loaded.dataset, "data_files": dict(loaded.sources), "task_label": task_label(cfg.to_dict()),
-              "eval_examples_digest": examples_digest({"validation": eval_raw})}
-    if loaded.heldout:
-        extras["heldout"] = loaded.heldout  # the dev set is a held-out part of the training data
-    if labels.names:
-        extras.update({k: {str(a): b for a, b in v.items()} for k, v in labels.config_values().items()})
-    return Pipeline(train, collate, evaluate, cfg.metric, chance, num_eval_examples=len(evals), extras=extras,
-                    eval_sets={"validation": eval_raw}, train_examples_digest=train_examples_digest(train_raw))
+              **({"heldout": loaded.heldout} if loaded.heldout else {}),  # the dev set: held out of the training data
+              **{k: {str(a): b for a, b in v.items()} for k, v in labels.config_values().items()}}
+    return label_pipeline(
+        cfg, tokenizer, subset(loaded.train, cfg.max_train_samples, cfg.seed),
+        {"validation": subset(loaded.eval, cfg.max_eval_samples, cfg.eval_seed)}, kind=task.kind, metric=cfg.metric,
+        num_labels=labels.num_labels, extras=extras,
+        metrics=lambda logits, gold: compute_label_metrics(task.kind, logits, gold, labels.num_labels))
 
 
 # A task's row names its pipeline (``Task.pipeline``); builders other than GLUE's are imported on demand. Each takes

@@ -199,13 +199,33 @@ UNAVAILABLE_SETS = {"hellaswag": "HellaSwag's test set is not available offline 
                                  "shared data)"}
 
 
+def pick_names(value, groups: dict[str, tuple[str, ...]], option: str, *, noun: str, what: str,
+               aliases: dict[str, str] | None = None, unavailable: dict[str, str] | None = None) -> list[str]:
+    """Comma-separated names or ``aliases`` (any case) -> the names they stand for (``groups``: name -> names), in
+    order, duplicates dropped. One line for a name in ``unavailable`` (-> why), an unknown name or none."""
+    from peftlab.errors import PeftlabError, unknown
+
+    lookup = {name.lower(): names for name, names in groups.items()}
+    lookup.update({alias.lower(): groups[name] for alias, name in (aliases or {}).items()})
+    known = ", ".join(sorted({name for names in groups.values() for name in names}))
+    chosen: list[str] = []
+    for piece in (p.strip() for p in str(value or "").split(",")):
+        if piece.lower() in (unavailable or {}):
+            raise PeftlabError(f"{option} {piece}: {unavailable[piece.lower()]}", fix=f"use some of: {known}")
+        if piece and piece.lower() not in lookup:
+            raise unknown(what, piece, groups, where=option)
+        chosen += [n for n in lookup.get(piece.lower(), ()) if n not in chosen]
+    if not chosen:
+        raise PeftlabError(f"{option} names no {noun}", fix=f"use some of: {known}")
+    return chosen
+
+
 def canonical_sets(value: str | None, task: Task, flag: str) -> str | None:
-    """``--eval-sets``/``--train-sets`` (comma-separated, any case) -> the canonical names, comma-joined in the
-    order given (duplicates dropped); None stays None (every set). One-line errors for an unknown name, a set
-    that is unavailable offline, or a task that has no named sets."""
+    """``--eval-sets``/``--train-sets`` -> the canonical set names, comma-joined in the order given; None stays None
+    (every set). A task that has no named sets is refused (the option would be ignored)."""
     if value is None:
         return None
-    from peftlab.errors import PeftlabError, unknown
+    from peftlab.errors import PeftlabError
 
     names = task.eval_set_names if flag == "eval_sets" else task.train_set_names
     option = "--" + flag.replace("_", "-")
@@ -213,21 +233,8 @@ def canonical_sets(value: str | None, task: Task, flag: str) -> str | None:
         having = [n for n, t in TASKS.items() if (t.eval_set_names if flag == "eval_sets" else t.train_set_names)]
         raise PeftlabError(f"{option} is set, but task '{task.name}' has no named sets (it would be ignored)",
                            fix=f"remove {option}, or use a task that has them: {', '.join(having)}")
-    by_lower = {n.lower(): n for n in names}
-    chosen: list[str] = []
-    for piece in str(value).split(","):
-        piece = piece.strip()
-        if not piece:
-            continue
-        if piece.lower() in UNAVAILABLE_SETS:
-            raise PeftlabError(f"{option}: {UNAVAILABLE_SETS[piece.lower()]}", fix=f"use some of: {', '.join(names)}")
-        if piece.lower() not in by_lower:
-            raise unknown(f"{task.name} set", piece, names, where=option)
-        if by_lower[piece.lower()] not in chosen:
-            chosen.append(by_lower[piece.lower()])
-    if not chosen:
-        raise PeftlabError(f"{option} names no set", fix=f"use some of: {', '.join(names)}")
-    return ",".join(chosen)
+    return ",".join(pick_names(value, {n: (n,) for n in names}, option, noun="set", what=f"{task.name} set",
+                               unavailable=UNAVAILABLE_SETS))
 
 # Metrics where smaller is better (held-out loss of instruction tuning): best-epoch choice and report Avg.
 LOWER_IS_BETTER = frozenset({"eval_loss", "perplexity"})
