@@ -1,13 +1,8 @@
-"""The config schema: every option of a run declared once (type, default, help, valid values, roles, section).
-
-A run's config is :class:`TrainConfig`: the method part (:class:`MethodConfig`, which it extends, with each
-method's own group nested as in peft, ``cfg.kasa.beta``, declared with the method's row in
-:mod:`peftlab.methods.registry`), the optimizer (``cfg.optim``: :class:`OptimConfig`)
-and the run's own fields, shown in ``--help`` sections (``TrainConfig.SECTIONS``: run, optim, eval, data, each
-method's group, each task family's: the MT-Bench judge, your own labelled data). Outside Python every option
-has one flat name (``--kasa-beta`` / ``kasa_beta``, ``--lr`` / ``lr``; a YAML file may nest ``kasa: {beta: ..}``).
-Each field is declared with :func:`peftlab.config_roles.option`, its docstring is its ``--help``. This module is
-a leaf; the method's and task's defaults are :func:`peftlab.resolve.resolve_config`'s, once per run.
+"""The config schema: every option of a run declared once (:func:`peftlab.config_roles.option`; the docstring
+under a field is its ``--help``). :class:`TrainConfig` = :class:`MethodConfig` (each method's group nested as in
+peft, ``cfg.kasa.beta``) + ``cfg.optim`` + the run's own fields; outside Python every option has one flat name
+(``--kasa-beta`` / ``kasa_beta``; YAML may nest ``kasa: {beta: ..}``). A leaf: the method's and task's defaults
+are :func:`peftlab.resolve.resolve_config`'s.
 """
 
 from __future__ import annotations
@@ -135,12 +130,11 @@ class MethodChoice:
 
     @classmethod
     def from_dict(cls, data):
-        """The config of a dict keyed as ``to_dict()``, config.yaml and sweep cells spell options (flat:
-        ``kasa_beta``, ``lr``); nested groups (``kasa={"beta": ...}`` or a ``KasaOptions``) are accepted too."""
+        """From flat keys (``kasa_beta``, ``lr``) or nested groups (``kasa={"beta": ...}``)."""
         return from_flat(cls, data)
 
     def to_dict(self) -> dict:
-        """Flat, as config.yaml and result.json hold it (``kasa_beta``, ``targets: q,v``): the run key's input."""
+        """Flat, as config.yaml and result.json hold it: the run key's input."""
         return flat_dict(self)
 
 
@@ -153,7 +147,7 @@ MethodConfig = dataclasses.make_dataclass(
 
 
 def parse_targets(targets) -> tuple[str, ...]:
-    """``"q,v"`` or ``["q", "v"]`` -> ``("q", "v")`` in canonical order, validated as ``--targets`` is."""
+    """``"q,v"`` or ``["q", "v"]`` -> ``("q", "v")``, checked as ``--targets`` is."""
     return MethodConfig(targets=targets).targets
 
 

@@ -94,9 +94,7 @@ class Roles:
 def option(default: Any, check: Range | Text | File | Folder | None = None, *, noun: str | None = None,
            lower: bool = False, normalise: Callable[[Any], Any] | None = None, section: str | None = None,
            **roles) -> Any:
-    """A dataclass field declared with its check and roles (``field(metadata=...)``).
-
-    ``noun`` names a choice's kind in the "unknown <noun> 'x'" message (default: the flag); ``lower``: a choice
+    """A dataclass field declared with its check and roles. ``noun`` names a choice's kind in the "unknown <noun> 'x'" message (default: the flag); ``lower``: a choice
     is matched in lower case; ``normalise``: the canonical form of a text value (e.g. ``--layers 6-8`` -> 6,7,8);
     ``section``: its ``--help`` section (a key of the config's ``SECTIONS``; default: its class's ``SECTION``)."""
     metadata = {"check": check, "noun": noun, "lower": lower, "normalise": normalise, "section": section,
@@ -112,7 +110,7 @@ def hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)  # resolves the postponed annotations
 
 
-def optional(hint) -> bool:
+def optional(hint) -> bool:  # Optional[X] / X | None
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
@@ -148,8 +146,8 @@ def check_fields(obj) -> None:
     for spec in dataclasses.fields(cls):
         hint = hints(cls)[spec.name]
         value = getattr(obj, spec.name)
-        if dataclasses.is_dataclass(hint):
-            value = as_group(hint, value, spec.name)
+        if dataclasses.is_dataclass(hint):  # an option group: an instance as is, a mapping built into one
+            value = value if isinstance(value, hint) else hint(**group_items(hint, spec.name, value))
         else:
             default = None if spec.default is dataclasses.MISSING else spec.default
             value = checked_value(hint, spec.metadata, value, flag_of(cls, spec.name), default)
@@ -166,11 +164,6 @@ class OptionGroup:
 
     def __post_init__(self):
         check_fields(self)
-
-
-def as_group(group_cls, value, name: str):
-    """``value`` as a ``group_cls`` option group: an instance as is, a mapping (``{"beta": 0.01}``) built into one."""
-    return value if isinstance(value, group_cls) else group_cls(**group_items(group_cls, name, value))
 
 
 def group_items(group_cls, name: str, value, where: str | None = None) -> dict[str, Any]:
@@ -295,17 +288,14 @@ def options(cls) -> dict[str, Option]:
 
 
 def option_names(cls) -> list[str]:
-    """The flat option names of ``cls`` (the keys of ``to_dict()``, YAML and sweep specs; flags dashed)."""
     return list(options(cls))
 
 
 def option_defaults(cls) -> dict[str, Any]:
-    """Each option's default by flat name."""
     return {flat: option_spec(cls, flat).default for flat in options(cls)}
 
 
 def option_spec(cls, flat: str) -> dataclasses.Field:
-    """The dataclass field that declares the flat option ``flat`` of ``cls``."""
     where = options(cls)[flat]
     return where.owner.__dataclass_fields__[where.name]
 

@@ -229,16 +229,19 @@ def number_text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def flag(key: str) -> str:
+    return key.replace("_", "-")
+
+
 def study_command(design: sp.Design, root) -> str:
     """The `peftlab study` command whose options give ``design`` back (``design_from_args``'s inverse), every knob
     spelled out, so the command beside a number needs no defaults looked up."""
     p, section, base = design.protocol, design.section, dict(design.base)
-    words = [design.spec.command(), f"--task {','.join(design.tasks)}", f"--model {base.pop('model')}",
-             f"--targets {base.pop('targets')}", f"--epochs {base.pop('epochs')}",
-             f"--max-train-samples {base.pop('max_train_samples')}",
-             f"--selection-samples {p.selection_samples}", f"--patience {p.patience}", f"--min-delta {p.min_delta:g}",
-             f"--selection-seeds {p.selection_seeds}", f"--grid-factor {p.grid_factor:g}",
-             f"--grid-width {p.grid_width}", f"--max-extensions {p.max_extensions}"]
+    words = [design.spec.command(), f"--task {','.join(design.tasks)}"]
+    words += [f"--{flag(k)} {base.pop(k)}" for k in ("model", "targets", "epochs", "max_train_samples")]
+    words += [f"--{flag(k)} {number_text(getattr(p, k))}" for k in ("selection_samples", "patience", "min_delta",
+                                                                   "selection_seeds", "grid_factor", "grid_width",
+                                                                   "max_extensions")]
     if base.get("max_eval_samples") is not None:
         words.append(f"--max-eval-samples {base.pop('max_eval_samples')}")
     if base.get("report_to") == "none":
@@ -247,7 +250,7 @@ def study_command(design: sp.Design, root) -> str:
         words.append(f"--method {base.pop('method')}")
     if section.swept:
         values = [design.swept_value(r.keys) for r in design.rows if r is not design.baseline_row()]
-        words.append(f"--{section.swept['option'].replace('_', '-')} " + ",".join(f"{v:g}" for v in values))
+        words.append(f"--{flag(section.swept['option'])} " + ",".join(f"{v:g}" for v in values))
     else:
         words.append("--rows " + ",".join(r.name for r in design.rows))
     words += [f"--key-seeds {design.key_seeds}"] if "key_seeds" in section.options else []
@@ -256,8 +259,8 @@ def study_command(design: sp.Design, root) -> str:
     centres = {r.centre for r in design.rows}
     if len(centres) == 1:  # one centre for every row: --rate-centre gives it back (whether given or resolved)
         words.append(f"--rate-centre {centres.pop():g}")
-    words += [f"--heldout-seeds {design.heldout_seeds}", f"--heldout-seed-start {design.heldout_seed_start}",
-              f"--equivalence-margin {number_text(design.equivalence_margin)}"]
+    words += [f"--{flag(k)} {number_text(getattr(design, k))}"
+              for k in ("heldout_seeds", "heldout_seed_start", "equivalence_margin")]
     if base:
         words.append("--set " + ",".join(f"{k}={number_text(v)}" for k, v in sorted(base.items())))
     return " ".join(words + [f"--output-dir {root}"])
