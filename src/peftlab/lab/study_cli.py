@@ -1,11 +1,6 @@
-"""``peftlab study lambda|kasa`` and ``peftlab study --spec my.yaml``: the command line of a study.
-
-The design is a spec file (:mod:`peftlab.lab.study_spec`: ``lambda`` and ``kasa`` are the shipped ones): its rows,
-its options and their defaults. The protocol (:mod:`peftlab.lab.study_protocol`): every row at its own searched
-learning rate, trained to its plateau (early stopping on a selection split carved out of the training data), scored
-on the dev set as a test split no choice read, on held-out seeds. An option the spec does not take is refused,
-never ignored. The earlier fixed-rate designs (one shared rate, fixed epochs) left the package for the repository's
-``studies/fixed_rate`` (``--protocol fixed-rate`` says where).
+"""``peftlab study lambda|kasa`` and ``peftlab study --spec my.yaml``: the command line of a study, whose design
+is a spec file (:mod:`peftlab.lab.study_spec`). An option the spec does not take is refused, never ignored; the
+fixed-rate protocol's flags say where it went (``studies/fixed_rate`` beside the package).
 """
 
 from __future__ import annotations
@@ -207,11 +202,10 @@ def design_from_args(args) -> sp.Design:
 
 
 def fair_rows(args, section, base: dict, tasks: tuple[str, ...]) -> tuple[sp.Row, ...]:
-    """The spec's rows, each centred on --rate-centre or its method's default rate: a row per value of the swept
-    option (and the baseline first), or the named rows of --rows."""
+    """The spec's rows, each centred on --rate-centre or the rate `peftlab train` resolves for it: a row per value
+    of the swept option (the baseline first), or the named rows of --rows."""
 
     def centre(keys: dict) -> float:
-        """The rate `peftlab train` resolves for the row by default (its module rate; head-only: the head's)."""
         if args.rate_centre is not None:
             return args.rate_centre
         config = {**base, "task": tasks[0], "method": keys.get("method", base.get("method"))}

@@ -1,10 +1,7 @@
-"""REPORT.md and verdicts.json of a fair study (:mod:`peftlab.lab.study_protocol`), from its store alone.
-
-Per task: each row's rate search (the rates tried with their selection means, the one chosen, whether it sat at
-an edge of the grid), then on the held-out seeds its test score (mean ± std, n, labels), the optimizer steps its
-runs took and whether they reached their plateau; the paired comparisons of the design's families (Holm within
-each family), KaSA's singular-value movement against Adam's bound. The search is replayed from the store by
-the same functions that ran it, and every sentence is written from verdicts.json (:mod:`peftlab.lab.verdicts`).
+"""REPORT.md and verdicts.json of a fair study, from its store alone: per task each row's rate search, its
+held-out test score, steps and plateau, and the paired comparisons of the design's families (Holm within each).
+The search is replayed from the store by the same functions that ran it, and every sentence is written from
+verdicts.json (:mod:`peftlab.lab.verdicts`).
 """
 
 from __future__ import annotations

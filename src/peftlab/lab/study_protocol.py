@@ -54,11 +54,10 @@ def check_seeds(start, count, selection_seeds: int, *, minimum: int = 2) -> None
 
 def key_ablation_targets(targets: str) -> str | None:
     """{q,v} -> {q,k,v}: the same update with W_k trained too; None when k is already trained (or no q/v)."""
-    names = [t.strip() for t in str(targets).split(",") if t.strip()]
-    if "k" in names or not {"q", "v"} <= set(names):
-        return None
-    order = ["q", "k", "v", "o"]
-    return ",".join(sorted(set(names) | {"k"}, key=lambda t: (order.index(t) if t in order else 9, t)))
+    from peftlab.config import parse_targets
+
+    names = parse_targets(targets)
+    return None if "k" in names or not {"q", "v"} <= set(names) else ",".join(parse_targets((*names, "k")))
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,6 @@ class Protocol:
             raise PeftlabError(f"--min-delta must be >= 0, got {self.min_delta}")
 
     def run_keys(self) -> dict[str, Any]:
-        """The train keys every run of the protocol carries."""
         return {"selection_samples": self.selection_samples, "early_stop_patience": self.patience,
                 "early_stop_min_delta": self.min_delta}
 
@@ -120,7 +118,6 @@ def rate_at(row: Row, step: int, factor: float) -> float:
 
 
 def run_config(base: dict, task: str, keys: dict, rate: float, seed: int) -> dict:
-    """One run: the base, the task, the row's keys, the rate (head tied to it) and the seed."""
     config = {**base, "task": task, **keys, "seed": seed}
     if keys.get("method") == "head":  # no adapter: its one rate is the head's; projections do not apply
         for key in ("targets", "layers", "lr", "lr_ratio"):
