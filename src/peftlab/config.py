@@ -17,7 +17,7 @@ from peftlab.config_cli import (
     add_dataclass_flags, build_config, coerce, config_yaml, field_docs, field_types, load_yaml, normalise_keys,
     save_config)
 from peftlab.config_roles import (
-    POSITIVE, File, Folder, OptionGroup, Range, Text, check_fields, flat_dict, from_flat, option, option_defaults,
+    POSITIVE, SEED, File, Folder, OptionGroup, Range, Text, check_fields, flat_dict, from_flat, option, option_defaults,
     option_names, role_sets)
 from peftlab.errors import PeftlabError
 from peftlab.methods.registry import (  # the rows' names and option groups (re-exported: peftlab.config.KasaOptions)
@@ -32,13 +32,10 @@ TaskName = Literal[TASK_NAMES]
 Projection = Literal["q", "k", "v", "o", "gate", "up", "down"]  # attention, then the MLP's (they train at --lr)
 Pooling = Literal["auto", "native", "mean"]
 ReportTo = Literal["auto", "tensorboard", "wandb", "mlflow", "none"]  # Accelerate's trackers, or none
-PROJECTIONS = typing.get_args(Projection)
 REPORT_TO = typing.get_args(ReportTo)
 HEAD_ONLY = "head"  # the one method that adapts no projection: its config holds no targets and no layers
 # --scheduler -> transformers' get_scheduler name (each after --warmup-ratio's linear warm-up).
 SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
-# numpy's seeds are < 2**32 (accelerate's set_seed seeds numpy, random and torch with --seed)
-SEED = Range(0, 2**32, high_open=True, why="numpy's seed range")
 
 
 MAX_LAYERS = 10_000  # more transformer blocks than any model has (a range is expanded: 0-10**12 would not end)
@@ -322,7 +319,7 @@ ROLES = role_sets(TrainConfig)
 # (declarations, roles) that callers reach through it, so that `from peftlab.config import ...` is its one path.
 __all__ = [  # the schema; then config_cli's (flags, YAML); then config_roles' (declarations, roles)
     "TrainConfig", "MethodConfig", "OptimConfig", "OptionGroup", "KasaOptions", "CordaOptions", "VeraOptions",
-    "FourierFTOptions", "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "PROJECTIONS", "REPORT_TO",
+    "FourierFTOptions", "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "REPORT_TO",
     "HEAD_ONLY", "SCHEDULERS", "SEED", "POSITIVE", "MAX_LAYERS", "ROLES",
     "parse_layers", "parse_targets", "add_dataclass_flags", "build_config", "coerce", "config_yaml", "field_docs",
     "field_types", "load_yaml", "normalise_keys", "save_config", "File", "Folder", "Range", "Text", "check_fields",

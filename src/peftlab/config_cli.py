@@ -1,11 +1,11 @@
 """Config dataclasses <-> command-line flags <-> YAML (re-exported by :mod:`peftlab.config`). A field's ``--help``
-is the docstring under it, read by jsonargparse (as in litgpt); a value is typed and checked by its declaration
-where it enters (:func:`coerce`): a flag, a ``--config`` file, a sweep or tune spec.
+is the docstring under it, read by docstring_parser (as jsonargparse and litgpt read it); a value is typed and
+checked by its declaration where it enters (:func:`coerce`): a flag, a ``--config`` file, a sweep or tune spec.
 
-Why not jsonargparse's own parser (4.53.0): it has no ``parse_known_args`` (``peftlab train`` is a subcommand of
-a plain argparse parser); it names options after the attributes only (``--lr-ratio 3``: "unrecognized
-arguments"; a bare ``--overwrite``: "expected one argument"); its errors span several lines; and it rejects
-spellings peftlab has always accepted (``q,k,v`` for a tuple, ``8.0`` for an int).
+Why not jsonargparse's parser (4.53.0): it has no ``parse_known_args`` (``peftlab train`` is a subcommand of a
+plain argparse parser); it names options after the attributes only (``--lr-ratio 3``: "unrecognized arguments";
+a bare ``--overwrite``: "expected one argument"); its errors span several lines; and it rejects spellings peftlab
+has always accepted (``q,k,v`` for a tuple, ``8.0`` for an int).
 """
 
 from __future__ import annotations
@@ -19,31 +19,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
+import docstring_parser
 import yaml
-from jsonargparse import ArgumentParser, set_parsing_settings
 
 from peftlab.config_roles import (checked_value, choices_of, flat_dict, from_flat, group_items, hints, kind_of,
                                   option_defaults, option_groups, option_names, option_spec, optional, options)
 from peftlab.errors import PeftlabError, closest
 
-# The string literal under each field is its documentation (the litgpt convention); jsonargparse parses it.
-set_parsing_settings(docstring_parse_attribute_docstrings=True)
-
-
-# --------------------------------------------------------------------------- schema (jsonargparse)
-
-
-@functools.lru_cache(maxsize=None)
-def schema_parser(cls) -> ArgumentParser:  # read for the fields' docstrings only
-    parser = ArgumentParser(exit_on_error=False, prog=cls.__name__)
-    parser.add_class_arguments(cls, None, as_group=False, instantiate=False)
-    return parser
+# --------------------------------------------------------------------------- schema
 
 
 @functools.lru_cache(maxsize=None)
 def _own_docs(cls) -> dict[str, str]:
-    return {action.dest: " ".join(str(action.help).split()) for action in schema_parser(cls)._actions
-            if action.dest in cls.__dataclass_fields__ and action.help}
+    """The string literal under each field of ``cls`` and of its dataclass bases (the litgpt convention)."""
+    docs: dict[str, str] = {}
+    for klass in filter(dataclasses.is_dataclass, reversed(cls.__mro__)):
+        docs.update({p.arg_name: " ".join(p.description.split())
+                     for p in docstring_parser.parse_from_object(klass).params if p.description})
+    return docs
 
 
 def field_docs(cls) -> dict[str, str]:

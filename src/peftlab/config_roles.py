@@ -54,6 +54,8 @@ class Range:
 
 
 POSITIVE = Range(0, low_open=True)  # a finite number > 0 (rates, scales, seconds)
+# numpy's seeds are < 2**32 (accelerate's set_seed seeds numpy, random and torch with --seed)
+SEED = Range(0, 2**32, high_open=True, why="numpy's seed range")
 
 
 @dataclass(frozen=True)
