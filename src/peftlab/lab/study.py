@@ -11,7 +11,7 @@ from typing import Callable
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store
-from peftlab.lab.study_plan import SAFETY, StudyPaths, duration_text, keyed, save_fair_plan, write_spec
+from peftlab.lab.study_plan import SAFETY, StudyPaths, duration_text, save_fair_plan, with_rows, write_spec
 
 
 @dataclass
@@ -33,8 +33,7 @@ class Study:
             return {row["key"]: row for row in store.rows()}
 
     def stage_rows(self, configs: list[dict]) -> list[tuple[dict, dict | None]]:
-        rows = self.rows_by_key()
-        return [(config, rows.get(key)) for config, key in keyed(configs)]
+        return with_rows(configs, self.rows_by_key())
 
     def run_configs(self, name: str, configs: list[dict], description: str) -> None:
         from peftlab.lab.spec import load_spec

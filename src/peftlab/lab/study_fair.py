@@ -8,19 +8,16 @@ from __future__ import annotations
 
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_protocol as sp
-from peftlab.lab.study_plan import keyed
+from peftlab.lab.study_plan import with_rows
 
 
 def search_state(design: sp.Design, task: str, row: sp.Row, steps: tuple[int, ...], extensions: int,
                  by_key: dict[str, dict]) -> sp.Search:
     """A row's search over ``steps`` as far as the store has it."""
-    factor = design.protocol.grid_factor
-    scores = []
-    for step in steps:
-        configs = sp.search_configs(design, task, row, [step])
-        runs = {config["seed"]: by_key.get(key) for config, key in keyed(configs)}
-        scores.append(sp.score_rate(row, step, factor, runs))
-    return sp.Search(row, steps, tuple(scores), extensions)
+    scores = tuple(sp.score_rate(row, step, design.protocol.grid_factor, {
+        config["seed"]: run for config, run in with_rows(sp.search_configs(design, task, row, [step]), by_key)})
+        for step in steps)
+    return sp.Search(row, steps, scores, extensions)
 
 
 def replay_searches(design: sp.Design, task: str, by_key: dict[str, dict], run_round=None) -> dict[str, sp.Search]:

@@ -16,7 +16,7 @@ from peftlab.lab import study_protocol as sp
 from peftlab.lab import verdicts as vt
 from peftlab.lab.records import auto_scale
 from peftlab.lab.study_fair import heldout_arms, key_arms, replay_searches
-from peftlab.lab.study_plan import keyed
+from peftlab.lab.study_plan import with_rows
 from peftlab.lab.table_model import Cell
 
 SECTION_FILE = "SECTION.md"  # the report's task sections, as docs/RESULTS.md embeds them
@@ -25,8 +25,7 @@ SECTION_FILE = "SECTION.md"  # the report's task sections, as docs/RESULTS.md em
 def arm_cell(design: sp.Design, task: str, arm: sp.Arm, by_key: dict, seeds: list[int]) -> tuple[Cell, list[dict]]:
     """The arm's held-out runs: a Cell of every finished run at its test value, and the runs themselves."""
     cell, runs = Cell(), []
-    for config, key in keyed(sp.heldout_configs(design, task, [arm], seeds)):
-        row = by_key.get(key)
+    for config, row in with_rows(sp.heldout_configs(design, task, [arm], seeds), by_key):
         if row is None or row["status"] in ("pending", "running"):
             continue
         result = row.get("result") or {}
@@ -128,11 +127,17 @@ def task_data(design: sp.Design, task: str, store_rows: list[dict]) -> dict:
                     "n_pairs": len(keys[0])}
         return comparison_data(name, (a, cells[a][0]), (b, cells[b][0]), margin, scale, family)
 
-    families = {family.name: family_data(design, family, finished, pair) for family in design.section.families}
-    if design.key_ablation and any(f.compare == "key_ablation" for f in design.section.families):
-        arms_pair = key_arms(design, finished)
-        name = next(f for f in design.section.families if f.compare == "key_ablation").name
-        families[name] = key_family(design, task, arms_pair, by_key, margin, scale) if arms_pair else []
+    def key_family(family) -> list:  # the baseline's pick with W_k frozen − with W_k trained
+        frozen_trained = key_arms(design, finished) if design.key_ablation else None
+        if frozen_trained is None:
+            return []
+        (frozen, trained), seeds = frozen_trained, design.key_seed_list
+        qv, qkv = (arm_cell(design, task, arm, by_key, seeds)[0] for arm in frozen_trained)
+        return [comparison_data(f"W_k frozen ({frozen.name}) − W_k trained", (frozen.name, qv), (trained.name, qkv),
+                                margin, scale, family.family)]
+
+    families = {f.name: key_family(f) if f.compare == "key_ablation" else family_data(design, f, finished, pair)
+                for f in design.section.families}
     kasa_arms = [a.name for a in arms if a.keys.get("method") == "kasa" and a.name in cells]
     if kasa_arms:
         data["sigma_vs_adam"] = {n: sigma_vs_adam(cells[n][1]) for n in kasa_arms}
@@ -149,13 +154,6 @@ def family_data(design: sp.Design, family, searches: dict, pair) -> list:
     if family.compare == "baseline":
         return baseline_family(design, family.family, searches, pair)
     return [pair(name, a, b, family.family) for a, b, name in family.pairs]
-
-
-def key_family(design: sp.Design, task: str, arms: tuple, by_key: dict, margin: float, scale: float) -> list:
-    seeds, (base, key) = design.key_seed_list, arms
-    qv, qkv = (arm_cell(design, task, a, by_key, seeds)[0] for a in (base, key))
-    return [comparison_data(f"W_k frozen ({base.name}) − W_k trained", (base.name, qv), (key.name, qkv), margin,
-                            scale, next(f.family for f in design.section.families if f.compare == "key_ablation"))]
 
 
 def baseline_family(design: sp.Design, family: str, searches: dict, pair) -> list:

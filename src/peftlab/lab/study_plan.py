@@ -81,6 +81,11 @@ def keyed(configs: list[dict]) -> list[tuple[dict, str]]:
     return [(config, config_key(resolved_run(config).to_dict())) for config in configs]
 
 
+def with_rows(configs: list[dict], by_key: dict[str, dict]) -> list[tuple[dict, dict | None]]:
+    """Each config with its store row (None: not in the store yet)."""
+    return [(config, by_key.get(key)) for config, key in keyed(configs)]
+
+
 def _canon(value):
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
