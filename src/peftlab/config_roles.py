@@ -96,9 +96,10 @@ class Roles:
 def option(default: Any, check: Range | Text | File | Folder | None = None, *, noun: str | None = None,
            lower: bool = False, normalise: Callable[[Any], Any] | None = None, section: str | None = None,
            **roles) -> Any:
-    """A dataclass field declared with its check and roles. ``noun`` names a choice's kind in the "unknown <noun> 'x'" message (default: the flag); ``lower``: a choice
-    is matched in lower case; ``normalise``: the canonical form of a text value (e.g. ``--layers 6-8`` -> 6,7,8);
-    ``section``: its ``--help`` section (a key of the config's ``SECTIONS``; default: its class's ``SECTION``)."""
+    """A dataclass field declared with its check and roles. ``noun`` names a choice's kind in the "unknown
+    <noun> 'x'" message (default: the flag); ``lower``: a choice is matched in lower case; ``normalise``: the
+    canonical form of a text value (``--layers 6-8`` -> 6,7,8); ``section``: its ``--help`` section (a key of the
+    config's ``SECTIONS``; default: its class's ``SECTION``)."""
     metadata = {"check": check, "noun": noun, "lower": lower, "normalise": normalise, "section": section,
                 "roles": Roles(**roles)}
     return dataclasses.field(default=default, metadata=metadata)
@@ -263,7 +264,7 @@ class Option(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def option_groups(cls) -> dict[str, type]:
-    """The fields of ``cls`` that hold an option group (``kasa: KasaOptions``, ``optim: OptimConfig``): name -> class."""
+    """The fields of ``cls`` that hold an option group (``kasa: KasaOptions``): name -> class."""
     return {f.name: hints(cls)[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints(cls)[f.name])}
 
 
@@ -354,7 +355,6 @@ class RoleSets:
 
 
 def _contradiction(r: Roles) -> str | None:
-    """What is wrong with a field's roles, if anything."""
     if r.resumable and r.report_row:
         return "is resumable but tells report rows apart"
     if r.hashed_as is not NOT_HASHED and not (r.resumable and r.key_v1):

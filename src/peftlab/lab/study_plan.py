@@ -32,17 +32,8 @@ class StudyPaths:
     root: Path
     store: Path
 
-    @property
-    def plan(self) -> Path:
-        return self.root / PLAN_FILE
-
-    @property
-    def specs(self) -> Path:
-        return self.root / "specs"
-
-    @property
-    def runs(self) -> Path:
-        return self.root / "runs"
+    def __post_init__(self):
+        self.plan, self.specs, self.runs = self.root / PLAN_FILE, self.root / "specs", self.root / "runs"
 
 
 def save_fair_plan(paths: StudyPaths, design) -> None:
