@@ -113,21 +113,17 @@ def _section(data: Any, path: Path) -> Section:
     if bool(rows) == bool(swept):
         raise PeftlabError("'fair' needs either rows (name: keys) or swept (one key over an option's values)",
                            where=str(path))
-    families = tuple(_family(f, path) for f in data.get("families") or ())
-    for family in families:
-        unknown = [n for a, b, _ in family.pairs for n in (a, b) if not _names_arm(n, rows, data)]
-        if unknown:
-            raise PeftlabError(f"family '{family.name}' compares '{unknown[0]}', which is no row or arm",
-                               where=str(path))
     arms = tuple(PaperArm(str(a["name"]), dict(a.get("keys") or {}), tuple(a.get("paper") or ()))
                  for a in data.get("paper_arms") or ())
+    families = tuple(_family(f, path) for f in data.get("families") or ())
+    named = {*rows, *(arm.name for arm in arms)}  # a row at another rate (`kasa@...`) is its row's
+    for family in families:
+        strangers = [n for a, b, _ in family.pairs for n in (a, b) if n not in named and n.split("@")[0] not in rows]
+        if strangers:
+            raise PeftlabError(f"family '{family.name}' compares '{strangers[0]}', which is no row or arm",
+                               where=str(path))
     return Section(str(data.get("title") or ""), dict(data.get("options") or {}), rows, swept, arms,
                    tuple(data.get("controls") or ()), bool(data.get("key_ablation")), families)
-
-
-def _names_arm(name: str, rows: dict, data: dict) -> bool:
-    arms = {a.get("name") for a in data.get("paper_arms") or ()}
-    return name in rows or name in arms or name.split("@")[0] in rows
 
 
 def _family(data: Any, path: Path) -> Family:
