@@ -480,7 +480,6 @@ LIBRARY_PRIVATES = {
     ("peftlab.cli.main", "parser._actions"): "argparse has no public way to list a parser's options",
     ("peftlab.cli.main", "argparse._SubParsersAction"): "argparse: finding the subcommands for did-you-mean",
     ("peftlab.cli.main", "sub.choices[command]._option_string_actions"): "argparse: a subcommand's flags",
-    ("peftlab.config_cli", "schema_parser(cls)._actions"): "argparse: the flags jsonargparse declared",
     ("peftlab.lab.sweep_workers", "os._exit"): "public: exit a worker without running its parent's handlers",
     ("peftlab.tasks.judge_server", "os._exit"): "public: as above",
     ("peftlab.tasks.judge_server", "super()._build_generation_config"): "an override of transformers' serve",

@@ -1,6 +1,5 @@
-"""argparse ``type=`` checks for the plain options of subcommands (a ``TrainConfig`` option on another subcommand
-comes from its declaration: :func:`peftlab.config_cli.add_dataclass_flags` with ``only=``), worded as
-:mod:`peftlab.config_roles` words its ranges; nothing is created while parsing.
+"""argparse ``type=`` checks for the plain options of subcommands (not ``TrainConfig``'s: those come from their
+declarations), worded as :mod:`peftlab.config_roles` words its ranges; nothing is created while parsing.
 """
 
 from __future__ import annotations
@@ -10,10 +9,8 @@ import math
 from pathlib import Path
 from typing import Callable
 
-from peftlab.config_roles import INT64_MAX, Range
+from peftlab.config_roles import INT64_MAX, SEED, Range
 from peftlab.io_utils import path_problem
-
-SEED_LIMIT = 2**32  # numpy's seeds are < 2**32
 
 
 def bounded_int(text: str, low: int, high: int, meaning: str) -> int:
@@ -40,7 +37,7 @@ def _number(name: str, kind: type, check: Range, meaning: str | None = None) -> 
 
 positive_int = _number("positive_int", int, Range(1, INT64_MAX))
 nonnegative_int = _number("nonnegative_int", int, Range(0, INT64_MAX))
-seed = _number("seed", int, Range(0, SEED_LIMIT, high_open=True, why="numpy's seed range"))
+seed = _number("seed", int, SEED)
 positive_float = _number("positive_float", float, Range(0, low_open=True))
 nonnegative_float = _number("nonnegative_float", float, Range(0))  # a share of a device: 0 is none of it
 

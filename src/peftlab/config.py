@@ -1,13 +1,8 @@
-"""The config schema: every option of a run declared once (type, default, help, valid values, roles, section).
-
-A run's config is :class:`TrainConfig`: the method part (:class:`MethodConfig`, which it extends, with each
-method's own group nested as in peft, ``cfg.kasa.beta``, declared with the method's row in
-:mod:`peftlab.methods.registry`), the optimizer (``cfg.optim``: :class:`OptimConfig`)
-and the run's own fields, shown in ``--help`` sections (``TrainConfig.SECTIONS``: run, optim, eval, data, each
-method's group, each task family's: the MT-Bench judge, your own labelled data). Outside Python every option
-has one flat name (``--kasa-beta`` / ``kasa_beta``, ``--lr`` / ``lr``; a YAML file may nest ``kasa: {beta: ..}``).
-Each field is declared with :func:`peftlab.config_roles.option`, its docstring is its ``--help``. This module is
-a leaf; the method's and task's defaults are :func:`peftlab.resolve.resolve_config`'s, once per run.
+"""The config schema: every option of a run declared once (:func:`peftlab.config_roles.option`; the docstring
+under a field is its ``--help``). :class:`TrainConfig` = :class:`MethodConfig` (each method's group nested as in
+peft, ``cfg.kasa.beta``) + ``cfg.optim`` + the run's own fields; outside Python every option has one flat name
+(``--kasa-beta`` / ``kasa_beta``; YAML may nest ``kasa: {beta: ..}``). A leaf: the method's and task's defaults
+are :func:`peftlab.resolve.resolve_config`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from peftlab.config_cli import (
     add_dataclass_flags, build_config, coerce, config_yaml, field_docs, field_types, load_yaml, normalise_keys,
     save_config)
 from peftlab.config_roles import (
-    POSITIVE, File, Folder, OptionGroup, Range, Text, check_fields, flat_dict, from_flat, option, option_defaults,
+    POSITIVE, SEED, File, Folder, OptionGroup, Range, Text, check_fields, flat_dict, from_flat, option, option_defaults,
     option_names, role_sets)
 from peftlab.errors import PeftlabError
 from peftlab.methods.registry import (  # the rows' names and option groups (re-exported: peftlab.config.KasaOptions)
@@ -37,13 +32,10 @@ TaskName = Literal[TASK_NAMES]
 Projection = Literal["q", "k", "v", "o", "gate", "up", "down"]  # attention, then the MLP's (they train at --lr)
 Pooling = Literal["auto", "native", "mean"]
 ReportTo = Literal["auto", "tensorboard", "wandb", "mlflow", "none"]  # Accelerate's trackers, or none
-PROJECTIONS = typing.get_args(Projection)
 REPORT_TO = typing.get_args(ReportTo)
 HEAD_ONLY = "head"  # the one method that adapts no projection: its config holds no targets and no layers
 # --scheduler -> transformers' get_scheduler name (each after --warmup-ratio's linear warm-up).
 SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
-# numpy's seeds are < 2**32 (accelerate's set_seed seeds numpy, random and torch with --seed)
-SEED = Range(0, 2**32, high_open=True, why="numpy's seed range")
 
 
 MAX_LAYERS = 10_000  # more transformer blocks than any model has (a range is expanded: 0-10**12 would not end)
@@ -135,12 +127,11 @@ class MethodChoice:
 
     @classmethod
     def from_dict(cls, data):
-        """The config of a dict keyed as ``to_dict()``, config.yaml and sweep cells spell options (flat:
-        ``kasa_beta``, ``lr``); nested groups (``kasa={"beta": ...}`` or a ``KasaOptions``) are accepted too."""
+        """From flat keys (``kasa_beta``, ``lr``) or nested groups (``kasa={"beta": ...}``)."""
         return from_flat(cls, data)
 
     def to_dict(self) -> dict:
-        """Flat, as config.yaml and result.json hold it (``kasa_beta``, ``targets: q,v``): the run key's input."""
+        """Flat, as config.yaml and result.json hold it: the run key's input."""
         return flat_dict(self)
 
 
@@ -153,7 +144,7 @@ MethodConfig = dataclasses.make_dataclass(
 
 
 def parse_targets(targets) -> tuple[str, ...]:
-    """``"q,v"`` or ``["q", "v"]`` -> ``("q", "v")`` in canonical order, validated as ``--targets`` is."""
+    """``"q,v"`` or ``["q", "v"]`` -> ``("q", "v")``, checked as ``--targets`` is."""
     return MethodConfig(targets=targets).targets
 
 
@@ -328,7 +319,7 @@ ROLES = role_sets(TrainConfig)
 # (declarations, roles) that callers reach through it, so that `from peftlab.config import ...` is its one path.
 __all__ = [  # the schema; then config_cli's (flags, YAML); then config_roles' (declarations, roles)
     "TrainConfig", "MethodConfig", "OptimConfig", "OptionGroup", "KasaOptions", "CordaOptions", "VeraOptions",
-    "FourierFTOptions", "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "PROJECTIONS", "REPORT_TO",
+    "FourierFTOptions", "MethodName", "TaskName", "Projection", "Pooling", "ReportTo", "REPORT_TO",
     "HEAD_ONLY", "SCHEDULERS", "SEED", "POSITIVE", "MAX_LAYERS", "ROLES",
     "parse_layers", "parse_targets", "add_dataclass_flags", "build_config", "coerce", "config_yaml", "field_docs",
     "field_types", "load_yaml", "normalise_keys", "save_config", "File", "Folder", "Range", "Text", "check_fields",

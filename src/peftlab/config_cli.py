@@ -1,14 +1,11 @@
-"""Config dataclasses <-> command-line flags <-> YAML (re-exported by :mod:`peftlab.config`).
+"""Config dataclasses <-> command-line flags <-> YAML (re-exported by :mod:`peftlab.config`). A field's ``--help``
+is the docstring under it, read by docstring_parser (as jsonargparse and litgpt read it); a value is typed and
+checked by its declaration where it enters (:func:`coerce`): a flag, a ``--config`` file, a sweep or tune spec.
 
-A field's ``--help`` is the docstring under it, read by jsonargparse (as in litgpt). A value given as text or YAML
-is typed and checked by its declaration where it enters (:func:`coerce`), whatever it came from: a flag, a
-``--config`` file, a sweep or tune spec. Precedence: defaults < YAML < ``overrides`` < flags.
-
-Why not jsonargparse's own parser (4.53.0): ``peftlab train`` is a subcommand of a plain argparse parser (a
-jsonargparse parser has no ``parse_known_args``); it names options after the attributes only (``--lr-ratio 3``:
-"unrecognized arguments"; a bare ``--overwrite``: "expected one argument"); its errors span several lines; and it
-rejects spellings peftlab has always accepted (``q,k,v`` for a tuple, ``8.0`` for an int): hence
-:func:`add_dataclass_flags` and :func:`spelled`. ``config.yaml`` is ``yaml.safe_dump`` of ``to_dict()``.
+Why not jsonargparse's parser (4.53.0): it has no ``parse_known_args`` (``peftlab train`` is a subcommand of a
+plain argparse parser); it names options after the attributes only (``--lr-ratio 3``: "unrecognized arguments";
+a bare ``--overwrite``: "expected one argument"); its errors span several lines; and it rejects spellings peftlab
+has always accepted (``q,k,v`` for a tuple, ``8.0`` for an int).
 """
 
 from __future__ import annotations
@@ -22,42 +19,34 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
+import docstring_parser
 import yaml
-from jsonargparse import ArgumentParser, set_parsing_settings
 
 from peftlab.config_roles import (checked_value, choices_of, flat_dict, from_flat, group_items, hints, kind_of,
                                   option_defaults, option_groups, option_names, option_spec, optional, options)
 from peftlab.errors import PeftlabError, closest
 
-# The string literal under each field is its documentation (the litgpt convention); jsonargparse parses it.
-set_parsing_settings(docstring_parse_attribute_docstrings=True)
-
-
-# --------------------------------------------------------------------------- schema (jsonargparse)
-
-
-@functools.lru_cache(maxsize=None)
-def schema_parser(cls) -> ArgumentParser:
-    """jsonargparse's parser of ``cls``: one typed option per field, its help from the field's docstring."""
-    parser = ArgumentParser(exit_on_error=False, prog=cls.__name__)
-    parser.add_class_arguments(cls, None, as_group=False, instantiate=False)
-    return parser
+# --------------------------------------------------------------------------- schema
 
 
 @functools.lru_cache(maxsize=None)
 def _own_docs(cls) -> dict[str, str]:
-    return {action.dest: " ".join(str(action.help).split()) for action in schema_parser(cls)._actions
-            if action.dest in cls.__dataclass_fields__ and action.help}
+    """The string literal under each field of ``cls`` and of its dataclass bases (the litgpt convention)."""
+    docs: dict[str, str] = {}
+    for klass in filter(dataclasses.is_dataclass, reversed(cls.__mro__)):
+        docs.update({p.arg_name: " ".join(p.description.split())
+                     for p in docstring_parser.parse_from_object(klass).params if p.description})
+    return docs
 
 
 def field_docs(cls) -> dict[str, str]:
-    """The docstring under each option of ``cls`` (its bases and option groups included), by flat name."""
+    """The docstring under each option of ``cls``, by flat name."""
     return {flat: _own_docs(o.owner)[o.name] for flat, o in options(cls).items() if o.name in _own_docs(o.owner)}
 
 
 @functools.lru_cache(maxsize=None)
 def field_types(cls) -> dict[str, Any]:
-    """Each option's resolved type hint, by flat name (``kasa_beta``: ``KasaOptions.beta``'s)."""
+    """Each option's resolved type hint, by flat name."""
     return {flat: hints(o.owner)[o.name] for flat, o in options(cls).items()}
 
 
@@ -76,8 +65,7 @@ def _section(cls, where) -> str:
 
 
 def _flag_type(cls, name: str) -> Callable[[str], Any]:
-    """argparse ``type=`` of option ``name`` on another subcommand's parser: :func:`coerce` (its declaration's
-    type and check), so a bad value is argparse's one line while the arguments are parsed."""
+    """argparse ``type=`` of option ``name`` on another subcommand's parser: :func:`coerce`."""
     def typed(text: str) -> Any:
         try:
             return coerce(cls, name, text)
@@ -143,9 +131,8 @@ def spelled(hint, value):
 
 
 def coerce(cls, name: str, value: Any, where: str | None = None) -> Any:
-    """Option ``name`` of ``cls`` (flat: ``kasa_beta``) as a flag, YAML file or spec gives it: typed
-    (:func:`spelled`: ``"8"``, ``"1e-4"``, ``"yes"``, ``"null"``) and checked by its
-    declaration, once, at the input; a bad value is one line naming the flag (and ``where``)."""
+    """Option ``name`` of ``cls`` (flat: ``kasa_beta``) as a flag, YAML file or spec gives it, typed
+    (:func:`spelled`) and checked by its declaration; a bad value is one line naming the flag (and ``where``)."""
     if value is None:
         return None
     spec, hint = option_spec(cls, name), field_types(cls)[name]
@@ -171,8 +158,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    """A YAML mapping; a file that is not one (unreadable, not UTF-8, bad syntax, a key twice) is one line
-    naming the file and the line."""
+    """A YAML mapping; anything else (unreadable, not UTF-8, bad syntax, a key twice) is one line naming the file
+    and the line."""
     path = Path(path)
     if not path.is_file():
         raise PeftlabError(f"config file not found: {path}", fix="check the --config path")
@@ -230,8 +217,7 @@ def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any]
                  flag_values: dict[str, Any] | None = None,
                  check_explicit: Callable[[Any, set[str]], None] | None = None):
     """defaults < YAML file < ``overrides`` (e.g. a sweep cell) < command-line flags, each value through
-    :func:`coerce`. ``check_explicit(cfg, names)``: called with the options the YAML or a flag set (``peftlab
-    train``: :func:`peftlab.resolve.check_ignored_options`). Unresolved: :func:`peftlab.resolve.resolve_config`."""
+    :func:`coerce`; ``check_explicit(cfg, names)`` gets the options the YAML or a flag set. Unresolved."""
     values: dict[str, Any] = {}
     explicit: set[str] = set()
     if yaml_path:
@@ -251,9 +237,8 @@ def build_config(cls, *, yaml_path: str | None = None, overrides: dict[str, Any]
 
 
 def config_yaml(cfg) -> str:
-    """The config as YAML: what ``config.yaml`` holds and ``peftlab train --print-config`` prints."""
-    data = cfg.to_dict() if hasattr(cfg, "to_dict") else flat_dict(cfg)
-    return yaml.safe_dump(data, sort_keys=False)
+    """What ``config.yaml`` holds and ``peftlab train --print-config`` prints."""
+    return yaml.safe_dump(flat_dict(cfg), sort_keys=False)
 
 
 def save_config(cfg, path: str | Path) -> None:

@@ -54,6 +54,8 @@ class Range:
 
 
 POSITIVE = Range(0, low_open=True)  # a finite number > 0 (rates, scales, seconds)
+# numpy's seeds are < 2**32 (accelerate's set_seed seeds numpy, random and torch with --seed)
+SEED = Range(0, 2**32, high_open=True, why="numpy's seed range")
 
 
 @dataclass(frozen=True)
@@ -94,11 +96,10 @@ class Roles:
 def option(default: Any, check: Range | Text | File | Folder | None = None, *, noun: str | None = None,
            lower: bool = False, normalise: Callable[[Any], Any] | None = None, section: str | None = None,
            **roles) -> Any:
-    """A dataclass field declared with its check and roles (``field(metadata=...)``).
-
-    ``noun`` names a choice's kind in the "unknown <noun> 'x'" message (default: the flag); ``lower``: a choice
-    is matched in lower case; ``normalise``: the canonical form of a text value (e.g. ``--layers 6-8`` -> 6,7,8);
-    ``section``: its ``--help`` section (a key of the config's ``SECTIONS``; default: its class's ``SECTION``)."""
+    """A dataclass field declared with its check and roles. ``noun`` names a choice's kind in the "unknown
+    <noun> 'x'" message (default: the flag); ``lower``: a choice is matched in lower case; ``normalise``: the
+    canonical form of a text value (``--layers 6-8`` -> 6,7,8); ``section``: its ``--help`` section (a key of the
+    config's ``SECTIONS``; default: its class's ``SECTION``)."""
     metadata = {"check": check, "noun": noun, "lower": lower, "normalise": normalise, "section": section,
                 "roles": Roles(**roles)}
     return dataclasses.field(default=default, metadata=metadata)
@@ -112,7 +113,7 @@ def hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)  # resolves the postponed annotations
 
 
-def optional(hint) -> bool:
+def optional(hint) -> bool:  # Optional[X] / X | None
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
@@ -148,8 +149,8 @@ def check_fields(obj) -> None:
     for spec in dataclasses.fields(cls):
         hint = hints(cls)[spec.name]
         value = getattr(obj, spec.name)
-        if dataclasses.is_dataclass(hint):
-            value = as_group(hint, value, spec.name)
+        if dataclasses.is_dataclass(hint):  # an option group: an instance as is, a mapping built into one
+            value = value if isinstance(value, hint) else hint(**group_items(hint, spec.name, value))
         else:
             default = None if spec.default is dataclasses.MISSING else spec.default
             value = checked_value(hint, spec.metadata, value, flag_of(cls, spec.name), default)
@@ -166,11 +167,6 @@ class OptionGroup:
 
     def __post_init__(self):
         check_fields(self)
-
-
-def as_group(group_cls, value, name: str):
-    """``value`` as a ``group_cls`` option group: an instance as is, a mapping (``{"beta": 0.01}``) built into one."""
-    return value if isinstance(value, group_cls) else group_cls(**group_items(group_cls, name, value))
 
 
 def group_items(group_cls, name: str, value, where: str | None = None) -> dict[str, Any]:
@@ -268,7 +264,7 @@ class Option(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def option_groups(cls) -> dict[str, type]:
-    """The fields of ``cls`` that hold an option group (``kasa: KasaOptions``, ``optim: OptimConfig``): name -> class."""
+    """The fields of ``cls`` that hold an option group (``kasa: KasaOptions``): name -> class."""
     return {f.name: hints(cls)[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints(cls)[f.name])}
 
 
@@ -295,17 +291,14 @@ def options(cls) -> dict[str, Option]:
 
 
 def option_names(cls) -> list[str]:
-    """The flat option names of ``cls`` (the keys of ``to_dict()``, YAML and sweep specs; flags dashed)."""
     return list(options(cls))
 
 
 def option_defaults(cls) -> dict[str, Any]:
-    """Each option's default by flat name."""
     return {flat: option_spec(cls, flat).default for flat in options(cls)}
 
 
 def option_spec(cls, flat: str) -> dataclasses.Field:
-    """The dataclass field that declares the flat option ``flat`` of ``cls``."""
     where = options(cls)[flat]
     return where.owner.__dataclass_fields__[where.name]
 
@@ -362,7 +355,6 @@ class RoleSets:
 
 
 def _contradiction(r: Roles) -> str | None:
-    """What is wrong with a field's roles, if anything."""
     if r.resumable and r.report_row:
         return "is resumable but tells report rows apart"
     if r.hashed_as is not NOT_HASHED and not (r.resumable and r.key_v1):

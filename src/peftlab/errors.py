@@ -80,8 +80,5 @@ def closest(name: str, choices: Iterable[str]) -> str:
 
 def unknown(kind: str, name: str, choices: Iterable[str], *, where: str | None = None) -> PeftlabError:
     choices = sorted(choices)
-    return PeftlabError(
-        f"unknown {kind} '{name}'{closest(name, choices)}",
-        where=where,
-        fix=f"use one of: {', '.join(choices)}",
-    )
+    return PeftlabError(f"unknown {kind} '{name}'{closest(name, choices)}", where=where,
+                        fix=f"use one of: {', '.join(choices)}")

@@ -1,11 +1,6 @@
-"""The optional extras: which command or option needs which packages, and the one line when they are missing.
-
-``pip install peftlab`` holds what ``train``, ``evaluate``, ``predict``, ``export``, ``sweep``, ``report`` and
-``plot`` need. Everything else is an extra of pyproject.toml, and :data:`NEEDS` is the one table of who needs
-which of its modules: a command checks its row with :func:`require` before any work (``serve-judge``,
-``nlg-score``, ``tune``); the preflight of train / sweep / tune / study checks the rows its runs' options
-name (:func:`needs_of`). A missing one is one line naming the install command, exit 2. The checks find the
-modules without importing them.
+"""The optional extras: :data:`NEEDS` is the one table of which command or option needs which of their modules
+(found without importing them). A command checks its row with :func:`require` before any work; the preflight
+checks the rows its runs' options name (:func:`needs_of`). A missing one is one line naming the install command.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""File reading and writing shared by every sub-package (it imports only :mod:`peftlab.errors`), and the check of
-a path to write (:func:`path_problem`: its names, its kind, its nearest folder writable) before anything is made.
-
-A file is written to a temporary name in its folder and renamed over the target, so a reader (or a run
-killed mid-write) never sees half of it. A text file that is not UTF-8 is one line naming the file and the line
-of the first bad byte (:func:`read_text_utf8`), whoever reads it.
+"""File reading and writing shared by every sub-package, and the check of a path to write before anything is
+made (:func:`path_problem`). A file is written to a temporary name in its folder and renamed over the target, so a
+reader (or a run killed mid-write) never sees half of it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Preflight: what a command that trains can find out in its first seconds, found before anything is written.
+"""Preflight: what a command that trains can find out in its first seconds, before anything is written.
 
-``peftlab train``, ``sweep``, ``tune`` and ``study`` call :func:`check` with their cells (a label and a resolved
-config each: :mod:`peftlab.lab.preflight_cells`) and the paths they will write. Each check runs once per distinct
-value among the cells (a 160-run study asks once per model, data source and judge): the **output** paths can be
-made (:func:`peftlab.io_utils.path_problem`) and the disk has **room** for the planned runs (saved weights plus a
-checkpoint with Adam's moments, sized from the model's parameter count where it is known without loading); the
-**data** and **model** are found by the runs' own lookups (:mod:`peftlab.preflight_sources`); every **extra** a
-cell's options need is installed (:data:`peftlab.extras.NEEDS`); each MT-Bench **judge** answers one short
-request; and the caller's **services** (the Ray cluster) answer. Every problem is one line naming the cells it
-affects, all raised together (:class:`~peftlab.errors.PeftlabErrors`, exit 2); ``--dry-run`` prints the findings.
-Torch-free: a sweep's or tune's driver runs it.
+Each check runs once per distinct value among the cells (a label and a resolved config each; a 160-run study asks
+once per model, data source and judge): the **output** paths and the disk's **room** for the planned runs, the
+**data** and **model** by the runs' own lookups (:mod:`peftlab.preflight_sources`), each **extra** the options
+need, each MT-Bench **judge** (one short request) and the caller's **services** (Ray). Every problem is one line
+naming the cells it affects, all raised together (exit 2). Torch-free: a sweep's or tune's driver runs it.
 """
 
 from __future__ import annotations
@@ -245,11 +240,14 @@ def _extras(cells: list[Cell], needs: Iterable[str]) -> list[Finding]:
     for cell in cells:
         for row in extras.needs_of(cell.cfg):
             users.setdefault(row, []).append(cell.label)
-    everyone = [cell.label for cell in cells]
     for name in needs:
-        users[extras.need(PLAN_NEEDS[name])] = everyone
-    return [Finding("extra", ", ".join(row.modules), tuple(labels), len(cells), note="installed") if not row.missing()
-            else Finding("extra", ", ".join(row.modules), tuple(labels), len(cells), problem=row.error(row.missing()))
+        users[extras.need(PLAN_NEEDS[name])] = [cell.label for cell in cells]
+
+    def installed(row: extras.Need) -> str:
+        extras.require(row.use)  # the extra's one line
+        return "installed"
+
+    return [_attempt("extra", ", ".join(row.modules), tuple(labels), len(cells), lambda row=row: installed(row))
             for row, labels in users.items()]
 
 

@@ -1,7 +1,6 @@
-"""The preflight's data and model checks, by the runs' own lookups before anything loads (:mod:`peftlab.preflight`
-groups the runs and names them). What is missing locally is read from the Hub when that is allowed
-(``HF_DATASETS_OFFLINE`` / ``HF_HUB_OFFLINE`` unset), so then the Hub must answer for it, in one request bounded by
-``HF_HUB_DOWNLOAD_TIMEOUT`` (:mod:`peftlab.models.hub`). Each check returns what it found or raises one line.
+"""The preflight's data and model checks, by the runs' own lookups before anything loads. What is missing locally
+is read from the Hub when that is allowed (``HF_DATASETS_OFFLINE`` / ``HF_HUB_OFFLINE`` unset), so then the Hub
+must answer, in one bounded request. Each check returns what it found or raises one line.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ def _instruction(cfg, task) -> list[str]:
                           idata.HUB[task.name][0], cfg.data_dir) for split in splits]
 
 
-def _mt_bench(cfg) -> list[str]:
+def _mt_bench(cfg, task) -> list[str]:
     from peftlab.tasks import mt_bench
 
     folder = mt_bench.locate_folder(cfg.data_dir)
@@ -87,19 +86,15 @@ def _generation_sets(cfg, task) -> list[str]:
     return [str(generative.find_data_file(cfg.data_dir, rel, f"{cfg.task} data file {rel}").parent) for rel in files]
 
 
+LOOKUPS = {"glue": _glue, "mt_bench": _mt_bench, "instruction": _instruction, "commonsense": _generation_sets,
+           "math": _generation_sets, "e2e": _generation_sets}  # by Task.pipeline
+
+
 def data(cfg) -> str:
     task = registered_task(cfg.task)
-    if task.pipeline == "glue":
-        found = _glue(cfg, task)
-    elif task.pipeline == "mt_bench":
-        found = _mt_bench(cfg)
-    elif task.pipeline == "instruction":
-        found = _instruction(cfg, task)
-    elif task.pipeline in ("commonsense", "math", "e2e"):
-        found = _generation_sets(cfg, task)
-    else:  # classify / regress: read and digested when the config was resolved
+    if task.pipeline not in LOOKUPS:  # classify / regress: read and digested when the config was resolved
         return "read when the config was resolved"
-    return ", ".join(dict.fromkeys(found))
+    return ", ".join(dict.fromkeys(LOOKUPS[task.pipeline](cfg, task)))
 
 
 # --------------------------------------------------------------------------- models and the Hub

@@ -1,8 +1,6 @@
-"""A run's config resolved, once, at its entry (``peftlab train``, a sweep or tune cell, ``peftlab study``, or
-:func:`peftlab.training.loop.train` given an unresolved config): the method's and the task's defaults filled in
-from their tables, the checks that need them, its paths. The config :func:`resolve_config` returns is marked
-(``cfg.resolved``): resolving it again is refused, and ``training.setup`` refuses an unresolved one; a store row
-reads back resolved (:func:`resolved_from_dict`). Torch-free: the tables import no model code.
+"""A run's config resolved once, at its entry: the method's and the task's defaults from their tables, the
+checks that need them, its paths. The result is marked (``cfg.resolved``): resolving it again is refused, and
+``training.setup`` refuses an unresolved one. Torch-free: the tables import no model code.
 """
 
 from __future__ import annotations
@@ -117,23 +115,17 @@ def check_ignored_options(cfg: TrainConfig, explicit: set[str]) -> None:
 
 def build_run_config(*, yaml_path: str | None = None, overrides: dict[str, Any] | None = None,
                      flag_values: dict[str, Any] | None = None, check_explicit: bool = False) -> TrainConfig:
-    """:func:`peftlab.config.build_config` of a :class:`TrainConfig`, resolved for a run: a run's entry.
-    ``check_explicit`` (``peftlab train``): refuse an option set in the YAML or by a flag that the run would
-    ignore (:func:`check_ignored_options`)."""
+    """:func:`peftlab.config.build_config` of a :class:`TrainConfig`, resolved for a run; ``check_explicit``
+    (``peftlab train``): :func:`check_ignored_options`."""
     cfg = build_config(TrainConfig, yaml_path=yaml_path, overrides=overrides, flag_values=flag_values,
                        check_explicit=check_ignored_options if check_explicit else None)
     return resolve_config(cfg)
 
 
-def options_no_method_uses(keys, methods) -> list[str]:
-    """The method options among ``keys`` that none of ``methods`` reads: a sweep or a study that sets one for all
-    its runs would have every run ignore it."""
-    return sorted(k for k in keys if k in METHOD_OPTIONS and not any(k in METHODS[m].options for m in methods))
-
-
 def refuse_unused_options(keys, methods, *, where: str) -> None:
-    """One line for an option set for a plan's runs that none of their methods uses (it would be ignored)."""
-    unused = options_no_method_uses(keys, methods)
+    """One line for a method option set for all of a plan's runs that none of their methods reads (every run
+    would ignore it)."""
+    unused = sorted(k for k in keys if k in METHOD_OPTIONS and not any(k in METHODS[m].options for m in methods))
     if unused:
         users = ", ".join(m.name for m in METHODS.values() if unused[0] in m.options)
         raise PeftlabError(f"'{unused[0]}' is set, but none of the runs' methods ({', '.join(sorted(methods))}) uses "

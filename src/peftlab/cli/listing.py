@@ -21,7 +21,8 @@ def run(args) -> int:
     width = max(len(name) for name in MODELS)
     for row in rows:
         mark = "installed" if row["installed"] else "missing  "
-        hint = "" if row["installed"] else f"  ({MODELS[row['name']].install_hint})" if MODELS[row["name"]].install_hint else ""
+        hint = MODELS[row["name"]].install_hint
+        hint = f"  ({hint})" if hint and not row["installed"] else ""
         print(f"{row['name']:<{width}}  {row['family']:<7}  {mark}  {row['description']}{hint}")
     return 0
 

@@ -1,14 +1,6 @@
-"""``peftlab study``: a claim checked on your model and data as a reviewer would design it, in one command.
-
-The design (:mod:`peftlab.lab.study_protocol`, from a spec file) becomes stages; each stage is written as an
-ordinary sweep spec under ``<output dir>/specs/`` and run through :func:`peftlab.lab.sweep.run_sweep` into one
-results store, so every run is a run like any other (``peftlab report`` / ``plot`` read the store) and the study is
-resumable by construction: a rerun of the same command re-derives each stage from the store, skips finished runs
-and resumes unfinished ones.
-
-The design is saved in ``plan.json`` and a rerun with other settings is refused, so a resumed study is the same
-study. Output: ``results.sqlite``, ``plan.json``, ``specs/``, ``runs/`` (run folders), and from
-:mod:`peftlab.lab.study_fair_report` verdicts.json and ``REPORT.md``.
+"""``peftlab study``'s runner: each stage of a design written as an ordinary sweep spec under ``specs/`` and run
+through :func:`peftlab.lab.sweep.run_sweep` into one store, so every run is a run like any other and a rerun of
+the same command skips finished runs and resumes the rest (``plan.json`` refuses other settings).
 """
 
 from __future__ import annotations
@@ -19,15 +11,12 @@ from typing import Callable
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.store import Store
-from peftlab.lab.study_plan import SAFETY, StudyPaths, duration_text, keyed, save_fair_plan, write_spec
-
-# --------------------------------------------------------------------------- running stages
+from peftlab.lab.study_plan import SAFETY, StudyPaths, duration_text, save_fair_plan, with_rows, write_spec
 
 
 @dataclass
 class Study:
-    """A study's runner: its stages run as sweeps into its folder's store (also the fixed-rate protocol's, beside
-    the package in studies/fixed_rate)."""
+    """A study's stages run as sweeps into its folder's store (also the fixed-rate protocol's, in studies/)."""
 
     design: object
     paths: StudyPaths
@@ -44,8 +33,7 @@ class Study:
             return {row["key"]: row for row in store.rows()}
 
     def stage_rows(self, configs: list[dict]) -> list[tuple[dict, dict | None]]:
-        rows = self.rows_by_key()
-        return [(config, rows.get(key)) for config, key in keyed(configs)]
+        return with_rows(configs, self.rows_by_key())
 
     def run_configs(self, name: str, configs: list[dict], description: str) -> None:
         from peftlab.lab.spec import load_spec

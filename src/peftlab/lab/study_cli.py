@@ -1,11 +1,6 @@
-"""``peftlab study lambda|kasa`` and ``peftlab study --spec my.yaml``: the command line of a study.
-
-The design is a spec file (:mod:`peftlab.lab.study_spec`: ``lambda`` and ``kasa`` are the shipped ones): its rows,
-its options and their defaults. The protocol (:mod:`peftlab.lab.study_protocol`): every row at its own searched
-learning rate, trained to its plateau (early stopping on a selection split carved out of the training data), scored
-on the dev set as a test split no choice read, on held-out seeds. An option the spec does not take is refused,
-never ignored. The earlier fixed-rate designs (one shared rate, fixed epochs) left the package for the repository's
-``studies/fixed_rate`` (``--protocol fixed-rate`` says where).
+"""``peftlab study lambda|kasa`` and ``peftlab study --spec my.yaml``: the command line of a study, whose design
+is a spec file (:mod:`peftlab.lab.study_spec`). An option the spec does not take is refused, never ignored; the
+fixed-rate protocol's flags say where it went (``studies/fixed_rate`` beside the package).
 """
 
 from __future__ import annotations
@@ -18,18 +13,20 @@ from peftlab.argtypes import assignments, nonnegative_int, output_folder, positi
 from peftlab.config import ROLES, TrainConfig, add_dataclass_flags
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_protocol as sp
+from peftlab.lab.study_plan import resolved_run
 from peftlab.lab.study_spec import load_study_spec, shipped, spec_for
 
 # the design's own keys, and those every run of a sweep sets itself (the config's run-managed options)
 DESIGN_SET = ("lr", "lr_ratio", "seed", "task", "eval_steps", "head_lr", "selection_samples", "early_stop_patience",
               "early_stop_min_delta", *ROLES.run_managed)
-# the options a spec may take (its `options:`), as flags: dest -> (type or action, help)
+# the options a spec may take (its `options:`), as flags: dest -> add_argument's keywords
 DESIGN_OPTIONS = {
-    "ratios": (text, "the swept values beside the baseline (lambda: default 2,4,8)"),
-    "rows": (text, "the rows to compare (kasa default head,lora,pissa,milora,dora,kasa,kasa-reference)"),
-    "no_key_ablation": ("store_true", "skip the W_k ({q,k,v}) ablation"),
-    "key_seeds": (positive_int, "held-out seeds of the W_k ablation (default 20: about +-2 points)"),
-    "no_paper_arms": ("store_true", "leave out the arms at the authors' per-task settings (kasa: the 2 x 2)"),
+    "ratios": dict(type=text, help="the swept values beside the baseline (lambda: default 2,4,8)"),
+    "rows": dict(type=text, help="the rows to compare (kasa default head,lora,pissa,milora,dora,kasa,kasa-reference)"),
+    "no_key_ablation": dict(action="store_true", help="skip the W_k ({q,k,v}) ablation"),
+    "key_seeds": dict(type=positive_int, help="held-out seeds of the W_k ablation (default 20: about +-2 points)"),
+    "no_paper_arms": dict(action="store_true",
+                          help="leave out the arms at the authors' per-task settings (kasa: the 2 x 2)"),
 }
 # flags of the fixed-rate protocol that `peftlab study` still knows, to say where that protocol went (train's
 # --lr and --head-lr, and the removed design options, hidden from --help)
@@ -61,7 +58,7 @@ PROTOCOL_OPTIONS = {
 
 def add_parser(sub) -> None:
     specs = shipped()
-    parser = sub.add_parser(
+    p = sub.add_parser(
         "study", help="check Yao et al.'s lambda claim or KaSA's (or your own design) on your model and data",
         description="A whole study in one command, into one folder with the store, tables, figures and REPORT.md, "
                     "resumable. The design is a spec file: lambda (eta_V = lambda * eta_QK, each lambda with its "
@@ -69,24 +66,11 @@ def add_parser(sub) -> None:
                     "the paper's settings), or --spec my.yaml. Every row gets its own learning-rate search on "
                     "selection seeds, trains to its plateau (--epochs is the cap of early stopping), and is scored "
                     "on the dev set as a test split no choice read, on held-out seeds, paired.")
-    parser.add_argument("study_kind", nargs="?", choices=tuple(specs), default=None,
-                        help="a shipped design (or --spec): " + "; ".join(f"{name}: {load_study_spec(path).help}"
-                                                                          for name, path in specs.items()))
-    parser.add_argument("--spec", default=None, metavar="STUDY.yaml",
-                        help="your own design (copy src/peftlab/lab/studies/kasa.yaml)")
-    shared_options(parser)
-    for dest, (kind, help_text) in DESIGN_OPTIONS.items():
-        flag = "--" + dest.replace("_", "-")
-        if kind == "store_true":
-            parser.add_argument(flag, action="store_true", default=None, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=None, help=help_text)
-    for dest in (*FIXED_RATE_FLAGS, *REMOVED_FLAGS):  # given, one line says where the fixed-rate protocol went
-        parser.add_argument("--" + dest.replace("_", "-"), nargs="?", const=True, default=None, help=argparse.SUPPRESS)
-    parser.set_defaults(func=run_cli)
-
-
-def shared_options(p) -> None:
+    p.add_argument("study_kind", nargs="?", choices=tuple(specs), default=None,
+                   help="a shipped design (or --spec): " + "; ".join(f"{name}: {load_study_spec(path).help}"
+                                                                     for name, path in specs.items()))
+    p.add_argument("--spec", default=None, metavar="STUDY.yaml",
+                   help="your own design (copy src/peftlab/lab/studies/kasa.yaml)")
     p.add_argument("--protocol", choices=("fair", "fixed-rate"), default="fair",
                    help="fair (the only one here); fixed-rate moved: " + MOVED)
     p.add_argument("--task", required=True, help="task(s), comma-separated: each is studied on its own")
@@ -107,15 +91,15 @@ def shared_options(p) -> None:
     from peftlab.lab.ray_backend import add_backend_flags
 
     add_backend_flags(p)  # --backend ray: every run a Ray task (a cluster); --workers is then Ray's to place
+    for dest, keywords in DESIGN_OPTIONS.items():
+        p.add_argument("--" + dest.replace("_", "-"), default=None, **keywords)
+    for dest in (*FIXED_RATE_FLAGS, *REMOVED_FLAGS):  # given, one line says where the fixed-rate protocol went
+        p.add_argument("--" + dest.replace("_", "-"), nargs="?", const=True, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=run_cli)
 
 
 def spec_defaults(args, spec) -> None:
-    """Refuse the options the spec does not take (and the fixed-rate protocol's); fill in the spec's defaults."""
-    for dest in FIXED_RATE_FLAGS:
-        if getattr(args, dest, None) is not None:
-            raise PeftlabError(f"--{dest.replace('_', '-')} is an option of the fixed-rate protocol (one shared "
-                               "rate), not of a study that searches each row's rate", fix=f"drop it; that protocol: "
-                                                                                          f"{MOVED}")
+    """Refuse the options the spec does not take; fill in the spec's defaults."""
     options = spec.section.options
     unknown = sorted(set(options) - {*DESIGN_OPTIONS, "method", *PROTOCOL_OPTIONS})
     if unknown:
@@ -180,6 +164,10 @@ def names(value: str) -> list[str]:
 
 def refuse_fixed_rate(args) -> None:
     """The fixed-rate protocol's flags say where it went, before anything else is read."""
+    shared = next((d for d in FIXED_RATE_FLAGS if getattr(args, d, None) is not None), None)
+    if shared:
+        raise PeftlabError(f"--{shared.replace('_', '-')} is an option of the fixed-rate protocol (one shared rate), "
+                           "not of a study that searches each row's rate", fix=f"drop it; that protocol: {MOVED}")
     removed = next((d for d in REMOVED_FLAGS if getattr(args, d, None) is not None), None)
     if args.protocol == "fixed-rate" or removed:
         flag = f"--{removed.replace('_', '-')} belongs to " if removed else ""
@@ -214,22 +202,14 @@ def design_from_args(args) -> sp.Design:
 
 
 def fair_rows(args, section, base: dict, tasks: tuple[str, ...]) -> tuple[sp.Row, ...]:
-    """The spec's rows, each centred on --rate-centre or its method's default rate: a row per value of the swept
-    option (and the baseline first), or the named rows of --rows."""
+    """The spec's rows, each centred on --rate-centre or the rate `peftlab train` resolves for it: a row per value
+    of the swept option (the baseline first), or the named rows of --rows."""
 
     def centre(keys: dict) -> float:
-        """The rate `peftlab train` resolves for the row by default (its module rate; head-only: the head's)."""
         if args.rate_centre is not None:
             return args.rate_centre
-        from peftlab.config import TrainConfig, normalise_keys
-        from peftlab.resolve import resolve_config
-
-        method = keys.get("method", base.get("method"))
-        config = {**base, "task": tasks[0], "method": method}
-        if method == "head":
-            config.pop("targets", None)
-        cfg = resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, "study")), check_inputs=False)
-        return float(cfg.optim.lr if method != "head" else cfg.optim.head_lr)
+        config = {**base, "task": tasks[0], "method": keys.get("method", base.get("method"))}
+        return float(resolved_run(config).optim.lr)  # head-only: resolved to its head's rate
 
     swept = section.swept
     if swept:
@@ -249,17 +229,14 @@ def fair_rows(args, section, base: dict, tasks: tuple[str, ...]) -> tuple[sp.Row
 def check_configs(design) -> None:
     """Every row's first config built once (bad keys and values fail here, before anything runs); a task whose
     metric is lower-is-better refused (picks, searches and verdicts assume higher is better)."""
-    from peftlab.config import TrainConfig, normalise_keys
     from peftlab.lab.preflight_cells import study_first_configs
-    from peftlab.resolve import resolve_config
-    from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
-
     from peftlab.resolve import refuse_unused_options
+    from peftlab.tasks.table import LOWER_IS_BETTER, primary_metric
 
     methods = set()
     for task in design.tasks:
         for config in study_first_configs(design, task):
-            cfg = resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, f"study {task}")))
+            cfg = resolved_run(config, f"study {task}", check_inputs=True)
             methods.add(cfg.method)
         metric = primary_metric(cfg.task, getattr(cfg, "metric", None))  # a user task's --metric
         if metric in LOWER_IS_BETTER:

@@ -1,29 +1,23 @@
-"""Running the fair protocol (:mod:`peftlab.lab.study_protocol`): searches, held-out arms, into one store.
-
-Per task: rounds of rate searches (every row's grid on the selection seeds; a row whose best rate sits at an
-edge of its grid gets one more point past that edge, up to the protocol's limit), then every row's pick and the
-design's fixed arms on the held-out seeds. Each round and stage is an ordinary sweep spec under ``specs/``
-run into the study's store, and every decision is re-derived from the store by the same pure functions, so a
-rerun of the same command resumes where the last one stopped and the report replays exactly these choices.
+"""Running the fair protocol (:mod:`peftlab.lab.study_protocol`): per task, rounds of rate searches, then every
+row's pick and the design's fixed arms on the held-out seeds, each a sweep into the study's store. Every decision
+is re-derived from the store by the same pure functions, so a rerun resumes where the last one stopped and the
+report replays exactly these choices.
 """
 
 from __future__ import annotations
 
 from peftlab.errors import PeftlabError
 from peftlab.lab import study_protocol as sp
-from peftlab.lab.study_plan import keyed
+from peftlab.lab.study_plan import with_rows
 
 
 def search_state(design: sp.Design, task: str, row: sp.Row, steps: tuple[int, ...], extensions: int,
                  by_key: dict[str, dict]) -> sp.Search:
     """A row's search over ``steps`` as far as the store has it."""
-    factor = design.protocol.grid_factor
-    scores = []
-    for step in steps:
-        configs = sp.search_configs(design, task, row, [step])
-        runs = {config["seed"]: by_key.get(key) for config, key in keyed(configs)}
-        scores.append(sp.score_rate(row, step, factor, runs))
-    return sp.Search(row, steps, tuple(scores), extensions)
+    scores = tuple(sp.score_rate(row, step, design.protocol.grid_factor, {
+        config["seed"]: run for config, run in with_rows(sp.search_configs(design, task, row, [step]), by_key)})
+        for step in steps)
+    return sp.Search(row, steps, scores, extensions)
 
 
 def replay_searches(design: sp.Design, task: str, by_key: dict[str, dict], run_round=None) -> dict[str, sp.Search]:
@@ -39,14 +33,10 @@ def replay_searches(design: sp.Design, task: str, by_key: dict[str, dict], run_r
             by_key = run_round(round_, configs)
         searches = {row.name: search_state(design, task, row, steps[row.name], len(extra[row.name]), by_key)
                     for row in design.rows}
-        grown = False
-        for row in design.rows:
-            wider = sp.extend(searches[row.name], protocol)
-            if wider is not None:
-                extra[row.name] = tuple(sorted(set(extra[row.name]) | (set(wider) - set(steps[row.name]))))
-                grown = True
-        if not grown:
+        wider = {row.name: sp.extend(searches[row.name], protocol) for row in design.rows}
+        if all(step is None for step in wider.values()):
             break
+        extra = {name: tried + (() if wider[name] is None else (wider[name],)) for name, tried in extra.items()}
     return searches
 
 

@@ -1,10 +1,7 @@
-"""REPORT.md and verdicts.json of a fair study (:mod:`peftlab.lab.study_protocol`), from its store alone.
-
-Per task: each row's rate search (the rates tried with their selection means, the one chosen, whether it sat at
-an edge of the grid), then on the held-out seeds its test score (mean ± std, n, labels), the optimizer steps its
-runs took and whether they reached their plateau; the paired comparisons of the design's families (Holm within
-each family), KaSA's singular-value movement against Adam's bound. The search is replayed from the store by
-the same functions that ran it, and every sentence is written from verdicts.json (:mod:`peftlab.lab.verdicts`).
+"""REPORT.md and verdicts.json of a fair study, from its store alone: per task each row's rate search, its
+held-out test score, steps and plateau, and the paired comparisons of the design's families (Holm within each).
+The search is replayed from the store by the same functions that ran it, and every sentence is written from
+verdicts.json (:mod:`peftlab.lab.verdicts`).
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from peftlab.lab import study_protocol as sp
 from peftlab.lab import verdicts as vt
 from peftlab.lab.records import auto_scale
 from peftlab.lab.study_fair import heldout_arms, key_arms, replay_searches
-from peftlab.lab.study_plan import keyed
+from peftlab.lab.study_plan import with_rows
 from peftlab.lab.table_model import Cell
 
 SECTION_FILE = "SECTION.md"  # the report's task sections, as docs/RESULTS.md embeds them
@@ -28,8 +25,7 @@ SECTION_FILE = "SECTION.md"  # the report's task sections, as docs/RESULTS.md em
 def arm_cell(design: sp.Design, task: str, arm: sp.Arm, by_key: dict, seeds: list[int]) -> tuple[Cell, list[dict]]:
     """The arm's held-out runs: a Cell of every finished run at its test value, and the runs themselves."""
     cell, runs = Cell(), []
-    for config, key in keyed(sp.heldout_configs(design, task, [arm], seeds)):
-        row = by_key.get(key)
+    for config, row in with_rows(sp.heldout_configs(design, task, [arm], seeds), by_key):
         if row is None or row["status"] in ("pending", "running"):
             continue
         result = row.get("result") or {}
@@ -131,11 +127,17 @@ def task_data(design: sp.Design, task: str, store_rows: list[dict]) -> dict:
                     "n_pairs": len(keys[0])}
         return comparison_data(name, (a, cells[a][0]), (b, cells[b][0]), margin, scale, family)
 
-    families = {family.name: family_data(design, family, finished, pair) for family in design.section.families}
-    if design.key_ablation and any(f.compare == "key_ablation" for f in design.section.families):
-        arms_pair = key_arms(design, finished)
-        name = next(f for f in design.section.families if f.compare == "key_ablation").name
-        families[name] = key_family(design, task, arms_pair, by_key, margin, scale) if arms_pair else []
+    def key_family(family) -> list:  # the baseline's pick with W_k frozen − with W_k trained
+        frozen_trained = key_arms(design, finished) if design.key_ablation else None
+        if frozen_trained is None:
+            return []
+        (frozen, trained), seeds = frozen_trained, design.key_seed_list
+        qv, qkv = (arm_cell(design, task, arm, by_key, seeds)[0] for arm in frozen_trained)
+        return [comparison_data(f"W_k frozen ({frozen.name}) − W_k trained", (frozen.name, qv), (trained.name, qkv),
+                                margin, scale, family.family)]
+
+    families = {f.name: key_family(f) if f.compare == "key_ablation" else family_data(design, f, finished, pair)
+                for f in design.section.families}
     kasa_arms = [a.name for a in arms if a.keys.get("method") == "kasa" and a.name in cells]
     if kasa_arms:
         data["sigma_vs_adam"] = {n: sigma_vs_adam(cells[n][1]) for n in kasa_arms}
@@ -152,13 +154,6 @@ def family_data(design: sp.Design, family, searches: dict, pair) -> list:
     if family.compare == "baseline":
         return baseline_family(design, family.family, searches, pair)
     return [pair(name, a, b, family.family) for a, b, name in family.pairs]
-
-
-def key_family(design: sp.Design, task: str, arms: tuple, by_key: dict, margin: float, scale: float) -> list:
-    seeds, (base, key) = design.key_seed_list, arms
-    qv, qkv = (arm_cell(design, task, a, by_key, seeds)[0] for a in (base, key))
-    return [comparison_data(f"W_k frozen ({base.name}) − W_k trained", (base.name, qv), (key.name, qkv), margin,
-                            scale, next(f.family for f in design.section.families if f.compare == "key_ablation"))]
 
 
 def baseline_family(design: sp.Design, family: str, searches: dict, pair) -> list:
@@ -229,16 +224,19 @@ def number_text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def flag(key: str) -> str:
+    return key.replace("_", "-")
+
+
 def study_command(design: sp.Design, root) -> str:
     """The `peftlab study` command whose options give ``design`` back (``design_from_args``'s inverse), every knob
     spelled out, so the command beside a number needs no defaults looked up."""
     p, section, base = design.protocol, design.section, dict(design.base)
-    words = [design.spec.command(), f"--task {','.join(design.tasks)}", f"--model {base.pop('model')}",
-             f"--targets {base.pop('targets')}", f"--epochs {base.pop('epochs')}",
-             f"--max-train-samples {base.pop('max_train_samples')}",
-             f"--selection-samples {p.selection_samples}", f"--patience {p.patience}", f"--min-delta {p.min_delta:g}",
-             f"--selection-seeds {p.selection_seeds}", f"--grid-factor {p.grid_factor:g}",
-             f"--grid-width {p.grid_width}", f"--max-extensions {p.max_extensions}"]
+    words = [design.spec.command(), f"--task {','.join(design.tasks)}"]
+    words += [f"--{flag(k)} {base.pop(k)}" for k in ("model", "targets", "epochs", "max_train_samples")]
+    words += [f"--{flag(k)} {number_text(getattr(p, k))}" for k in ("selection_samples", "patience", "min_delta",
+                                                                   "selection_seeds", "grid_factor", "grid_width",
+                                                                   "max_extensions")]
     if base.get("max_eval_samples") is not None:
         words.append(f"--max-eval-samples {base.pop('max_eval_samples')}")
     if base.get("report_to") == "none":
@@ -247,7 +245,7 @@ def study_command(design: sp.Design, root) -> str:
         words.append(f"--method {base.pop('method')}")
     if section.swept:
         values = [design.swept_value(r.keys) for r in design.rows if r is not design.baseline_row()]
-        words.append(f"--{section.swept['option'].replace('_', '-')} " + ",".join(f"{v:g}" for v in values))
+        words.append(f"--{flag(section.swept['option'])} " + ",".join(f"{v:g}" for v in values))
     else:
         words.append("--rows " + ",".join(r.name for r in design.rows))
     words += [f"--key-seeds {design.key_seeds}"] if "key_seeds" in section.options else []
@@ -256,8 +254,8 @@ def study_command(design: sp.Design, root) -> str:
     centres = {r.centre for r in design.rows}
     if len(centres) == 1:  # one centre for every row: --rate-centre gives it back (whether given or resolved)
         words.append(f"--rate-centre {centres.pop():g}")
-    words += [f"--heldout-seeds {design.heldout_seeds}", f"--heldout-seed-start {design.heldout_seed_start}",
-              f"--equivalence-margin {number_text(design.equivalence_margin)}"]
+    words += [f"--{flag(k)} {number_text(getattr(design, k))}"
+              for k in ("heldout_seeds", "heldout_seed_start", "equivalence_margin")]
     if base:
         words.append("--set " + ",".join(f"{k}={number_text(v)}" for k, v in sorted(base.items())))
     return " ".join(words + [f"--output-dir {root}"])

@@ -32,17 +32,8 @@ class StudyPaths:
     root: Path
     store: Path
 
-    @property
-    def plan(self) -> Path:
-        return self.root / PLAN_FILE
-
-    @property
-    def specs(self) -> Path:
-        return self.root / "specs"
-
-    @property
-    def runs(self) -> Path:
-        return self.root / "runs"
+    def __post_init__(self):
+        self.plan, self.specs, self.runs = self.root / PLAN_FILE, self.root / "specs", self.root / "runs"
 
 
 def save_fair_plan(paths: StudyPaths, design) -> None:
@@ -66,17 +57,24 @@ def refuse_changes(paths: StudyPaths, saved: dict, wanted: dict, keys) -> None:
                            fix="rerun with the same options, or use another --output-dir")
 
 
-def keyed(configs: list[dict]) -> list[tuple[dict, str]]:
-    """Each config resolved as a sweep resolves it, with its run key."""
+def resolved_run(config: dict, where: str = "study", *, check_inputs: bool = False):
+    """A study run's config typed, checked and resolved as a sweep resolves it."""
     from peftlab.config import TrainConfig, normalise_keys
-    from peftlab.lab.store import config_key
     from peftlab.resolve import resolve_config
 
-    out = []
-    for config in configs:
-        typed = normalise_keys(TrainConfig, config, "study")
-        out.append((config, config_key(resolve_config(TrainConfig.from_dict(typed), check_inputs=False).to_dict())))
-    return out
+    return resolve_config(TrainConfig.from_dict(normalise_keys(TrainConfig, config, where)), check_inputs=check_inputs)
+
+
+def keyed(configs: list[dict]) -> list[tuple[dict, str]]:
+    """Each config with its run key."""
+    from peftlab.lab.store import config_key
+
+    return [(config, config_key(resolved_run(config).to_dict())) for config in configs]
+
+
+def with_rows(configs: list[dict], by_key: dict[str, dict]) -> list[tuple[dict, dict | None]]:
+    """Each config with its store row (None: not in the store yet)."""
+    return [(config, by_key.get(key)) for config, key in keyed(configs)]
 
 
 def _canon(value):

@@ -1,27 +1,13 @@
-"""The fair-comparison protocol of `peftlab study` (its default), as data: rows, rate searches, picks.
+"""The fair-comparison protocol of `peftlab study`, as data: rows, rate searches, picks. Pure: configs in,
+configs or picks out (:mod:`peftlab.lab.study_fair` runs the stages).
 
-Every compared *row* (a method, a lambda family, a target set) gets the same treatment, so the comparison
-speaks to the methods and not to one shared learning rate:
-
-* **Three disjoint splits.** Every run carves the same ``selection_samples`` examples out of the task's
-  training split (``--selection-samples``, stratified, fixed by ``--eval-seed``); each seed's training subset
-  is drawn from the rest. Every choice reads the selection split: the rate, the best epoch, early stopping.
-  The dev set is the *test* split, read only for the reported numbers (result.json ``best.metrics`` at the
-  selection-best epoch).
-* **Each row at its own rate.** A row's module rate is searched on the selection seeds, on a grid spaced by
-  ``grid_factor`` around the row's default (``grid_width`` points each side), extended by one point past an edge
-  while the best rate sits at that edge (at most ``max_extensions`` times). The head's rate is tied to the module
-  rate in every row (``head_lr = lr``, as the KaSA authors' scripts do); the head-only row's one rate is the
-  searched one. A rate is scored by the mean over the selection seeds of the selection metric at each run's
-  best epoch; every finished run counts at its value (a run with none counts at the split's chance).
-* **Each row to its plateau.** Every run stops early once the selection metric has not gained more than
-  ``min_delta`` for ``patience`` evaluated epochs, with ``epochs`` as the cap; result.json ``plateau`` says whether
-  it stopped, flattened or was still improving at the cap.
-* **Held out.** Each row's chosen rate is re-run on held-out seeds no choice used; those runs are the reported
-  numbers, paired by seed across rows (every finished run stays in the comparison).
-
-The rows, the fixed arms and the controls come from the design's spec (:mod:`peftlab.lab.study_spec`). Everything
-here is pure: configs in, configs or picks out. :mod:`peftlab.lab.study_fair` runs the stages.
+Every compared row gets the same treatment, so the comparison speaks to the methods and not to one shared rate:
+three disjoint splits (each seed's training subset; a selection split carved out of the training split, which
+every choice reads: the rate, the best epoch, early stopping; the dev set as the test split, read only for the
+reported numbers); each row's own module rate, searched on the selection seeds on a grid ``grid_factor`` apart
+and extended past an edge while the best rate sits there (the head's rate tied to it, as the KaSA authors'
+scripts do); each run to its plateau (early stopping, ``epochs`` the cap); each pick re-run on held-out seeds,
+paired by seed across rows, every finished run kept (a run with no value counts at the split's chance).
 """
 
 from __future__ import annotations
@@ -68,11 +54,10 @@ def check_seeds(start, count, selection_seeds: int, *, minimum: int = 2) -> None
 
 def key_ablation_targets(targets: str) -> str | None:
     """{q,v} -> {q,k,v}: the same update with W_k trained too; None when k is already trained (or no q/v)."""
-    names = [t.strip() for t in str(targets).split(",") if t.strip()]
-    if "k" in names or not {"q", "v"} <= set(names):
-        return None
-    order = ["q", "k", "v", "o"]
-    return ",".join(sorted(set(names) | {"k"}, key=lambda t: (order.index(t) if t in order else 9, t)))
+    from peftlab.config import parse_targets
+
+    names = parse_targets(targets)
+    return None if "k" in names or not {"q", "v"} <= set(names) else ",".join(parse_targets((*names, "k")))
 
 
 @dataclass(frozen=True)
@@ -106,20 +91,16 @@ class Protocol:
     max_extensions: int = 3
 
     def __post_init__(self):
-        for name in ("selection_samples", "patience", "selection_seeds", "grid_width"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PeftlabError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
-        if isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int) \
-                or self.max_extensions < 0:
-            raise PeftlabError(f"--max-extensions must be an integer >= 0, got {self.max_extensions!r}")
+        for name in ("selection_samples", "patience", "selection_seeds", "grid_width", "max_extensions"):
+            value, low = getattr(self, name), 0 if name == "max_extensions" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise PeftlabError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
         if not (math.isfinite(self.grid_factor) and self.grid_factor > 1):
             raise PeftlabError(f"--grid-factor must be > 1, got {self.grid_factor}", fix="e.g. 2 (rates x2 apart)")
         if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
             raise PeftlabError(f"--min-delta must be >= 0, got {self.min_delta}")
 
     def run_keys(self) -> dict[str, Any]:
-        """The train keys every run of the protocol carries."""
         return {"selection_samples": self.selection_samples, "early_stop_patience": self.patience,
                 "early_stop_min_delta": self.min_delta}
 
@@ -137,7 +118,6 @@ def rate_at(row: Row, step: int, factor: float) -> float:
 
 
 def run_config(base: dict, task: str, keys: dict, rate: float, seed: int) -> dict:
-    """One run: the base, the task, the row's keys, the rate (head tied to it) and the seed."""
     config = {**base, "task": task, **keys, "seed": seed}
     if keys.get("method") == "head":  # no adapter: its one rate is the head's; projections do not apply
         for key in ("targets", "layers", "lr", "lr_ratio"):
@@ -170,13 +150,9 @@ class Search:
     extensions: int
 
     @property
-    def finished(self) -> bool:
-        return all(s.mean is not None for s in self.scores)
-
-    @property
     def best(self) -> RateScore | None:
         """The best rate by its selection mean (ties: the smaller rate); None until all have finished."""
-        if not self.finished or not self.scores:
+        if not self.scores or any(s.mean is None for s in self.scores):
             return None
         return max(self.scores, key=lambda s: (s.mean, -s.rate))
 
@@ -210,13 +186,12 @@ def score_rate(row: Row, step: int, factor: float, runs: dict[int, dict | None])
     return RateScore(rate_at(row, step, factor), step, statistics.fmean(values) if complete else None, values, labels)
 
 
-def extend(search: Search, protocol: Protocol) -> tuple[int, ...] | None:
-    """The steps to try next when the best rate sits at an edge and extensions remain; None when done."""
+def extend(search: Search, protocol: Protocol) -> int | None:
+    """The step to try next when the best rate sits at an edge and extensions remain; None when done."""
     edge = search.at_edge
     if edge is None or search.extensions >= protocol.max_extensions:
         return None
-    step = min(search.steps) - 1 if edge == "low" else max(search.steps) + 1
-    return tuple(sorted(search.steps + (step,)))
+    return min(search.steps) - 1 if edge == "low" else max(search.steps) + 1
 
 
 def grid_steps(protocol: Protocol, extensions: Iterable[int]) -> tuple[int, ...]:

@@ -1,16 +1,11 @@
-"""A study's design as data: the spec files `peftlab study` reads, checked once into a :class:`StudySpec`.
-
-The shipped designs are ``studies/lambda.yaml`` and ``studies/kasa.yaml`` beside this module (``peftlab study
-lambda|kasa``); ``peftlab study --spec my.yaml`` runs a user's own. A spec names the rows a study compares (a
-mapping of names to train keys, or one key swept over an option's values), the options with their defaults, the
-arms at a paper's per-task settings, the baseline's rate controls, the W_k ablation, and the comparison families
-of the report (its ``fair`` section). The runner (:mod:`peftlab.lab.study_fair`) and the report read only this;
+"""A study's design as data: the spec files `peftlab study` reads (the shipped ``studies/*.yaml`` beside this
+module, or ``--spec my.yaml``), checked once into a :class:`StudySpec`. The runner and the report read only this:
 nothing in them names a method or a row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +14,6 @@ from peftlab.errors import PeftlabError, unknown
 SHIPPED = Path(__file__).parent / "studies"
 SHIPPED_EXAMPLE = "src/peftlab/lab/studies/kasa.yaml"  # what a bad spec is pointed to
 TOP_KEYS = {"name", "help", "paper_settings", "fair"}
-SECTION_KEYS = {"title", "options", "rows", "swept", "paper_arms", "controls", "key_ablation", "families"}
-FAMILY_KEYS = {"name", "intro", "family", "verdict", "pairs", "compare"}
 COMPARES = ("pairs", "baseline", "key_ablation")
 
 
@@ -70,7 +63,6 @@ class StudySpec:
     paper_settings: dict[str, dict] = field(default_factory=dict)
 
     def command(self) -> str:
-        """How the command line names this design: ``peftlab study kasa`` or ``peftlab study --spec FILE``."""
         shipped_path = shipped().get(self.name)
         if shipped_path is not None and shipped_path.resolve() == self.path.resolve():
             return f"peftlab study {self.name}"
@@ -115,33 +107,29 @@ def load_study_spec(path: str | Path) -> StudySpec:
 def _section(data: Any, path: Path) -> Section:
     if not isinstance(data, dict):
         raise PeftlabError("'fair' must be a mapping", where=str(path))
-    _known(data, SECTION_KEYS, path, "fair")
+    _known(data, Section, path, "fair")
     rows = dict(data.get("rows") or {})
     swept = data.get("swept")
     if bool(rows) == bool(swept):
         raise PeftlabError("'fair' needs either rows (name: keys) or swept (one key over an option's values)",
                            where=str(path))
-    families = tuple(_family(f, path) for f in data.get("families") or ())
-    for family in families:
-        unknown = [n for a, b, _ in family.pairs for n in (a, b) if not _names_arm(n, rows, data)]
-        if unknown:
-            raise PeftlabError(f"family '{family.name}' compares '{unknown[0]}', which is no row or arm",
-                               where=str(path))
     arms = tuple(PaperArm(str(a["name"]), dict(a.get("keys") or {}), tuple(a.get("paper") or ()))
                  for a in data.get("paper_arms") or ())
+    families = tuple(_family(f, path) for f in data.get("families") or ())
+    named = {*rows, *(arm.name for arm in arms)}  # a row at another rate (`kasa@...`) is its row's
+    for family in families:
+        strangers = [n for a, b, _ in family.pairs for n in (a, b) if n not in named and n.split("@")[0] not in rows]
+        if strangers:
+            raise PeftlabError(f"family '{family.name}' compares '{strangers[0]}', which is no row or arm",
+                               where=str(path))
     return Section(str(data.get("title") or ""), dict(data.get("options") or {}), rows, swept, arms,
                    tuple(data.get("controls") or ()), bool(data.get("key_ablation")), families)
-
-
-def _names_arm(name: str, rows: dict, data: dict) -> bool:
-    arms = {a.get("name") for a in data.get("paper_arms") or ()}
-    return name in rows or name in arms or name.split("@")[0] in rows
 
 
 def _family(data: Any, path: Path) -> Family:
     if not isinstance(data, dict) or not data.get("name"):
         raise PeftlabError("a family is a mapping with a name", where=str(path))
-    _known(data, FAMILY_KEYS, path, f"family {data['name']}")
+    _known(data, Family, path, f"family {data['name']}")
     pairs = []
     for pair in data.get("pairs") or ():
         if not isinstance(pair, list) or len(pair) not in (2, 3):
@@ -155,7 +143,9 @@ def _family(data: Any, path: Path) -> Family:
                   tuple(pairs), data.get("verdict"), compare)
 
 
-def _known(data: dict, allowed: set[str], path: Path, what: str) -> None:
+def _known(data: dict, allowed, path: Path, what: str) -> None:
+    """``allowed``: the keys, or the dataclass whose fields they are."""
+    allowed = {f.name for f in fields(allowed)} if isinstance(allowed, type) else allowed
     extra = sorted(set(data) - allowed)
     if extra:
         raise unknown(f"key of the {what}", extra[0], sorted(allowed), where=str(path))
