@@ -73,23 +73,15 @@ def format_comparison(comparison: Comparison, scale: float, digits: int, *, alph
     """``Δ +5.0 (CI +2.1, +7.9) p=0.0036 (adj 0.0072), 3 pairs[, equivalent within 1]``."""
     text = (f"Δ {_signed(comparison.diff, scale, digits)} (CI {_signed(comparison.ci_low, scale, digits)}, "
             f"{_signed(comparison.ci_high, scale, digits)})")
-    p_text = f"p{'' if format_p(comparison.p, alpha).startswith('<') else '='}{format_p(comparison.p, alpha)}"
+    p = format_p(comparison.p, alpha)
+    text += f" p{'' if p.startswith('<') else '='}{p}"
     if comparison.p_adj is not None:
-        p_text += f" (adj {format_p(comparison.p_adj, alpha)})"
-    text += " " + p_text
+        text += f" (adj {format_p(comparison.p_adj, alpha)})"
     if comparison.n_pairs is not None:
         text += f", {comparison.n_pairs} pair{'s' if comparison.n_pairs != 1 else ''}"
     if comparison.equivalent and margin is not None:
         text += f", equivalent within {margin:g}"
     return text
-
-
-def format_distribution(cell: Cell, scale: float, digits: int) -> str:
-    """``median 79.0, range 2.5–82.0``: where labelled runs are averaged in, how the values spread."""
-    if not cell.values:
-        return ""
-    return (f"median {cell.median * scale:.{digits}f}, range {min(cell.values) * scale:.{digits}f}–"
-            f"{max(cell.values) * scale:.{digits}f}")
 
 
 def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±", mark: str = MARK,
@@ -102,8 +94,9 @@ def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±",
     notes = []
     if cell.labels:
         notes.append(label_counts(cell.labels, cell.no_value))
-    if cell.labelled_values:
-        notes.append(format_distribution(cell, scale, digits))
+    if cell.labelled_values:  # labelled runs averaged in: how the values spread
+        notes.append(f"median {cell.median * scale:.{digits}f}, range {min(cell.values) * scale:.{digits}f}–"
+                     f"{max(cell.values) * scale:.{digits}f}")
     sensitivity = cell.comparison.without_labels if cell.comparison is not None else None
     if sensitivity is not None:
         notes.append("without labels: " + format_comparison(sensitivity, scale, digits, alpha=alpha))
@@ -115,10 +108,9 @@ def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±",
     if cell.std is not None:
         text += f" {pm} {cell.std * scale:.{digits}f}"
     text += f" ({cell.n})"
-    if cell.comparison is not None and cell.comparison.marked:
-        text += mark
     if cell.comparison is not None:
-        text += " " + format_comparison(cell.comparison, scale, digits, alpha=alpha, margin=margin)
+        text += (mark if cell.comparison.marked else "") + " " + format_comparison(
+            cell.comparison, scale, digits, alpha=alpha, margin=margin)
     return text + (f" [{'; '.join(notes)}]" if notes else "")
 
 
@@ -260,19 +252,14 @@ def render_markdown(table: Table, digits: int = 1) -> str:
     return text
 
 
-_LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"$<$",
-                  ">": r"$>$"}
-
-
-def latex_escape(text: str) -> str:
-    return "".join(_LATEX_ESCAPES.get(ch, ch) for ch in text)
+# One pass (str.translate), so that the math the placeholders \x00 (±) and \x01 (†) become is never escaped again.
+_LATEX = str.maketrans({"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                        "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"$<$",
+                        ">": r"$>$", "\x00": r"$\pm$", "\x01": r"$^\dagger$", "–": "--", "Δ": r"$\Delta$", "−": "$-$"})
 
 
 def _latex_cell(text: str) -> str:
-    # ± and † are rendered as placeholders first, so that escaping never touches the math they become
-    return (latex_escape(text).replace("\x00", r"$\pm$").replace("\x01", r"$^\dagger$").replace("–", "--")
-            .replace("Δ", r"$\Delta$").replace("−", "$-$"))
+    return text.translate(_LATEX)
 
 
 def _latex_tabular(frame: pd.DataFrame, n_labels: int) -> list[str]:
