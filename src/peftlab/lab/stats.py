@@ -257,10 +257,10 @@ def power_of(cell: Cell, reference: Cell, comparison: Comparison, *, alpha: floa
         n1, n2, design = cell.n, reference.n, "two-sample"
         sd = math.sqrt(((n1 - 1) * np.var(cell.values, ddof=1) + (n2 - 1) * np.var(reference.values, ddof=1))
                        / (n1 + n2 - 2))
-    if not sd > 0:  # no spread: power is undefined
-        return Power(design, min(n1, n2 or n1), sd, None, wanted, None)
-    needed = seeds_needed(wanted, sd, paired=n2 is None, alpha=alpha) if wanted > 0 else None
-    return Power(design, min(n1, n2 or n1), sd, detectable_difference(sd, n1, n2, alpha), wanted, needed)
+    spread = sd > 0  # else power is undefined
+    needed = seeds_needed(wanted, sd, paired=n2 is None, alpha=alpha) if spread and wanted > 0 else None
+    return Power(design, min(n1, n2 or n1), sd, detectable_difference(sd, n1, n2, alpha) if spread else None, wanted,
+                 needed)
 
 
 # --------------------------------------------------------------------------- the table

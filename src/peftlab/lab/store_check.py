@@ -298,24 +298,18 @@ def add_parser(sub) -> None:
     actions = parser.add_subparsers(dest="store_command", metavar="ACTION", required=True)
     check = actions.add_parser(
         "check", help="verify a store: SQLite integrity, every status against its result, stale running rows",
-        description="Check a sweep's or tune's results store: SQLite's integrity_check; every "
-                    "row's config against its key; every status against its result (a finished row's result "
-                    "parses and agrees, a failed row has an error, pruned trials live under pruned keys); stale "
-                    "running rows (the holder stopped beating, or its process is gone); "
-                    "run folders (result.json readable and the same run, no folder shared or orphaned). One line "
-                    "per problem: key: what; fix: how. Exit status 0 clean, 1 problems, 2 not a results store.")
+        description="Check a sweep's or tune's results store: SQLite's integrity_check; every row's config against "
+                    "its key; every status against its result (a finished row's result parses and agrees, a failed "
+                    "row has an error, pruned trials live under pruned keys); stale running rows (the holder stopped "
+                    "beating, or its process is gone); run folders (result.json readable and the same run, no folder "
+                    "shared or orphaned). One line per problem: key: what; fix: how. Exit status 0 clean, 1 "
+                    "problems, 2 not a results store.")
     check.add_argument("store", metavar="STORE", help="a results.sqlite, or the folder holding it")
     check.add_argument("--repair", action="store_true",
                        help="requeue stale running rows, mark rows with an unreadable result failed, and the other "
                             "safe fixes listed; never deletes a row; idempotent")
     check.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     check.set_defaults(func=run_cli)
-
-
-def _summary(check: Check) -> str:
-    counts = ", ".join(f"{n} {s}" for s, n in check.counts.items()) or "no rows"
-    return (f"store {check.store}: {check.rows} row(s) ({counts}), schema {check.schema}, "
-            f"integrity {check.integrity}")
 
 
 def run_cli(args) -> int:
@@ -330,7 +324,9 @@ def run_cli(args) -> int:
             payload.update(found=before.to_dict()["problems"], changes=changes)
         print(json.dumps(payload, indent=2))
         return 0 if check.clean else 1
-    print(_summary(before))
+    counts = ", ".join(f"{n} {s}" for s, n in before.counts.items()) or "no rows"
+    print(f"store {before.store}: {before.rows} row(s) ({counts}), schema {before.schema}, "
+          f"integrity {before.integrity}")
     for note in before.notes:
         print(f"note: {note}")
     for problem in before.problems:
