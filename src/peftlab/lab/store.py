@@ -170,15 +170,13 @@ class Store:
     def register(self, runs: Iterable[tuple[str, dict, str]]) -> int:
         """Add ``(key, config, output_dir)`` rows as pending unless present; returns how many were new."""
         stamp = now_iso()
-        added = 0
         with self.transaction() as conn:
-            for key, config, output_dir in runs:
-                cur = conn.execute(
-                    "INSERT OR IGNORE INTO runs (key, status, config, output_dir, attempts, created, updated) "
-                    "VALUES (?, 'pending', ?, ?, 0, ?, ?)",
-                    (key, json.dumps(config, sort_keys=True), str(output_dir), stamp, stamp))
-                added += cur.rowcount
-        return added
+            cur = conn.executemany(
+                "INSERT OR IGNORE INTO runs (key, status, config, output_dir, attempts, created, updated) "
+                "VALUES (?, 'pending', ?, ?, 0, ?, ?)",
+                [(key, json.dumps(config, sort_keys=True), str(output_dir), stamp, stamp) for key, config, output_dir
+                 in runs])
+        return cur.rowcount
 
     def prepare(self, keys: Iterable[str], *, retry_failed: bool = False) -> dict[str, int]:
         """Before a sweep runs: running rows whose owner died and, with ``retry_failed``, failed rows go back to
