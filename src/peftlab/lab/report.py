@@ -19,20 +19,8 @@ from peftlab.errors import PeftlabError, closest
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab.provenance import require_one_code, summarize
 from peftlab.lab.records import (
-    NON_RESULT_KEYS,
-    RunRecord,
-    auto_scale,
-    collect,
-    drop_superseded_pruned,
-    fmt_value,
-    load_rows,
-    matches,
-    parse_filter,
-    parse_seeds,
-    rows_of_seeds,
-    task_determined_keys,
-    task_order,
-)
+    NON_RESULT_KEYS, RunRecord, auto_scale, collect, drop_superseded_pruned, fmt_value, load_rows, matches,
+    parse_filter, parse_seeds, rows_of_seeds, task_determined_keys, task_order)
 from peftlab.lab.report_rows import grouped_rows, labelled_rows, majority_row, records_frame, require_one_test_set
 from peftlab.lab.stats import CI_METHODS, CORRECTIONS, TESTS, compare_with_baseline
 from peftlab.lab.table_model import Row, Table
@@ -249,10 +237,7 @@ def add_comparison_options(parser) -> None:
 
 
 def run_cli(args) -> int:
-    fmt = args.format
-    if fmt is None:
-        suffix = Path(args.out).suffix.lower() if args.out else ""
-        fmt = {".tex": "latex", ".csv": "csv"}.get(suffix, "md")
+    fmt = args.format or {".tex": "latex", ".csv": "csv"}.get(Path(args.out or "").suffix.lower(), "md")
     rows = load_rows(args.stores)
     if args.seeds is not None:
         rows = rows_of_seeds(rows, parse_seeds(args.seeds))
