@@ -307,11 +307,10 @@ def test_a_claim_beats_until_the_store_closes_and_a_lapsed_holder_is_requeued(tm
     assert store.prepare(["a", "b"])["running"] == 0 and store.statuses() == {"a": "running", "b": "running"}
     write_beat(store.conn, other, time.time() - LEASE_SECONDS - 1)
     assert store.prepare(["a", "b"])["running"] == 1 and store.statuses() == {"a": "running", "b": "pending"}
-    beat = store_owner.heartbeat(store.path, store.owner)
-    assert beat.thread is not None and beat.thread.is_alive()
-    thread = beat.thread
+    beat = store._heartbeat
+    assert beat is not None and beat.is_alive()
     store.close()
-    assert beat.thread is None and not thread.is_alive()  # the thread ends with the last store here that claimed
+    assert store._heartbeat is None and not beat.is_alive()  # the thread ends with the store that claimed
 
 
 # --------------------------------------------------------------------------- sweeps with a fake train

@@ -1,10 +1,8 @@
 """The cells of a sweep, a tune and a study for :mod:`peftlab.preflight`, and their preflight before any run.
 
-Each command turns its plan into :class:`~peftlab.preflight.Cell` s (a label and a resolved config), names the
-paths it writes, sizes the runs it may train for disk room and names what the plan needs (Ray with
-``--backend ray``), then calls :func:`peftlab.preflight.check` before any store or run folder is made. A sweep's
-cells are its runs; a tune's its grid points (else each range at its low end); a study's the first run of each row
-and arm of each task. ``dry_run``: the findings are returned to be printed with the plan.
+Each command turns its plan into :class:`~peftlab.preflight.Cell` s, names the paths it writes, sizes the runs it
+may train for disk room and names what it needs (Ray), before any store or run folder is made. ``dry_run``: the
+findings are returned to be printed with the plan.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ def _plan_needs(args) -> tuple[tuple[str, ...], list]:
 
 
 def check_sweep(sweep, args, *, dry_run: bool = False) -> list:
-    """The preflight of a sweep (``args``: its command line: --workers, --backend, --address, --ray-timeout)."""
+    """The preflight of a sweep (``args``: its command line)."""
     from peftlab.lab.store import Store
     from peftlab.lab.store_schema import FINISHED
     from peftlab.preflight import Output
@@ -85,15 +83,15 @@ def check_tune(tune, args, *, dry_run: bool = False) -> list:
 
 def check_study(design, root: Path, args, *, dry_run: bool = False) -> list:
     """The preflight of a study (``peftlab study``, before its first stage): its rows' first runs, sized for the
-    runs its stages may train. ``dry_run``: the findings are returned to be printed with the plan."""
+    runs its stages may train."""
     configs = [config for task in design.tasks for config in study_first_configs(design, task)]
     planned = sum(_study_runs(design, task) for task in design.tasks)
     return check_planned_study(configs, planned, root, args, dry_run=dry_run)
 
 
 def check_planned_study(configs: list[dict], planned: int, root: Path, args, *, dry_run: bool = False) -> list:
-    """The preflight of any study design (the fixed-rate ones beside the package too): its distinct first
-    ``configs``, their data, models and extras, its folder and store, sized for ``planned`` runs."""
+    """The preflight of any study design (the fixed-rate ones in studies/ too): its distinct first ``configs``,
+    their data, models and extras, its folder and store, sized for ``planned`` runs."""
     from peftlab.lab.store import STORE_NAME
     from peftlab.preflight import Output
 
@@ -127,7 +125,7 @@ def _study_runs(design, task: str) -> int:
 
 
 def _check(cells, outputs, args, *, dry_run: bool = False, **options) -> list:
-    """The preflight of ``cells`` with the plan's own needs (:func:`_plan_needs` of its command line ``args``)."""
+    """The preflight of ``cells`` with the plan's own needs (:func:`_plan_needs`)."""
     from peftlab import preflight
 
     if not cells:

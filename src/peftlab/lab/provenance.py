@@ -1,15 +1,10 @@
-"""Which code a table's runs ran: result.json ``code`` ({commit, dirty, version, source_digest}), or an older
-run's ``git_commit`` (``"<sha>"`` or ``"<sha>+dirty"``).
-
-A run is grouped by its commit; a run without any commit by its source digest (``source <digest>``), else as
-``unknown``. ``peftlab report`` prints under each table how many groups and dirty runs it mixes
-(:func:`code_line`) and refuses a table of more than one group unless ``--allow-mixed-code``
-(:func:`require_one_code`): numbers computed by different code are not one experiment.
+"""Which code a table's runs ran (result.json ``code``, or an older run's ``git_commit``). ``peftlab report``
+prints how many code versions and dirty runs a table mixes (:func:`code_line`) and refuses more than one unless
+``--allow-mixed-code`` (:func:`require_one_code`): numbers computed by different code are not one experiment.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
 from peftlab.errors import PeftlabError
@@ -20,49 +15,31 @@ DIRTY_SUFFIX = "+dirty"
 SHOWN_GROUPS = 4  # the line and the error name this many groups, then "n more"
 
 
-@dataclass(frozen=True)
-class RunCode:
-    commit: str | None
-    dirty: bool | None
-    source_digest: str | None
-
-    @property
-    def group(self) -> str:
-        if self.commit:
-            return self.commit
-        return f"source {self.source_digest[:12]}" if self.source_digest else UNKNOWN
-
-
-def run_code(result: dict | None) -> RunCode:
-    """The code a run recorded: ``code`` first, else the older ``git_commit`` string."""
-    result = result or {}
+def run_code(result: dict) -> tuple[str, bool, str | None]:
+    """The code a run recorded (``code`` first, else the older ``git_commit`` string): its group (the commit,
+    else ``source <digest>``, else unknown), whether its tree was dirty, and its source digest."""
     code = result.get("code")
-    if isinstance(code, dict):
-        commit, dirty, digest = code.get("commit"), code.get("dirty"), code.get("source_digest")
-        if commit or digest:
-            return RunCode(commit or None, dirty if isinstance(dirty, bool) else None, digest or None)
+    if isinstance(code, dict) and (code.get("commit") or code.get("source_digest")):
+        digest = code.get("source_digest") or None
+        group = code.get("commit") or f"source {digest[:12]}"
+        return group, code.get("dirty") is True, digest
     legacy = result.get("git_commit")
     if isinstance(legacy, str) and legacy:
-        dirty = legacy.endswith(DIRTY_SUFFIX)
-        return RunCode(legacy.removesuffix(DIRTY_SUFFIX), dirty, None)
-    return RunCode(None, None, None)
+        return legacy.removesuffix(DIRTY_SUFFIX) or UNKNOWN, legacy.endswith(DIRTY_SUFFIX), None
+    return UNKNOWN, False, None
 
 
 def summarize(results: Iterable[dict | None]) -> CodeSummary:
-    """The code of the runs that contribute to a table (rows without a result.json, e.g. crashed runs that
-    left none, tell nothing and are not counted)."""
+    """The code of the runs that contribute to a table (rows without a result.json tell nothing)."""
     summary = CodeSummary()
     digests = set()
-    for result in results:
-        if not result:
-            continue
-        code = run_code(result)
+    for result in filter(None, results):
+        group, dirty, digest = run_code(result)
         summary.runs += 1
-        summary.groups[code.group] += 1
-        summary.dirty += bool(code.dirty)
-        if code.source_digest:
-            digests.add(code.source_digest)
-    summary.digests = len(digests)
+        summary.groups[group] += 1
+        summary.dirty += dirty
+        digests.add(digest)
+    summary.digests = len(digests - {None})
     return summary
 
 

@@ -1,11 +1,8 @@
 """Run records: the one place that collects what reports and plots read.
 
-A *row* is one run as a results store holds it (``key``, ``status``, ``config``, ``result`` = the run's
-result.json, ``output_dir``, ...), whether it comes from a sweep's ``results.sqlite`` or from a run folder
-written by ``peftlab train`` (:func:`load_rows`). A :class:`RunRecord` is a finished (or failed) row with the
-reported metric picked out (:func:`collect`). Everything a table or a figure needs about a run comes from its
-record (method, targets, seed, parameter counts, majority baseline, ...) or from the task table
-(:mod:`peftlab.tasks.table`); never from method or model code.
+A *row* is one run as a results store holds it, from a store or a ``peftlab train`` run folder (:func:`load_rows`);
+a :class:`RunRecord` is a finished (or failed) row with the reported metric picked out (:func:`collect`). A table or
+figure reads a run from its record or the task table (:mod:`peftlab.tasks.table`), never from method or model code.
 """
 
 from __future__ import annotations
@@ -21,17 +18,16 @@ from typing import Any, Iterable
 from peftlab.config import ROLES
 from peftlab.errors import PeftlabError, closest
 from peftlab.lab.store import STORE_NAME, Store, config_key, resolve_store_path
-from peftlab.lab.store_schema import FINISHED, RESULT_STATUSES, epochs_run, implied_status, is_pruned_result, pruned_key
+from peftlab.lab.store_schema import (
+    COLUMNS, FINISHED, RESULT_STATUSES, epochs_run, implied_status, is_pruned_result, pruned_key)
 
 RUN_RESULT = "result.json"  # a run folder written by ``peftlab train``
 RUN_CONFIG = "config.yaml"
 SOURCE_FIX = ("pass a sweep's results.sqlite (or its output folder), or run folders written by peftlab train "
               "(holding result.json), e.g. runs/*/")
 
-# Derived from the config's declarations (peftlab.config_roles): keys that never distinguish rows (bookkeeping,
-# the seed averaged over, the task that is the column, how a judge is asked); keys that cannot change an untrained
-# model's metrics (the before-fine-tuning rows pool over them); the order of label columns when they vary
-# (others follow alphabetically).
+# From the config's declarations (peftlab.config_roles): keys that never distinguish rows; keys that cannot change
+# an untrained model's metrics (the before-fine-tuning rows pool over them); the order of varying label columns.
 NON_RESULT_KEYS = ROLES.not_report_rows
 TRAINING_ONLY_KEYS = ROLES.training_only
 LABEL_ORDER = ROLES.label_order
@@ -43,25 +39,17 @@ LM_EVAL_PREFIX = "lm_eval/"  # --metric lm_eval/<task>/<metric>: lm-evaluation-h
 
 
 def load_rows(paths: Iterable[str | os.PathLike]) -> list[dict]:
-    """Rows of one or more stores and run folders (a key present in several: the finished row wins, and a
-    complete run wins over a pruned tune trial that older stores kept under the same key).
-
-    Each path is a store file, a sweep output folder holding ``results.sqlite``, or a run folder of
-    ``peftlab train`` (``result.json``, optionally ``config.yaml``) read as one row of the same shape as a
-    store's (:func:`run_folder_row`).
-    """
+    """Rows of stores (or the folders holding them) and ``peftlab train`` run folders; of a key present in
+    several, the finished row wins, and a complete run wins over a pruned trial older stores kept under its key."""
     merged: dict[str, dict] = {}
     for path in paths:
         for row in _source_rows(Path(path)):
             old = merged.get(row["key"])
             if old is None or (old["status"] not in FINISHED and row["status"] in FINISHED) or (
-                    _row_pruned(old) and row["status"] in FINISHED and not _row_pruned(row)):
+                    pruned_status(old["status"], old["result"]) and row["status"] in FINISHED
+                    and not pruned_status(row["status"], row["result"])):
                 merged[row["key"]] = row
     return list(merged.values())
-
-
-def _row_pruned(row: dict) -> bool:
-    return pruned_status(row["status"], row["result"])
 
 
 def _source_rows(path: Path) -> list[dict]:
@@ -77,8 +65,8 @@ def _source_rows(path: Path) -> list[dict]:
 
 
 def run_folder_row(path: str | os.PathLike) -> dict:
-    """One run folder as a store row: key = :func:`config_key` of result.json's ``config`` (else config.yaml's),
-    status from result.json. A folder with config.yaml but no result.json yet is an unfinished ('running') run."""
+    """One run folder as a store row, keyed by its result.json's config (else config.yaml's); without a
+    result.json yet it is an unfinished ('running') run."""
     path = Path(path)
     result_file, config_file = path / RUN_RESULT, path / RUN_CONFIG
     result = None
@@ -110,22 +98,18 @@ def run_folder_row(path: str | os.PathLike) -> dict:
     key = config_key(config)
     if is_pruned_result(result):  # a pruned trial's folder: never the key of the complete run of its config
         key = pruned_key(key, epochs_run(result))
-    return {"key": key, "status": status, "config": config, "result": result,
-            "output_dir": str(path), "started": None, "finished": None,
-            "seconds": (result or {}).get("train_seconds"), "attempts": 1,
-            "error": (result or {}).get("status_reason") if status == "failed" else None, "owner": None,
-            "created": None, "updated": None}
+    return dict.fromkeys(COLUMNS) | {
+        "key": key, "status": status, "config": config, "result": result, "output_dir": str(path), "attempts": 1,
+        "seconds": (result or {}).get("train_seconds"),
+        "error": (result or {}).get("status_reason") if status == "failed" else None}
 
 
 # --------------------------------------------------------------------------- key=value filters
 
 
 def parse_filter(text: str | None, *, what: str = "--where") -> dict[str, Any]:
-    """``"method=lora,targets=q,k,v,lr_ratio=1"`` -> ``{"method": "lora", "targets": "q,k,v", "lr_ratio": 1.0}``.
-
-    A comma piece without ``=`` continues the previous value (so ``targets=q,k,v`` works). Keys are config
-    keys (closest valid key suggested); values are typed and checked like the config's (``peftlab.config``).
-    """
+    """``"method=lora,targets=q,k,v,lr_ratio=1"`` -> ``{"method": "lora", "targets": "q,k,v", "lr_ratio": 1.0}``:
+    a piece without ``=`` continues the previous value; values are typed and checked like the config's."""
     if not text or not text.strip():
         return {}
     from peftlab.config import TrainConfig, normalise_keys, option_names
@@ -158,21 +142,18 @@ def _target_set(value) -> frozenset[str]:
     return frozenset(str(t).strip().lower() for t in items if str(t).strip())
 
 
+def _same(key: str, have, value) -> bool:
+    if key == "targets" and have is not None and value is not None:
+        return _target_set(have) == _target_set(value)  # a projection set: order never matters
+    if isinstance(value, float) and isinstance(have, (int, float)) and not isinstance(have, bool):
+        return math.isclose(float(have), value, rel_tol=1e-9, abs_tol=0.0)
+    if isinstance(value, str) and isinstance(have, str):
+        return have.lower() == value.lower()
+    return have == value
+
+
 def matches(config: dict, wanted: dict[str, Any]) -> bool:
-    for key, value in wanted.items():
-        have = config.get(key)
-        if key == "targets" and have is not None and value is not None:
-            if _target_set(have) != _target_set(value):  # a projection set: order never matters
-                return False
-        elif isinstance(value, float) and isinstance(have, (int, float)) and not isinstance(have, bool):
-            if not math.isclose(float(have), value, rel_tol=1e-9, abs_tol=0.0):
-                return False
-        elif isinstance(value, str) and isinstance(have, str):
-            if have.lower() != value.lower():
-                return False
-        elif have != value:
-            return False
-    return True
+    return all(_same(key, config.get(key), value) for key, value in wanted.items())
 
 
 # --------------------------------------------------------------------------- records
@@ -224,16 +205,14 @@ def collect(rows: Iterable[dict], *, which: str = "best", metric: str | None = N
 
 
 def lm_eval_value(result: dict, path: str):
-    """``--metric lm_eval/<task>/<metric>`` (e.g. ``lm_eval/arc_easy/acc``, ``lm_eval/gsm8k/exact_match,strict-match``):
-    the harness's number in result.json's ``lm_eval`` section, or None. It scores the weights adapter/ holds,
-    so it is the same for --which best and final."""
+    """``--metric lm_eval/<task>/<metric>``: the harness's number in result.json's ``lm_eval`` section, or None
+    (it scores the weights adapter/ holds, so --which best and final alike)."""
     task, _, metric = path[len(LM_EVAL_PREFIX):].partition("/")
     return (((result.get("lm_eval") or {}).get("results") or {}).get(task) or {}).get(metric)
 
 
 def pruned_status(status: str, result: dict | None) -> bool:
-    """A tune trial stopped before its last epoch: status ``pruned``, or (results written before that status
-    existed) ``ok`` with result.json ``stopped_early`` (lab/store_schema). Never a complete run of its config."""
+    """A tune trial stopped before its last epoch (also as older stores recorded it: lab/store_schema)."""
     return status == "pruned" or (status != "failed" and is_pruned_result(result))
 
 
@@ -242,15 +221,13 @@ def is_pruned(rec: RunRecord) -> bool:
 
 
 def run_identity(rec: RunRecord) -> tuple:
-    """What a run computes: its config without bookkeeping (output folder, threads, ...), with task and seed."""
-    kept = tuple(sorted((k, hashable(v)) for k, v in rec.config.items() if k not in NON_RESULT_KEYS))
-    return rec.task, rec.seed, kept
+    """What a run computes: its config without bookkeeping, with task and seed."""
+    return rec.task, rec.seed, hashable({k: v for k, v in rec.config.items() if k not in NON_RESULT_KEYS})
 
 
 def drop_superseded_pruned(records: list[RunRecord]) -> tuple[list[RunRecord], int]:
-    """The records without the pruned trials whose config and seed also have a complete (non-pruned) run, so
-    that a (config, seed) appears once; and how many were dropped. A pruned trial alone stays (counted, never
-    averaged)."""
+    """The records without the pruned trials whose config and seed also have a complete run, and how many were
+    dropped. A pruned trial alone stays (counted, never averaged)."""
     complete = {run_identity(rec) for rec in records if not is_pruned(rec)}
     kept = [rec for rec in records if not (is_pruned(rec) and run_identity(rec) in complete)]
     return kept, len(records) - len(kept)
@@ -288,21 +265,15 @@ def varying_keys(configs: list[dict]) -> list[str]:
 
 def task_determined_keys(records: list[RunRecord]) -> dict[str, dict[str, Any]]:
     """Keys that take one value per task but differ across tasks (per-task settings): key -> {task: value}."""
-    by_task: dict[str, dict[str, set]] = {}
+    tasks = {rec.task for rec in records}
+    by_key: dict[str, dict[str, set]] = {}
     for rec in records:
         for key, value in rec.config.items():
-            if key in NON_RESULT_KEYS:
-                continue
-            by_task.setdefault(rec.task, {}).setdefault(key, set()).add(hashable(value))
-    if len(by_task) < 2:
-        return {}
-    keys = set.intersection(*(set(d) for d in by_task.values()))
-    out = {}
-    for key in sorted(keys):
-        per_task = {task: d[key] for task, d in by_task.items()}
-        if all(len(v) == 1 for v in per_task.values()) and len({next(iter(v)) for v in per_task.values()}) > 1:
-            out[key] = {task: next(iter(v)) for task, v in per_task.items()}
-    return out
+            if key not in NON_RESULT_KEYS:
+                by_key.setdefault(key, {}).setdefault(rec.task, set()).add(hashable(value))
+    return {key: {task: next(iter(v)) for task, v in per_task.items()} for key, per_task in sorted(by_key.items())
+            if len(tasks) > 1 and per_task.keys() == tasks and all(len(v) == 1 for v in per_task.values())
+            and len({next(iter(v)) for v in per_task.values()}) > 1}
 
 
 def task_order(tasks: Iterable[str]) -> list[str]:

@@ -1,15 +1,11 @@
 """``peftlab report PATH...``: the papers' table from results stores or run folders, with a reviewer's statistics.
 
-Each PATH is a sweep's ``results.sqlite`` (or its folder) or a ``peftlab train`` run folder. Rows are configs
-grouped without the seed (nor anything that varies only with the task, :mod:`peftlab.lab.report_rows`), columns
-are tasks, then Avg and #Param. A cell is ``mean ± std (n)`` over the seeds of its *finished* runs, labelled ones
-(no_learning, collapsed, diverged) at their value: a run is never left out for how it came out, its label is
-counted in [brackets] with the cell's median and range, so a bimodal cell never reads as a bare mean. Failed runs
-and pruned tune trials did not finish: counted as "left out", never averaged (a pruned trial not at all where a
-complete run of its config and seed exists). Epochs-0 runs form the before-fine-tuning rows; the majority-class
-row (``Table.majority``) follows them. ``--baseline`` compares every other cell with the baseline's cell of its
-task (:mod:`peftlab.lab.stats`); the footnote (:mod:`peftlab.lab.tables`) says what every mark and number means.
-A table of runs from more than one commit is refused unless ``--allow-mixed-code`` (:mod:`peftlab.lab.provenance`).
+Rows are configs grouped without the seed (:mod:`peftlab.lab.report_rows`), columns tasks, then Avg and #Param. A
+cell averages every *finished* run at its value, labelled ones too: a run is never left out for how it came out,
+its label is counted in [brackets] with the cell's median and range, so a bimodal cell never reads as a bare mean.
+Failed runs and pruned tune trials did not finish: counted as "left out", never averaged. ``--baseline`` compares
+every other cell with the baseline's (:mod:`peftlab.lab.stats`); the footnote (:mod:`peftlab.lab.tables`) says
+what every mark and number means.
 """
 
 from __future__ import annotations
@@ -23,20 +19,8 @@ from peftlab.errors import PeftlabError, closest
 from peftlab.io_utils import atomic_write_text
 from peftlab.lab.provenance import require_one_code, summarize
 from peftlab.lab.records import (
-    NON_RESULT_KEYS,
-    RunRecord,
-    auto_scale,
-    collect,
-    drop_superseded_pruned,
-    fmt_value,
-    load_rows,
-    matches,
-    parse_filter,
-    parse_seeds,
-    rows_of_seeds,
-    task_determined_keys,
-    task_order,
-)
+    NON_RESULT_KEYS, RunRecord, auto_scale, collect, drop_superseded_pruned, fmt_value, load_rows, matches,
+    parse_filter, parse_seeds, rows_of_seeds, task_determined_keys, task_order)
 from peftlab.lab.report_rows import grouped_rows, labelled_rows, majority_row, records_frame, require_one_test_set
 from peftlab.lab.stats import CI_METHODS, CORRECTIONS, TESTS, compare_with_baseline
 from peftlab.lab.table_model import Row, Table
@@ -48,9 +32,7 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
                 scale: float | None = None, test: str = "auto", correction: str = "bh", ci: str = "t",
                 equivalence_margin: float | None = None, power: bool = False, power_diff: float | None = None,
                 allow_mixed_code: bool = False) -> Table:
-    """The table of ``rows`` (store rows, :func:`~peftlab.lab.records.load_rows`); the module docstring says
-    what each option does. Raises PeftlabError on bad options and on runs of more than one commit (unless
-    ``allow_mixed_code``)."""
+    """The table of ``rows`` (:func:`~peftlab.lab.records.load_rows`); the options are ``peftlab report``'s."""
     _check_options(which=which, params=params, test=test, correction=correction, ci=ci, alpha=alpha,
                    baseline=baseline, equivalence_margin=equivalence_margin, power=power, power_diff=power_diff)
     records, skipped, superseded = _finished_records(rows, which=which, metric=metric, where=where)
@@ -58,9 +40,8 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
     require_one_code(code, allow_mixed=allow_mixed_code)
     per_task = task_determined_keys([r for r in records if not r.before])
     metrics: dict[str, str] = {}
-    for rec in records:
-        if rec.metric and rec.task not in metrics:
-            metrics[rec.task] = rec.metric
+    for rec in filter(lambda rec: rec.metric, records):
+        metrics.setdefault(rec.task, rec.metric)
 
     frame, configs = records_frame(records, drop=set(NON_RESULT_KEYS) | set(per_task), params=params)
     majority, majority_differ = majority_row(frame)
@@ -74,19 +55,17 @@ def build_table(rows: Iterable[dict], *, which: str = "best", metric: str | None
                   params=params, alpha=alpha, test_requested=test, test=test, correction=correction, ci=ci,
                   margin=equivalence_margin, power=power or power_diff is not None, power_diff=power_diff,
                   majority=majority, code=code, superseded_pruned=superseded)
-    _add_task_notes(table, records)
     if baseline:
         table.baseline, table.baseline_text = _baseline_row(trained_rows, label_keys, baseline), baseline
         compare_with_baseline(table)
-    _add_closing_notes(table, majority_differ, per_task, skipped)
+    _add_notes(table, records, majority_differ, per_task, skipped)
     return table
 
 
 def _finished_records(rows: Iterable[dict], *, which: str, metric: str | None,
                       where: str | None) -> tuple[list[RunRecord], dict[str, int], int]:
-    """The records to report (a pruned trial superseded by a complete run of its config and seed dropped), the
-    unfinished runs counted by status, and how many pruned trials were superseded. Refuses an empty table and runs
-    of one task scored on different examples."""
+    """The records to report, the unfinished runs counted by status, and how many pruned trials were
+    superseded; refuses an empty table and runs of one task scored on different examples."""
     filters = parse_filter(where)
     records, skipped = collect(rows, which=which, metric=metric, where=filters)
     if not records:
@@ -102,9 +81,11 @@ def _finished_records(rows: Iterable[dict], *, which: str, metric: str | None,
     return records, skipped, superseded
 
 
-def _add_task_notes(table: Table, records: list[RunRecord]) -> None:
-    """The datasets that are not GLUE's own, and each task's caveats (result.json ``report_notes``, e.g. who
-    judged MT-Bench), as notes under the table."""
+def _add_notes(table: Table, records: list[RunRecord], majority_differ: list[tuple], per_task: dict,
+               skipped: dict[str, int]) -> None:
+    """The notes under the table: the datasets that are not GLUE's own, each task's caveats (result.json
+    ``report_notes``), a majority class that differs between runs, settings that vary only with the task, and the
+    unfinished runs left out."""
     for rec in records:
         dataset = (rec.result or {}).get("dataset")
         if dataset and dataset != "glue":
@@ -117,22 +98,6 @@ def _add_task_notes(table: Table, records: list[RunRecord]) -> None:
         for note in (rec.result or {}).get("report_notes") or []:
             if f"{rec.task}: {note}" not in table.notes:
                 table.notes.append(f"{rec.task}: {note}")
-
-
-def _baseline_row(trained_rows: list[Row], label_keys: list[str], baseline: str) -> Row:
-    """The one trained row ``--baseline`` names; anything else is refused in one line."""
-    hits = [r for r in trained_rows if matches(r.config, parse_filter(baseline, what="--baseline"))]
-    if len(hits) != 1:
-        vary = ", ".join(label_keys) or "method"
-        raise PeftlabError(
-            f"--baseline '{baseline}' matches {len(hits)} rows of the table, not 1",
-            fix=f"name one row by the keys that vary ({vary})" if hits else f"the rows vary in: {vary}")
-    return hits[0]
-
-
-def _add_closing_notes(table: Table, majority_differ: list[tuple], per_task: dict, skipped: dict[str, int]) -> None:
-    """Notes on a majority class that differs between runs, settings that vary only with the task, and the
-    unfinished runs left out of the table."""
     if majority_differ:
         ranges = ", ".join(f"{task} {lo * table.scale:.4g}–{hi * table.scale:.4g}"
                            for task, lo, hi in sorted(majority_differ, key=lambda d: table.tasks.index(d[0])))
@@ -147,19 +112,25 @@ def _add_closing_notes(table: Table, majority_differ: list[tuple], per_task: dic
         table.notes.append(f"not in the table (unfinished): {unfinished}")
 
 
+def _baseline_row(trained_rows: list[Row], label_keys: list[str], baseline: str) -> Row:
+    """The one trained row ``--baseline`` names; anything else is refused in one line."""
+    hits = [r for r in trained_rows if matches(r.config, parse_filter(baseline, what="--baseline"))]
+    if len(hits) != 1:
+        vary = ", ".join(label_keys) or "method"
+        raise PeftlabError(
+            f"--baseline '{baseline}' matches {len(hits)} rows of the table, not 1",
+            fix=f"name one row by the keys that vary ({vary})" if hits else f"the rows vary in: {vary}")
+    return hits[0]
+
+
 def _check_options(*, which, params, test, correction, ci, alpha, baseline, equivalence_margin, power,
                    power_diff) -> None:
-    if which not in ("best", "final"):
-        raise PeftlabError(f"--which must be best or final, got '{which}'")
-    if params not in PARAM_CONVENTIONS:
-        raise PeftlabError(f"--params must be {', '.join(PARAM_CONVENTIONS)}, got '{params}'")
-    if test not in TESTS:
-        raise PeftlabError(f"--test must be {', '.join(TESTS)}, got '{test}'{closest(test, TESTS)}")
-    if correction not in CORRECTIONS:
-        raise PeftlabError(f"--correction must be {', '.join(CORRECTIONS)}, got '{correction}'"
-                           f"{closest(correction, CORRECTIONS)}")
-    if ci not in CI_METHODS:
-        raise PeftlabError(f"--ci must be {' or '.join(CI_METHODS)}, got '{ci}'{closest(ci, CI_METHODS)}")
+    for flag, value, choices in (("--which", which, ("best", "final")), ("--params", params, PARAM_CONVENTIONS),
+                                 ("--test", test, TESTS), ("--correction", correction, CORRECTIONS),
+                                 ("--ci", ci, CI_METHODS)):
+        if value not in choices:
+            listed = " or ".join(choices) if len(choices) == 2 else ", ".join(choices)
+            raise PeftlabError(f"{flag} must be {listed}, got '{value}'{closest(value, choices)}")
     if not 0 < alpha < 1:
         raise PeftlabError(f"--alpha must be in (0, 1), got {alpha}")
     for flag, value in (("--equivalence-margin", equivalence_margin), ("--power-diff", power_diff)):
@@ -266,10 +237,7 @@ def add_comparison_options(parser) -> None:
 
 
 def run_cli(args) -> int:
-    fmt = args.format
-    if fmt is None:
-        suffix = Path(args.out).suffix.lower() if args.out else ""
-        fmt = {".tex": "latex", ".csv": "csv"}.get(suffix, "md")
+    fmt = args.format or {".tex": "latex", ".csv": "csv"}.get(Path(args.out or "").suffix.lower(), "md")
     rows = load_rows(args.stores)
     if args.seeds is not None:
         rows = rows_of_seeds(rows, parse_seeds(args.seeds))

@@ -5,6 +5,7 @@ docstring of :mod:`peftlab.lab.report` says what a row and a cell hold."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pandas as pd
 
@@ -30,9 +31,8 @@ def param_count(trainable: dict | None, convention: str, method: str | None) -> 
 
 def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> tuple[pd.DataFrame, list[dict]]:
     """One line per record: its group (the config without ``drop``; before-fine-tuning runs also pool over
-    TRAINING_ONLY_KEYS), task, seed, status (``pruned`` for a tune trial stopped early, whatever it says), its
-    value (nan without one), #Param and the majority-class score. Returns the frame and each group's config (index
-    = the frame's ``group``)."""
+    TRAINING_ONLY_KEYS), task, seed, status, value (nan without one), #Param and majority-class score; and each
+    group's config (indexed by the frame's ``group``)."""
     group_ids: dict[tuple, int] = {}
     configs: list[dict] = []
     lines = []
@@ -57,15 +57,13 @@ def records_frame(records: list[RunRecord], *, drop: set[str], params: str) -> t
 def require_one_test_set(records: list[RunRecord]) -> None:
     """Runs of one task scored on different evaluation examples cannot be compared (result.json
     ``eval_examples_digest``: the dev / test examples each run was scored on); refused in one line."""
-    digests: dict[str, dict[str, int]] = {}
+    digests: dict[str, Counter] = {}
     for rec in records:
-        digest = (rec.result or {}).get("eval_examples_digest")
-        if digest:
-            by_digest = digests.setdefault(rec.task, {})
-            by_digest[digest] = by_digest.get(digest, 0) + 1
+        if digest := (rec.result or {}).get("eval_examples_digest"):
+            digests.setdefault(rec.task, Counter())[digest] += 1
     for task, by_digest in digests.items():
         if len(by_digest) > 1:
-            counts = ", ".join(f"{n} runs on {d}" for d, n in sorted(by_digest.items(), key=lambda kv: -kv[1]))
+            counts = ", ".join(f"{n} runs on {d}" for d, n in by_digest.most_common())
             raise PeftlabError(f"the {task} runs were scored on different test examples ({counts}): their numbers "
                                "cannot be compared", fix="select runs scored on the same examples with --where "
                                "(e.g. max_eval_samples=..., eval_seed=...), or rerun them on one test split")
@@ -86,11 +84,8 @@ def majority_value(rec: RunRecord) -> float | None:
 
 
 def majority_row(frame: pd.DataFrame) -> tuple[Row | None, list[tuple]]:
-    """The majority-class row (None when no task has one) and the ``(task, lowest, highest)`` of the tasks
-    whose runs disagree (different dev examples).
-
-    Per task: every run's ``majority_baseline`` that scores the reported metric (the task's primary metric) of a
-    GLUE-style task; instruction tasks (no classes) and other metrics (``--metric``) get no cell."""
+    """The majority-class row (None when no task has one: :func:`majority_value`) and the ``(task, lowest,
+    highest)`` of the tasks whose runs disagree (different dev examples)."""
     scores = frame.dropna(subset=["majority"]).groupby("task", sort=False)["majority"].agg(list)
     if scores.empty:
         return None, []
@@ -102,9 +97,8 @@ def majority_row(frame: pd.DataFrame) -> tuple[Row | None, list[tuple]]:
 
 
 def grouped_rows(frame: pd.DataFrame, configs: list[dict]) -> list[Row]:
-    """One :class:`Row` per group of ``frame`` (groups in run order), its cells filled in run order by
-    :meth:`Cell.add_run` (every finished run at its value, labelled or not; the others counted apart) and its
-    #Param counts (trained rows only)."""
+    """One :class:`Row` per group of ``frame`` (in run order), its cells filled in run order by
+    :meth:`Cell.add_run`, and its #Param counts (trained rows only)."""
     # identical untrained models repeated across a training grid count once per seed
     frame = frame[~(frame["before"] & frame.duplicated(["group", "task", "seed"]))]
     groups = {gid: Row(config=configs[gid], label={}, before=bool(before))

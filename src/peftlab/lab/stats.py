@@ -1,21 +1,16 @@
 """Every cell against the baseline's cell of its task: a test, the difference with its 95 % CI, equivalence
-(TOST), a multiple-comparison correction and power. All of it is scipy's; only Holm's step-down is written here
-(neither scipy nor any other dependency has it).
+(TOST), a multiple-comparison correction and power, all scipy's but Holm's step-down (no dependency has it).
 
 Runs of different rows at the same seed train on the same subset and are scored on the same dev set, so the
-paired tests match cells by seed (a seed run twice in one cell counts at its mean); ``--test auto`` pairs when the
-compared rows share 2+ seeds, else uses Welch's. ``--ci bootstrap`` resamples with a fixed seed per cell, so a
-table is reproducible. TOST's p is the larger of its two one-sided p-values (intersection-union), corrected over
-the table's equivalence tests. Labelled runs (no_learning, collapsed, diverged) finished: they are in every
-comparison at their value; :func:`without_labels` repeats the test without them, a family of its own for the
-correction. Power is exact, from the noncentral t (``scipy.stats.nct``), no normal approximation.
+paired tests match cells by seed. ``--ci bootstrap`` resamples with a fixed seed, so a table is reproducible.
+TOST's p is the larger one-sided p (intersection-union). Labelled runs are in every comparison at their value;
+:func:`without_labels` repeats the test without them, a family of its own for the correction.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -69,7 +64,7 @@ def choose_test(table: Table) -> None:
 
 
 def _cells_to_compare(table: Table):
-    """``(row, task, cell, the baseline's cell of the task)`` of every trained cell with values but the baseline's."""
+    """``(row, task, cell, the baseline's cell)`` of every trained cell with values but the baseline's."""
     base = table.baseline
     for row in table.rows:
         if row is base or row.reference:
@@ -81,7 +76,7 @@ def _cells_to_compare(table: Table):
 
 
 def paired_values(cell: Cell, reference: Cell) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """The two cells' values at the seeds both ran (ascending seed order), and those seeds."""
+    """The two cells' values at the seeds both ran (ascending), and those seeds."""
     mine, theirs = cell.per_seed(), reference.per_seed()
     seeds = sorted(set(mine) & set(theirs))
     return (np.array([mine[s] for s in seeds], dtype=float), np.array([theirs[s] for s in seeds], dtype=float),
@@ -103,18 +98,11 @@ def untestable(cell: Cell, reference: Cell | None, test: str) -> str | None:
 # --------------------------------------------------------------------------- one comparison
 
 
-@contextmanager
-def _quiet():
-    """Constant inputs make scipy warn ("precision loss", "sample size too small"); the footnote says so."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
 def _p_value(test: str, x: np.ndarray, y: np.ndarray, alternative: str = "two-sided") -> float:
     from scipy import stats
 
-    with _quiet():
+    # constant inputs make scipy warn ("precision loss", "sample size too small"); the footnote says so
+    with warnings.catch_warnings(action="ignore"):
         if test == "paired":
             return float(stats.ttest_rel(x, y, alternative=alternative).pvalue)
         if test == "wilcoxon":
@@ -128,17 +116,14 @@ def _p_value(test: str, x: np.ndarray, y: np.ndarray, alternative: str = "two-si
 def _interval(test: str, ci: str, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     from scipy import stats
 
-    with _quiet():
+    paired = test in PAIRED_TESTS
+    with warnings.catch_warnings(action="ignore"):
         if ci == "bootstrap":
-            rng = np.random.default_rng(BOOTSTRAP_SEED)
-            if test in PAIRED_TESTS:
-                result = stats.bootstrap((x - y,), np.mean, n_resamples=BOOTSTRAP_RESAMPLES,
-                                         confidence_level=CI_LEVEL, rng=rng)
-            else:
-                result = stats.bootstrap((x, y), _mean_difference, n_resamples=BOOTSTRAP_RESAMPLES,
-                                         confidence_level=CI_LEVEL, rng=rng)
+            result = stats.bootstrap((x - y,) if paired else (x, y), np.mean if paired else _mean_difference,
+                                     n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=CI_LEVEL,
+                                     rng=np.random.default_rng(BOOTSTRAP_SEED))
             low, high = result.confidence_interval
-        elif test in PAIRED_TESTS:
+        elif paired:
             low, high = stats.ttest_rel(x, y).confidence_interval(CI_LEVEL)
         else:
             low, high = stats.ttest_ind(x, y, equal_var=test == "student").confidence_interval(CI_LEVEL)
@@ -150,7 +135,7 @@ def _mean_difference(a, b, axis=-1):
 
 
 def compare(cell: Cell, reference: Cell, *, test: str, ci: str = "t", margin: float | None = None) -> Comparison:
-    """``cell`` against ``reference`` (``margin`` in the metric's own scale, not the table's)."""
+    """``cell`` against ``reference`` (``margin`` in the metric's own scale)."""
     if test in PAIRED_TESTS:
         x, y, seeds = paired_values(cell, reference)
         differences = x - y
@@ -170,9 +155,8 @@ def compare(cell: Cell, reference: Cell, *, test: str, ci: str = "t", margin: fl
 
 
 def without_labels(cell: Cell, reference: Cell, *, test: str, ci: str = "t") -> Comparison | None:
-    """The sensitivity of a comparison to its labelled runs (no_learning, collapsed, diverged): the same test with
-    them left out of both cells. None when none of them is in the comparison (paired: at a seed both cells ran),
-    or when what is left cannot be tested."""
+    """The same test with the labelled runs left out of both cells; None when none is in the comparison, or
+    when what is left cannot be tested."""
     mine, theirs = cell.ok_only(), reference.ok_only()
     if not labelled_in(cell, reference, test) or not mine.values or untestable(mine, theirs, test):
         return None
@@ -191,16 +175,9 @@ def labelled_in(cell: Cell, reference: Cell, test: str) -> bool:
 # --------------------------------------------------------------------------- corrections
 
 
-def benjamini_hochberg(p_values: list[float]) -> list[float]:
-    from scipy import stats
-
-    return [float(p) for p in stats.false_discovery_control(p_values, method="bh")]
-
-
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values (Holm 1979): with the m p-values sorted ascending, the i-th (from 0)
-    becomes min(1, max over j <= i of (m - j) * p_(j)); rejecting where it is < alpha keeps the family-wise error
-    rate at alpha under any dependence. Neither scipy nor a dependency of peftlab provides it."""
+    becomes min(1, max over j <= i of (m - j) * p_(j)); the family-wise error rate holds under any dependence."""
     p = np.asarray(p_values, dtype=float)
     order = np.argsort(p, kind="stable")
     scaled = (len(p) - np.arange(len(p))) * p[order]
@@ -211,15 +188,16 @@ def holm(p_values: list[float]) -> list[float]:
 
 def adjust(p_values: list[float], correction: str) -> list[float] | None:
     """Adjusted p-values (None for ``none``); nan p-values are left out of the family and stay nan."""
+    from scipy import stats
+
     if correction == "none":
         return None
-    defined = [i for i, p in enumerate(p_values) if math.isfinite(p)]
-    out = [math.nan] * len(p_values)
-    if defined:
-        method = benjamini_hochberg if correction == "bh" else holm
-        for i, value in zip(defined, method([p_values[i] for i in defined])):
-            out[i] = value
-    return out
+    p = np.asarray(p_values, dtype=float)
+    out = np.full(len(p), math.nan)
+    defined = np.isfinite(p)
+    if defined.any():
+        out[defined] = stats.false_discovery_control(p[defined]) if correction == "bh" else holm(p[defined])
+    return [float(v) for v in out]
 
 
 # --------------------------------------------------------------------------- power (noncentral t)
@@ -251,8 +229,8 @@ def detectable_difference(sd: float, n1: int, n2: int | None, alpha: float, powe
 
 def seeds_needed(difference: float, sd: float, *, paired: bool, alpha: float,
                  power: float = POWER_TARGET) -> int | None:
-    """The fewest seeds (pairs; or per row, two-sample) with ``power`` at ``difference``; None past MAX_SEEDS.
-    Power grows with n, so a doubling search then bisection over integers finds it."""
+    """The fewest seeds (pairs; or per row, two-sample) with ``power`` at ``difference``; None past MAX_SEEDS
+    (power grows with n: a doubling search, then bisection)."""
     def enough(n: int) -> bool:
         return t_power(difference, sd, n, None if paired else n, alpha) >= power
 
@@ -279,19 +257,18 @@ def power_of(cell: Cell, reference: Cell, comparison: Comparison, *, alpha: floa
         n1, n2, design = cell.n, reference.n, "two-sample"
         sd = math.sqrt(((n1 - 1) * np.var(cell.values, ddof=1) + (n2 - 1) * np.var(reference.values, ddof=1))
                        / (n1 + n2 - 2))
-    if not sd > 0:  # no spread: power is undefined
-        return Power(design, min(n1, n2 or n1), sd, None, wanted, None)
-    needed = seeds_needed(wanted, sd, paired=n2 is None, alpha=alpha) if wanted > 0 else None
-    return Power(design, min(n1, n2 or n1), sd, detectable_difference(sd, n1, n2, alpha), wanted, needed)
+    spread = sd > 0  # else power is undefined
+    needed = seeds_needed(wanted, sd, paired=n2 is None, alpha=alpha) if spread and wanted > 0 else None
+    return Power(design, min(n1, n2 or n1), sd, detectable_difference(sd, n1, n2, alpha) if spread else None, wanted,
+                 needed)
 
 
 # --------------------------------------------------------------------------- the table
 
 
 def compare_with_baseline(table: Table) -> None:
-    """Every non-baseline trained cell against the baseline's cell of its task (``table.test``, chosen first when
-    ``auto``), then the correction over all of them together, the marks, equivalence and power; where labelled runs
-    (no_learning, collapsed, diverged) are in a comparison, also the comparison without them (corrected apart)."""
+    """Every non-baseline trained cell against the baseline's cell of its task, then the correction over all of
+    them, the marks, equivalence and power; and the comparisons without labelled runs (corrected apart)."""
     choose_test(table)
     margin = None if table.margin is None else table.margin / table.scale
     target = None if table.power_diff is None else table.power_diff / table.scale

@@ -1,13 +1,9 @@
 """The results store: one SQLite row per run, keyed by a hash of the run's resolved config (:func:`config_key`).
 
-A pruned run (a ``peftlab tune`` trial its pruner stopped) never keeps the complete run's key: :meth:`Store.finish`
-moves its row to :func:`pruned_key` and its folder to :func:`pruned_dir`, so a later complete run of the same
-config trains afresh. A schema-1 store opened for writing is migrated in place in one transaction; read-only it
-is left as it is, its pruned rows read as ``pruned`` (:func:`effective_status`).
-
-Concurrency: WAL (a local file system, not NFS), a busy timeout, and every read-modify-write in one
-``BEGIN IMMEDIATE`` transaction, so worker processes claim and record runs without losing or duplicating rows; a
-``running`` row whose holder stopped beating (:mod:`peftlab.lab.store_owner`) is claimable again.
+A pruned tune trial never keeps the complete run's key (:meth:`Store.finish`), so a later complete run of the same
+config trains afresh. A schema-1 store opened for writing is migrated in place; read-only it is left as it is.
+Concurrency: WAL (a local file system, not NFS) and every read-modify-write in one ``BEGIN IMMEDIATE``
+transaction; a ``running`` row whose holder stopped beating (:mod:`peftlab.lab.store_owner`) is claimable again.
 """
 
 from __future__ import annotations
@@ -26,20 +22,17 @@ from typing import Any, Iterable, Iterator
 from peftlab.config import ROLES, TrainConfig, option_defaults
 from peftlab.errors import PeftlabError
 from peftlab.io_utils import json_default
-from peftlab.lab.store_owner import heartbeat, owner_alive, process_identity, read_beats, write_beat
+from peftlab.lab.store_owner import Heartbeat, owner_alive, process_identity, read_beats, write_beat
 from peftlab.lab.store_schema import (
     PRUNED_MARK, RESULT_STATUSES, SCHEMA_VERSION, SHORT_KEY, STATUSES, StoreWriteError, effective_status, epochs_run,
     implied_status, is_pruned_result, migrate_v1, move_run_folder, now_iso, parse_json, pruned_dir, pruned_key,
     row_dict, seconds_between, unpruned_key)
 from peftlab.lab.store_schema import SCHEMA as _SCHEMA
 
-# The run key's roles, derived from the config's declarations (peftlab.config_roles): each option of key schema 1
-# (KEY_FIELDS_V1, when stores first existed) is hashed at every value; an option added since only when it differs
-# from its default, so a run recorded before the option existed keeps its key (and a rerun of its spec finds it)
-# instead of every run quietly running again whenever TrainConfig grows a field. An option that may change on
-# --resume (KEY_EXCLUDED: its folder, threads, logging, checkpoint interval, how the judge is asked) never
-# changes the key; those key schema 1 hashed are hashed as the constant they held then (KEY_PINNED), so old keys
-# stand. tests/test_store_keys.py recomputes the committed study stores' keys to hold this.
+# The run key's roles (peftlab.config_roles): an option of key schema 1 (KEY_FIELDS_V1) is hashed at every value; an
+# option added since only when it differs from its default, so a run recorded before the option existed keeps its
+# key. An option that may change on --resume (KEY_EXCLUDED) never changes the key; those key schema 1 hashed are
+# hashed as the constant they held then (KEY_PINNED). tests/test_store_keys.py recomputes the committed keys.
 KEY_FIELDS_V1 = ROLES.key_v1
 KEY_EXCLUDED = ROLES.resumable
 KEY_PINNED = ROLES.hashed_as
@@ -50,24 +43,18 @@ def config_key(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of a resolved config (``TrainConfig.to_dict()``): its resumable options
     left out (or pinned: KEY_PINNED), the options added after key schema 1 left out while at their defaults."""
     defaults = option_defaults_json()
-    canonical = {}
+    canonical = {k: KEY_PINNED[k] for k in config if k in KEY_PINNED}  # KEY_PINNED: a part of KEY_EXCLUDED
     for k, v in config.items():
-        if k in KEY_EXCLUDED:
-            if k in KEY_PINNED:
-                canonical[k] = KEY_PINNED[k]
-            continue
         value = list(v) if isinstance(v, tuple) else v
-        if k not in KEY_FIELDS_V1 and k in defaults and value == defaults[k]:
-            continue
-        canonical[k] = value
+        if k not in KEY_EXCLUDED and (k in KEY_FIELDS_V1 or k not in defaults or value != defaults[k]):
+            canonical[k] = value
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=1)
 def option_defaults_json() -> dict[str, Any]:
-    """Every TrainConfig option's default as a run's config records it: flat names, as to_dict() keys them (an
-    option of a group, cfg.kasa.x, is kasa_x here), tuples as JSON lists."""
+    """Every TrainConfig option's default as a run's config records it (flat names, tuples as JSON lists)."""
     return {name: list(value) if isinstance(value, tuple) else value
             for name, value in option_defaults(TrainConfig).items()}
 
@@ -105,41 +92,27 @@ class Store:
         self._heartbeat = None  # started by the first claim, so that the rows claimed here stay held
 
     def _being_created(self, started: float) -> bool:
-        """True while the file has no tables yet, for a few seconds: another driver has just created it and
-        its schema transaction has not committed (a reader would otherwise take it for a foreign file)."""
+        """Whether another driver has just created the file and not yet committed its schema (for a few seconds:
+        a reader would otherwise take it for a foreign file)."""
         empty = self.conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
         return empty and time.monotonic() - started < min(self.timeout, _CREATION_GRACE_S)
 
     def _init_schema(self, create: bool) -> None:
         started = time.monotonic()
-        deadline = started + self.timeout
         while True:
             try:
-                if not create:  # reading: change nothing (the store may be read-only)
-                    mode = self.conn.execute("PRAGMA journal_mode").fetchone()[0]
-                    if self._being_created(started):
-                        time.sleep(0.05)
-                        continue
+                if create:
+                    self.journal_mode = self._create_schema()
                     break
-                mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                self.conn.execute("PRAGMA synchronous = NORMAL")
-                with self.transaction() as conn:
-                    for statement in filter(str.strip, _SCHEMA.split(";")):
-                        conn.execute(statement)
-                    conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', ?)",
-                                 (str(SCHEMA_VERSION),))
-                    version = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
-                    moves = _migrations(conn) if version is not None and version[0] == "1" else []
-                for src, dst in moves:  # after the commit: a kill in between leaves the folder where it was,
-                    move_run_folder(src, dst)  # and sweep.run_one sets a pruned folder aside when it meets one
-                break
+                self.journal_mode = self.conn.execute("PRAGMA journal_mode").fetchone()[0]  # reading: change nothing
+                if not self._being_created(started):
+                    break
             except (sqlite3.DatabaseError, StoreWriteError) as err:
-                if "locked" not in str(err) or time.monotonic() > deadline:
+                if "locked" not in str(err) or time.monotonic() > started + self.timeout:
                     if isinstance(err, (StoreWriteError, sqlite3.OperationalError)):  # full disk, I/O, lock
                         raise StoreWriteError(self.path, getattr(err, "error", err)) from None
                     raise PeftlabError(f"cannot open results store {self.path}: {err}") from None
-                time.sleep(0.05)
-        self.journal_mode = mode
+            time.sleep(0.05)
         try:
             row = self.conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
         except sqlite3.DatabaseError as err:
@@ -149,9 +122,24 @@ class Store:
                                f"(schema {row[0] if row else 'missing'})")
         self.schema = int(row[0])  # 1: an older store opened read-only (pruned rows still say ok in it)
 
+    def _create_schema(self) -> str:
+        """The tables (a schema-1 store migrated); returns the journal mode."""
+        mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        with self.transaction() as conn:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(statement)
+            conn.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('schema_version', ?)",
+                         (str(SCHEMA_VERSION),))
+            version = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+            moves = _migrations(conn) if version is not None and version[0] == "1" else []
+        for src, dst in moves:  # after the commit: a kill in between leaves the folder where it was,
+            move_run_folder(src, dst)  # and sweep.run_one sets a pruned folder aside when it meets one
+        return mode
+
     def close(self) -> None:
         if self._heartbeat is not None:
-            self._heartbeat.drop()
+            self._heartbeat.stop()
             self._heartbeat = None
         self.conn.close()
 
@@ -163,8 +151,8 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``, taking the write lock up front. Any error rolls it back (never left
-        open, holding the lock); a write SQLite refuses (full disk, I/O, lock timeout) is a :class:`StoreWriteError`."""
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error; a write SQLite refuses is a
+        :class:`StoreWriteError`."""
         try:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
@@ -182,19 +170,17 @@ class Store:
     def register(self, runs: Iterable[tuple[str, dict, str]]) -> int:
         """Add ``(key, config, output_dir)`` rows as pending unless present; returns how many were new."""
         stamp = now_iso()
-        added = 0
         with self.transaction() as conn:
-            for key, config, output_dir in runs:
-                cur = conn.execute(
-                    "INSERT OR IGNORE INTO runs (key, status, config, output_dir, attempts, created, updated) "
-                    "VALUES (?, 'pending', ?, ?, 0, ?, ?)",
-                    (key, json.dumps(config, sort_keys=True), str(output_dir), stamp, stamp))
-                added += cur.rowcount
-        return added
+            cur = conn.executemany(
+                "INSERT OR IGNORE INTO runs (key, status, config, output_dir, attempts, created, updated) "
+                "VALUES (?, 'pending', ?, ?, 0, ?, ?)",
+                [(key, json.dumps(config, sort_keys=True), str(output_dir), stamp, stamp) for key, config, output_dir
+                 in runs])
+        return cur.rowcount
 
     def prepare(self, keys: Iterable[str], *, retry_failed: bool = False) -> dict[str, int]:
-        """Before a sweep runs: running rows whose owner died (a killed sweep) and, with ``retry_failed``,
-        failed rows go back to pending. Returns how many of each were reset."""
+        """Before a sweep runs: running rows whose owner died and, with ``retry_failed``, failed rows go back to
+        pending. Returns how many of each were reset."""
         wanted = set(keys)
         reset = {"running": 0, "failed": 0}
         stamp = now_iso()
@@ -202,10 +188,8 @@ class Store:
             rows = conn.execute("SELECT key, status, owner FROM runs WHERE status IN ('running', 'failed')").fetchall()
             beats, now = read_beats(conn), time.time()
             for row in rows:
-                if row["key"] not in wanted:
-                    continue
-                if (row["status"] == "running" and not owner_alive(row["owner"], beats.get(row["owner"]), now)) or (
-                        row["status"] == "failed" and retry_failed):
+                stale = row["status"] == "running" and not owner_alive(row["owner"], beats.get(row["owner"]), now)
+                if row["key"] in wanted and (stale or (row["status"] == "failed" and retry_failed)):
                     conn.execute("UPDATE runs SET status = 'pending', owner = NULL, updated = ? WHERE key = ?",
                                  (stamp, row["key"]))
                     reset[row["status"]] += 1
@@ -224,8 +208,8 @@ class Store:
                 (self.owner, stamp, stamp, key))
             write_beat(conn, self.owner, time.time())  # held from this commit on; the thread renews it
         if self._heartbeat is None:
-            self._heartbeat = heartbeat(self.path, self.owner)
-            self._heartbeat.hold()
+            self._heartbeat = Heartbeat(self.path, self.owner)
+            self._heartbeat.start()
         return row_dict(row)
 
     def release(self, key: str) -> bool:
@@ -236,60 +220,45 @@ class Store:
             return cur.rowcount == 1
 
     def finish(self, key: str, result: dict, *, owner: str | None = None) -> bool:
-        """Record a finished run's result (status from ``result['status']``); False if another process owns it."""
+        """Record a finished run's result (status from ``result['status']``); False if another process owns it.
+        A pruned run's row moves to :func:`pruned_key` (rowid kept) and, after the commit, its folder to
+        :func:`pruned_dir`: the complete run's key is then free (a sweep registers it pending)."""
         status = result.get("status")
         if status not in RESULT_STATUSES:
             raise ValueError(f"result status must be one of {'/'.join(RESULT_STATUSES)}, got {status!r}")
-        if is_pruned_result(result):
-            return self._close_pruned(key, result, owner)
         error = result.get("status_reason") if status == "failed" else None
-        return self._close(key, status, json.dumps(result, default=json_default), error, owner)
-
-    def _close_pruned(self, key: str, result: dict, owner: str | None) -> bool:
-        """Record a pruned run under :func:`pruned_key` (the row moves, rowid kept) and rename its folder to
-        :func:`pruned_dir`; the complete run's key is then free (a sweep registers it pending)."""
-        owner = owner or self.owner
-        epochs = epochs_run(result)
-        new_key, stamp = pruned_key(key, epochs), now_iso()
-        with self.transaction() as conn:
-            row = conn.execute("SELECT status, owner, started, output_dir FROM runs WHERE key = ?", (key,)).fetchone()
-            if row is None or row["status"] != "running" or row["owner"] != owner:
-                return False
-            folder = row["output_dir"] or (result.get("config") or {}).get("output_dir")
-            new_dir = pruned_dir(folder, epochs) if folder else None
-            conn.execute("DELETE FROM runs WHERE key = ?", (new_key,))  # same config, same stop: replaced
-            status = implied_status(result)  # pruned, or collapsed: what stopped it, kept
-            conn.execute(
-                "UPDATE runs SET key = ?, status = ?, result = ?, error = NULL, output_dir = ?, finished = ?, "
-                "seconds = ?, owner = NULL, updated = ? WHERE key = ?",
-                (new_key, status, json.dumps(result, default=json_default), new_dir, stamp,
-                 seconds_between(row["started"], stamp), stamp, key))
-        if folder:  # after the commit (see _init_schema for why that order)
-            move_run_folder(folder, new_dir)
-        return True
+        return self._close(key, implied_status(result), result, error, owner)
 
     def fail(self, key: str, error: str, *, owner: str | None = None) -> bool:
         return self._close(key, "failed", None, error, owner)
 
-    def _close(self, key, status, result_json, error, owner) -> bool:
+    def _close(self, key: str, status: str, result: dict | None, error: str | None, owner: str | None) -> bool:
         owner = owner or self.owner
+        pruned = is_pruned_result(result)
+        new_key = pruned_key(key, epochs_run(result)) if pruned else key
         stamp = now_iso()
         with self.transaction() as conn:
-            row = conn.execute("SELECT status, owner, started FROM runs WHERE key = ?", (key,)).fetchone()
+            row = conn.execute("SELECT status, owner, started, output_dir FROM runs WHERE key = ?", (key,)).fetchone()
             if row is None or row["status"] != "running" or row["owner"] != owner:
                 return False  # reclaimed by someone else (or never claimed): theirs wins
+            folder = new_dir = row["output_dir"]
+            if pruned:
+                folder = folder or (result.get("config") or {}).get("output_dir")
+                new_dir = pruned_dir(folder, epochs_run(result)) if folder else None
+                conn.execute("DELETE FROM runs WHERE key = ?", (new_key,))  # same config, same stop: replaced
             conn.execute(
-                "UPDATE runs SET status = ?, result = ?, error = ?, finished = ?, seconds = ?, owner = NULL, "
-                "updated = ? WHERE key = ?",
-                (status, result_json, error, stamp, seconds_between(row["started"], stamp), stamp, key))
-            return True
+                "UPDATE runs SET key = ?, status = ?, result = ?, error = ?, output_dir = ?, finished = ?, "
+                "seconds = ?, owner = NULL, updated = ? WHERE key = ?",
+                (new_key, status, None if result is None else json.dumps(result, default=json_default), error,
+                 new_dir, stamp, seconds_between(row["started"], stamp), stamp, key))
+        if pruned and folder:  # after the commit (see _init_schema for why that order)
+            move_run_folder(folder, new_dir)
+        return True
 
     def add(self, config: dict, *, result: dict | None = None, status: str | None = None,
             error: str | None = None, output_dir: str | None = None) -> str:
-        """Insert or replace one finished row directly (import a standalone run, build a store in tests).
-
-        ``status`` defaults to ``result['status']``; a failed run may come without a result. A pruned result is
-        stored as ``pruned`` under :func:`pruned_key` (its folder is not renamed: an import moves nothing)."""
+        """Insert or replace one finished row (``status``: else ``result['status']``); a pruned result goes under
+        :func:`pruned_key`, its folder not renamed (an import moves nothing)."""
         status = status or (result or {}).get("status")
         if status not in RESULT_STATUSES:
             raise ValueError(f"status must be one of {'/'.join(RESULT_STATUSES)}, got {status!r}")
@@ -297,7 +266,7 @@ class Store:
         if is_pruned_result(result) or status == "pruned":
             if result is None:
                 raise ValueError("a pruned run needs its result (the epochs it ran)")
-            status = "collapsed" if (result or {}).get("status") == "collapsed" else "pruned"
+            status = "collapsed" if result.get("status") == "collapsed" else "pruned"
             key = pruned_key(key, epochs_run(result))
         stamp = now_iso()
         with self.transaction() as conn:
@@ -313,13 +282,9 @@ class Store:
     # ----------------------------------------------------------------- reading
 
     def statuses(self) -> dict[str, str]:
-        if self.schema >= 2:
-            return {row[0]: row[1] for row in self.conn.execute("SELECT key, status FROM runs")}
-        return {row[0]: effective_status(row[1], parse_json(row[2])[0] if row[1] in ("ok", "no_learning") else None)
-                for row in self.conn.execute("SELECT key, status, result FROM runs")}
+        return {row["key"]: row["status"] for row in self.rows(parse=False)}
 
     def holder_alive(self, owner: str | None) -> bool:
-        """Whether the holder ``owner`` of a running row still beats (and, on this machine, still exists)."""
         return owner_alive(owner, read_beats(self.conn).get(owner or ""), time.time())
 
     def get(self, key: str) -> dict | None:
@@ -344,7 +309,7 @@ class Store:
         return moved[-1] if moved else row
 
     def rows(self, *, parse: bool = True) -> list[dict]:
-        """All rows in insertion order; ``config``/``result`` parsed from JSON when ``parse``."""
+        """All rows in insertion order (``parse``: config and result parsed from JSON)."""
         rows = self.conn.execute("SELECT * FROM runs ORDER BY rowid").fetchall()
         return [self._row(row, parse=parse) for row in rows]
 

@@ -1,10 +1,8 @@
 """``peftlab store check STORE [--repair] [--json]``: verify a results store, and requeue what is stale.
 
-One line per problem (the row's short key, what is wrong, how to fix it): the file's integrity, each row's key
-against its config, each status against its result, stale ``running`` rows (:mod:`peftlab.lab.store_owner`), and
-the run folders found from here (relative paths: the working directory, then beside the store). ``--repair``
-(:mod:`peftlab.lab.store_repair`) applies only the safe fixes, never deletes a row, and is idempotent. Exit
-status: 0 clean, 1 problems remain, 2 not a results store.
+One line per problem (the row's short key, what is wrong, how to fix it). Run folders are found from here
+(relative paths: the working directory, then beside the store). ``--repair`` (:mod:`peftlab.lab.store_repair`)
+applies only the safe fixes, never deletes a row, and is idempotent.
 """
 
 from __future__ import annotations
@@ -108,15 +106,11 @@ def _read(path: Path, check: Check) -> tuple[list[sqlite3.Row] | None, dict[str,
         if not {"runs", "meta"} <= tables:
             raise PeftlabError(f"{path} is an SQLite file without peftlab's runs/meta tables",
                                fix="pass a sweep's or tune's results.sqlite")
-        findings = []
-        for pragma in ("quick_check", "integrity_check"):
-            try:
-                found = [r[0] for r in conn.execute(f"PRAGMA {pragma}")]
-            except sqlite3.DatabaseError as err:
-                found = [str(err)]
-            if found != ["ok"]:
-                findings = found
-                break
+        try:
+            findings = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        except sqlite3.DatabaseError as err:
+            findings = [str(err)]
+        findings = [] if findings == ["ok"] else findings
         check.integrity = "; ".join(findings[:3]) or "ok"
         if findings:
             more = f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""
@@ -261,8 +255,7 @@ def check_store(path: str | Path) -> Check:
     for row in rows:
         check.problems.extend(check_row(row, schema))
         if row["status"] == "running":
-            problem = check_running(row, beats, now)
-            check.problems.extend([problem] if problem else [])
+            check.problems.extend(filter(None, [check_running(row, beats, now)]))
         folder = _folder(row["output_dir"], store_path)
         if folder is None:
             continue
@@ -273,8 +266,7 @@ def check_store(path: str | Path) -> Check:
                                           "rerun its spec: each run gets a folder named by its key"))
         folders.setdefault(resolved, row["key"])
         if row["status"] in FINISHED:
-            problem = check_folder(row, folder, schema)
-            check.problems.extend([problem] if problem else [])
+            check.problems.extend(filter(None, [check_folder(row, folder, schema)]))
     check.problems.extend(orphaned_folders(folders, store_path))
     found = len(folders)
     if rows and found < len(rows):
@@ -306,24 +298,18 @@ def add_parser(sub) -> None:
     actions = parser.add_subparsers(dest="store_command", metavar="ACTION", required=True)
     check = actions.add_parser(
         "check", help="verify a store: SQLite integrity, every status against its result, stale running rows",
-        description="Check a sweep's or tune's results store: SQLite's quick_check and integrity_check; every "
-                    "row's config against its key; every status against its result (a finished row's result "
-                    "parses and agrees, a failed row has an error, pruned trials live under pruned keys); stale "
-                    "running rows (the holder stopped beating, or its process is gone); "
-                    "run folders (result.json readable and the same run, no folder shared or orphaned). One line "
-                    "per problem: key: what; fix: how. Exit status 0 clean, 1 problems, 2 not a results store.")
+        description="Check a sweep's or tune's results store: SQLite's integrity_check; every row's config against "
+                    "its key; every status against its result (a finished row's result parses and agrees, a failed "
+                    "row has an error, pruned trials live under pruned keys); stale running rows (the holder stopped "
+                    "beating, or its process is gone); run folders (result.json readable and the same run, no folder "
+                    "shared or orphaned). One line per problem: key: what; fix: how. Exit status 0 clean, 1 "
+                    "problems, 2 not a results store.")
     check.add_argument("store", metavar="STORE", help="a results.sqlite, or the folder holding it")
     check.add_argument("--repair", action="store_true",
                        help="requeue stale running rows, mark rows with an unreadable result failed, and the other "
                             "safe fixes listed; never deletes a row; idempotent")
     check.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     check.set_defaults(func=run_cli)
-
-
-def _summary(check: Check) -> str:
-    counts = ", ".join(f"{n} {s}" for s, n in check.counts.items()) or "no rows"
-    return (f"store {check.store}: {check.rows} row(s) ({counts}), schema {check.schema}, "
-            f"integrity {check.integrity}")
 
 
 def run_cli(args) -> int:
@@ -338,7 +324,9 @@ def run_cli(args) -> int:
             payload.update(found=before.to_dict()["problems"], changes=changes)
         print(json.dumps(payload, indent=2))
         return 0 if check.clean else 1
-    print(_summary(before))
+    counts = ", ".join(f"{n} {s}" for s, n in before.counts.items()) or "no rows"
+    print(f"store {before.store}: {before.rows} row(s) ({counts}), schema {before.schema}, "
+          f"integrity {before.integrity}")
     for note in before.notes:
         print(f"note: {note}")
     for problem in before.problems:

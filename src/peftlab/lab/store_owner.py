@@ -1,16 +1,16 @@
 """Who holds a running row of a results store, and whether it still does: a heartbeat in the store itself.
 
-A claiming process writes its owner (``host|pid|token``) into the row and its beat into the ``owners`` table, then a
-daemon thread renews the beat while a Store of that process is open. Any machine that sees the store reads
-liveness there: a beat older than the lease is gone; on the holder's own machine a missing pid is gone at once,
-and a recycled pid never beats under the old token. The lease must exceed the clock skew between machines and
-the longest wait for the write lock; a beat that misses the lock is retried at the next tick.
+A claim writes its owner (``host|pid|token``) into the row and its beat into the ``owners`` table; a daemon thread
+renews the beat while the Store that claimed is open. A beat older than the lease is gone; on the holder's own
+machine a missing pid is gone at once, and a recycled pid never beats under the old token. The lease must exceed
+the clock skew between machines and the longest wait for the write lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import socket
 import sqlite3
@@ -34,13 +34,8 @@ def process_identity() -> str:
 
 def owner_host(owner: str | None) -> tuple[str | None, int | None]:
     """(host, pid) of an owner string; (None, None) when it is not one."""
-    parts = (owner or "").split("|")
-    if len(parts) != 3:
-        return None, None
-    try:
-        return parts[0], int(parts[1])
-    except ValueError:
-        return None, None
+    match = re.fullmatch(r"([^|]*)\|(\d+)\|[^|]*", owner or "")
+    return (match[1], int(match[2])) if match else (None, None)
 
 
 def owner_alive(owner: str | None, beat: float | None, now: float) -> bool:
@@ -71,55 +66,24 @@ def write_beat(conn: sqlite3.Connection, owner: str, now: float) -> None:
     conn.execute("INSERT OR REPLACE INTO owners (owner, beat) VALUES (?, ?)", (owner, now))
 
 
-class Heartbeat:
-    """The beat of one process into one store file: a daemon thread with its own connection, running while at
-    least one Store of this process that claimed a row is open (:meth:`hold` / :meth:`drop`)."""
+class Heartbeat(threading.Thread):
+    """The beat of one Store that claimed a row: a daemon thread with its own connection, renewing ``owner``'s
+    beat until :meth:`stop` (the Store's close). Several Stores of one process beat under the same owner."""
 
     def __init__(self, path: Path, owner: str):
+        super().__init__(name=f"peftlab-heartbeat-{Path(path).name}", daemon=True)
         self.path, self.owner = path, owner
-        self.users = 0
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.stopped = threading.Event()
 
-    def hold(self) -> None:
-        with self.lock:
-            self.users += 1
-            if self.thread is None:
-                self.stop.clear()
-                self.thread = threading.Thread(target=self._beat, name=f"peftlab-heartbeat-{self.path.name}",
-                                               daemon=True)
-                self.thread.start()
-
-    def drop(self) -> None:
-        with self.lock:
-            self.users -= 1
-            thread = self.thread if self.users == 0 else None
-            if thread is not None:
-                self.thread = None
-                self.stop.set()
-        if thread is not None:
-            thread.join()
-
-    def _beat(self) -> None:
+    def run(self) -> None:
         conn = sqlite3.connect(str(self.path), timeout=BEAT_SECONDS, isolation_level=None)
         try:
-            while not self.stop.wait(BEAT_SECONDS):
+            while not self.stopped.wait(BEAT_SECONDS):
                 with contextlib.suppress(sqlite3.Error):  # locked, or a full disk: the next tick tries again
                     write_beat(conn, self.owner, time.time())
         finally:
             conn.close()
 
-
-_heartbeats: dict[tuple[int, str], Heartbeat] = {}
-_heartbeats_lock = threading.Lock()
-
-
-def heartbeat(path: Path, owner: str) -> Heartbeat:
-    """This process's heartbeat into the store at ``path`` (one per process and file)."""
-    key = (os.getpid(), str(Path(path).resolve()))
-    with _heartbeats_lock:
-        beat = _heartbeats.get(key)
-        if beat is None or beat.owner != owner:
-            beat = _heartbeats[key] = Heartbeat(Path(path), owner)
-        return beat
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()

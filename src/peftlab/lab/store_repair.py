@@ -15,8 +15,7 @@ from peftlab.lab.store_schema import now_iso, parse_json
 
 
 def repair(store_path: str | Path, problems: list) -> list[str]:
-    """Apply each problem's action (``Problem.action``: its kind, the row's key, then the kind's arguments);
-    returns one line per change made."""
+    """Apply each problem's action (its kind, the row's key, then the kind's arguments); one line per change."""
     changes = []
     actions = [p.action for p in problems if p.action is not None]
     if not actions:
@@ -28,8 +27,6 @@ def repair(store_path: str | Path, problems: list) -> list[str]:
                 if _rewrite_result(Path(action[2]), action[3]):
                     changes.append(f"{short_key(key)}: rewrote {action[2]} from the store's copy")
                 continue
-            if kind not in ROW_ACTIONS:  # pragma: no cover - store_check makes only these
-                raise ValueError(kind)
             with store.transaction() as conn:
                 done = ROW_ACTIONS[kind](conn, store, key, *action[2:], stamp=now_iso())
             if done is not None:

@@ -1,7 +1,6 @@
-"""The results store's schema (version 2), how a row's columns are written and read, and how a pruned run is
-named, apart from :mod:`peftlab.lab.store`. FINISHED rows are never rerun under their key; NOT_OK rows are counted
-apart by a tune's candidate scores and a figure's cells (reports keep labelled runs at their value:
-lab/table_model.Cell).
+"""The results store's schema (version 2), how a row's columns are read, and how a pruned run is named.
+FINISHED rows are never rerun under their key; NOT_OK rows are counted apart by a tune's candidate scores and a
+figure's cells (reports keep labelled runs at their value: lab/table_model.Cell).
 """
 
 from __future__ import annotations
@@ -39,7 +38,8 @@ CREATE TABLE IF NOT EXISTS {name} (
     created TEXT NOT NULL,
     updated TEXT NOT NULL
 )"""
-SCHEMA = (RUNS_TABLE.format(name="runs", statuses=", ".join(f"'{s}'" for s in STATUSES)) + ";" + """
+STATUS_LIST = ", ".join(f"'{s}'" for s in STATUSES)
+SCHEMA = (RUNS_TABLE.format(name="runs", statuses=STATUS_LIST) + ";" + """
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, beat REAL NOT NULL);
@@ -63,7 +63,6 @@ class StoreWriteError(PeftlabError):
 
 
 def now_iso() -> str:
-    """The time stamps of a row (created, updated, started, finished): ISO 8601 UTC, milliseconds."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
@@ -86,7 +85,7 @@ def busy_seconds(rows: list[dict]) -> float:
 
 
 def row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
-    """A ``runs`` row as a dict of its columns; ``config`` and ``result`` parsed from JSON when ``parse``."""
+    """A ``runs`` row as a dict (``parse``: config and result parsed from JSON)."""
     out = {name: row[name] for name in COLUMNS}
     if parse:
         for column in ("config", "result"):
@@ -99,10 +98,9 @@ def row_dict(row: sqlite3.Row, *, parse: bool = True) -> dict:
 
 
 def is_pruned_result(result: dict | None) -> bool:
-    """A run its ``on_epoch_end`` hook stopped before its last epoch (a tune trial), so never the complete run
-    of its config: status ``pruned``; or ``stopped_early`` with status ``ok`` / ``no_learning`` (results written
-    before ``pruned`` existed) or ``collapsed`` (the tune stops a collapsed trial at once, where the complete run
-    would have trained on: it keeps its status, but not the complete run's key)."""
+    """A tune trial stopped before its last epoch, so never the complete run of its config: status ``pruned``;
+    or ``stopped_early`` with status ``ok`` / ``no_learning`` (results written before ``pruned`` existed) or
+    ``collapsed`` (the tune stops a collapsed trial at once: it keeps its status, not the complete run's key)."""
     if not isinstance(result, dict):
         return False
     status = result.get("status")
@@ -115,8 +113,7 @@ def effective_status(status: str, result: dict | None) -> str:
 
 
 def implied_status(result: dict) -> str | None:
-    """The row status a run's result implies (None for a status no run ends with): a pruned trial's is ``pruned``,
-    or ``collapsed`` where the tune stopped a collapsed trial (what stopped it, kept)."""
+    """The row status a run's result implies (None for a status no run ends with)."""
     status = result.get("status")
     if status not in RESULT_STATUSES:
         return None
@@ -126,8 +123,7 @@ def implied_status(result: dict) -> str | None:
 
 
 def epochs_run(result: dict | None) -> int:
-    """Epochs a run trained: result.json ``epochs_run``, else (older results) the epoch the hook stopped it
-    at, else the epochs it logged."""
+    """Epochs a run trained: ``epochs_run``, else (older results) the epoch it was stopped at, else those logged."""
     result = result or {}
     if isinstance(result.get("epochs_run"), int):
         return result["epochs_run"]
@@ -138,23 +134,20 @@ def epochs_run(result: dict | None) -> int:
 
 
 def pruned_key(key: str, epochs: int) -> str:
-    """Where a run of ``key`` stopped after ``epochs`` epochs is stored: never the complete run's key."""
     return f"{unpruned_key(key)}{PRUNED_MARK}{int(epochs)}"
 
 
 def unpruned_key(key: str) -> str:
-    """The key of the complete run of a (possibly pruned) row's config."""
     return key.split(PRUNED_MARK, 1)[0]
 
 
 def pruned_dir(folder: str | os.PathLike, epochs: int) -> str:
-    """The folder a pruned run's folder is renamed to (beside it), freeing its own for the complete run."""
     return f"{Path(folder)}{PRUNED_MARK}{int(epochs)}"
 
 
 def move_run_folder(src: str | os.PathLike, dst: str | os.PathLike) -> bool:
-    """Rename run folder ``src`` to ``dst``; a folder already at ``dst`` is replaced (a trial of the same config
-    stopped at the same epoch: the same computation). False when ``src`` is not there (nothing to move)."""
+    """Rename run folder ``src`` to ``dst``, replacing one there (the same config stopped at the same epoch: the
+    same computation); False when ``src`` is not there."""
     src, dst = Path(src), Path(dst)
     if not src.is_dir() or src.resolve() == dst.resolve():
         return False
@@ -176,11 +169,10 @@ def parse_json(text: str | None) -> tuple:
 
 def migrate_v1(conn: sqlite3.Connection, stamp: str) -> list[tuple[str, str, str]]:
     """Schema 1 -> 2 inside the caller's transaction: the runs table rebuilt with the new statuses (SQLite
-    cannot alter a CHECK constraint), every row copied with its rowid; then each pruned trial a schema-1 store
-    recorded as ``ok`` moves to its pruned key (status pruned, output_dir its pruned folder). Returns
-    ``(folder, pruned folder, the run's key)`` for the folder renames the caller does after the commit."""
+    cannot alter a CHECK constraint), rowids kept; each pruned trial recorded as ``ok`` moves to its pruned key.
+    Returns ``(folder, pruned folder, the run's key)`` for the renames the caller does after the commit."""
     columns = ", ".join(COLUMNS)
-    conn.execute(RUNS_TABLE.format(name="runs_v2", statuses=", ".join(f"'{s}'" for s in STATUSES)))
+    conn.execute(RUNS_TABLE.format(name="runs_v2", statuses=STATUS_LIST))
     conn.execute(f"INSERT INTO runs_v2 (rowid, {columns}) SELECT rowid, {columns} FROM runs")
     conn.execute("DROP TABLE runs")
     conn.execute("ALTER TABLE runs_v2 RENAME TO runs")

@@ -1,9 +1,7 @@
 """The report's table as data: :class:`Cell` (one config × task), :class:`Row` (one config), :class:`Table`, and
-:class:`Comparison` / :class:`Power` (a cell against the baseline's cell of its task).
-
-``report`` builds these, ``stats`` fills in the comparisons, ``tables`` renders them; all three import this module
-and none imports another's classes, so there is no import circle. Values are in the metric's own scale (an
-accuracy of 0.85, not 85); :attr:`Table.scale` is applied only when rendering.
+:class:`Comparison` / :class:`Power` (a cell against the baseline's cell of its task). ``report`` builds these,
+``stats`` compares them, ``tables`` renders them. Values are in the metric's own scale (an accuracy of 0.85, not
+85); :attr:`Table.scale` is applied only when rendering.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Rendering a report :class:`~peftlab.lab.table_model.Table`: Markdown, LaTeX (booktabs) and CSV, through pandas.
-
-The cells are formatted here; pandas lays them out (``to_markdown`` via tabulate, ``to_latex``, ``to_csv``). The
-CSV carries unrounded numbers. With ``--power`` a second table follows (md, latex) or power columns join the CSV.
+"""Rendering a report :class:`~peftlab.lab.table_model.Table`: Markdown, LaTeX (booktabs) and CSV (unrounded).
+The cells are formatted here; pandas lays them out (``to_markdown``, ``to_latex``, ``to_csv``).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from peftlab.lab.records import fmt_value
 from peftlab.lab.stats import CI_LEVEL, CI_METHODS, CORRECTIONS, PAIRED_TESTS, SHORT_NAMES, TESTS
 from peftlab.lab.table_model import FAILED_TO_LEARN
 from peftlab.lab.tables_power import POWER_COLUMNS, power_csv_values, power_footnote, power_frame
+from peftlab.lab.verdicts import label_counts
 
 if TYPE_CHECKING:
     from peftlab.lab.table_model import Cell, Comparison, Row, Table
@@ -74,29 +73,15 @@ def format_comparison(comparison: Comparison, scale: float, digits: int, *, alph
     """``Δ +5.0 (CI +2.1, +7.9) p=0.0036 (adj 0.0072), 3 pairs[, equivalent within 1]``."""
     text = (f"Δ {_signed(comparison.diff, scale, digits)} (CI {_signed(comparison.ci_low, scale, digits)}, "
             f"{_signed(comparison.ci_high, scale, digits)})")
-    p_text = f"p{'' if format_p(comparison.p, alpha).startswith('<') else '='}{format_p(comparison.p, alpha)}"
+    p = format_p(comparison.p, alpha)
+    text += f" p{'' if p.startswith('<') else '='}{p}"
     if comparison.p_adj is not None:
-        p_text += f" (adj {format_p(comparison.p_adj, alpha)})"
-    text += " " + p_text
+        text += f" (adj {format_p(comparison.p_adj, alpha)})"
     if comparison.n_pairs is not None:
         text += f", {comparison.n_pairs} pair{'s' if comparison.n_pairs != 1 else ''}"
     if comparison.equivalent and margin is not None:
         text += f", equivalent within {margin:g}"
     return text
-
-
-def format_labels(cell: Cell) -> str:
-    """``2 no_learning, 1 diverged (1 no value)``: the labelled runs by label, those without a value said so."""
-    return ", ".join(f"{n} {label}" + (f" ({cell.no_value[label]} no value)" if cell.no_value[label] else "")
-                     for label, n in sorted(cell.labels.items()))
-
-
-def format_distribution(cell: Cell, scale: float, digits: int) -> str:
-    """``median 79.0, range 2.5–82.0``: where labelled runs are averaged in, how the values spread."""
-    if not cell.values:
-        return ""
-    return (f"median {cell.median * scale:.{digits}f}, range {min(cell.values) * scale:.{digits}f}–"
-            f"{max(cell.values) * scale:.{digits}f}")
 
 
 def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±", mark: str = MARK,
@@ -108,9 +93,10 @@ def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±",
         return "–"
     notes = []
     if cell.labels:
-        notes.append(format_labels(cell))
-    if cell.labelled_values:
-        notes.append(format_distribution(cell, scale, digits))
+        notes.append(label_counts(cell.labels, cell.no_value))
+    if cell.labelled_values:  # labelled runs averaged in: how the values spread
+        notes.append(f"median {cell.median * scale:.{digits}f}, range {min(cell.values) * scale:.{digits}f}–"
+                     f"{max(cell.values) * scale:.{digits}f}")
     sensitivity = cell.comparison.without_labels if cell.comparison is not None else None
     if sensitivity is not None:
         notes.append("without labels: " + format_comparison(sensitivity, scale, digits, alpha=alpha))
@@ -122,10 +108,9 @@ def format_cell(cell: Cell | None, scale: float, digits: int, *, pm: str = "±",
     if cell.std is not None:
         text += f" {pm} {cell.std * scale:.{digits}f}"
     text += f" ({cell.n})"
-    if cell.comparison is not None and cell.comparison.marked:
-        text += mark
     if cell.comparison is not None:
-        text += " " + format_comparison(cell.comparison, scale, digits, alpha=alpha, margin=margin)
+        text += (mark if cell.comparison.marked else "") + " " + format_comparison(
+            cell.comparison, scale, digits, alpha=alpha, margin=margin)
     return text + (f" [{'; '.join(notes)}]" if notes else "")
 
 
@@ -153,15 +138,12 @@ def header(table: Table) -> list[str]:
     return labels + names + ["Avg", "#Param"]
 
 
-def _label_cells(table: Table, row: Row) -> list[str]:
+def _label_cells(table: Table, row: Row, *, suffix: str = BASELINE_SUFFIX) -> list[str]:
     if row.reference:
-        cells = [""] * len(table.label_keys)
-        if cells:
-            cells[0] = row.name
-        return cells or [row.name]
+        return [row.name] + [""] * (len(table.label_keys) - 1)
     cells = [fmt_value(row.label.get(k)) for k in table.label_keys]
     if row is table.baseline and cells:
-        cells[0] += BASELINE_SUFFIX
+        cells[0] += suffix
     return cells
 
 
@@ -270,19 +252,14 @@ def render_markdown(table: Table, digits: int = 1) -> str:
     return text
 
 
-_LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"$<$",
-                  ">": r"$>$"}
-
-
-def latex_escape(text: str) -> str:
-    return "".join(_LATEX_ESCAPES.get(ch, ch) for ch in text)
+# One pass (str.translate), so that the math the placeholders \x00 (±) and \x01 (†) become is never escaped again.
+_LATEX = str.maketrans({"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                        "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "<": r"$<$",
+                        ">": r"$>$", "\x00": r"$\pm$", "\x01": r"$^\dagger$", "–": "--", "Δ": r"$\Delta$", "−": "$-$"})
 
 
 def _latex_cell(text: str) -> str:
-    # ± and † are rendered as placeholders first, so that escaping never touches the math they become
-    return (latex_escape(text).replace("\x00", r"$\pm$").replace("\x01", r"$^\dagger$").replace("–", "--")
-            .replace("Δ", r"$\Delta$").replace("−", "$-$"))
+    return text.translate(_LATEX)
 
 
 def _latex_tabular(frame: pd.DataFrame, n_labels: int) -> list[str]:
@@ -314,12 +291,8 @@ TOST_COLUMNS = ("tost_p", "tost_p_adj", "equivalent")
 
 
 def render_csv(table: Table) -> str:
-    """Unrounded numbers (scaled like the table), one line per row: per task the mean, std and n of the finished
-    runs, their labels (and the labelled runs without a value), the runs left out, the median and range, and
-    against the baseline the difference with its CI, the pairs and the p-values (raw and, with a correction,
-    adjusted), then the same without the labelled runs where any is in the comparison; the equivalence test with
-    --equivalence-margin, the power with --power. The majority-class row: mean, std and count of the runs'
-    majority_baseline."""
+    """Unrounded numbers (scaled like the table), one line per row: per task the cell's numbers (CELL_COLUMNS),
+    the equivalence test with --equivalence-margin, the power with --power."""
     label_keys = table.label_keys or ["row"]
     extra = (TOST_COLUMNS if table.margin is not None else ()) + (POWER_COLUMNS if table.power else ())
     head = list(label_keys) + ["before_fine_tuning"]
@@ -328,11 +301,7 @@ def render_csv(table: Table) -> str:
     head += ["avg", f"params_{table.params}", "baseline"]
     lines = []
     for row in table.display_rows:
-        if row.reference:
-            labels = [row.name] + [""] * (len(label_keys) - 1)
-        else:
-            labels = [fmt_value(row.label.get(k)) for k in label_keys] if table.label_keys else [""]
-        line = labels + [int(row.before)]
+        line = (_label_cells(table, row, suffix="") or [""]) + [int(row.before)]
         for task in table.tasks:
             line += _csv_cell(table, row.cells.get(task), extra)
         line += [_num(table.avg(row), table.scale), "" if row.reference or not row.params else max(row.params),

@@ -1,11 +1,8 @@
 """The sentences of a study's REPORT.md, written from verdicts.json's data alone.
 
-A study (:mod:`peftlab.lab.study_fair_report`) stores each comparison in verdicts.json as numbers: the two arms
-(a − b), the difference with its 95 % CI, the pairs (every seed both arms finished with a value), the paired-t p and
-its Holm-adjusted p over the section's family, the TOST equivalence p (Holm) against the design's margin, the
-difference detectable with 80 % power, the labels of the runs in each arm (no_learning, collapsed, diverged: in
-the mean and the pairs at their value). The functions here are pure: they take that data as ``json.load`` gives it
-back and write the sentence, so a sentence cannot say what its numbers do not.
+A study stores each comparison in verdicts.json as numbers (difference, CI, pairs, p and Holm p, TOST, power,
+labels); the functions here are pure: they take that data as ``json.load`` gives it back and write the sentence, so
+a sentence cannot say what its numbers do not.
 """
 
 from __future__ import annotations
@@ -85,13 +82,16 @@ def labels_text(data: dict) -> str:
     """``head 7 no_learning; lora 1 diverged (1 no value)``: each arm's labelled runs, empty when there are none."""
     parts = []
     for side in ("a", "b"):
-        labels = (data.get("labels") or {}).get(side) or {}
-        no_value = (data.get("no_value") or {}).get(side) or {}
-        counts = ", ".join(f"{n} {label}" + (f" ({no_value[label]} no value)" if no_value.get(label) else "")
-                           for label, n in sorted(labels.items()) if n)
-        if counts:
+        if counts := label_counts((data.get("labels") or {}).get(side) or {},
+                                  (data.get("no_value") or {}).get(side) or {}):
             parts.append(f"{data.get(side, side)} {counts}")
     return "; ".join(parts)
+
+
+def label_counts(labels: dict[str, int], no_value: dict[str, int]) -> str:
+    """``2 no_learning, 1 diverged (1 no value)``: labelled runs by label, those without a value said so."""
+    return ", ".join(f"{n} {label}" + (f" ({no_value[label]} no value)" if no_value.get(label) else "")
+                     for label, n in sorted(labels.items()) if n)
 
 
 def comparison_lines(data: dict) -> list[str]:
