@@ -363,6 +363,8 @@ def test_not_installed_is_one_line_naming_pip(monkeypatch, tmp_path, capsys):
     with pytest.raises(PeftlabError, match=r'pip install "peftlab\[lm-eval\]"') as err:
         lm_eval_tasks.require_harness()
     assert "\n" not in str(err.value)
+    with pytest.raises(PeftlabError, match=r'pip install "peftlab\[lm-eval\]"'):  # peftlab evaluate --lm-eval's way
+        lm_eval_tasks.task_configs(["arc_easy"])
     out = tmp_path / "run"
     assert main(train_argv("commonsense", out, lm_eval="arc_easy")) == 2  # before anything trains
     message = capsys.readouterr().err.strip().splitlines()

@@ -199,6 +199,15 @@ def test_loop_state_round_trips_and_refuses_what_is_not_one():
     state = LoopState(epoch=1, step_in_epoch=2, global_step=10, optimizer_steps=5, epoch_aux_sum=0.25,
                       best={"epoch": 1, "metrics": {"accuracy": 0.5}}, curve=[{"step": 4}], timings={"eval_s": 1.5})
     assert LoopState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    # fields added later take their defaults, a key it does not know is ignored, epochs_run is derived
+    partial = {"epoch": 1, "step_in_epoch": 3, "global_step": 11, "optimizer_steps": 11, "rng": "elsewhere",
+               "epochs_log": [{"epoch": 1, "train_loss": 0.7, "metrics": {"accuracy": 0.5}}]}
+    read = LoopState.from_dict(partial)
+    assert (read.skipped_steps, read.curve, read.timings, read.eval_extras, read.stopped_early) == (0, [], {}, {}, None)
+    assert read.optimizer_steps == 11 and read.epochs_run == 1 and read.epochs_log == partial["epochs_log"]
+    # a state.json of a peftlab from before --grad-accum: resuming it at optimizer step 0 would overrun --max-steps
+    with pytest.raises(PeftlabError, match="'optimizer_steps' missing"):
+        LoopState.from_dict({"epoch": 1, "step_in_epoch": 3, "global_step": 11}, where="x/state.json")
     with pytest.raises(PeftlabError, match="'global_step' missing"):
         LoopState.from_dict({"epoch": 0, "step_in_epoch": 0}, where="x/state.json")
 
@@ -497,6 +506,14 @@ def _other_task(run: Path, tmp_path: Path) -> list[str]:
     return ["--adapter", str(other)]
 
 
+def _older_kasa(run: Path, tmp_path: Path) -> list[str]:
+    """An earlier peftlab's KaSA adapter: peft would re-truncate the base its own way and load other weights."""
+    old = tmp_path / "older"
+    shutil.copytree(run / "adapter", old)
+    (old / "peftlab_kasa_truncation.json").write_text('{"layers": {}}')
+    return ["--adapter", str(old)]
+
+
 def _missing(run: Path, tmp_path: Path) -> list[str]:
     return ["--adapter", str(tmp_path / "nowhere")]
 
@@ -508,6 +525,7 @@ BAD_ADAPTERS = [
     ("other-base", _other_base, "does not fit this base model"),
     ("missing", _missing, "not found; fix: pass an adapter folder"),
     ("other-task", _other_task, "was trained with task='mrpc', but"),
+    ("older-kasa", _older_kasa, "a format of an earlier peftlab"),
 ]
 
 

@@ -342,6 +342,15 @@ def test_bad_instruction_files(tmp_path, name, text, fields, where, what):
     assert where in str(err.value) and what in str(err.value)
 
 
+def test_an_empty_instruction_is_a_record_a_missing_one_is_not(tmp_path):
+    """Alpaca-style data has records whose instruction is blank (the input says it all): they train; only the
+    response must hold text, and a record without the prompt field at all is refused."""
+    path = write(tmp_path / "d.jsonl", '{"instruction": "", "input": "2+2?", "output": "4"}\n')
+    assert idata.read_records(path) == [{"instruction": "", "input": "2+2?", "output": "4"}]
+    with pytest.raises(PeftlabError, match="no 'instruction' field"):
+        idata.read_records(write(tmp_path / "e.jsonl", '{"input": "2+2?", "output": "4"}\n'))
+
+
 def test_bad_fields_flag_and_missing_train_file(tmp_path):
     with pytest.raises(PeftlabError, match="instruction-fields"):
         idata.parse_fields("only_one")

@@ -211,6 +211,9 @@ def test_heldout_seeds_zero_runs_no_check_and_says_so(tmp_path):
     assert summary["heldout"] is None and summary["heldout_epochs"] == 0
     assert summary["spent_epochs"] == len(epoch_calls(tmp_path / "tune"))
     assert "held-out: none (heldout_seeds: 0)" in render_summary(summary)
+    older = {k: v for k, v in summary.items() if not k.startswith("heldout")}  # a tune.json from before them
+    assert "held-out: none (this tune predates held-out seeds): the score above flatters the winner" in \
+        render_summary(older)
 
 
 def test_run_heldout_scores_any_point_on_the_tunes_heldout_seeds(tmp_path, monkeypatch):

@@ -102,7 +102,8 @@ def _p_value(test: str, x: np.ndarray, y: np.ndarray, alternative: str = "two-si
     from scipy import stats
 
     # constant inputs make scipy warn ("precision loss", "sample size too small"); the footnote says so
-    with warnings.catch_warnings(action="ignore"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         if test == "paired":
             return float(stats.ttest_rel(x, y, alternative=alternative).pvalue)
         if test == "wilcoxon":
@@ -117,7 +118,8 @@ def _interval(test: str, ci: str, x: np.ndarray, y: np.ndarray) -> tuple[float, 
     from scipy import stats
 
     paired = test in PAIRED_TESTS
-    with warnings.catch_warnings(action="ignore"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         if ci == "bootstrap":
             result = stats.bootstrap((x - y,) if paired else (x, y), np.mean if paired else _mean_difference,
                                      n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=CI_LEVEL,

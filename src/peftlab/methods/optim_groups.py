@@ -35,13 +35,18 @@ def param_groups(model: nn.Module, targets: ResolvedTargets, heads: list[str], c
         group = group_of(name, targets, heads)
         decay = param.dim() >= 2  # by rank, not by name (nanoGPT's rule)
         buckets.setdefault((group, decay), []).append((name, param))
-    groups = [{"name": group, "params": [p for _, p in named], "param_names": [n for n, _ in named],
-               "lr": cfg.lr_of(group), "weight_decay": cfg.weight_decay if decay else 0.0}
-              for group in GROUP_ORDER for decay in (True, False) if (named := buckets.get((group, decay)))]
+    groups = []
+    for group in GROUP_ORDER:
+        for decay in (True, False):
+            named = buckets.get((group, decay), [])
+            if named:
+                groups.append({"name": group, "params": [p for _, p in named], "param_names": [n for n, _ in named],
+                               "lr": cfg.lr_of(group), "weight_decay": cfg.weight_decay if decay else 0.0})
     if verbose:
-        print("\n".join(["parameter groups:"] + [
-            f"  {g['name']:<5} lr={g['lr']:.3g}  weight_decay={g['weight_decay']:<6g} {len(g['params']):>4} tensors  "
-            f"{sum(p.numel() for p in g['params']):>12,} parameters" for g in groups]))
+        print("parameter groups:")
+        for g in groups:
+            print(f"  {g['name']:<5} lr={g['lr']:.3g}  weight_decay={g['weight_decay']:<6g} {len(g['params']):>4} "
+                  f"tensors  {sum(p.numel() for p in g['params']):>12,} parameters")
     return groups
 
 

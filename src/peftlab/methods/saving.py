@@ -106,12 +106,20 @@ def save_trained(model: nn.Module, out_dir: str | Path, *, base_model: str = "",
     return out_dir
 
 
+# an earlier peftlab's KaSA truncation plan (a non-peft truncation) and its full fine-tuning weights
+OLDER_FORMATS = ("peftlab_kasa_truncation.json", "trained_weights.safetensors")
+
+
 def load_trained(base: nn.Module, adapter_dir: str | Path, *, allow_pickle: bool = False,
                  base_model: str | None = None) -> nn.Module:
     """Attach a saved adapter (or full-FT weights) to ``base``; clear one-line errors for bad files."""
     adapter_dir = Path(adapter_dir)
     if not adapter_dir.is_dir():
         raise PeftlabError(f"adapter folder not found: {adapter_dir}", fix="pass the run's adapter/ folder")
+    older = [name for name in OLDER_FORMATS if (adapter_dir / name).is_file()]
+    if older:  # loading them as today's formats would give other weights without a word
+        raise PeftlabError(f"{adapter_dir} holds {older[0]}, a format of an earlier peftlab that this one no longer "
+                           "reads", fix="retrain the run, or load it with the peftlab version that wrote it")
     config_file = adapter_dir / "adapter_config.json"
     if (adapter_dir / "model.safetensors").is_file() and not config_file.is_file():
         return _load_full(base, adapter_dir / "model.safetensors", base_model)  # full fine-tuning's folder

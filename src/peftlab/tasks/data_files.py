@@ -19,7 +19,6 @@ and a malformed row is reported as ``file:line``.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import os
@@ -143,21 +142,24 @@ def csv_rows(path: Path, kind: str):
     """(first line, fields) of every non-blank record of a CSV or TSV (quoting off, as GLUE's) with the stdlib's
     strict reader: a stray quote, or a byte that is not UTF-8, is one line naming its line."""
     dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {"delimiter": ","}
-    reader = csv.reader(io.StringIO(read_text_utf8(path, fix="save the file as UTF-8"), newline=""), strict=True,
-                        **dialect)
-    end = 0
-    while True:
-        start = end + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as err:
-            raise PeftlabError(f"malformed {kind.upper()} record: {err}", where=f"{path}:{start}",
-                               fix="close the quote (or quote the field), or remove the line") from None
-        end = reader.line_num
-        if row:
-            yield start, row
+    with open(path, encoding="utf-8-sig", newline="") as handle:  # streamed: a full MNLI is hundreds of MB
+        reader = csv.reader(handle, strict=True, **dialect)
+        end = 0
+        while True:
+            start = end + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except UnicodeDecodeError:  # read whole only now, for the line of the first bad byte
+                read_text_utf8(path, fix="save the file as UTF-8")
+                raise
+            except csv.Error as err:
+                raise PeftlabError(f"malformed {kind.upper()} record: {err}", where=f"{path}:{start}",
+                                   fix="close the quote (or quote the field), or remove the line") from None
+            end = reader.line_num
+            if row:
+                yield start, row
 
 
 def _rows(path: Path, task: Task):

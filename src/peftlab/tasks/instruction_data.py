@@ -61,7 +61,7 @@ def parse_fields(spec: str | Sequence[str]) -> Fields:
 
 def parse_record(obj: Any, fields: Fields, where: str) -> dict[str, str]:
     return text_fields(obj, where, {"instruction": fields.prompt, "input": fields.input, "output": fields.response},
-                       required=("instruction", "output"), fix=f"each record holds the text fields '{fields.prompt}' "
+                       required=("output",), present=("instruction",), fix=f"each record holds the text fields '{fields.prompt}' "
                        f"and '{fields.response}' (name others with --instruction-fields prompt,input,response)")
 
 

@@ -45,10 +45,11 @@ def read_json_records(path: Path, *, fix: str) -> list[JsonRecord]:
     return records
 
 
-def text_fields(obj: Any, where: str, names: dict[str, str | None], *, required: tuple[str, ...], fix: str
-                ) -> dict[str, str]:
+def text_fields(obj: Any, where: str, names: dict[str, str | None], *, required: tuple[str, ...], fix: str,
+                present: tuple[str, ...] = ()) -> dict[str, str]:
     """A record's text fields (``names``: key -> field name, None for none), "" where absent or null; one line at
-    ``where`` for a record that is no object, a field that is no string, or a ``required`` key (non-blank) missing."""
+    ``where`` for a record that is no object, a field that is no string, a ``required`` key missing or blank, or a
+    ``present`` key missing (blank allowed: an instruction may be empty where the input says it all)."""
     if not isinstance(obj, dict):
         raise PeftlabError(f"record is a JSON {type(obj).__name__}, expected an object", where=where, fix=fix)
     out = {}
@@ -57,7 +58,7 @@ def text_fields(obj: Any, where: str, names: dict[str, str | None], *, required:
         if value is not None and not isinstance(value, str):
             raise PeftlabError(f"field '{name}' is a JSON {type(value).__name__}, expected a string", where=where,
                                fix=fix)
-        if key in required and not (value or "").strip():
+        if (key in required and not (value or "").strip()) or (key in present and value is None):
             present = ", ".join(sorted(str(k) for k, v in obj.items() if v is not None)) or "none"
             problem = f"field '{name}' is empty" if value is not None else f"record has no '{name}' field"
             raise PeftlabError(f"{problem} (fields: {present})", where=where, fix=fix)

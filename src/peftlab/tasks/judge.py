@@ -113,17 +113,30 @@ class JudgeClient:
     def __init__(self, settings: JudgeSettings):
         self.settings = settings
         self.client = _openai(settings)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._failures_in_a_row = 0
+        self._in_flight = 0
         self._last_failure = ""
         self._broken = ""  # the failure that opened the circuit breaker (a timeout, a refused connection)
 
     def _may_send(self) -> bool:
-        """Whether a request may go out now: never once the breaker is open or after the cap of failures in a row."""
-        return not self._broken and self._failures_in_a_row < self.settings.max_consecutive_failures
+        """Whether a request may go out now: never once the breaker is open. After an HTTP failure, no more
+        requests are in flight than could still succeed before the cap, and a request is held (not dropped)
+        while those in flight may yet reset the count."""
+        cap = self.settings.max_consecutive_failures
+        with self._lock:
+            while not self._broken and 0 < self._failures_in_a_row < cap \
+                    and self._failures_in_a_row + self._in_flight >= cap:
+                self._lock.wait()
+            if self._broken or self._failures_in_a_row >= cap:
+                return False
+            self._in_flight += 1
+            return True
 
     def _done(self, failure: str | None, *, unreachable: bool = False) -> None:
         with self._lock:
+            self._in_flight -= 1
+            self._lock.notify_all()
             if failure is None:
                 self._failures_in_a_row = 0
             else:

@@ -113,12 +113,12 @@ def _task_manager(folders: tuple[str, ...]):
 def task_configs(names: list[str], data_dir: str | None = None, *, task_manager=None) -> list[TaskDefinition]:
     """The harness configs of ``names`` (from :func:`task_names`) on the local data; a missing data file is one
     line naming every path tried."""
+    manager = task_manager or harness_index(names)[1]  # before the harness's import: a missing extra is one line
     from lm_eval.tasks._yaml_loader import load_yaml
 
     from peftlab.models.registry import cache_dir
     from peftlab.tasks.generative import find_data_file
 
-    manager = task_manager or harness_index(names)[1]
     root = harness_root()
     out = []
     for name in names:
@@ -168,13 +168,13 @@ def count_documents(path: str | Path) -> int:
 
 def harness_gsm8k_scores(texts: list[str], questions: list[str], data_dir: str | None = None,
                          task_manager=None) -> tuple[dict[str, dict[str, list[int]]], list[str]]:
-    """(``{task: {filter: [0/1 per text]}}``, each item's gold number as GSM8K writes it): the harness's own ``gsm8k`` and ``gsm8k_cot`` tasks (built from
-    :func:`task_configs`, on the local GSM8K) score ``texts`` as if the model had generated them for the GSM8K
+    """(``{task: {filter: [0/1 per text]}}``, each item's gold number as GSM8K writes it): the harness's own
+    ``gsm8k`` and ``gsm8k_cot`` tasks (built from :func:`task_configs`, on the local GSM8K) score ``texts`` as if the model had generated them for the GSM8K
     test items with these ``questions``: each task's filter ensembles, then its ``process_results``
     (``exact_match`` with the task's ``regexes_to_ignore`` / ``ignore_case``) against the item's own gold."""
+    manager = task_manager or harness_index(["gsm8k", "gsm8k_cot"])[1]  # the extra checked before its import
     from lm_eval.api.instance import Instance
 
-    manager = task_manager or harness_index(["gsm8k", "gsm8k_cot"])[1]
     out: dict[str, dict[str, list[int]]] = {}
     golds: list[str] = []
     for definition in task_configs(["gsm8k", "gsm8k_cot"], data_dir, task_manager=manager):

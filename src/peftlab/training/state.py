@@ -20,8 +20,9 @@ class EpochEnd:
     status: str  # ok or collapsed (a diverged run stops before its epoch ends)
 
 
-# Keys every peftlab checkpoint has had: without them a state.json is not a loop state.
-REQUIRED_KEYS = ("epoch", "step_in_epoch", "global_step")
+# Without these a state.json is not one this peftlab resumes (optimizer_steps: since --grad-accum; a default of 0
+# would restart --max-steps, --eval-steps and the checkpoint cadence).
+REQUIRED_KEYS = ("epoch", "step_in_epoch", "global_step", "optimizer_steps")
 
 
 @dataclass

@@ -197,17 +197,19 @@ def run_tune(tune: TuneSpec, *, ray=None, train_fn: Callable | str | None = None
         if reset["running"]:
             say(f"resuming {reset['running']} run(s) left unfinished by a killed tune")
         say(tune.describe())
-        with executor_for(store, tune.output_root / "logs" if capture_output else None, say, train_fn=train_fn,
-                          ray=ray, wait_if_held=True) as executor:
-            if ray is not None:
-                executor.connect()  # Ray first (says how many runs fit): the keeper is then an actor on it
-            keeper = start_keeper(tune, on_ray=ray is not None)
-            try:
+        keeper = None
+        try:
+            with executor_for(store, tune.output_root / "logs" if capture_output else None, say, train_fn=train_fn,
+                              ray=ray, wait_if_held=True) as executor:
+                if ray is not None:
+                    executor.connect()  # Ray first (says how many runs fit): the keeper is then an actor on it
+                keeper = start_keeper(tune, on_ray=ray is not None)
                 tuner = Tuner(tune, keeper, store, executor, say)
                 tuner.search()
                 tuner.seed_runs()
                 return tuner.write_summary()
-            finally:
+        finally:  # only once the executor has cancelled its runs: a running trial's epoch hook still reports
+            if keeper is not None:
                 keeper.close()
 
 

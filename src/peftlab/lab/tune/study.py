@@ -165,9 +165,11 @@ class KeeperHandle:
         return ray.get(getattr(self.actor, method).remote(*args))
 
     def close(self) -> None:
-        if self.actor is not None:
-            import ray
+        if self.actor is None:
+            return
+        import ray
 
+        if ray.is_initialized():  # a Ray this process started went with its actors
             ray.kill(self.actor)
 
 

@@ -220,7 +220,9 @@ def _seed_range(seeds) -> str:
 
 def _heldout_line(summary: dict, metric: str) -> str:
     """The winner's score on seeds nothing chose it on (or why there is none)."""
-    if not summary.get("heldout_seeds"):
+    if "heldout_seeds" not in summary:  # a tune.json from before held-out seeds existed
+        return "held-out: none (this tune predates held-out seeds): the score above flatters the winner"
+    if not summary["heldout_seeds"]:
         return "held-out: none (heldout_seeds: 0): the score above is on the seeds that chose the winner"
     heldout = summary.get("heldout") or {}
     asked = len(heldout.get("seeds") or []) or summary["heldout_seeds"]
