@@ -266,14 +266,19 @@ def varying_keys(configs: list[dict]) -> list[str]:
 def task_determined_keys(records: list[RunRecord]) -> dict[str, dict[str, Any]]:
     """Keys that take one value per task but differ across tasks (per-task settings): key -> {task: value}."""
     tasks = {rec.task for rec in records}
+    if len(tasks) < 2:
+        return {}
     by_key: dict[str, dict[str, set]] = {}
     for rec in records:
         for key, value in rec.config.items():
             if key not in NON_RESULT_KEYS:
                 by_key.setdefault(key, {}).setdefault(rec.task, set()).add(hashable(value))
-    return {key: {task: next(iter(v)) for task, v in per_task.items()} for key, per_task in sorted(by_key.items())
-            if len(tasks) > 1 and per_task.keys() == tasks and all(len(v) == 1 for v in per_task.values())
-            and len({next(iter(v)) for v in per_task.values()}) > 1}
+    out = {}
+    for key, per_task in sorted(by_key.items()):
+        one_per_task = per_task.keys() == tasks and all(len(values) == 1 for values in per_task.values())
+        if one_per_task and len({next(iter(v)) for v in per_task.values()}) > 1:
+            out[key] = {task: next(iter(values)) for task, values in per_task.items()}
+    return out
 
 
 def task_order(tasks: Iterable[str]) -> list[str]:

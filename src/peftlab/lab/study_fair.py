@@ -14,10 +14,11 @@ from peftlab.lab.study_plan import with_rows
 def search_state(design: sp.Design, task: str, row: sp.Row, steps: tuple[int, ...], extensions: int,
                  by_key: dict[str, dict]) -> sp.Search:
     """A row's search over ``steps`` as far as the store has it."""
-    scores = tuple(sp.score_rate(row, step, design.protocol.grid_factor, {
-        config["seed"]: run for config, run in with_rows(sp.search_configs(design, task, row, [step]), by_key)})
-        for step in steps)
-    return sp.Search(row, steps, scores, extensions)
+    scores = []
+    for step in steps:
+        runs = with_rows(sp.search_configs(design, task, row, [step]), by_key)
+        scores.append(sp.score_rate(row, step, design.protocol.grid_factor, {c["seed"]: run for c, run in runs}))
+    return sp.Search(row, steps, tuple(scores), extensions)
 
 
 def replay_searches(design: sp.Design, task: str, by_key: dict[str, dict], run_round=None) -> dict[str, sp.Search]:

@@ -104,7 +104,7 @@ def build(model: nn.Module, cfg, lora_config, module_names):
     plan = truncation_plan(model, cfg, module_names)
     truncated, dropped = {}, {}
     modules = dict(model.named_modules())
-    for name in module_names if plan else ():
+    for name in (module_names if plan else ()):  # no plan: peft's own truncation, nothing to take here
         weight = modules[name].weight.detach()
         U, S, Vh = torch.linalg.svd(weight.float(), full_matrices=False)
         kept = plan.get(name, min(weight.shape) - cfg.rank)  # elsewhere peft's rule: min(in, out) - r

@@ -33,7 +33,8 @@ def train_examples_digest(dataset) -> str:
     """SHA-256 (64 hex) of a run's raw training examples in the order drawn: one JSON line per example (its
     columns, keys sorted, UTF-8), hashed in order. Equal for every run that draws the same examples (same data,
     --max-train-samples and --seed), different when any example, or their order, differs. Raw content, not
-    tokens: the digest does not depend on the model's tokenizer or --max-length."""
+    tokens: the digest does not depend on the model's tokenizer or --max-length. result.json records it for the
+    training examples; :func:`cached_map` keys the token cache on it for any rows it tokenises."""
     h = hashlib.sha256()
     columns = sorted(dataset.column_names)
     for batch in dataset.iter(batch_size=4096):  # columnar batches: far faster than row by row

@@ -110,8 +110,8 @@ def family_pipeline(cfg, tokenizer, task, train_files: dict[str, tuple[str, str]
         return records, metrics
 
     prompts = [encode_prompt(tokenizer, row["instruction"], row["input"]) for _, row in items]
-    evaluate = generation_evaluator(cfg, tokenizer, prompts, score,
-                                    stop_when=stop_rule and [stop_rule(name) for name, _ in items])
+    stop_when = [stop_rule(name) for name, _ in items] if stop_rule else None
+    evaluate = generation_evaluator(cfg, tokenizer, prompts, score, stop_when=stop_when)
     described = {**extras(len(train_raw), tests), "data_files": files, "train_records_without_output": skipped,
                  "eval_sets": list(tests), "eval_examples": {name: len(ds) for name, ds in tests.items()},
                  "eval_examples_digest": examples_digest(tests)}
