@@ -205,6 +205,19 @@ def test_the_winner_is_judged_on_heldout_seeds_no_trial_used(tmp_path, capsys):
     assert "winner: lr_ratio=4: accuracy 0.8900 ± 0.0100 over 3 selection seed(s) 0..2" in out
 
 
+def test_a_train_function_without_an_epoch_hook_is_refused_before_any_trial(tmp_path):
+    tune = load_tune_spec(spec_for(tmp_path))
+
+    def no_hook(cfg):  # nothing to prune through: every trial would fail with a TypeError
+        raise AssertionError("no trial may start")
+
+    with pytest.raises(PeftlabError, match="the train function .*no_hook takes no on_epoch_end.*fix: give it"):
+        run_tune(tune, train_fn=no_hook, progress=False)
+    assert not tune.store_path.exists()  # refused before the store was made
+    summary = run_tune(tune, train_fn=lambda cfg, **options: fake_train(cfg, **options), progress=False)
+    assert summary["winner"]["params"] == {"lr_ratio": 4.0}  # **options takes the hook: trials ran and pruned
+
+
 def test_heldout_seeds_zero_runs_no_check_and_says_so(tmp_path):
     tune = load_tune_spec(spec_for(tmp_path, seeds=2, heldout_seeds=0))
     summary = run_tune(tune, train_fn=FAKE, progress=False)

@@ -14,6 +14,7 @@ import errno
 import functools
 import gc
 import importlib
+import inspect
 import os
 import sqlite3
 import sys
@@ -54,6 +55,14 @@ def train_fn_name(train_fn: Callable | str | None) -> str:
     if train_fn.__module__ == "__main__" or "<" in train_fn.__qualname__:
         raise ValueError(f"--workers needs an importable train function, got {name}")
     return name
+
+
+def require_epoch_hook(train_fn: Callable | str | None) -> None:
+    """A tune prunes through its train function's ``on_epoch_end``: one without it is refused before any trial."""
+    fn = resolve_train_fn(train_fn)
+    if not any(p.name == "on_epoch_end" or p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
+        raise PeftlabError(f"the train function {fn.__qualname__} takes no on_epoch_end, through which a tune prunes "
+                           "its trials", fix="give it an on_epoch_end=None keyword, called after each epoch")
 
 
 def with_epoch_hook(train_fn: Callable, reporter) -> Callable:

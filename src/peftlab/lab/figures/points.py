@@ -13,26 +13,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from peftlab.lab.figures.paper import (
-    AXIS_TITLES,
-    Drawn,
-    config_lines,
-    fixed_keys,
-    fmt_tick,
-    is_number,
-    key_value,
-    legend_of,
-    line_style,
-    log_axis,
-    metric_label,
-    num_key,
-    panel_grid,
-    panel_title,
-    set_ticks,
-    suptitle,
-    task_metrics,
-    trained_runs,
-    underlying,
-)
+    AXIS_TITLES, Drawn, config_lines, fixed_keys, fmt_tick, is_number, key_value, legend_of, line_style, log_axis,
+    metric_label, num_key, panel_grid, panel_title, set_ticks, suptitle, task_metrics, trained_runs, underlying)
 from peftlab.lab.records import RunRecord
 from peftlab.tasks.table import task_title
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from peftlab.errors import PeftlabError
-from peftlab.lab.runner import Executor, train_all
+from peftlab.lab.runner import Executor, require_epoch_hook, train_all
 from peftlab.lab.spec import add_spec_flags
 from peftlab.lab.sweep import executor_for
 from peftlab.lab.store import Store, short_key
@@ -192,6 +192,7 @@ def run_tune(tune: TuneSpec, *, ray=None, train_fn: Callable | str | None = None
     from peftlab.lab.tune.study import start_keeper
 
     say = print if progress else (lambda *a, **k: None)
+    require_epoch_hook(train_fn)
     with exclusive(tune.output_root), Store(tune.store_path) as store:
         reset = store.prepare(list(store.statuses()))
         if reset["running"]:
