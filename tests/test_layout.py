@@ -20,7 +20,7 @@ CONFIGS = ROOT / "configs"
 MAX_LINES = 400
 MAX_FUNCTION_LINES = 60
 # src/peftlab's size ceiling: lowered as the package shrinks, never raised (issue #37 aims at 18,000).
-MAX_PACKAGE_LINES = 20_624
+MAX_PACKAGE_LINES = 20_609
 REPEAT_LINES = 6  # a block of this many lines written twice is one function waiting to be written
 
 # lab/ modules that run training (the sweep and its runners); every other lab module only reads run records.

@@ -340,6 +340,9 @@ def test_sweep_records_failures_skips_finished_and_retries_failed(tmp_path):
     assert retried.ran == 2 and len(calls(root)) == 8
     with Store(sweep.store_path) as store:
         assert sorted(r["attempts"] for r in store.rows()) == [1, 1, 1, 1, 2, 2]
+    log = (root / "logs" / f"{short_key(failed[0]['key'])}.log").read_text()  # appended: both starts, numbered
+    assert [line.split()[5:7] for line in log.splitlines() if line.startswith("====")] == [["attempt", "1"],
+                                                                                           ["attempt", "2"]]
 
 
 def test_a_shared_base_option_need_not_apply_to_every_method_of_a_sweep(tmp_path):

@@ -10,6 +10,7 @@ one, for a sweep and a tune alike (:func:`peftlab.lab.sweep.executor_for` picks 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import gc
@@ -166,8 +167,8 @@ def run_logged(run, train_fn: Callable, log: Path | None, *, where: str, adopt_p
     back and stops."""
     try:
         with output_to(log):
-            print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run.key)} {where} "
-                  f"(pid {os.getpid()}, host {os.uname().nodename})", flush=True)
+            print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} run {short_key(run.key)} attempt {run.attempt} "
+                  f"{where} (pid {os.getpid()}, host {os.uname().nodename})", flush=True)
             outcome = run_one(run.config, run.key, train_fn, adopt_pruned=adopt_pruned)
     except PeftlabError as err:  # a full disk: not the run's fault, never recorded failed
         return {"stop": str(err), "pid": os.getpid()}
@@ -256,6 +257,7 @@ class Executor:
             row = self.store.claim(key)
         if row is None:
             return False
+        run = dataclasses.replace(run, attempt=row["attempts"] + 1)
         try:
             self.in_flight[self.start(run, reporter)] = key
         except BaseException:  # Ctrl-C while it trains here, or it could not start: handed back

@@ -48,6 +48,7 @@ class Run:
     config: dict[str, Any]  # resolved TrainConfig.to_dict(), output_dir included
     index: int = 0  # a sweep's: 1-based position in the grid
     cell: dict[str, Any] = field(default_factory=dict)  # a sweep's: the grid/zip values of this run (what varies)
+    attempt: int = 1  # which start of the run this is (the store's attempts once claimed): its log's header says so
 
     @property
     def output_dir(self) -> str:

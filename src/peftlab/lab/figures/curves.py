@@ -15,18 +15,8 @@ from dataclasses import dataclass
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.figures.paper import (
-    Drawn,
-    config_lines,
-    fixed_keys,
-    legend_below,
-    line_style,
-    metric_label,
-    metric_range,
-    panel_grid,
-    panel_title,
-    suptitle,
-    task_metrics,
-)
+    Drawn, config_lines, fixed_keys, legend_below, line_style, metric_label, metric_range, panel_grid, panel_title,
+    suptitle, task_metrics)
 from peftlab.lab.records import RunRecord
 from peftlab.tasks.table import SELECTION_PREFIX, task_title
 

@@ -15,15 +15,7 @@ from typing import Any
 
 from peftlab.errors import PeftlabError
 from peftlab.lab.figures.paper import (
-    Drawn,
-    config_label,
-    fixed_keys,
-    panel_grid,
-    panel_title,
-    split_by_config,
-    suptitle,
-    wrap,
-)
+    Drawn, config_label, fixed_keys, panel_grid, panel_title, split_by_config, suptitle, wrap)
 from peftlab.lab.records import RunRecord, task_order
 from peftlab.tasks.table import task_title
 
