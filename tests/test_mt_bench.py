@@ -164,12 +164,15 @@ def test_http_failures_below_the_cap_do_not_open_the_breaker(stub_judge):
 
 
 def test_parallel_http_failures_send_no_more_than_the_cap(stub_judge):
-    """4 requests at a time, a cap of 2, a judge that fails every request: the first 4 go out together, and after
-    the first failure no request goes out while those in flight could still reach the cap: 4 sent, not more."""
+    """4 requests at a time, a cap of 2, a judge that fails every request: at most the first 4 go out together
+    (fewer when a failure comes back before the last of them starts, on a loaded machine), and after the first
+    failure no request goes out while those in flight could still reach the cap: 2 to 4 sent, never more (a
+    breaker that did not count the requests in flight sends a 5th as soon as the first failure is back)."""
     client = judge_mod.JudgeClient(settings(stub_judge.url, retries=0, parallel=4, max_consecutive_failures=2))
     verdicts = client.judge_all([("sys", "FAIL500")] * 12)
-    assert stub_judge.handler.requests["FAIL500"] == 4
-    assert sum(v.reason.startswith("not sent: the judge failed") for v in verdicts) == 8
+    sent = stub_judge.handler.requests["FAIL500"]
+    assert 2 <= sent <= 4
+    assert sum(v.reason.startswith("not sent: the judge failed") for v in verdicts) == 12 - sent
 
 
 # --------------------------------------------------------------------------- FastChat's prompts and the scores
