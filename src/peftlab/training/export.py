@@ -67,9 +67,10 @@ def export_merged(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool =
         if not diffs[0] <= TOLERANCE:
             raise PeftlabError(f"the exported model's logits differ from peftlab's by {diffs[0]:.2e} (> {TOLERANCE:g})",
                                fix="report this run's method and model; evaluate it with peftlab instead")
-        shutil.rmtree(out, ignore_errors=True)  # --overwrite
+        if out.exists():  # --overwrite: a folder that cannot be removed stops the export, never stays as ours
+            shutil.rmtree(out)
 
-    write_and_publish(out, write)
+    write_and_publish(out, write, finished=lambda _: False)  # no concurrent exporter: a failed rename is an error
     return {"max_abs_diff": diffs[0], "path": str(out)}
 
 
