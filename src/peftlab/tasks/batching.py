@@ -44,7 +44,7 @@ def train_examples_digest(dataset) -> str:
     return h.hexdigest()
 
 
-def cached_map(ds, encode, tokenizer, max_length: int, *, task: str, cache_key: str):
+def cached_map(ds, encode, tokenizer, max_length: int, *, task: str, cache_key: str, content: str | None = None):
     """``ds.map(encode)`` (batched, ``encode(batch, max_length)``: the token columns), cached in
     ``$PEFTLAB_CACHE/tokenized/<hash>.arrow``: the hash covers the tokenizer (name/path, class, vocabulary size,
     truncation side), ``task``, ``cache_key``, the rows (:func:`train_examples_digest`: peftlab's own digest, so
@@ -60,7 +60,7 @@ def cached_map(ds, encode, tokenizer, max_length: int, *, task: str, cache_key: 
         "truncation_side": getattr(tokenizer, "truncation_side", "right"),
         "task": task,
         "cache_key": cache_key,
-        "content": train_examples_digest(ds),
+        "content": content or train_examples_digest(ds),  # ``content``: the caller's digest of ds, made once
         "max_length": int(max_length),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
@@ -71,7 +71,7 @@ def cached_map(ds, encode, tokenizer, max_length: int, *, task: str, cache_key: 
                   desc=f"tokenising {task}")
 
 
-def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
+def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str, content: str | None = None):
     """``text_a``/``text_b`` tokenised with truncation to ``max_length`` (no padding), cached (:func:`cached_map`):
     ``input_ids``, ``attention_mask``, [``token_type_ids``,] ``labels`` and ``length``."""
     pair = "text_b" in ds.column_names
@@ -81,7 +81,7 @@ def tokenize(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
         out = dict(tokenizer(*texts, truncation=True, max_length=max_length))
         return {**out, "labels": batch["label"], "length": [len(ids) for ids in out["input_ids"]]}
 
-    return cached_map(ds, encode, tokenizer, max_length, task=task, cache_key=cache_key)
+    return cached_map(ds, encode, tokenizer, max_length, task=task, cache_key=cache_key, content=content)
 
 
 # --------------------------------------------------------------------------- collation and batching

@@ -101,7 +101,7 @@ def _template_digest(tokenizer) -> str:
     return hashlib.sha256(str(template).encode()).hexdigest()[:12]
 
 
-def tokenize_instructions(ds, tokenizer, max_length: int, *, task: str, cache_key: str):
+def tokenize_instructions(ds, tokenizer, max_length: int, *, task: str, cache_key: str, content: str | None = None):
     """Tokenise ``instruction``/``input``/``output`` rows with :func:`encode_example`, cached
     (:func:`peftlab.tasks.batching.cached_map`); columns ``input_ids``, ``attention_mask``, ``labels``, ``length``,
     ``prompt_length``, ``truncated``. Rows with no response token left are dropped."""
@@ -118,7 +118,7 @@ def tokenize_instructions(ds, tokenizer, max_length: int, *, task: str, cache_ke
         return out
 
     key = f"sft{FORMAT_VERSION}-{cache_key}-{_template_digest(tokenizer)}-eos{tokenizer.eos_token_id}"
-    return cached_map(ds, encode, tokenizer, max_length, task=task, cache_key=key)
+    return cached_map(ds, encode, tokenizer, max_length, task=task, cache_key=key, content=content)
 
 
 class SFTCollator:
@@ -245,15 +245,16 @@ def training_pipeline(cfg, tokenizer, train_raw, *, evaluate: Callable, primary_
     from peftlab.tasks.data_files import subset
 
     train_raw = subset(train_raw, cfg.max_train_samples, cfg.seed)
+    train_digest = train_examples_digest(train_raw)  # once: the token cache's key and result.json's digest
     train = tokenize_instructions(train_raw, tokenizer, cfg.max_length, task=cfg.task,
-                                  cache_key=f"{cfg.model}-{cfg.task}-train")
+                                  cache_key=f"{cfg.model}-{cfg.task}-train", content=train_digest)
     nonempty(cfg, "training", train)
     report_truncation(cfg, "train", len(train_raw), train)
     collate = training_collator(cfg, tokenizer)  # right-padded, or one unpadded row per batch (--packing)
     return Pipeline(train, collate, evaluate, primary_metric, chance, num_eval_examples=num_eval_examples,
                     extras={**extras, "train_examples_used": len(train)}, eval_sets=eval_sets,
                     # the drawn records, before tokenisation drops any (train_examples_used counts those kept)
-                    train_examples_digest=train_examples_digest(train_raw))
+                    train_examples_digest=train_digest)
 
 
 def nonempty(cfg, what: str, tokenised) -> None:

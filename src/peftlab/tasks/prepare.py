@@ -141,8 +141,11 @@ def label_pipeline(cfg, tokenizer, train_raw, evals_raw: dict, *, kind: str, met
     from peftlab.tasks import batching
     from peftlab.tasks.metrics import chance_level
 
-    def tokenised(raw, split: str):
-        return batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-{split}")
+    def tokenised(raw, split: str, content: str | None = None):
+        return batching.tokenize(raw, tokenizer, cfg.max_length, task=cfg.task, cache_key=f"{cfg.model}-{split}",
+                                 content=content)
+
+    train_digest = train_examples_digest(train_raw)  # once: the token cache's key and result.json's digest
 
     evals = {split: (raw, tokenised(raw, split)) for split, raw in evals_raw.items()}
     collate = batching.Collator(tokenizer, cfg.pad_to_max, cfg.max_length)
@@ -150,11 +153,12 @@ def label_pipeline(cfg, tokenizer, train_raw, evals_raw: dict, *, kind: str, met
     if selection_raw is not None:
         selection = Selection(tokenised(selection_raw, "selection"),
                               chance_level(kind, metric, selection_raw["label"][:], num_labels))
-    return Pipeline(tokenised(train_raw, "train"), collate, label_evaluate(cfg, metrics, evals, selection, collate),
-                    metric, chance_level(kind, metric, next(iter(evals_raw.values()))["label"][:], num_labels),
+    return Pipeline(tokenised(train_raw, "train", train_digest), collate,
+                    label_evaluate(cfg, metrics, evals, selection, collate), metric,
+                    chance_level(kind, metric, next(iter(evals_raw.values()))["label"][:], num_labels),
                     num_eval_examples=sum(len(t) for _, t in evals.values()),
                     extras={**extras, "eval_examples_digest": examples_digest(evals_raw)}, eval_sets=dict(evals_raw),
-                    train_examples_digest=train_examples_digest(train_raw),
+                    train_examples_digest=train_digest,
                     selection_chance=None if selection is None else selection.chance)
 
 
