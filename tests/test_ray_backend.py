@@ -14,7 +14,7 @@ import yaml
 
 from peftlab.lab.ray_backend import RayOptions
 from peftlab.lab.store import Store
-from peftlab.lab.sweep import load_spec, run_sweep_ray
+from peftlab.lab.sweep import load_spec, run_sweep
 
 from conftest import DATA_DIR as DATA, needs_data  # noqa: E402
 from faults import KILL_ENV  # noqa: E402
@@ -58,7 +58,7 @@ def test_sweep_on_ray_records_each_run_once_and_resumes(tmp_path, local_ray):
                                                "base": {"model": "tiny-bert", "task": "rte", "epochs": 1},
                                                "grid": {"lr_ratio": [1, 2, 8, 16], "seed": [0, 1]}})
     sweep = load_spec(spec)
-    outcome = run_sweep_ray(sweep, RayOptions(), train_fn=FAKE_SWEEP_TRAIN, progress=False)
+    outcome = run_sweep(sweep, ray=RayOptions(), train_fn=FAKE_SWEEP_TRAIN, progress=False)
     assert outcome.total == 8 and outcome.ran == 8
     assert outcome.counts["ok"] == 4 and outcome.counts["collapsed"] == 2 and outcome.counts["failed"] == 2
     with Store(sweep.store_path) as store:
@@ -70,9 +70,9 @@ def test_sweep_on_ray_records_each_run_once_and_resumes(tmp_path, local_ray):
     assert ok["result"] == json.loads((Path(ok["output_dir"]) / "result.json").read_text())
     assert (sweep.log_dir / f"{ok['key'][:12]}.log").is_file()  # each run's output in its log
     # rerun: nothing left to do; --retry-failed runs only the failed ones again
-    again = run_sweep_ray(load_spec(spec), RayOptions(), train_fn=FAKE_SWEEP_TRAIN, progress=False)
+    again = run_sweep(load_spec(spec), ray=RayOptions(), train_fn=FAKE_SWEEP_TRAIN, progress=False)
     assert again.ran == 0 and again.counts["ok"] == 4
-    retried = run_sweep_ray(load_spec(spec), RayOptions(), train_fn=FAKE_SWEEP_TRAIN, progress=False,
+    retried = run_sweep(load_spec(spec), ray=RayOptions(), train_fn=FAKE_SWEEP_TRAIN, progress=False,
                             retry_failed=True)
     assert retried.ran == 2 and retried.counts["failed"] == 2
     with Store(sweep.store_path) as store:
@@ -92,7 +92,7 @@ def test_a_killed_ray_worker_is_retried_from_the_checkpoint(tmp_path, local_ray,
     checkpoint: every run is in the store once, ok, and no epoch was trained twice."""
     sweep = load_spec(_kill_spec(tmp_path))
     monkeypatch.setenv(KILL_ENV, f"1:{tmp_path / 'killed'}")
-    outcome = run_sweep_ray(sweep, RayOptions(max_retries=2), train_fn=KILLED_TRAIN, progress=False)
+    outcome = run_sweep(sweep, ray=RayOptions(max_retries=2), train_fn=KILLED_TRAIN, progress=False)
     assert (tmp_path / "killed").is_file()  # a worker really died
     assert outcome.counts["ok"] == 2 and outcome.counts["failed"] == 0
     with Store(sweep.store_path) as store:
@@ -109,13 +109,13 @@ def test_a_killed_ray_worker_is_retried_from_the_checkpoint(tmp_path, local_ray,
 def test_a_ray_worker_killed_past_its_retries_is_failed_with_the_reason(tmp_path, local_ray, monkeypatch):
     sweep = load_spec(_kill_spec(tmp_path))
     monkeypatch.setenv(KILL_ENV, f"1:{tmp_path / 'killed'}")
-    first = run_sweep_ray(sweep, RayOptions(max_retries=0), train_fn=KILLED_TRAIN, progress=False)
+    first = run_sweep(sweep, ray=RayOptions(max_retries=0), train_fn=KILLED_TRAIN, progress=False)
     assert first.counts["failed"] == 1 and first.counts["ok"] == 1  # the marker kills one worker only
     with Store(sweep.store_path) as store:
         failed = next(r for r in store.rows() if r["status"] == "failed")
     assert "Ray worker died 1 time(s)" in failed["error"]
     # --retry-failed: the failed run is queued again and resumes its checkpoint (epoch 1 is not redone)
-    second = run_sweep_ray(load_spec(_kill_spec(tmp_path)), RayOptions(max_retries=0), train_fn=FAKE_TUNE_TRAIN,
+    second = run_sweep(load_spec(_kill_spec(tmp_path)), ray=RayOptions(max_retries=0), train_fn=FAKE_TUNE_TRAIN,
                            progress=False, retry_failed=True)
     assert second.ran == 1 and second.counts["ok"] == 2
     calls = epoch_calls(tmp_path / "runs")
@@ -162,7 +162,7 @@ def test_real_run_on_ray_killed_mid_run_resumes(tmp_path, local_ray, monkeypatch
         "base": {"model": "tiny-bert", "task": "rte", "max_train_samples": 16, "max_eval_samples": 16, "epochs": 2,
                  "max_length": 32, "batch_size": 8}, "grid": {"lr_ratio": [2]}})
     sweep = load_spec(spec)
-    outcome = run_sweep_ray(sweep, RayOptions(max_retries=1), train_fn="faults:train_killed", progress=False)
+    outcome = run_sweep(sweep, ray=RayOptions(max_retries=1), train_fn="faults:train_killed", progress=False)
     # tiny-bert on 16 examples may never leave chance (training/guards.py): no_learning is a finished run too
     assert outcome.counts["ok"] + outcome.counts["no_learning"] == 1 and (tmp_path / "killed").is_file()
     with Store(sweep.store_path) as store:

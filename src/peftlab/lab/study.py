@@ -37,7 +37,7 @@ class Study:
 
     def run_configs(self, name: str, configs: list[dict], description: str) -> None:
         from peftlab.lab.spec import load_spec
-        from peftlab.lab.sweep import run_sweep, run_sweep_ray
+        from peftlab.lab.sweep import run_sweep
 
         if not configs:
             return
@@ -45,11 +45,9 @@ class Study:
         sweep = load_spec(path)
         todo = sum(1 for _, row in self.stage_rows(configs) if row is None or row["status"] in ("pending", "running"))
         self.say(f"stage {name}: {len(sweep.runs)} runs ({todo} to run){self.eta_text(configs, todo)}")
-        if self.ray_options is not None:
-            outcome = run_sweep_ray(sweep, self.ray_options, train_fn=self.train_fn, progress=self.progress)
-        else:  # one worker runs in this process; more are spawned processes claiming the store
-            workers = 0 if self.workers <= 1 else self.workers
-            outcome = run_sweep(sweep, workers=workers, train_fn=self.train_fn, progress=self.progress)
+        # Ray tasks when asked (run_sweep prefers them), else one worker in this process or spawned processes
+        outcome = run_sweep(sweep, workers=0 if self.workers <= 1 else self.workers, ray=self.ray_options,
+                            train_fn=self.train_fn, progress=self.progress)
         if not outcome.all_finished:
             raise PeftlabError(f"stage {name} did not finish ({outcome.counts})", fix="rerun the same command")
 

@@ -167,11 +167,6 @@ def _next_round(sweep: Sweep, store: Store, note, *, poll_seconds: float) -> set
         time.sleep(poll_seconds)
 
 
-def run_sweep_ray(sweep: Sweep, options, **kwargs) -> SweepOutcome:
-    """:func:`run_sweep` with every pending run a Ray task (``options``: a RayOptions)."""
-    return run_sweep(sweep, ray=options, **kwargs)
-
-
 def finished_summary(row: dict) -> str:
     """``accuracy best 0.8761 (epoch 2), final 0.8700`` from a store row's result JSON."""
     import json
