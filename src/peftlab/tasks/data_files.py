@@ -31,6 +31,7 @@ from peftlab.tasks.table import Task, task as registered_task
 
 
 HUB_DATASET = "nyu-mll/glue"
+GLUE_FIX = "repair or re-download the file (GLUE glue_data layout)"  # a GLUE file is not the user's to rewrite
 
 csv.field_size_limit(1 << 24)  # a few GLUE sentences are long; the default limit is 128 KiB
 
@@ -138,9 +139,9 @@ def _label(raw: str, task: Task, label_ids: dict[str, int], where: str):
     return value
 
 
-def csv_rows(path: Path, kind: str):
-    """(first line, fields) of every non-blank record of a CSV or TSV (quoting off, as GLUE's) with the stdlib's
-    strict reader: a stray quote, or a byte that is not UTF-8, is one line naming its line."""
+def csv_rows(path: Path, kind: str, fix: str | None = None):
+    """(first line, fields) of every non-blank record of a CSV or TSV (quoting off, as GLUE's), read strictly: a stray
+    quote or a non-UTF-8 byte is one line naming its line, with ``fix`` (default: how to repair one's own file)."""
     dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if kind == "tsv" else {"delimiter": ","}
     with open(path, encoding="utf-8-sig", newline="") as handle:  # streamed: a full MNLI is hundreds of MB
         reader = csv.reader(handle, strict=True, **dialect)
@@ -152,11 +153,11 @@ def csv_rows(path: Path, kind: str):
             except StopIteration:
                 return
             except UnicodeDecodeError:  # read whole only now, for the line of the first bad byte
-                read_text_utf8(path, fix="save the file as UTF-8")
+                read_text_utf8(path, fix=fix or "save the file as UTF-8")
                 raise
             except csv.Error as err:
                 raise PeftlabError(f"malformed {kind.upper()} record: {err}", where=f"{path}:{start}",
-                                   fix="close the quote (or quote the field), or remove the line") from None
+                                   fix=fix or "close the quote (or quote the field), or remove the line") from None
             end = reader.line_num
             if row:
                 yield start, row
@@ -167,7 +168,7 @@ def _rows(path: Path, task: Task):
     layout fixes it)."""
     layout = task.tsv
     expected = layout.columns
-    for line, row in csv_rows(path, "tsv"):
+    for line, row in csv_rows(path, "tsv", fix=GLUE_FIX):
         if expected is None:  # the header row
             expected = len(row)
             if expected <= max(layout.text_a, layout.text_b or 0, layout.label if layout.label >= 0 else 0):
@@ -176,7 +177,7 @@ def _rows(path: Path, task: Task):
             continue
         if len(row) != expected:
             raise PeftlabError(f"row has {len(row)} tab-separated columns, expected {expected}",
-                               where=f"{path}:{line}", fix="repair or re-download the file (GLUE glue_data layout)")
+                               where=f"{path}:{line}", fix=GLUE_FIX)
         yield row, line
 
 

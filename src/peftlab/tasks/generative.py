@@ -70,9 +70,9 @@ def _test_sets(cfg, task, gold_problem: Callable[[str], Callable[[str], str | No
     for name in cfg.eval_sets.split(",") if cfg.eval_sets else task.eval_set_names:
         path = find_data_file(cfg.data_dir, f"{task.kind}/{name}/test.json", f"{task.kind} test set '{name}'")
         files[f"test/{name}"] = str(path)
-        records = read_llm_adapters_json(path)
+        records, check = read_llm_adapters_json(path), gold_problem(name)
         for number, record in enumerate(records, 1):
-            problem = gold_problem(name)(record["answer"])
+            problem = check(record["answer"])
             if problem:
                 raise PeftlabError(f"gold answer '{record['answer']}' is not {problem}",
                                    where=f"{path}, record {number}", fix=LLM_ADAPTERS_FIX)
